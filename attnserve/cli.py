@@ -1,0 +1,43 @@
+"""The `attnserve` command: parses arguments, then imports only the subcommand it runs.
+
+`attnserve serve` must not import torch, so no subcommand module is imported at the top.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, function taking the parsed args and returning an exit code)
+HANDLERS = {
+    "train": ("attnserve.model.train", "main"),
+}
+
+
+def add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a transformer on a text corpus")
+    p.add_argument("--preset", default="small", help="model preset: tiny, small (default), numbers, ...")
+    p.add_argument("--corpus", default=None, help="text file or folder of .txt files (default: CPython's pydoc topics)")
+    p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps")
+    p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module, function = HANDLERS[args.command]
+    return int(getattr(importlib.import_module(module), function)(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Generated gRPC code of the attnserve protocol. Imports only protobuf and grpcio."""
