@@ -1,0 +1,14 @@
+"""Shared fixtures. Each fixture module owns one kind of artefact (trained checkpoint,
+exported model directory, running server), built once per test run and shared."""
+import pytest
+
+pytest_plugins = []  # fixture modules in tests/, e.g. "fixtures_train"
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Keep tests from oversubscribing the 2 cores when torch is loaded."""
+    import sys
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(2)
+    yield
