@@ -11,6 +11,7 @@ import sys
 # subcommand -> (module, function taking the parsed args and returning an exit code)
 HANDLERS = {
     "train": ("attnserve.model.train", "main"),
+    "export": ("attnserve.export.onnx_export", "main"),
 }
 
 
@@ -26,10 +27,21 @@ def add_train(sub) -> None:
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
 
 
+def add_export(sub) -> None:
+    p = sub.add_parser("export", help="export a checkpoint to an ONNX model directory, gated on parity")
+    p.add_argument("checkpoint", help="runs/NAME/checkpoint.pt")
+    p.add_argument("--out", required=True, help="model directory to write, e.g. models/NAME")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="float16 is for the CUDA provider")
+    p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 for the CPU provider")
+    p.add_argument("--parity-steps", type=int, default=64, help="greedy decode steps compared (default 64)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_train(sub)
+    add_export(sub)
     return parser
 
 

@@ -1,0 +1,167 @@
+"""`attnserve export`: checkpoint -> model directory, written only if the parity gate passes.
+
+The directory is built in a staging folder beside --out and moved into place at the end, so a
+failed export (bad checkpoint, parity failure, crash) leaves nothing usable behind.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..model.checkpoint import CheckpointError, build_model, load_state
+from ..model.config import ModelConfig
+from ..model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from . import contract
+from .graphs import DecoderGraph, decoder_dynamic_shapes, decoder_sample_inputs, export_graph
+from .parity import ParityError, failure_message, format_report, run_decoder_gate
+from .quantize import int8_gate, quantize_int8
+from .runtime import OrtDecoder
+
+TOKENIZER = {"kind": "bytes", "vocab_size": VOCAB_SIZE, "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
+
+
+class ExportError(Exception):
+    """A one-line reason the export cannot go on (bad input, unwritable output)."""
+
+
+def say(message: str) -> None:
+    print(f"[export] {message}", file=sys.stderr, flush=True)
+
+
+def staging_dir(out: Path) -> Path:
+    """A fresh folder beside `out`; raises ExportError if the parent cannot be written."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    except OSError as e:
+        raise ExportError(f"cannot write --out {out}: {e.strerror or e}") from None
+    return staging
+
+
+def write_model_dir(staging: Path, config: ModelConfig, dtype: str, quantization: str | None,
+                    parity: dict, source: dict) -> dict:
+    """genai_config.json and the manifest, with the sha256 of every file."""
+    graphs = {"decoder": {"file": contract.MODEL_FILE, "inputs": contract.decoder_inputs(config.n_layers),
+                          "outputs": contract.decoder_outputs(config.n_layers)}}
+    manifest = contract.build_manifest(config.to_dict(), graphs, TOKENIZER, dtype, quantization, {}, parity, source)
+    (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
+    manifest["files"] = {name: contract.sha256_file(staging / name)
+                         for name in (contract.MODEL_FILE, contract.GENAI_CONFIG_FILE)}
+    contract.write_manifest(staging, manifest)
+    return manifest
+
+
+def export_decoder(model, path: Path, dtype: str) -> None:
+    module = DecoderGraph(copy.deepcopy(model).half() if dtype == "float16" else model).eval()
+    torch_dtype = torch.float16 if dtype == "float16" else torch.float32
+    cfg = model.config
+    export_graph(module, decoder_sample_inputs(cfg, torch_dtype), path, contract.decoder_inputs(cfg.n_layers),
+                 contract.decoder_outputs(cfg.n_layers), decoder_dynamic_shapes(cfg.n_layers),
+                 contract.decoder_dynamic_axes(cfg.n_layers))
+
+
+def load_model(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
+    state = load_state(checkpoint)
+    config = ModelConfig.from_dict(state["config"])
+    if config.arch != "decoder":
+        raise ExportError(f"{checkpoint}: architecture {config.arch!r} cannot be exported yet (decoder only)")
+    model = build_model(config)
+    model.load_state_dict(state["model"])
+    return model.eval(), {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
+
+
+def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "float32", quantize: str | None = None,
+                      parity_steps: int = 64, heldout: bytes | None = None) -> dict:
+    """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    if quantize and dtype != "float32":
+        raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
+    model, source = load_model(checkpoint)
+    staging = staging_dir(out)
+    try:
+        manifest = build_in(staging, model, source, dtype, quantize, parity_steps, heldout)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(staging, out)
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_in(staging: Path, model, source: dict, dtype: str, quantize: str | None, steps: int,
+             heldout: bytes | None) -> dict:
+    """Export into `staging`, run the gate, and write the final manifest."""
+    t0 = time.perf_counter()
+    say(f"exporting {model.config.arch} ({model.num_parameters():,} parameters) to ONNX, "
+        f"opset {contract.OPSET}, {dtype} ...")
+    export_decoder(model, staging / contract.MODEL_FILE, dtype)
+    say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
+    pending = {"passed": None}
+    write_model_dir(staging, model.config, dtype, None, pending, source)
+    report = run_decoder_gate(model, OrtDecoder(staging), steps)
+    print(format_report(report), flush=True)
+    if quantize:
+        report = gate_int8(staging, model, source, report, steps, heldout)
+    if not report["passed"]:
+        raise ParityError(int8_failure(report) if quantize else failure_message(report), report)
+    manifest = write_model_dir(staging, model.config, dtype, quantize, report, source)
+    say(f"parity gate passed in {time.perf_counter() - t0:.1f} s total")
+    return manifest
+
+
+def gate_int8(staging: Path, model, source: dict, report: dict, steps: int, heldout: bytes | None) -> dict:
+    """Quantize the float32 graph that passed, gate it on held-out loss, and put it in place."""
+    if not report["passed"]:
+        return report
+    say("quantizing to int8 (dynamic) and measuring held-out loss ...")
+    quantized = staging / "int8"
+    quantized.mkdir()
+    quantize_int8(staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE)
+    write_model_dir(quantized, model.config, "float32", "int8", {"passed": None}, source)
+    prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
+    result = int8_gate(OrtDecoder(staging), OrtDecoder(quantized), heldout or default_heldout(), prompts,
+                       min(steps, model.config.max_len - 13), block=min(128, model.config.max_len - 1))
+    os.replace(quantized / contract.MODEL_FILE, staging / contract.MODEL_FILE)
+    shutil.rmtree(quantized)
+    print(f"int8: held-out {result['heldout_bits_per_byte_int8']:.4f} bits/byte vs float32 "
+          f"{result['heldout_bits_per_byte_float32']:.4f} (ratio {result['loss_ratio']:.4f}, limit "
+          f"{result['max_loss_ratio']}); greedy agreement {result['greedy_token_agreement']:.1%} over "
+          f"{result['greedy_steps']} steps", flush=True)
+    return {"float32_gate": report, "int8": result, "passed": result["passed"]}
+
+
+def int8_failure(report: dict) -> str:
+    if "int8" not in report:
+        return failure_message(report)
+    r = report["int8"]
+    return (f"int8 gate failed: held-out loss {r['heldout_bits_per_byte_int8']:.4f} bits/byte is "
+            f"{r['loss_ratio']:.4f}x float32's {r['heldout_bits_per_byte_float32']:.4f} (limit {r['max_loss_ratio']}x)")
+
+
+def default_heldout() -> bytes:
+    """The held-out split of the default training corpus."""
+    from ..model.data import default_heldout_bytes
+    return default_heldout_bytes()
+
+
+def main(args) -> int:
+    """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
+    try:
+        manifest = export_checkpoint(args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps)
+    except (ExportError, CheckpointError) as e:
+        print(f"attnserve export: error: {e}", file=sys.stderr)
+        return 2
+    except ParityError as e:
+        print(f"attnserve export: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.out} ({manifest['dtype']}{', int8' if manifest['quantization'] else ''}, "
+          f"parity passed)")
+    return 0

@@ -1,0 +1,72 @@
+"""Torch-free driver of an exported model directory on ONNX Runtime: sessions, feeds, greedy loop.
+
+Used by the parity gate and the benchmarks to decode exactly as a runtime would. The server
+has its own batching engine; this is the simplest correct loop, one batch at a time.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from . import contract
+
+NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def make_session(path: str | Path, threads: int = 0) -> ort.InferenceSession:
+    """A CPU session; `threads` 0 lets ONNX Runtime choose."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def left_pad(seqs: list[list[int]], pad_id: int):
+    """input_ids, attention_mask, position_ids (int64, (B, T)) of left-padded sequences."""
+    t = max(len(s) for s in seqs)
+    ids = np.array([[pad_id] * (t - len(s)) + list(s) for s in seqs], dtype=np.int64)
+    mask = np.array([[0] * (t - len(s)) + [1] * len(s) for s in seqs], dtype=np.int64)
+    return ids, mask, np.maximum(mask.cumsum(-1) - 1, 0)
+
+
+class OrtDecoder:
+    """One decoder-only graph and the manifest that describes it."""
+
+    def __init__(self, model_dir: str | Path, threads: int = 0, verify: bool = True):
+        self.manifest = contract.read_manifest(model_dir, verify=verify)
+        graph = self.manifest["graphs"]["decoder"]
+        self.session = make_session(Path(model_dir) / graph["file"], threads)
+        self.n_layers = self.manifest["config"]["n_layers"]
+        self.n_heads, self.head_dim = self.manifest["config"]["n_heads"], self.manifest["head_dim"]
+        self.dtype = NP_DTYPES[self.manifest["dtype"]]
+        self.pad_id = self.manifest["tokenizer"]["pad_id"]
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        shape = (batch, self.n_heads, 0, self.head_dim)                            # (B, H, 0, D)
+        return [np.zeros(shape, self.dtype) for _ in range(2 * self.n_layers)]
+
+    def run(self, input_ids, attention_mask, position_ids, past: list[np.ndarray]):
+        """(logits (B, T, V), present list) for T new tokens after `past`."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                 **dict(zip(contract.past_names(self.n_layers), past))}
+        logits, *present = self.session.run(None, feeds)
+        return logits, present
+
+    def greedy(self, prompts: list[list[int]], steps: int, recompute: bool = False) -> np.ndarray:
+        """(B, steps) greedy tokens, EOS ignored; `recompute` re-runs the whole sequence each step."""
+        ids, mask, positions = left_pad(prompts, self.pad_id)
+        logits, past = self.run(ids, mask, positions, self.empty_past(len(prompts)))
+        out = []
+        for _ in range(steps):
+            token = logits[:, -1].argmax(-1)[:, None]                               # (B, 1)
+            out.append(token)
+            ids, mask = np.concatenate([ids, token], 1), np.concatenate([mask, np.ones_like(token)], 1)
+            positions = positions[:, -1:] + 1
+            if recompute:
+                full_positions = np.maximum(mask.cumsum(-1) - 1, 0)
+                logits, _ = self.run(ids, mask, full_positions, self.empty_past(len(prompts)))
+            else:
+                logits, past = self.run(token, mask, positions, past)
+        return np.concatenate(out, 1)
