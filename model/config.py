@@ -52,7 +52,7 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(d_model=32, n_heads=2, n_layers=2, d_ff=64, max_len=128),
     "small": dict(d_model=128, n_heads=4, n_layers=4, d_ff=512, max_len=256),
     "numbers": dict(arch="encoder-decoder", d_model=128, n_heads=4, n_layers=3,
-                    n_encoder_layers=3, d_ff=512, max_len=96),
+                    n_encoder_layers=3, d_ff=512, max_len=72),
     "tiny-seq2seq": dict(arch="encoder-decoder", d_model=32, n_heads=2, n_layers=2,
                          n_encoder_layers=2, d_ff=64, max_len=64),
 }
