@@ -73,6 +73,22 @@ def seq2seq_decoder_outputs(n_layers: int) -> list[str]:
     return ["logits", *present_names(n_layers, "decoder")]
 
 
+def seq2seq_encoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
+    axes = {"input_ids": {0: BATCH, 1: SRC}, "attention_mask": {0: BATCH, 1: SRC}}
+    axes.update({name: {0: BATCH, 2: SRC} for name in seq2seq_encoder_outputs(n_layers)})
+    return axes
+
+
+def seq2seq_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
+    axes = {"input_ids": {0: BATCH, 1: SEQ}, "attention_mask": {0: BATCH, 1: TOTAL},
+            "position_ids": {0: BATCH, 1: SEQ}, "encoder_attention_mask": {0: BATCH, 1: SRC},
+            "logits": {0: BATCH, 1: SEQ}}
+    axes.update({name: {0: BATCH, 2: PAST} for name in past_names(n_layers, "decoder")})
+    axes.update({name: {0: BATCH, 2: SRC} for name in past_names(n_layers, "encoder")})
+    axes.update({name: {0: BATCH, 2: TOTAL} for name in present_names(n_layers, "decoder")})
+    return axes
+
+
 def sha256_file(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -40,6 +40,49 @@ class DecoderGraph(nn.Module):
         return (logits, *flatten(present))
 
 
+class Seq2SeqEncoderGraph(nn.Module):
+    """(input_ids, attention_mask) of the source -> cross-attention keys/values of every decoder layer."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return tuple(flatten(self.model.cross_kv(self.model.encode(input_ids, attention_mask))))
+
+
+class Seq2SeqDecoderGraph(nn.Module):
+    """One decoder step: (ids, mask, positions, source mask, *self past, *cross kv) -> (logits, *present)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *caches):
+        n = 2 * self.model.config.n_layers
+        logits, present = self.model.decode(input_ids, attention_mask, position_ids, encoder_attention_mask,
+                                            pairs(caches[n:]), pairs(caches[:n]))
+        return (logits, *flatten(present))
+
+
+def seq2seq_sample_inputs(config, dtype: torch.dtype, batch: int = 2, src: int = 5, seq: int = 3, past: int = 4):
+    """(encoder inputs, decoder inputs) to trace with, every dynamic size >= 2."""
+    kv = lambda length: torch.randn((batch, config.n_heads, length, config.d_k), dtype=dtype)  # noqa: E731
+    n = 2 * config.n_layers
+    encoder = (torch.randint(0, 256, (batch, src)), torch.ones(batch, src, dtype=torch.long))
+    decoder = (torch.randint(0, 256, (batch, seq)), torch.ones(batch, past + seq, dtype=torch.long),
+               torch.arange(past, past + seq).repeat(batch, 1), torch.ones(batch, src, dtype=torch.long),
+               *[kv(past) for _ in range(n)], *[kv(src) for _ in range(n)])
+    return encoder, decoder
+
+
+def seq2seq_dynamic_shapes(n_layers: int) -> tuple[tuple, tuple]:
+    d, n = Dim.DYNAMIC, 2 * n_layers
+    encoder = ({0: d, 1: d}, {0: d, 1: d})
+    decoder = ({0: d, 1: d}, {0: d, 1: d}, {0: d, 1: d}, {0: d, 1: d}, tuple({0: d, 2: d} for _ in range(2 * n)))
+    return encoder, decoder
+
+
 def decoder_sample_inputs(config, dtype: torch.dtype, batch: int = 2, seq: int = 3, past: int = 4) -> tuple:
     """Inputs to trace with: sizes >= 2 so that no axis is specialised (0 and 1 would be)."""
     shape = (batch, config.n_heads, past, config.d_k)                            # (B, H, P, D)

@@ -19,10 +19,12 @@ from ..model.checkpoint import CheckpointError, build_model, load_state
 from ..model.config import ModelConfig
 from ..model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from . import contract
-from .graphs import DecoderGraph, decoder_dynamic_shapes, decoder_sample_inputs, export_graph
+from .graphs import (DecoderGraph, Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, decoder_dynamic_shapes,
+                     decoder_sample_inputs, export_graph, seq2seq_dynamic_shapes, seq2seq_sample_inputs)
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
+from .parity_seq2seq import run_seq2seq_gate
 from .quantize import int8_gate, quantize_int8
-from .runtime import OrtDecoder
+from .runtime import OrtDecoder, OrtSeq2Seq
 
 TOKENIZER = {"kind": "bytes", "vocab_size": VOCAB_SIZE, "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
 
@@ -47,34 +49,60 @@ def staging_dir(out: Path) -> Path:
     return staging
 
 
+def graph_specs(config: ModelConfig) -> dict[str, dict]:
+    """Role -> file and I/O names, for the manifest."""
+    n = config.n_layers
+    if config.arch == "decoder":
+        return {"decoder": {"file": contract.MODEL_FILE, "inputs": contract.decoder_inputs(n),
+                            "outputs": contract.decoder_outputs(n)}}
+    return {"encoder": {"file": contract.ENCODER_FILE, "inputs": contract.seq2seq_encoder_inputs(),
+                        "outputs": contract.seq2seq_encoder_outputs(n)},
+            "decoder": {"file": contract.DECODER_FILE, "inputs": contract.seq2seq_decoder_inputs(n),
+                        "outputs": contract.seq2seq_decoder_outputs(n)}}
+
+
 def write_model_dir(staging: Path, config: ModelConfig, dtype: str, quantization: str | None,
                     parity: dict, source: dict) -> dict:
-    """genai_config.json and the manifest, with the sha256 of every file."""
-    graphs = {"decoder": {"file": contract.MODEL_FILE, "inputs": contract.decoder_inputs(config.n_layers),
-                          "outputs": contract.decoder_outputs(config.n_layers)}}
+    """genai_config.json (decoder-only) and the manifest, with the sha256 of every file."""
+    graphs = graph_specs(config)
     manifest = contract.build_manifest(config.to_dict(), graphs, TOKENIZER, dtype, quantization, {}, parity, source)
-    (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
-    manifest["files"] = {name: contract.sha256_file(staging / name)
-                         for name in (contract.MODEL_FILE, contract.GENAI_CONFIG_FILE)}
+    names = [g["file"] for g in graphs.values()]
+    if config.arch == "decoder":
+        (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
+        names.append(contract.GENAI_CONFIG_FILE)
+    manifest["files"] = {name: contract.sha256_file(staging / name) for name in names}
     contract.write_manifest(staging, manifest)
     return manifest
 
 
-def export_decoder(model, path: Path, dtype: str) -> None:
-    module = DecoderGraph(copy.deepcopy(model).half() if dtype == "float16" else model).eval()
+def export_graphs(model, staging: Path, dtype: str) -> None:
+    """Every graph of the model's architecture, in `dtype`."""
+    cfg, n = model.config, model.config.n_layers
     torch_dtype = torch.float16 if dtype == "float16" else torch.float32
-    cfg = model.config
-    export_graph(module, decoder_sample_inputs(cfg, torch_dtype), path, contract.decoder_inputs(cfg.n_layers),
-                 contract.decoder_outputs(cfg.n_layers), decoder_dynamic_shapes(cfg.n_layers),
-                 contract.decoder_dynamic_axes(cfg.n_layers))
+    model = copy.deepcopy(model).half() if dtype == "float16" else model
+    if cfg.arch == "decoder":
+        export_graph(DecoderGraph(model), decoder_sample_inputs(cfg, torch_dtype), staging / contract.MODEL_FILE,
+                     contract.decoder_inputs(n), contract.decoder_outputs(n), decoder_dynamic_shapes(n),
+                     contract.decoder_dynamic_axes(n))
+        return
+    (enc_args, dec_args), (enc_dyn, dec_dyn) = seq2seq_sample_inputs(cfg, torch_dtype), seq2seq_dynamic_shapes(n)
+    export_graph(Seq2SeqEncoderGraph(model), enc_args, staging / contract.ENCODER_FILE,
+                 contract.seq2seq_encoder_inputs(), contract.seq2seq_encoder_outputs(n), enc_dyn,
+                 contract.seq2seq_encoder_dynamic_axes(n))
+    export_graph(Seq2SeqDecoderGraph(model), dec_args, staging / contract.DECODER_FILE,
+                 contract.seq2seq_decoder_inputs(n), contract.seq2seq_decoder_outputs(n), dec_dyn,
+                 contract.seq2seq_decoder_dynamic_axes(n))
+
+
+def run_gate(model, staging: Path, steps: int) -> dict:
+    if model.config.arch == "decoder":
+        return run_decoder_gate(model, OrtDecoder(staging), steps)
+    return run_seq2seq_gate(model, OrtSeq2Seq(staging), steps)
 
 
 def load_model(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
     state = load_state(checkpoint)
-    config = ModelConfig.from_dict(state["config"])
-    if config.arch != "decoder":
-        raise ExportError(f"{checkpoint}: architecture {config.arch!r} cannot be exported yet (decoder only)")
-    model = build_model(config)
+    model = build_model(ModelConfig.from_dict(state["config"]))
     model.load_state_dict(state["model"])
     return model.eval(), {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
 
@@ -86,6 +114,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     if quantize and dtype != "float32":
         raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
     model, source = load_model(checkpoint)
+    if quantize and model.config.arch != "decoder":
+        raise ExportError("--quantize int8 is for decoder-only models")
     staging = staging_dir(out)
     try:
         manifest = build_in(staging, model, source, dtype, quantize, parity_steps, heldout)
@@ -102,11 +132,11 @@ def build_in(staging: Path, model, source: dict, dtype: str, quantize: str | Non
     t0 = time.perf_counter()
     say(f"exporting {model.config.arch} ({model.num_parameters():,} parameters) to ONNX, "
         f"opset {contract.OPSET}, {dtype} ...")
-    export_decoder(model, staging / contract.MODEL_FILE, dtype)
+    export_graphs(model, staging, dtype)
     say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
     pending = {"passed": None}
     write_model_dir(staging, model.config, dtype, None, pending, source)
-    report = run_decoder_gate(model, OrtDecoder(staging), steps)
+    report = run_gate(model, staging, steps)
     print(format_report(report), flush=True)
     if quantize:
         report = gate_int8(staging, model, source, report, steps, heldout)

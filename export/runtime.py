@@ -70,3 +70,49 @@ class OrtDecoder:
             else:
                 logits, past = self.run(token, mask, positions, past)
         return np.concatenate(out, 1)
+
+
+class OrtSeq2Seq:
+    """The encoder and decoder graphs of an encoder-decoder model directory."""
+
+    def __init__(self, model_dir: str | Path, threads: int = 0, verify: bool = True):
+        self.manifest = contract.read_manifest(model_dir, verify=verify)
+        graphs = self.manifest["graphs"]
+        self.encoder = make_session(Path(model_dir) / graphs["encoder"]["file"], threads)
+        self.decoder = make_session(Path(model_dir) / graphs["decoder"]["file"], threads)
+        self.n_layers = self.manifest["config"]["n_layers"]
+        self.n_heads, self.head_dim = self.manifest["config"]["n_heads"], self.manifest["head_dim"]
+        self.dtype = NP_DTYPES[self.manifest["dtype"]]
+        tokenizer = self.manifest["tokenizer"]
+        self.pad_id, self.bos_id = tokenizer["pad_id"], tokenizer["bos_id"]
+
+    def encode(self, src_ids, src_mask) -> list[np.ndarray]:
+        """Cross-attention keys and values, (B, H, S, D) each, computed once per source."""
+        return self.encoder.run(None, {"input_ids": src_ids, "attention_mask": src_mask})
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        shape = (batch, self.n_heads, 0, self.head_dim)                            # (B, H, 0, D)
+        return [np.zeros(shape, self.dtype) for _ in range(2 * self.n_layers)]
+
+    def run(self, input_ids, attention_mask, position_ids, src_mask, past, cross):
+        """(logits (B, T, V), present self-attention cache) for T new target tokens."""
+        feeds = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+                 "encoder_attention_mask": src_mask,
+                 **dict(zip(contract.past_names(self.n_layers, "decoder"), past)),
+                 **dict(zip(contract.past_names(self.n_layers, "encoder"), cross))}
+        logits, *present = self.decoder.run(None, feeds)
+        return logits, present
+
+    def greedy(self, sources: list[list[int]], steps: int) -> np.ndarray:
+        """(B, steps) greedy target tokens from BOS, EOS ignored."""
+        src, src_mask, _ = left_pad(sources, self.pad_id)
+        cross = self.encode(src, src_mask)
+        b = len(sources)
+        token = np.full((b, 1), self.bos_id, np.int64)
+        past, out = self.empty_past(b), []
+        for step in range(steps):
+            mask = np.ones((b, step + 1), np.int64)
+            logits, past = self.run(token, mask, np.full((b, 1), step, np.int64), src_mask, past, cross)
+            token = logits[:, -1].argmax(-1)[:, None]
+            out.append(token)
+        return np.concatenate(out, 1)
