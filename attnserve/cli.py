@@ -12,6 +12,7 @@ import sys
 HANDLERS = {
     "train": ("attnserve.model.train", "main"),
     "export": ("attnserve.export.onnx_export", "main"),
+    "attention-map": ("attnserve.model.attention_map", "main"),
 }
 
 
@@ -37,11 +38,21 @@ def add_export(sub) -> None:
     p.add_argument("--parity-steps", type=int, default=64, help="greedy decode steps compared (default 64)")
 
 
+def add_attention_map(sub) -> None:
+    p = sub.add_parser("attention-map", help="plot an encoder-decoder's cross-attention as a PNG heatmap")
+    p.add_argument("checkpoint", help="an encoder-decoder checkpoint, e.g. runs/numbers/checkpoint.pt")
+    p.add_argument("source", help="source text to translate, e.g. 4021")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--per-head", action="store_true", help="one panel per head of --layer instead of per layer")
+    p.add_argument("--layer", type=int, default=0, help="layer shown with --per-head (default 0)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_train(sub)
     add_export(sub)
+    add_attention_map(sub)
     return parser
 
 
