@@ -37,6 +37,15 @@ def say(message: str) -> None:
     print(f"[export] {message}", file=sys.stderr, flush=True)
 
 
+def check_replaceable(out: Path) -> None:
+    """Only an empty folder or an earlier model directory may be replaced: never a user's other files."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / contract.MANIFEST_FILE).is_file():
+        raise ExportError(f"--out {out} is a non-empty directory without {contract.MANIFEST_FILE}; "
+                          "refusing to replace it")
+
+
 def staging_dir(out: Path) -> Path:
     """A fresh folder beside `out`; raises ExportError if the parent cannot be written."""
     try:
@@ -116,6 +125,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     model, source = load_model(checkpoint)
     if quantize and model.config.arch != "decoder":
         raise ExportError("--quantize int8 is for decoder-only models")
+    check_replaceable(out)
     staging = staging_dir(out)
     try:
         manifest = build_in(staging, model, source, dtype, quantize, parity_steps, heldout)
