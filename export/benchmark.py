@@ -94,7 +94,8 @@ def main() -> None:
     p.add_argument("--tokens", default="256,512", help="comma-separated numbers of new tokens")
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1,
+                   help="intra-op threads on both sides (1: least per-op overhead at batch 1)")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args()
     result = run(args.checkpoint, [int(t) for t in args.tokens.split(",")], args.prompt_tokens, args.repeats, args.threads)

@@ -4,7 +4,7 @@ from attnserve.export.benchmark import print_table, run
 
 
 def test_kv_cache_and_onnx_runtime_pay_off():
-    result = run(None, [256], prompt_len=16, repeats=1, threads=2)
+    result = run(None, [256], prompt_len=16, repeats=1, threads=1)
     print_table(result)
     row = result["rows"][0]
     assert row["kv_vs_recompute"] >= 2.0, row   # measured ~15x at 256 tokens on 2 cores
