@@ -88,6 +88,27 @@ def print_table(result: dict) -> None:
               f"{r['ort_vs_torch']:>12.2f}x {r['kv_vs_recompute']:>15.2f}x")
 
 
+def plot(result: dict, path: str) -> None:
+    """Per-token latency of the three ways of decoding against the number of new tokens."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tokens = [r["new_tokens"] for r in result["rows"]]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for key, label in [("ort_kv_ms", "ONNX Runtime + KV cache"), ("torch_kv_ms", "PyTorch eager + KV cache"),
+                       ("ort_recompute_ms", "ONNX Runtime, recomputing")]:
+        ax.plot(tokens, [r[key] for r in result["rows"]], marker="o", label=label)
+    ax.set_xlabel("new tokens (16-token prompt)")
+    ax.set_ylabel("ms per token (median)")
+    ax.set_yscale("log")
+    ax.set_title(f"Greedy decoding, {result['parameters']:,} parameters, {result['threads']} thread(s)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoint", default=None, help="default: the small preset with random weights")
@@ -97,11 +118,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="intra-op threads on both sides (1: least per-op overhead at batch 1)")
     p.add_argument("--out", default=None, help="also write the JSON here")
+    p.add_argument("--plot", default=None, help="write a PNG of latency against new tokens")
     args = p.parse_args()
     result = run(args.checkpoint, [int(t) for t in args.tokens.split(",")], args.prompt_tokens, args.repeats, args.threads)
     print_table(result)
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.plot:
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        plot(result, args.plot)
     print(json.dumps(result))
 
 
