@@ -13,6 +13,8 @@ HANDLERS = {
     "train": ("attnserve.model.train", "main"),
     "export": ("attnserve.export.onnx_export", "main"),
     "attention-map": ("attnserve.model.attention_map", "main"),
+    "generate": ("attnserve.clients.generate_cli", "main"),
+    "bench": ("attnserve.clients.bench", "main"),
 }
 
 
@@ -47,12 +49,65 @@ def add_attention_map(sub) -> None:
     p.add_argument("--layer", type=int, default=0, help="layer shown with --per-head (default 0)")
 
 
+def add_client_flags(p) -> None:
+    """Connection flags shared by the client subcommands (generate, bench)."""
+    p.add_argument("--target", default="127.0.0.1:50051",
+                   help="server HOST:PORT, or several comma-separated (round_robin); default 127.0.0.1:50051")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="deadline of each call in seconds (default 60 for generate, 300 for bench)")
+    p.add_argument("--tls-ca", default=None, help="PEM CA bundle that signed the server's certificate (enables TLS)")
+    p.add_argument("--tls-cert", default=None, help="PEM client certificate for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM client private key for mutual TLS")
+    p.add_argument("--tls-server-name", default=None, help="name to verify in the server's certificate")
+    p.add_argument("--token-file", default=None, help="file with the bearer token the server expects")
+
+
+def add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="generate a completion from a running server (streamed by default)",
+                       description="Stream a completion to the terminal; Ctrl-C cancels it on the server "
+                                   "(exit 130). Errors print one line and exit 2 (bad request) or 1.")
+    p.add_argument("prompt", help="text to continue ('-' reads it from stdin)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="most tokens to generate (default: server cap)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy decoding")
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
+    p.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1: off)")
+    p.add_argument("--seed", type=int, default=None, help="seed of this request's sampler")
+    p.add_argument("--stop", nargs="+", action="extend", default=[], metavar="TEXT",
+                   help="stop at any of these strings (repeatable)")
+    p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
+    p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object: text, token_ids, finish_reason, usage, timings, request_id")
+    add_client_flags(p)
+
+
+def add_bench(sub) -> None:
+    p = sub.add_parser("bench", help="measure a running server: latency and throughput under load",
+                       description="Warm up, then a closed-loop concurrency sweep (and open-loop Poisson "
+                                   "arrivals with --rate) over streamed requests. Progress goes to stderr; "
+                                   "the table, then the JSON report as one line (always last), to stdout.")
+    p.add_argument("--concurrency", default=None,
+                   help="comma-separated requests in flight per level (default 1,4,16; none with --rate alone)")
+    p.add_argument("--rate", default=None, help="comma-separated open-loop request rates per second (Poisson)")
+    p.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens, BOS included (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per request (default 64)")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrival times")
+    p.add_argument("--out", default=None, help="write the JSON report to this file")
+    p.add_argument("--plot", default=None, help="write throughput and latency plots to this PNG")
+    add_client_flags(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_train(sub)
     add_export(sub)
     add_attention_map(sub)
+    add_generate(sub)
+    add_bench(sub)
     return parser
 
 
