@@ -13,6 +13,7 @@ HANDLERS = {
     "train": ("attnserve.model.train", "main"),
     "export": ("attnserve.export.onnx_export", "main"),
     "attention-map": ("attnserve.model.attention_map", "main"),
+    "serve": ("attnserve.server.app", "main"),
     "generate": ("attnserve.clients.generate_cli", "main"),
     "bench": ("attnserve.clients.bench", "main"),
 }
@@ -47,6 +48,30 @@ def add_attention_map(sub) -> None:
     p.add_argument("--out", required=True, help="PNG file to write")
     p.add_argument("--per-head", action="store_true", help="one panel per head of --layer instead of per layer")
     p.add_argument("--layer", type=int, default=0, help="layer shown with --per-head (default 0)")
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model directory over gRPC on ONNX Runtime")
+    p.add_argument("--model", required=True, help="model directory written by `attnserve export`, e.g. models/NAME")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one, printed)")
+    p.add_argument("--provider", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (default 0: one per core)")
+    p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default 16)")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests waiting for a batch slot before RESOURCE_EXHAUSTED (default 64)")
+    p.add_argument("--max-new-tokens-cap", type=int, default=256,
+                   help="largest max_new_tokens a request may ask for (default 256, at most context length - 1)")
+    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
+    p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
+    p.add_argument("--tls-cert", default=None, help="PEM certificate chain (TLS, with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM private key")
+    p.add_argument("--tls-client-ca", default=None, help="PEM CA bundle: require client certificates (mTLS)")
+    p.add_argument("--auth-token-file", default=None,
+                   help="file with the bearer token clients must send (health checks are exempt)")
+    p.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM (default 30)")
 
 
 def add_client_flags(p) -> None:
@@ -106,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train(sub)
     add_export(sub)
     add_attention_map(sub)
+    add_serve(sub)
     add_generate(sub)
     add_bench(sub)
     return parser

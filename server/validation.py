@@ -1,0 +1,102 @@
+"""GenerateRequest -> GenerationRequest, or InvalidRequest naming the field and its limit.
+
+The only place request fields are checked: the engine trusts what comes out of here. Reads
+the protobuf message by attribute (and HasField for the optional fields); imports no gRPC.
+"""
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from .domain import GenerationRequest, InvalidRequest, SamplingParams
+from .streaming import ByteTokenizer
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for; built once from the model and the command line."""
+
+    context_length: int                 # prompt tokens + max_new_tokens fit in it
+    vocab_size: int                     # top_k at most this
+    max_new_tokens: int                 # the cap (--max-new-tokens-cap, at most context_length - 1)
+    max_stop_sequences: int = 16        # stop strings per request
+    max_stop_bytes: int = 128           # UTF-8 bytes per stop string
+    max_request_id_chars: int = 128     # printable ASCII
+    max_temperature: float = 100.0
+    max_repetition_penalty: float = 100.0
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt (BOS included), which leaves room for one new token."""
+        return self.context_length - 1
+
+
+def check_float(name: str, value: float, low: float, high: float, low_inclusive: bool) -> float:
+    """`value` in [low, high] (or (low, high]), finite; else InvalidRequest."""
+    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
+    if not ok:
+        interval = f"{'[' if low_inclusive else '('}{low:g}, {high:g}]"
+        raise InvalidRequest(name, f"{value:g} is outside {interval}")
+    return float(value)
+
+
+def check_request_id(request_id: str, limits: RequestLimits) -> str:
+    if len(request_id) > limits.max_request_id_chars:
+        raise InvalidRequest("request_id", f"{len(request_id)} characters, the limit is {limits.max_request_id_chars}")
+    if request_id and not (request_id.isascii() and request_id.isprintable()):
+        raise InvalidRequest("request_id", "must be printable ASCII")
+    return request_id or uuid.uuid4().hex
+
+
+def check_stop(stops, limits: RequestLimits) -> tuple[str, ...]:
+    if len(stops) > limits.max_stop_sequences:
+        raise InvalidRequest("stop", f"{len(stops)} strings, the limit is {limits.max_stop_sequences}")
+    for i, stop in enumerate(stops):
+        size = len(stop.encode("utf-8"))
+        if not 1 <= size <= limits.max_stop_bytes:
+            raise InvalidRequest(f"stop[{i}]", f"{size} UTF-8 bytes, must be 1 to {limits.max_stop_bytes}")
+    return tuple(stops)
+
+
+def check_sampling(request, limits: RequestLimits) -> SamplingParams:
+    temperature = check_float("temperature", request.temperature, 0.0, limits.max_temperature, True)
+    if not 0 <= request.top_k <= limits.vocab_size:
+        raise InvalidRequest("top_k", f"{request.top_k} is outside [0, {limits.vocab_size}] (0 keeps all, "
+                                      f"vocab_size {limits.vocab_size})")
+    top_p = check_float("top_p", request.top_p, 0.0, 1.0, False) if request.HasField("top_p") else 1.0
+    penalty = (check_float("repetition_penalty", request.repetition_penalty, 0.0, limits.max_repetition_penalty,
+                           False) if request.HasField("repetition_penalty") else 1.0)
+    seed = request.seed if request.HasField("seed") else None
+    return SamplingParams(temperature, int(request.top_k), top_p, penalty, seed)
+
+
+def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
+    """max_new_tokens after the cap and the context; the prompt must leave it room."""
+    if prompt_tokens > limits.max_prompt_tokens:
+        raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
+                                       f"{limits.max_prompt_tokens} (context_length {limits.context_length} - 1)")
+    if not request.HasField("max_new_tokens"):
+        return min(limits.max_new_tokens, limits.context_length - prompt_tokens)
+    wanted = request.max_new_tokens
+    if not 1 <= wanted <= limits.max_new_tokens:
+        raise InvalidRequest("max_new_tokens", f"{wanted} is outside [1, {limits.max_new_tokens}] "
+                                               "(the server's --max-new-tokens-cap)")
+    if prompt_tokens + wanted > limits.context_length:
+        raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
+                                       f"{limits.context_length - wanted} (context_length {limits.context_length} "
+                                       f"- max_new_tokens {wanted})")
+    return wanted
+
+
+def validate(request, limits: RequestLimits, tokenizer: ByteTokenizer,
+             deadline: float | None = None) -> GenerationRequest:
+    """A GenerateRequest as a GenerationRequest; raises InvalidRequest on the first bad field."""
+    if not request.prompt:
+        raise InvalidRequest("prompt", "must not be empty")
+    request_id = check_request_id(request.request_id, limits)
+    sampling = check_sampling(request, limits)
+    stop = check_stop(request.stop, limits)
+    prompt_ids = tokenizer.encode(request.prompt)
+    max_new_tokens = check_lengths(request, len(prompt_ids), limits)
+    return GenerationRequest(request_id, tuple(prompt_ids), max_new_tokens, sampling, stop, deadline)

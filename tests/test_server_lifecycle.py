@@ -1,0 +1,167 @@
+"""Start-up, drain and shutdown: refuse to start with a one-line reason, drain on SIGTERM and exit 0,
+health follows the server's state, and serving never imports torch."""
+import asyncio
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from fixtures_server import ServeProcess, request, start_server, wait_until
+
+TIMEOUT = 30
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def health_status(channel) -> int:
+    return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT).status
+
+
+def collect(stream, into: list) -> None:
+    try:
+        into.extend(stream)
+    except grpc.RpcError as e:
+        into.append(e)
+
+
+def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
+    running = start_server(tiny_model_dir, drain_timeout=10.0)
+    running.pacer.delay = 0.01                                  # 60 tokens: about 0.6 s
+    try:
+        stream = running.stub.GenerateStream(request("draining", max_new_tokens=60), timeout=TIMEOUT)
+        messages = [next(stream)]
+        drained = asyncio.run_coroutine_threadsafe(running.server.drain(), running.loop)
+        wait_until(lambda: health_status(running.channel) == NOT_SERVING, what="health NOT_SERVING")
+        with pytest.raises(grpc.RpcError) as info:
+            running.stub.Generate(request("too late", max_new_tokens=2), timeout=TIMEOUT)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in info.value.details()
+        messages += list(stream)
+        drained.result(TIMEOUT)
+    finally:
+        running.stop()
+    assert messages[-1].finish_reason == pb.FINISH_REASON_LENGTH
+    assert messages[-1].usage.completion_tokens == 60 or messages[-1].finish_reason == pb.FINISH_REASON_EOS
+
+
+def test_drain_timeout_ends_in_flight_requests_as_cancelled(tiny_model_dir):
+    running = start_server(tiny_model_dir, drain_timeout=0.2)
+    running.pacer.delay = 0.02                                  # 100 tokens: about 2 s
+    try:
+        stream = running.stub.GenerateStream(request("too long to wait for", max_new_tokens=100), timeout=TIMEOUT)
+        next(stream)
+        running.call(running.server.drain())
+        messages = list(stream)
+    finally:
+        running.stop()
+    assert messages[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+    assert messages[-1].usage.completion_tokens < 100
+
+
+def test_sigterm_drains_in_flight_streams_and_exits_zero(tiny_model_dir):
+    server = ServeProcess("--model", str(tiny_model_dir), "--port", "0", "--max-batch", "8", "--threads", "1")
+    try:
+        stub = pb_grpc.TextGenerationStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
+        streams = [stub.GenerateStream(request(f"in flight {i}", max_new_tokens=110), timeout=TIMEOUT)
+                   for i in range(8)]
+        results = [[next(stream)] for stream in streams]          # all eight are decoding
+        server.proc.send_signal(signal.SIGTERM)
+        readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(TIMEOUT)
+        code, output = server.wait(TIMEOUT)
+    finally:
+        server.kill()
+    assert code == 0, output
+    in_flight = re.search(r"draining: (\d+) active and (\d+) queued", output)
+    assert in_flight and int(in_flight.group(1)) + int(in_flight.group(2)) > 0, output
+    assert "drained, exiting" in output
+    for messages in results:
+        assert not any(isinstance(m, grpc.RpcError) for m in messages), messages[-1]
+        assert messages[-1].finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
+
+
+def refused(*args: str) -> str:
+    """Start `attnserve serve` expecting it to refuse; its output."""
+    proc = subprocess.run([sys.executable, "-m", "attnserve.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "Traceback" not in output, output
+    return output.strip().splitlines()[-1]
+
+
+def test_missing_model_directory_is_refused_in_one_line(tmp_path):
+    line = refused("--model", str(tmp_path / "nope"), "--port", "0")
+    assert line.startswith("attnserve serve: error:") and "not found" in line
+
+
+def test_tampered_model_is_refused_in_one_line(tiny_model_dir, tmp_path):
+    bad = tmp_path / "tampered"
+    shutil.copytree(tiny_model_dir, bad)
+    data = bytearray((bad / "model.onnx").read_bytes())
+    data[-1] ^= 0xFF
+    (bad / "model.onnx").write_bytes(bytes(data))
+    line = refused("--model", str(bad), "--port", "0")
+    assert line.startswith("attnserve serve: error:") and "sha256" in line
+
+
+def test_port_in_use_is_refused_in_one_line(tiny_model_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        line = refused("--model", str(tiny_model_dir), "--port", str(taken.getsockname()[1]))
+    assert line.startswith("attnserve serve: error:") and "in use" in line
+
+
+def test_cuda_provider_without_cuda_is_refused_in_one_line(tiny_model_dir):
+    import onnxruntime
+    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
+        pytest.skip("this onnxruntime has CUDA")
+    line = refused("--model", str(tiny_model_dir), "--port", "0", "--provider", "cuda")
+    assert line.startswith("attnserve serve: error:") and "CUDAExecutionProvider" in line
+
+
+def test_bad_flag_combination_is_refused(tiny_model_dir):
+    line = refused("--model", str(tiny_model_dir), "--tls-cert", "cert.pem")
+    assert "--tls-cert and --tls-key go together" in line
+
+
+NO_TORCH = """
+import asyncio, sys
+from attnserve.cli import main
+try:
+    main(["serve", "--help"])
+except SystemExit:
+    pass
+from attnserve.server.app import Server
+from attnserve.server.config import ServerConfig
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+
+async def run():
+    server = Server(ServerConfig(model=sys.argv[1], port=0, provider="cpu", threads=1))
+    await server.start()
+    reply = await server.engine.submit(__import__("attnserve.server.domain", fromlist=["x"]).GenerationRequest(
+        "t", (256, 104), 3)).next_events()
+    await server.stop()
+    return reply
+
+asyncio.run(run())
+assert "torch" not in sys.modules, "torch was imported"
+print("ok")
+"""
+
+
+def test_serving_never_imports_torch(tiny_model_dir):
+    proc = subprocess.run([sys.executable, "-c", NO_TORCH, str(tiny_model_dir)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr

@@ -1,0 +1,88 @@
+"""Per-request sampling in numpy: greedy is torch's argmax, filters keep what model/generate keeps."""
+import numpy as np
+import pytest
+import torch
+
+from attnserve.model.generate import next_token
+from attnserve.server.domain import SamplingParams
+from attnserve.server.sampling import Sampler, apply_repetition_penalty, top_k_filter, top_p_filter
+
+V = 259
+
+
+def logits_rows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 3, size=(n, V)).astype(np.float32)
+
+
+def test_greedy_is_torch_argmax_including_ties():
+    rows = logits_rows(50)
+    rows[0, [3, 7, 200]] = 99.0                           # a three-way tie: the first index wins
+    ours = [Sampler(SamplingParams(), V)(row) for row in rows]
+    assert ours == torch.from_numpy(rows).argmax(-1).tolist()
+    assert ours[0] == 3
+
+
+@pytest.mark.parametrize("k", [1, 5, 40, V])
+def test_top_k_keeps_the_same_tokens_as_the_reference(k):
+    row = logits_rows(1, seed=k)[0]
+    kept = np.isfinite(top_k_filter(row.astype(np.float64), k))
+    reference = torch.from_numpy(row)[None]
+    kth = reference.topk(min(k, V), dim=-1).values[:, -1:]
+    assert kept.tolist() == (reference >= kth)[0].tolist()
+
+
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
+def test_top_p_keeps_the_same_tokens_as_the_reference(p):
+    row = logits_rows(1, seed=int(p * 1000))[0].astype(np.float64)
+    kept = np.isfinite(top_p_filter(row, p))
+    logits = torch.from_numpy(row)[None]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    drop = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1) >= p
+    reference = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
+    assert kept.tolist() == torch.isfinite(reference)[0].tolist()
+    assert kept.sum() >= 1
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    rows = logits_rows(64, seed=1)
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=1234)
+    a, b = Sampler(params, V), Sampler(params, V)
+    c = Sampler(SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=99), V)
+    run_a, run_b, run_c = ([s(row) for row in rows] for s in (a, b, c))
+    assert run_a == run_b
+    assert run_a != run_c
+
+
+def test_sampling_follows_the_distribution():
+    logits = np.full(V, -np.inf, dtype=np.float32)
+    logits[[10, 20, 30]] = np.log([0.2, 0.3, 0.5])
+    sampler = Sampler(SamplingParams(temperature=1.0, seed=0), V)
+    draws = np.array([sampler(logits) for _ in range(4000)])
+    freq = [np.mean(draws == t) for t in (10, 20, 30)]
+    assert set(np.unique(draws)) <= {10, 20, 30}
+    assert np.allclose(freq, [0.2, 0.3, 0.5], atol=0.04), freq
+
+
+def test_low_temperature_approaches_greedy():
+    rows = logits_rows(20, seed=3)
+    sampler = Sampler(SamplingParams(temperature=1e-4, seed=0), V)
+    assert [sampler(r) for r in rows] == rows.argmax(-1).tolist()
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
+    seen = np.array([True, True, False, False])
+    assert apply_repetition_penalty(logits, seen, 2.0).tolist() == [1.0, -4.0, 1.0, 0.5]
+
+
+def test_repetition_penalty_steers_greedy_away_from_seen_tokens():
+    logits = np.zeros(V, dtype=np.float32)
+    logits[65], logits[66] = 3.0, 2.0
+    plain = Sampler(SamplingParams(), V, prompt_ids=(256, 65))
+    penalized = Sampler(SamplingParams(repetition_penalty=2.0), V, prompt_ids=(256, 65))
+    assert plain(logits) == 65 and penalized(logits) == 66
+
+
+def test_reference_sampler_agrees_on_what_greedy_means():
+    rows = torch.from_numpy(logits_rows(8, seed=5))
+    assert next_token(rows).tolist() == [Sampler(SamplingParams(), V)(r) for r in rows.numpy()]

@@ -1,0 +1,175 @@
+"""TLS, mutual TLS and bearer-token auth accept the right client and reject the others; metrics
+parse and move; reflection lists the services; on CUDA the session and the KV cache live on the GPU."""
+import datetime
+import ipaddress
+import urllib.request
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from fixtures_server import request, start_server
+
+TIMEOUT = 30
+
+
+def issue(name: str, issuer=None, ca: bool = False):
+    """A key and a certificate for `name`, signed by `issuer` (key, cert) or self-signed."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_key, issuer_cert = issuer or (key, None)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(issuer_cert.subject if issuer_cert else subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    if not ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return key, builder.sign(issuer_key, hashes.SHA256())
+
+
+def pem(key=None, cert=None) -> bytes:
+    if cert is not None:
+        return cert.public_bytes(serialization.Encoding.PEM)
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, a server certificate for 127.0.0.1, a client certificate, and a stranger CA."""
+    folder = tmp_path_factory.mktemp("pki")
+    ca = issue("attnserve test CA", ca=True)
+    server_key, server_cert = issue("127.0.0.1", issuer=ca)
+    client_key, client_cert = issue("client", issuer=ca)
+    stranger = issue("stranger CA", ca=True)
+    files = {"ca": pem(cert=ca[1]), "server.crt": pem(cert=server_cert), "server.key": pem(server_key),
+             "client.crt": pem(cert=client_cert), "client.key": pem(client_key), "stranger": pem(cert=stranger[1])}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return folder, files
+
+
+def generate_over(channel):
+    return pb_grpc.TextGenerationStub(channel).Generate(request("secure", max_new_tokens=3), timeout=5)
+
+
+def test_tls_accepts_a_client_that_trusts_the_ca_and_rejects_others(tiny_model_dir, pki):
+    folder, files = pki
+    running = start_server(tiny_model_dir, tls_cert=str(folder / "server.crt"), tls_key=str(folder / "server.key"))
+    try:
+        trusted = grpc.secure_channel(running.target, grpc.ssl_channel_credentials(files["ca"]))
+        assert generate_over(trusted).usage.completion_tokens >= 0
+        for channel in (grpc.insecure_channel(running.target),
+                        grpc.secure_channel(running.target, grpc.ssl_channel_credentials(files["stranger"]))):
+            with pytest.raises(grpc.RpcError) as info:
+                generate_over(channel)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        running.stop()
+
+
+def test_mutual_tls_requires_a_client_certificate_from_the_ca(tiny_model_dir, pki):
+    folder, files = pki
+    running = start_server(tiny_model_dir, tls_cert=str(folder / "server.crt"), tls_key=str(folder / "server.key"),
+                           tls_client_ca=str(folder / "ca"))
+    try:
+        with_cert = grpc.ssl_channel_credentials(files["ca"], files["client.key"], files["client.crt"])
+        assert generate_over(grpc.secure_channel(running.target, with_cert)).usage.completion_tokens >= 0
+        with pytest.raises(grpc.RpcError) as info:
+            generate_over(grpc.secure_channel(running.target, grpc.ssl_channel_credentials(files["ca"])))
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        running.stop()
+
+
+def test_bearer_token_is_required_except_for_health(tiny_model_dir, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    running = start_server(tiny_model_dir, auth_token_file=str(token_file), reflection=True)
+    try:
+        stub = running.stub
+        reply = stub.Generate(request("authorized", max_new_tokens=3), timeout=TIMEOUT,
+                              metadata=[("authorization", "Bearer s3cret-token")])
+        assert reply.usage.completion_tokens >= 0
+        for metadata in ([], [("authorization", "Bearer wrong")], [("authorization", "s3cret-token")]):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Generate(request("who?", max_new_tokens=3), timeout=TIMEOUT, metadata=metadata)
+            assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "s3cret" not in info.value.details()
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.GenerateStream(request("who?", max_new_tokens=3), timeout=TIMEOUT))
+        assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        health = health_pb2_grpc.HealthStub(running.channel).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
+        assert health.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        running.stop()
+
+
+def scrape(port: int) -> dict:
+    """name{labels} -> value of every sample on /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
+
+
+def test_metrics_parse_and_move(stub, server):
+    port = server.server.metrics_port
+    before = scrape(port)
+    for _ in range(3):
+        stub.Generate(request("count me", max_new_tokens=5), timeout=TIMEOUT)
+    after = scrape(port)
+    ok = ("attnserve_requests_total", (("code", "OK"), ("method", "Generate")))
+    assert after[ok] - before.get(ok, 0) == 3
+    assert after[("attnserve_generated_tokens_total", ())] > before.get(("attnserve_generated_tokens_total", ()), 0)
+    for histogram in ("attnserve_time_to_first_token_seconds", "attnserve_request_latency_seconds",
+                      "attnserve_inter_token_latency_seconds", "attnserve_step_batch_size"):
+        assert after[(f"{histogram}_count", ())] > before.get((f"{histogram}_count", ()), 0), histogram
+    assert ("attnserve_queue_depth", ()) in after and ("attnserve_batch_size", ()) in after
+    info = [labels for (name, labels) in after if name == "attnserve_model_info"]
+    assert info and ("execution_provider", "CPUExecutionProvider") in info[0]
+
+
+def test_reflection_lists_the_services(tiny_model_dir):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+    running = start_server(tiny_model_dir, reflection=True)
+    try:
+        services = set(ProtoReflectionDescriptorDatabase(running.channel).get_services())
+    finally:
+        running.stop()
+    assert {"attnserve.v1.TextGeneration", "grpc.health.v1.Health"} <= services
+
+
+def cuda_available() -> bool:
+    import onnxruntime
+    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
+@pytest.mark.parametrize("provider", ["cuda", "auto"])
+def test_cuda_session_keeps_the_kv_cache_on_the_device(tiny_model_dir, provider):
+    import onnxruntime
+    running = start_server(tiny_model_dir, provider=provider)
+    try:
+        assert running.server.runner.provider == "CUDAExecutionProvider"
+        running.pacer.delay = 0.01
+        stream = running.stub.GenerateStream(request("on the GPU", max_new_tokens=50), timeout=TIMEOUT)
+        next(stream)
+        past = running.engine.cache.past
+        assert past and all(isinstance(p, onnxruntime.OrtValue) and p.device_name().lower() == "cuda" for p in past)
+        running.pacer.delay = 0.0
+        assert list(stream)[-1].usage.completion_tokens > 0
+    finally:
+        running.stop()
