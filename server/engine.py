@@ -98,9 +98,9 @@ class Engine:
                     break
 
     def stats(self) -> dict[str, int]:
-        """Active (in the batch) and queued request counts."""
+        """Active (in the batch or its prefill) and queued request counts."""
         with self._cond:
-            return {"active": len(self._active), "queued": len(self._queue)}
+            return {"active": len(self._active) + len(self._admitting), "queued": len(self._queue)}
 
     def close(self) -> None:
         """Refuse new requests (Draining); queued and active ones go on."""
@@ -141,10 +141,12 @@ class Engine:
     def _step(self) -> None:
         """One step boundary: drop finished callers, admit, then decode the batch once."""
         self._drop_gone()
-        self._admitting = self._take_queued()
-        if self._admitting:
-            self._prefill(self._admitting)
-        self._admitting = []
+        admitted = self._take_queued()
+        if admitted:
+            self._prefill(admitted)
+            self._flush()                  # first tokens go out now, not after the next decode step
+        with self._cond:
+            self._admitting = []
         self.observer.on_step(len(self._active), len(self._queue))
         if self._active:
             self._decode()
@@ -168,9 +170,14 @@ class Engine:
         self.cache.compact()
 
     def _take_queued(self) -> list[Sequence]:
+        """Up to the free batch room of queued requests whose callers are still waiting."""
+        taken = []
         with self._cond:
-            room = self.limits.max_batch - len(self._active)
-            taken = [self._queue.popleft() for _ in range(min(room, len(self._queue)))]
+            while self._queue and len(taken) < self.limits.max_batch - len(self._active):
+                sequence = self._queue.popleft()
+                if not sequence.handle.cancelled:
+                    taken.append(sequence)
+            self._admitting = taken
         return taken
 
     def _prefill(self, sequences: list[Sequence]) -> None:

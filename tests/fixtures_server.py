@@ -81,8 +81,9 @@ class ServerThread:
 
 
 def start_server(model_dir, **overrides) -> ServerThread:
-    config = ServerConfig(model=str(model_dir), host="127.0.0.1", port=0, provider="cpu", threads=1,
-                          **{"max_batch": 8, "max_queue": 64, "drain_timeout": 5.0, **overrides})
+    defaults = {"host": "127.0.0.1", "port": 0, "provider": "cpu", "threads": 1, "max_batch": 8, "max_queue": 64,
+                "drain_timeout": 5.0}
+    config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})
     return ServerThread(config)
 
 
