@@ -22,6 +22,7 @@ from .sequence import Event
 from .streaming import ByteTokenizer
 from .validation import RequestLimits, validate
 
+REQUEST_ID_HEADER = "x-request-id"
 FINISH_REASONS = {
     FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
     FinishReason.STOP: pb.FINISH_REASON_STOP,
@@ -40,7 +41,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         """The whole completion in one response."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
         text, token_ids, final = [], [], None
-        async with aclosing(self._events(generation)) as batches:
+        async with aclosing(self._events(generation, context)) as batches:
             async for events in batches:
                 text += [event.text for event in events]
                 token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
@@ -49,10 +50,13 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
 
     async def GenerateStream(self, request: pb.GenerateRequest,
                              context: grpc.aio.ServicerContext) -> AsyncIterator[pb.GenerateStreamResponse]:
-        """Deltas as they are decoded (those ready together go in one message), then the final message."""
+        """Deltas as they are decoded (those ready together go in one message), then the final message.
+
+        The request id goes out at once in the initial metadata (x-request-id): the caller knows
+        its request was accepted before the first token."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
         request_id = generation.request_id
-        async with aclosing(self._events(generation)) as batches:
+        async with aclosing(self._events(generation, context, announce=True)) as batches:
             async for events in batches:
                 deltas = [e for e in events if isinstance(e, Delta)]
                 if deltas:
@@ -65,10 +69,13 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         """The model, its execution provider and the server's limits."""
         return self.info
 
-    async def _events(self, generation: GenerationRequest) -> AsyncIterator[list[Event]]:
+    async def _events(self, generation: GenerationRequest, context,
+                      announce: bool = False) -> AsyncIterator[list[Event]]:
         """Submit, then yield the engine's events in batches until the Final one."""
         handle = self.engine.submit(generation)
         try:
+            if announce:
+                await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
             while True:
                 events = await handle.next_events()
                 for event in events:

@@ -156,3 +156,9 @@ def test_max_new_tokens_one_finishes_at_prefill(stub):
 def test_invalid_utf8_cannot_reach_the_server(stub):
     with pytest.raises((ValueError, grpc.RpcError, UnicodeError)):
         stub.Generate(request("\udcff", max_new_tokens=2), timeout=TIMEOUT)
+
+
+def test_stream_announces_its_request_id_before_the_first_token(stub):
+    stream = stub.GenerateStream(request("announce", max_new_tokens=3, request_id="early-7"), timeout=TIMEOUT)
+    assert dict(stream.initial_metadata())["x-request-id"] == "early-7"
+    assert list(stream)[-1].request_id == "early-7"

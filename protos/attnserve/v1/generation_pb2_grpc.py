@@ -65,7 +65,8 @@ class TextGenerationServicer:
 
     def GenerateStream(self, request, context):
         """Stream the completion as it is decoded: text deltas, then one final message carrying the
-        finish reason, usage and timings. The concatenated deltas equal Generate's text.
+        finish reason, usage and timings. The concatenated deltas equal Generate's text. The request
+        id is sent at once in the initial metadata (x-request-id), before the first token.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
