@@ -1,0 +1,130 @@
+"""`attnserve generate` against a real server: output, --json, exit codes, Ctrl-C cancels."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from fixtures_server import idle, start_server, wait_until
+
+from attnserve.cli import main
+from attnserve.clients import Client
+
+PROMPT = "def parse_args("
+
+
+@pytest.fixture
+def live(server):
+    server.pacer.delay = 0.0
+    yield server
+    server.pacer.delay = 0.0
+    wait_until(lambda: idle(server.engine), what="the shared server to go idle")
+
+
+def generate(capsys, *args: str) -> tuple[int, str, str]:
+    """Run `attnserve generate ARGS` in this process: exit status, stdout, stderr."""
+    status = main(["generate", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_streams_the_completion_then_a_newline(live, capsys):
+    expected = Client(live.target).generate(PROMPT, max_new_tokens=24).text
+    status, out, err = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24")
+    assert (status, out, err) == (0, expected + "\n", "")
+    status, out, _ = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24",
+                              "--no-stream")
+    assert (status, out) == (0, expected + "\n")
+
+
+def test_json_prints_one_object_with_every_field(live, capsys):
+    status, out, err = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "8",
+                                "--json", "--request-id", "cli-1", "--seed", "3",
+                                "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9",
+                                "--repetition-penalty", "1.1")
+    assert status == 0 and err == "" and len(out.splitlines()) == 1, err
+    result = json.loads(out)
+    assert set(result) == {"text", "token_ids", "finish_reason", "usage", "timings", "request_id"}
+    assert result["request_id"] == "cli-1" and result["finish_reason"] in ("length", "eos")
+    assert len(result["token_ids"]) == result["usage"]["completion_tokens"] <= 8
+    assert result["usage"]["prompt_tokens"] == len(PROMPT) + 1
+    assert set(result["timings"]) == {"queue_ms", "time_to_first_token_ms", "total_ms"}
+    again = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "8", "--json",
+                     "--no-stream", "--seed", "3", "--temperature", "0.8", "--top-k", "20",
+                     "--top-p", "0.9", "--repetition-penalty", "1.1")[1]
+    assert json.loads(again)["token_ids"] == result["token_ids"]     # same seed, same tokens
+
+
+def test_stop_strings(live, capsys):
+    expected = Client(live.target).generate(PROMPT, max_new_tokens=24).text
+    stop = expected[3:5]
+    assert len(stop) == 2, f"greedy text too short for this test: {expected!r}"
+    status, out, _ = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24",
+                              "--json", "--stop", "\x00never", "--stop", stop)
+    result = json.loads(out)
+    assert status == 0 and result["finish_reason"] == "stop"
+    assert result["text"] == expected[:expected.index(stop)]
+
+
+@pytest.mark.parametrize("args, status, message", [
+    (["", "--max-new-tokens", "4"], 2, "INVALID_ARGUMENT: prompt"),
+    ([PROMPT, "--max-new-tokens", "0"], 2, "INVALID_ARGUMENT: max_new_tokens"),
+    ([PROMPT, "--temperature", "-1", "--no-stream"], 2, "INVALID_ARGUMENT: temperature"),
+])
+def test_bad_requests_exit_2_with_one_line(live, capsys, args, status, message):
+    code, out, err = generate(capsys, *args, "--target", live.target)
+    assert (code, out) == (status, "")
+    assert err.startswith(f"attnserve generate: error: {message}") and len(err.splitlines()) == 1
+
+
+def test_unreachable_server_exits_1_and_unreadable_files_exit_2(capsys, tmp_path):
+    code, out, err = generate(capsys, PROMPT, "--target", "127.0.0.1:1", "--timeout", "0.5")
+    assert (code, out) == (1, "") and err.startswith("attnserve generate: error: UNAVAILABLE: ")
+    code, _, err = generate(capsys, PROMPT, "--token-file", str(tmp_path / "missing"))
+    assert code == 2 and err.startswith("attnserve generate: error: ") and "missing" in err
+    assert "Traceback" not in err
+
+
+def test_token_file(tiny_model_dir, capsys, tmp_path):
+    (tmp_path / "token").write_text("s3cret")
+    running = start_server(tiny_model_dir, auth_token_file=str(tmp_path / "token"))
+    try:
+        code, _, err = generate(capsys, PROMPT, "--target", running.target)
+        assert code == 1 and "UNAUTHENTICATED" in err
+        code, out, _ = generate(capsys, PROMPT, "--target", running.target,
+                                "--token-file", str(tmp_path / "token"), "--max-new-tokens", "3")
+        assert code == 0 and out.endswith("\n")
+    finally:
+        running.stop()
+
+
+def read_some(pipe, timeout: float) -> bytes:
+    """The first bytes written to `pipe` within `timeout` seconds."""
+    ready, _, _ = select.select([pipe], [], [], timeout)
+    return os.read(pipe.fileno(), 4096) if ready else b""
+
+
+def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
+    live.pacer.delay = 0.05                                    # 100 tokens take 5 s
+    before = live.server.metrics.registry.get_sample_value(
+        "attnserve_generations_finished_total", {"reason": "cancelled"}) or 0
+    proc = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "generate", PROMPT,
+                             "--target", live.target, "--max-new-tokens", "100"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert read_some(proc.stdout, 20.0), "no streamed text before the deadline"
+        assert live.engine.stats()["active"] == 1
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill() if proc.poll() is None else None
+    assert proc.returncode == 130 and b"cancelled" in err and b"Traceback" not in err
+    wait_until(lambda: idle(live.engine), timeout=2, what="the server to drop the request")
+    assert time.monotonic() - t0 < 3                           # well before the 5 s it would take
+    wait_until(lambda: live.server.metrics.registry.get_sample_value(
+        "attnserve_generations_finished_total", {"reason": "cancelled"}) == before + 1,
+        timeout=2, what="the server to count the cancelled generation")
