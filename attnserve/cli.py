@@ -20,15 +20,25 @@ HANDLERS = {
 
 
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a transformer on a text corpus")
+    p = sub.add_parser("train", help="train a transformer on a text corpus",
+                       epilog="data-parallel: torchrun --nproc_per_node=N -m attnserve.cli train ...")
     p.add_argument("--preset", default="small", help="model preset: tiny, small (default), numbers, ...")
     p.add_argument("--corpus", default=None, help="text file or folder of .txt files (default: CPython's pydoc topics)")
     p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps")
-    p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds of training")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps in all")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="stop after this many seconds of training in all, eval excluded "
+                        "(default 180 unless --max-steps)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="bf16 autocast, fp32, or auto: bf16 where the hardware has it (default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (step, optimizer)")
+    p.add_argument("--batch-size", type=int, default=None, help="windows per step per process (default 32)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-3)")
+    p.add_argument("--eval-interval", type=int, default=None, help="steps between held-out evaluations")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per process (default: the cores shared among local processes)")
 
 
 def add_export(sub) -> None:

@@ -1,0 +1,287 @@
+"""Training of the decoder language model on a byte corpus: AdamW, warm-up then cosine decay,
+gradient clipping, held-out loss in bits per byte, checkpoints with resume, DDP under torchrun.
+
+The data (data.py), the schedule (schedule.py) and the process group (distributed.py) live
+next door; nothing here knows of ONNX or gRPC. The encoder-decoder trains in train_seq2seq.py.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from . import distributed
+from .checkpoint import CheckpointError, build_model, load_state, save_checkpoint
+from .config import ModelConfig, preset
+from .data import HELDOUT_FRACTION, ByteBatches, DataError, heldout_batches, read_corpus, split_heldout
+from .distributed import DeviceError, Ranks
+from .progress import ProgressBar
+from .schedule import budget_progress, budget_spent, learning_rate
+
+CHECKPOINT = "checkpoint.pt"
+
+
+class TrainError(Exception):
+    """Training cannot start: bad options, an unwritable --out, a mismatched --resume."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 5e-3                     # peak AdamW learning rate
+    min_lr_ratio: float = 0.1            # the cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 30               # linear warm-up steps
+    weight_decay: float = 0.1            # AdamW decoupled weight decay, on matrices only
+    beta2: float = 0.99                  # AdamW second-moment decay (0.99: small models, small batches)
+    batch_size: int = 32                 # windows of max_len bytes per step, per process
+    grad_clip: float = 1.0               # max global gradient norm
+    eval_interval: int = 250             # steps between held-out evaluations and checkpoints
+    eval_windows: int = 256              # fixed held-out windows per evaluation (evenly spaced)
+    max_steps: int | None = None         # stop after this many steps in all (resumes count on)
+    time_budget: float | None = 180.0    # stop after this many seconds of training in all (eval excluded)
+    seed: int = 0                        # initialisation and batches (each rank samples its own stream)
+    device: str = "cpu"                  # "cpu" or "cuda"
+    precision: str = "auto"              # "bf16" autocast, "fp32", or "auto": bf16 where the hardware has it
+    threads: int | None = None           # CPU threads per process (None: OMP_NUM_THREADS or cores / processes)
+    corpus: str | None = None            # text file or folder of .txt files (None: CPython's pydoc topics)
+    heldout_fraction: float = HELDOUT_FRACTION  # tail of the corpus held out
+    out_dir: str = "runs/small"          # checkpoint.pt goes here
+    resume: bool = False                 # continue from out_dir/checkpoint.pt (weights, optimizer, step)
+    progress: bool = True                # progress bar on rank 0
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "eval_interval", "eval_windows"):
+            if getattr(self, name) < 1:
+                raise TrainError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise TrainError(f"threads must be at least 1, got {self.threads}")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise TrainError(f"max_steps must be >= 0, got {self.max_steps}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise TrainError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.time_budget is not None and self.time_budget <= 0:
+            raise TrainError(f"time_budget must be positive, got {self.time_budget}")
+
+
+def prepare_out(out_dir: str | Path, rank: int) -> Path:
+    """Create the run folder and prove it writable now, not after minutes of training."""
+    out = Path(out_dir)
+    probe = out / f".write-test-{rank}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise TrainError(f"cannot write --out {out}: {e.strerror or e}") from None
+    return out
+
+
+def resume_state(path: Path, model_config: ModelConfig) -> dict:
+    """The checkpoint to continue from; its model config must be the one asked for."""
+    try:
+        state = load_state(path)
+    except CheckpointError as e:
+        raise TrainError(f"--resume: {e}") from None
+    if "optimizer" not in state or "step" not in state:
+        raise TrainError(f"--resume: {path} holds no optimizer state or step to continue from")
+    if state["config"] != model_config.to_dict():
+        raise TrainError(f"--resume: {path} was trained with another model config than the one asked for")
+    return state
+
+
+def lm_inputs(x: torch.Tensor, config: ModelConfig, dtype: torch.dtype | None = None):
+    """Mask, positions and an empty past (in the compute dtype, so no casts) for windows x (B, T)."""
+    b, t = x.shape
+    mask = torch.ones(b, t, dtype=torch.long, device=x.device)                  # (B, T)
+    positions = torch.arange(t, device=x.device).expand(b, t)                   # (B, T)
+    empty = x.new_zeros((b, config.n_heads, 0, config.d_k), dtype=dtype or torch.float32)  # (B, H, 0, D)
+    return x, mask, positions, [(empty, empty) for _ in range(config.n_layers)]
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW (fused: one kernel for all parameters, 6x faster on CPU); no decay on biases and norms."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=True)
+
+
+class Trainer:
+    """One run's model, optimizer, data and counters; `fit` is the loop."""
+
+    def __init__(self, model_config: ModelConfig, cfg: TrainConfig, ranks: Ranks, device: torch.device,
+                 train_bytes: bytes, heldout_bytes: bytes, state: dict | None):
+        self.cfg, self.ranks, self.device, self.config = cfg, ranks, device, model_config
+        self.autocast = distributed.autocast_dtype(cfg.precision, device)
+        torch.manual_seed(cfg.seed)
+        self.model = build_model(model_config).to(device)
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.step, self.seconds, self.last_bpb, self.best_bpb = 0, 0.0, None, None
+        if state is not None:
+            self.restore(state)
+        self.start_step, self.start_seconds, self.evaluated_at = self.step, self.seconds, None
+        self.net = self.model
+        if ranks.distributed:
+            self.net = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
+        block = model_config.max_len
+        self.batches = ByteBatches(train_bytes, block, cfg.batch_size, cfg.seed, ranks.rank)
+        self.heldout = heldout_batches(heldout_bytes, block, cfg.batch_size, cfg.eval_windows,
+                                       ranks.rank, ranks.world_size)
+
+    def restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.seconds = int(state["step"]), float(state.get("train_seconds", 0.0))
+        self.last_bpb, self.best_bpb = state.get("heldout_bpb"), state.get("best_heldout_bpb")
+
+    def learning_rate(self) -> float:
+        c = self.cfg
+        progress = budget_progress(self.step, self.seconds, c.max_steps, c.time_budget, c.warmup_steps)
+        return learning_rate(self.step, progress, c.lr, c.warmup_steps, c.min_lr_ratio)
+
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step on this rank's batch; DDP averages the gradients. Returns (loss, lr)."""
+        lr = self.learning_rate()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = (t.to(self.device, non_blocking=True) for t in self.batches.batch(self.step))
+        with torch.autocast(self.device.type, dtype=self.autocast or torch.float32, enabled=bool(self.autocast)):
+            logits = self.net(*lm_inputs(x, self.config, self.autocast))[0]   # (B, T, V)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), y.reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        return loss.item(), lr
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Held-out cross entropy in bits per byte (nats / ln 2), in float32 as exported, over all ranks."""
+        self.model.eval()
+        total, count = 0.0, 0
+        for x, y in self.heldout:
+            logits = self.model(*lm_inputs(x.to(self.device), self.config))[0]  # (B, T, V)
+            total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.to(self.device).reshape(-1),
+                                     reduction="sum").item()
+            count += y.numel()
+        self.model.train()
+        total, count = distributed.sum_all([total, float(count)], self.device)
+        return total / count / math.log(2)
+
+    def tokens_per_second(self) -> float:
+        tokens = (self.step - self.start_step) * self.cfg.batch_size * self.config.max_len * self.ranks.world_size
+        return tokens / max(self.seconds - self.start_seconds, 1e-9)
+
+    def checkpoint_path(self) -> Path:
+        return Path(self.cfg.out_dir) / CHECKPOINT
+
+    def save(self) -> None:
+        """Rank 0 writes weights, optimizer, step and the held-out figures (all weights_only-loadable)."""
+        if self.ranks.is_main:
+            save_checkpoint(self.checkpoint_path(), self.model, optimizer=self.optimizer.state_dict(),
+                            step=self.step, train_seconds=self.seconds, train_config=asdict(self.cfg),
+                            heldout_bpb=self.last_bpb, best_heldout_bpb=self.best_bpb,
+                            world_size=self.ranks.world_size)
+
+    def evaluate_and_save(self, log: Callable[[str], None]) -> None:
+        self.last_bpb = self.evaluate()
+        self.best_bpb = self.last_bpb if self.best_bpb is None else min(self.best_bpb, self.last_bpb)
+        self.evaluated_at = self.step
+        self.save()
+        log(f"step {self.step}: held-out {self.last_bpb:.3f} bits per byte (best {self.best_bpb:.3f}), "
+            f"{self.seconds:.0f} s of training")
+
+    def out_of_budget(self) -> bool:
+        """All ranks agree: rank 0's clock decides when a time budget is set."""
+        if self.cfg.time_budget is not None:
+            self.seconds = distributed.broadcast_float(self.seconds, self.device)
+        return budget_spent(self.step, self.seconds, self.cfg.max_steps, self.cfg.time_budget)
+
+    def fit(self, log: Callable[[str], None]) -> None:
+        """Step until the budget is spent, evaluating and checkpointing every eval_interval steps."""
+        bar = ProgressBar(self.cfg, self.step, enabled=self.ranks.is_main and self.cfg.progress)
+        log = bar.write if log is None else log
+        try:
+            while not self.out_of_budget():
+                start = time.perf_counter()
+                loss, lr = self.train_step()
+                self.step += 1
+                self.seconds += time.perf_counter() - start
+                bar.update(self.step, loss, lr, self.tokens_per_second(), self.last_bpb)
+                if self.step % self.cfg.eval_interval == 0:
+                    self.evaluate_and_save(log)
+            if self.evaluated_at != self.step:
+                self.evaluate_and_save(log)
+        except KeyboardInterrupt:
+            self.save()
+            raise
+        finally:
+            bar.close()
+
+    def result(self) -> dict:
+        return {"steps": self.step, "start_step": self.start_step, "train_seconds": self.seconds,
+                "tokens_per_second": self.tokens_per_second(), "heldout_bpb": self.last_bpb,
+                "best_heldout_bpb": self.best_bpb, "checkpoint": self.checkpoint_path(),
+                "parameters": sum(p.numel() for p in self.model.parameters()), "model": self.model}
+
+
+def train(model_config: ModelConfig, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict:
+    """Train a decoder LM; every rank returns the figures and its model (rank 0 wrote the checkpoint)."""
+    if model_config.arch != "decoder":
+        raise TrainError(f"training the {model_config.arch} architecture here is not supported yet")
+    ranks = distributed.ranks_from_env()
+    device = distributed.pick_device(cfg.device, ranks)
+    if device.type == "cpu":
+        torch.set_num_threads(distributed.cpu_threads(ranks, cfg.threads))
+    train_bytes, heldout_bytes = split_heldout(read_corpus(cfg.corpus), model_config.max_len, cfg.heldout_fraction)
+    prepare_out(cfg.out_dir, ranks.rank)
+    state = resume_state(Path(cfg.out_dir) / CHECKPOINT, model_config) if cfg.resume else None
+    created = distributed.init(ranks, device)
+    try:
+        trainer = Trainer(model_config, cfg, ranks, device, train_bytes, heldout_bytes, state)
+        trainer.fit(log if ranks.is_main else (lambda _: None))
+        return trainer.result()
+    finally:
+        distributed.shutdown(created)
+
+
+def configs_from_args(args) -> tuple[ModelConfig, TrainConfig]:
+    """The two configs, built once from the command line; only flags given override defaults."""
+    try:
+        model_config = preset(args.preset)
+    except KeyError as e:
+        raise TrainError(e.args[0]) from None
+    cfg = TrainConfig(out_dir=args.out or f"runs/{args.preset}", corpus=args.corpus, device=args.device,
+                      precision=args.precision, seed=args.seed, resume=args.resume)
+    if args.max_steps is not None:
+        cfg = replace(cfg, max_steps=args.max_steps, time_budget=args.time_budget)
+    elif args.time_budget is not None:
+        cfg = replace(cfg, time_budget=args.time_budget)
+    flags = ("batch_size", "lr", "eval_interval", "threads")
+    overrides = {k: getattr(args, k) for k in flags if getattr(args, k, None) is not None}
+    return model_config, replace(cfg, **overrides)
+
+
+def main(args) -> int:
+    """CLI entry: one-line errors and exit 2; ends by printing the held-out bits per byte."""
+    try:
+        model_config, cfg = configs_from_args(args)
+        result = train(model_config, cfg)
+    except (TrainError, DataError, DeviceError) as e:
+        print(f"attnserve train: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("attnserve train: interrupted; the checkpoint is saved, --resume continues", file=sys.stderr)
+        return 130
+    if distributed.ranks_from_env().is_main:
+        print(f"trained {result['steps']} steps, {result['train_seconds']:.0f} s "
+              f"({result['tokens_per_second']:,.0f} tokens/s, {result['parameters']:,} parameters); "
+              f"checkpoint: {result['checkpoint']}")
+        print(f"held-out: {result['heldout_bpb']:.3f} bits per byte")
+    return 0

@@ -1,0 +1,103 @@
+"""`attnserve train` as a user runs it: one-line errors with exit 2, and the held-out figure last.
+
+Every case is a real subprocess; the error cases start together (each mostly imports torch),
+so the module costs a few seconds rather than one import after another.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnserve.model.config import preset
+
+TRAIN = [sys.executable, "-m", "attnserve.cli", "train"]
+CASES = ["missing corpus", "empty corpus", "folder without .txt", "corpus shorter than a block", "unknown preset",
+         "out under a regular file", "encoder-decoder preset", "resume without a checkpoint"]
+
+
+def error_cases(root):
+    """name -> (extra arguments, expected text in the error line); builds the files they need."""
+    (root / "empty.txt").write_bytes(b"")
+    (root / "short.txt").write_bytes(b"tiny corpus\n" * 10)
+    (root / "no-text").mkdir()
+    (root / "no-text" / "notes.md").write_text("not a .txt file")
+    (root / "a-file").write_text("a regular file")
+    out = ["--out", str(root / "run")]
+    return {
+        "missing corpus": (["--corpus", str(root / "nope.txt"), *out], "corpus not found"),
+        "empty corpus": (["--corpus", str(root / "empty.txt"), *out], "is empty"),
+        "folder without .txt": (["--corpus", str(root / "no-text"), *out], "has no .txt files"),
+        "corpus shorter than a block": (["--corpus", str(root / "short.txt"), "--preset", "tiny", *out],
+                                        "corpus too short"),
+        "unknown preset": (["--preset", "enormous", *out], "unknown preset 'enormous'"),
+        "out under a regular file": (["--preset", "tiny", "--out", str(root / "a-file" / "run")],
+                                     "cannot write --out"),
+        "encoder-decoder preset": (["--preset", "numbers", *out], "not supported yet"),
+        "resume without a checkpoint": (["--preset", "tiny", "--resume", *out], "checkpoint not found"),
+    }
+
+
+@pytest.fixture(scope="module")
+def error_runs(tmp_path_factory):
+    """Every error case, run concurrently: name -> ((exit code, stdout, stderr), expected text)."""
+    cases = error_cases(tmp_path_factory.mktemp("cli-errors"))
+    assert sorted(cases) == sorted(CASES)
+    procs = {name: subprocess.Popen([*TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name, (args, _) in cases.items()}
+    outputs = {name: p.communicate(timeout=120) for name, p in procs.items()}
+    return {name: ((procs[name].returncode, *outputs[name]), cases[name][1]) for name in cases}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_errors_are_one_line_and_exit_2(error_runs, case):
+    (code, stdout, stderr), expected = error_runs[case]
+    assert code == 2, (code, stderr)
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnserve train: error: ") and expected in lines[0], stderr
+
+
+def test_read_only_out_is_refused(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.access(locked, os.W_OK):
+        pytest.skip("running as root: permissions do not stop writes")
+    proc = subprocess.run([*TRAIN, "--preset", "tiny", "--out", str(locked / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("attnserve train: error: cannot write --out")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
+    proc = subprocess.run([*TRAIN, "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "attnserve train: error: --device cuda: CUDA is not available " \
+                                  "(no GPU, or a CPU-only torch build)"
+
+
+def test_a_short_run_ends_with_the_heldout_figure(tmp_path):
+    proc = subprocess.run([*TRAIN, "--preset", "tiny", "--max-steps", "12", "--batch-size", "8",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"held-out: \d+\.\d{3} bits per byte", last), proc.stdout
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 12 and state["config"] == preset("tiny").to_dict()
+    assert float(last.split()[1]) == pytest.approx(state["heldout_bpb"], abs=5e-4)
+
+
+def test_torchrun_trains_with_two_ranks_and_only_rank_0_reports(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "attnserve.cli", "train", "--preset", "tiny", "--max-steps", "6",
+                           "--batch-size", "8", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sum(line.startswith("held-out: ") for line in proc.stdout.splitlines()) == 1, proc.stdout
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["world_size"] == 2 and state["step"] == 6
