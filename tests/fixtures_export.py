@@ -1,0 +1,12 @@
+"""Session fixtures: the trained tiny checkpoint exported once, float32 (and int8 on demand)."""
+import pytest
+
+from attnserve.export.onnx_export import export_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_checkpoint, tmp_path_factory):
+    """A float32 model directory of the trained tiny model; the parity gate has passed."""
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    export_checkpoint(tiny_checkpoint, out)
+    return out

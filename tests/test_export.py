@@ -1,0 +1,159 @@
+"""The export contract and the parity gate, on a real trained tiny model and ONNX Runtime."""
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from attnserve.export import contract
+from attnserve.export.onnx_export import export_checkpoint
+from attnserve.export.parity import run_decoder_gate
+from attnserve.export.runtime import OrtDecoder
+from attnserve.model.checkpoint import load_checkpoint
+from attnserve.model.generate import generate
+from attnserve.model.tokenizer import encode
+
+
+def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
+    proto = onnx.load(str(tiny_model_dir / contract.MODEL_FILE))
+    onnx.checker.check_model(proto)
+    n_layers = json.loads((tiny_model_dir / contract.MANIFEST_FILE).read_text())["config"]["n_layers"]
+    assert [i.name for i in proto.graph.input] == contract.decoder_inputs(n_layers)
+    assert [o.name for o in proto.graph.output] == contract.decoder_outputs(n_layers)
+    assert max(op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")) >= 18
+    past = next(i for i in proto.graph.input if i.name == "past_key_values.0.key")
+    assert [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim][::2] == ["batch", "past_sequence"]
+
+
+def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoint):
+    manifest = contract.read_manifest(tiny_model_dir)  # verifies every sha256
+    assert manifest["parity"]["passed"] is True
+    assert manifest["parity"]["greedy"]["steps"] == 64
+    assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in manifest["parity"]["checks"])
+    cases = {c["case"] for c in manifest["parity"]["checks"]}
+    assert {"B1 T1 P0", "B3 T13 P0 left-padded", "B3 T1 P17 left-padded"} <= cases
+    assert manifest["source_checkpoint"]["sha256"] == contract.sha256_file(tiny_checkpoint)
+    assert manifest["tokenizer"] == {"kind": "bytes", "vocab_size": 259, "bos_id": 256, "eos_id": 257, "pad_id": 258}
+    assert set(manifest["files"]) == {contract.MODEL_FILE, contract.GENAI_CONFIG_FILE}
+
+
+def test_tampered_model_is_detected(tiny_model_dir, tmp_path):
+    copy = tmp_path / "tampered"
+    shutil.copytree(tiny_model_dir, copy)
+    data = bytearray((copy / contract.MODEL_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / contract.MODEL_FILE).write_bytes(bytes(data))
+    with pytest.raises(contract.ModelDirError, match="model.onnx does not match the sha256"):
+        contract.read_manifest(copy)
+    (copy / contract.MODEL_FILE).unlink()
+    with pytest.raises(contract.ModelDirError, match="missing"):
+        contract.read_manifest(copy)
+
+
+def test_genai_config_describes_the_graph(tiny_model_dir):
+    genai = json.loads((tiny_model_dir / contract.GENAI_CONFIG_FILE).read_text())
+    manifest = contract.read_manifest(tiny_model_dir)
+    decoder = genai["model"]["decoder"]
+    assert genai["model"]["type"] == "decoder" and genai["search"]["past_present_share_buffer"] is False
+    assert decoder["filename"] == contract.MODEL_FILE
+    assert decoder["inputs"]["past_key_names"] % 1 == "past_key_values.1.key"
+    assert decoder["outputs"]["present_value_names"] % 0 == "present.0.value"
+    assert decoder["num_hidden_layers"] == manifest["config"]["n_layers"]
+    assert decoder["head_size"] * decoder["num_attention_heads"] == decoder["hidden_size"]
+    assert genai["model"]["eos_token_id"] == manifest["tokenizer"]["eos_id"]
+
+
+def test_onnx_greedy_equals_pytorch_generate(tiny_model_dir, tiny_checkpoint):
+    model = load_checkpoint(tiny_checkpoint)
+    runtime = OrtDecoder(tiny_model_dir)
+    prompts = [encode("def main():"), encode("The "), encode("import os\nimport sys\n")]
+    reference = generate(model, prompts, 40, eos_id=-1)
+    assert runtime.greedy(prompts, 40).tolist() == reference
+    assert runtime.greedy(prompts, 12, recompute=True).tolist() == [r[:12] for r in reference]
+
+
+def perturb(path, scale=0.05, seed=0):
+    """Add noise to the largest float initializer of an ONNX file: a deliberately wrong graph."""
+    proto = onnx.load(str(path))
+    init = max(proto.graph.initializer, key=lambda t: np.prod(t.dims) if t.data_type == 1 else 0)
+    array = onnx.numpy_helper.to_array(init)
+    noisy = array + np.random.default_rng(seed).normal(0, scale, array.shape).astype(array.dtype)
+    init.CopyFrom(onnx.numpy_helper.from_array(noisy, init.name))
+    onnx.save(proto, str(path))
+
+
+def test_gate_fails_with_numbers_on_a_perturbed_graph(tiny_model_dir, tiny_checkpoint, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, bad)
+    perturb(bad / contract.MODEL_FILE)
+    report = run_decoder_gate(load_checkpoint(tiny_checkpoint), OrtDecoder(bad, verify=False), steps=64)
+    assert not report["passed"]
+    failing = [c for c in report["checks"] if not c["ok"]]
+    assert failing and all(c["max_abs_diff"] > c["tolerance"] for c in failing)
+
+
+PERTURBED_EXPORT = """
+import sys
+import attnserve.export.onnx_export as ex
+from tests.test_export import perturb
+real = ex.export_graphs
+def export_then_perturb(model, staging, dtype):
+    real(model, staging, dtype)
+    perturb(staging / "model.onnx")
+ex.export_graphs = export_then_perturb
+from attnserve.cli import main
+sys.exit(main(["export", sys.argv[1], "--out", sys.argv[2]]))
+"""
+
+
+def test_cli_exits_nonzero_and_leaves_nothing_on_parity_failure(tiny_checkpoint, tmp_path, request):
+    out = tmp_path / "models" / "bad"
+    proc = subprocess.run([sys.executable, "-c", PERTURBED_EXPORT, str(tiny_checkpoint), str(out)],
+                          capture_output=True, text=True, cwd=request.config.rootpath, timeout=240)
+    assert proc.returncode == 1, proc.stderr
+    assert "parity gate failed" in proc.stderr and "max abs diff" in proc.stderr
+    assert "FAIL" in proc.stdout  # the report table was printed
+    assert not out.exists() and list((tmp_path / "models").iterdir()) == []
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "attnserve.cli", "export", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_errors_are_one_line(tmp_path, tiny_checkpoint):
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(b"\x00garbage")
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file")
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("not a model")
+    for args, expected in [((tmp_path / "missing.pt", "--out", tmp_path / "m"), "checkpoint not found"),
+                           ((corrupt, "--out", tmp_path / "m"), "corrupt or unreadable"),
+                           ((tiny_checkpoint, "--out", blocker / "m"), "cannot write --out"),
+                           ((tiny_checkpoint, "--out", precious), "refusing to replace it")]:
+        proc = run_cli(*args)
+        assert proc.returncode == 2, proc.stderr
+        assert expected in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert (precious / "notes.txt").read_text() == "not a model"
+
+
+@pytest.mark.parametrize("options", [{"dtype": "float16"}, {"quantize": "int8"}])
+def test_float16_and_int8_exports_pass_their_gates(tiny_checkpoint, tmp_path, options):
+    heldout = "\n".join(["The quick brown fox jumps over the lazy dog.", "def f(x):\n    return x + 1"] * 40)
+    manifest = export_checkpoint(tiny_checkpoint, tmp_path / "m", heldout=heldout.encode(), **options)
+    assert manifest["parity"]["passed"] is True
+    runtime = OrtDecoder(tmp_path / "m")
+    if options.get("dtype") == "float16":
+        assert runtime.session.get_outputs()[0].type == "tensor(float16)"
+        assert all(row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in manifest["parity"]["greedy"]["rows"])
+    else:
+        assert manifest["quantization"] == "int8"
+        assert manifest["parity"]["int8"]["loss_ratio"] <= 1.02
+        assert any("MatMulInteger" in n.op_type or "DynamicQuantize" in n.op_type
+                   for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node)
