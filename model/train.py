@@ -272,6 +272,9 @@ def main(args) -> int:
     """CLI entry: one-line errors and exit 2; ends by printing the held-out bits per byte."""
     try:
         model_config, cfg = configs_from_args(args)
+        if model_config.arch == "encoder-decoder":
+            from .train_seq2seq import main_seq2seq
+            return main_seq2seq(model_config, args)
         result = train(model_config, cfg)
     except (TrainError, DataError, DeviceError) as e:
         print(f"attnserve train: error: {e}", file=sys.stderr)

@@ -15,7 +15,8 @@ from attnserve.model.config import preset
 
 TRAIN = [sys.executable, "-m", "attnserve.cli", "train"]
 CASES = ["missing corpus", "empty corpus", "folder without .txt", "corpus shorter than a block", "unknown preset",
-         "out under a regular file", "encoder-decoder preset", "resume without a checkpoint"]
+         "out under a regular file", "resume without a checkpoint", "encoder-decoder resume",
+         "pairs file with a bad line", "pairs longer than the context"]
 
 
 def error_cases(root):
@@ -25,6 +26,8 @@ def error_cases(root):
     (root / "no-text").mkdir()
     (root / "no-text" / "notes.md").write_text("not a .txt file")
     (root / "a-file").write_text("a regular file")
+    (root / "bad.tsv").write_text("12\ttwelve\nno tab on this line\n")
+    (root / "long.tsv").write_text("12\ttwelve\n" + "9" * 80 + "\tnines\n")
     out = ["--out", str(root / "run")]
     return {
         "missing corpus": (["--corpus", str(root / "nope.txt"), *out], "corpus not found"),
@@ -35,7 +38,11 @@ def error_cases(root):
         "unknown preset": (["--preset", "enormous", *out], "unknown preset 'enormous'"),
         "out under a regular file": (["--preset", "tiny", "--out", str(root / "a-file" / "run")],
                                      "cannot write --out"),
-        "encoder-decoder preset": (["--preset", "numbers", *out], "not supported yet"),
+        "encoder-decoder resume": (["--preset", "numbers", "--resume", *out], "--resume is for decoder-only"),
+        "pairs file with a bad line": (["--preset", "tiny-seq2seq", "--corpus", str(root / "bad.tsv"), *out],
+                                       "bad.tsv:2: expected 'source<TAB>target'"),
+        "pairs longer than the context": (["--preset", "tiny-seq2seq", "--corpus", str(root / "long.tsv"), *out],
+                                          "pair 2 needs 81 tokens, the context (max_len) is 64"),
         "resume without a checkpoint": (["--preset", "tiny", "--resume", *out], "checkpoint not found"),
     }
 
@@ -101,3 +108,19 @@ def test_torchrun_trains_with_two_ranks_and_only_rank_0_reports(tmp_path):
     assert sum(line.startswith("held-out: ") for line in proc.stdout.splitlines()) == 1, proc.stdout
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert state["world_size"] == 2 and state["step"] == 6
+
+
+def test_encoder_decoder_preset_trains_on_a_pairs_file_and_reports_exact_match(tmp_path):
+    words = ["cat", "dog", "sun", "map", "red", "big", "top", "cup", "hat", "pen"]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{a}{b}\t{b}{a}\n" for a in words for b in words))
+    proc = subprocess.run([*TRAIN, "--preset", "tiny-seq2seq", "--corpus", str(tmp_path / "pairs.tsv"),
+                           "--max-steps", "20", "--batch-size", "8", "--out", str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"held-out exact match: (\d+\.\d)% of (\d+) pairs", last)
+    assert match, proc.stdout
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["step"] == 20 and state["config"]["arch"] == "encoder-decoder"
+    assert float(match[1]) == pytest.approx(100 * state["heldout_exact_match"], abs=0.05)
+    assert 0 < int(match[2]) < 100  # a fixed hashed share of the 100 pairs is held out
