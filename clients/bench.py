@@ -28,6 +28,7 @@ from .channel import DEFAULT_TARGET, TlsConfig
 from .cli_common import fail, interrupted, tls_from_args, token_from_args
 from .errors import AttnserveError, InvalidArgument
 from .retry import NO_RETRY
+from .types import ModelInfo
 
 PROG = "attnserve bench"
 
@@ -180,7 +181,7 @@ async def run_bench(config: BenchConfig, tls: TlsConfig | None = None,
     async with AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls,
                            retry=NO_RETRY) as client:
         info = await client.model_info()
-        check_fits(config, info.context_length, info.limits.max_new_tokens)
+        check_fits(config, info)
         prompts = make_prompts(config.requests, config.prompt_tokens, config.seed)
         warm = make_prompts(config.warmup, config.prompt_tokens, config.seed + 1)
         if warm:
@@ -200,14 +201,17 @@ async def run_bench(config: BenchConfig, tls: TlsConfig | None = None,
             "config": asdict(config), "model": info.to_dict(), "levels": levels}
 
 
-def check_fits(config: BenchConfig, context_length: int, max_new_tokens_cap: int) -> None:
+def check_fits(config: BenchConfig, info: ModelInfo) -> None:
     """Refuse, before sending anything, a run whose requests the server would reject."""
-    if config.max_new_tokens > max_new_tokens_cap:
+    if config.max_new_tokens > info.limits.max_new_tokens:
         raise InvalidArgument(f"--max-new-tokens {config.max_new_tokens} is over the server's "
-                              f"cap of {max_new_tokens_cap}")
-    if config.prompt_tokens + config.max_new_tokens > context_length:
+                              f"cap of {info.limits.max_new_tokens}")
+    if config.prompt_tokens > info.limits.max_prompt_tokens:
+        raise InvalidArgument(f"--prompt-tokens {config.prompt_tokens} is over the server's "
+                              f"limit of {info.limits.max_prompt_tokens}")
+    if info.architecture == "decoder" and config.prompt_tokens + config.max_new_tokens > info.context_length:
         raise InvalidArgument(f"--prompt-tokens {config.prompt_tokens} + --max-new-tokens "
-                              f"{config.max_new_tokens} exceed the context length {context_length}")
+                              f"{config.max_new_tokens} exceed the context length {info.context_length}")
 
 
 def _numbers(text: str | None, kind: type, flag: str) -> tuple:

@@ -96,6 +96,7 @@ class ModelInfo:
     limits: Limits = field(repr=False)
     tokenizer: TokenizerInfo = field(repr=False)
     server_version: str = ""
+    n_encoder_layers: int = 0          # encoder-decoder models; 0 for decoder-only
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict."""

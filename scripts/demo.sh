@@ -35,7 +35,7 @@ sys.exit(0 if Client('127.0.0.1:$PORT').health(timeout=1.0) else 1)" 2>/dev/null
 done
 
 step "4/5 streaming a completion"
-"$BIN/attnserve" generate "def parse_args(" --target "127.0.0.1:$PORT" --max-new-tokens 120
+"$BIN/attnserve" generate "def parse_args(" --target "127.0.0.1:$PORT" --max-new-tokens 100
 echo
 
 step "5/5 a short benchmark"

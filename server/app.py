@@ -73,7 +73,8 @@ class Server:
         self.runner = ModelRunner(config.model, config.provider, config.threads)
         self.tokenizer = ByteTokenizer.from_manifest(self.runner.manifest)
         cap = min(config.max_new_tokens_cap, self.runner.context_length - 1)
-        self.limits = RequestLimits(self.runner.context_length, self.runner.vocab_size, cap)
+        self.limits = RequestLimits(self.runner.context_length, self.runner.vocab_size, cap,
+                                    encoder_decoder=self.runner.seq2seq)
         self.metrics = Metrics()
         self.metrics.describe_model(self.runner.model_dir.resolve().name, self.runner.provider,
                                     self.runner.manifest["dtype"], self.runner.manifest.get("quantization") or "")

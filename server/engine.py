@@ -1,5 +1,8 @@
 """Continuous-batching decode loop over an ONNX Runtime session. Knows nothing about gRPC.
 
+Decoder-only and encoder-decoder models run the same loop: the runner's prefill hides the
+difference (an encoder-decoder's prompt is its source; its decoder starts from BOS).
+
 One engine thread owns the session and the KV cache. At every step boundary it drops
 cancelled and expired requests, admits queued ones up to max_batch (prefilled together with
 left padding, then merged into the running batch), runs one decode step for the whole batch,
@@ -73,7 +76,9 @@ class Engine:
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Queue a validated request; raises QueueFull or Draining."""
         handle = Handle(request, loop or asyncio.get_running_loop())
-        sequence = Sequence(request, handle, self.tokenizer, self.runner.vocab_size, self.runner.context_length)
+        decoder_prompt = (self.runner.bos_id,) if self.runner.seq2seq else request.prompt_ids
+        sequence = Sequence(request, handle, self.tokenizer, self.runner.vocab_size, self.runner.context_length,
+                            decoder_prompt)
         if sequence.budget < 1:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
         with self._cond:
@@ -186,19 +191,18 @@ class Engine:
         for sequence in sequences:
             sequence.admitted = start
         ids, mask, positions = left_pad([s.request.prompt_ids for s in sequences], self.tokenizer.pad_id)
-        logits, present = self.runner.run(ids, mask, positions, self.runner.empty_past(len(sequences)))
+        logits, rows = self.runner.prefill(ids, mask, positions)                     # (b, V)
         survivors = []
         for row, sequence in enumerate(sequences):
-            self._emit(sequence, sequence.step(logits[row, -1]))
+            self._emit(sequence, sequence.step(logits[row]))
             self.observer.on_first_token(sequence.first_token - sequence.arrival)
             if not sequence.done:
                 survivors.append(row)
         if not survivors:
             return
         if len(survivors) < len(sequences):
-            present = [self.runner.to_host(a)[survivors] for a in present]
-            mask = mask[survivors]
-        for row, slot in zip(survivors, self.cache.admit(present, mask)):
+            rows = rows.select(survivors, self.runner.to_host)
+        for row, slot in zip(survivors, self.cache.admit(rows.present, rows.mask, rows.cross, rows.cross_mask)):
             sequences[row].slot = slot
             self._active[slot] = sequences[row]
 
@@ -207,7 +211,7 @@ class Engine:
         rows = [self._active[slot] for slot in self.cache.slots]
         ids = np.array([[s.next_token] for s in rows], dtype=np.int64)                # (B, 1)
         mask, positions, past = self.cache.step_inputs()
-        logits, present = self.runner.run(ids, mask, positions, past)                 # (B, 1, V)
+        logits, present = self.runner.run(ids, mask, positions, past, self.cache.cross_mask, self.cache.cross)
         self.cache.append(present, mask)
         for row, sequence in enumerate(rows):
             previous = sequence.last_token

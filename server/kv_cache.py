@@ -5,6 +5,9 @@ padded to the longest, and an attention mask (B, L) with 0 on padding. The graph
 past and new keys each step, so `append` takes the graph's present as the next past. Arrays may
 live on the device (ONNX Runtime OrtValues under IO binding); they are brought to the host
 only when the batch's membership changes. The scheduler sees slots, never rows or layouts.
+
+An encoder-decoder adds a fixed segment per row: the cross-attention keys and values (B, H, S, D)
+of its source and the source mask (B, S), left-padded to the longest source like the past.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ class KVCache:
         self.to_host = to_host                 # device array -> numpy (identity on the CPU)
         self.past: list[Any] = []              # n_tensors arrays, (B, H, L, D)
         self.mask = np.zeros((0, 0), np.int64)  # (B, L): 1 real, 0 padding
+        self.cross: list[np.ndarray] = []      # encoder-decoder: n_tensors arrays, (B, H, S, D)
+        self.cross_mask: np.ndarray | None = None  # encoder-decoder: (B, S), 1 real source token
         self.slots: list[int] = []             # slot id of each row, in row order
         self._freed: set[int] = set()
         self._next_slot = 0
@@ -43,22 +48,31 @@ class KVCache:
     def length(self) -> int:
         return self.mask.shape[1]
 
-    def admit(self, present: list[Any], mask: np.ndarray) -> list[int]:
-        """Add prefilled rows (present (b, H, T, D), mask (b, T)) to the batch; returns their slots."""
+    def admit(self, present: list[Any], mask: np.ndarray, cross: list[Any] = (),
+              cross_mask: np.ndarray | None = None) -> list[int]:
+        """Add prefilled rows (present (b, H, T, D), mask (b, T); an encoder-decoder's cross
+        (b, H, S, D) and cross_mask (b, S)) to the batch; returns their slots."""
         assert len(present) == self.n_tensors, (len(present), self.n_tensors)
-        present = [self.to_host(a) for a in present]
         new_slots = list(range(self._next_slot, self._next_slot + mask.shape[0]))
         self._next_slot += mask.shape[0]
         if not self.slots:
-            self.past, self.mask = present, mask.astype(np.int64)
+            self.past, self.mask = [self.to_host(a) for a in present], mask.astype(np.int64)
+            self.cross, self.cross_mask = [self.to_host(a) for a in cross], cross_mask
         else:
-            length = max(self.length, mask.shape[1])
-            old = left_pad([self.to_host(a) for a in self.past], length, axis=2)
-            new = left_pad(present, length, axis=2)
-            self.past = [np.concatenate(pair, axis=0) for pair in zip(old, new)]    # (B+b, H, L, D)
-            self.mask = np.concatenate(left_pad([self.mask, mask.astype(np.int64)], length, axis=1))
+            self.past, self.mask = self._merge(self.past, self.mask, present, mask)
+            if cross_mask is not None:
+                self.cross, self.cross_mask = self._merge(self.cross, self.cross_mask, cross, cross_mask)
         self.slots += new_slots
         return new_slots
+
+    def _merge(self, old: list[Any], old_mask: np.ndarray, new: list[Any],
+               new_mask: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+        """Rows of two batches stacked, the shorter side left-padded: (B+b, H, L, D) and (B+b, L)."""
+        length = max(old_mask.shape[1], new_mask.shape[1])
+        old = left_pad([self.to_host(a) for a in old], length, axis=2)
+        new = left_pad([self.to_host(a) for a in new], length, axis=2)
+        masks = left_pad([old_mask, new_mask.astype(np.int64)], length, axis=1)
+        return [np.concatenate(pair, axis=0) for pair in zip(old, new)], np.concatenate(masks)
 
     def step_inputs(self) -> tuple[np.ndarray, np.ndarray, list[Any]]:
         """attention_mask (B, L+1) and position_ids (B, 1) for one new token per row, and the past."""
@@ -85,11 +99,18 @@ class KVCache:
         self._freed.clear()
         if not keep:
             self.past, self.mask = [], np.zeros((0, 0), np.int64)
+            self.cross, self.cross_mask = [], None
             return
-        mask = self.mask[keep]
+        self.past, self.mask = self._trim(self.past, self.mask, keep)
+        if self.cross_mask is not None:
+            self.cross, self.cross_mask = self._trim(self.cross, self.cross_mask, keep)
+
+    def _trim(self, arrays: list[Any], mask: np.ndarray, keep: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
+        """The kept rows, less the leading columns that are padding in every one of them."""
+        mask = mask[keep]
         start = int(np.argmax(mask.any(axis=0)))            # first column that is real somewhere
-        self.mask = np.ascontiguousarray(mask[:, start:])
-        self.past = [np.ascontiguousarray(self.to_host(a)[keep][:, :, start:]) for a in self.past]
+        arrays = [np.ascontiguousarray(self.to_host(a)[keep][:, :, start:]) for a in arrays]
+        return arrays, np.ascontiguousarray(mask[:, start:])
 
     def row_of(self, slot: int) -> int:
         return self.slots.index(slot)

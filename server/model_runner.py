@@ -1,13 +1,16 @@
-"""One ONNX Runtime session of a model directory's decoder graph, on the provider it really got.
+"""The ONNX Runtime sessions of a model directory, on the provider they really got.
 
 Reads the directory through the torch-free export contract (names, dims, sha256 check) and
 runs one forward pass: (input_ids, attention_mask, position_ids, past) -> (logits, present).
+An encoder-decoder directory adds the encoder graph, run once per request at prefill (source ->
+cross-attention keys and values, the `cross` every decoder step takes with its source mask).
 On CUDA the run uses IO binding so that present stays on the device and is bound back as the
 next step's past. Knows nothing of batching, sampling or gRPC.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,34 +59,70 @@ def create_session(path: Path, provider: str, threads: int = 0) -> ort.Inference
     return create_session(path, "cpu", threads)
 
 
+DECODER, SEQ2SEQ = "decoder", "encoder-decoder"
+
+
+@dataclass
+class Prefilled:
+    """What a prefill leaves for the KV cache: per row, the self-attention present (b, H, T, D) and
+    its mask (b, T); an encoder-decoder adds the cross-attention keys and values (b, H, S, D) and
+    the source mask (b, S)."""
+
+    present: list[Any]
+    mask: np.ndarray
+    cross: list[Any] = field(default_factory=list)
+    cross_mask: np.ndarray | None = None
+
+    def select(self, rows: list[int], to_host) -> "Prefilled":
+        """Only these rows (the requests that did not finish at their first token)."""
+        pick = lambda arrays: [to_host(a)[rows] for a in arrays]  # noqa: E731
+        cross_mask = None if self.cross_mask is None else self.cross_mask[rows]
+        return Prefilled(pick(self.present), self.mask[rows], pick(self.cross), cross_mask)
+
+
 class ModelRunner:
-    """The decoder graph of a model directory and the manifest that describes it."""
+    """The graphs of a model directory (decoder, and the encoder of an encoder-decoder) and its manifest."""
 
     def __init__(self, model_dir: str | Path, provider: str = "auto", threads: int = 0):
         """Raises contract.ModelDirError for a bad directory, ProviderError for a bad provider."""
         self.model_dir = Path(model_dir)
         self.manifest = contract.read_manifest(self.model_dir)
-        if self.manifest.get("architecture") != "decoder" or "decoder" not in self.manifest.get("graphs", {}):
-            raise contract.ModelDirError(f"{self.model_dir}: architecture {self.manifest.get('architecture')!r}; "
-                                         "the server runs decoder-only models")
+        self.architecture = self.manifest.get("architecture")
+        if self.architecture not in (DECODER, SEQ2SEQ):
+            raise contract.ModelDirError(f"{self.model_dir}: unknown architecture {self.architecture!r}")
         config = self.manifest["config"]
         self.n_layers, self.n_heads = int(config["n_layers"]), int(config["n_heads"])
         self.head_dim, self.vocab_size = int(self.manifest["head_dim"]), int(config["vocab_size"])
         self.context_length = int(config["max_len"])
         self.dtype = NP_DTYPES[self.manifest["dtype"]]
-        graph = self.manifest["graphs"]["decoder"]
-        self.input_names, self.output_names = self._check_names(graph)
-        self.session = create_session(self.model_dir / graph["file"], provider, threads)
+        self.bos_id = int(self.manifest["tokenizer"]["bos_id"])
+        graphs = self._check_names(self.manifest.get("graphs", {}))
+        self.input_names, self.output_names = graphs["decoder"]["inputs"], graphs["decoder"]["outputs"]
+        self.session = create_session(self.model_dir / graphs["decoder"]["file"], provider, threads)
         self.provider = self.session.get_providers()[0]
         self.on_device = self.provider == CUDA
+        self.encoder = None
+        if self.seq2seq:
+            self.encoder = create_session(self.model_dir / graphs["encoder"]["file"],
+                                          "cuda" if self.on_device else "cpu", threads)
 
-    def _check_names(self, graph: dict) -> tuple[list[str], list[str]]:
-        """The contract's I/O names, after checking that the manifest records the same."""
-        inputs, outputs = contract.decoder_inputs(self.n_layers), contract.decoder_outputs(self.n_layers)
-        if graph.get("inputs") != inputs or graph.get("outputs") != outputs:
-            raise contract.ModelDirError(f"{self.model_dir}: graph I/O names differ from the export contract "
-                                         f"(format_version {contract.FORMAT_VERSION})")
-        return inputs, outputs
+    @property
+    def seq2seq(self) -> bool:
+        return self.architecture == SEQ2SEQ
+
+    def _check_names(self, graphs: dict) -> dict:
+        """The manifest's graphs, after checking that they record the contract's I/O names."""
+        n = self.n_layers
+        expected = {"decoder": (contract.decoder_inputs(n), contract.decoder_outputs(n))}
+        if self.seq2seq:
+            expected = {"encoder": (contract.seq2seq_encoder_inputs(), contract.seq2seq_encoder_outputs(n)),
+                        "decoder": (contract.seq2seq_decoder_inputs(n), contract.seq2seq_decoder_outputs(n))}
+        for role, (inputs, outputs) in expected.items():
+            graph = graphs.get(role, {})
+            if graph.get("inputs") != inputs or graph.get("outputs") != outputs:
+                raise contract.ModelDirError(f"{self.model_dir}: the {role} graph's I/O names differ from the "
+                                             f"export contract (format_version {contract.FORMAT_VERSION})")
+        return graphs
 
     @property
     def n_past(self) -> int:
@@ -93,29 +132,54 @@ class ModelRunner:
         shape = (batch, self.n_heads, 0, self.head_dim)                          # (B, H, 0, D)
         return [np.zeros(shape, self.dtype) for _ in range(self.n_past)]
 
-    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-            past: list[Any]) -> tuple[np.ndarray, list[Any]]:
-        """Logits (B, T, V) as float32 on the host, and present (B, H, P+T, D) per past input."""
-        host = [input_ids, attention_mask, position_ids]
-        if self.on_device:
-            return self._run_bound(host, past)
-        logits, *present = self.session.run(self.output_names, dict(zip(self.input_names, host + list(past))))
-        return logits.astype(np.float32, copy=False), present
+    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray,
+                position_ids: np.ndarray) -> tuple[np.ndarray, Prefilled]:
+        """Last-position logits (b, V) of left-padded prompts, and their rows for the KV cache.
 
-    def _run_bound(self, host: list[np.ndarray], past: list[Any]) -> tuple[np.ndarray, list[Any]]:
-        """IO binding: past and present stay on the GPU, only ids, mask and logits cross."""
-        binding = self.session.io_binding()
-        for name, value in zip(self.input_names, host + list(past)):
+        Decoder-only: the prompts run with an empty past. Encoder-decoder: the prompts are the
+        sources; the encoder runs once, then the decoder runs BOS at position 0."""
+        b = input_ids.shape[0]
+        if not self.seq2seq:
+            logits, present = self.run(input_ids, attention_mask, position_ids, self.empty_past(b))
+            return logits[:, -1], Prefilled(present, attention_mask)
+        cross = self.encode(input_ids, attention_mask)
+        bos, ones = np.full((b, 1), self.bos_id, np.int64), np.ones((b, 1), np.int64)
+        logits, present = self.run(bos, ones, np.zeros((b, 1), np.int64), self.empty_past(b), attention_mask, cross)
+        return logits[:, -1], Prefilled(present, ones, cross, attention_mask)
+
+    def encode(self, source_ids: np.ndarray, source_mask: np.ndarray) -> list[Any]:
+        """Cross-attention keys and values (B, H, S, D), two per decoder layer."""
+        feeds = [source_ids, source_mask]
+        return self._run(self.encoder, contract.seq2seq_encoder_inputs(),
+                         contract.seq2seq_encoder_outputs(self.n_layers), feeds, host_outputs=0)
+
+    def run(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
+            past: list[Any], cross_mask: np.ndarray | None = None,
+            cross: list[Any] = ()) -> tuple[np.ndarray, list[Any]]:
+        """Logits (B, T, V) as float32 on the host, and present (B, H, P+T, D) per past input.
+
+        An encoder-decoder step also takes the source mask (B, S) and the cross keys and values."""
+        feeds = [input_ids, attention_mask, position_ids]
+        feeds += [cross_mask, *past, *cross] if self.seq2seq else list(past)
+        logits, *present = self._run(self.session, self.input_names, self.output_names, feeds, host_outputs=1)
+        return self.to_host(logits).astype(np.float32, copy=False), present
+
+    def _run(self, session: ort.InferenceSession, inputs: list[str], outputs: list[str], feeds: list[Any],
+             host_outputs: int) -> list[Any]:
+        """One run; under IO binding the first `host_outputs` outputs come to the host, the rest stay
+        on the GPU, and inputs already there (OrtValues) are bound where they are."""
+        if not self.on_device:
+            return session.run(outputs, dict(zip(inputs, feeds)))
+        binding = session.io_binding()
+        for name, value in zip(inputs, feeds):
             if isinstance(value, ort.OrtValue):
                 binding.bind_ortvalue_input(name, value)
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
-        binding.bind_output(self.output_names[0], "cpu")
-        for name in self.output_names[1:]:
-            binding.bind_output(name, "cuda", 0)
-        self.session.run_with_iobinding(binding)
-        logits, *present = binding.get_outputs()
-        return logits.numpy().astype(np.float32, copy=False), present
+        for i, name in enumerate(outputs):
+            binding.bind_output(name, "cpu") if i < host_outputs else binding.bind_output(name, "cuda", 0)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()
 
     @staticmethod
     def to_host(value: Any) -> np.ndarray:

@@ -51,12 +51,14 @@ class Sequence:
     """A request being decoded: its sampler, its text, its pending token and its timings."""
 
     def __init__(self, request: GenerationRequest, handle: Handle, tokenizer: ByteTokenizer,
-                 vocab_size: int, context_length: int):
+                 vocab_size: int, context_length: int, decoder_prompt: tuple[int, ...]):
+        """`decoder_prompt`: the tokens the decoder starts from (the prompt, or an encoder-decoder's
+        BOS); they count against the context and for the repetition penalty."""
         self.request, self.handle = request, handle
         self.eos_id = tokenizer.eos_id
-        self.sampler = Sampler(request.sampling, vocab_size, request.prompt_ids)
+        self.sampler = Sampler(request.sampling, vocab_size, decoder_prompt)
         self.stream = TextStream(tokenizer, request.stop)
-        self.budget = min(request.max_new_tokens, context_length - len(request.prompt_ids))
+        self.budget = min(request.max_new_tokens, context_length - len(decoder_prompt))
         self.generated: list[int] = []
         self.next_token: int | None = None     # sampled, not yet fed to the model
         self.slot: int | None = None           # KV cache slot while in the batch

@@ -113,7 +113,8 @@ def model_info(runner: ModelRunner, limits: RequestLimits, max_batch: int, max_q
     return pb.ModelInfo(
         model_name=runner.model_dir.resolve().name, architecture=runner.manifest["architecture"],
         vocab_size=runner.vocab_size, d_model=int(runner.manifest["config"]["d_model"]), n_heads=runner.n_heads,
-        n_layers=runner.n_layers, head_dim=runner.head_dim, context_length=runner.context_length,
+        n_layers=runner.n_layers, n_encoder_layers=int(runner.manifest["config"].get("n_encoder_layers", 0)),
+        head_dim=runner.head_dim, context_length=runner.context_length,
         dtype=runner.manifest["dtype"], quantization=runner.manifest.get("quantization") or "",
         execution_provider=runner.provider,
         limits=pb.Limits(max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,

@@ -25,11 +25,12 @@ class RequestLimits:
     max_request_id_chars: int = 128     # printable ASCII
     max_temperature: float = 100.0
     max_repetition_penalty: float = 100.0
+    encoder_decoder: bool = False       # the prompt is a source: it has the encoder's context to itself
 
     @property
     def max_prompt_tokens(self) -> int:
-        """The longest prompt (BOS included), which leaves room for one new token."""
-        return self.context_length - 1
+        """The longest prompt (BOS included): a decoder-only prompt leaves room for one new token."""
+        return self.context_length if self.encoder_decoder else self.context_length - 1
 
 
 def check_float(name: str, value: float, low: float, high: float, low_inclusive: bool) -> float:
@@ -72,17 +73,19 @@ def check_sampling(request, limits: RequestLimits) -> SamplingParams:
 
 
 def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
-    """max_new_tokens after the cap and the context; the prompt must leave it room."""
+    """max_new_tokens after the cap and the context; a decoder-only prompt must leave it room."""
     if prompt_tokens > limits.max_prompt_tokens:
+        why = "the encoder's context_length" if limits.encoder_decoder else f"context_length {limits.context_length} - 1"
         raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
-                                       f"{limits.max_prompt_tokens} (context_length {limits.context_length} - 1)")
+                                       f"{limits.max_prompt_tokens} ({why})")
+    decoder_prompt = 1 if limits.encoder_decoder else prompt_tokens     # an encoder-decoder decodes from BOS
     if not request.HasField("max_new_tokens"):
-        return min(limits.max_new_tokens, limits.context_length - prompt_tokens)
+        return min(limits.max_new_tokens, limits.context_length - decoder_prompt)
     wanted = request.max_new_tokens
     if not 1 <= wanted <= limits.max_new_tokens:
         raise InvalidRequest("max_new_tokens", f"{wanted} is outside [1, {limits.max_new_tokens}] "
                                                "(the server's --max-new-tokens-cap)")
-    if prompt_tokens + wanted > limits.context_length:
+    if not limits.encoder_decoder and prompt_tokens + wanted > limits.context_length:
         raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
                                        f"{limits.context_length - wanted} (context_length {limits.context_length} "
                                        f"- max_new_tokens {wanted})")

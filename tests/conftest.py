@@ -2,7 +2,7 @@
 exported model directory, running server), built once per test run and shared."""
 import pytest
 
-pytest_plugins = ["fixtures_train", "fixtures_export", "fixtures_server"]  # fixture modules in tests/
+pytest_plugins = ["fixtures_train", "fixtures_export", "fixtures_server", "fixtures_seq2seq"]  # fixture modules in tests/
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,92 @@
+"""The encoder-decoder served by the same server and API: the prompt is the source, greedy output
+over gRPC equals PyTorch, batching sources of different lengths changes nothing, limits hold."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+
+from attnserve.clients import Client
+from attnserve.model.generate import generate_seq2seq
+from attnserve.model.tokenizer import encode
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from fixtures_server import idle, request, wait_until
+
+SOURCES = ["4021", "7", "1000000", "98765", "12", "300", "5555555", "86"]
+TIMEOUT = 30
+
+
+@pytest.fixture
+def stub(seq2seq_server):
+    yield seq2seq_server.stub
+    wait_until(lambda: idle(seq2seq_server.engine), what="the seq2seq server to go idle")
+
+
+def test_model_info_reports_the_encoder_decoder(stub):
+    info = stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT)
+    assert (info.architecture, info.n_layers, info.n_encoder_layers) == ("encoder-decoder", 2, 2)
+    assert info.context_length == 64
+    assert info.limits.max_prompt_tokens == 64 and info.limits.max_new_tokens == 63
+
+
+@pytest.mark.parametrize("source", SOURCES[:4])
+def test_greedy_over_grpc_equals_pytorch(stub, seq2seq_model, source):
+    reply = stub.Generate(request(source, max_new_tokens=40), timeout=TIMEOUT)
+    expected = generate_seq2seq(seq2seq_model, [encode(source)], 40)[0]
+    assert list(reply.token_ids) == expected and len(expected) > 2
+    assert reply.text == bytes(expected).decode("utf-8", errors="replace")
+    assert reply.usage.prompt_tokens == len(encode(source))
+    assert reply.finish_reason == (pb.FINISH_REASON_LENGTH if len(expected) == 40 else pb.FINISH_REASON_EOS)
+
+
+def test_concurrent_sources_of_different_lengths_each_get_what_they_get_alone(stub, seq2seq_server):
+    alone = {s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids for s in SOURCES}
+    seq2seq_server.pacer.delay = 0.003      # keep the batch busy so that requests join it mid-flight
+    try:
+        with ThreadPoolExecutor(len(SOURCES)) as pool:
+            together = list(pool.map(lambda s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids,
+                                     SOURCES))
+    finally:
+        seq2seq_server.pacer.delay = 0.0
+    assert [list(t) for t in together] == [list(alone[s]) for s in SOURCES]
+
+
+def test_stream_concatenates_to_the_unary_text(stub):
+    req = request("4021", max_new_tokens=40)
+    unary = stub.Generate(req, timeout=TIMEOUT)
+    messages = list(stub.GenerateStream(req, timeout=TIMEOUT))
+    assert "".join(m.text for m in messages) == unary.text
+    assert [t for m in messages for t in m.token_ids] == list(unary.token_ids)
+    assert messages[-1].finish_reason == unary.finish_reason
+
+
+def test_source_limits_name_the_field_and_the_limit(stub):
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Generate(request("9" * 64, max_new_tokens=8), timeout=TIMEOUT)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details() == "prompt: 65 tokens (BOS included), the limit is 64 (the encoder's context_length)"
+    # A source uses the encoder's context, not the decoder's: the longest source still gets 63 new tokens.
+    reply = stub.Generate(request("9" * 63, max_new_tokens=63), timeout=TIMEOUT)
+    assert reply.usage.prompt_tokens == 64 and 0 < reply.usage.completion_tokens <= 63
+
+
+def test_the_python_client_reaches_it(seq2seq_server, seq2seq_model):
+    with Client(seq2seq_server.target, timeout=TIMEOUT) as client:
+        assert client.model_info().architecture == "encoder-decoder"
+        result = client.generate("98765", max_new_tokens=30)
+        streamed = "".join(chunk.text for chunk in client.stream("98765", max_new_tokens=30))
+    assert list(result.token_ids) == generate_seq2seq(seq2seq_model, [encode("98765")], 30)[0]
+    assert streamed == result.text
+
+
+def test_bench_drives_it(seq2seq_server, capsys):
+    from attnserve.cli import main
+    status = main(["bench", "--target", seq2seq_server.target, "--concurrency", "1,4", "--requests", "4",
+                   "--prompt-tokens", "8", "--max-new-tokens", "16", "--warmup", "1"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    report = json.loads(out.splitlines()[-1])
+    assert report["model"]["architecture"] == "encoder-decoder"
+    for level in report["levels"]:
+        assert (level["completed"], level["errors"]) == (4, {})
+        assert level["output_tokens"] == level["reported_completion_tokens"] > 0
