@@ -78,3 +78,21 @@ def test_host_conversion_is_used_for_device_arrays():
     cache.admit([DeviceArray(p) for p in present], mask)
     cache.admit(*prefilled([4], seed=9))
     assert all(isinstance(p, np.ndarray) and p.shape == (2, H, 4, D) for p in cache.past)
+
+
+def test_cross_segment_is_left_padded_per_source_and_trimmed_with_its_row():
+    cache = KVCache(2)
+    long_cross, long_src = prefilled([6], seed=10)          # an encoder-decoder row: source of 6
+    short_cross, short_src = prefilled([2], seed=11)
+    long_slot = cache.admit(*prefilled([1], seed=12), long_cross, long_src)[0]
+    short_slot = cache.admit(*prefilled([1], seed=13), short_cross, short_src)[0]
+    row = cache.row_of(short_slot)
+    assert cache.cross_mask.shape == (2, 6) and cache.cross_mask[row].tolist() == [0, 0, 0, 0, 1, 1]
+    assert np.array_equal(cache.cross[0][row, :, 4:], short_cross[0][0]) and not cache.cross[0][row, :, :4].any()
+    assert cache.length == 1                                 # the self-attention past is its own segment
+    cache.free(long_slot)
+    cache.compact()
+    assert cache.cross_mask.tolist() == [[1, 1]] and np.array_equal(cache.cross[1], short_cross[1])
+    cache.free(short_slot)
+    cache.compact()
+    assert cache.cross == [] and cache.cross_mask is None
