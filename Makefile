@@ -26,11 +26,17 @@ $(GENAI_STAMP): pyproject.toml
 test: $(STAMP) $(GENAI_STAMP)
 	$(PY) -m pytest
 
-# Full benchmarks: JSON and PNG reports under reports/.
+# Full benchmarks: JSON and PNG reports under reports/. The serving benchmark needs a trained
+# model directory (make demo writes models/small; BENCH_MODEL=models/NAME picks another).
+BENCH_MODEL ?= models/small
 bench: $(STAMP)
 	mkdir -p reports
 	$(PY) -m attnserve.export.benchmark --tokens 64,128,256,512 --repeats 3 \
 		--out reports/decode.json --plot reports/decode.png
+	@if [ -f $(BENCH_MODEL)/attnserve.json ]; then \
+		$(PY) -m attnserve.server.serving_benchmark --model $(BENCH_MODEL) --concurrency 1,2,4,8,16 \
+			--new-tokens 96 --repeats 3 --out reports/serving.json --plot reports/serving.png; \
+	else echo "make bench: no $(BENCH_MODEL); run make demo first for the serving benchmark"; fi
 
 # make genai-check MODEL=models/small: the same model directory, decoded by onnxruntime-genai
 genai-check: $(GENAI_STAMP)
