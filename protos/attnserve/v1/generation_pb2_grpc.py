@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class TextGenerationStub:
-    """Text generation with a decoder-only transformer served on ONNX Runtime.
+    """Text generation with a transformer served on ONNX Runtime: a decoder-only language model
+    continues the prompt; an encoder-decoder (ModelInfo.architecture) translates it.
     """
 
     def __init__(self, channel):
@@ -53,7 +54,8 @@ class TextGenerationStub:
 
 
 class TextGenerationServicer:
-    """Text generation with a decoder-only transformer served on ONNX Runtime.
+    """Text generation with a transformer served on ONNX Runtime: a decoder-only language model
+    continues the prompt; an encoder-decoder (ModelInfo.architecture) translates it.
     """
 
     def Generate(self, request, context):
@@ -106,7 +108,8 @@ def add_TextGenerationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class TextGeneration:
-    """Text generation with a decoder-only transformer served on ONNX Runtime.
+    """Text generation with a transformer served on ONNX Runtime: a decoder-only language model
+    continues the prompt; an encoder-decoder (ModelInfo.architecture) translates it.
     """
 
     @staticmethod
