@@ -59,7 +59,7 @@ class Engine:
                  observer: EngineObserver | None = None):
         self.runner, self.tokenizer, self.limits = runner, tokenizer, limits
         self.observer = observer or EngineObserver()
-        self.cache = KVCache(runner.n_past, runner.to_host)
+        self.cache = KVCache(runner.n_past, runner.to_host, runner.to_device)
         self._queue: collections.deque[Sequence] = collections.deque()
         self._active: dict[int, Sequence] = {}           # KV cache slot -> sequence
         self._cond = threading.Condition()
@@ -237,7 +237,7 @@ class Engine:
         with self._cond:
             self._active.clear()
         self._admitting = []
-        self.cache = KVCache(self.runner.n_past, self.runner.to_host)
+        self.cache = KVCache(self.runner.n_past, self.runner.to_host, self.runner.to_device)
 
     def _emit(self, sequence: Sequence, events: list[Event]) -> None:
         self._outbox.extend((sequence.handle, event) for event in events)

@@ -29,9 +29,11 @@ def left_pad(arrays: list[np.ndarray], length: int, axis: int) -> list[np.ndarra
 class KVCache:
     """Keys and values of every active request; each request holds one slot (a row)."""
 
-    def __init__(self, n_tensors: int, to_host: Callable[[Any], np.ndarray] = np.asarray):
+    def __init__(self, n_tensors: int, to_host: Callable[[Any], np.ndarray] = np.asarray,
+                 to_device: Callable[[np.ndarray], Any] = lambda a: a):
         self.n_tensors = n_tensors             # 2 per layer, in the order of the graph's past inputs
         self.to_host = to_host                 # device array -> numpy (identity on the CPU)
+        self.to_device = to_device             # numpy -> device array, for the cross segment (identity on the CPU)
         self.past: list[Any] = []              # n_tensors arrays, (B, H, L, D)
         self.mask = np.zeros((0, 0), np.int64)  # (B, L): 1 real, 0 padding
         self.cross: list[np.ndarray] = []      # encoder-decoder: n_tensors arrays, (B, H, S, D)
@@ -62,6 +64,7 @@ class KVCache:
             self.past, self.mask = self._merge(self.past, self.mask, present, mask)
             if cross_mask is not None:
                 self.cross, self.cross_mask = self._merge(self.cross, self.cross_mask, cross, cross_mask)
+        self.cross = [self.to_device(a) for a in self.cross]   # fixed per row: moved once, read every step
         self.slots += new_slots
         return new_slots
 
@@ -103,7 +106,8 @@ class KVCache:
             return
         self.past, self.mask = self._trim(self.past, self.mask, keep)
         if self.cross_mask is not None:
-            self.cross, self.cross_mask = self._trim(self.cross, self.cross_mask, keep)
+            cross, self.cross_mask = self._trim(self.cross, self.cross_mask, keep)
+            self.cross = [self.to_device(a) for a in cross]
 
     def _trim(self, arrays: list[Any], mask: np.ndarray, keep: list[int]) -> tuple[list[np.ndarray], np.ndarray]:
         """The kept rows, less the leading columns that are padding in every one of them."""

@@ -181,6 +181,10 @@ class ModelRunner:
         session.run_with_iobinding(binding)
         return binding.get_outputs()
 
+    def to_device(self, value: np.ndarray) -> Any:
+        """A host array as an OrtValue on the GPU under IO binding; unchanged on the CPU."""
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), "cuda", 0) if self.on_device else value
+
     @staticmethod
     def to_host(value: Any) -> np.ndarray:
         """A device array (OrtValue) as numpy; numpy arrays pass through."""

@@ -96,3 +96,19 @@ def test_cross_segment_is_left_padded_per_source_and_trimmed_with_its_row():
     cache.free(short_slot)
     cache.compact()
     assert cache.cross == [] and cache.cross_mask is None
+
+
+def test_cross_segment_is_handed_to_the_device_once_per_membership_change():
+    class DeviceArray:                                  # stands in for an OrtValue on a GPU
+        def __init__(self, a):
+            self.a = a
+    moved = []
+    cache = KVCache(2, to_host=lambda v: v.a if isinstance(v, DeviceArray) else v,
+                    to_device=lambda a: moved.append(a.shape) or DeviceArray(a))
+    cache.admit(*prefilled([1], seed=14), *prefilled([3], seed=15))
+    cache.admit(*prefilled([1], seed=16), *prefilled([5], seed=17))
+    assert all(isinstance(c, DeviceArray) and c.a.shape == (2, H, 5, D) for c in cache.cross)
+    assert moved == [(1, H, 3, D)] * 2 + [(2, H, 5, D)] * 2
+    mask, positions, past = cache.step_inputs()
+    cache.append(past, mask)
+    assert len(moved) == 4                              # a decode step moves nothing

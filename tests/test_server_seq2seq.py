@@ -10,7 +10,8 @@ from attnserve.clients import Client
 from attnserve.model.generate import generate_seq2seq
 from attnserve.model.tokenizer import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from fixtures_server import idle, request, wait_until
+from fixtures_server import idle, request, start_server, wait_until
+from test_server_security import cuda_available
 
 SOURCES = ["4021", "7", "1000000", "98765", "12", "300", "5555555", "86"]
 TIMEOUT = 30
@@ -90,3 +91,23 @@ def test_bench_drives_it(seq2seq_server, capsys):
     for level in report["levels"]:
         assert (level["completed"], level["errors"]) == (4, {})
         assert level["output_tokens"] == level["reported_completion_tokens"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
+def test_cuda_keeps_both_caches_on_the_device(tiny_seq2seq_model_dir, seq2seq_model):
+    import onnxruntime
+    running = start_server(tiny_seq2seq_model_dir, provider="cuda")
+    try:
+        running.pacer.delay = 0.01
+        stream = running.stub.GenerateStream(request("98765", max_new_tokens=40), timeout=TIMEOUT)
+        next(stream)
+        cache = running.engine.cache
+        on_gpu = lambda arrays: arrays and all(isinstance(a, onnxruntime.OrtValue)  # noqa: E731
+                                               and a.device_name().lower() == "cuda" for a in arrays)
+        assert on_gpu(cache.past) and on_gpu(cache.cross)
+        running.pacer.delay = 0.0
+        messages = [m for m in stream]
+        assert messages[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
+    finally:
+        running.stop()
