@@ -1,18 +1,21 @@
 """Serving benchmark: the two comparisons that say whether the server earns its keep, each
-measured in one run over one model directory, reported as ratios.
+measured in one run over one model directory and reported as ratios.
 
-  batched vs sequential      output tokens/s at concurrency C vs 1 (continuous batching; the
-                             same greedy requests), for the engine alone and through gRPC
-  gRPC vs in-process         time to first token and per-token latency of one streamed request
-                             through `attnserve serve` (a subprocess, as deployed) on 127.0.0.1
-                             vs the same request submitted to an engine in this process
+  batched vs sequential   output tokens/s of the engine with C greedy requests in flight vs 1
+                          (continuous batching; the same requests at every level)
+  gRPC vs in-process      time to first token and per-token latency of one greedy request
+                          streamed through GenerateStream on a real grpc.aio server on 127.0.0.1,
+                          vs the same request submitted to that server's engine directly
 
-Both sides run the same model with the same ONNX Runtime threads, and never at the same time.
-Leaves out: sampling (greedy only), TLS and auth, open-loop arrivals (`attnserve bench --rate`
-does those against any server). Torch-free. Warms up, then takes the median of --repeats;
-prints a table, then one JSON object last.
+One Server (server/app.py, port 0) runs in this process; both sides of each comparison use its
+engine and ONNX Runtime session, one after the other, so the gRPC figure is the cost of the
+gRPC layer alone: validation, protobuf, the servicer, HTTP/2 over loopback and the client's
+own decoding (the client shares this process's event loop and GIL with the server).
+Leaves out: sampling (greedy only), TLS and auth, throughput through gRPC under load and
+open-loop arrivals (`attnserve bench` drives any running server for those). Torch-free.
+Warms up, then takes medians over --repeats; prints a table, then one JSON object last.
 
-    python -m attnserve.server.serving_benchmark --model models/small [--concurrency 1,4,16]
+    python -m attnserve.server.serving_benchmark --model models/small [--concurrency 1,16]
         [--new-tokens 96] [--repeats 3] [--out reports/serving.json] [--plot reports/serving.png]
 """
 from __future__ import annotations
@@ -20,24 +23,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import grpc
 
+from ..export.contract import ModelDirError
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from .app import Server, StartupError
+from .config import ServerConfig
 from .domain import Final, GenerationRequest
-from .engine import Engine, EngineLimits
-from .model_runner import ModelRunner
-from .streaming import ByteTokenizer
+from .engine import Engine
+from .model_runner import ProviderError
 
+# Prompts of 10 to 22 tokens (BOS included): a batch's prefill pads them to one length.
 PROMPTS = ["The server", "import os\nimport sys\n", "Return the value of", "class Engine:",
            "def main():\n    ", "A list is", "ONNX Runtime", "for i in range("]
+GOALS = {"batched_vs_sequential_min": 4.0, "grpc_vs_in_process_per_token_max": 1.10}
+CALL_TIMEOUT_S = 300.0
+Stream = Callable[[str, int], Awaitable[dict]]     # (prompt, new tokens) -> stream_stats of one request
 
 
 def progress(message: str) -> None:
@@ -45,23 +53,22 @@ def progress(message: str) -> None:
 
 
 def stream_stats(arrivals: list[float], start: float) -> dict[str, float]:
-    """TTFT and mean inter-token gap (ms) of one request's token arrival times."""
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-    return {"ttft_ms": 1000 * (arrivals[0] - start), "per_token_ms": 1000 * statistics.fmean(gaps) if gaps else 0.0,
-            "tokens": len(arrivals)}
+    """TTFT and per-token latency (ms; mean gap from the first token to the last) of one request."""
+    per_token = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1) if len(arrivals) > 1 else 0.0
+    return {"ttft_ms": 1000 * (arrivals[0] - start), "per_token_ms": 1000 * per_token, "tokens": len(arrivals)}
 
 
-async def grpc_stream(stub, prompt: str, new_tokens: int) -> dict[str, float]:
-    """One greedy GenerateStream; a timestamp per token as its message arrives."""
+async def grpc_stream(stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens: int) -> dict[str, float]:
+    """One greedy GenerateStream; every token is stamped when its message arrives."""
     start, arrivals = time.perf_counter(), []
-    async for message in stub.GenerateStream(pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens),
-                                             timeout=300):
+    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens)
+    async for message in stub.GenerateStream(request, timeout=CALL_TIMEOUT_S):
         arrivals += [time.perf_counter()] * len(message.token_ids)
     return stream_stats(arrivals, start)
 
 
 async def engine_stream(engine: Engine, prompt: str, new_tokens: int) -> dict[str, float]:
-    """The same request handed to the engine directly: no protobuf, no socket."""
+    """The same request handed to the engine directly: no protobuf, no socket, no servicer."""
     request = GenerationRequest("bench", tuple(engine.tokenizer.encode(prompt)), new_tokens)
     start, arrivals = time.perf_counter(), []
     handle = engine.submit(request)
@@ -76,18 +83,16 @@ async def engine_stream(engine: Engine, prompt: str, new_tokens: int) -> dict[st
             return stream_stats(arrivals, start)
 
 
-async def throughput(stream, concurrency: int, requests: int, new_tokens: int) -> dict[str, float]:
-    """Closed loop: `concurrency` streams in flight until `requests` are done; output tokens/s.
-    `stream(prompt, new_tokens)` is grpc_stream or engine_stream with its first argument bound."""
-    queue = list(range(requests))
-    tokens = 0
+async def closed_loop(stream: Stream, concurrency: int, requests: int, new_tokens: int) -> dict[str, float]:
+    """`concurrency` requests in flight until `requests` (PROMPTS in turn) are done; output tokens/s."""
+    todo, tokens = list(range(requests)), 0
 
     async def worker() -> None:
         nonlocal tokens
-        while queue:
-            i = queue.pop()
+        while todo:
+            i = todo.pop(0)
             done = await stream(PROMPTS[i % len(PROMPTS)], new_tokens)
-            tokens += done["tokens"]                  # after the await: no update is lost
+            tokens += done["tokens"]            # not `tokens += await ...`: that reads tokens before the await
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -96,132 +101,155 @@ async def throughput(stream, concurrency: int, requests: int, new_tokens: int) -
             "tokens_per_s": tokens / seconds}
 
 
-def median_of(runs: list[dict[str, float]], key: str) -> float:
-    return statistics.median(run[key] for run in runs)
+def median_run(runs: list[dict]) -> dict:
+    """The run whose tokens/s is the median (the lower middle one of an even count)."""
+    ranked = sorted(runs, key=lambda r: r["tokens_per_s"])
+    return ranked[(len(ranked) - 1) // 2]
 
 
-async def sweep(stream, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
-    """Throughput at every level (the run nearest the median of `repeats`), and its ratio to the first."""
-    rows = []
-    for c in levels:
-        runs = [await throughput(stream, c, max(2 * c, len(PROMPTS)), new_tokens) for _ in range(repeats)]
-        rows.append(min(runs, key=lambda r: abs(r["tokens_per_s"] - median_of(runs, "tokens_per_s"))))
+async def throughput(stream: Stream, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+    """Median tokens/s at every level over `repeats` rounds (levels interleaved, so drift hits all alike)."""
+    requests = max(2 * max(levels), len(PROMPTS))
+    runs: dict[int, list[dict]] = {c: [] for c in levels}
+    for r in range(repeats):
+        for c in levels:
+            progress(f"throughput round {r + 1}/{repeats}: {requests} requests, {c} in flight")
+            runs[c].append(await closed_loop(stream, c, requests, new_tokens))
+    rows = [median_run(runs[c]) for c in levels]
     for row in rows:
-        row["vs_first_level"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+        row["vs_sequential"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
     return rows
 
 
-async def measure(engine: Engine, target: str, levels: list[int], new_tokens: int, repeats: int) -> dict:
-    """Warm up, then both comparisons; medians over `repeats`."""
-    async with grpc.aio.insecure_channel(target) as channel:
+async def latency(sides: dict[str, Stream], new_tokens: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Median TTFT and per-token latency of single streams, the two sides alternating request by request."""
+    progress(f"single-stream latency: {repeats} x {len(PROMPTS)} requests each way")
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for _ in range(repeats):
+        for prompt in PROMPTS:
+            for side, stream in sides.items():
+                runs[side].append(await stream(prompt, new_tokens))
+    return {side: {k: statistics.median(run[k] for run in r) for k in ("ttft_ms", "per_token_ms")}
+            for side, r in runs.items()}
+
+
+async def round_trip_ms(stub: pb_grpc.TextGenerationStub, calls: int = 20) -> float:
+    """Median GetModelInfo round trip: gRPC's fixed cost per call, no engine involved."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=CALL_TIMEOUT_S)
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+async def measure(server: Server, levels: list[int], new_tokens: int, repeats: int) -> dict:
+    """Warm up both paths, then the latency comparison, then the throughput sweep on the engine."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = pb_grpc.TextGenerationStub(channel)
-        sides = {"grpc": lambda prompt, n: grpc_stream(stub, prompt, n),
-                 "in_process": lambda prompt, n: engine_stream(engine, prompt, n)}
+        sides: dict[str, Stream] = {"in_process": lambda p, n: engine_stream(server.engine, p, n),
+                                    "grpc": lambda p, n: grpc_stream(stub, p, n)}
         progress("warming up")
         for stream in sides.values():
-            await throughput(stream, max(levels), max(levels), new_tokens)
-        progress(f"single-stream latency, {repeats} x {len(PROMPTS)} requests each way")
-        runs = {side: [] for side in sides}
-        for _ in range(repeats):
-            for prompt in PROMPTS:          # alternate, so that drift hits both sides alike
-                for side, stream in sides.items():
-                    runs[side].append(await stream(prompt, new_tokens))
-        rows = {}
-        for side in ("in_process", "grpc"):
-            progress(f"throughput at concurrency {levels}, {side}")
-            rows[side] = await sweep(sides[side], levels, new_tokens, repeats)
-    latency = {side: {k: median_of(r, k) for k in ("ttft_ms", "per_token_ms")} for side, r in runs.items()}
-    return {"latency": latency,
-            "grpc_vs_in_process_per_token": latency["grpc"]["per_token_ms"] / latency["in_process"]["per_token_ms"],
-            "throughput": rows}
+            await closed_loop(stream, max(levels), max(levels), new_tokens)
+        lat = await latency(sides, new_tokens, repeats)
+        lat["grpc"]["unary_round_trip_ms"] = await round_trip_ms(stub)
+        rows = await throughput(sides["in_process"], levels, new_tokens, repeats)
+    return {"latency": lat, "throughput": rows,
+            "batched_vs_sequential": rows[-1]["vs_sequential"],
+            "grpc_vs_in_process_per_token": lat["grpc"]["per_token_ms"] / lat["in_process"]["per_token_ms"],
+            "grpc_vs_in_process_ttft": lat["grpc"]["ttft_ms"] / lat["in_process"]["ttft_ms"]}
+
+
+def check_fits(server: Server, new_tokens: int) -> None:
+    """Every prompt plus `new_tokens` must fit in the model's context (the server would refuse it)."""
+    longest = max(len(server.tokenizer.encode(p)) for p in PROMPTS)
+    room = min(server.runner.context_length - longest, server.limits.max_new_tokens)
+    if not 1 <= new_tokens <= room:
+        raise ValueError(f"--new-tokens {new_tokens}: prompts of up to {longest} tokens leave room for 1 to "
+                         f"{room} (context_length {server.runner.context_length})")
+
+
+async def run(model: str, levels: list[int], new_tokens: int = 96, repeats: int = 3, threads: int = 0,
+              provider: str = "cpu") -> dict:
+    """Start a Server over `model` on 127.0.0.1 (any free port), measure both comparisons, stop it."""
+    progress(f"loading {model}")
+    config = ServerConfig(model=model, port=0, provider=provider, threads=threads, max_batch=max(levels),
+                          max_queue=4 * max(levels))
+    server = Server(config)
+    try:
+        check_fits(server, new_tokens)
+        await server.start()
+        result = await measure(server, levels, new_tokens, repeats)
+    finally:
+        await server.stop()
+    return {"model": Path(model).resolve().name, "provider": server.runner.provider, "threads": threads,
+            "new_tokens": new_tokens, "prompts": len(PROMPTS), "repeats": repeats, **result, "goals": GOALS}
 
 
 def print_table(result: dict) -> None:
-    lat = result["latency"]
-    print(f"{'one stream':<14}{'TTFT ms':>10}{'per token ms':>14}")
+    """The two comparisons as a readable table, each with its ratio and goal."""
+    lat, goals = result["latency"], result["goals"]
+    print(f"model {result['model']} on {result['provider']}, {result['new_tokens']} greedy tokens per request\n")
+    print(f"{'one stream':<12}{'TTFT ms':>10}{'per token ms':>14}")
     for side in ("in_process", "grpc"):
-        print(f"{side:<14}{lat[side]['ttft_ms']:>10.3f}{lat[side]['per_token_ms']:>14.3f}")
-    print(f"gRPC / in-process per token: {result['grpc_vs_in_process_per_token']:.3f}x\n")
-    print(f"{'path':<12}{'concurrency':>12}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'vs first':>10}")
-    for side, rows in result["throughput"].items():
-        for row in rows:
-            print(f"{side:<12}{row['concurrency']:>12}{row['tokens']:>8}{row['seconds']:>9.2f}"
-                  f"{row['tokens_per_s']:>10.0f}{row['vs_first_level']:>9.1f}x")
+        print(f"{side:<12}{lat[side]['ttft_ms']:>10.3f}{lat[side]['per_token_ms']:>14.3f}")
+    print(f"gRPC unary round trip (GetModelInfo, no engine): {lat['grpc']['unary_round_trip_ms']:.3f} ms")
+    print(f"gRPC / in-process: TTFT {result['grpc_vs_in_process_ttft']:.2f}x, per token "
+          f"{result['grpc_vs_in_process_per_token']:.2f}x (goal <= {goals['grpc_vs_in_process_per_token_max']:.2f}x)\n")
+    print(f"{'in flight':>9}{'requests':>10}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'vs 1':>8}")
+    for row in result["throughput"]:
+        print(f"{row['concurrency']:>9}{row['requests']:>10}{row['tokens']:>8}{row['seconds']:>9.2f}"
+              f"{row['tokens_per_s']:>10.0f}{row['vs_sequential']:>7.2f}x")
+    print(f"batched / sequential: {result['batched_vs_sequential']:.2f}x "
+          f"(goal >= {goals['batched_vs_sequential_min']:.1f}x)\n")
 
 
 def write_plot(result: dict, path: str) -> None:
+    """Throughput against concurrency, and the single-stream latencies side by side (PNG)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for side, rows in result["throughput"].items():
-        left.plot([r["concurrency"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o",
-                  label=side.replace("_", "-"))
-    left.set(xscale="log", xlabel="concurrent streams", ylabel="output tokens/s",
-             title="continuous batching: throughput")
-    left.legend()
-    lat = result["latency"]
-    right.bar(["in-process", "gRPC stream"], [lat["in_process"]["per_token_ms"], lat["grpc"]["per_token_ms"]])
-    right.set(ylabel="ms per token", title="one stream: per-token latency")
-    fig.suptitle(f"attnserve serving benchmark: {result['model']}")
+    rows = result["throughput"]
+    left.plot([r["concurrency"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o")
+    left.set_xscale("log", base=2)
+    left.set(xlabel="requests in flight", ylabel="output tokens/s", title="continuous batching (engine)")
+    left.set_xticks([r["concurrency"] for r in rows], [str(r["concurrency"]) for r in rows])
+    left.minorticks_off()
+    lat, sides = result["latency"], ("in_process", "grpc")
+    x = range(len(sides))
+    right.bar([i - 0.2 for i in x], [lat[s]["per_token_ms"] for s in sides], width=0.4, label="per token")
+    right.bar([i + 0.2 for i in x], [lat[s]["ttft_ms"] for s in sides], width=0.4, label="first token")
+    right.set_xticks(list(x), ["in-process", "gRPC stream"])
+    right.set(ylabel="ms", title="one stream: latency")
+    right.legend()
+    fig.suptitle(f"attnserve serving benchmark: {result['model']} ({result['provider']})")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
 
 
-class ServeProcess:
-    """`attnserve serve` over the model on 127.0.0.1, any free port; stopped with SIGTERM."""
-
-    def __init__(self, model: str, max_batch: int, threads: int):
-        command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", model, "--port", "0",
-                   "--provider", "cpu", "--threads", str(threads), "--max-batch", str(max_batch),
-                   "--max-queue", str(4 * max_batch)]
-        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        for line in self.proc.stdout:
-            match = re.search(r"listening on (\S+:\d+)", line)
-            if match:
-                self.target = match.group(1)
-                return
-        raise RuntimeError(f"attnserve serve exited with {self.proc.wait()} before listening")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-
-
-async def run(model: str, levels: list[int], new_tokens: int, repeats: int, threads: int = 0) -> dict:
-    """Start the server subprocess and an in-process engine over `model`, measure, stop both."""
-    progress(f"starting attnserve serve --model {model}")
-    server = ServeProcess(model, max(levels), threads)
-    runner = ModelRunner(model, "cpu", threads)
-    engine = Engine(runner, ByteTokenizer.from_manifest(runner.manifest), EngineLimits(max(levels), 4 * max(levels)))
-    engine.start()
-    try:
-        result = await measure(engine, server.target, levels, new_tokens, repeats)
-    finally:
-        engine.stop()
-        server.stop()
-    return {"model": Path(model).resolve().name, "new_tokens": new_tokens, "repeats": repeats,
-            "threads": threads, **result}
-
-
 def main(argv: list[str] | None = None) -> int:
+    """CLI: measure, print the table, write --out and --plot, print the JSON object last."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
-    p.add_argument("--concurrency", default="1,4,16", help="comma-separated levels; the first is the baseline")
+    p.add_argument("--concurrency", default="1,16",
+                   help="comma-separated requests in flight; the first is the baseline, the last the batched figure")
     p.add_argument("--new-tokens", type=int, default=96, help="greedy tokens per request (prompts are <= 22 tokens)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
+    p.add_argument("--provider", default="cpu", choices=("auto", "cuda", "cpu"))
     p.add_argument("--out", help="write the JSON result here")
     p.add_argument("--plot", help="write a PNG here")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     try:
-        result = asyncio.run(run(args.model, levels, args.new_tokens, args.repeats, args.threads))
+        result = asyncio.run(run(args.model, levels, args.new_tokens, args.repeats, args.threads, args.provider))
     except grpc.aio.AioRpcError as e:
         sys.exit(f"serving benchmark: {e.code().name}: {e.details()}")
-    except RuntimeError as e:
-        sys.exit(f"serving benchmark: {e}")
+    except (ModelDirError, ProviderError, StartupError, ValueError) as e:
+        sys.exit(f"serving benchmark: {type(e).__name__}: {e}")
     print_table(result)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
