@@ -178,6 +178,7 @@ async def run_bench(config: BenchConfig, tls: TlsConfig | None = None,
                     token: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Warm up, measure every level, and return the report (a JSON-ready dict)."""
     progress = progress or Progress()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     async with AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls,
                            retry=NO_RETRY) as client:
         info = await client.model_info()
@@ -197,7 +198,7 @@ async def run_bench(config: BenchConfig, tls: TlsConfig | None = None,
             records = await open_loop(client, prompts, rate, config, progress)
             levels.append(summarize_level(records, mode="poisson", rate=rate))
     return {"tool": PROG, "target": config.target,
-            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "started_at": started_at,
             "config": asdict(config), "model": info.to_dict(), "levels": levels}
 
 
@@ -231,9 +232,17 @@ def config_from_args(args) -> BenchConfig:
     config = BenchConfig(target=args.target, concurrency=concurrency, rates=rates,
                          requests=args.requests, prompt_tokens=args.prompt_tokens,
                          max_new_tokens=args.max_new_tokens, warmup=args.warmup, seed=args.seed,
-                         timeout=args.timeout or BenchConfig.timeout)
+                         timeout=BenchConfig.timeout if args.timeout is None else args.timeout)
     config.check()
     return config
+
+
+def check_plotting() -> None:
+    """--plot needs matplotlib, which a client-only install lacks: say so before the run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib), which is not installed") from None
 
 
 def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> None:
@@ -252,6 +261,8 @@ def main(args) -> int:
     """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
     try:
         config = config_from_args(args)
+        if args.plot:
+            check_plotting()
         report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))
         write_outputs(report, args.out, args.plot)
     except KeyboardInterrupt:

@@ -22,7 +22,12 @@ def tls_from_args(args) -> TlsConfig | None:
 
 def token_from_args(args) -> str | None:
     """The bearer token of --token-file, if given."""
-    return read_token_file(args.token_file) if args.token_file else None
+    if not args.token_file:
+        return None
+    try:
+        return read_token_file(args.token_file)
+    except OSError as e:
+        raise ValueError(f"--token-file {args.token_file}: {e.strerror}") from None
 
 
 def fail(prog: str, error: BaseException) -> int:

@@ -21,7 +21,7 @@ PROG = "attnserve generate"
 
 def client_from_args(args) -> Client:
     """A Client from the shared connection flags (--target, --timeout, --tls-*, --token-file)."""
-    return Client(args.target, timeout=args.timeout or DEFAULT_TIMEOUT,
+    return Client(args.target, timeout=DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
                   token=token_from_args(args), tls=tls_from_args(args))
 
 

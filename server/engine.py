@@ -155,6 +155,8 @@ class Engine:
         self.observer.on_step(len(self._active), len(self._queue))
         if self._active:
             self._decode()
+            if not self._active:           # the batch emptied: the gauges must not keep its last size
+                self.observer.on_step(0, len(self._queue))
 
     def _drop_gone(self) -> None:
         """Finish aborted, cancelled and expired requests and free their slots."""

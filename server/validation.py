@@ -84,7 +84,7 @@ def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
     wanted = request.max_new_tokens
     if not 1 <= wanted <= limits.max_new_tokens:
         raise InvalidRequest("max_new_tokens", f"{wanted} is outside [1, {limits.max_new_tokens}] "
-                                               "(the server's --max-new-tokens-cap)")
+                                               "(the server's cap: --max-new-tokens-cap, at most context_length - 1)")
     if not limits.encoder_decoder and prompt_tokens + wanted > limits.context_length:
         raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
                                        f"{limits.context_length - wanted} (context_length {limits.context_length} "

@@ -105,3 +105,12 @@ def test_refusals_exit_with_one_line(live, capsys):
     assert status == 2 and err.startswith("attnserve bench: error: --concurrency")
     status, _, err = bench(capsys, "--target", "127.0.0.1:1", "--timeout", "0.5")
     assert status == 1 and err.startswith("attnserve bench: error: UNAVAILABLE")
+
+
+def test_plot_without_matplotlib_is_refused_before_the_run(live, capsys, monkeypatch, tmp_path):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)      # a client-only install: import fails
+    status, out, err = bench(capsys, "--target", live.target, "--concurrency", "1", "--requests", "1",
+                             "--plot", str(tmp_path / "x.png"))
+    assert (status, out) == (2, "")
+    assert err.strip() == "attnserve bench: error: --plot needs matplotlib (pip install matplotlib), which is not installed"

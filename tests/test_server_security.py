@@ -14,7 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from fixtures_server import request, start_server
+from fixtures_server import idle, request, start_server, wait_until
 
 TIMEOUT = 30
 
@@ -137,6 +137,8 @@ def test_metrics_parse_and_move(stub, server):
                       "attnserve_inter_token_latency_seconds", "attnserve_step_batch_size"):
         assert after[(f"{histogram}_count", ())] > before.get((f"{histogram}_count", ()), 0), histogram
     assert ("attnserve_queue_depth", ()) in after and ("attnserve_batch_size", ()) in after
+    wait_until(lambda: idle(server.engine), what="the engine to go idle")
+    assert scrape(port)[("attnserve_batch_size", ())] == 0      # an empty batch reads 0, not its last size
     info = [labels for (name, labels) in after if name == "attnserve_model_info"]
     assert info and ("execution_provider", "CPUExecutionProvider") in info[0]
 
