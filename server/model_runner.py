@@ -177,7 +177,10 @@ class ModelRunner:
             else:
                 binding.bind_cpu_input(name, np.ascontiguousarray(value))
         for i, name in enumerate(outputs):
-            binding.bind_output(name, "cpu") if i < host_outputs else binding.bind_output(name, "cuda", 0)
+            if i < host_outputs:
+                binding.bind_output(name, "cpu")
+            else:
+                binding.bind_output(name, "cuda", 0)
         session.run_with_iobinding(binding)
         return binding.get_outputs()
 

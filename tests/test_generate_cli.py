@@ -111,9 +111,12 @@ def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
     live.pacer.delay = 0.05                                    # 100 tokens take 5 s
     before = live.server.metrics.registry.get_sample_value(
         "attnserve_generations_finished_total", {"reason": "cancelled"}) or 0
+    # As from a terminal: SIGINT at its default. A shell running this suite as a background job
+    # passes SIGINT on ignored, and Python then never raises KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "generate", PROMPT,
                              "--target", live.target, "--max-new-tokens", "100"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert read_some(proc.stdout, 20.0), "no streamed text before the deadline"
         assert live.engine.stats()["active"] == 1
