@@ -67,7 +67,8 @@ def add_serve(sub) -> None:
     p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one, printed)")
     p.add_argument("--provider", choices=["auto", "cuda", "cpu"], default="auto",
                    help="ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (default 0: one per core)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="ONNX Runtime intra-op threads (default 0: all cores but one, left to the gRPC event loop)")
     p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default 16)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for a batch slot before RESOURCE_EXHAUSTED (default 64)")

@@ -10,7 +10,7 @@ class ServerConfig:
     host: str = "127.0.0.1"                 # interface to listen on ("0.0.0.0" for all)
     port: int = 50051                       # 0: any free port (the bound one is printed)
     provider: str = "auto"                  # auto | cuda | cpu; auto takes CUDA only if it really runs
-    threads: int = 0                        # ONNX Runtime intra-op threads; 0: one per core
+    threads: int = 0                        # ONNX Runtime intra-op threads; 0: all cores but one (for the event loop)
     max_batch: int = 16                     # requests decoded together (continuous batching)
     max_queue: int = 64                     # requests waiting for a slot before RESOURCE_EXHAUSTED
     max_new_tokens_cap: int = 256           # the largest max_new_tokens; clamped to context_length - 1

@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated requests in flight; the first is the baseline, the last the batched figure")
     p.add_argument("--new-tokens", type=int, default=96, help="greedy tokens per request (prompts are <= 22 tokens)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
-    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: one per core)")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: the server's default)")
     p.add_argument("--provider", default="cpu", choices=("auto", "cuda", "cpu"))
     p.add_argument("--out", help="write the JSON result here")
     p.add_argument("--plot", help="write a PNG here")
