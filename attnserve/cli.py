@@ -109,8 +109,8 @@ def add_generate(sub) -> None:
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
     p.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1: off)")
     p.add_argument("--seed", type=int, default=None, help="seed of this request's sampler")
-    p.add_argument("--stop", nargs="+", action="extend", default=[], metavar="TEXT",
-                   help="stop at any of these strings (repeatable)")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="stop when the text contains TEXT (repeat the flag for several)")
     p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
     p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
     p.add_argument("--json", action="store_true",

@@ -10,7 +10,7 @@ import time
 import pytest
 from fixtures_server import idle, start_server, wait_until
 
-from attnserve.cli import main
+from attnserve.cli import build_parser, main
 from attnserve.clients import Client
 
 PROMPT = "def parse_args("
@@ -131,3 +131,8 @@ def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
     wait_until(lambda: live.server.metrics.registry.get_sample_value(
         "attnserve_generations_finished_total", {"reason": "cancelled"}) == before + 1,
         timeout=2, what="the server to count the cancelled generation")
+
+
+def test_stop_takes_one_string_per_flag_so_the_prompt_may_follow_it():
+    args = build_parser().parse_args(["generate", "--stop", ".", "--stop", "\n\n", "The list"])
+    assert (args.prompt, args.stop) == ("The list", [".", "\n\n"])
