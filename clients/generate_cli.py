@@ -8,6 +8,7 @@ declared in attnserve/cli.py.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from typing import Any, TextIO
 
@@ -71,6 +72,8 @@ def run(args, out: TextIO | None = None) -> GenerationResult:
 
 def main(args) -> int:
     """CLI entry of `attnserve generate`: the exit status."""
+    # SIGINT cancels the stream even when a non-interactive shell started us with it ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         run(args)
     except KeyboardInterrupt:

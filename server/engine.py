@@ -104,8 +104,9 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """Active (in the batch or its prefill) and queued request counts."""
-        with self._cond:
-            return {"active": len(self._active) + len(self._admitting), "queued": len(self._queue)}
+        with self._cond:   # a request being admitted may already sit in _active too: count it once
+            active = {id(s) for s in [*self._active.values(), *self._admitting]}
+            return {"active": len(active), "queued": len(self._queue)}
 
     def close(self) -> None:
         """Refuse new requests (Draining); queued and active ones go on."""

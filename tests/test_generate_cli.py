@@ -5,7 +5,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from fixtures_server import idle, start_server, wait_until
@@ -107,30 +106,35 @@ def read_some(pipe, timeout: float) -> bytes:
     return os.read(pipe.fileno(), 4096) if ready else b""
 
 
+IGNORE_SIGINT_THEN_GENERATE = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+os.execv(sys.executable, [sys.executable, "-m", "attnserve.cli", "generate", sys.argv[1],
+                          "--target", sys.argv[2], "--max-new-tokens", "100"])
+"""
+
+
 def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
     live.pacer.delay = 0.05                                    # 100 tokens take 5 s
     before = live.server.metrics.registry.get_sample_value(
         "attnserve_generations_finished_total", {"reason": "cancelled"}) or 0
-    # As from a terminal: SIGINT at its default. A shell running this suite as a background job
-    # passes SIGINT on ignored, and Python then never raises KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "generate", PROMPT,
-                             "--target", live.target, "--max-new-tokens", "100"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # Started as a background job of a non-interactive shell would start it: SIGINT ignored
+    # (the CLI must take it back, or Ctrl-C from a script would do nothing).
+    proc = subprocess.Popen([sys.executable, "-c", IGNORE_SIGINT_THEN_GENERATE, PROMPT, live.target],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert read_some(proc.stdout, 20.0), "no streamed text before the deadline"
+        assert read_some(proc.stdout, 60.0), "no streamed text within 60 s"
         assert live.engine.stats()["active"] == 1
-        t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=10)
     finally:
         proc.kill() if proc.poll() is None else None
-    assert proc.returncode == 130 and b"cancelled" in err and b"Traceback" not in err
-    wait_until(lambda: idle(live.engine), timeout=2, what="the server to drop the request")
-    assert time.monotonic() - t0 < 3                           # well before the 5 s it would take
+    assert proc.returncode == 130 and b"cancelled" in err and b"Traceback" not in err, (proc.returncode, err)
+    # The server ended it as cancelled, not as "length" after its 100 tokens (5 s of pacing).
     wait_until(lambda: live.server.metrics.registry.get_sample_value(
         "attnserve_generations_finished_total", {"reason": "cancelled"}) == before + 1,
-        timeout=2, what="the server to count the cancelled generation")
+        timeout=10, what="the server to count the cancelled generation")
+    wait_until(lambda: idle(live.engine), timeout=10, what="the server to drop the request")
 
 
 def test_stop_takes_one_string_per_flag_so_the_prompt_may_follow_it():
