@@ -59,7 +59,7 @@ class KVCache:
         self._next_slot += mask.shape[0]
         if not self.slots:
             self.past, self.mask = [self.to_host(a) for a in present], mask.astype(np.int64)
-            self.cross, self.cross_mask = [self.to_host(a) for a in cross], cross_mask
+            self.cross, self.cross_mask = list(cross), cross_mask
         else:
             self.past, self.mask = self._merge(self.past, self.mask, present, mask)
             if cross_mask is not None:

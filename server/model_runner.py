@@ -193,9 +193,11 @@ class ModelRunner:
         session.run_with_iobinding(binding)
         return binding.get_outputs()
 
-    def to_device(self, value: np.ndarray) -> Any:
-        """A host array as an OrtValue on the GPU under IO binding; unchanged on the CPU."""
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), "cuda", 0) if self.on_device else value
+    def to_device(self, value: Any) -> Any:
+        """A host array as an OrtValue on the GPU under IO binding; device arrays and the CPU pass through."""
+        if not self.on_device or isinstance(value, ort.OrtValue):
+            return value
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(value), "cuda", 0)
 
     @staticmethod
     def to_host(value: Any) -> np.ndarray:
