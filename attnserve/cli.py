@@ -19,6 +19,18 @@ HANDLERS = {
 }
 
 
+def server_value(parser: str):
+    """An argparse type from server/config.py's parsers, imported only when the flag is used."""
+    def parse(text: str):
+        from attnserve.server import config
+        try:
+            return getattr(config, parser)(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = parser.removeprefix("parse_").replace("_", " ")
+    return parse
+
+
 def add_train(sub) -> None:
     p = sub.add_parser("train", help="train a transformer on a text corpus",
                        epilog="data-parallel: torchrun --nproc_per_node=N -m attnserve.cli train ...")
@@ -39,6 +51,14 @@ def add_train(sub) -> None:
     p.add_argument("--eval-interval", type=int, default=None, help="steps between held-out evaluations")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per process (default: the cores shared among local processes)")
+    size = p.add_argument_group("model size (each overrides the preset's value)")
+    size.add_argument("--context-length", type=int, default=None, metavar="N",
+                      help="tokens per window, the model's max_len (at least 8)")
+    size.add_argument("--d-model", type=int, default=None, metavar="N", help="width of the residual stream")
+    size.add_argument("--n-layers", type=int, default=None, metavar="N", help="decoder layers")
+    size.add_argument("--n-heads", type=int, default=None, metavar="N",
+                      help="attention heads; d-model / n-heads must be a multiple of 8")
+    size.add_argument("--d-ff", type=int, default=None, metavar="N", help="hidden width of the feed-forward")
 
 
 def add_export(sub) -> None:
@@ -49,6 +69,9 @@ def add_export(sub) -> None:
                    help="float16 is for the CUDA provider")
     p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 for the CPU provider")
     p.add_argument("--parity-steps", type=int, default=64, help="greedy decode steps compared (default 64)")
+    p.add_argument("--kv-cache", choices=["arena", "concat"], default=None,
+                   help="decoder KV cache layout: arena (in place, GroupQueryAttention; the default for "
+                        "decoder-only models) or concat (past + new; what encoder-decoders export)")
 
 
 def add_attention_map(sub) -> None:
@@ -69,7 +92,15 @@ def add_serve(sub) -> None:
                    help="ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it")
     p.add_argument("--threads", type=int, default=0,
                    help="ONNX Runtime intra-op threads (default 0: all cores but one, left to the gRPC event loop)")
-    p.add_argument("--max-batch", type=int, default=16, help="requests decoded together (default 16)")
+    p.add_argument("--max-batch", type=server_value("parse_max_batch"), default=16, metavar="N|auto",
+                   help="requests decoded together, one KV arena slot each (default 16); auto: as many as "
+                        "--kv-cache-memory holds")
+    p.add_argument("--kv-cache-memory", type=server_value("parse_bytes"), default=None, metavar="BYTES",
+                   help="cap on the KV arena's size, e.g. 512M or 2Gi; a --max-batch that does not fit is "
+                        "refused at start-up (default: no cap)")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prompt tokens per prefill run; longer prompts are prefilled in chunks between decode "
+                        "steps, so one delays the running batch by at most a chunk (default 256)")
     p.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for a batch slot before RESOURCE_EXHAUSTED (default 64)")
     p.add_argument("--max-new-tokens-cap", type=int, default=256,

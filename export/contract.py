@@ -22,6 +22,12 @@ GENAI_CONFIG_FILE = "genai_config.json"
 
 # Axis names of the dynamic dimensions.
 BATCH, SEQ, PAST, TOTAL, SRC = "batch", "sequence", "past_sequence", "total_sequence", "source_sequence"
+CACHE = "max_sequence"   # the arena's buffer length: past and present are one buffer of this length
+
+# KV cache layouts of a decoder graph (the manifest's "kv_cache"):
+KV_ARENA = "arena"       # GroupQueryAttention, past and present one in-place buffer, right padding
+KV_CONCAT = "concat"     # present = concat(past, new), left padding (directories older than the arena)
+KV_LAYOUTS = (KV_ARENA, KV_CONCAT)
 
 
 class ModelDirError(Exception):
@@ -54,6 +60,18 @@ def decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     axes.update({name: {0: BATCH, 2: PAST} for name in past_names(n_layers)})
     axes.update({name: {0: BATCH, 2: TOTAL} for name in present_names(n_layers)})
     return axes
+
+
+def arena_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
+    """The arena graph's axes: past and present share one buffer length."""
+    axes = decoder_dynamic_axes(n_layers)
+    axes.update({name: {0: BATCH, 2: CACHE} for name in [*past_names(n_layers), *present_names(n_layers)]})
+    return axes
+
+
+def kv_layout(manifest: dict) -> str:
+    """The decoder graph's KV cache layout (directories exported before the arena are concat)."""
+    return manifest.get("kv_cache", KV_CONCAT)
 
 
 def seq2seq_encoder_inputs() -> list[str]:
@@ -134,7 +152,7 @@ def verify_files(model_dir: str | Path, manifest: dict) -> None:
 
 def build_manifest(config: dict, graphs: dict[str, dict], tokenizer: dict, dtype: str,
                    quantization: str | None, files: dict[str, str], parity: dict,
-                   source_checkpoint: dict) -> dict:
+                   source_checkpoint: dict, kv_cache: str = KV_CONCAT) -> dict:
     """The manifest written by export: everything a runtime needs to drive the graphs."""
     return {
         "format_version": FORMAT_VERSION,
@@ -144,6 +162,7 @@ def build_manifest(config: dict, graphs: dict[str, dict], tokenizer: dict, dtype
         "tokenizer": tokenizer,           # kind, vocab_size, bos_id, eos_id, pad_id
         "dtype": dtype,                   # of the KV cache and logits
         "quantization": quantization,     # None or "int8" (dynamic, weights only)
+        "kv_cache": kv_cache,             # "arena" (in place, right padding) or "concat" (left padding)
         "opset": OPSET,
         "exporter": EXPORTER,
         "graphs": graphs,                 # role ("decoder", "encoder") -> {file, inputs, outputs}
@@ -173,7 +192,7 @@ def genai_config(manifest: dict) -> dict:
         },
         "search": {
             "do_sample": False, "max_length": cfg["max_len"], "min_length": 0, "num_beams": 1,
-            "num_return_sequences": 1, "past_present_share_buffer": False, "repetition_penalty": 1.0,
+            "num_return_sequences": 1, "past_present_share_buffer": kv_layout(manifest) == KV_ARENA, "repetition_penalty": 1.0,
             "temperature": 1.0, "top_k": 1, "top_p": 1.0,
         },
     }

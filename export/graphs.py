@@ -17,6 +17,7 @@ from torch import nn
 from torch.export import Dim
 
 from . import contract
+from .gqa import InPlaceAttention
 
 
 def pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -37,6 +38,20 @@ class DecoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         logits, present = self.model(input_ids, attention_mask, position_ids, pairs(past))
+        return (logits, *flatten(present))
+
+
+class ArenaDecoderGraph(nn.Module):
+    """DecoderGraph's signature over an in-place cache: past and present are one buffer
+    (B, H, L, D) per name, right padding, per-row lengths from the attention mask's row sums."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        x = self.model.embedding(input_ids, position_ids)                       # (B, T, d_model)
+        logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(past))
         return (logits, *flatten(present))
 
 

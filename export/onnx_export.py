@@ -19,9 +19,10 @@ from ..model.checkpoint import CheckpointError, build_model, load_state
 from ..model.config import ModelConfig
 from ..model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from . import contract
-from .graphs import (DecoderGraph, Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, decoder_dynamic_shapes,
+from .graphs import (ArenaDecoderGraph, DecoderGraph, Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, decoder_dynamic_shapes,
                      decoder_sample_inputs, export_graph, seq2seq_dynamic_shapes, seq2seq_sample_inputs)
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
+from .parity_arena import run_arena_gate
 from .parity_seq2seq import run_seq2seq_gate
 from .quantize import int8_gate, quantize_int8
 from .runtime import OrtDecoder, OrtSeq2Seq
@@ -71,10 +72,11 @@ def graph_specs(config: ModelConfig) -> dict[str, dict]:
 
 
 def write_model_dir(staging: Path, config: ModelConfig, dtype: str, quantization: str | None,
-                    parity: dict, source: dict) -> dict:
+                    parity: dict, source: dict, kv_cache: str) -> dict:
     """genai_config.json (decoder-only) and the manifest, with the sha256 of every file."""
     graphs = graph_specs(config)
-    manifest = contract.build_manifest(config.to_dict(), graphs, TOKENIZER, dtype, quantization, {}, parity, source)
+    manifest = contract.build_manifest(config.to_dict(), graphs, TOKENIZER, dtype, quantization, {}, parity, source,
+                                       kv_cache)
     names = [g["file"] for g in graphs.values()]
     if config.arch == "decoder":
         (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
@@ -84,11 +86,19 @@ def write_model_dir(staging: Path, config: ModelConfig, dtype: str, quantization
     return manifest
 
 
-def export_graphs(model, staging: Path, dtype: str) -> None:
-    """Every graph of the model's architecture, in `dtype`."""
+def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
+    """Every graph of the model's architecture, in `dtype`, with the decoder's KV cache layout."""
     cfg, n = model.config, model.config.n_layers
     torch_dtype = torch.float16 if dtype == "float16" else torch.float32
     model = copy.deepcopy(model).half() if dtype == "float16" else model
+    if kv_cache == contract.KV_ARENA:
+        # past/present are the (B, H, L, D) buffers; a mask wider than the new tokens and a buffer
+        # longer than both, so that torch.export ties none of the three lengths together
+        ids, _, _, *past = decoder_sample_inputs(cfg, torch_dtype, batch=2, seq=3, past=8)
+        args = (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), *past)
+        export_graph(ArenaDecoderGraph(model), args, staging / contract.MODEL_FILE, contract.decoder_inputs(n),
+                     contract.decoder_outputs(n), decoder_dynamic_shapes(n), contract.arena_decoder_dynamic_axes(n))
+        return
     if cfg.arch == "decoder":
         export_graph(DecoderGraph(model), decoder_sample_inputs(cfg, torch_dtype), staging / contract.MODEL_FILE,
                      contract.decoder_inputs(n), contract.decoder_outputs(n), decoder_dynamic_shapes(n),
@@ -103,7 +113,9 @@ def export_graphs(model, staging: Path, dtype: str) -> None:
                  contract.seq2seq_decoder_dynamic_axes(n))
 
 
-def run_gate(model, staging: Path, steps: int) -> dict:
+def run_gate(model, staging: Path, steps: int, kv_cache: str) -> dict:
+    if kv_cache == contract.KV_ARENA:
+        return run_arena_gate(model, OrtDecoder(staging), steps)
     if model.config.arch == "decoder":
         return run_decoder_gate(model, OrtDecoder(staging), steps)
     return run_seq2seq_gate(model, OrtSeq2Seq(staging), steps)
@@ -116,8 +128,17 @@ def load_model(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
 
 
+def choose_kv_cache(kv_cache: str | None, config: ModelConfig) -> str:
+    """The arena for decoder-only models unless asked otherwise; encoder-decoders keep concat for now."""
+    if config.arch == "decoder":
+        return kv_cache or contract.KV_ARENA
+    if kv_cache == contract.KV_ARENA:
+        raise ExportError("--kv-cache arena is for decoder-only models so far; encoder-decoders export concat")
+    return contract.KV_CONCAT
+
+
 def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "float32", quantize: str | None = None,
-                      parity_steps: int = 64, heldout: bytes | None = None) -> dict:
+                      parity_steps: int = 64, heldout: bytes | None = None, kv_cache: str | None = None) -> dict:
     """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError."""
     checkpoint, out = Path(checkpoint), Path(out)
     if quantize and dtype != "float32":
@@ -125,10 +146,14 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     model, source = load_model(checkpoint)
     if quantize and model.config.arch != "decoder":
         raise ExportError("--quantize int8 is for decoder-only models")
+    kv_cache = choose_kv_cache(kv_cache, model.config)
+    if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
+        raise ExportError(f"head dim {model.config.d_k} (d_model / n_heads) is not a multiple of 8, which "
+                          "ONNX Runtime's GroupQueryAttention requires; use --kv-cache concat")
     check_replaceable(out)
     staging = staging_dir(out)
     try:
-        manifest = build_in(staging, model, source, dtype, quantize, parity_steps, heldout)
+        manifest = build_in(staging, model, source, dtype, quantize, parity_steps, heldout, kv_cache)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(staging, out)
         return manifest
@@ -137,27 +162,28 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
 
 
 def build_in(staging: Path, model, source: dict, dtype: str, quantize: str | None, steps: int,
-             heldout: bytes | None) -> dict:
+             heldout: bytes | None, kv_cache: str) -> dict:
     """Export into `staging`, run the gate, and write the final manifest."""
     t0 = time.perf_counter()
     say(f"exporting {model.config.arch} ({model.num_parameters():,} parameters) to ONNX, "
-        f"opset {contract.OPSET}, {dtype} ...")
-    export_graphs(model, staging, dtype)
+        f"opset {contract.OPSET}, {dtype}, {kv_cache} KV cache ...")
+    export_graphs(model, staging, dtype, kv_cache)
     say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
     pending = {"passed": None}
-    write_model_dir(staging, model.config, dtype, None, pending, source)
-    report = run_gate(model, staging, steps)
+    write_model_dir(staging, model.config, dtype, None, pending, source, kv_cache)
+    report = run_gate(model, staging, steps, kv_cache)
     print(format_report(report), flush=True)
     if quantize:
-        report = gate_int8(staging, model, source, report, steps, heldout)
+        report = gate_int8(staging, model, source, report, steps, heldout, kv_cache)
     if not report["passed"]:
         raise ParityError(int8_failure(report) if quantize else failure_message(report), report)
-    manifest = write_model_dir(staging, model.config, dtype, quantize, report, source)
+    manifest = write_model_dir(staging, model.config, dtype, quantize, report, source, kv_cache)
     say(f"parity gate passed in {time.perf_counter() - t0:.1f} s total")
     return manifest
 
 
-def gate_int8(staging: Path, model, source: dict, report: dict, steps: int, heldout: bytes | None) -> dict:
+def gate_int8(staging: Path, model, source: dict, report: dict, steps: int, heldout: bytes | None,
+              kv_cache: str) -> dict:
     """Quantize the float32 graph that passed, gate it on held-out loss, and put it in place."""
     if not report["passed"]:
         return report
@@ -165,7 +191,7 @@ def gate_int8(staging: Path, model, source: dict, report: dict, steps: int, held
     quantized = staging / "int8"
     quantized.mkdir()
     quantize_int8(staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE)
-    write_model_dir(quantized, model.config, "float32", "int8", {"passed": None}, source)
+    write_model_dir(quantized, model.config, "float32", "int8", {"passed": None}, source, kv_cache)
     prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
     result = int8_gate(OrtDecoder(staging), OrtDecoder(quantized), heldout or default_heldout(), prompts,
                        min(steps, model.config.max_len - 13), block=min(128, model.config.max_len - 1))
@@ -195,7 +221,8 @@ def default_heldout() -> bytes:
 def main(args) -> int:
     """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
     try:
-        manifest = export_checkpoint(args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps)
+        manifest = export_checkpoint(args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps,
+                                     kv_cache=args.kv_cache)
     except (ExportError, CheckpointError) as e:
         print(f"attnserve export: error: {e}", file=sys.stderr)
         return 2
@@ -203,5 +230,5 @@ def main(args) -> int:
         print(f"attnserve export: {e}", file=sys.stderr)
         return 1
     print(f"wrote {args.out} ({manifest['dtype']}{', int8' if manifest['quantization'] else ''}, "
-          f"parity passed)")
+          f"{manifest['kv_cache']} KV cache, parity passed)")
     return 0

@@ -147,14 +147,14 @@ def run_decoder_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0)
 
 def format_report(report: dict) -> str:
     """A table of the worst difference per case, then the greedy result."""
-    lines = [f"{'case':<30}{'outputs':>8}{'max abs diff':>15}{'tolerance':>12}  result"]
+    lines = [f"{'case':<36}{'outputs':>8}{'max abs diff':>15}{'tolerance':>12}  result"]
     by_case: dict[str, list[dict]] = {}
     for c in report["checks"]:
         by_case.setdefault(c["case"], []).append(c)
     for case, checks in by_case.items():
         worst = max(checks, key=lambda c: c["max_abs_diff"] / c["tolerance"])
         ok = all(c["ok"] for c in checks)
-        lines.append(f"{case:<30}{len(checks):>8}{worst['max_abs_diff']:>15.3e}{worst['tolerance']:>12.1e}  "
+        lines.append(f"{case:<36}{len(checks):>8}{worst['max_abs_diff']:>15.3e}{worst['tolerance']:>12.1e}  "
                      f"{'ok' if ok else 'FAIL (' + worst['output'] + ')'}")
     g = report["greedy"]
     agree = ", ".join(str(r["agreeing_steps"]) for r in g["rows"])

@@ -43,9 +43,7 @@ def runtime_bits_per_byte(runtime: OrtDecoder, windows: np.ndarray, batch: int =
     losses = []
     for i in range(0, len(windows), batch):
         chunk = windows[i:i + batch]
-        mask = np.ones_like(chunk)
-        positions = np.broadcast_to(np.arange(chunk.shape[1]), chunk.shape).copy()
-        logits, _ = runtime.run(chunk[:, :-1], mask[:, :-1], positions[:, :-1], runtime.empty_past(len(chunk)))
+        logits = runtime.logits(chunk[:, :-1])
         losses.append(bits_per_byte(logits, chunk[:, 1:]) * len(chunk))
     return sum(losses) / len(windows)
 

@@ -11,8 +11,7 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-
-NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+from .arena import NP_DTYPES, ArenaDecoder
 
 
 def make_session(path: str | Path, threads: int = 0) -> ort.InferenceSession:
@@ -32,7 +31,7 @@ def left_pad(seqs: list[list[int]], pad_id: int):
 
 
 class OrtDecoder:
-    """One decoder-only graph and the manifest that describes it."""
+    """One decoder-only graph and the manifest that describes it, in either KV cache layout."""
 
     def __init__(self, model_dir: str | Path, threads: int = 0, verify: bool = True):
         self.manifest = contract.read_manifest(model_dir, verify=verify)
@@ -40,8 +39,26 @@ class OrtDecoder:
         self.session = make_session(Path(model_dir) / graph["file"], threads)
         self.n_layers = self.manifest["config"]["n_layers"]
         self.n_heads, self.head_dim = self.manifest["config"]["n_heads"], self.manifest["head_dim"]
+        self.context = int(self.manifest["config"]["max_len"])
         self.dtype = NP_DTYPES[self.manifest["dtype"]]
         self.pad_id = self.manifest["tokenizer"]["pad_id"]
+        self.arena_layout = contract.kv_layout(self.manifest) == contract.KV_ARENA
+        self._arena: ArenaDecoder | None = None
+
+    def arena(self, capacity: int, max_tokens: int = 0) -> ArenaDecoder:
+        """An empty arena driver of at least this many slots (arena graphs only)."""
+        if self._arena is None or self._arena.arena.capacity < capacity or self._arena.max_tokens < max_tokens:
+            self._arena = ArenaDecoder(self.session, self.manifest, capacity, max_tokens or capacity)
+        self._arena.arena.lengths[:] = 0
+        return self._arena
+
+    def logits(self, windows: np.ndarray) -> np.ndarray:
+        """Logits (B, T, V) at every position of unpadded sequences (B, T), from an empty cache."""
+        b, t = windows.shape
+        mask, positions = np.ones_like(windows), np.broadcast_to(np.arange(t), windows.shape)
+        if not self.arena_layout:
+            return self.run(windows, mask, positions, self.empty_past(b))[0]
+        return self.arena(b, b * t).run(0, windows, mask, positions).copy()
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
         shape = (batch, self.n_heads, 0, self.head_dim)                            # (B, H, 0, D)
@@ -56,6 +73,8 @@ class OrtDecoder:
 
     def greedy(self, prompts: list[list[int]], steps: int, recompute: bool = False) -> np.ndarray:
         """(B, steps) greedy tokens, EOS ignored; `recompute` re-runs the whole sequence each step."""
+        if self.arena_layout:
+            return self.arena_greedy(prompts, steps, recompute)
         ids, mask, positions = left_pad(prompts, self.pad_id)
         logits, past = self.run(ids, mask, positions, self.empty_past(len(prompts)))
         out = []
@@ -69,6 +88,23 @@ class OrtDecoder:
                 logits, _ = self.run(ids, mask, full_positions, self.empty_past(len(prompts)))
             else:
                 logits, past = self.run(token, mask, positions, past)
+        return np.concatenate(out, 1)
+
+
+    def arena_greedy(self, prompts: list[list[int]], steps: int, recompute: bool = False) -> np.ndarray:
+        """greedy() through the arena: the prompts prefilled together, then one token per step."""
+        longest = max(len(p) for p in prompts) + steps
+        decoder = self.arena(len(prompts), len(prompts) * longest)
+        logits, out, seqs = decoder.prefill(0, prompts), [], [list(p) for p in prompts]
+        for _ in range(steps):
+            token = logits.argmax(-1)                                                   # (B,)
+            out.append(token[:, None])
+            if recompute:
+                seqs = [s + [int(t)] for s, t in zip(seqs, token)]
+                decoder.arena.lengths[:] = 0
+                logits = decoder.prefill(0, seqs)
+            else:
+                logits = decoder.decode(token)
         return np.concatenate(out, 1)
 
 

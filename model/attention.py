@@ -56,6 +56,15 @@ def causal_mask(attention_mask: torch.Tensor, t: int, dtype: torch.dtype) -> tor
     return additive_mask((not_future & real) | itself, dtype)  # (B, 1, T, S)
 
 
+class CacheAttention:
+    """Self-attention computed by something other than the plain concat-cache path: given the
+    module, x and the layer's past, returns (output, present). Export supplies one (ONNX Runtime's
+    GroupQueryAttention over an in-place cache); training and the eager reference never do."""
+
+    def __call__(self, attention: "MultiHeadAttention", x: torch.Tensor, past):
+        raise NotImplementedError
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: H heads of scaled dot-product attention, concatenated, projected.
 
@@ -92,9 +101,13 @@ class MultiHeadAttention(nn.Module):
         self.last_weights = weights.detach() if keep_weights else None
         return self.w_o(self.merge_heads(out))                  # (B, T, d_model)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
-                past: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """Self-attention over past + x; returns (output, present) with present (B, H, P+T, D)."""
+    def forward(self, x: torch.Tensor, mask, past: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Self-attention over past + x; returns (output, present) with present (B, H, P+T, D).
+
+        `mask` is the additive mask, or a CacheAttention that does the attention itself (the
+        export's in-place cache, where past and present are one buffer)."""
+        if isinstance(mask, CacheAttention):
+            return mask(self, x, past)
         k, v = self.project_kv(x)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)

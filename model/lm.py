@@ -68,7 +68,10 @@ class DecoderLM(nn.Module):
         if position_ids is None:
             position_ids = default_positions(attention_mask, t)
         x = self.embedding(input_ids, position_ids)                    # (B, T, d_model)
-        mask = causal_mask(attention_mask, t, x.dtype)                 # (B, 1, T, P+T)
+        return self.run_layers(x, causal_mask(attention_mask, t, x.dtype), past)  # mask (B, 1, T, P+T)
+
+    def run_layers(self, x: torch.Tensor, mask, past: list[KV]):
+        """The decoder stack over embedded tokens: (logits (B, T, V), present per layer)."""
         present = []
         for layer, layer_past in zip(self.layers, past):
             x, kv = layer(x, mask, layer_past)

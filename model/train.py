@@ -26,6 +26,11 @@ from .progress import ProgressBar
 from .schedule import budget_progress, budget_spent, learning_rate
 
 CHECKPOINT = "checkpoint.pt"
+# `attnserve train` model-size flags (argparse dest) -> the ModelConfig field each overrides
+MODEL_FLAGS = {"context_length": "max_len", "d_model": "d_model", "n_layers": "n_layers",
+               "n_heads": "n_heads", "d_ff": "d_ff"}
+MIN_CONTEXT = 8        # BOS plus a few bytes per window
+HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention needs head_size % 8 == 0
 
 
 class TrainError(Exception):
@@ -91,8 +96,22 @@ def resume_state(path: Path, model_config: ModelConfig) -> dict:
     if "optimizer" not in state or "step" not in state:
         raise TrainError(f"--resume: {path} holds no optimizer state or step to continue from")
     if state["config"] != model_config.to_dict():
-        raise TrainError(f"--resume: {path} was trained with another model config than the one asked for")
+        raise TrainError(f"--resume: {path} was trained with another model config than the one asked for: "
+                         + config_differences(state["config"], model_config.to_dict()))
     return state
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag that sets a ModelConfig field, or the field's own name if none does."""
+    dest = {f: d for d, f in MODEL_FLAGS.items()}.get(field)
+    return f"--{dest.replace('_', '-')}" if dest else field
+
+
+def config_differences(saved: dict, asked: dict) -> str:
+    """'FLAG was SAVED, not ASKED' for each field that differs, e.g. '--d-model was 64, not 32'."""
+    fields = sorted(set(saved) | set(asked))
+    return "; ".join(f"{flag_of(f)} was {saved.get(f)}, not {asked.get(f)}"
+                     for f in fields if saved.get(f) != asked.get(f))
 
 
 def lm_inputs(x: torch.Tensor, config: ModelConfig, dtype: torch.dtype | None = None):
@@ -251,12 +270,42 @@ def train(model_config: ModelConfig, cfg: TrainConfig, log: Callable[[str], None
         distributed.shutdown(created)
 
 
-def configs_from_args(args) -> tuple[ModelConfig, TrainConfig]:
-    """The two configs, built once from the command line; only flags given override defaults."""
+def model_overrides(args) -> dict:
+    """The ModelConfig fields set by model-size flags given on the command line; each a positive integer."""
+    given = {d: getattr(args, d) for d in MODEL_FLAGS if getattr(args, d, None) is not None}
+    for dest, value in given.items():
+        if value < 1:
+            raise TrainError(f"{flag_of(MODEL_FLAGS[dest])} must be a positive integer, got {value}")
+    return {MODEL_FLAGS[d]: v for d, v in given.items()}
+
+
+def check_model_size(fields: dict) -> None:
+    """Refuse a context or head size the model, or its ONNX export, cannot take."""
+    n, d, h = fields["max_len"], fields["d_model"], fields["n_heads"]
+    if n < MIN_CONTEXT:
+        raise TrainError(f"--context-length must be at least {MIN_CONTEXT}, got {n}")
+    if d % h:
+        raise TrainError(f"--d-model {d} is not divisible by --n-heads {h}")
+    if (d // h) % HEAD_DIM_MULTIPLE:
+        raise TrainError(f"head dim --d-model {d} / --n-heads {h} = {d // h} must be a multiple of "
+                         f"{HEAD_DIM_MULTIPLE} (ONNX Runtime's GroupQueryAttention requires it)")
+
+
+def model_config_from_args(args) -> ModelConfig:
+    """The preset's config with the model-size flags given applied, checked before it is built."""
+    overrides = model_overrides(args)
     try:
-        model_config = preset(args.preset)
+        base = preset(args.preset)
     except KeyError as e:
         raise TrainError(e.args[0]) from None
+    if overrides:
+        check_model_size({**base.to_dict(), **overrides})
+    return replace(base, **overrides)
+
+
+def configs_from_args(args) -> tuple[ModelConfig, TrainConfig]:
+    """The two configs, built once from the command line; only flags given override defaults."""
+    model_config = model_config_from_args(args)
     cfg = TrainConfig(out_dir=args.out or f"runs/{args.preset}", corpus=args.corpus, device=args.device,
                       precision=args.precision, seed=args.seed, resume=args.resume)
     if args.max_steps is not None:

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ..export.contract import ModelDirError
+from ..export.contract import ModelDirError, kv_layout
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from .config import ServerConfig
@@ -28,6 +28,7 @@ from .engine import Engine, EngineLimits
 from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
 from .model_runner import ModelRunner, ProviderError
+from .runners import arena_capacity, open_slot_runner
 from .servicer import TextGenerationServicer, model_info
 from .streaming import ByteTokenizer
 from .validation import RequestLimits
@@ -78,9 +79,17 @@ class Server:
         self.metrics = Metrics()
         self.metrics.describe_model(self.runner.model_dir.resolve().name, self.runner.provider,
                                     self.runner.manifest["dtype"], self.runner.manifest.get("quantization") or "")
-        self.engine = Engine(self.runner, self.tokenizer, EngineLimits(config.max_batch, config.max_queue),
+        try:
+            self.max_batch = arena_capacity(self.runner, config.max_batch, config.kv_cache_memory)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
+        self.slots = open_slot_runner(self.runner, self.max_batch, config.prefill_chunk)
+        self.metrics.kv_cache_bytes.set(self.slots.nbytes)
+        log.info("KV cache: %s, %d slots of %d positions, %s bytes", kv_layout(self.runner.manifest),
+                 self.max_batch, self.runner.context_length, f"{self.slots.nbytes:,}")
+        self.engine = Engine(self.slots, self.tokenizer, EngineLimits(self.max_batch, config.max_queue),
                              self.metrics)
-        self.info = model_info(self.runner, self.limits, config.max_batch, config.max_queue)
+        self.info = model_info(self.runner, self.limits, self.max_batch, config.max_queue, self.slots.nbytes)
         self.health = health.aio.HealthServicer()
         self.boundary = BoundaryInterceptor(self.metrics.count_request)
         self.grpc: grpc.aio.Server | None = None
@@ -186,6 +195,8 @@ async def serve(config: ServerConfig) -> int:
     scheme = "grpcs" if config.tls_cert else "grpc"
     print(f"attnserve serve: listening on {config.host}:{server.port} ({scheme}), model "
           f"{server.info.model_name}, provider {server.runner.provider}", flush=True)
+    print(f"attnserve serve: KV cache {server.info.kv_cache}, {server.max_batch} slots of "
+          f"{server.runner.context_length} positions, {server.slots.nbytes / 2**20:.1f} MiB", flush=True)
     if server.metrics_port:
         print(f"attnserve serve: metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
     await stop.wait()

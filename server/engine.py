@@ -1,13 +1,14 @@
-"""Continuous-batching decode loop over an ONNX Runtime session. Knows nothing about gRPC.
+"""Continuous-batching scheduler over a slot runner. Knows nothing about gRPC, KV layouts or devices.
 
-Decoder-only and encoder-decoder models run the same loop: the runner's prefill hides the
-difference (an encoder-decoder's prompt is its source; its decoder starts from BOS).
+The engine holds request keys, token ids and logits; the runner (arena_runner.py, or
+concat_runner.py for older directories) holds every tensor. Decoder-only and encoder-decoder
+models run the same loop (an encoder-decoder's prompt is its source; its decoder starts from BOS).
 
-One engine thread owns the session and the KV cache. At every step boundary it drops
-cancelled and expired requests, admits queued ones up to max_batch (prefilled together with
-left padding, then merged into the running batch), runs one decode step for the whole batch,
-samples each request's token with its own parameters, and hands the events to each caller's
-event loop with one call_soon_threadsafe per step. ONNX Runtime releases the GIL while it runs.
+One engine thread owns the runner. At every step boundary it drops cancelled and expired
+requests, starts queued ones in the runner's free slots, runs one round of prefill (fresh
+prompts together, one chunk of a long one), runs one decode step for the whole batch, samples
+each request's token with its own parameters, and hands the events to each caller's event loop
+with one call_soon_threadsafe per step. ONNX Runtime releases the GIL while it runs.
 """
 from __future__ import annotations
 
@@ -18,10 +19,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-import numpy as np
+import itertools
 
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
-from .kv_cache import KVCache
 from .model_runner import ModelRunner
 from .sequence import Event, Handle, Sequence, deliver
 from .streaming import ByteTokenizer
@@ -44,27 +44,21 @@ class EngineObserver:
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None: ...
 
 
-def left_pad(prompts: list[tuple[int, ...]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """input_ids, attention_mask and position_ids (B, T) of left-padded prompts."""
-    t = max(len(p) for p in prompts)
-    ids = np.array([[pad_id] * (t - len(p)) + list(p) for p in prompts], dtype=np.int64)
-    mask = np.array([[0] * (t - len(p)) + [1] * len(p) for p in prompts], dtype=np.int64)
-    return ids, mask, np.maximum(mask.cumsum(-1) - 1, 0)
-
-
 class Engine:
-    """Owns the model session, the KV cache and the queue; callers submit and await events."""
+    """Owns the slot runner and the queue; callers submit and await events."""
 
-    def __init__(self, runner: ModelRunner, tokenizer: ByteTokenizer, limits: EngineLimits = EngineLimits(),
+    def __init__(self, slots, tokenizer: ByteTokenizer, limits: EngineLimits = EngineLimits(),
                  observer: EngineObserver | None = None):
-        self.runner, self.tokenizer, self.limits = runner, tokenizer, limits
+        """`slots`: an ArenaRunner or ConcatRunner (start, prefill, decode, release by request key)."""
+        self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
+        self.runner: ModelRunner = slots.model
         self.observer = observer or EngineObserver()
-        self.cache = KVCache(runner.n_past, runner.to_host, runner.to_device)
+        self._keys = itertools.count()
         self._queue: collections.deque[Sequence] = collections.deque()
-        self._active: dict[int, Sequence] = {}           # KV cache slot -> sequence
+        self._active: dict[int, Sequence] = {}           # request key -> decoding sequence
+        self._prefilling: dict[int, Sequence] = {}       # request key -> sequence whose prompt is being prefilled
         self._cond = threading.Condition()
         self._outbox: list[tuple[Handle, Event]] = []
-        self._admitting: list[Sequence] = []              # taken from the queue, being prefilled
         self._accepting, self._running, self._abort = True, False, False
         self._thread = threading.Thread(target=self._run, name="attnserve-engine", daemon=True)
 
@@ -104,9 +98,8 @@ class Engine:
 
     def stats(self) -> dict[str, int]:
         """Active (in the batch or its prefill) and queued request counts."""
-        with self._cond:   # a request being admitted may already sit in _active too: count it once
-            active = {id(s) for s in [*self._active.values(), *self._admitting]}
-            return {"active": len(active), "queued": len(self._queue)}
+        with self._cond:
+            return {"active": len(self._active) + len(self._prefilling), "queued": len(self._queue)}
 
     def close(self) -> None:
         """Refuse new requests (Draining); queued and active ones go on."""
@@ -133,9 +126,10 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while self._running and not self._queue and not self._active and not self._abort:
+                while (self._running and not self._queue and not self._active and not self._prefilling
+                       and not self._abort):
                     self._cond.wait()
-                if not self._running and not self._active and not self._queue:
+                if not self._running and not self._active and not self._prefilling and not self._queue:
                     break
             try:
                 self._step()
@@ -145,14 +139,12 @@ class Engine:
             self._flush()
 
     def _step(self) -> None:
-        """One step boundary: drop finished callers, admit, then decode the batch once."""
+        """One step boundary: drop finished callers, admit, prefill, then decode the batch once."""
         self._drop_gone()
-        admitted = self._take_queued()
-        if admitted:
-            self._prefill(admitted)
+        self._take_queued()
+        if self._prefilling:
+            self._prefill()
             self._flush()                  # first tokens go out now, not after the next decode step
-        with self._cond:
-            self._admitting = []
         self.observer.on_step(len(self._active), len(self._queue))
         if self._active:
             self._decode()
@@ -170,77 +162,64 @@ class Engine:
         for sequence in dropped:
             reason = FinishReason.CANCELLED if abort else FinishReason.DEADLINE
             self._emit(sequence, [sequence.finish(reason)])
-        for sequence in list(self._active.values()):
+        for key, sequence in [*self._active.items(), *self._prefilling.items()]:
             if abort or sequence.handle.cancelled:
-                self._retire(sequence, FinishReason.CANCELLED)
+                self._retire(key, sequence, FinishReason.CANCELLED)
             elif sequence.expired(now):
-                self._retire(sequence, FinishReason.DEADLINE)
-        self.cache.compact()
+                self._retire(key, sequence, FinishReason.DEADLINE)
 
-    def _take_queued(self) -> list[Sequence]:
-        """Up to the free batch room of queued requests whose callers are still waiting."""
-        taken = []
-        with self._cond:
-            while self._queue and len(taken) < self.limits.max_batch - len(self._active):
-                sequence = self._queue.popleft()
-                if not sequence.handle.cancelled:
-                    taken.append(sequence)
-            self._admitting = taken
-        return taken
-
-    def _prefill(self, sequences: list[Sequence]) -> None:
-        """Run the prompts together (left-padded), sample each first token, merge the rest in."""
+    def _take_queued(self) -> None:
+        """Start queued requests whose callers are still waiting, up to the runner's free slots."""
         start = time.perf_counter()
-        for sequence in sequences:
-            sequence.admitted = start
-        ids, mask, positions = left_pad([s.request.prompt_ids for s in sequences], self.tokenizer.pad_id)
-        logits, rows = self.runner.prefill(ids, mask, positions)                     # (b, V)
-        survivors = []
-        for row, sequence in enumerate(sequences):
-            self._emit(sequence, sequence.step(logits[row]))
+        with self._cond:
+            while self._queue and self.slots.free_slots() > 0:
+                sequence = self._queue.popleft()
+                if sequence.handle.cancelled:
+                    continue
+                key = next(self._keys)
+                sequence.admitted = start
+                self.slots.start(key, sequence.request.prompt_ids)   # an encoder-decoder: its source
+                self._prefilling[key] = sequence
+
+    def _prefill(self) -> None:
+        """One round of prefill; every request whose prompt completed samples its first token."""
+        for key, logits in self.slots.prefill().items():
+            with self._cond:
+                sequence = self._active[key] = self._prefilling.pop(key)
+            self._emit(sequence, sequence.step(logits))
             self.observer.on_first_token(sequence.first_token - sequence.arrival)
-            if not sequence.done:
-                survivors.append(row)
-        if not survivors:
-            return
-        if len(survivors) < len(sequences):
-            rows = rows.select(survivors, self.runner.to_host)
-        for row, slot in zip(survivors, self.cache.admit(rows.present, rows.mask, rows.cross, rows.cross_mask)):
-            sequences[row].slot = slot
-            self._active[slot] = sequences[row]
+            if sequence.done:
+                self._free(key)
 
     def _decode(self) -> None:
-        """One token for every active request."""
-        rows = [self._active[slot] for slot in self.cache.slots]
-        ids = np.array([[s.next_token] for s in rows], dtype=np.int64)                # (B, 1)
-        mask, positions, past = self.cache.step_inputs()
-        logits, present = self.runner.run(ids, mask, positions, past, self.cache.cross_mask, self.cache.cross)
-        self.cache.append(present, mask)
-        for row, sequence in enumerate(rows):
+        """One token for every decoding request."""
+        logits = self.slots.decode({key: s.next_token for key, s in self._active.items()})
+        for key, row in logits.items():
+            sequence = self._active[key]
             previous = sequence.last_token
-            self._emit(sequence, sequence.step(logits[row, -1]))
+            self._emit(sequence, sequence.step(row))
             self.observer.on_inter_token(sequence.last_token - previous)
             if sequence.done:
-                self._free(sequence)
-        self.cache.compact()
+                self._free(key)
 
-    def _retire(self, sequence: Sequence, reason: FinishReason) -> None:
+    def _retire(self, key: int, sequence: Sequence, reason: FinishReason) -> None:
         self._emit(sequence, [sequence.finish(reason)])
-        self._free(sequence)
+        self._free(key)
 
-    def _free(self, sequence: Sequence) -> None:
-        self.cache.free(sequence.slot)
+    def _free(self, key: int) -> None:
+        self.slots.release(key)
         with self._cond:
-            del self._active[sequence.slot]
+            self._active.pop(key, None)
+            self._prefilling.pop(key, None)
 
     def _fail_active(self, error: Exception) -> None:
-        """After a failed run: every active request gets the error, and the cache starts over."""
-        failed = {id(s): s for s in [*self._admitting, *self._active.values()] if not s.done}
-        self._outbox.extend((sequence.handle, error) for sequence in failed.values())
+        """After a failed run: every active request gets the error, and the runner starts over."""
+        failed = [s for s in [*self._prefilling.values(), *self._active.values()] if not s.done]
+        self._outbox.extend((sequence.handle, error) for sequence in failed)
         with self._cond:
             self._active.clear()
-        self._admitting = []
-        self.cache = KVCache(self.runner.n_past, self.runner.to_host, self.runner.to_device)
+            self._prefilling.clear()
+        self.slots.reset()
 
     def _emit(self, sequence: Sequence, events: list[Event]) -> None:
         self._outbox.extend((sequence.handle, event) for event in events)

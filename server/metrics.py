@@ -35,6 +35,8 @@ class Metrics(EngineObserver):
         self.tokens = Counter("attnserve_generated_tokens", "Tokens generated (EOS not counted)", registry=r)
         self.queue_depth = Gauge("attnserve_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.batch_size = Gauge("attnserve_batch_size", "Requests in the running batch", registry=r)
+        self.kv_cache_bytes = Gauge("attnserve_kv_cache_bytes",
+                                    "Bytes of the preallocated key/value arena (0: concat cache)", registry=r)
         self.step_batch = Histogram("attnserve_step_batch_size", "Batch size of each decode step",
                                     buckets=BATCH_BUCKETS, registry=r)
         self.model = Info("attnserve_model", "The served model and the execution provider it runs on",

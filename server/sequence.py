@@ -61,7 +61,6 @@ class Sequence:
         self.budget = min(request.max_new_tokens, context_length - len(decoder_prompt))
         self.generated: list[int] = []
         self.next_token: int | None = None     # sampled, not yet fed to the model
-        self.slot: int | None = None           # KV cache slot while in the batch
         self.arrival = time.perf_counter()
         self.admitted: float | None = None     # prefill start
         self.first_token: float | None = None

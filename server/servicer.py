@@ -13,6 +13,7 @@ from typing import AsyncIterator
 
 import grpc
 
+from ..export import contract
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from .domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
@@ -107,7 +108,8 @@ def final_response(message_type, request_id: str, text: str, token_ids: list[int
                            total_ms=t.total_ms))
 
 
-def model_info(runner: ModelRunner, limits: RequestLimits, max_batch: int, max_queue: int) -> pb.ModelInfo:
+def model_info(runner: ModelRunner, limits: RequestLimits, max_batch: int, max_queue: int,
+               kv_cache_bytes: int) -> pb.ModelInfo:
     """GetModelInfo's answer, built once at start-up."""
     tok = runner.manifest["tokenizer"]
     return pb.ModelInfo(
@@ -116,7 +118,7 @@ def model_info(runner: ModelRunner, limits: RequestLimits, max_batch: int, max_q
         n_layers=runner.n_layers, n_encoder_layers=int(runner.manifest["config"].get("n_encoder_layers", 0)),
         head_dim=runner.head_dim, context_length=runner.context_length,
         dtype=runner.manifest["dtype"], quantization=runner.manifest.get("quantization") or "",
-        execution_provider=runner.provider,
+        execution_provider=runner.provider, kv_cache=contract.kv_layout(runner.manifest), kv_cache_bytes=kv_cache_bytes,
         limits=pb.Limits(max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
                          max_batch_size=max_batch, max_queue_size=max_queue,
                          max_stop_sequences=limits.max_stop_sequences, max_stop_bytes=limits.max_stop_bytes),

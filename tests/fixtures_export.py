@@ -10,3 +10,11 @@ def tiny_model_dir(tiny_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "tiny"
     export_checkpoint(tiny_checkpoint, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_concat_model_dir(tiny_checkpoint, tmp_path_factory):
+    """The same model exported with the concat KV cache (the layout before the arena)."""
+    out = tmp_path_factory.mktemp("models") / "tiny-concat"
+    export_checkpoint(tiny_checkpoint, out, kv_cache="concat")
+    return out

@@ -11,6 +11,7 @@ import pytest
 from attnserve.export import contract
 from attnserve.export.onnx_export import export_checkpoint
 from attnserve.export.parity import run_decoder_gate
+from attnserve.export.parity_arena import run_arena_gate
 from attnserve.export.runtime import OrtDecoder
 from attnserve.model.checkpoint import load_checkpoint
 from attnserve.model.generate import generate
@@ -25,7 +26,19 @@ def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
     assert [o.name for o in proto.graph.output] == contract.decoder_outputs(n_layers)
     assert max(op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")) >= 18
     past = next(i for i in proto.graph.input if i.name == "past_key_values.0.key")
-    assert [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim][::2] == ["batch", "past_sequence"]
+    assert [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim][::2] == ["batch", "max_sequence"]
+    ops = [node.op_type for node in proto.graph.node]
+    assert ops.count("GroupQueryAttention") == n_layers and "Concat" not in ops   # in place: nothing concatenated
+
+
+def test_concat_export_keeps_the_concat_graph_and_its_gate(tiny_concat_model_dir):
+    manifest = contract.read_manifest(tiny_concat_model_dir)
+    assert manifest["kv_cache"] == "concat" and manifest["parity"]["passed"] is True
+    assert {"B1 T1 P0", "B3 T13 P0 left-padded", "B3 T1 P17 left-padded"} <= {c["case"] for c in manifest["parity"]["checks"]}
+    genai = json.loads((tiny_concat_model_dir / contract.GENAI_CONFIG_FILE).read_text())
+    assert genai["search"]["past_present_share_buffer"] is False
+    proto = onnx.load(str(tiny_concat_model_dir / contract.MODEL_FILE))
+    assert "GroupQueryAttention" not in {node.op_type for node in proto.graph.node}
 
 
 def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoint):
@@ -34,7 +47,10 @@ def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoi
     assert manifest["parity"]["greedy"]["steps"] == 64
     assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in manifest["parity"]["checks"])
     cases = {c["case"] for c in manifest["parity"]["checks"]}
-    assert {"B1 T1 P0", "B3 T13 P0 left-padded", "B3 T1 P17 left-padded"} <= cases
+    assert manifest["kv_cache"] == "arena"
+    assert {"prefill B3 right-padded slot 2", "admit into slot 3 slot 3", "decode B3 after refill slot 1"} <= cases
+    assert any(case.startswith("chunked prefill") for case in cases)
+    assert len(manifest["parity"]["greedy"]["rows"]) == 5          # requests arriving at different steps
     assert manifest["source_checkpoint"]["sha256"] == contract.sha256_file(tiny_checkpoint)
     assert manifest["tokenizer"] == {"kind": "bytes", "vocab_size": 259, "bos_id": 256, "eos_id": 257, "pad_id": 258}
     assert set(manifest["files"]) == {contract.MODEL_FILE, contract.GENAI_CONFIG_FILE}
@@ -57,7 +73,7 @@ def test_genai_config_describes_the_graph(tiny_model_dir):
     genai = json.loads((tiny_model_dir / contract.GENAI_CONFIG_FILE).read_text())
     manifest = contract.read_manifest(tiny_model_dir)
     decoder = genai["model"]["decoder"]
-    assert genai["model"]["type"] == "decoder" and genai["search"]["past_present_share_buffer"] is False
+    assert genai["model"]["type"] == "decoder" and genai["search"]["past_present_share_buffer"] is True
     assert decoder["filename"] == contract.MODEL_FILE
     assert decoder["inputs"]["past_key_names"] % 1 == "past_key_values.1.key"
     assert decoder["outputs"]["present_value_names"] % 0 == "present.0.value"
@@ -85,11 +101,14 @@ def perturb(path, scale=0.05, seed=0):
     onnx.save(proto, str(path))
 
 
-def test_gate_fails_with_numbers_on_a_perturbed_graph(tiny_model_dir, tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("layout", ["arena", "concat"])
+def test_gate_fails_with_numbers_on_a_perturbed_graph(tiny_model_dir, tiny_concat_model_dir, tiny_checkpoint, tmp_path,
+                                                      layout):
     bad = tmp_path / "bad"
-    shutil.copytree(tiny_model_dir, bad)
+    shutil.copytree(tiny_model_dir if layout == "arena" else tiny_concat_model_dir, bad)
     perturb(bad / contract.MODEL_FILE)
-    report = run_decoder_gate(load_checkpoint(tiny_checkpoint), OrtDecoder(bad, verify=False), steps=64)
+    gate = run_arena_gate if layout == "arena" else run_decoder_gate
+    report = gate(load_checkpoint(tiny_checkpoint), OrtDecoder(bad, verify=False), steps=64)
     assert not report["passed"]
     failing = [c for c in report["checks"] if not c["ok"]]
     assert failing and all(c["max_abs_diff"] > c["tolerance"] for c in failing)
@@ -100,8 +119,8 @@ import sys
 import attnserve.export.onnx_export as ex
 from tests.test_export import perturb
 real = ex.export_graphs
-def export_then_perturb(model, staging, dtype):
-    real(model, staging, dtype)
+def export_then_perturb(model, staging, dtype, kv_cache):
+    real(model, staging, dtype, kv_cache)
     perturb(staging / "model.onnx")
 ex.export_graphs = export_then_perturb
 from attnserve.cli import main

@@ -142,7 +142,8 @@ def test_cancellations_and_errors_are_counted_by_status(single):
 
 def test_unexpected_error_is_internal_with_a_request_id_and_no_detail(tiny_model_dir, caplog):
     running = start_server(tiny_model_dir)
-    runner, real_run = running.engine.runner, running.engine.runner.run
+    runner = running.engine.slots.decoder          # the arena's driver: every ONNX Runtime run goes through it
+    real_run = runner.run
 
     def broken_run(*args, **kwargs):
         raise RuntimeError("secret detail /srv/models/x.onnx at 10.0.0.7")

@@ -188,3 +188,43 @@ def test_ddp_two_processes_keep_identical_weights(tmp_path):
 def test_bad_train_options_are_refused_before_training(field, value):
     with pytest.raises(TrainError, match=field):
         TrainConfig(**{field: value})
+
+
+def train_cli(capsys, *args: str) -> tuple[int, str]:
+    """`attnserve train ARGS` in-process: (exit code, stderr)."""
+    from attnserve.cli import main
+    code = main(["train", *args])
+    return code, capsys.readouterr().err
+
+
+def test_model_size_flags_override_the_preset(tmp_path, capsys):
+    code, err = train_cli(capsys, "--preset", "tiny", "--context-length", "256", "--d-model", "32", "--n-heads", "2",
+                          "--n-layers", "1", "--d-ff", "64", "--max-steps", "2", "--batch-size", "8",
+                          "--threads", "1", "--out", str(tmp_path))
+    assert code == 0, err
+    config = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["config"]
+    assert config == preset("tiny", max_len=256, d_model=32, n_heads=2, n_layers=1, d_ff=64).to_dict()
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--d-model", "48", "--n-heads", "5"], "--d-model 48 is not divisible by --n-heads 5"),
+    (["--d-model", "48", "--n-heads", "4"], "head dim --d-model 48 / --n-heads 4 = 12 must be a multiple of 8 "
+                                            "(ONNX Runtime's GroupQueryAttention requires it)"),
+    (["--n-heads", "3"], "--d-model 64 is not divisible by --n-heads 3"),          # the preset's d_model
+    (["--d-model", "0"], "--d-model must be a positive integer, got 0"),
+    (["--n-layers", "-1"], "--n-layers must be a positive integer, got -1"),
+    (["--d-ff", "0"], "--d-ff must be a positive integer, got 0"),
+    (["--context-length", "4"], "--context-length must be at least 8, got 4"),
+])
+def test_bad_model_size_flags_are_one_line_errors(tmp_path, capsys, flags, expected):
+    code, err = train_cli(capsys, "--preset", "tiny", *flags, "--out", str(tmp_path / "run"))
+    assert code == 2 and err == f"attnserve train: error: {expected}\n", err
+    assert not (tmp_path / "run").exists()                      # refused before anything is written
+
+
+def test_resume_names_the_model_flag_that_differs(tmp_path, capsys):
+    tiny_run(tmp_path, max_steps=1)
+    code, err = train_cli(capsys, "--preset", "tiny", "--d-model", "32", "--resume", "--threads", "1",
+                          "--out", str(tmp_path))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("attnserve train: error: --resume: ") and "--d-model was 64, not 32" in err, err

@@ -125,7 +125,7 @@ class TokenizerInfo(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "architecture", "vocab_size", "d_model", "n_heads", "n_layers", "head_dim", "context_length", "dtype", "quantization", "execution_provider", "limits", "tokenizer", "server_version", "n_encoder_layers")
+    __slots__ = ("model_name", "architecture", "vocab_size", "d_model", "n_heads", "n_layers", "head_dim", "context_length", "dtype", "quantization", "execution_provider", "limits", "tokenizer", "server_version", "n_encoder_layers", "kv_cache", "kv_cache_bytes")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,8 @@ class ModelInfo(_message.Message):
     TOKENIZER_FIELD_NUMBER: _ClassVar[int]
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     N_ENCODER_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     vocab_size: int
@@ -156,4 +158,6 @@ class ModelInfo(_message.Message):
     tokenizer: TokenizerInfo
     server_version: str
     n_encoder_layers: int
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., d_model: _Optional[int] = ..., n_heads: _Optional[int] = ..., n_layers: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., server_version: _Optional[str] = ..., n_encoder_layers: _Optional[int] = ...) -> None: ...
+    kv_cache: str
+    kv_cache_bytes: int
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., d_model: _Optional[int] = ..., n_heads: _Optional[int] = ..., n_layers: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., server_version: _Optional[str] = ..., n_encoder_layers: _Optional[int] = ..., kv_cache: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ...) -> None: ...
