@@ -129,18 +129,23 @@ class ArenaDecoder:
                              self.context, capacity, manifest["dtype"], device)
         self.max_tokens = max(max_tokens, capacity)
         self.logits = np.empty(self.max_tokens * self.vocab_size, self.arena.dtype)
+        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}   # (first slot, B, T) -> binding
 
     def run(self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """One run over slots [first, first + B): logits (B, T, V), a view of the host buffer."""
         b, t = ids.shape
         if b * t > self.max_tokens:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
-        binding = self.session.io_binding()
+        logits = self.logits[:b * t * self.vocab_size].reshape(b, t, self.vocab_size)
+        binding = self._bindings.get((first, b, t))
+        if binding is None:
+            binding = self.session.io_binding()
+            self.arena.bind(binding, first, b)
+            binding.bind_output("logits", "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], logits.ctypes.data)
+            if t == 1:                        # decode steps repeat these shapes: keep their cache bindings
+                self._bindings[(first, b, t)] = binding
         for name, value in (("input_ids", ids), ("attention_mask", mask), ("position_ids", positions)):
             binding.bind_cpu_input(name, np.ascontiguousarray(value, np.int64))
-        self.arena.bind(binding, first, b)
-        logits = self.logits[:b * t * self.vocab_size].reshape(b, t, self.vocab_size)
-        binding.bind_output("logits", "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], logits.ctypes.data)
         self.session.run_with_iobinding(binding)
         return logits
 

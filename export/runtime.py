@@ -18,6 +18,7 @@ def make_session(path: str | Path, threads: int = 0) -> ort.InferenceSession:
     """A CPU session; `threads` 0 lets ONNX Runtime choose."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 

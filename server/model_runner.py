@@ -41,6 +41,7 @@ def default_threads() -> int:
 def session_options(threads: int) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.log_severity_level = 3
     return options
 
