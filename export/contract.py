@@ -69,6 +69,14 @@ def arena_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     return axes
 
 
+def arena_seq2seq_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
+    """The encoder-decoder arena graph's axes: self-attention past and present share one buffer length."""
+    axes = seq2seq_decoder_dynamic_axes(n_layers)
+    axes.update({name: {0: BATCH, 2: CACHE}
+                 for name in [*past_names(n_layers, "decoder"), *present_names(n_layers, "decoder")]})
+    return axes
+
+
 def kv_layout(manifest: dict) -> str:
     """The decoder graph's KV cache layout (directories exported before the arena are concat)."""
     return manifest.get("kv_cache", KV_CONCAT)

@@ -80,6 +80,22 @@ class Seq2SeqDecoderGraph(nn.Module):
         return (logits, *flatten(present))
 
 
+class ArenaSeq2SeqDecoderGraph(nn.Module):
+    """Seq2SeqDecoderGraph's signature over an in-place self-attention cache (B, H, L, D), right
+    padding; the cross-attention keys/values are the arena's per-slot segment (B, H, S, D)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *caches):
+        n = 2 * self.model.config.n_layers
+        x = self.model.embedding(input_ids, position_ids)                       # (B, T, d_model)
+        logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(caches[:n]),
+                                                pairs(caches[n:]), encoder_attention_mask)
+        return (logits, *flatten(present))
+
+
 def seq2seq_sample_inputs(config, dtype: torch.dtype, batch: int = 2, src: int = 5, seq: int = 3, past: int = 4):
     """(encoder inputs, decoder inputs) to trace with, every dynamic size >= 2."""
     kv = lambda length: torch.randn((batch, config.n_heads, length, config.d_k), dtype=dtype)  # noqa: E731

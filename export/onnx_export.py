@@ -19,11 +19,12 @@ from ..model.checkpoint import CheckpointError, build_model, load_state
 from ..model.config import ModelConfig
 from ..model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
 from . import contract
-from .graphs import (ArenaDecoderGraph, DecoderGraph, Seq2SeqDecoderGraph, Seq2SeqEncoderGraph, decoder_dynamic_shapes,
-                     decoder_sample_inputs, export_graph, seq2seq_dynamic_shapes, seq2seq_sample_inputs)
+from .graphs import (ArenaDecoderGraph, ArenaSeq2SeqDecoderGraph, DecoderGraph, Seq2SeqDecoderGraph,
+                     Seq2SeqEncoderGraph, decoder_dynamic_shapes, decoder_sample_inputs, export_graph,
+                     seq2seq_dynamic_shapes, seq2seq_sample_inputs)
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
 from .parity_arena import run_arena_gate
-from .parity_seq2seq import run_seq2seq_gate
+from .parity_seq2seq import run_seq2seq_arena_gate, run_seq2seq_gate
 from .quantize import int8_gate, quantize_int8
 from .runtime import OrtDecoder, OrtSeq2Seq
 
@@ -91,7 +92,7 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
     cfg, n = model.config, model.config.n_layers
     torch_dtype = torch.float16 if dtype == "float16" else torch.float32
     model = copy.deepcopy(model).half() if dtype == "float16" else model
-    if kv_cache == contract.KV_ARENA:
+    if kv_cache == contract.KV_ARENA and cfg.arch == "decoder":
         # past/present are the (B, H, L, D) buffers; a mask wider than the new tokens and a buffer
         # longer than both, so that torch.export ties none of the three lengths together
         ids, _, _, *past = decoder_sample_inputs(cfg, torch_dtype, batch=2, seq=3, past=8)
@@ -108,17 +109,23 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
     export_graph(Seq2SeqEncoderGraph(model), enc_args, staging / contract.ENCODER_FILE,
                  contract.seq2seq_encoder_inputs(), contract.seq2seq_encoder_outputs(n), enc_dyn,
                  contract.seq2seq_encoder_dynamic_axes(n))
+    if kv_cache == contract.KV_ARENA:      # as for the decoder-only arena: mask 5 wide, self-attention buffer 8 long
+        ids, _, _, src_mask, *caches = seq2seq_sample_inputs(cfg, torch_dtype, past=8)[1]
+        dec_args = (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), src_mask, *caches)
+        export_graph(ArenaSeq2SeqDecoderGraph(model), dec_args, staging / contract.DECODER_FILE,
+                     contract.seq2seq_decoder_inputs(n), contract.seq2seq_decoder_outputs(n), dec_dyn,
+                     contract.arena_seq2seq_decoder_dynamic_axes(n))
+        return
     export_graph(Seq2SeqDecoderGraph(model), dec_args, staging / contract.DECODER_FILE,
                  contract.seq2seq_decoder_inputs(n), contract.seq2seq_decoder_outputs(n), dec_dyn,
                  contract.seq2seq_decoder_dynamic_axes(n))
 
 
 def run_gate(model, staging: Path, steps: int, kv_cache: str) -> dict:
-    if kv_cache == contract.KV_ARENA:
-        return run_arena_gate(model, OrtDecoder(staging), steps)
+    arena = kv_cache == contract.KV_ARENA
     if model.config.arch == "decoder":
-        return run_decoder_gate(model, OrtDecoder(staging), steps)
-    return run_seq2seq_gate(model, OrtSeq2Seq(staging), steps)
+        return (run_arena_gate if arena else run_decoder_gate)(model, OrtDecoder(staging), steps)
+    return (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, OrtSeq2Seq(staging), steps)
 
 
 def load_model(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
@@ -128,13 +135,6 @@ def load_model(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
     return model.eval(), {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
 
 
-def choose_kv_cache(kv_cache: str | None, config: ModelConfig) -> str:
-    """The arena for decoder-only models unless asked otherwise; encoder-decoders keep concat for now."""
-    if config.arch == "decoder":
-        return kv_cache or contract.KV_ARENA
-    if kv_cache == contract.KV_ARENA:
-        raise ExportError("--kv-cache arena is for decoder-only models so far; encoder-decoders export concat")
-    return contract.KV_CONCAT
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "float32", quantize: str | None = None,
@@ -146,7 +146,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     model, source = load_model(checkpoint)
     if quantize and model.config.arch != "decoder":
         raise ExportError("--quantize int8 is for decoder-only models")
-    kv_cache = choose_kv_cache(kv_cache, model.config)
+    kv_cache = kv_cache or contract.KV_ARENA
     if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
         raise ExportError(f"head dim {model.config.d_k} (d_model / n_heads) is not a multiple of 8, which "
                           "ONNX Runtime's GroupQueryAttention requires; use --kv-cache concat")

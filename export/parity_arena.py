@@ -1,6 +1,6 @@
 """The parity gate of an arena graph, driven the way the server drives it.
 
-Through export/arena.py's ArenaDecoder (the server's own driver): a ragged right-padded prefill,
+Through export/arena_decoder.py's ArenaDecoder (the server's own driver): a ragged right-padded prefill,
 decode steps over slots of different lengths, a prompt admitted into a free slot while the
 others hold state, a slot refilled by moving the last one into it, a long prompt prefilled in
 chunks, then greedy decoding in a continuous batch where requests arrive at different steps,
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from . import contract
-from .parity import check_names, compare, greedy_agreement, tolerance_for, torch_greedy
+from .parity import check_names, compare, greedy_agreement, torch_greedy
 from .runtime import OrtDecoder
 
 PREFILL_LENGTHS = [13, 5, 1]            # slots 0-2, prefilled together, right-padded
@@ -31,12 +31,6 @@ def reference(model, seq: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
     return logits[0, -1].float().numpy(), [t[0].float().numpy() for kv in present for t in kv]
 
 
-def slot_cache(decoder, slot: int) -> list[np.ndarray]:
-    """The arena's used positions of one slot, (H, n, D) per name, on the host."""
-    n = int(decoder.arena.lengths[slot])
-    return [b.numpy()[slot, :, :n].astype(np.float32) for b in decoder.arena.buffers]
-
-
 def check_slots(model, decoder, case: str, seqs: dict[int, list[int]], logits: dict[int, np.ndarray],
                 dtype: str, names: list[str]) -> list:
     """Each slot's logits and cache against PyTorch on that slot's whole sequence alone."""
@@ -44,7 +38,7 @@ def check_slots(model, decoder, case: str, seqs: dict[int, list[int]], logits: d
     for slot, seq in seqs.items():
         want_logits, want_cache = reference(model, seq)
         checks += compare(f"{case} slot {slot}", names, [want_logits, *want_cache],
-                          [logits[slot], *slot_cache(decoder, slot)], dtype)
+                          [logits[slot], *decoder.arena.read(slot)], dtype)
     return checks
 
 
@@ -80,33 +74,30 @@ def value_checks(model, runtime: OrtDecoder, rng: np.random.Generator, dtype: st
     return checks
 
 
-def continuous_greedy(runtime: OrtDecoder, prompts: list[list[int]], arrivals: list[int], steps: int) -> np.ndarray:
+def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], steps: int) -> np.ndarray:
     """(N, steps) greedy tokens with request i joining the batch at step arrivals[i] and leaving
-    after its `steps` tokens, its slot refilled by the last one (the server's policy)."""
-    decoder = runtime.arena(len(prompts), max(len(p) for p in prompts))
-    out = [[] for _ in prompts]
+    after its `steps` tokens, its slot refilled by the last one (the server's policy). `decoder`:
+    an ArenaDecoder (prompts) or ArenaSeq2SeqDecoder (sources) of at least N slots."""
+    out: list[list[int]] = [[] for _ in prompts]
     slot_of: list[int] = []                                   # request in each occupied slot
     logits: dict[int, np.ndarray] = {}
-    for step in range(max(arrivals) + steps + 1):
+    for step in range(max(arrivals) + steps):
         for i in [i for i, a in enumerate(arrivals) if a == step]:
             slot_of.append(i)
             logits[i] = decoder.prefill(len(slot_of) - 1, [prompts[i]])[0]
-        for i in list(slot_of):
-            if len(out[i]) == steps:                          # done: the last slot moves into its place
-                slot, last = slot_of.index(i), len(slot_of) - 1
-                if slot != last:
-                    decoder.move(last, slot)
-                else:
-                    decoder.clear(slot)
-                slot_of[slot] = slot_of[last]
-                slot_of.pop()
-        if not slot_of:
-            continue
-        tokens = np.array([int(logits[i].argmax()) for i in slot_of])
-        for i, token in zip(slot_of, tokens):
-            out[i].append(int(token))
-        for i, row in zip(slot_of, decoder.decode(tokens)):
-            logits[i] = row
+        for i in slot_of:
+            out[i].append(int(logits[i].argmax()))
+        for i in [i for i in slot_of if len(out[i]) == steps]:    # done: the last slot moves into its place
+            slot, last = slot_of.index(i), len(slot_of) - 1
+            if slot != last:
+                decoder.move(last, slot)
+            else:
+                decoder.clear(slot)
+            slot_of[slot] = slot_of[last]
+            slot_of.pop()
+        if slot_of:
+            tokens = np.array([out[i][-1] for i in slot_of])
+            logits.update(zip(slot_of, decoder.decode(tokens)))
     return np.array(out)
 
 
@@ -119,12 +110,11 @@ def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -
     prompts = [list(rng.integers(0, 256, n)) for _, n in GREEDY_ARRIVALS]
     steps = min(steps, model.config.max_len - max(n for _, n in GREEDY_ARRIVALS) - 1)
     reference_tokens, margins = zip(*(torch_greedy(model, [p], steps, runtime.pad_id) for p in prompts))
-    got = continuous_greedy(runtime, prompts, [a for a, _ in GREEDY_ARRIVALS], steps)
+    decoder = runtime.arena(len(prompts), max(len(p) for p in prompts))
+    got = continuous_greedy(decoder, prompts, [a for a, _ in GREEDY_ARRIVALS], steps)
     tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
     greedy = greedy_agreement(np.concatenate(reference_tokens), np.concatenate(margins), got, tie)
     passed = not problems and all(c.ok for c in checks) and greedy["ok"]
     return {"dtype": dtype, "kv_cache": contract.KV_ARENA, "passed": passed, "problems": problems,
             "checks": [asdict(c) | {"ok": c.ok} for c in checks], "greedy": greedy}
 
-
-__all__ = ["run_arena_gate", "continuous_greedy", "tolerance_for"]

@@ -13,6 +13,7 @@ import torch
 from . import contract
 from .graphs import flatten
 from .parity import compare, greedy_agreement
+from .parity_arena import continuous_greedy
 from .runtime import OrtSeq2Seq, left_pad
 
 # (case name, real source length of each row, target past length P, new target tokens T)
@@ -93,4 +94,73 @@ def run_seq2seq_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0)
     greedy = greedy_agreement(reference, margins, runtime.greedy(sources, steps), tie)
     passed = not problems and all(c.ok for c in checks) and greedy["ok"]
     return {"dtype": dtype, "passed": passed, "problems": problems,
+            "checks": [asdict(c) | {"ok": c.ok} for c in checks], "greedy": greedy}
+
+
+# The arena gate, driven like the server: (slot, source length) admitted together, then one more.
+ARENA_SOURCES = [13, 5, 1]
+ARENA_ADMITTED = 7
+ARENA_ARRIVALS = [(0, 1), (0, 13), (0, 5), (3, 9), (7, 2)]     # (step it arrives at, source length)
+
+
+@torch.no_grad()
+def torch_slot(model, source: list[int], target: list[int]) -> list[np.ndarray]:
+    """One request alone: last-token logits, its self-attention cache and its cross keys/values."""
+    src = torch.tensor([source])
+    src_mask = torch.ones_like(src)
+    cross = model.cross_kv(model.encode(src, src_mask))
+    logits, present = model.decode(torch.tensor([target]), None, None, src_mask, cross)
+    return _np([logits[0, -1], *[t[0] for t in flatten(present)], *[t[0] for t in flatten(cross)]])
+
+
+def arena_value_checks(model, runtime: OrtSeq2Seq, rng: np.random.Generator, dtype: str) -> list:
+    """Admission of a right-padded source batch, decode steps, admission beside running slots, refill."""
+    n = runtime.n_layers
+    names = ["logits", *contract.present_names(n, "decoder"), *contract.past_names(n, "encoder")]
+    decoder = runtime.arena(len(ARENA_SOURCES) + 1)
+    sources = {slot: list(rng.integers(48, 58, k)) for slot, k in enumerate(ARENA_SOURCES)}
+    targets = {slot: [runtime.bos_id] for slot in sources}
+    got = dict(enumerate(decoder.prefill(0, list(sources.values()))))
+    checks: list = []
+
+    def check(case: str, slots) -> None:
+        for slot in slots:
+            have = [got[slot], *decoder.arena.read(slot), *decoder.cross.read(slot)]
+            checks.extend(compare(f"{case} slot {slot}", names, torch_slot(model, sources[slot], targets[slot]),
+                                  have, dtype))
+
+    def decode_all(case: str) -> None:
+        tokens = [int(rng.integers(0, 256)) for _ in sources]
+        for slot, token in enumerate(tokens):
+            targets[slot].append(token)
+        got.update(enumerate(decoder.decode(np.array(tokens))))
+        check(case, sources)
+
+    check("admit B3 sources right-padded", sources)
+    for _ in range(3):
+        decode_all("decode B3 ragged sources")
+    sources[3], targets[3] = list(rng.integers(48, 58, ARENA_ADMITTED)), [runtime.bos_id]
+    got[3] = decoder.prefill(3, [sources[3]])[0]
+    check("admit into slot 3", [3])
+    decode_all("decode B4 after admission")
+    decoder.move(3, 1)
+    sources[1], targets[1] = sources.pop(3), targets.pop(3)
+    decode_all("decode B3 after refill")
+    return checks
+
+
+def run_seq2seq_arena_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0) -> dict:
+    """run_seq2seq_gate's report for an encoder-decoder arena directory."""
+    rng = np.random.default_rng(seed)
+    dtype = runtime.manifest["dtype"]
+    problems = check_names(runtime)
+    checks = arena_value_checks(model, runtime, rng, dtype)
+    sources = [list(rng.integers(48, 58, k)) for _, k in ARENA_ARRIVALS]
+    steps = min(steps, model.config.max_len)
+    reference, margins = zip(*(torch_greedy(model, [s], steps, runtime.pad_id, runtime.bos_id) for s in sources))
+    got = continuous_greedy(runtime.arena(len(sources)), sources, [a for a, _ in ARENA_ARRIVALS], steps)
+    tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
+    greedy = greedy_agreement(np.concatenate(reference), np.concatenate(margins), got, tie)
+    passed = not problems and all(c.ok for c in checks) and greedy["ok"]
+    return {"dtype": dtype, "kv_cache": contract.KV_ARENA, "passed": passed, "problems": problems,
             "checks": [asdict(c) | {"ok": c.ok} for c in checks], "greedy": greedy}

@@ -11,7 +11,8 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .arena import NP_DTYPES, ArenaDecoder
+from .arena import NP_DTYPES
+from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 
 
 def make_session(path: str | Path, threads: int = 0) -> ort.InferenceSession:
@@ -122,6 +123,11 @@ class OrtSeq2Seq:
         self.dtype = NP_DTYPES[self.manifest["dtype"]]
         tokenizer = self.manifest["tokenizer"]
         self.pad_id, self.bos_id = tokenizer["pad_id"], tokenizer["bos_id"]
+        self.arena_layout = contract.kv_layout(self.manifest) == contract.KV_ARENA
+
+    def arena(self, capacity: int) -> ArenaSeq2SeqDecoder:
+        """An empty arena driver of `capacity` slots (arena directories only)."""
+        return ArenaSeq2SeqDecoder(self.encoder, self.decoder, self.manifest, capacity)
 
     def encode(self, src_ids, src_mask) -> list[np.ndarray]:
         """Cross-attention keys and values, (B, H, S, D) each, computed once per source."""
@@ -142,6 +148,13 @@ class OrtSeq2Seq:
 
     def greedy(self, sources: list[list[int]], steps: int) -> np.ndarray:
         """(B, steps) greedy target tokens from BOS, EOS ignored."""
+        if self.arena_layout:
+            decoder = self.arena(len(sources))
+            logits, out = decoder.prefill(0, sources), []
+            for _ in range(steps):
+                out.append(logits.argmax(-1)[:, None])
+                logits = decoder.decode(out[-1][:, 0])
+            return np.concatenate(out, 1)
         src, src_mask, _ = left_pad(sources, self.pad_id)
         cross = self.encode(src, src_mask)
         b = len(sources)

@@ -56,6 +56,11 @@ class EncoderDecoder(nn.Module):
             position_ids = default_positions(attention_mask, t)
         x = self.embedding(input_ids, position_ids)
         mask = causal_mask(attention_mask, t, x.dtype)                  # (B, 1, T, P+T)
+        return self.run_layers(x, mask, past, cross, src_mask, keep_weights)
+
+    def run_layers(self, x: torch.Tensor, mask, past: list[KV], cross: list[KV], src_mask: torch.Tensor,
+                   keep_weights: bool = False):
+        """The decoder stack over embedded target tokens: (logits (B, T, V), present self-attention cache)."""
         cross_mask = padding_mask(src_mask, x.dtype)                    # (B, 1, 1, S)
         present = []
         for layer, layer_past, kv in zip(self.layers, past, cross):

@@ -14,19 +14,18 @@ import logging
 
 import numpy as np
 
-from ..export.arena import ArenaDecoder, Device
+from ..export.arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
 
 log = logging.getLogger("attnserve.server")
 
 
 class ArenaRunner:
-    """Requests (by key) in the slots of one arena of `capacity` slots."""
+    """Requests (by key) in the slots of one arena driver (ArenaDecoder or ArenaSeq2SeqDecoder)."""
 
-    def __init__(self, model: ModelRunner, capacity: int, chunk: int = 256):
-        self.model, self.capacity, self.chunk = model, capacity, chunk
-        device = Device("cuda", 0) if model.on_device else Device("cpu")
-        self.decoder = ArenaDecoder(model.session, model.manifest, capacity, max(chunk, capacity), device)
+    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int = 256):
+        self.model, self.decoder, self.chunk = model, decoder, chunk
+        self.capacity = decoder.arena.capacity
         self.decoding: list[int] = []                    # key in each of slots [0, n)
         self.waiting: list[tuple[int, list[int]]] = []   # started, not yet prefilled
         self.chunking: tuple[int, list[int], int] | None = None   # key, prompt, tokens done (top slot)
@@ -34,7 +33,7 @@ class ArenaRunner:
     @property
     def nbytes(self) -> int:
         """The arena's size in bytes, fixed at start-up."""
-        return self.decoder.arena.nbytes
+        return self.decoder.nbytes
 
     @property
     def pending(self) -> bool:
@@ -117,4 +116,5 @@ class ArenaRunner:
     def reset(self) -> None:
         """Forget every request (after a failed run); the arena's memory stays allocated."""
         self.decoding, self.waiting, self.chunking = [], [], None
-        self.decoder.arena.lengths[:] = 0
+        for slot in range(self.capacity):
+            self.decoder.clear(slot)

@@ -1,8 +1,9 @@
-"""The slot runner of a concat model directory (encoder-decoders, and decoders exported before
-the arena): the same keys-in, logits-out interface as ArenaRunner over the left-padded KVCache.
+"""The engine the arena replaced, kept as the KV benchmark's baseline: the same keys-in,
+logits-out interface as ArenaRunner over a concat directory (`attnserve export --kv-cache concat`)
+and the left-padded KVCache.
 
 Each decode step feeds the whole cache as past and takes present back; a membership change
-rebuilds it (kv_cache.py). Kept until encoder-decoders export an arena graph too.
+rebuilds it through the host (kv_cache.py). attnserve serve does not run it.
 """
 from __future__ import annotations
 

@@ -34,8 +34,10 @@ import numpy as np
 
 from ..export.runtime import OrtDecoder
 from .app import Server
+from .concat_runner import ConcatRunner
 from .config import ServerConfig
-from .model_runner import default_threads
+from .engine import Engine, EngineLimits
+from .model_runner import ModelRunner, default_threads
 from .serving_benchmark import engine_stream, progress
 
 PASSAGE = ("The Python documentation describes the language, its standard library and the tools around it. "
@@ -90,11 +92,20 @@ def summary(runs: list[dict]) -> dict:
             "tokens": runs[0]["tokens"], "runs": len(runs)}
 
 
-async def serving(arena: Server, concat: Server, model_dir: str, levels: list[int], new_tokens: int,
+def concat_engine(model_dir: str, threads: int, max_batch: int, tokenizer) -> Engine:
+    """The engine before the arena, over a concat directory (attnserve serve no longer runs one)."""
+    model = ModelRunner(model_dir, "cpu", threads)
+    runner = ConcatRunner(model, max_batch, int(model.manifest["tokenizer"]["pad_id"]))
+    engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch))
+    engine.start()
+    return engine
+
+
+async def serving(arena: Server, concat: Engine, model_dir: str, levels: list[int], new_tokens: int,
                   repeats: int, genai: bool) -> dict:
     """Tokens/s per side and concurrency, sides alternating inside every round."""
     sides = {"arena": lambda p, n: engine_stream(arena.engine, p, n),
-             "concat": lambda p, n: engine_stream(concat.engine, p, n)}
+             "concat": lambda p, n: engine_stream(concat, p, n)}
     for stream in sides.values():                                        # warm-up
         await wave(stream, prompts(max(levels)), 8)
     await grpc_wave(arena.port, max(levels), 8)
@@ -161,8 +172,8 @@ async def run(args) -> dict:
     levels = [int(c) for c in args.concurrency.split(",")]
     common = dict(port=0, provider="cpu", threads=args.threads, max_batch=max(levels), max_queue=4 * max(levels),
                   max_new_tokens_cap=max(args.new_tokens))
-    arena, concat = Server(ServerConfig(model=args.model, **common)), Server(ServerConfig(model=args.concat_model,
-                                                                                           **common))
+    arena = Server(ServerConfig(model=args.model, **common))
+    concat = concat_engine(args.concat_model, args.threads, max(levels), arena.tokenizer)
     genai = GENAI_PYTHON.exists() and not args.no_genai
     load = [os.getloadavg()[0]]
     result = {"model": Path(args.model).resolve().name, "context_length": arena.runner.context_length,
@@ -170,16 +181,17 @@ async def run(args) -> dict:
               "prompt_tokens": 16, "concurrency": levels, "genai": genai, "goals": GOALS, "serving": {}}
     try:
         await arena.start()
-        await concat.start()
         for n in args.new_tokens:
             serve = await serving(arena, concat, args.model, levels, n, args.repeats, genai)
             result["serving"][str(n)] = {"sides": serve, "ratios": ratios(serve, levels)}
     finally:
         await arena.stop()
-        await concat.stop()
+        concat.stop()
     progress("one decode step, arena vs concat")
+    context = result["context_length"]
+    shapes = [(1, 128), (16, 128), (16, 512), (64, 512)] if context > 512 else [(1, context // 2), (16, context // 2)]
     result["step"] = [step_ms(args.model, args.concat_model, b, p, args.repeats, args.threads or default_threads())
-                      for b, p in ((1, 128), (16, 128), (16, 512), (64, 512)) if p < result["context_length"]]
+                      for b, p in shapes]
     load.append(os.getloadavg()[0])
     result["load_average_1min"] = load
     return result

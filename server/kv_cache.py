@@ -1,4 +1,5 @@
-"""The concat layout's key/value cache (concat_runner.py), behind a slot API: admit, append, free, compact.
+"""The concat layout's key/value cache (concat_runner.py, the KV benchmark's baseline), behind a
+slot API: admit, append, free, compact.
 
 Layout today: per past input (layer i key, layer i value) one array (B, H, L, D), rows left-
 padded to the longest, and an attention mask (B, L) with 0 on padding. The graph concatenates

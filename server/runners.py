@@ -1,13 +1,15 @@
-"""Which slot runner serves a model directory: the arena, or the concat cache it predates.
+"""The slot runner that serves a model directory: its in-place KV arena, sized at start-up.
 
-Both take request keys and prompts and give logits; the engine cannot tell them apart.
+attnserve serve runs arena directories only; a directory exported with the concat cache is
+refused with the command that re-exports it (concat_runner.py keeps that engine as the KV
+benchmark's baseline).
 """
 from __future__ import annotations
 
 from ..export import contract
-from ..export.arena import KVArena
+from ..export.arena import Device, KVArena
+from ..export.arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
-from .concat_runner import ConcatRunner
 from .model_runner import ModelRunner
 
 DEFAULT_PREFILL_CHUNK = 256   # tokens per prefill run: a long prompt delays the batch by at most this
@@ -16,19 +18,19 @@ MAX_AUTO_BATCH = 1024         # the most slots `auto` picks
 
 
 def arena_bytes(model: ModelRunner, capacity: int) -> int:
-    """Bytes of an arena of `capacity` slots for this model."""
-    return KVArena.bytes_needed(model.n_layers, model.n_heads, model.head_dim, model.context_length, capacity,
+    """Bytes of an arena of `capacity` slots for this model (an encoder-decoder's slots also hold
+    their source's cross-attention keys and values: twice the size)."""
+    size = KVArena.bytes_needed(model.n_layers, model.n_heads, model.head_dim, model.context_length, capacity,
                                 model.manifest["dtype"])
+    return 2 * size if model.seq2seq else size
 
 
 def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | None) -> int:
     """The number of slots to allocate; raises ValueError (one line naming both numbers) when the
     requested batch does not fit the memory cap."""
     if contract.kv_layout(model.manifest) != contract.KV_ARENA:
-        if max_batch == AUTO or kv_cache_memory is not None:
-            raise ValueError(f"--max-batch auto and --kv-cache-memory size the KV arena, and {model.model_dir} "
-                             "uses the concat cache (encoder-decoder or exported before the arena)")
-        return max_batch
+        raise ValueError(f"{model.model_dir} was exported with the concat KV cache, which attnserve serve no longer "
+                         "runs; export its checkpoint again: attnserve export CHECKPOINT --out DIR")
     per_slot = arena_bytes(model, 1)
     if max_batch == AUTO:
         if kv_cache_memory is None:
@@ -43,8 +45,11 @@ def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | No
     return max_batch
 
 
-def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK):
-    """An ArenaRunner for arena directories, a ConcatRunner for the rest."""
-    if contract.kv_layout(model.manifest) == contract.KV_ARENA:
-        return ArenaRunner(model, capacity, prefill_chunk)
-    return ConcatRunner(model, capacity, int(model.manifest["tokenizer"]["pad_id"]))
+def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> ArenaRunner:
+    """The arena runner of an arena directory (checked by arena_capacity), on the model's device."""
+    device = Device("cuda", 0) if model.on_device else Device("cpu")
+    if model.seq2seq:                 # a source is encoded whole: never in chunks
+        decoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
+        return ArenaRunner(model, decoder, model.context_length)
+    decoder = ArenaDecoder(model.session, model.manifest, capacity, max(prefill_chunk, capacity), device)
+    return ArenaRunner(model, decoder, prefill_chunk)

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 
 from attnserve.export import contract
-from attnserve.export.parity_seq2seq import run_seq2seq_gate
+from attnserve.export.parity_seq2seq import run_seq2seq_arena_gate
 from attnserve.export.runtime import OrtSeq2Seq
 from attnserve.model.generate import generate_seq2seq
 from attnserve.model.tokenizer import encode
@@ -22,7 +22,11 @@ def test_manifest_names_the_architecture_and_records_a_passed_gate(tiny_seq2seq_
     parity = manifest["parity"]
     assert parity["passed"] is True and parity["greedy"]["steps"] == 64
     assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in parity["checks"])
-    assert {"B3 S13 T1 P17 source-padded", "B3 S13 T13 P17 source-padded"} <= {c["case"] for c in parity["checks"]}
+    assert manifest["kv_cache"] == "arena" and len(parity["greedy"]["rows"]) == 5   # arriving at different steps
+    assert {"admit B3 sources right-padded slot 2", "admit into slot 3 slot 3",
+            "decode B3 after refill slot 1"} <= {c["case"] for c in parity["checks"]}
+    outputs = {c["output"] for c in parity["checks"]}
+    assert {"present.0.decoder.key", "past_key_values.0.encoder.value"} <= outputs   # both arenas, slot by slot
 
 
 def test_graphs_have_the_contract_io_and_the_decoder_never_sees_the_source(tiny_seq2seq_model_dir):
@@ -54,7 +58,7 @@ def test_gate_fails_with_numbers_on_a_perturbed_decoder(tiny_seq2seq_model_dir, 
     bad = tmp_path / "bad"
     shutil.copytree(tiny_seq2seq_model_dir, bad)
     perturb(bad / contract.DECODER_FILE, scale=0.2)
-    report = run_seq2seq_gate(seq2seq_model, OrtSeq2Seq(bad, verify=False), steps=64)
+    report = run_seq2seq_arena_gate(seq2seq_model, OrtSeq2Seq(bad, verify=False), steps=64)
     assert not report["passed"]
     failing = [c for c in report["checks"] if not c["ok"]]
     assert failing and all(c["max_abs_diff"] > c["tolerance"] for c in failing)

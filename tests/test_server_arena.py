@@ -164,15 +164,10 @@ def test_a_kv_arena_that_does_not_fit_is_refused_at_start_up(tiny_model_dir, fla
     assert proc.stderr.strip() == f"attnserve serve: error: {message}"
 
 
-def test_concat_directories_are_served_without_an_arena(tiny_concat_model_dir, reference_model):
-    running = start_server(tiny_concat_model_dir)
-    try:
-        info = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT)
-        assert (info.kv_cache, info.kv_cache_bytes) == ("concat", 0)
-        with ThreadPoolExecutor(4) as pool:
-            replies = list(pool.map(lambda p: running.stub.Generate(request(p, max_new_tokens=20), timeout=TIMEOUT),
-                                    PROMPTS[:4]))
-        for prompt, reply in zip(PROMPTS, replies):
-            assert list(reply.token_ids) == generate(reference_model, [encode(prompt)], 20)[0]
-    finally:
-        running.stop()
+def test_a_concat_directory_is_refused_with_the_command_that_re_exports_it(tiny_concat_model_dir):
+    proc = subprocess.run([sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_concat_model_dir),
+                           "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"attnserve serve: error: {tiny_concat_model_dir} was exported with the concat KV "
+                                   "cache, which attnserve serve no longer runs; export its checkpoint again: "
+                                   "attnserve export CHECKPOINT --out DIR")
