@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 GENAI_VENV  := .venv-genai
 GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 
-.PHONY: test demo protos bench genai-check clean
+.PHONY: test demo protos bench kv-bench genai-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,9 +27,23 @@ test: $(STAMP) $(GENAI_STAMP)
 	$(PY) -m pytest
 
 # Full benchmarks: JSON and PNG reports under reports/. The serving benchmark needs a trained
-# model directory (make demo writes models/small; BENCH_MODEL=models/NAME picks another).
+# model directory (make demo writes models/small; BENCH_MODEL=models/NAME picks another). The KV
+# benchmark trains (once, 150 s) a small model with a 1024-token context and exports it twice:
+# the arena (the default) and the concat cache it replaced, then adds onnxruntime-genai.
 BENCH_MODEL ?= models/small
-bench: $(STAMP)
+KV_RUN      := runs/small-1k
+KV_MODEL    := models/small-1k
+$(KV_RUN)/checkpoint.pt: | $(STAMP)
+	$(VENV)/bin/attnserve train --preset small --context-length 1024 --batch-size 8 --time-budget 150 --out $(KV_RUN)
+$(KV_MODEL)/attnserve.json: $(KV_RUN)/checkpoint.pt
+	$(VENV)/bin/attnserve export $(KV_RUN)/checkpoint.pt --out $(KV_MODEL)
+	$(VENV)/bin/attnserve export $(KV_RUN)/checkpoint.pt --out $(KV_MODEL)-concat --kv-cache concat
+kv-bench: $(STAMP) $(GENAI_STAMP) $(KV_MODEL)/attnserve.json
+	mkdir -p reports
+	$(PY) -m attnserve.server.kv_benchmark --model $(KV_MODEL) --concat-model $(KV_MODEL)-concat \
+		--new-tokens 256,512 --concurrency 1,4,16,64 --repeats 3 --out reports/kv.json --plot reports/kv.png
+
+bench: $(STAMP) kv-bench
 	mkdir -p reports
 	$(PY) -m attnserve.export.benchmark --tokens 64,128,256,512 --repeats 3 \
 		--out reports/decode.json --plot reports/decode.png

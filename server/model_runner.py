@@ -1,11 +1,11 @@
 """The ONNX Runtime sessions of a model directory, on the provider they really got.
 
 Reads the directory through the torch-free export contract (names, dims, sha256 check) and
-runs one forward pass: (input_ids, attention_mask, position_ids, past) -> (logits, present).
-An encoder-decoder directory adds the encoder graph, run once per request at prefill (source ->
-cross-attention keys and values, the `cross` every decoder step takes with its source mask).
-On CUDA the run uses IO binding so that present stays on the device and is bound back as the
-next step's past. Knows nothing of batching, sampling or gRPC.
+opens the decoder graph (and an encoder-decoder's encoder) on the provider asked for. The arena
+runner (arena_runner.py) drives these sessions through export/arena_decoder.py. `prefill` and
+`run` are the concat layout's forward pass, (input_ids, attention_mask, position_ids, past) ->
+(logits, present), used only by concat_runner.py, the KV benchmark's baseline; on CUDA they use
+IO binding so that present stays on the device. Knows nothing of batching, sampling or gRPC.
 """
 from __future__ import annotations
 

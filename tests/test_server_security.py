@@ -161,7 +161,7 @@ def cuda_available() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
 @pytest.mark.parametrize("provider", ["cuda", "auto"])
-def test_cuda_session_keeps_the_kv_cache_on_the_device(tiny_model_dir, provider):
+def test_cuda_session_keeps_the_kv_arena_on_the_device(tiny_model_dir, provider):
     import onnxruntime
     running = start_server(tiny_model_dir, provider=provider)
     try:
@@ -169,8 +169,9 @@ def test_cuda_session_keeps_the_kv_cache_on_the_device(tiny_model_dir, provider)
         running.pacer.delay = 0.01
         stream = running.stub.GenerateStream(request("on the GPU", max_new_tokens=50), timeout=TIMEOUT)
         next(stream)
-        past = running.engine.cache.past
-        assert past and all(isinstance(p, onnxruntime.OrtValue) and p.device_name().lower() == "cuda" for p in past)
+        arena = running.engine.slots.decoder.arena          # bound by pointer as past and present
+        assert arena.device.kind == "cuda"
+        assert all(isinstance(b, onnxruntime.OrtValue) and b.device_name().lower() == "cuda" for b in arena.buffers)
         running.pacer.delay = 0.0
         assert list(stream)[-1].usage.completion_tokens > 0
     finally:

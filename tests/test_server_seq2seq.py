@@ -97,19 +97,37 @@ def test_bench_drives_it(seq2seq_server, capsys):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
-def test_cuda_keeps_both_caches_on_the_device(tiny_seq2seq_model_dir, seq2seq_model):
+def test_cuda_keeps_both_arenas_on_the_device(tiny_seq2seq_model_dir, seq2seq_model):
     import onnxruntime
     running = start_server(tiny_seq2seq_model_dir, provider="cuda")
     try:
         running.pacer.delay = 0.01
         stream = running.stub.GenerateStream(request("98765", max_new_tokens=40), timeout=TIMEOUT)
         next(stream)
-        cache = running.engine.cache
+        decoder = running.engine.slots.decoder              # self-attention arena and cross segment
         on_gpu = lambda arrays: arrays and all(isinstance(a, onnxruntime.OrtValue)  # noqa: E731
                                                and a.device_name().lower() == "cuda" for a in arrays)
-        assert on_gpu(cache.past) and on_gpu(cache.cross)
+        assert on_gpu(decoder.arena.buffers) and on_gpu(decoder.cross.buffers)
         running.pacer.delay = 0.0
         messages = [m for m in stream]
         assert messages[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
     finally:
         running.stop()
+
+
+def test_sources_arriving_at_different_steps_through_fewer_slots_equal_pytorch(tiny_seq2seq_model_dir, seq2seq_model):
+    """10 sources through a 4-slot arena, each arriving while others decode: slots are refilled by
+    moves (self-attention and cross segment alike), and every answer is PyTorch's alone."""
+    import time
+    sources = [*SOURCES, "42", "999999"]
+    running = start_server(tiny_seq2seq_model_dir, max_batch=4)
+    running.pacer.delay = 0.003
+    try:
+        def staggered(i):
+            time.sleep(0.02 * i)
+            return running.stub.Generate(request(sources[i], max_new_tokens=48), timeout=TIMEOUT).token_ids
+        with ThreadPoolExecutor(len(sources)) as pool:
+            got = list(pool.map(staggered, range(len(sources))))
+    finally:
+        running.stop()
+    assert [list(g) for g in got] == generate_seq2seq(seq2seq_model, [encode(s) for s in sources], 48)
