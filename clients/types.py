@@ -97,6 +97,8 @@ class ModelInfo:
     tokenizer: TokenizerInfo = field(repr=False)
     server_version: str = ""
     n_encoder_layers: int = 0          # encoder-decoder models; 0 for decoder-only
+    kv_cache: str = ""                 # "arena": keys/values written in place in preallocated slots
+    kv_cache_bytes: int = 0            # the arena's size, fixed at the server's start-up
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict."""

@@ -70,7 +70,6 @@ def parse_max_batch(text: str) -> int:
     """--max-batch: a positive count, or "auto" (0) for as many slots as --kv-cache-memory holds."""
     if text.strip().lower() == "auto":
         return 0
-    value = int(text)
-    if value < 1:
-        raise ValueError("must be at least 1, or auto")
-    return value
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{text!r}: give a number of requests (at least 1) or auto")
+    return int(text)

@@ -1,7 +1,7 @@
 """Continuous-batching scheduler over a slot runner. Knows nothing about gRPC, KV layouts or devices.
 
-The engine holds request keys, token ids and logits; the runner (arena_runner.py, or
-concat_runner.py for older directories) holds every tensor. Decoder-only and encoder-decoder
+The engine holds request keys, token ids and logits; the runner (arena_runner.py; the KV
+benchmark also drives concat_runner.py) holds every tensor. Decoder-only and encoder-decoder
 models run the same loop (an encoder-decoder's prompt is its source; its decoder starts from BOS).
 
 One engine thread owns the runner. At every step boundary it drops cancelled and expired
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass
-
-import itertools
 
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
 from .model_runner import ModelRunner

@@ -71,6 +71,7 @@ def test_model_info_and_health(live):
     assert (info.architecture, info.vocab_size, info.tokenizer.bos_id) == ("decoder", 259, 256)
     assert info.limits.max_batch_size == 8 and info.execution_provider == "CPUExecutionProvider"
     assert info.to_dict()["limits"]["max_queue_size"] == 64
+    assert info.kv_cache == "arena" and info.kv_cache_bytes == 8 * 2 * 2 * 4 * 128 * 16 * 4   # 8 slots of tiny
     with Client("127.0.0.1:1", retry=NO_RETRY) as closed:
         assert closed.health(timeout=1) is False
 

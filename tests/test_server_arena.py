@@ -171,3 +171,16 @@ def test_a_concat_directory_is_refused_with_the_command_that_re_exports_it(tiny_
     assert proc.stderr.strip() == (f"attnserve serve: error: {tiny_concat_model_dir} was exported with the concat KV "
                                    "cache, which attnserve serve no longer runs; export its checkpoint again: "
                                    "attnserve export CHECKPOINT --out DIR")
+
+
+def test_sizes_and_batch_flags_parse_like_the_readme_says():
+    from attnserve.server.config import parse_bytes, parse_max_batch
+    assert [parse_bytes(t) for t in ("1000000", "512M", "1.5G", "256Mi", "2GiB", "100K")] == \
+        [1_000_000, 512_000_000, 1_500_000_000, 256 * 2**20, 2 * 2**30, 100_000]
+    assert (parse_max_batch("auto"), parse_max_batch("16")) == (0, 16)
+    for bad in ("12Q", "lots", ""):
+        with pytest.raises(ValueError, match="is not a size"):
+            parse_bytes(bad)
+    for bad in ("0", "-3", "many"):
+        with pytest.raises(ValueError, match="at least 1"):
+            parse_max_batch(bad)
