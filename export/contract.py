@@ -200,7 +200,8 @@ def genai_config(manifest: dict) -> dict:
         },
         "search": {
             "do_sample": False, "max_length": cfg["max_len"], "min_length": 0, "num_beams": 1,
-            "num_return_sequences": 1, "past_present_share_buffer": kv_layout(manifest) == KV_ARENA, "repetition_penalty": 1.0,
+            "num_return_sequences": 1, "past_present_share_buffer": kv_layout(manifest) == KV_ARENA,
+            "repetition_penalty": 1.0,
             "temperature": 1.0, "top_k": 1, "top_p": 1.0,
         },
     }

@@ -23,7 +23,8 @@ log = logging.getLogger("attnserve.server")
 class ArenaRunner:
     """Requests (by key) in the slots of one arena driver (ArenaDecoder or ArenaSeq2SeqDecoder)."""
 
-    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int = 256):
+    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int):
+        """`chunk`: prompt tokens per prefill run (--prefill-chunk)."""
         self.model, self.decoder, self.chunk = model, decoder, chunk
         self.capacity = decoder.arena.capacity
         self.decoding: list[int] = []                    # key in each of slots [0, n)

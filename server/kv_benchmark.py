@@ -203,7 +203,8 @@ def print_table(result: dict) -> None:
     for n, block in result["serving"].items():
         print(f"\n{n} new tokens: output tokens/s (median [min, max] of {result['repeats']})")
         for side, by_c in block["sides"].items():
-            cells = "  ".join(f"C={c}: {s['tokens_per_s']:.0f} [{s['min']:.0f}, {s['max']:.0f}]" for c, s in by_c.items())
+            cells = "  ".join(f"C={c}: {s['tokens_per_s']:.0f} [{s['min']:.0f}, {s['max']:.0f}]"
+                              for c, s in by_c.items())
             print(f"  {side:<11}{cells}")
         print("  " + ", ".join(f"{k} {v:.2f}x" for k, v in block["ratios"].items()))
     print("\none decode step (ms): " + "; ".join(

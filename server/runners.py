@@ -12,7 +12,6 @@ from ..export.arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
 from .model_runner import ModelRunner
 
-DEFAULT_PREFILL_CHUNK = 256   # tokens per prefill run: a long prompt delays the batch by at most this
 AUTO = 0                      # --max-batch auto: as many slots as --kv-cache-memory holds
 MAX_AUTO_BATCH = 1024         # the most slots `auto` picks
 
@@ -45,7 +44,7 @@ def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | No
     return max_batch
 
 
-def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> ArenaRunner:
+def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> ArenaRunner:
     """The arena runner of an arena directory (checked by arena_capacity), on the model's device."""
     device = Device("cuda", 0) if model.on_device else Device("cpu")
     if model.seq2seq:                 # a source is encoded whole: never in chunks

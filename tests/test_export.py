@@ -34,7 +34,8 @@ def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
 def test_concat_export_keeps_the_concat_graph_and_its_gate(tiny_concat_model_dir):
     manifest = contract.read_manifest(tiny_concat_model_dir)
     assert manifest["kv_cache"] == "concat" and manifest["parity"]["passed"] is True
-    assert {"B1 T1 P0", "B3 T13 P0 left-padded", "B3 T1 P17 left-padded"} <= {c["case"] for c in manifest["parity"]["checks"]}
+    cases = {c["case"] for c in manifest["parity"]["checks"]}
+    assert {"B1 T1 P0", "B3 T13 P0 left-padded", "B3 T1 P17 left-padded"} <= cases
     genai = json.loads((tiny_concat_model_dir / contract.GENAI_CONFIG_FILE).read_text())
     assert genai["search"]["past_present_share_buffer"] is False
     proto = onnx.load(str(tiny_concat_model_dir / contract.MODEL_FILE))

@@ -28,7 +28,8 @@ def test_model_info_reports_the_encoder_decoder(stub):
     assert (info.architecture, info.n_layers, info.n_encoder_layers) == ("encoder-decoder", 2, 2)
     assert info.context_length == 64
     assert info.limits.max_prompt_tokens == 64 and info.limits.max_new_tokens == 63
-    # 8 slots of self-attention keys/values and the source's cross keys/values: 2 x (2 layers x 2 x 2 heads x 64 x 16 x fp32)
+    # 8 slots of self-attention keys/values and of the source's cross keys/values:
+    # 2 x (8 slots x 2 layers x 2 x 2 heads x 64 positions x 16 x fp32)
     assert (info.kv_cache, info.kv_cache_bytes) == ("arena", 2 * 8 * 2 * 2 * 2 * 64 * 16 * 4)
 
 
