@@ -9,16 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..export.runtime import left_pad
 from .kv_cache import KVCache
 from .model_runner import ModelRunner
-
-
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """input_ids, attention_mask and position_ids (B, T) of left-padded prompts."""
-    t = max(len(p) for p in prompts)
-    ids = np.array([[pad_id] * (t - len(p)) + list(p) for p in prompts], dtype=np.int64)
-    mask = np.array([[0] * (t - len(p)) + [1] * len(p) for p in prompts], dtype=np.int64)
-    return ids, mask, np.maximum(mask.cumsum(-1) - 1, 0)
 
 
 class ConcatRunner:

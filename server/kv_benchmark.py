@@ -38,7 +38,7 @@ from .concat_runner import ConcatRunner
 from .config import ServerConfig
 from .engine import Engine, EngineLimits
 from .model_runner import ModelRunner, default_threads
-from .serving_benchmark import engine_stream, progress
+from .serving_benchmark import engine_stream, progress, report
 
 PASSAGE = ("The Python documentation describes the language, its standard library and the tools around it. "
            "Each module has a page of its own, with the functions, classes and constants it defines. ") * 4
@@ -251,13 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot")
     args = p.parse_args(argv)
     result = asyncio.run(run(args))
-    print_table(result)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.plot:
-        write_plot(result, args.plot)
-    print(json.dumps(result))
+    report(result, args.out, args.plot, print_table, write_plot)
     return 0
 
 

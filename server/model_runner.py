@@ -83,12 +83,6 @@ class Prefilled:
     cross: list[Any] = field(default_factory=list)
     cross_mask: np.ndarray | None = None
 
-    def select(self, rows: list[int], to_host) -> "Prefilled":
-        """Only these rows (the requests that did not finish at their first token)."""
-        pick = lambda arrays: [to_host(a)[rows] for a in arrays]  # noqa: E731
-        cross_mask = None if self.cross_mask is None else self.cross_mask[rows]
-        return Prefilled(pick(self.present), self.mask[rows], pick(self.cross), cross_mask)
-
 
 class ModelRunner:
     """The graphs of a model directory (decoder, and the encoder of an encoder-decoder) and its manifest."""

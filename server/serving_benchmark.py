@@ -230,6 +230,18 @@ def write_plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
+def report(result: dict, out: str | None, plot: str | None, table: Callable[[dict], None],
+           plotter: Callable[[dict, str], None]) -> None:
+    """A benchmark's ending: the table, the JSON file and the PNG if asked for, the JSON object last."""
+    table(result)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    if plot:
+        plotter(result, plot)
+    print(json.dumps(result))
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: measure, print the table, write --out and --plot, print the JSON object last."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -250,13 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"serving benchmark: {e.code().name}: {e.details()}")
     except (ModelDirError, ProviderError, StartupError, ValueError) as e:
         sys.exit(f"serving benchmark: {type(e).__name__}: {e}")
-    print_table(result)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.plot:
-        write_plot(result, args.plot)
-    print(json.dumps(result))
+    report(result, args.out, args.plot, print_table, write_plot)
     return 0
 
 
