@@ -37,6 +37,11 @@ def add_train(sub) -> None:
     p.add_argument("--preset", default="small", help="model preset: tiny, small (default), numbers, ...")
     p.add_argument("--corpus", default=None, help="text file or folder of .txt files (default: CPython's pydoc topics)")
     p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
+    p.add_argument("--tokenizer", choices=["bytes", "bpe"], default=None,
+                   help="bytes: UTF-8 bytes, BOS first; bpe: a byte-level BPE trained on the training split "
+                        "in seconds (default: bytes)")
+    p.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help="BPE ids in all, 259 (3 special + 256 bytes) and up (default 1024)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps in all")
     p.add_argument("--time-budget", type=float, default=None,
                    help="stop after this many seconds of training in all, eval excluded "
@@ -132,8 +137,13 @@ def add_client_flags(p) -> None:
 def add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate a completion from a running server (streamed by default)",
                        description="Stream a completion to the terminal; Ctrl-C cancels it on the server "
-                                   "(exit 130). Errors print one line and exit 2 (bad request) or 1.")
-    p.add_argument("prompt", help="text to continue ('-' reads it from stdin)")
+                                   "(exit 130). The prompt is text or, with --prompt-token-ids, token ids. "
+                                   "Errors print one line and exit 2 (bad request) or 1.")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="text to continue ('-' reads it from stdin); leave it out with --prompt-token-ids")
+    p.add_argument("--prompt-token-ids", default=None, metavar="ID,ID,...",
+                   help="the prompt as comma-separated token ids, sent as given (nothing prepended), "
+                        "e.g. 256,105,109; instead of the text prompt")
     p.add_argument("--max-new-tokens", type=int, default=None, help="most tokens to generate (default: server cap)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy decoding")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
@@ -152,13 +162,20 @@ def add_generate(sub) -> None:
 def add_bench(sub) -> None:
     p = sub.add_parser("bench", help="measure a running server: latency and throughput under load",
                        description="Warm up, then a closed-loop concurrency sweep (and open-loop Poisson "
-                                   "arrivals with --rate) over streamed requests. Progress goes to stderr; "
+                                   "arrivals with --rate) over streamed requests; throughput in output tokens/s "
+                                   "and bytes/s (the fair figure across tokenizers). Progress goes to stderr; "
                                    "the table, then the JSON report as one line (always last), to stdout.")
     p.add_argument("--concurrency", default=None,
                    help="comma-separated requests in flight per level (default 1,4,16; none with --rate alone)")
     p.add_argument("--rate", default=None, help="comma-separated open-loop request rates per second (Poisson)")
     p.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
-    p.add_argument("--prompt-tokens", type=int, default=32, help="prompt length in tokens, BOS included (default 32)")
+    p.add_argument("--prompt-tokens", type=int, default=32,
+                   help="prompt length in tokens (default 32): exact with --prompt-ids; else text of N - 1 ASCII "
+                        "bytes, N tokens with the byte tokenizer's BOS, fewer with BPE (the report's "
+                        "prompt_tokens counts them)")
+    p.add_argument("--prompt-ids", action="store_true",
+                   help="send prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
+                        "so every tokenizer gets exactly --prompt-tokens")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per request (default 64)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrival times")

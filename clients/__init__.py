@@ -10,11 +10,12 @@ from .errors import (AttnserveError, Cancelled, DeadlineExceeded, Internal, Inva
                      PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
                      from_rpc_error)
 from .retry import NO_RETRY, RetryPolicy
-from .types import GenerationResult, ModelInfo, StreamDelta, Timings, Usage
+from .types import GenerationResult, ModelInfo, Prompt, StreamDelta, Timings, Usage
 
 __all__ = [
     "AsyncClient", "AsyncStream", "AttnserveError", "Cancelled", "Client", "DEFAULT_TARGET",
     "DeadlineExceeded", "GenerationResult", "Internal", "InvalidArgument", "ModelInfo",
-    "NO_RETRY", "PermissionDenied", "ResourceExhausted", "RetryPolicy", "Stream", "StreamDelta",
-    "Timings", "TlsConfig", "Unauthenticated", "Unavailable", "Usage", "from_rpc_error",
+    "NO_RETRY", "PermissionDenied", "Prompt", "ResourceExhausted", "RetryPolicy", "Stream",
+    "StreamDelta", "Timings", "TlsConfig", "Unauthenticated", "Unavailable", "Usage",
+    "from_rpc_error",
 ]

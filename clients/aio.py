@@ -6,8 +6,9 @@
             async for delta in stream:
                 print(delta.text, end="", flush=True)
 
-Same deadlines, errors and retry rule as `Client`. Cancelling the task that reads a stream
-cancels the call on the server. Create it inside the event loop that uses it.
+Same prompts (text or token ids), deadlines, errors and retry rule as `Client`. Cancelling
+the task that reads a stream cancels the call on the server. Create it inside the event loop
+that uses it.
 """
 from __future__ import annotations
 
@@ -24,8 +25,8 @@ from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
 from .client import DEFAULT_TIMEOUT
 from .errors import AttnserveError, Unknown, from_rpc_error
 from .retry import Deadline, RetryPolicy, call_with_retry_async, next_delay
-from .types import (GenerationResult, ModelInfo, StreamAccumulator, StreamDelta, build_request,
-                    model_info_from_proto, result_from_response)
+from .types import (GenerationResult, ModelInfo, Prompt, StreamAccumulator, StreamDelta,
+                    build_request, model_info_from_proto, result_from_response)
 
 
 class AsyncStream:
@@ -126,12 +127,12 @@ class AsyncClient:
     def _deadline(self, timeout: float | None) -> Deadline:
         return Deadline(self.timeout if timeout is None else timeout)
 
-    async def generate(self, prompt: str, *, max_new_tokens: int | None = None,
+    async def generate(self, prompt: Prompt, *, max_new_tokens: int | None = None,
                        temperature: float = 0.0, top_k: int = 0, top_p: float | None = None,
                        repetition_penalty: float | None = None, seed: int | None = None,
                        stop: Sequence[str] = (), request_id: str = "",
                        timeout: float | None = None) -> GenerationResult:
-        """The whole completion of `prompt`; unset sampling parameters mean greedy decoding."""
+        """The whole completion of `prompt` (text, or token ids); unset sampling means greedy."""
         request = build_request(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                                 top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                                 seed=seed, stop=stop, request_id=request_id)
@@ -140,7 +141,7 @@ class AsyncClient:
             self.retry, self._deadline(timeout))
         return result_from_response(response)
 
-    def stream(self, prompt: str, *, max_new_tokens: int | None = None,
+    def stream(self, prompt: Prompt, *, max_new_tokens: int | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float | None = None,
                repetition_penalty: float | None = None, seed: int | None = None,
                stop: Sequence[str] = (), request_id: str = "",

@@ -3,8 +3,13 @@
 Warm-up requests first (not measured), then one level per concurrency (closed loop: N
 requests, C in flight) and per --rate (open loop: N requests with Poisson arrivals). Every
 request streams, so the client times the first token, each token after it and the whole
-request; tokens are counted as they arrive and checked against the server's usage. Requests
-are not retried, so every failure shows in the errors by status code.
+request; tokens are counted as they arrive and checked against the server's usage, and the
+text's UTF-8 bytes are counted too, since tokens/s of models with different tokenizers do
+not compare. Requests are not retried, so every failure shows in the errors by status code.
+
+Prompts are ASCII text cut from PASSAGE, --prompt-tokens long for the byte tokenizer (BOS +
+bytes; a BPE tokenizer makes fewer tokens of it, which the server's usage counts), or with
+--prompt-ids exactly --prompt-tokens token ids whatever the tokenizer.
 
 Output: progress on stderr; the table, then the JSON report as one line (always the last line
 of stdout), on stdout; --out writes the same JSON to a file, --plot a PNG. Statistics, table
@@ -25,10 +30,10 @@ from typing import Any, Iterator, TextIO
 from .aio import AsyncClient
 from .bench_report import RequestRecord, format_table, summarize_level, write_plot
 from .channel import DEFAULT_TARGET, TlsConfig
-from .cli_common import fail, interrupted, tls_from_args, token_from_args
+from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
 from .errors import AttnserveError, InvalidArgument
 from .retry import NO_RETRY
-from .types import ModelInfo
+from .types import ModelInfo, Prompt, TokenizerInfo
 
 PROG = "attnserve bench"
 
@@ -55,7 +60,8 @@ class BenchConfig:
     concurrency: tuple[int, ...] = (1, 4, 16)   # closed-loop levels
     rates: tuple[float, ...] = ()               # open-loop levels, requests per second
     requests: int = 32                          # requests per level
-    prompt_tokens: int = 32                     # BOS included, so prompt_tokens - 1 bytes
+    prompt_tokens: int = 32                     # ids, or BOS + prompt_tokens - 1 bytes of text
+    prompt_ids: bool = False                    # prompts as random token ids instead of text
     max_new_tokens: int = 64
     warmup: int = 2                             # unmeasured requests before the first level
     seed: int = 0                               # prompts and arrival times
@@ -70,19 +76,48 @@ class BenchConfig:
         for name in ("requests", "max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.prompt_tokens < 2:
-            raise ValueError("--prompt-tokens must be at least 2 (BOS and one byte)")
+        if self.prompt_tokens < (1 if self.prompt_ids else 2):
+            raise ValueError("--prompt-tokens must be at least 1 with --prompt-ids, "
+                             "else 2 (BOS and one byte)")
         if self.warmup < 0:
             raise ValueError("--warmup must not be negative")
 
 
 def make_prompts(count: int, prompt_tokens: int, seed: int) -> list[str]:
-    """`count` ASCII prompts of exactly prompt_tokens tokens (BOS + bytes), cut from PASSAGE."""
+    """`count` ASCII prompts of prompt_tokens byte tokenizer tokens (BOS + bytes), from PASSAGE."""
     rng = random.Random(seed)
     length = prompt_tokens - 1
     text = PASSAGE * (length // len(PASSAGE) + 2)
     return [text[start:start + length]
             for start in (rng.randrange(len(PASSAGE)) for _ in range(count))]
+
+
+def make_token_prompts(count: int, prompt_tokens: int, seed: int,
+                       tokenizer: TokenizerInfo) -> list[list[int]]:
+    """`count` prompts of exactly prompt_tokens ids, drawn from the vocabulary less BOS/EOS/PAD."""
+    rng = random.Random(seed)
+    ids = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_ids]
+    return [rng.choices(ids, k=prompt_tokens) for _ in range(count)]
+
+
+def prompts_for(config: BenchConfig, info: ModelInfo, count: int, seed: int) -> list[Prompt]:
+    """The prompts of one pass: token ids with --prompt-ids, else text."""
+    if config.prompt_ids:
+        return make_token_prompts(count, config.prompt_tokens, seed, info.tokenizer)
+    return make_prompts(count, config.prompt_tokens, seed)
+
+
+def describe_prompts(config: BenchConfig, tokenizer: TokenizerInfo) -> str:
+    """What the report's prompt lengths mean for this run's prompts and tokenizer."""
+    if config.prompt_ids:
+        return (f"token ids: exactly {config.prompt_tokens} per request, drawn from the "
+                f"tokenizer's {tokenizer.vocab_size} ids less BOS/EOS/PAD")
+    text = f"text: {config.prompt_tokens - 1} ASCII bytes per request"
+    if tokenizer.kind == "bytes":
+        return f"{text}, {config.prompt_tokens} tokens with BOS"
+    return (f"{text}: --prompt-tokens is the byte tokenizer's length; this {tokenizer.kind} "
+            f"tokenizer makes fewer tokens, as each level's prompt_tokens (the server's usage) "
+            f"counts; --prompt-ids sends exact lengths")
 
 
 class Progress:
@@ -113,7 +148,7 @@ class Progress:
         self.out.flush()
 
 
-async def measure(client: AsyncClient, prompt: str, config: BenchConfig) -> RequestRecord:
+async def measure(client: AsyncClient, prompt: Prompt, config: BenchConfig) -> RequestRecord:
     """Stream one request and time its tokens; a failure is recorded, not raised."""
     record = RequestRecord(start=time.perf_counter())
     last = record.start
@@ -134,16 +169,17 @@ async def measure(client: AsyncClient, prompt: str, config: BenchConfig) -> Requ
         record.reported_tokens = result.usage.completion_tokens if result.usage else None
         record.prompt_tokens = result.usage.prompt_tokens if result.usage else None
         record.finish_reason = result.finish_reason
+        record.output_bytes = len(result.text.encode("utf-8"))
     except AttnserveError as error:
         record.status = error.status
     record.end = time.perf_counter()
     return record
 
 
-async def closed_loop(client: AsyncClient, prompts: list[str], concurrency: int,
+async def closed_loop(client: AsyncClient, prompts: list[Prompt], concurrency: int,
                       config: BenchConfig, progress: Progress) -> list[RequestRecord]:
     """All prompts, `concurrency` in flight: each worker sends its next one when one ends."""
-    pending: Iterator[str] = iter(prompts)
+    pending: Iterator[Prompt] = iter(prompts)
     records: list[RequestRecord] = []
 
     async def worker() -> None:
@@ -155,13 +191,13 @@ async def closed_loop(client: AsyncClient, prompts: list[str], concurrency: int,
     return records
 
 
-async def open_loop(client: AsyncClient, prompts: list[str], rate: float, config: BenchConfig,
+async def open_loop(client: AsyncClient, prompts: list[Prompt], rate: float, config: BenchConfig,
                     progress: Progress) -> list[RequestRecord]:
     """All prompts sent at Poisson arrival times of `rate` per second, whatever is in flight."""
     rng = random.Random(config.seed)
     due = time.perf_counter()
 
-    async def one(prompt: str) -> RequestRecord:
+    async def one(prompt: Prompt) -> RequestRecord:
         record = await measure(client, prompt, config)
         progress.tick(record)
         return record
@@ -183,8 +219,11 @@ async def run_bench(config: BenchConfig, tls: TlsConfig | None = None,
                            retry=NO_RETRY) as client:
         info = await client.model_info()
         check_fits(config, info)
-        prompts = make_prompts(config.requests, config.prompt_tokens, config.seed)
-        warm = make_prompts(config.warmup, config.prompt_tokens, config.seed + 1)
+        prompts = prompts_for(config, info, config.requests, config.seed)
+        warm = prompts_for(config, info, config.warmup, config.seed + 1)
+        prompt_note = describe_prompts(config, info.tokenizer)
+        if not config.prompt_ids and info.tokenizer.kind != "bytes":
+            print(f"[{PROG}] prompts are {prompt_note}", file=sys.stderr)
         if warm:
             progress.start("warm-up", len(warm))
             await closed_loop(client, warm, max(config.concurrency or (1,)), config, progress)
@@ -199,11 +238,19 @@ async def run_bench(config: BenchConfig, tls: TlsConfig | None = None,
             levels.append(summarize_level(records, mode="poisson", rate=rate))
     return {"tool": PROG, "target": config.target,
             "started_at": started_at,
-            "config": asdict(config), "model": info.to_dict(), "levels": levels}
+            "config": asdict(config), "prompts": prompt_note, "model": info.to_dict(),
+            "levels": levels}
 
 
 def check_fits(config: BenchConfig, info: ModelInfo) -> None:
-    """Refuse, before sending anything, a run whose requests the server would reject."""
+    """Refuse, before sending anything, a run whose requests the server would reject.
+
+    The lengths checked are exact for token ids and byte-tokenizer text, and an upper bound for
+    BPE text (at least one byte per token, no BOS), so a run that passes here fits.
+    """
+    if config.prompt_ids and not info.tokenizer.vocab_size:
+        raise InvalidArgument("--prompt-ids: the server reports no tokenizer vocab_size "
+                              "(it predates prompt_token_ids)")
     if config.max_new_tokens > info.limits.max_new_tokens:
         raise InvalidArgument(f"--max-new-tokens {config.max_new_tokens} is over the server's "
                               f"cap of {info.limits.max_new_tokens}")
@@ -215,22 +262,15 @@ def check_fits(config: BenchConfig, info: ModelInfo) -> None:
                               f"{config.max_new_tokens} exceed the context length {info.context_length}")
 
 
-def _numbers(text: str | None, kind: type, flag: str) -> tuple:
-    """"1,4,16" -> (1, 4, 16); None -> ()."""
-    try:
-        return tuple(kind(part) for part in text.split(",") if part.strip()) if text else ()
-    except ValueError:
-        raise ValueError(f"{flag} takes comma-separated numbers, not {text!r}") from None
-
-
 def config_from_args(args) -> BenchConfig:
     """BenchConfig from the command line: without --concurrency, 1,4,16 unless --rate is given."""
-    rates = _numbers(args.rate, float, "--rate")
-    concurrency = _numbers(args.concurrency, int, "--concurrency")
+    rates = parse_numbers(args.rate, float, "--rate")
+    concurrency = parse_numbers(args.concurrency, int, "--concurrency")
     if args.concurrency is None:
         concurrency = () if rates else BenchConfig.concurrency
     config = BenchConfig(target=args.target, concurrency=concurrency, rates=rates,
                          requests=args.requests, prompt_tokens=args.prompt_tokens,
+                         prompt_ids=args.prompt_ids,
                          max_new_tokens=args.max_new_tokens, warmup=args.warmup, seed=args.seed,
                          timeout=BenchConfig.timeout if args.timeout is None else args.timeout)
     config.check()

@@ -23,8 +23,9 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)   # per token after the first message: the
     #                                                  gap since the previous message / its tokens
     tokens: int = 0                      # token ids received, counted here
+    output_bytes: int = 0                # UTF-8 bytes of the text: compare across tokenizers
     reported_tokens: int | None = None   # usage.completion_tokens of the final message
-    prompt_tokens: int | None = None     # usage.prompt_tokens
+    prompt_tokens: int | None = None     # usage.prompt_tokens, the server's count
     finish_reason: str = ""
     status: str = "OK"                   # gRPC status name of a failed request
 
@@ -66,6 +67,7 @@ def summarize_level(records: Sequence[RequestRecord], *, mode: str,
     done = [r for r in records if r.ok]
     duration = (max(r.end for r in records) - min(r.start for r in records)) if records else 0.0
     tokens = sum(r.tokens for r in done)
+    output_bytes = sum(r.output_bytes for r in done)
     per_second = (lambda n: round(n / duration, 3) if duration > 0 else None)  # noqa: E731
     return {
         "mode": mode, "concurrency": concurrency, "rate": rate,
@@ -74,7 +76,9 @@ def summarize_level(records: Sequence[RequestRecord], *, mode: str,
         "duration_s": round(duration, 4),
         "requests_per_s": per_second(len(done)),
         "output_tokens_per_s": per_second(tokens),
+        "output_bytes_per_s": per_second(output_bytes),
         "output_tokens": tokens,
+        "output_bytes": output_bytes,
         "reported_completion_tokens": sum(r.reported_tokens or 0 for r in done),
         "token_count_mismatches": sum(r.tokens != r.reported_tokens for r in done),
         "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
@@ -104,12 +108,13 @@ def _triple(stats: dict[str, float | None]) -> str:
 
 
 def format_table(levels: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table, one row per level; latencies as p50/p90/p99 in ms."""
-    header = ("level", "ok", "err", "req/s", "out tok/s", "TTFT ms p50/p90/p99",
+    """A fixed-width table, one row per level; output bytes/s beside tokens/s; latencies in ms."""
+    header = ("level", "ok", "err", "req/s", "out tok/s", "out B/s", "TTFT ms p50/p90/p99",
               "ITL ms p50/p90/p99", "E2E ms p50/p90/p99")
     rows = [header] + [
         (level_label(lv), str(lv["completed"]), str(lv["requests"] - lv["completed"]),
          _fmt(lv["requests_per_s"], 2), _fmt(lv["output_tokens_per_s"]),
+         _fmt(lv["output_bytes_per_s"]),
          _triple(lv["ttft_ms"]), _triple(lv["itl_ms"]), _triple(lv["e2e_ms"]))
         for lv in levels]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
@@ -122,11 +127,13 @@ def _plot_mode(axes, levels: list[dict[str, Any]], x_key: str, x_label: str) -> 
     """Throughput (left) and latency (right) against one load axis."""
     xs = [lv[x_key] for lv in levels]
     throughput, latency = axes
-    throughput.plot(xs, [lv["output_tokens_per_s"] or 0 for lv in levels], "o-",
-                    label="output tokens/s")
-    throughput.set_ylabel("output tokens/s")
+    for key, name in (("output_tokens_per_s", "output tokens/s"),
+                      ("output_bytes_per_s", "output bytes/s")):
+        throughput.plot(xs, [lv[key] or 0 for lv in levels], "o-", label=name)
+    throughput.set_ylabel("output per second")
     throughput.set_ylim(bottom=0)
     throughput.grid(True, alpha=0.3)
+    throughput.legend(fontsize="small")
     for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
         line, = latency.plot(xs, [lv[key]["p50"] for lv in levels], "o-", label=f"{name} p50")
         latency.plot(xs, [lv[key]["p99"] for lv in levels], "--", color=line.get_color(),

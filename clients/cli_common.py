@@ -1,4 +1,4 @@
-"""What the client subcommands (generate, bench) share: connection flags and error lines.
+"""What the client subcommands (generate, bench) share: connection flags, number lists, errors.
 
 The flags themselves are declared in attnserve/cli.py (`add_client_flags`).
 """
@@ -28,6 +28,14 @@ def token_from_args(args) -> str | None:
         return read_token_file(args.token_file)
     except OSError as e:
         raise ValueError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def parse_numbers(text: str | None, kind: type, flag: str) -> tuple:
+    """"1,4,16" -> (1, 4, 16); None -> (); ValueError naming `flag` for anything else."""
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip()) if text else ()
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, not {text!r}") from None
 
 
 def fail(prog: str, error: BaseException) -> int:

@@ -5,10 +5,13 @@
         with client.stream("import ") as stream:
             for delta in stream:
                 print(delta.text, end="", flush=True)
+        client.generate([256, 105, 109], max_new_tokens=8)   # token ids, sent as given
 
-Every call has a deadline (the client's `timeout`, or the call's own), failures raise the typed
-errors of `errors.py`, and only calls no server began are retried. The asyncio twin is
-`AsyncClient` in `aio.py`; both convert messages with `types.py`.
+A prompt is text (str), which the server's tokenizer encodes, or a sequence of token ids in
+[0, model_info().tokenizer.vocab_size), used exactly as given. Every call has a deadline (the
+client's `timeout`, or the call's own), failures raise the typed errors of `errors.py`, and
+only calls no server began are retried. The asyncio twin is `AsyncClient` in `aio.py`; both
+convert messages with `types.py`.
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ from attnserve.protos.attnserve.v1.generation_pb2_grpc import TextGenerationStub
 from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
 from .errors import AttnserveError, Unknown, from_rpc_error
 from .retry import Deadline, RetryPolicy, call_with_retry, next_delay
-from .types import (GenerationResult, ModelInfo, StreamAccumulator, StreamDelta, build_request,
-                    model_info_from_proto, result_from_response)
+from .types import (GenerationResult, ModelInfo, Prompt, StreamAccumulator, StreamDelta,
+                    build_request, model_info_from_proto, result_from_response)
 
 DEFAULT_TIMEOUT = 60.0   # seconds; a generation of a few hundred tokens on CPU fits
 
@@ -134,12 +137,12 @@ class Client:
     def _deadline(self, timeout: float | None) -> Deadline:
         return Deadline(self.timeout if timeout is None else timeout)
 
-    def generate(self, prompt: str, *, max_new_tokens: int | None = None,
+    def generate(self, prompt: Prompt, *, max_new_tokens: int | None = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float | None = None,
                  repetition_penalty: float | None = None, seed: int | None = None,
                  stop: Sequence[str] = (), request_id: str = "",
                  timeout: float | None = None) -> GenerationResult:
-        """The whole completion of `prompt`; unset sampling parameters mean greedy decoding."""
+        """The whole completion of `prompt` (text, or token ids); unset sampling means greedy."""
         request = build_request(prompt, max_new_tokens=max_new_tokens, temperature=temperature,
                                 top_k=top_k, top_p=top_p, repetition_penalty=repetition_penalty,
                                 seed=seed, stop=stop, request_id=request_id)
@@ -149,7 +152,7 @@ class Client:
             self.retry, self._deadline(timeout))
         return result_from_response(response)
 
-    def stream(self, prompt: str, *, max_new_tokens: int | None = None,
+    def stream(self, prompt: Prompt, *, max_new_tokens: int | None = None,
                temperature: float = 0.0, top_k: int = 0, top_p: float | None = None,
                repetition_penalty: float | None = None, seed: int | None = None,
                stop: Sequence[str] = (), request_id: str = "",

@@ -1,9 +1,10 @@
 """`attnserve generate`: one completion from a running server, streamed to the terminal.
 
-Ctrl-C cancels the call on the server (its batch slot frees at the next step) and exits 130.
-A failed call prints one line, "attnserve generate: error: STATUS: details", and exits 2 for a
-request the caller must fix (INVALID_ARGUMENT) or 1 otherwise; no traceback. The flags are
-declared in attnserve/cli.py.
+The prompt is the positional text ('-' reads stdin) or --prompt-token-ids 256,105,109, token ids
+the server uses as given; exactly one of them. Ctrl-C cancels the call on the server (its batch
+slot frees at the next step) and exits 130. A failed call prints one line, "attnserve generate:
+error: STATUS: details", and exits 2 for a request the caller must fix (INVALID_ARGUMENT, or
+bad flags) or 1 otherwise; no traceback. The flags are declared in attnserve/cli.py.
 """
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import signal
 import sys
 from typing import Any, TextIO
 
-from .cli_common import fail, interrupted, tls_from_args, token_from_args
+from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import AttnserveError
-from .types import GenerationResult
+from .types import GenerationResult, Prompt
 
 PROG = "attnserve generate"
 
@@ -34,12 +35,18 @@ def sampling_from_args(args) -> dict[str, Any]:
             "stop": args.stop, "request_id": args.request_id}
 
 
-def read_prompt(prompt: str) -> str:
-    """The prompt argument, or stdin for "-"."""
-    return sys.stdin.read() if prompt == "-" else prompt
+def prompt_from_args(args) -> Prompt:
+    """The prompt argument (stdin for "-") or the ids of --prompt-token-ids: exactly one."""
+    if args.prompt is not None and args.prompt_token_ids is not None:
+        raise ValueError("give a prompt or --prompt-token-ids, not both")
+    if args.prompt_token_ids is not None:
+        return parse_numbers(args.prompt_token_ids, int, "--prompt-token-ids")
+    if args.prompt is None:
+        raise ValueError("give a prompt (text, or '-' for stdin) or --prompt-token-ids")
+    return sys.stdin.read() if args.prompt == "-" else args.prompt
 
 
-def stream_to(out: TextIO | None, client: Client, prompt: str,
+def stream_to(out: TextIO | None, client: Client, prompt: Prompt,
               params: dict[str, Any]) -> GenerationResult:
     """Write each delta as it arrives; any exit before the end (Ctrl-C) cancels it on the server."""
     with client.stream(prompt, **params) as stream:
@@ -53,7 +60,7 @@ def stream_to(out: TextIO | None, client: Client, prompt: str,
 def run(args, out: TextIO | None = None) -> GenerationResult:
     """Generate as the flags say, printing to `out` (stdout); raises AttnserveError, Ctrl-C."""
     out = out or sys.stdout
-    prompt = read_prompt(args.prompt)
+    prompt = prompt_from_args(args)
     params = sampling_from_args(args)
     with client_from_args(args) as client:
         if args.no_stream:

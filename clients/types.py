@@ -1,10 +1,12 @@
 """Plain results the clients return, and their conversions to and from the protocol's messages.
 
-Callers never see protobuf: a request is built from keyword arguments, a response becomes a
-frozen dataclass with a lowercase finish reason. Knows nothing about channels or retries.
+Callers never see protobuf: a request is built from a prompt (text, or token ids) and keyword
+arguments, a response becomes a frozen dataclass with a lowercase finish reason. Knows nothing
+about channels or retries.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
@@ -12,12 +14,16 @@ from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 
 _REASON_PREFIX = "FINISH_REASON_"
 
+# What generate and stream take: text for the server's tokenizer to encode, or token ids that
+# it uses exactly as given (nothing prepended), as OpenAI's and vLLM's completions accept.
+Prompt = str | Sequence[int]
+
 
 @dataclass(frozen=True)
 class Usage:
     """Token counts of one request, as the server counted them."""
 
-    prompt_tokens: int          # BOS included
+    prompt_tokens: int          # BOS included where the tokenizer prepends it
     completion_tokens: int      # tokens returned in token_ids (EOS excluded)
 
 
@@ -70,12 +76,19 @@ class Limits:
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    """The byte-level tokenizer's special ids."""
+    """The model's tokenizer: which kind, its vocabulary and special ids."""
 
-    kind: str
+    kind: str                   # "bytes" (ids 0-255 are UTF-8 bytes) or "bpe"
     bos_id: int
     eos_id: int
     pad_id: int
+    vocab_size: int = 0         # prompt token ids are in [0, vocab_size); 0: an older server
+    bos_prepended: bool = False  # BOS goes before a text prompt (bytes: yes, bpe: no)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """BOS, EOS and PAD: ids a tokenizer never makes from text."""
+        return frozenset((self.bos_id, self.eos_id, self.pad_id))
 
 
 @dataclass(frozen=True)
@@ -125,14 +138,37 @@ def finish_reason_name(value: int) -> str:
     return pb.FinishReason.Name(value).removeprefix(_REASON_PREFIX).lower()
 
 
-def build_request(prompt: str, *, max_new_tokens: int | None = None, temperature: float = 0.0,
+def prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    """{"prompt": text} or {"prompt_token_ids": ids}; TypeError or ValueError for neither.
+
+    An empty text goes to the server, which names the limit; an empty list of ids cannot be
+    sent (it would read as an empty text), so it is refused here, like ids that are not ints.
+    """
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError("prompt: bytes are ambiguous; give text (str) or token ids (list of int)")
+    try:
+        ids = list(prompt)
+    except TypeError:
+        raise TypeError(f"prompt: expected text (str) or token ids (a sequence of int), "
+                        f"not {type(prompt).__name__}") from None
+    for i, token_id in enumerate(ids):
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TypeError(f"prompt_token_ids[{i}]: {token_id!r} is not an int")
+    if not ids:
+        raise ValueError("prompt_token_ids: must not be empty")
+    return {"prompt_token_ids": [int(token_id) for token_id in ids]}
+
+
+def build_request(prompt: Prompt, *, max_new_tokens: int | None = None, temperature: float = 0.0,
                   top_k: int = 0, top_p: float | None = None,
                   repetition_penalty: float | None = None, seed: int | None = None,
                   stop: Sequence[str] = (), request_id: str = "") -> pb.GenerateRequest:
     """A GenerateRequest; parameters left at their defaults stay unset (greedy decoding)."""
     if isinstance(stop, str):
         stop = [stop]
-    request = pb.GenerateRequest(prompt=prompt, temperature=temperature, top_k=top_k,
+    request = pb.GenerateRequest(**prompt_fields(prompt), temperature=temperature, top_k=top_k,
                                  stop=list(stop), request_id=request_id)
     for name, value in (("max_new_tokens", max_new_tokens), ("top_p", top_p),
                         ("repetition_penalty", repetition_penalty), ("seed", seed)):

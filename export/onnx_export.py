@@ -17,7 +17,7 @@ import torch
 
 from ..model.checkpoint import CheckpointError, build_model, load_state
 from ..model.config import ModelConfig
-from ..model.tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
 from . import contract
 from .graphs import (ArenaDecoderGraph, ArenaSeq2SeqDecoderGraph, DecoderGraph, Seq2SeqDecoderGraph,
                      Seq2SeqEncoderGraph, decoder_dynamic_shapes, decoder_sample_inputs, export_graph,
@@ -28,8 +28,8 @@ from .parity_seq2seq import run_seq2seq_arena_gate, run_seq2seq_gate
 from .quantize import int8_gate, quantize_int8
 from .runtime import OrtDecoder, OrtSeq2Seq
 
-TOKENIZER = {"kind": "bytes", "vocab_size": VOCAB_SIZE, "bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
-
+TOKENIZER_FILE = "tokenizer.json"                    # Hugging Face tokenizers' format (BPE models)
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"      # its companion, read by onnxruntime-genai and transformers
 
 class ExportError(Exception):
     """A one-line reason the export cannot go on (bad input, unwritable output)."""
@@ -72,13 +72,27 @@ def graph_specs(config: ModelConfig) -> dict[str, dict]:
                         "outputs": contract.seq2seq_decoder_outputs(n)}}
 
 
-def write_model_dir(staging: Path, config: ModelConfig, dtype: str, quantization: str | None,
+def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int) -> dict:
+    """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json are written beside."""
+    entry = manifest_entry(tokenizer)
+    if tokenizer.kind == "bpe":
+        (staging / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
+        config = tokenizer.tokenizer_config(context_length)
+        (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        entry.update(file=TOKENIZER_FILE, sha256=contract.sha256_file(staging / TOKENIZER_FILE))
+    return entry
+
+
+def write_model_dir(staging: Path, config: ModelConfig, tokenizer: Tokenizer, dtype: str, quantization: str | None,
                     parity: dict, source: dict, kv_cache: str) -> dict:
-    """genai_config.json (decoder-only) and the manifest, with the sha256 of every file."""
+    """The tokenizer's files, genai_config.json (decoder-only) and the manifest, with the sha256 of every file."""
     graphs = graph_specs(config)
-    manifest = contract.build_manifest(config.to_dict(), graphs, TOKENIZER, dtype, quantization, {}, parity, source,
+    entry = write_tokenizer(staging, tokenizer, config.max_len)
+    manifest = contract.build_manifest(config.to_dict(), graphs, entry, dtype, quantization, {}, parity, source,
                                        kv_cache)
     names = [g["file"] for g in graphs.values()]
+    if tokenizer.kind == "bpe":
+        names += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]
     if config.arch == "decoder":
         (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
         names.append(contract.GENAI_CONFIG_FILE)
@@ -128,11 +142,19 @@ def run_gate(model, staging: Path, steps: int, kv_cache: str) -> dict:
     return (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, OrtSeq2Seq(staging), steps)
 
 
-def load_model(checkpoint: Path) -> tuple[torch.nn.Module, dict]:
+def load_model(checkpoint: Path) -> tuple[torch.nn.Module, Tokenizer, dict]:
+    """The checkpoint's model (eval mode), its tokenizer, and where it came from."""
     state = load_state(checkpoint)
     model = build_model(ModelConfig.from_dict(state["config"]))
     model.load_state_dict(state["model"])
-    return model.eval(), {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
+    try:
+        tokenizer = from_state(state.get("tokenizer"))
+    except TokenizerError as e:
+        raise ExportError(f"{checkpoint}: {e}") from None
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ExportError(f"{checkpoint}: the tokenizer has {tokenizer.vocab_size} ids, the model "
+                          f"{model.config.vocab_size}")
+    return model.eval(), tokenizer, {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
 
 
 
@@ -143,7 +165,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     checkpoint, out = Path(checkpoint), Path(out)
     if quantize and dtype != "float32":
         raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
-    model, source = load_model(checkpoint)
+    model, tokenizer, source = load_model(checkpoint)
     if quantize and model.config.arch != "decoder":
         raise ExportError("--quantize int8 is for decoder-only models")
     kv_cache = kv_cache or contract.KV_ARENA
@@ -153,7 +175,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
     check_replaceable(out)
     staging = staging_dir(out)
     try:
-        manifest = build_in(staging, model, source, dtype, quantize, parity_steps, heldout, kv_cache)
+        manifest = build_in(staging, model, tokenizer, source, dtype, quantize, parity_steps, heldout, kv_cache)
         shutil.rmtree(out, ignore_errors=True)
         os.replace(staging, out)
         return manifest
@@ -161,8 +183,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str = "flo
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def build_in(staging: Path, model, source: dict, dtype: str, quantize: str | None, steps: int,
-             heldout: bytes | None, kv_cache: str) -> dict:
+def build_in(staging: Path, model, tokenizer: Tokenizer, source: dict, dtype: str, quantize: str | None,
+             steps: int, heldout: bytes | None, kv_cache: str) -> dict:
     """Export into `staging`, run the gate, and write the final manifest."""
     t0 = time.perf_counter()
     say(f"exporting {model.config.arch} ({model.num_parameters():,} parameters) to ONNX, "
@@ -170,20 +192,20 @@ def build_in(staging: Path, model, source: dict, dtype: str, quantize: str | Non
     export_graphs(model, staging, dtype, kv_cache)
     say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
     pending = {"passed": None}
-    write_model_dir(staging, model.config, dtype, None, pending, source, kv_cache)
+    write_model_dir(staging, model.config, tokenizer, dtype, None, pending, source, kv_cache)
     report = run_gate(model, staging, steps, kv_cache)
     print(format_report(report), flush=True)
     if quantize:
-        report = gate_int8(staging, model, source, report, steps, heldout, kv_cache)
+        report = gate_int8(staging, model, tokenizer, source, report, steps, heldout, kv_cache)
     if not report["passed"]:
         raise ParityError(int8_failure(report) if quantize else failure_message(report), report)
-    manifest = write_model_dir(staging, model.config, dtype, quantize, report, source, kv_cache)
+    manifest = write_model_dir(staging, model.config, tokenizer, dtype, quantize, report, source, kv_cache)
     say(f"parity gate passed in {time.perf_counter() - t0:.1f} s total")
     return manifest
 
 
-def gate_int8(staging: Path, model, source: dict, report: dict, steps: int, heldout: bytes | None,
-              kv_cache: str) -> dict:
+def gate_int8(staging: Path, model, tokenizer: Tokenizer, source: dict, report: dict, steps: int,
+              heldout: bytes | None, kv_cache: str) -> dict:
     """Quantize the float32 graph that passed, gate it on held-out loss, and put it in place."""
     if not report["passed"]:
         return report
@@ -191,9 +213,11 @@ def gate_int8(staging: Path, model, source: dict, report: dict, steps: int, held
     quantized = staging / "int8"
     quantized.mkdir()
     quantize_int8(staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE)
-    write_model_dir(quantized, model.config, "float32", "int8", {"passed": None}, source, kv_cache)
+    write_model_dir(quantized, model.config, tokenizer, "float32", "int8", {"passed": None}, source, kv_cache)
     prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
-    result = int8_gate(OrtDecoder(staging), OrtDecoder(quantized), heldout or default_heldout(), prompts,
+    text = (heldout or default_heldout()).decode("utf-8", errors="replace")
+    result = int8_gate(OrtDecoder(staging), OrtDecoder(quantized), tokenizer.encode(text),
+                       tokenizer.bos_id if tokenizer.add_bos else None, tokenizer.byte_lengths(), prompts,
                        min(steps, model.config.max_len - 13), block=min(128, model.config.max_len - 1))
     os.replace(quantized / contract.MODEL_FILE, staging / contract.MODEL_FILE)
     shutil.rmtree(quantized)

@@ -10,7 +10,7 @@ import torch
 
 from .checkpoint import CheckpointError, load_checkpoint
 from .generate import generate_seq2seq
-from .tokenizer import BOS_ID, EOS_ID, encode
+from ..tokenizer.utf8 import BOS_ID, EOS_ID, encode
 
 
 @torch.no_grad()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from .tokenizer import VOCAB_SIZE
+from ..tokenizer.utf8 import VOCAB_SIZE
 
 ARCHITECTURES = ("decoder", "encoder-decoder")
 POSITIONALS = ("sinusoidal", "learned")

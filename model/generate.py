@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+from ..tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID
 
 
 def left_pad(seqs: list[list[int]], pad_id: int = PAD_ID):

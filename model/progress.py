@@ -28,7 +28,7 @@ class ProgressBar:
         self.loss = loss if self.loss is None else 0.9 * self.loss + 0.1 * loss
         self.bar.update(1)
         if step % self.every == 0:
-            figures = {"loss bpb": f"{self.loss / math.log(2):.3f}", "lr": f"{lr:.2e}",
+            figures = {"loss bits/token": f"{self.loss / math.log(2):.3f}", "lr": f"{lr:.2e}",
                        "tok/s": f"{tokens_per_second:,.0f}"}
             if bpb is not None:
                 figures["held-out bpb"] = f"{bpb:.3f}"

@@ -1,8 +1,10 @@
-"""Training of the decoder language model on a byte corpus: AdamW, warm-up then cosine decay,
-gradient clipping, held-out loss in bits per byte, checkpoints with resume, DDP under torchrun.
+"""Training of the decoder language model on a text corpus: a tokenizer (bytes, or a BPE trained
+on the training split), AdamW, warm-up then cosine decay, gradient clipping, held-out loss in bits
+per byte (comparable across tokenizers), checkpoints with resume, DDP under torchrun.
 
-The data (data.py), the schedule (schedule.py) and the process group (distributed.py) live
-next door; nothing here knows of ONNX or gRPC. The encoder-decoder trains in train_seq2seq.py.
+The data (data.py), the schedule (schedule.py), the process group (distributed.py) and the
+tokenizers (attnserve.tokenizer) live elsewhere; nothing here knows of ONNX or gRPC. The
+encoder-decoder trains in train_seq2seq.py.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from ..tokenizer import KINDS as TOKENIZERS
+from ..tokenizer import Tokenizer, TokenizerError, from_state
 from . import distributed
 from .checkpoint import CheckpointError, build_model, load_state, save_checkpoint
 from .config import ModelConfig, preset
@@ -31,6 +35,8 @@ MODEL_FLAGS = {"context_length": "max_len", "d_model": "d_model", "n_layers": "n
                "n_heads": "n_heads", "d_ff": "d_ff"}
 MIN_CONTEXT = 8        # BOS plus a few bytes per window
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention needs head_size % 8 == 0
+DEFAULT_TOKENIZER = "bytes"
+DEFAULT_BPE_VOCAB = 1024
 
 
 class TrainError(Exception):
@@ -55,6 +61,9 @@ class TrainConfig:
     precision: str = "auto"              # "bf16" autocast, "fp32", or "auto": bf16 where the hardware has it
     threads: int | None = None           # CPU threads per process (None: OMP_NUM_THREADS or cores / processes)
     corpus: str | None = None            # text file or folder of .txt files (None: CPython's pydoc topics)
+    tokenizer: str | None = None         # "bytes" (UTF-8, BOS first) or "bpe" (trained on the training split);
+    #                                      None: a resumed run's own, else DEFAULT_TOKENIZER
+    vocab_size: int | None = None        # BPE ids in all, specials included (None: DEFAULT_BPE_VOCAB)
     heldout_fraction: float = HELDOUT_FRACTION  # tail of the corpus held out
     out_dir: str = "runs/small"          # checkpoint.pt goes here
     resume: bool = False                 # continue from out_dir/checkpoint.pt (weights, optimizer, step)
@@ -72,6 +81,25 @@ class TrainConfig:
             raise TrainError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.time_budget is not None and self.time_budget <= 0:
             raise TrainError(f"time_budget must be positive, got {self.time_budget}")
+        if self.tokenizer is not None and self.tokenizer not in TOKENIZERS:
+            raise TrainError(f"--tokenizer must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        if self.vocab_size is not None and self.tokenizer == "bytes":
+            raise TrainError("--vocab-size is the BPE tokenizer's; the byte tokenizer has 259 ids")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The tokenized corpus: the tokenizer, its training and held-out ids, and the bytes per id."""
+
+    tokenizer: Tokenizer
+    train: bytes | list[int]          # bytes are the byte tokenizer's ids
+    heldout: bytes | list[int]
+    byte_lengths: torch.Tensor        # (V,) UTF-8 bytes each id stands for: held-out loss per byte
+
+    @property
+    def bos(self) -> int | None:
+        """BOS starts each window where it starts each prompt (bytes); BPE windows are plain slices."""
+        return self.tokenizer.bos_id if self.tokenizer.add_bos else None
 
 
 def prepare_out(out_dir: str | Path, rank: int) -> Path:
@@ -87,18 +115,63 @@ def prepare_out(out_dir: str | Path, rank: int) -> Path:
     return out
 
 
-def resume_state(path: Path, model_config: ModelConfig) -> dict:
-    """The checkpoint to continue from; its model config must be the one asked for."""
+def resume_state(path: Path) -> dict:
+    """The checkpoint to continue from: weights, optimizer and step."""
     try:
         state = load_state(path)
     except CheckpointError as e:
         raise TrainError(f"--resume: {e}") from None
     if "optimizer" not in state or "step" not in state:
         raise TrainError(f"--resume: {path} holds no optimizer state or step to continue from")
+    return state
+
+
+def check_resumed_config(state: dict, path: Path, model_config: ModelConfig) -> None:
+    """A resumed run's model config must be the one asked for."""
     if state["config"] != model_config.to_dict():
         raise TrainError(f"--resume: {path} was trained with another model config than the one asked for: "
                          + config_differences(state["config"], model_config.to_dict()))
-    return state
+
+
+def resolve_tokenizer(cfg: TrainConfig, state: dict | None) -> TrainConfig:
+    """The config with the tokenizer and BPE size this run uses: a resumed run keeps the
+    checkpoint's (flags given must agree with it), a new one takes the defaults."""
+    if state is None:
+        kind = cfg.tokenizer or DEFAULT_TOKENIZER
+        return replace(cfg, tokenizer=kind, vocab_size=(cfg.vocab_size or DEFAULT_BPE_VOCAB) if kind == "bpe" else None)
+    saved = from_state(state.get("tokenizer")).kind
+    saved_vocab = state.get("train_config", {}).get("vocab_size")
+    if cfg.tokenizer not in (None, saved):
+        raise TrainError(f"--resume: the checkpoint's tokenizer is {saved}, not --tokenizer {cfg.tokenizer}")
+    if cfg.vocab_size not in (None, saved_vocab):
+        raise TrainError(f"--resume: the checkpoint's BPE was trained with --vocab-size {saved_vocab}, "
+                         f"not {cfg.vocab_size}")
+    return replace(cfg, tokenizer=saved, vocab_size=saved_vocab)
+
+
+def tokenize_corpus(data: bytes, cfg: TrainConfig, block: int, state: dict | None) -> Corpus:
+    """Split the bytes, then tokenize both parts: a new BPE learns from the training part only;
+    a resumed run's tokenizer is the checkpoint's, never retrained. `cfg` is resolved."""
+    bpe = cfg.tokenizer == "bpe"
+    train_bytes, heldout_bytes = split_heldout(data, block, cfg.heldout_fraction, whole_characters=bpe)
+    try:
+        if state is not None:
+            tokenizer = from_state(state.get("tokenizer"))
+        elif bpe:
+            from ..tokenizer.bpe import train_bpe
+            tokenizer = train_bpe(train_bytes.decode("utf-8", errors="replace"), cfg.vocab_size or DEFAULT_BPE_VOCAB)
+        else:
+            tokenizer = from_state(None)
+    except TokenizerError as e:
+        raise TrainError(str(e)) from None
+    if not bpe:
+        return Corpus(tokenizer, train_bytes, heldout_bytes, torch.tensor(tokenizer.byte_lengths()))
+    train_ids, heldout_ids = (tokenizer.encode(part.decode("utf-8", errors="replace"))
+                              for part in (train_bytes, heldout_bytes))
+    if len(train_ids) < block + 1:
+        raise DataError(f"corpus too short: the training split is {len(train_ids)} BPE tokens, need at least "
+                        f"{block + 1} (one window of --context-length {block} and its target)")
+    return Corpus(tokenizer, train_ids, heldout_ids, torch.tensor(tokenizer.byte_lengths()))
 
 
 def flag_of(field: str) -> str:
@@ -135,8 +208,8 @@ class Trainer:
     """One run's model, optimizer, data and counters; `fit` is the loop."""
 
     def __init__(self, model_config: ModelConfig, cfg: TrainConfig, ranks: Ranks, device: torch.device,
-                 train_bytes: bytes, heldout_bytes: bytes, state: dict | None):
-        self.cfg, self.ranks, self.device, self.config = cfg, ranks, device, model_config
+                 corpus: Corpus, state: dict | None):
+        self.cfg, self.ranks, self.device, self.config, self.corpus = cfg, ranks, device, model_config, corpus
         self.autocast = distributed.autocast_dtype(cfg.precision, device)
         torch.manual_seed(cfg.seed)
         self.model = build_model(model_config).to(device)
@@ -149,9 +222,9 @@ class Trainer:
         if ranks.distributed:
             self.net = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
         block = model_config.max_len
-        self.batches = ByteBatches(train_bytes, block, cfg.batch_size, cfg.seed, ranks.rank)
-        self.heldout = heldout_batches(heldout_bytes, block, cfg.batch_size, cfg.eval_windows,
-                                       ranks.rank, ranks.world_size)
+        self.batches = ByteBatches(corpus.train, block, cfg.batch_size, cfg.seed, ranks.rank, corpus.bos)
+        self.heldout = heldout_batches(corpus.heldout, block, cfg.batch_size, cfg.eval_windows,
+                                       ranks.rank, ranks.world_size, corpus.bos)
 
     def restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -181,14 +254,15 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Held-out cross entropy in bits per byte (nats / ln 2), in float32 as exported, over all ranks."""
+        """Held-out cross entropy in bits per byte (nats / ln 2 over the UTF-8 bytes the targets stand
+        for, whatever the tokenizer), in float32 as exported, over all ranks."""
         self.model.eval()
         total, count = 0.0, 0
         for x, y in self.heldout:
             logits = self.model(*lm_inputs(x.to(self.device), self.config))[0]  # (B, T, V)
             total += F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.to(self.device).reshape(-1),
                                      reduction="sum").item()
-            count += y.numel()
+            count += int(self.corpus.byte_lengths[y].sum())
         self.model.train()
         total, count = distributed.sum_all([total, float(count)], self.device)
         return total / count / math.log(2)
@@ -206,7 +280,7 @@ class Trainer:
             save_checkpoint(self.checkpoint_path(), self.model, optimizer=self.optimizer.state_dict(),
                             step=self.step, train_seconds=self.seconds, train_config=asdict(self.cfg),
                             heldout_bpb=self.last_bpb, best_heldout_bpb=self.best_bpb,
-                            world_size=self.ranks.world_size)
+                            world_size=self.ranks.world_size, tokenizer=self.corpus.tokenizer.state())
 
     def evaluate_and_save(self, log: Callable[[str], None]) -> None:
         self.last_bpb = self.evaluate()
@@ -247,7 +321,8 @@ class Trainer:
         return {"steps": self.step, "start_step": self.start_step, "train_seconds": self.seconds,
                 "tokens_per_second": self.tokens_per_second(), "heldout_bpb": self.last_bpb,
                 "best_heldout_bpb": self.best_bpb, "checkpoint": self.checkpoint_path(),
-                "parameters": sum(p.numel() for p in self.model.parameters()), "model": self.model}
+                "parameters": sum(p.numel() for p in self.model.parameters()), "model": self.model,
+                "tokenizer": self.corpus.tokenizer}
 
 
 def train(model_config: ModelConfig, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict:
@@ -258,12 +333,17 @@ def train(model_config: ModelConfig, cfg: TrainConfig, log: Callable[[str], None
     device = distributed.pick_device(cfg.device, ranks)
     if device.type == "cpu":
         torch.set_num_threads(distributed.cpu_threads(ranks, cfg.threads))
-    train_bytes, heldout_bytes = split_heldout(read_corpus(cfg.corpus), model_config.max_len, cfg.heldout_fraction)
     prepare_out(cfg.out_dir, ranks.rank)
-    state = resume_state(Path(cfg.out_dir) / CHECKPOINT, model_config) if cfg.resume else None
+    path = Path(cfg.out_dir) / CHECKPOINT
+    state = resume_state(path) if cfg.resume else None
+    cfg = resolve_tokenizer(cfg, state)
+    corpus = tokenize_corpus(read_corpus(cfg.corpus), cfg, model_config.max_len, state)
+    model_config = replace(model_config, vocab_size=corpus.tokenizer.vocab_size)
+    if state is not None:
+        check_resumed_config(state, path, model_config)
     created = distributed.init(ranks, device)
     try:
-        trainer = Trainer(model_config, cfg, ranks, device, train_bytes, heldout_bytes, state)
+        trainer = Trainer(model_config, cfg, ranks, device, corpus, state)
         trainer.fit(log if ranks.is_main else (lambda _: None))
         return trainer.result()
     finally:
@@ -307,7 +387,8 @@ def configs_from_args(args) -> tuple[ModelConfig, TrainConfig]:
     """The two configs, built once from the command line; only flags given override defaults."""
     model_config = model_config_from_args(args)
     cfg = TrainConfig(out_dir=args.out or f"runs/{args.preset}", corpus=args.corpus, device=args.device,
-                      precision=args.precision, seed=args.seed, resume=args.resume)
+                      precision=args.precision, seed=args.seed, resume=args.resume,
+                      tokenizer=getattr(args, "tokenizer", None), vocab_size=getattr(args, "vocab_size", None))
     if args.max_steps is not None:
         cfg = replace(cfg, max_steps=args.max_steps, time_budget=args.time_budget)
     elif args.time_budget is not None:
@@ -322,6 +403,8 @@ def main(args) -> int:
     try:
         model_config, cfg = configs_from_args(args)
         if model_config.arch == "encoder-decoder":
+            if (cfg.tokenizer or "bytes") != "bytes" or cfg.vocab_size is not None:
+                raise TrainError("--tokenizer bpe is for decoder-only models; encoder-decoders train on bytes")
             from .train_seq2seq import main_seq2seq
             return main_seq2seq(model_config, args)
         result = train(model_config, cfg)
@@ -333,7 +416,8 @@ def main(args) -> int:
         return 130
     if distributed.ranks_from_env().is_main:
         print(f"trained {result['steps']} steps, {result['train_seconds']:.0f} s "
-              f"({result['tokens_per_second']:,.0f} tokens/s, {result['parameters']:,} parameters); "
+              f"({result['tokens_per_second']:,.0f} tokens/s, {result['parameters']:,} parameters, "
+              f"{result['tokenizer'].kind} tokenizer of {result['tokenizer'].vocab_size} ids); "
               f"checkpoint: {result['checkpoint']}")
         print(f"held-out: {result['heldout_bpb']:.3f} bits per byte")
     return 0

@@ -21,7 +21,7 @@ from .checkpoint import build_model, save_checkpoint
 from .config import ModelConfig
 from .generate import generate_seq2seq, left_pad
 from .numbers import number_pairs, read_pairs
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, decode, encode
+from ..tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID, decode, encode
 
 
 class Seq2SeqError(Exception):

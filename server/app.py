@@ -20,6 +20,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ..export.contract import ModelDirError, kv_layout
+from ..tokenizer import TokenizerError, from_model_dir
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from .config import ServerConfig
@@ -30,7 +31,6 @@ from .metrics import Metrics
 from .model_runner import ModelRunner, ProviderError
 from .runners import arena_capacity, open_slot_runner
 from .servicer import TextGenerationServicer, model_info
-from .streaming import ByteTokenizer
 from .validation import RequestLimits
 
 log = logging.getLogger("attnserve.server")
@@ -72,10 +72,15 @@ class Server:
         self.config = config
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.runner = ModelRunner(config.model, config.provider, config.threads)
-        self.tokenizer = ByteTokenizer.from_manifest(self.runner.manifest)
+        try:
+            self.tokenizer = from_model_dir(self.runner.model_dir, self.runner.manifest["tokenizer"])
+        except TokenizerError as e:
+            raise StartupError(f"{self.runner.model_dir}: {e}") from None
         cap = min(config.max_new_tokens_cap, self.runner.context_length - 1)
         self.limits = RequestLimits(self.runner.context_length, self.runner.vocab_size, cap,
-                                    encoder_decoder=self.runner.seq2seq)
+                                    encoder_decoder=self.runner.seq2seq,
+                                    max_token_bytes=max(self.tokenizer.byte_lengths()),
+                                    bos_prepended=self.tokenizer.add_bos)
         self.metrics = Metrics()
         self.metrics.describe_model(self.runner.model_dir.resolve().name, self.runner.provider,
                                     self.runner.manifest["dtype"], self.runner.manifest.get("quantization") or "")
@@ -89,7 +94,8 @@ class Server:
                  self.max_batch, self.runner.context_length, f"{self.slots.nbytes:,}")
         self.engine = Engine(self.slots, self.tokenizer, EngineLimits(self.max_batch, config.max_queue),
                              self.metrics)
-        self.info = model_info(self.runner, self.limits, self.max_batch, config.max_queue, self.slots.nbytes)
+        self.info = model_info(self.runner, self.tokenizer, self.limits, self.max_batch, config.max_queue,
+                               self.slots.nbytes)
         self.health = health.aio.HealthServicer()
         self.boundary = BoundaryInterceptor(self.metrics.count_request)
         self.grpc: grpc.aio.Server | None = None
@@ -136,7 +142,7 @@ class Server:
 
     async def warm_up(self) -> None:
         """One short greedy generation through the engine: the session really runs."""
-        request = GenerationRequest("warm-up", tuple(self.tokenizer.encode("warm-up")), min(2, self.limits.max_new_tokens))
+        request = GenerationRequest("warm-up", tuple(self.tokenizer.encode_prompt("warm-up")), min(2, self.limits.max_new_tokens))
         handle = self.engine.submit(request)
         t0 = time.perf_counter()
         while True:

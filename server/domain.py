@@ -40,7 +40,7 @@ class GenerationRequest:
     """A validated request, ready for the engine."""
 
     request_id: str
-    prompt_ids: tuple[int, ...]             # BOS followed by the prompt's UTF-8 bytes
+    prompt_ids: tuple[int, ...]             # the encoded prompt (BOS first where the tokenizer adds it)
     max_new_tokens: int                     # already clamped to the cap and the context
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()

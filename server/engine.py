@@ -20,10 +20,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from ..tokenizer import Tokenizer
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
 from .model_runner import ModelRunner
 from .sequence import Event, Handle, Sequence, deliver
-from .streaming import ByteTokenizer
 
 log = logging.getLogger("attnserve.server")
 
@@ -46,7 +46,7 @@ class EngineObserver:
 class Engine:
     """Owns the slot runner and the queue; callers submit and await events."""
 
-    def __init__(self, slots, tokenizer: ByteTokenizer, limits: EngineLimits = EngineLimits(),
+    def __init__(self, slots, tokenizer: Tokenizer, limits: EngineLimits = EngineLimits(),
                  observer: EngineObserver | None = None):
         """`slots`: an ArenaRunner or ConcatRunner (start, prefill, decode, release by request key)."""
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits

@@ -75,9 +75,9 @@ async def grpc_wave(port: int, concurrency: int, new_tokens: int) -> dict:
             "tokens_per_s": level["output_tokens_per_s"]}
 
 
-def genai_wave(model_dir: str, texts: list[str], new_tokens: int, bos_id: int) -> dict:
+def genai_wave(model_dir: str, texts: list[str], new_tokens: int, tokenizer) -> dict:
     """onnxruntime-genai decoding the texts as one static batch (a subprocess in .venv-genai)."""
-    ids = [[bos_id, *t.encode()] for t in texts]
+    ids = [tokenizer.encode_prompt(t) for t in texts]
     proc = subprocess.run([str(GENAI_PYTHON), str(GENAI_SCRIPT), model_dir, "--prompts", json.dumps(ids),
                            "--new-tokens", str(new_tokens)], capture_output=True, text=True, timeout=1800)
     if proc.returncode:
@@ -118,7 +118,7 @@ async def serving(arena: Server, concat: Engine, model_dir: str, levels: list[in
             for side, stream in sides.items():
                 runs[side][c].append(await wave(stream, prompts(c), new_tokens))
             if genai and c in (1, 16):
-                runs["genai"][c].append(genai_wave(model_dir, prompts(c), new_tokens, arena.tokenizer.bos_id))
+                runs["genai"][c].append(genai_wave(model_dir, prompts(c), new_tokens, arena.tokenizer))
     return {side: {str(c): summary(r) for c, r in by_c.items() if r} for side, by_c in runs.items()}
 
 

@@ -11,9 +11,10 @@ import time
 
 import numpy as np
 
+from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, Timings, Usage
 from .sampling import Sampler
-from .streaming import ByteTokenizer, TextStream
+from .streaming import TextStream
 
 Event = Delta | Final | Exception
 
@@ -50,7 +51,7 @@ def deliver(batch: list[tuple[Handle, Event]]) -> None:
 class Sequence:
     """A request being decoded: its sampler, its text, its pending token and its timings."""
 
-    def __init__(self, request: GenerationRequest, handle: Handle, tokenizer: ByteTokenizer,
+    def __init__(self, request: GenerationRequest, handle: Handle, tokenizer: Tokenizer,
                  vocab_size: int, context_length: int, decoder_prompt: tuple[int, ...]):
         """`decoder_prompt`: the tokens the decoder starts from (the prompt, or an encoder-decoder's
         BOS); they count against the context and for the repetition penalty."""

@@ -14,13 +14,13 @@ from typing import AsyncIterator
 import grpc
 
 from ..export import contract
+from ..tokenizer import Tokenizer
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from .domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
 from .engine import Engine
 from .model_runner import ModelRunner
 from .sequence import Event
-from .streaming import ByteTokenizer
 from .validation import RequestLimits, validate
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -35,7 +35,7 @@ FINISH_REASONS = {
 class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     """attnserve.v1.TextGeneration over one Engine."""
 
-    def __init__(self, engine: Engine, limits: RequestLimits, tokenizer: ByteTokenizer, info: pb.ModelInfo):
+    def __init__(self, engine: Engine, limits: RequestLimits, tokenizer: Tokenizer, info: pb.ModelInfo):
         self.engine, self.limits, self.tokenizer, self.info = engine, limits, tokenizer, info
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
@@ -108,10 +108,9 @@ def final_response(message_type, request_id: str, text: str, token_ids: list[int
                            total_ms=t.total_ms))
 
 
-def model_info(runner: ModelRunner, limits: RequestLimits, max_batch: int, max_queue: int,
+def model_info(runner: ModelRunner, tokenizer: Tokenizer, limits: RequestLimits, max_batch: int, max_queue: int,
                kv_cache_bytes: int) -> pb.ModelInfo:
     """GetModelInfo's answer, built once at start-up."""
-    tok = runner.manifest["tokenizer"]
     return pb.ModelInfo(
         model_name=runner.model_dir.resolve().name, architecture=runner.manifest["architecture"],
         vocab_size=runner.vocab_size, d_model=int(runner.manifest["config"]["d_model"]), n_heads=runner.n_heads,
@@ -122,7 +121,9 @@ def model_info(runner: ModelRunner, limits: RequestLimits, max_batch: int, max_q
         limits=pb.Limits(max_new_tokens=limits.max_new_tokens, max_prompt_tokens=limits.max_prompt_tokens,
                          max_batch_size=max_batch, max_queue_size=max_queue,
                          max_stop_sequences=limits.max_stop_sequences, max_stop_bytes=limits.max_stop_bytes),
-        tokenizer=pb.TokenizerInfo(kind=tok["kind"], bos_id=tok["bos_id"], eos_id=tok["eos_id"], pad_id=tok["pad_id"]),
+        tokenizer=pb.TokenizerInfo(kind=tokenizer.kind, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                                   pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
+                                   bos_prepended=tokenizer.add_bos),
         server_version=server_version())
 
 

@@ -69,7 +69,7 @@ async def grpc_stream(stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens:
 
 async def engine_stream(engine: Engine, prompt: str, new_tokens: int) -> dict[str, float]:
     """The same request handed to the engine directly: no protobuf, no socket, no servicer."""
-    request = GenerationRequest("bench", tuple(engine.tokenizer.encode(prompt)), new_tokens)
+    request = GenerationRequest("bench", tuple(engine.tokenizer.encode_prompt(prompt)), new_tokens)
     start, arrivals = time.perf_counter(), []
     handle = engine.submit(request)
     while True:
@@ -163,7 +163,7 @@ async def measure(server: Server, levels: list[int], new_tokens: int, repeats: i
 
 def check_fits(server: Server, new_tokens: int) -> None:
     """Every prompt plus `new_tokens` must fit in the model's context (the server would refuse it)."""
-    longest = max(len(server.tokenizer.encode(p)) for p in PROMPTS)
+    longest = max(len(server.tokenizer.encode_prompt(p)) for p in PROMPTS)
     room = min(server.runner.context_length - longest, server.limits.max_new_tokens)
     if not 1 <= new_tokens <= room:
         raise ValueError(f"--new-tokens {new_tokens}: prompts of up to {longest} tokens leave room for 1 to "

@@ -1,54 +1,47 @@
-"""Token ids -> text, incrementally: the byte-level tokenizer, UTF-8-safe deltas, stop strings.
+"""Token ids -> text, incrementally: UTF-8-safe deltas that never rewrite sent text, and stop strings.
 
-Knows nothing of the engine or gRPC. The special ids come from the model's manifest; ids
-0-255 are bytes. A character split across tokens is emitted whole once its last byte arrives;
-text that might be the start of a stop string is held back until it is known not to be.
+Knows nothing of the engine or gRPC, and nothing of how a tokenizer maps ids to text: it only
+calls `decode`. Detokenization keeps two offsets into the generated ids, as vLLM and TGI do:
+text is decoded from `prefix` (a token already sent, so a tokenizer that decodes a token
+differently after another, like SentencePiece's leading space, gets its context) and only what
+lies beyond the text up to `read` is new. New text ending in U+FFFD is a character still cut
+between tokens: it waits for the next token. Text that might be the start of a stop string is
+held back until it is known not to be.
 """
 from __future__ import annotations
 
-import codecs
-from dataclasses import dataclass
+from ..tokenizer import Tokenizer
+
+REPLACEMENT = "\ufffd"
 
 
-@dataclass(frozen=True)
-class ByteTokenizer:
-    """Byte-level tokenizer of the model directory: BOS + UTF-8 bytes; specials decode to nothing."""
+class Detokenizer:
+    """One request's generated ids -> text deltas; their concatenation is decode(all ids)."""
 
-    vocab_size: int
-    bos_id: int
-    eos_id: int
-    pad_id: int
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.decode = tokenizer.decode
+        self.ids: list[int] = []
+        self.prefix = 0      # ids[prefix:read] decode to text already emitted
+        self.read = 0        # ids before read have all been emitted
 
-    @classmethod
-    def from_manifest(cls, manifest: dict) -> "ByteTokenizer":
-        tok = manifest["tokenizer"]
-        if tok.get("kind") != "bytes":
-            raise ValueError(f"tokenizer kind {tok.get('kind')!r} is not supported (only 'bytes')")
-        return cls(int(tok["vocab_size"]), int(tok["bos_id"]), int(tok["eos_id"]), int(tok["pad_id"]))
+    def _new_text(self) -> tuple[str, str]:
+        before = self.decode(self.ids[self.prefix:self.read])
+        return before, self.decode(self.ids[self.prefix:])
 
-    def encode(self, text: str) -> list[int]:
-        """BOS followed by the UTF-8 bytes of `text`."""
-        return [self.bos_id, *text.encode("utf-8")]
-
-    @staticmethod
-    def token_bytes(token_id: int) -> bytes:
-        """The bytes one token stands for: one byte, or nothing for a special id."""
-        return bytes((token_id,)) if 0 <= token_id < 256 else b""
-
-
-class Utf8Decoder:
-    """Bytes -> str in pieces; an incomplete character waits for its remaining bytes."""
-
-    def __init__(self) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, data: bytes) -> str:
-        """Text of the complete characters `data` finished (invalid bytes become U+FFFD)."""
-        return self._decoder.decode(data, final=False)
+    def push(self, token_id: int) -> str:
+        """The text this token completes ("" while a character is still cut)."""
+        self.ids.append(token_id)
+        before, now = self._new_text()
+        if len(now) <= len(before) or now.endswith(REPLACEMENT):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return now[len(before):]
 
     def flush(self) -> str:
-        """Whatever an unfinished character left behind, as U+FFFD."""
-        return self._decoder.decode(b"", final=True)
+        """Whatever is left at the end, a cut character as U+FFFD."""
+        before, now = self._new_text()
+        self.prefix = self.read = len(self.ids)
+        return now[len(before):]
 
 
 def held_back(text: str, stops: tuple[str, ...]) -> int:
@@ -65,10 +58,9 @@ def held_back(text: str, stops: tuple[str, ...]) -> int:
 class TextStream:
     """One request's generated text: push token ids, get safe deltas; detects stop strings."""
 
-    def __init__(self, tokenizer: ByteTokenizer, stops: tuple[str, ...] = ()) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, stops: tuple[str, ...] = ()) -> None:
         self.stops = tuple(s for s in stops if s)
-        self._decoder = Utf8Decoder()
+        self._decoder = Detokenizer(tokenizer)
         self._pending = ""      # decoded text not emitted yet (a possible stop-string start)
         self.text = ""          # everything emitted so far
         self.stopped = False
@@ -77,7 +69,7 @@ class TextStream:
         """The delta this token makes safe to emit; sets `stopped` when a stop string appears."""
         if self.stopped:
             return ""
-        self._pending += self._decoder.push(self.tokenizer.token_bytes(token_id))
+        self._pending += self._decoder.push(token_id)
         return self._release(final=False)
 
     def finish(self) -> str:

@@ -9,8 +9,8 @@ import math
 import uuid
 from dataclasses import dataclass
 
+from ..tokenizer import Tokenizer
 from .domain import GenerationRequest, InvalidRequest, SamplingParams
-from .streaming import ByteTokenizer
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,22 @@ class RequestLimits:
     max_temperature: float = 100.0
     max_repetition_penalty: float = 100.0
     encoder_decoder: bool = False       # the prompt is a source: it has the encoder's context to itself
+    max_token_bytes: int = 1            # the most UTF-8 bytes one token stands for (the tokenizer's)
+    bos_prepended: bool = True          # a text prompt's tokens start with BOS (the byte tokenizer)
 
     @property
     def max_prompt_tokens(self) -> int:
         """The longest prompt (BOS included): a decoder-only prompt leaves room for one new token."""
         return self.context_length if self.encoder_decoder else self.context_length - 1
+
+    @property
+    def bos_note(self) -> str:
+        return " (BOS included)" if self.bos_prepended else ""
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        """A text prompt longer than this cannot fit in max_prompt_tokens, however it is tokenized."""
+        return self.max_prompt_tokens * max(1, self.max_token_bytes)
 
 
 def check_float(name: str, value: float, low: float, high: float, low_inclusive: bool) -> float:
@@ -76,7 +87,7 @@ def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
     """max_new_tokens after the cap and the context; a decoder-only prompt must leave it room."""
     if prompt_tokens > limits.max_prompt_tokens:
         why = "the encoder's context_length" if limits.encoder_decoder else f"context_length {limits.context_length} - 1"
-        raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
+        raise InvalidRequest("prompt", f"{prompt_tokens} tokens{limits.bos_note}, the limit is "
                                        f"{limits.max_prompt_tokens} ({why})")
     decoder_prompt = 1 if limits.encoder_decoder else prompt_tokens     # an encoder-decoder decodes from BOS
     if not request.HasField("max_new_tokens"):
@@ -86,20 +97,42 @@ def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
         raise InvalidRequest("max_new_tokens", f"{wanted} is outside [1, {limits.max_new_tokens}] "
                                                "(the server's cap: --max-new-tokens-cap, at most context_length - 1)")
     if not limits.encoder_decoder and prompt_tokens + wanted > limits.context_length:
-        raise InvalidRequest("prompt", f"{prompt_tokens} tokens (BOS included), the limit is "
+        raise InvalidRequest("prompt", f"{prompt_tokens} tokens{limits.bos_note}, the limit is "
                                        f"{limits.context_length - wanted} (context_length {limits.context_length} "
                                        f"- max_new_tokens {wanted})")
     return wanted
 
 
-def validate(request, limits: RequestLimits, tokenizer: ByteTokenizer,
+def check_prompt_ids(ids, limits: RequestLimits) -> list[int]:
+    """prompt_token_ids as given: each id in the vocabulary."""
+    for i, token in enumerate(ids):
+        if not 0 <= token < limits.vocab_size:
+            raise InvalidRequest(f"prompt_token_ids[{i}]", f"{token} is outside [0, {limits.vocab_size}) "
+                                                           f"(vocab_size {limits.vocab_size})")
+    return list(ids)
+
+
+def prompt_ids(request, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids: prompt encoded by the model's tokenizer, or prompt_token_ids."""
+    if request.prompt and request.prompt_token_ids:
+        raise InvalidRequest("prompt_token_ids", "give prompt or prompt_token_ids, not both")
+    if request.prompt_token_ids:
+        return check_prompt_ids(request.prompt_token_ids, limits)
+    if not request.prompt:
+        raise InvalidRequest("prompt", "must not be empty (or give prompt_token_ids)")
+    size = len(request.prompt.encode("utf-8"))
+    if size > limits.max_prompt_bytes:       # refused before the tokenizer spends time on it
+        raise InvalidRequest("prompt", f"{size} UTF-8 bytes, more than any {limits.max_prompt_tokens} tokens "
+                                       f"can hold (the limit is {limits.max_prompt_tokens} tokens)")
+    return tokenizer.encode_prompt(request.prompt)
+
+
+def validate(request, limits: RequestLimits, tokenizer: Tokenizer,
              deadline: float | None = None) -> GenerationRequest:
     """A GenerateRequest as a GenerationRequest; raises InvalidRequest on the first bad field."""
-    if not request.prompt:
-        raise InvalidRequest("prompt", "must not be empty")
+    ids = prompt_ids(request, limits, tokenizer)
     request_id = check_request_id(request.request_id, limits)
     sampling = check_sampling(request, limits)
     stop = check_stop(request.stop, limits)
-    prompt_ids = tokenizer.encode(request.prompt)
-    max_new_tokens = check_lengths(request, len(prompt_ids), limits)
-    return GenerationRequest(request_id, tuple(prompt_ids), max_new_tokens, sampling, stop, deadline)
+    max_new_tokens = check_lengths(request, len(ids), limits)
+    return GenerationRequest(request_id, tuple(ids), max_new_tokens, sampling, stop, deadline)

@@ -18,3 +18,11 @@ def tiny_concat_model_dir(tiny_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / "tiny-concat"
     export_checkpoint(tiny_checkpoint, out, kv_cache="concat")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bpe_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
+    """The BPE tiny model exported (arena), with its tokenizer.json beside the graph."""
+    out = tmp_path_factory.mktemp("models") / "tiny-bpe"
+    export_checkpoint(tiny_bpe_checkpoint, out)
+    return out

@@ -17,3 +17,14 @@ def tiny_checkpoint(tmp_path_factory):
                       lr=1e-2, warmup_steps=10, eval_interval=TINY_STEPS, threads=1)
     train(preset("tiny"), cfg, log=lambda _: None)
     return out / "checkpoint.pt"
+
+
+@pytest.fixture(scope="session")
+def tiny_bpe_checkpoint(tmp_path_factory):
+    """The tiny decoder with a 512-id byte-level BPE trained on the default corpus's training split."""
+    out = tmp_path_factory.mktemp("runs") / "tiny-bpe"
+    cfg = TrainConfig(max_steps=TINY_STEPS, time_budget=None, out_dir=str(out), progress=False, batch_size=16,
+                      lr=1e-2, warmup_steps=10, eval_interval=TINY_STEPS, threads=1, tokenizer="bpe",
+                      vocab_size=512)
+    train(preset("tiny"), cfg, log=lambda _: None)
+    return out / "checkpoint.pt"

@@ -29,6 +29,8 @@ def bench(capsys, *args: str) -> tuple[int, str, str]:
 
 def check_level(level: dict, requests: int, max_new_tokens: int, prompt_tokens: int) -> None:
     assert (level["requests"], level["completed"], level["errors"]) == (requests, requests, {})
+    assert level["output_bytes_per_s"] == pytest.approx(
+        level["output_bytes"] / level["duration_s"], rel=1e-2)
     assert level["output_tokens"] == level["reported_completion_tokens"]   # counted == usage
     assert level["token_count_mismatches"] == 0
     assert 0 < level["output_tokens"] <= requests * max_new_tokens
@@ -61,6 +63,7 @@ def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
     for level in report["levels"]:
         check_level(level, requests=4, max_new_tokens=8, prompt_tokens=16)
     assert report["model"]["vocab_size"] == 259 and report["config"]["requests"] == 4
+    assert report["prompts"] == "text: 15 ASCII bytes per request, 16 tokens with BOS"
     served = lambda: counter(live, "attnserve_requests_total",  # noqa: E731
                              {"method": "GenerateStream", "code": "OK"}) - calls
     wait_until(lambda: served() == 2 + 2 * 4, timeout=2, what="warm-up + two levels of 4 calls")
@@ -82,6 +85,19 @@ def test_open_loop_rate(live, capsys):
     assert (level["mode"], level["rate"], level["concurrency"]) == ("poisson", 100.0, None)
     check_level(level, requests=4, max_new_tokens=4, prompt_tokens=32)
     assert "rate=100/s" in out
+
+
+def test_prompt_ids_send_exact_lengths_and_output_bytes_are_counted(live, capsys):
+    status, out, err = bench(capsys, "--target", live.target, "--concurrency", "2",
+                             "--requests", "4", "--max-new-tokens", "6", "--prompt-tokens", "20",
+                             "--prompt-ids", "--warmup", "1")
+    assert status == 0, err
+    report = json.loads(out.splitlines()[-1])
+    (level,) = report["levels"]
+    check_level(level, requests=4, max_new_tokens=6, prompt_tokens=20)
+    assert level["output_bytes_per_s"] > 0 and level["output_bytes"] > 0
+    assert report["config"]["prompt_ids"] is True and report["prompts"].startswith("token ids")
+    assert "out B/s" in out
 
 
 def test_failures_are_counted_by_status_code(tiny_model_dir, capsys):

@@ -6,12 +6,14 @@ import grpc
 import pytest
 
 from attnserve.clients import errors
-from attnserve.clients.bench import BenchConfig, make_prompts
+from attnserve.clients.bench import (BenchConfig, describe_prompts, make_prompts,
+                                    make_token_prompts)
 from attnserve.clients.bench_report import (RequestRecord, distribution_ms, format_table,
                                             percentile, summarize_level)
 from attnserve.clients.channel import ChannelConfig, TlsConfig, parse_targets, split_host_port
 from attnserve.clients.retry import Deadline, RetryPolicy, next_delay
-from attnserve.clients.types import StreamAccumulator, build_request, finish_reason_name
+from attnserve.clients.types import (StreamAccumulator, TokenizerInfo, build_request,
+                                    finish_reason_name)
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 
 
@@ -165,8 +167,37 @@ def test_prompts_have_the_requested_token_count_and_are_deterministic():
     assert all(len(p) == 2999 for p in make_prompts(3, 3000, seed=0))
 
 
+def test_level_summary_counts_output_bytes_beside_tokens():
+    records = [RequestRecord(start=0.0, end=2.0, tokens=3, reported_tokens=3, output_bytes=5),
+               RequestRecord(start=1.0, end=2.0, tokens=1, reported_tokens=1, output_bytes=3),
+               RequestRecord(start=0.5, end=0.6, output_bytes=99, status="UNAVAILABLE")]
+    level = summarize_level(records, mode="poisson", rate=2.0)
+    assert (level["output_bytes"], level["output_bytes_per_s"]) == (8, 4.0)   # failures left out
+    assert level["output_tokens_per_s"] == 2.0
+    header, _, row = format_table([level]).splitlines()
+    assert "out tok/s" in header and "out B/s" in header and " 4.0 " in row
+
+
+def test_token_prompts_have_exact_lengths_and_no_special_ids():
+    tokenizer = TokenizerInfo("bytes", bos_id=256, eos_id=257, pad_id=258, vocab_size=259)
+    prompts = make_token_prompts(20, 48, seed=3, tokenizer=tokenizer)
+    assert all(len(p) == 48 and all(0 <= i < 256 for i in p) for p in prompts)
+    assert prompts == make_token_prompts(20, 48, seed=3, tokenizer=tokenizer)
+    assert prompts != make_token_prompts(20, 48, seed=4, tokenizer=tokenizer)
+    assert len(set(map(tuple, prompts))) == 20
+    assert BenchConfig(prompt_tokens=1, prompt_ids=True).check() is None      # no BOS needed
+
+
+def test_the_report_says_what_prompt_tokens_means_for_each_tokenizer():
+    bpe = TokenizerInfo("bpe", bos_id=0, eos_id=0, pad_id=1, vocab_size=1024)
+    text = describe_prompts(BenchConfig(prompt_tokens=16), bpe)
+    assert text.startswith("text: 15 ASCII bytes") and "byte tokenizer's length" in text
+    assert "exactly 16" in describe_prompts(BenchConfig(prompt_tokens=16, prompt_ids=True), bpe)
+
+
 @pytest.mark.parametrize("bad", [dict(concurrency=(), rates=()), dict(concurrency=(0,)),
-                                 dict(rates=(-1.0,)), dict(prompt_tokens=1), dict(requests=0)])
+                                 dict(rates=(-1.0,)), dict(prompt_tokens=1), dict(requests=0),
+                                 dict(prompt_tokens=0, prompt_ids=True)])
 def test_bench_config_refuses_what_cannot_run(bad):
     with pytest.raises(ValueError):
         BenchConfig(**bad).check()

@@ -15,7 +15,7 @@ from attnserve.export.parity_arena import run_arena_gate
 from attnserve.export.runtime import OrtDecoder
 from attnserve.model.checkpoint import load_checkpoint
 from attnserve.model.generate import generate
-from attnserve.model.tokenizer import encode
+from attnserve.tokenizer.utf8 import encode
 
 
 def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
@@ -53,7 +53,8 @@ def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoi
     assert any(case.startswith("chunked prefill") for case in cases)
     assert len(manifest["parity"]["greedy"]["rows"]) == 5          # requests arriving at different steps
     assert manifest["source_checkpoint"]["sha256"] == contract.sha256_file(tiny_checkpoint)
-    assert manifest["tokenizer"] == {"kind": "bytes", "vocab_size": 259, "bos_id": 256, "eos_id": 257, "pad_id": 258}
+    assert manifest["tokenizer"] == {"kind": "bytes", "vocab_size": 259, "bos_id": 256, "eos_id": 257, "pad_id": 258,
+                                     "add_bos": True}
     assert set(manifest["files"]) == {contract.MODEL_FILE, contract.GENAI_CONFIG_FILE}
 
 

@@ -9,7 +9,7 @@ from attnserve.export import contract
 from attnserve.export.parity_seq2seq import run_seq2seq_arena_gate
 from attnserve.export.runtime import OrtSeq2Seq
 from attnserve.model.generate import generate_seq2seq
-from attnserve.model.tokenizer import encode
+from attnserve.tokenizer.utf8 import encode
 from test_export import perturb
 
 SOURCES = ["4021", "7", "1000000", "98765"]

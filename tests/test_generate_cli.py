@@ -79,6 +79,33 @@ def test_bad_requests_exit_2_with_one_line(live, capsys, args, status, message):
     assert err.startswith(f"attnserve generate: error: {message}") and len(err.splitlines()) == 1
 
 
+def test_prompt_token_ids_give_the_completion_of_the_equal_text(live, capsys):
+    with Client(live.target) as client:
+        expected = client.generate(PROMPT, max_new_tokens=12)
+        ids = [client.model_info().tokenizer.bos_id, *PROMPT.encode("utf-8")]
+    flag = ["--prompt-token-ids", ",".join(map(str, ids))]
+    status, out, err = generate(capsys, *flag, "--target", live.target, "--max-new-tokens", "12")
+    assert (status, out, err) == (0, expected.text + "\n", "")
+    status, out, _ = generate(capsys, *flag, "--target", live.target, "--max-new-tokens", "12",
+                              "--json", "--no-stream")
+    result = json.loads(out)
+    assert status == 0 and result["token_ids"] == list(expected.token_ids)
+    assert result["usage"]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("args, message", [
+    ([PROMPT, "--prompt-token-ids", "256,100"], "give a prompt or --prompt-token-ids, not both"),
+    ([], "give a prompt (text, or '-' for stdin) or --prompt-token-ids"),
+    (["--prompt-token-ids", "256,x"], "--prompt-token-ids takes comma-separated numbers, not '256,x'"),
+    (["--prompt-token-ids", ""], "prompt_token_ids: must not be empty"),
+    (["--prompt-token-ids", "256,9999"], "INVALID_ARGUMENT: prompt_token_ids[1]"),
+])
+def test_prompt_and_token_ids_exactly_one_else_exit_2_with_one_line(live, capsys, args, message):
+    code, out, err = generate(capsys, *args, "--target", live.target, "--max-new-tokens", "2")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"attnserve generate: error: {message}") and len(err.splitlines()) == 1
+
+
 def test_unreachable_server_exits_1_and_unreadable_files_exit_2(capsys, tmp_path):
     code, out, err = generate(capsys, PROMPT, "--target", "127.0.0.1:1", "--timeout", "0.5")
     assert (code, out) == (1, "") and err.startswith("attnserve generate: error: UNAVAILABLE: ")

@@ -1,4 +1,5 @@
-"""The one-way flow of DESIGN.md, enforced on the source: model -> export -> server -> clients.
+"""The one-way flow of DESIGN.md, enforced on the source: model -> export -> server -> clients,
+with the torch-free tokenizer package below them all (training, export and serving share it).
 
 Checked statically (every import statement of every file), and dynamically for the two
 promises users rely on: a serving host needs no torch, a client host needs only grpcio.
@@ -14,6 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # package folder -> top-level modules (or attnserve subpackages) it must never import
 FORBIDDEN = {
+    "tokenizer": {"torch", "numpy", "onnx", "onnxruntime", "grpc", "google.protobuf", "attnserve.model",
+                  "attnserve.export", "attnserve.server", "attnserve.clients", "attnserve.protos"},
     "model": {"onnx", "onnxruntime", "onnxscript", "grpc", "google.protobuf",
               "attnserve.export", "attnserve.server", "attnserve.clients", "attnserve.protos"},
     "export": {"grpc", "google.protobuf", "attnserve.server", "attnserve.clients", "attnserve.protos"},

@@ -5,7 +5,7 @@ import torch
 from attnserve.model.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
 from attnserve.model.config import preset
 from attnserve.model.generate import generate, generate_seq2seq, left_pad
-from attnserve.model.tokenizer import BOS_ID, VOCAB_SIZE, decode, encode
+from attnserve.tokenizer.utf8 import BOS_ID, VOCAB_SIZE, decode, encode
 
 
 @pytest.fixture(params=["sinusoidal", "learned"])

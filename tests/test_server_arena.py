@@ -14,7 +14,7 @@ import pytest
 
 from attnserve.export.arena import Device
 from attnserve.model.generate import generate
-from attnserve.model.tokenizer import encode
+from attnserve.tokenizer.utf8 import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from fixtures_server import idle, request, start_server, wait_until
 

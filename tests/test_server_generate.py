@@ -7,7 +7,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.model.generate import generate
-from attnserve.model.tokenizer import encode
+from attnserve.tokenizer.utf8 import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from fixtures_server import idle, request
 

@@ -8,7 +8,7 @@ import pytest
 
 from attnserve.clients import Client
 from attnserve.model.generate import generate_seq2seq
-from attnserve.model.tokenizer import encode
+from attnserve.tokenizer.utf8 import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from fixtures_server import idle, request, start_server, wait_until
 from test_server_security import cuda_available

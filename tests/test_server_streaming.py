@@ -1,9 +1,11 @@
 """Token ids -> text: UTF-8 characters split across tokens are emitted whole; stop strings are cut."""
 import pytest
 
-from attnserve.server.streaming import ByteTokenizer, TextStream, Utf8Decoder, held_back
+from attnserve.server.streaming import Detokenizer, TextStream, held_back
+from attnserve.tokenizer import ByteTokenizer
+from attnserve.tokenizer.bpe import train_bpe
 
-TOK = ByteTokenizer(vocab_size=259, bos_id=256, eos_id=257, pad_id=258)
+TOK = ByteTokenizer()
 TEXT = "Καλημέρα κόσμε 😀 — naïve 日本語!"
 
 
@@ -14,35 +16,32 @@ def stream_deltas(text: str, stops=()) -> tuple[list[str], TextStream]:
     return deltas, stream
 
 
-def test_tokenizer_encodes_bos_and_bytes_from_manifest_ids():
-    tok = ByteTokenizer.from_manifest({"tokenizer": {"kind": "bytes", "vocab_size": 259, "bos_id": 256,
-                                                     "eos_id": 257, "pad_id": 258}})
-    assert tok.encode("hé") == [256, 104, 195, 169]
-    assert tok.token_bytes(65) == b"A" and tok.token_bytes(256) == b"" and tok.token_bytes(258) == b""
+def test_byte_tokenizer_encodes_bos_and_bytes_and_decodes_without_specials():
+    assert TOK.encode_prompt("hé") == [256, 104, 195, 169] and TOK.encode("hé") == [104, 195, 169]
+    assert TOK.decode([65, 256, 258, 66]) == "AB"
 
 
-def test_decoder_waits_for_the_last_byte_of_a_character():
-    decoder = Utf8Decoder()
-    emoji = "😀".encode()                       # 4 bytes
-    assert [decoder.push(emoji[i:i + 1]) for i in range(4)] == ["", "", "", "😀"]
-    assert decoder.flush() == ""
+def test_detokenizer_waits_for_the_last_byte_of_a_character():
+    detok = Detokenizer(TOK)
+    assert [detok.push(b) for b in "😀".encode()] == ["", "", "", "😀"]     # 4 bytes, 4 tokens
+    assert detok.flush() == ""
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 3, 5])
-def test_decoder_on_any_split_gives_valid_text_that_joins_to_the_original(chunk):
-    data, decoder, pieces = TEXT.encode(), Utf8Decoder(), []
-    for i in range(0, len(data), chunk):
-        pieces.append(decoder.push(data[i:i + chunk]))
-    pieces.append(decoder.flush())
+def test_bpe_tokens_that_cut_characters_give_whole_characters_that_join_to_the_original():
+    bpe = train_bpe("ab " * 50, 300)                 # never saw these characters: one token per byte
+    ids = bpe.encode(TEXT)
+    assert len(ids) == len(TEXT.encode())
+    detok = Detokenizer(bpe)
+    pieces = [detok.push(i) for i in ids] + [detok.flush()]
     assert "".join(pieces) == TEXT
     assert all("\ufffd" not in p for p in pieces)
 
 
-def test_decoder_replaces_invalid_and_cut_bytes():
-    decoder = Utf8Decoder()
-    assert decoder.push(b"a\xffb") == "a\ufffdb"
-    assert decoder.push("é".encode()[:1]) == ""
-    assert decoder.flush() == "\ufffd"
+def test_detokenizer_replaces_invalid_and_cut_bytes_and_never_rewrites_sent_text():
+    detok = Detokenizer(TOK)
+    assert [detok.push(b) for b in b"a\xffb"] == ["a", "", "\ufffdb"]
+    assert detok.push("é".encode()[0]) == ""
+    assert detok.flush() == "\ufffd"
 
 
 def test_stream_deltas_are_whole_characters():

@@ -12,7 +12,7 @@ from attnserve.model.config import preset
 from attnserve.model.data import ByteBatches, DataError, heldout_batches, read_corpus, split_heldout
 from attnserve.model.generate import generate
 from attnserve.model.schedule import budget_progress, learning_rate
-from attnserve.model.tokenizer import BOS_ID, encode
+from attnserve.tokenizer.utf8 import BOS_ID, encode
 from attnserve.model.train import TrainConfig, TrainError, lm_inputs, train
 
 QUIET = dict(progress=False, time_budget=None, eval_windows=16, batch_size=8, threads=1)

@@ -4,7 +4,7 @@ import torch
 from attnserve.model.checkpoint import build_model, load_checkpoint
 from attnserve.model.config import preset
 from attnserve.model.train_seq2seq import Seq2SeqTrainConfig, batch_tensors, exact_match, train_seq2seq
-from attnserve.model.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from attnserve.tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID
 
 
 def test_batch_tensors_shift_targets_and_pad():

@@ -21,7 +21,7 @@ FINISH_REASON_EOS: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "request_id")
+    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "request_id", "prompt_token_ids")
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class GenerateRequest(_message.Message):
     SEED_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     max_new_tokens: int
     temperature: float
@@ -40,7 +41,8 @@ class GenerateRequest(_message.Message):
     seed: int
     stop: _containers.RepeatedScalarFieldContainer[str]
     request_id: str
-    def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("prompt_tokens", "completion_tokens")
@@ -113,16 +115,20 @@ class Limits(_message.Message):
     def __init__(self, max_new_tokens: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_stop_bytes: _Optional[int] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
-    __slots__ = ("kind", "bos_id", "eos_id", "pad_id")
+    __slots__ = ("kind", "bos_id", "eos_id", "pad_id", "vocab_size", "bos_prepended")
     KIND_FIELD_NUMBER: _ClassVar[int]
     BOS_ID_FIELD_NUMBER: _ClassVar[int]
     EOS_ID_FIELD_NUMBER: _ClassVar[int]
     PAD_ID_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BOS_PREPENDED_FIELD_NUMBER: _ClassVar[int]
     kind: str
     bos_id: int
     eos_id: int
     pad_id: int
-    def __init__(self, kind: _Optional[str] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ...) -> None: ...
+    vocab_size: int
+    bos_prepended: bool
+    def __init__(self, kind: _Optional[str] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_prepended: _Optional[bool] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("model_name", "architecture", "vocab_size", "d_model", "n_heads", "n_layers", "head_dim", "context_length", "dtype", "quantization", "execution_provider", "limits", "tokenizer", "server_version", "n_encoder_layers", "kv_cache", "kv_cache_bytes")
