@@ -38,10 +38,10 @@ def add_train(sub) -> None:
     p.add_argument("--corpus", default=None, help="text file or folder of .txt files (default: CPython's pydoc topics)")
     p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
     p.add_argument("--tokenizer", choices=["bytes", "bpe"], default=None,
-                   help="bytes: UTF-8 bytes, BOS first; bpe: a byte-level BPE trained on the training split "
-                        "in seconds (default: bytes)")
+                   help="bpe: a byte-level BPE trained on the training split in seconds (the default); "
+                        "bytes: UTF-8 bytes, BOS first. --resume keeps the checkpoint's")
     p.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                   help="BPE ids in all, 259 (3 special + 256 bytes) and up (default 1024)")
+                   help="BPE ids in all, 259 (3 special + 256 bytes) and up (default 2048)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps in all")
     p.add_argument("--time-budget", type=float, default=None,
                    help="stop after this many seconds of training in all, eval excluded "

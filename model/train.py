@@ -8,6 +8,8 @@ encoder-decoder trains in train_seq2seq.py.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import sys
 import time
@@ -35,8 +37,8 @@ MODEL_FLAGS = {"context_length": "max_len", "d_model": "d_model", "n_layers": "n
                "n_heads": "n_heads", "d_ff": "d_ff"}
 MIN_CONTEXT = 8        # BOS plus a few bytes per window
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention needs head_size % 8 == 0
-DEFAULT_TOKENIZER = "bytes"
-DEFAULT_BPE_VOCAB = 1024
+DEFAULT_TOKENIZER = "bpe"          # measured: make tokenizer-table (README, "attnserve train")
+DEFAULT_BPE_VOCAB = 2048
 
 
 class TrainError(Exception):
@@ -147,6 +149,16 @@ def resolve_tokenizer(cfg: TrainConfig, state: dict | None) -> TrainConfig:
         raise TrainError(f"--resume: the checkpoint's BPE was trained with --vocab-size {saved_vocab}, "
                          f"not {cfg.vocab_size}")
     return replace(cfg, tokenizer=saved, vocab_size=saved_vocab)
+
+
+def check_ranks_agree(tokenizer: Tokenizer, device: torch.device) -> None:
+    """Under DDP every rank trains its own BPE from the same text; all ranks see the same sums and
+    so take the same decision: go on only if every rank's tokenizer is the same."""
+    digest = float(int(hashlib.sha256(json.dumps(tokenizer.state(), sort_keys=True).encode()).hexdigest()[:5], 16))
+    n, total, squares = distributed.sum_all([1.0, digest, digest * digest], device)
+    if n * squares != total * total:            # equality holds only when every digest is the same
+        raise TrainError("the ranks trained different BPE tokenizers from the same text; train one with "
+                         "a single process and --resume it under torchrun")
 
 
 def tokenize_corpus(data: bytes, cfg: TrainConfig, block: int, state: dict | None) -> Corpus:
@@ -343,6 +355,7 @@ def train(model_config: ModelConfig, cfg: TrainConfig, log: Callable[[str], None
         check_resumed_config(state, path, model_config)
     created = distributed.init(ranks, device)
     try:
+        check_ranks_agree(corpus.tokenizer, device)
         trainer = Trainer(model_config, cfg, ranks, device, corpus, state)
         trainer.fit(log if ranks.is_main else (lambda _: None))
         return trainer.result()

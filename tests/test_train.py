@@ -13,7 +13,7 @@ from attnserve.model.data import ByteBatches, DataError, heldout_batches, read_c
 from attnserve.model.generate import generate
 from attnserve.model.schedule import budget_progress, learning_rate
 from attnserve.tokenizer.utf8 import BOS_ID, encode
-from attnserve.model.train import TrainConfig, TrainError, lm_inputs, train
+from attnserve.model.train import DEFAULT_BPE_VOCAB, TrainConfig, TrainError, lm_inputs, tokenize_corpus, train
 
 QUIET = dict(progress=False, time_budget=None, eval_windows=16, batch_size=8, threads=1)
 
@@ -101,7 +101,7 @@ def test_schedule_warms_up_linearly_then_decays_to_the_floor():
 
 
 def test_heldout_bits_per_byte_is_mean_nats_over_ln2(tmp_path):
-    bpb = tiny_run(tmp_path, max_steps=0)["heldout_bpb"]               # the untrained model, seed 0
+    bpb = tiny_run(tmp_path, max_steps=0, tokenizer="bytes")["heldout_bpb"]   # the untrained model, seed 0
     model = build_model(preset("tiny"))
     model.load_state_dict(initial_weights())
     _, heldout = split_heldout(read_corpus(None), 128)
@@ -115,6 +115,24 @@ def test_heldout_bits_per_byte_is_mean_nats_over_ln2(tmp_path):
     assert 6.0 < bpb < 10.0                                              # near log2(259): guessing
 
 
+def test_bpe_heldout_loss_is_per_byte_of_the_text_its_tokens_stand_for(tmp_path):
+    cfg = TrainConfig(out_dir=str(tmp_path), tokenizer="bpe", vocab_size=512, **{**QUIET, "max_steps": 0})
+    result = train(preset("tiny"), cfg, log=lambda _: None)            # the untrained model, seed 0
+    corpus = tokenize_corpus(read_corpus(None), cfg, 128, None)
+    lengths = corpus.tokenizer.byte_lengths()                  # bytes per id: they add up to the held-out text
+    heldout_text = split_heldout(read_corpus(None), 128, whole_characters=True)[1]
+    assert sum(lengths[t] for t in corpus.heldout) == len(heldout_text)
+    model, nats, count, tokens = result["model"], 0.0, 0, 0
+    for x, y in heldout_batches(corpus.heldout, 128, 8, QUIET["eval_windows"], bos=None):
+        logits = model(*lm_inputs(x, model.config))[0]
+        nats += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
+                                                  reduction="sum").item()
+        count += sum(lengths[t] for t in y.reshape(-1).tolist())
+        tokens += y.numel()
+    assert result["heldout_bpb"] == pytest.approx(nats / count / math.log(2), rel=1e-5)
+    assert count > 2 * tokens                                  # a BPE token stands for several bytes
+
+
 def test_tiny_checkpoint_learned_text(tiny_checkpoint):
     state = torch.load(tiny_checkpoint, weights_only=True)
     assert state["heldout_bpb"] < 3.2, state["heldout_bpb"]              # untrained: about 8
@@ -125,11 +143,11 @@ def test_tiny_checkpoint_learned_text(tiny_checkpoint):
 def test_checkpoint_round_trip_is_weights_only(tmp_path):
     result = tiny_run(tmp_path, max_steps=5)
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    assert state["step"] == 5 and state["config"] == preset("tiny").to_dict()
+    assert state["step"] == 5 and state["config"] == preset("tiny", vocab_size=DEFAULT_BPE_VOCAB).to_dict()
     assert state["train_config"]["max_steps"] == 5 and "state" in state["optimizer"]
     assert state["heldout_bpb"] == pytest.approx(result["heldout_bpb"]) == pytest.approx(state["best_heldout_bpb"])
     loaded = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert loaded.config == preset("tiny")
+    assert loaded.config == preset("tiny", vocab_size=DEFAULT_BPE_VOCAB)       # the default tokenizer's
     for name, tensor in result["model"].state_dict().items():
         assert torch.equal(tensor, loaded.state_dict()[name]), name
 
@@ -203,7 +221,8 @@ def test_model_size_flags_override_the_preset(tmp_path, capsys):
                           "--threads", "1", "--out", str(tmp_path))
     assert code == 0, err
     config = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["config"]
-    assert config == preset("tiny", max_len=256, d_model=32, n_heads=2, n_layers=1, d_ff=64).to_dict()
+    assert config == preset("tiny", max_len=256, d_model=32, n_heads=2, n_layers=1, d_ff=64,
+                            vocab_size=DEFAULT_BPE_VOCAB).to_dict()
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from attnserve.model.config import preset
+from attnserve.model.train import DEFAULT_BPE_VOCAB
 
 TRAIN = [sys.executable, "-m", "attnserve.cli", "train"]
 CASES = ["missing corpus", "empty corpus", "folder without .txt", "corpus shorter than a block", "unknown preset",
          "out under a regular file", "resume without a checkpoint", "encoder-decoder resume",
-         "pairs file with a bad line", "pairs longer than the context"]
+         "pairs file with a bad line", "pairs longer than the context", "BPE vocabulary below the bytes",
+         "vocabulary size for the byte tokenizer", "BPE for an encoder-decoder"]
 
 
 def error_cases(root):
@@ -44,6 +46,12 @@ def error_cases(root):
         "pairs longer than the context": (["--preset", "tiny-seq2seq", "--corpus", str(root / "long.tsv"), *out],
                                           "pair 2 needs 81 tokens, the context (max_len) is 64"),
         "resume without a checkpoint": (["--preset", "tiny", "--resume", *out], "checkpoint not found"),
+        "BPE vocabulary below the bytes": (["--preset", "tiny", "--tokenizer", "bpe", "--vocab-size", "100", *out],
+                                           "--vocab-size 100 is outside [259, "),
+        "vocabulary size for the byte tokenizer": (["--tokenizer", "bytes", "--vocab-size", "512", *out],
+                                                   "--vocab-size is the BPE tokenizer's"),
+        "BPE for an encoder-decoder": (["--preset", "numbers", "--tokenizer", "bpe", *out],
+                                       "--tokenizer bpe is for decoder-only models"),
     }
 
 
@@ -95,7 +103,7 @@ def test_a_short_run_ends_with_the_heldout_figure(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"held-out: \d+\.\d{3} bits per byte", last), proc.stdout
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
-    assert state["step"] == 12 and state["config"] == preset("tiny").to_dict()
+    assert state["step"] == 12 and state["config"] == preset("tiny", vocab_size=DEFAULT_BPE_VOCAB).to_dict()
     assert float(last.split()[1]) == pytest.approx(state["heldout_bpb"], abs=5e-4)
 
 
