@@ -53,10 +53,15 @@ bench: $(STAMP) kv-bench
 	else echo "make bench: no $(BENCH_MODEL); run make demo first for the serving benchmark"; fi
 
 # Which tokenizer trains the better model in attnserve train's default budget: the small preset,
-# 180 s each, bytes vs BPE at three vocabulary sizes (about 13 minutes); the README's table.
+# 180 s each, bytes vs BPE at three vocabulary sizes (about 13 minutes); then the bytes and the
+# 2048-id BPE models served side by side through attnserve bench (bytes/s). The README's tables.
 tokenizer-table: $(STAMP)
 	mkdir -p reports
-	$(PY) scripts/tokenizer_table.py --out reports/tokenizers.json --plot reports/tokenizers.png
+	$(PY) scripts/tokenizer_table.py --runs runs/tokenizers --out reports/tokenizers.json --plot reports/tokenizers.png
+	$(VENV)/bin/attnserve export runs/tokenizers/bytes/checkpoint.pt --out models/tok-bytes
+	$(VENV)/bin/attnserve export runs/tokenizers/bpe-2048/checkpoint.pt --out models/tok-bpe
+	$(PY) scripts/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
+		--out reports/tokenizer-serving.json --plot reports/tokenizer-serving.png
 
 # make genai-check MODEL=models/small: the same model directory, decoded by onnxruntime-genai
 genai-check: $(GENAI_STAMP)
