@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, Sequence
 
-from .utf8 import ByteTokenizer
 from .errors import TokenizerError
+from .utf8 import ByteTokenizer
 
 KINDS = ("bytes", "bpe")
 

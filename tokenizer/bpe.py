@@ -10,7 +10,6 @@ maps it to the special id; send ids with prompt_token_ids). The tokenizer.json s
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Sequence
 
 from .errors import TokenizerError
@@ -55,10 +54,6 @@ class BpeTokenizer:
             raise TokenizerError(f"tokenizer.json lacks the special tokens {', '.join(SPECIAL_TOKENS)}")
         self.bos_id, self.eos_id, self.pad_id = ids
         self.special_ids = frozenset(ids)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.json.encode("utf-8")).hexdigest()
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
