@@ -88,6 +88,7 @@ def test_open_loop_rate(live, capsys):
 
 
 def test_prompt_ids_send_exact_lengths_and_output_bytes_are_counted(live, capsys):
+    live.pacer.delay = 0.002           # a token per message, so inter-token gaps are measured
     status, out, err = bench(capsys, "--target", live.target, "--concurrency", "2",
                              "--requests", "4", "--max-new-tokens", "6", "--prompt-tokens", "20",
                              "--prompt-ids", "--warmup", "1")
