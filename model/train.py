@@ -176,14 +176,15 @@ def tokenize_corpus(data: bytes, cfg: TrainConfig, block: int, state: dict | Non
             tokenizer = from_state(None)
     except TokenizerError as e:
         raise TrainError(str(e)) from None
+    lengths = torch.tensor(tokenizer.byte_lengths())
     if not bpe:
-        return Corpus(tokenizer, train_bytes, heldout_bytes, torch.tensor(tokenizer.byte_lengths()))
+        return Corpus(tokenizer, train_bytes, heldout_bytes, lengths)
     train_ids, heldout_ids = (tokenizer.encode(part.decode("utf-8", errors="replace"))
                               for part in (train_bytes, heldout_bytes))
     if len(train_ids) < block + 1:
         raise DataError(f"corpus too short: the training split is {len(train_ids)} BPE tokens, need at least "
                         f"{block + 1} (one window of --context-length {block} and its target)")
-    return Corpus(tokenizer, train_ids, heldout_ids, torch.tensor(tokenizer.byte_lengths()))
+    return Corpus(tokenizer, train_ids, heldout_ids, lengths)
 
 
 def flag_of(field: str) -> str:

@@ -53,18 +53,14 @@ def from_state(state: dict | None) -> Tokenizer:
 
 def from_model_dir(model_dir: str | Path, entry: dict) -> Tokenizer:
     """The tokenizer of an exported model directory, from its manifest entry (files already verified)."""
-    kind = entry.get("kind")
-    if kind == "bytes":
-        tokenizer: Tokenizer = ByteTokenizer()
-    elif kind == "bpe":
-        from .bpe import BpeTokenizer
+    state = {"kind": entry.get("kind")}
+    if state["kind"] == "bpe":
         path = Path(model_dir) / entry["file"]
         try:
-            tokenizer = BpeTokenizer(path.read_text(encoding="utf-8"))
+            state["json"] = path.read_text(encoding="utf-8")
         except OSError as e:
             raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
-    else:
-        raise TokenizerError(f"tokenizer kind {kind!r} is not one of {KINDS}")
+    tokenizer = from_state(state)
     for field in ("vocab_size", "bos_id", "eos_id", "pad_id"):
         if field in entry and int(entry[field]) != getattr(tokenizer, field):
             raise TokenizerError(f"the manifest's tokenizer {field} is {entry[field]}, "
