@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-stamp
 GENAI_VENV  := .venv-genai
 GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 
-.PHONY: test demo protos bench kv-bench tokenizer-table genai-check clean
+.PHONY: test lint format demo protos bench kv-bench tokenizer-table genai-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,17 @@ $(GENAI_STAMP): pyproject.toml
 
 test: $(STAMP) $(GENAI_STAMP)
 	$(PY) -m pytest
+
+# The habits as tools (configured in pyproject.toml): ruff's lint and format check, then mypy.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# Rewrites the tree the way `make lint` wants it (imports sorted, formatted).
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # Full benchmarks: JSON and PNG reports under reports/. The serving benchmark needs a trained
 # model directory (make demo writes models/small; BENCH_MODEL=models/NAME picks another). The KV
@@ -71,7 +82,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 protos: $(STAMP)
-	$(PY) protos/generate.py
+	$(PY) attnserve/protos/generate.py
 
 clean:
 	rm -rf $(VENV) $(GENAI_VENV) build *.egg-info

@@ -2,6 +2,7 @@
 
 `attnserve serve` must not import torch, so no subcommand module is imported at the top.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,48 +22,84 @@ HANDLERS = {
 
 def server_value(parser: str):
     """An argparse type from server/config.py's parsers, imported only when the flag is used."""
+
     def parse(text: str):
         from attnserve.server import config
+
         try:
             return getattr(config, parser)(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
     parse.__name__ = parser.removeprefix("parse_").replace("_", " ")
     return parse
 
 
 def add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a transformer on a text corpus",
-                       epilog="data-parallel: torchrun --nproc_per_node=N -m attnserve.cli train ...")
+    p = sub.add_parser(
+        "train",
+        help="train a transformer on a text corpus",
+        epilog="data-parallel: torchrun --nproc_per_node=N -m attnserve.cli train ...",
+    )
     p.add_argument("--preset", default="small", help="model preset: tiny, small (default), numbers, ...")
     p.add_argument("--corpus", default=None, help="text file or folder of .txt files (default: CPython's pydoc topics)")
     p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
-    p.add_argument("--tokenizer", choices=["bytes", "bpe"], default=None,
-                   help="bpe: a byte-level BPE trained on the training split in seconds (the default); "
-                        "bytes: UTF-8 bytes, BOS first. --resume keeps the checkpoint's")
-    p.add_argument("--vocab-size", type=int, default=None, metavar="N",
-                   help="BPE ids in all, 259 (3 special + 256 bytes) and up (default 2048)")
+    p.add_argument(
+        "--tokenizer",
+        choices=["bytes", "bpe"],
+        default=None,
+        help="bpe: a byte-level BPE trained on the training split in seconds (the default); "
+        "bytes: UTF-8 bytes, BOS first. --resume keeps the checkpoint's",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="BPE ids in all, 259 (3 special + 256 bytes) and up (default 2048)",
+    )
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps in all")
-    p.add_argument("--time-budget", type=float, default=None,
-                   help="stop after this many seconds of training in all, eval excluded "
-                        "(default 180 unless --max-steps)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="stop after this many seconds of training in all, eval excluded (default 180 unless --max-steps)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="bf16 autocast, fp32, or auto: bf16 where the hardware has it (default)")
+    p.add_argument(
+        "--precision",
+        choices=["auto", "bf16", "fp32"],
+        default="auto",
+        help="bf16 autocast, fp32, or auto: bf16 where the hardware has it (default)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (step, optimizer)")
     p.add_argument("--batch-size", type=int, default=None, help="windows per step per process (default 32)")
     p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-3)")
     p.add_argument("--eval-interval", type=int, default=None, help="steps between held-out evaluations")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads per process (default: the cores shared among local processes)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process (default: the cores shared among local processes)",
+    )
     size = p.add_argument_group("model size (each overrides the preset's value)")
-    size.add_argument("--context-length", type=int, default=None, metavar="N",
-                      help="tokens per window, the model's max_len (at least 8)")
+    size.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens per window, the model's max_len (at least 8)",
+    )
     size.add_argument("--d-model", type=int, default=None, metavar="N", help="width of the residual stream")
     size.add_argument("--n-layers", type=int, default=None, metavar="N", help="decoder layers")
-    size.add_argument("--n-heads", type=int, default=None, metavar="N",
-                      help="attention heads; d-model / n-heads must be a multiple of 8")
+    size.add_argument(
+        "--n-heads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="attention heads; d-model / n-heads must be a multiple of 8",
+    )
     size.add_argument("--d-ff", type=int, default=None, metavar="N", help="hidden width of the feed-forward")
 
 
@@ -70,13 +107,18 @@ def add_export(sub) -> None:
     p = sub.add_parser("export", help="export a checkpoint to an ONNX model directory, gated on parity")
     p.add_argument("checkpoint", help="runs/NAME/checkpoint.pt")
     p.add_argument("--out", required=True, help="model directory to write, e.g. models/NAME")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32",
-                   help="float16 is for the CUDA provider")
+    p.add_argument(
+        "--dtype", choices=["float32", "float16"], default="float32", help="float16 is for the CUDA provider"
+    )
     p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 for the CPU provider")
     p.add_argument("--parity-steps", type=int, default=64, help="greedy decode steps compared (default 64)")
-    p.add_argument("--kv-cache", choices=["arena", "concat"], default=None,
-                   help="decoder KV cache layout: arena (in place, GroupQueryAttention; the default for "
-                        "decoder-only models) or concat (past + new; what encoder-decoders export)")
+    p.add_argument(
+        "--kv-cache",
+        choices=["arena", "concat"],
+        default=None,
+        help="decoder KV cache layout: arena (in place, GroupQueryAttention; the default for "
+        "decoder-only models) or concat (past + new; what encoder-decoders export)",
+    )
 
 
 def add_attention_map(sub) -> None:
@@ -93,40 +135,83 @@ def add_serve(sub) -> None:
     p.add_argument("--model", required=True, help="model directory written by `attnserve export`, e.g. models/NAME")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one, printed)")
-    p.add_argument("--provider", choices=["auto", "cuda", "cpu"], default="auto",
-                   help="ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it")
-    p.add_argument("--threads", type=int, default=0,
-                   help="ONNX Runtime intra-op threads (default 0: all cores but one, left to the gRPC event loop)")
-    p.add_argument("--max-batch", type=server_value("parse_max_batch"), default=16, metavar="N|auto",
-                   help="requests decoded together, one KV arena slot each (default 16); auto: as many as "
-                        "--kv-cache-memory holds")
-    p.add_argument("--kv-cache-memory", type=server_value("parse_bytes"), default=None, metavar="BYTES",
-                   help="cap on the KV arena's size, e.g. 512M or 2Gi; a --max-batch that does not fit is "
-                        "refused at start-up (default: no cap)")
-    p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prompt tokens per prefill run; longer prompts are prefilled in chunks between decode "
-                        "steps, so one delays the running batch by at most a chunk (default 256)")
-    p.add_argument("--max-queue", type=int, default=64,
-                   help="requests waiting for a batch slot before RESOURCE_EXHAUSTED (default 64)")
-    p.add_argument("--max-new-tokens-cap", type=int, default=256,
-                   help="largest max_new_tokens a request may ask for (default 256, at most context length - 1)")
+    p.add_argument(
+        "--provider",
+        choices=["auto", "cuda", "cpu"],
+        default="auto",
+        help="ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="ONNX Runtime intra-op threads (default 0: all cores but one, left to the gRPC event loop)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=server_value("parse_max_batch"),
+        default=16,
+        metavar="N|auto",
+        help="requests decoded together, one KV arena slot each (default 16); auto: as many as --kv-cache-memory holds",
+    )
+    p.add_argument(
+        "--kv-cache-memory",
+        type=server_value("parse_bytes"),
+        default=None,
+        metavar="BYTES",
+        help="cap on the KV arena's size, e.g. 512M or 2Gi; a --max-batch that does not fit is "
+        "refused at start-up (default: no cap)",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=256,
+        help="prompt tokens per prefill run; longer prompts are prefilled in chunks between decode "
+        "steps, so one delays the running batch by at most a chunk (default 256)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests waiting for a batch slot before RESOURCE_EXHAUSTED (default 64)",
+    )
+    p.add_argument(
+        "--max-new-tokens-cap",
+        type=int,
+        default=256,
+        help="largest max_new_tokens a request may ask for (default 256, at most context length - 1)",
+    )
     p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
     p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
     p.add_argument("--tls-cert", default=None, help="PEM certificate chain (TLS, with --tls-key)")
     p.add_argument("--tls-key", default=None, help="PEM private key")
     p.add_argument("--tls-client-ca", default=None, help="PEM CA bundle: require client certificates (mTLS)")
-    p.add_argument("--auth-token-file", default=None,
-                   help="file with the bearer token clients must send (health checks are exempt)")
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests get to finish after SIGTERM (default 30)")
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file with the bearer token clients must send (health checks are exempt)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGTERM (default 30)",
+    )
 
 
 def add_client_flags(p) -> None:
     """Connection flags shared by the client subcommands (generate, bench)."""
-    p.add_argument("--target", default="127.0.0.1:50051",
-                   help="server HOST:PORT, or several comma-separated (round_robin); default 127.0.0.1:50051")
-    p.add_argument("--timeout", type=float, default=None,
-                   help="deadline of each call in seconds (default 60 for generate, 300 for bench)")
+    p.add_argument(
+        "--target",
+        default="127.0.0.1:50051",
+        help="server HOST:PORT, or several comma-separated (round_robin); default 127.0.0.1:50051",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="deadline of each call in seconds (default 60 for generate, 300 for bench)",
+    )
     p.add_argument("--tls-ca", default=None, help="PEM CA bundle that signed the server's certificate (enables TLS)")
     p.add_argument("--tls-cert", default=None, help="PEM client certificate for mutual TLS (with --tls-key)")
     p.add_argument("--tls-key", default=None, help="PEM client private key for mutual TLS")
@@ -135,47 +220,79 @@ def add_client_flags(p) -> None:
 
 
 def add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate a completion from a running server (streamed by default)",
-                       description="Stream a completion to the terminal; Ctrl-C cancels it on the server "
-                                   "(exit 130). The prompt is text or, with --prompt-token-ids, token ids. "
-                                   "Errors print one line and exit 2 (bad request) or 1.")
-    p.add_argument("prompt", nargs="?", default=None,
-                   help="text to continue ('-' reads it from stdin); leave it out with --prompt-token-ids")
-    p.add_argument("--prompt-token-ids", default=None, metavar="ID,ID,...",
-                   help="the prompt as comma-separated token ids, sent as given (nothing prepended), "
-                        "e.g. 256,105,109; instead of the text prompt")
+    p = sub.add_parser(
+        "generate",
+        help="generate a completion from a running server (streamed by default)",
+        description="Stream a completion to the terminal; Ctrl-C cancels it on the server "
+        "(exit 130). The prompt is text or, with --prompt-token-ids, token ids. "
+        "Errors print one line and exit 2 (bad request) or 1.",
+    )
+    p.add_argument(
+        "prompt",
+        nargs="?",
+        default=None,
+        help="text to continue ('-' reads it from stdin); leave it out with --prompt-token-ids",
+    )
+    p.add_argument(
+        "--prompt-token-ids",
+        default=None,
+        metavar="ID,ID,...",
+        help="the prompt as comma-separated token ids, sent as given (nothing prepended), "
+        "e.g. 256,105,109; instead of the text prompt",
+    )
     p.add_argument("--max-new-tokens", type=int, default=None, help="most tokens to generate (default: server cap)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy decoding")
     p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
     p.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1: off)")
     p.add_argument("--seed", type=int, default=None, help="seed of this request's sampler")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop when the text contains TEXT (repeat the flag for several)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="stop when the text contains TEXT (repeat the flag for several)",
+    )
     p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
     p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object: text, token_ids, finish_reason, usage, timings, request_id")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: text, token_ids, finish_reason, usage, timings, request_id",
+    )
     add_client_flags(p)
 
 
 def add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="measure a running server: latency and throughput under load",
-                       description="Warm up, then a closed-loop concurrency sweep (and open-loop Poisson "
-                                   "arrivals with --rate) over streamed requests; throughput in output tokens/s "
-                                   "and bytes/s (the fair figure across tokenizers). Progress goes to stderr; "
-                                   "the table, then the JSON report as one line (always last), to stdout.")
-    p.add_argument("--concurrency", default=None,
-                   help="comma-separated requests in flight per level (default 1,4,16; none with --rate alone)")
+    p = sub.add_parser(
+        "bench",
+        help="measure a running server: latency and throughput under load",
+        description="Warm up, then a closed-loop concurrency sweep (and open-loop Poisson "
+        "arrivals with --rate) over streamed requests; throughput in output tokens/s "
+        "and bytes/s (the fair figure across tokenizers). Progress goes to stderr; "
+        "the table, then the JSON report as one line (always last), to stdout.",
+    )
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        help="comma-separated requests in flight per level (default 1,4,16; none with --rate alone)",
+    )
     p.add_argument("--rate", default=None, help="comma-separated open-loop request rates per second (Poisson)")
     p.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
-    p.add_argument("--prompt-tokens", type=int, default=32,
-                   help="prompt length in tokens (default 32): exact with --prompt-ids; else text of N - 1 ASCII "
-                        "bytes, N tokens with the byte tokenizer's BOS, fewer with BPE (the report's "
-                        "prompt_tokens counts them)")
-    p.add_argument("--prompt-ids", action="store_true",
-                   help="send prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
-                        "so every tokenizer gets exactly --prompt-tokens")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=32,
+        help="prompt length in tokens (default 32): exact with --prompt-ids; else text of N - 1 ASCII "
+        "bytes, N tokens with the byte tokenizer's BOS, fewer with BPE (the report's "
+        "prompt_tokens counts them)",
+    )
+    p.add_argument(
+        "--prompt-ids",
+        action="store_true",
+        help="send prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
+        "so every tokenizer gets exactly --prompt-tokens",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per request (default 64)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrival times")

@@ -5,6 +5,7 @@ Runs in its own virtual environment: onnxruntime-genai pulls the CPU onnxruntime
 share one with onnxruntime-gpu. `make genai-check MODEL=models/NAME` sets it up and runs this.
 Prints one JSON object last; exits 1 if any token differs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ def genai_greedy(model: og.Model, prompt: list[int], steps: int) -> list[int]:
     generator.append_tokens(np.array([prompt], dtype=np.int32))
     while not generator.is_done():
         generator.generate_next_token()
-    return [int(t) for t in generator.get_sequence(0)][len(prompt):]
+    return [int(t) for t in generator.get_sequence(0)][len(prompt) :]
 
 
 def main() -> int:
@@ -39,15 +40,23 @@ def main() -> int:
     model = og.Model(args.model_dir)
     genai_tokenizer = og.Tokenizer(model) if tokenizer["kind"] != "bytes" else None
     rows = []
-    for text in PROMPTS:   # a BPE's prompts are encoded by genai's own tokenizer (tests/test_genai.py: ours agree)
-        prompt = ([tokenizer["bos_id"], *text.encode()] if genai_tokenizer is None
-                  else [int(i) for i in genai_tokenizer.encode(text)])
+    for text in PROMPTS:  # a BPE's prompts are encoded by genai's own tokenizer (tests/test_genai.py: ours agree)
+        prompt = (
+            [tokenizer["bos_id"], *text.encode()]
+            if genai_tokenizer is None
+            else [int(i) for i in genai_tokenizer.encode(text)]
+        )
         expected = ours.greedy([prompt], args.steps)[0].tolist()
         got = genai_greedy(model, prompt, args.steps)
         rows.append({"prompt": text, "identical": got == expected, "genai": got, "attnserve": expected})
-        print(f"{text!r:28} {'identical' if got == expected else 'DIFFERENT'} over {args.steps} tokens", file=sys.stderr)
-    result = {"onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else "unknown",
-              "all_identical": all(r["identical"] for r in rows), "rows": rows}
+        print(
+            f"{text!r:28} {'identical' if got == expected else 'DIFFERENT'} over {args.steps} tokens", file=sys.stderr
+        )
+    result = {
+        "onnxruntime_genai": og.__version__ if hasattr(og, "__version__") else "unknown",
+        "all_identical": all(r["identical"] for r in rows),
+        "rows": rows,
+    }
     print(json.dumps(result))
     return 0 if result["all_identical"] else 1
 

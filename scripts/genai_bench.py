@@ -7,6 +7,7 @@ warm-up. Prints one JSON object: tokens, seconds, tokens_per_s, and the tokens t
 
     .venv-genai/bin/python scripts/genai_bench.py models/NAME --prompts '[[256, 84, ...], ...]' --new-tokens 256
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,7 @@ def decode(model: og.Model, prompts: np.ndarray, new_tokens: int) -> list[list[i
     generator.append_tokens(prompts)
     while not generator.is_done():
         generator.generate_next_token()
-    return [[int(t) for t in generator.get_sequence(i)][prompts.shape[1]:] for i in range(len(prompts))]
+    return [[int(t) for t in generator.get_sequence(i)][prompts.shape[1] :] for i in range(len(prompts))]
 
 
 def main() -> None:
@@ -37,13 +38,22 @@ def main() -> None:
     args = p.parse_args()
     prompts = np.array(json.loads(args.prompts), dtype=np.int32)
     model = og.Model(args.model_dir)
-    decode(model, prompts, 8)                                        # warm-up
+    decode(model, prompts, 8)  # warm-up
     start = time.perf_counter()
     tokens = decode(model, prompts, args.new_tokens)
     seconds = time.perf_counter() - start
     count = sum(len(t) for t in tokens)
-    print(json.dumps({"batch": len(prompts), "tokens": count, "seconds": seconds, "tokens_per_s": count / seconds,
-                      "token_ids": tokens}))
+    print(
+        json.dumps(
+            {
+                "batch": len(prompts),
+                "tokens": count,
+                "seconds": seconds,
+                "tokens_per_s": count / seconds,
+                "token_ids": tokens,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ tokenizer.json, encodes each text, decodes the ids back, and greedily continues 
 Runs in .venv-genai (see check_genai.py). tests/test_genai.py compares what this prints with
 attnserve's tokenizer and server on the same directory. Prints one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ def continue_text(model: og.Model, tokenizer: og.Tokenizer, text: str, new_token
     generator.append_tokens(np.array([prompt], dtype=np.int32))
     while not generator.is_done():
         generator.generate_next_token()
-    return tokenizer.decode(generator.get_sequence(0)[len(prompt):])
+    return tokenizer.decode(generator.get_sequence(0)[len(prompt) :])
 
 
 def main() -> int:
@@ -37,8 +38,14 @@ def main() -> int:
     rows = []
     for text in json.loads(args.texts):
         ids = [int(i) for i in tokenizer.encode(text)]
-        rows.append({"text": text, "ids": ids, "decoded": tokenizer.decode(np.array(ids, dtype=np.int32)),
-                     "continuation": continue_text(model, tokenizer, text, args.new_tokens)})
+        rows.append(
+            {
+                "text": text,
+                "ids": ids,
+                "decoded": tokenizer.decode(np.array(ids, dtype=np.int32)),
+                "continuation": continue_text(model, tokenizer, text, args.new_tokens),
+            }
+        )
     print(json.dumps({"rows": rows}))
     return 0
 

@@ -9,6 +9,7 @@ with their range and the BPE / bytes ratios. Writes JSON and a PNG; prints a Mar
     python scripts/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
         --out reports/tokenizer-serving.json --plot reports/tokenizer-serving.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,12 @@ BENCH = [sys.executable, "-m", "attnserve.cli", "bench"]
 
 
 def start(model: str) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([*SERVE, "--model", model, "--host", "127.0.0.1", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [*SERVE, "--model", model, "--host", "127.0.0.1", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     for line in proc.stdout:
         found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
         if found:
@@ -34,9 +39,22 @@ def start(model: str) -> tuple[subprocess.Popen, int]:
 
 
 def bench(port: int, args) -> list[dict]:
-    out = subprocess.run([*BENCH, "--target", f"127.0.0.1:{port}", "--concurrency", args.concurrency,
-                          "--requests", str(args.requests), "--max-new-tokens", str(args.new_tokens)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            *BENCH,
+            "--target",
+            f"127.0.0.1:{port}",
+            "--concurrency",
+            args.concurrency,
+            "--requests",
+            str(args.requests),
+            "--max-new-tokens",
+            str(args.new_tokens),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])["levels"]
 
 
@@ -58,8 +76,8 @@ def main() -> int:
     servers = {side: start(model) for side, model in (("bytes", args.bytes), ("bpe", args.bpe))}
     runs: dict[str, list[list[dict]]] = {side: [] for side in servers}
     try:
-        for side, (_, port) in servers.items():
-            bench(port, argparse.Namespace(**{**vars(args), "requests": 4}))          # warm-up
+        for _, port in servers.values():
+            bench(port, argparse.Namespace(**{**vars(args), "requests": 4}))  # warm-up
         for r in range(args.rounds):
             for side, (_, port) in servers.items():
                 print(f"round {r + 1}/{args.rounds}: {side}", file=sys.stderr, flush=True)
@@ -71,10 +89,17 @@ def main() -> int:
     levels = [int(c) for c in args.concurrency.split(",")]
     result = {"config": vars(args), "levels": {}}
     for i, c in enumerate(levels):
-        row = {side: {key: summary([run[i][key] for run in runs[side]])
-                      for key in ("output_tokens_per_s", "output_bytes_per_s")} for side in runs}
-        row["bpe_vs_bytes"] = {key: row["bpe"][key]["median"] / row["bytes"][key]["median"]
-                               for key in ("output_tokens_per_s", "output_bytes_per_s")}
+        row = {
+            side: {
+                key: summary([run[i][key] for run in runs[side]])
+                for key in ("output_tokens_per_s", "output_bytes_per_s")
+            }
+            for side in runs
+        }
+        row["bpe_vs_bytes"] = {
+            key: row["bpe"][key]["median"] / row["bytes"][key]["median"]
+            for key in ("output_tokens_per_s", "output_bytes_per_s")
+        }
         result["levels"][str(c)] = row
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
@@ -82,18 +107,24 @@ def main() -> int:
     print("| in flight | bytes: tok/s | bytes: B/s | BPE: tok/s | BPE: B/s | BPE / bytes, B/s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for c, row in result["levels"].items():
-        cell = lambda side, key: f"{row[side][key]['median']:,.0f} [{row[side][key]['min']:,.0f}-{row[side][key]['max']:,.0f}]"  # noqa: E731
-        print(f"| {c} | {cell('bytes', 'output_tokens_per_s')} | {cell('bytes', 'output_bytes_per_s')} | "
-              f"{cell('bpe', 'output_tokens_per_s')} | {cell('bpe', 'output_bytes_per_s')} | "
-              f"**{row['bpe_vs_bytes']['output_bytes_per_s']:.2f}x** |")
+        cell = lambda side, key, row=row: (
+            f"{row[side][key]['median']:,.0f} [{row[side][key]['min']:,.0f}-{row[side][key]['max']:,.0f}]"
+        )
+        print(
+            f"| {c} | {cell('bytes', 'output_tokens_per_s')} | {cell('bytes', 'output_bytes_per_s')} | "
+            f"{cell('bpe', 'output_tokens_per_s')} | {cell('bpe', 'output_bytes_per_s')} | "
+            f"**{row['bpe_vs_bytes']['output_bytes_per_s']:.2f}x** |"
+        )
     print(json.dumps(result))
     return 0
 
 
 def plot(result: dict, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     levels = list(result["levels"])
     fig, ax = plt.subplots(figsize=(6, 3.2))
     width = 0.38

@@ -7,6 +7,7 @@ each in its own process on the whole machine. The load average before and after 
 recorded: a run on a busy machine does fewer steps in its budget. Writes JSON and a PNG and
 prints a Markdown table (the README's).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,32 +24,59 @@ import torch
 def train(name: str, spec: str, budget: float, runs: Path) -> dict:
     kind, _, vocab = spec.partition(":")
     out = runs / name
-    cmd = [sys.executable, "-m", "attnserve.cli", "train", "--preset", "small", "--tokenizer", kind,
-           "--time-budget", str(budget), "--out", str(out)] + (["--vocab-size", vocab] if vocab else [])
+    cmd = [
+        sys.executable,
+        "-m",
+        "attnserve.cli",
+        "train",
+        "--preset",
+        "small",
+        "--tokenizer",
+        kind,
+        "--time-budget",
+        str(budget),
+        "--out",
+        str(out),
+    ] + (["--vocab-size", vocab] if vocab else [])
     load_before, start = os.getloadavg()[0], time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - start
     state = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=True)
     tokens = state["step"] * state["train_config"]["batch_size"] * state["config"]["max_len"]
-    return {"name": name, "tokenizer": kind, "vocab_size": state["config"]["vocab_size"],
-            "heldout_bits_per_byte": round(state["heldout_bpb"], 4), "steps": state["step"],
-            "train_seconds": round(state["train_seconds"], 1), "tokens_per_s": round(tokens / state["train_seconds"]),
-            "wall_seconds": round(wall, 1), "load_before": round(load_before, 2),
-            "load_after": round(os.getloadavg()[0], 2), "command": " ".join(["attnserve", *cmd[3:]])}
+    return {
+        "name": name,
+        "tokenizer": kind,
+        "vocab_size": state["config"]["vocab_size"],
+        "heldout_bits_per_byte": round(state["heldout_bpb"], 4),
+        "steps": state["step"],
+        "train_seconds": round(state["train_seconds"], 1),
+        "tokens_per_s": round(tokens / state["train_seconds"]),
+        "wall_seconds": round(wall, 1),
+        "load_before": round(load_before, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "command": " ".join(["attnserve", *cmd[3:]]),
+    }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| tokenizer | ids | held-out bits/byte | steps | tokens/s | load before/after |",
-             "|---|---:|---:|---:|---:|---|"]
-    lines += [f"| {r['name']} | {r['vocab_size']} | {r['heldout_bits_per_byte']:.3f} | {r['steps']} | "
-              f"{r['tokens_per_s']:,} | {r['load_before']} / {r['load_after']} |" for r in rows]
+    lines = [
+        "| tokenizer | ids | held-out bits/byte | steps | tokens/s | load before/after |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {r['name']} | {r['vocab_size']} | {r['heldout_bits_per_byte']:.3f} | {r['steps']} | "
+        f"{r['tokens_per_s']:,} | {r['load_before']} / {r['load_after']} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: str, budget: float) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 3.2))
     ax.bar([r["name"] for r in rows], [r["heldout_bits_per_byte"] for r in rows], color="#4c72b0")
     for i, r in enumerate(rows):
@@ -61,8 +89,11 @@ def plot(rows: list[dict], path: str, budget: float) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--configs", default="bytes,bpe:512,bpe:1024,bpe:2048",
-                   help="comma-separated KIND[:VOCAB] (default bytes,bpe:512,bpe:1024,bpe:2048)")
+    p.add_argument(
+        "--configs",
+        default="bytes,bpe:512,bpe:1024,bpe:2048",
+        help="comma-separated KIND[:VOCAB] (default bytes,bpe:512,bpe:1024,bpe:2048)",
+    )
     p.add_argument("--budget", type=float, default=180.0, help="training seconds per run (default 180)")
     p.add_argument("--runs", default="runs/tokenizers", help="folder of the runs")
     p.add_argument("--out", default="reports/tokenizers.json")

@@ -1,4 +1,5 @@
 """Session fixtures: the trained tiny checkpoint exported once, float32 (and int8 on demand)."""
+
 import pytest
 
 from attnserve.export.onnx_export import export_checkpoint

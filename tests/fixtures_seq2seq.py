@@ -1,13 +1,14 @@
 """Session fixtures for the encoder-decoder path: a `tiny-seq2seq` model trained briefly on the
 number task, its exported model directory, and a real server over it, each built once."""
+
 import pytest
 import torch
+from fixtures_server import start_server
 
 from attnserve.export.onnx_export import export_checkpoint
 from attnserve.model.checkpoint import build_model, load_checkpoint
 from attnserve.model.config import preset
 from attnserve.model.train_seq2seq import Seq2SeqTrainConfig, train_seq2seq
-from fixtures_server import start_server
 
 SEQ2SEQ_STEPS = 200
 
@@ -18,8 +19,9 @@ def tiny_seq2seq_checkpoint(tmp_path_factory):
     output is number words of varying length, not one repeated byte."""
     out = tmp_path_factory.mktemp("tiny-seq2seq-run") / "checkpoint.pt"
     torch.manual_seed(0)
-    cfg = Seq2SeqTrainConfig(max_steps=SEQ2SEQ_STEPS, batch_size=32, lr=3e-3, warmup_steps=30,
-                             eval_every=10 * SEQ2SEQ_STEPS, eval_pairs=20)
+    cfg = Seq2SeqTrainConfig(
+        max_steps=SEQ2SEQ_STEPS, batch_size=32, lr=3e-3, warmup_steps=30, eval_every=10 * SEQ2SEQ_STEPS, eval_pairs=20
+    )
     train_seq2seq(build_model(preset("tiny-seq2seq")), cfg, out, log=lambda *_: None)
     return out
 

@@ -4,6 +4,7 @@ The server runs in-process on an event loop of its own (a thread), so tests can 
 engine; signal and start-up tests run `attnserve serve` as a subprocess instead. A Pacer can
 slow every engine step so that a test can act while a generation is still running.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -81,8 +82,15 @@ class ServerThread:
 
 
 def start_server(model_dir, **overrides) -> ServerThread:
-    defaults = {"host": "127.0.0.1", "port": 0, "provider": "cpu", "threads": 1, "max_batch": 8, "max_queue": 64,
-                "drain_timeout": 5.0}
+    defaults = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "provider": "cpu",
+        "threads": 1,
+        "max_batch": 8,
+        "max_queue": 64,
+        "drain_timeout": 5.0,
+    }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})
     return ServerThread(config)
 
@@ -124,6 +132,7 @@ def stub(server):
 def reference_model(tiny_checkpoint):
     """The PyTorch model the tiny model directory was exported from (tests may import torch)."""
     from attnserve.model.checkpoint import load_checkpoint
+
     return load_checkpoint(tiny_checkpoint)
 
 
@@ -132,8 +141,13 @@ class ServeProcess:
 
     def __init__(self, *args: str, ready_timeout: float = 60.0):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "attnserve.cli", "serve", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "attnserve.cli", "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.lines: list[str] = []
         self.port = self._wait_ready(ready_timeout)
 
@@ -142,7 +156,7 @@ class ServeProcess:
         while time.monotonic() < end:
             line = self.proc.stdout.readline()
             if not line:
-                return None                 # exited before it was ready
+                return None  # exited before it was ready
             self.lines.append(line)
             match = re.search(r"listening on \S+:(\d+)", line)
             if match:

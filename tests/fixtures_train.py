@@ -1,5 +1,6 @@
 """Session fixture: a `tiny` model trained once on the default corpus, for every test that needs
 a real checkpoint (export, server). Trains in about ten seconds on one core."""
+
 import pytest
 
 from attnserve.model.config import preset
@@ -13,8 +14,18 @@ def tiny_checkpoint(tmp_path_factory):
     """Path to checkpoint.pt of a tiny decoder with the byte tokenizer, trained 400 steps (held-out
     ~2.8 bits per byte): greedy output is words and spaces, not one repeated byte."""
     out = tmp_path_factory.mktemp("runs") / "tiny"
-    cfg = TrainConfig(max_steps=TINY_STEPS, time_budget=None, out_dir=str(out), progress=False, batch_size=16,
-                      lr=1e-2, warmup_steps=10, eval_interval=TINY_STEPS, threads=1, tokenizer="bytes")
+    cfg = TrainConfig(
+        max_steps=TINY_STEPS,
+        time_budget=None,
+        out_dir=str(out),
+        progress=False,
+        batch_size=16,
+        lr=1e-2,
+        warmup_steps=10,
+        eval_interval=TINY_STEPS,
+        threads=1,
+        tokenizer="bytes",
+    )
     train(preset("tiny"), cfg, log=lambda _: None)
     return out / "checkpoint.pt"
 
@@ -23,8 +34,18 @@ def tiny_checkpoint(tmp_path_factory):
 def tiny_bpe_checkpoint(tmp_path_factory):
     """The tiny decoder with a 512-id byte-level BPE trained on the default corpus's training split."""
     out = tmp_path_factory.mktemp("runs") / "tiny-bpe"
-    cfg = TrainConfig(max_steps=TINY_STEPS, time_budget=None, out_dir=str(out), progress=False, batch_size=16,
-                      lr=1e-2, warmup_steps=10, eval_interval=TINY_STEPS, threads=1, tokenizer="bpe",
-                      vocab_size=512)
+    cfg = TrainConfig(
+        max_steps=TINY_STEPS,
+        time_budget=None,
+        out_dir=str(out),
+        progress=False,
+        batch_size=16,
+        lr=1e-2,
+        warmup_steps=10,
+        eval_interval=TINY_STEPS,
+        threads=1,
+        tokenizer="bpe",
+        vocab_size=512,
+    )
     train(preset("tiny"), cfg, log=lambda _: None)
     return out / "checkpoint.pt"

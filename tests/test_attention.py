@@ -1,5 +1,6 @@
 """The lectures' worked examples: dot-product scores, attention output, permutation
 equivariance, sinusoidal encoding, causal masking."""
+
 import math
 
 import pytest

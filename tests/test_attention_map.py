@@ -1,4 +1,5 @@
 """`attnserve attention-map` writes a valid PNG of cross-attention, and refuses decoder-only models."""
+
 import subprocess
 import sys
 
@@ -18,12 +19,17 @@ def checkpoint(tmp_path, name):
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "attnserve.cli", "attention-map", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "attention-map", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cross_attention_rows_are_distributions_over_the_source(tmp_path):
     from attnserve.model.checkpoint import load_checkpoint
+
     model = load_checkpoint(checkpoint(tmp_path, "tiny-seq2seq"))
     output, weights = cross_attention(model, "4021", max_new_tokens=10)
     layers, heads = model.config.n_layers, model.config.n_heads

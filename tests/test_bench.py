@@ -1,4 +1,5 @@
 """`attnserve bench` against a real server: the report's numbers agree with the server's."""
+
 import json
 
 import pytest
@@ -29,15 +30,13 @@ def bench(capsys, *args: str) -> tuple[int, str, str]:
 
 def check_level(level: dict, requests: int, max_new_tokens: int, prompt_tokens: int) -> None:
     assert (level["requests"], level["completed"], level["errors"]) == (requests, requests, {})
-    assert level["output_bytes_per_s"] == pytest.approx(
-        level["output_bytes"] / level["duration_s"], rel=1e-2)
-    assert level["output_tokens"] == level["reported_completion_tokens"]   # counted == usage
+    assert level["output_bytes_per_s"] == pytest.approx(level["output_bytes"] / level["duration_s"], rel=1e-2)
+    assert level["output_tokens"] == level["reported_completion_tokens"]  # counted == usage
     assert level["token_count_mismatches"] == 0
     assert 0 < level["output_tokens"] <= requests * max_new_tokens
     assert level["prompt_tokens"] == requests * prompt_tokens
     assert level["requests_per_s"] == pytest.approx(requests / level["duration_s"], rel=1e-2)
-    assert level["output_tokens_per_s"] == pytest.approx(
-        level["output_tokens"] / level["duration_s"], rel=1e-2)
+    assert level["output_tokens_per_s"] == pytest.approx(level["output_tokens"] / level["duration_s"], rel=1e-2)
     for key in LATENCIES:
         stats = level[key]
         assert 0 <= stats["p50"] <= stats["p90"] <= stats["p99"], (key, stats)
@@ -48,28 +47,49 @@ def check_level(level: dict, requests: int, max_new_tokens: int, prompt_tokens: 
 def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
     from PIL import Image
 
-    live.pacer.delay = 0.002           # a token per message, so inter-token gaps are measured
+    live.pacer.delay = 0.002  # a token per message, so inter-token gaps are measured
     calls = counter(live, "attnserve_requests_total", {"method": "GenerateStream", "code": "OK"})
     tokens = counter(live, "attnserve_generated_tokens_total")
     out_json, out_png = tmp_path / "r" / "bench.json", tmp_path / "bench.png"
-    status, out, err = bench(capsys, "--target", live.target, "--concurrency", "1,2",
-                             "--requests", "4", "--max-new-tokens", "8", "--prompt-tokens", "16",
-                             "--warmup", "2", "--out", str(out_json), "--plot", str(out_png))
+    status, out, err = bench(
+        capsys,
+        "--target",
+        live.target,
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "4",
+        "--max-new-tokens",
+        "8",
+        "--prompt-tokens",
+        "16",
+        "--warmup",
+        "2",
+        "--out",
+        str(out_json),
+        "--plot",
+        str(out_png),
+    )
     assert status == 0, err
-    report = json.loads(out.splitlines()[-1])                  # the JSON report is the last line
+    report = json.loads(out.splitlines()[-1])  # the JSON report is the last line
     assert report == json.loads(out_json.read_text())
-    assert [(lv["mode"], lv["concurrency"]) for lv in report["levels"]] == [("closed", 1),
-                                                                           ("closed", 2)]
+    assert [(lv["mode"], lv["concurrency"]) for lv in report["levels"]] == [("closed", 1), ("closed", 2)]
     for level in report["levels"]:
         check_level(level, requests=4, max_new_tokens=8, prompt_tokens=16)
     assert report["model"]["vocab_size"] == 259 and report["config"]["requests"] == 4
     assert report["prompts"] == "text: 15 ASCII bytes per request, 16 tokens with BOS"
-    served = lambda: counter(live, "attnserve_requests_total",  # noqa: E731
-                             {"method": "GenerateStream", "code": "OK"}) - calls
+    served = lambda: (
+        counter(
+            live,
+            "attnserve_requests_total",
+            {"method": "GenerateStream", "code": "OK"},
+        )
+        - calls
+    )
     wait_until(lambda: served() == 2 + 2 * 4, timeout=2, what="warm-up + two levels of 4 calls")
     generated = counter(live, "attnserve_generated_tokens_total") - tokens
     measured = sum(level["output_tokens"] for level in report["levels"])
-    assert measured <= generated <= measured + 2 * 8             # the rest is the warm-up's
+    assert measured <= generated <= measured + 2 * 8  # the rest is the warm-up's
     assert "c=1" in out and "c=2" in out and "TTFT ms p50/p90/p99" in out
     assert "concurrency 2: 4/4 requests, 0 failed" in err
     with Image.open(out_png) as image:
@@ -78,8 +98,21 @@ def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
 
 def test_open_loop_rate(live, capsys):
     live.pacer.delay = 0.002
-    status, out, _ = bench(capsys, "--target", live.target, "--rate", "100", "--requests", "4",
-                           "--max-new-tokens", "4", "--warmup", "0", "--seed", "1")
+    status, out, _ = bench(
+        capsys,
+        "--target",
+        live.target,
+        "--rate",
+        "100",
+        "--requests",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "--warmup",
+        "0",
+        "--seed",
+        "1",
+    )
     assert status == 0
     (level,) = json.loads(out.splitlines()[-1])["levels"]
     assert (level["mode"], level["rate"], level["concurrency"]) == ("poisson", 100.0, None)
@@ -88,10 +121,23 @@ def test_open_loop_rate(live, capsys):
 
 
 def test_prompt_ids_send_exact_lengths_and_output_bytes_are_counted(live, capsys):
-    live.pacer.delay = 0.002           # a token per message, so inter-token gaps are measured
-    status, out, err = bench(capsys, "--target", live.target, "--concurrency", "2",
-                             "--requests", "4", "--max-new-tokens", "6", "--prompt-tokens", "20",
-                             "--prompt-ids", "--warmup", "1")
+    live.pacer.delay = 0.002  # a token per message, so inter-token gaps are measured
+    status, out, err = bench(
+        capsys,
+        "--target",
+        live.target,
+        "--concurrency",
+        "2",
+        "--requests",
+        "4",
+        "--max-new-tokens",
+        "6",
+        "--prompt-tokens",
+        "20",
+        "--prompt-ids",
+        "--warmup",
+        "1",
+    )
     assert status == 0, err
     report = json.loads(out.splitlines()[-1])
     (level,) = report["levels"]
@@ -105,8 +151,19 @@ def test_failures_are_counted_by_status_code(tiny_model_dir, capsys):
     running = start_server(tiny_model_dir, max_batch=1, max_queue=1)
     running.pacer.delay = 0.01
     try:
-        status, out, _ = bench(capsys, "--target", running.target, "--concurrency", "6",
-                               "--requests", "12", "--max-new-tokens", "8", "--warmup", "0")
+        status, out, _ = bench(
+            capsys,
+            "--target",
+            running.target,
+            "--concurrency",
+            "6",
+            "--requests",
+            "12",
+            "--max-new-tokens",
+            "8",
+            "--warmup",
+            "0",
+        )
     finally:
         running.stop()
     (level,) = json.loads(out.splitlines()[-1])["levels"]
@@ -126,8 +183,13 @@ def test_refusals_exit_with_one_line(live, capsys):
 
 def test_plot_without_matplotlib_is_refused_before_the_run(live, capsys, monkeypatch, tmp_path):
     import sys
-    monkeypatch.setitem(sys.modules, "matplotlib", None)      # a client-only install: import fails
-    status, out, err = bench(capsys, "--target", live.target, "--concurrency", "1", "--requests", "1",
-                             "--plot", str(tmp_path / "x.png"))
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # a client-only install: import fails
+    status, out, err = bench(
+        capsys, "--target", live.target, "--concurrency", "1", "--requests", "1", "--plot", str(tmp_path / "x.png")
+    )
     assert (status, out) == (2, "")
-    assert err.strip() == "attnserve bench: error: --plot needs matplotlib (pip install matplotlib), which is not installed"
+    assert (
+        err.strip()
+        == "attnserve bench: error: --plot needs matplotlib (pip install matplotlib), which is not installed"
+    )

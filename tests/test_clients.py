@@ -1,12 +1,12 @@
 """Client and AsyncClient against a real server: every method, streaming, cancel and deadlines."""
+
 import asyncio
 import time
 
 import pytest
 from fixtures_server import idle, start_server, wait_until
 
-from attnserve.clients import (AsyncClient, Client, DeadlineExceeded, GenerationResult, NO_RETRY,
-                               StreamDelta)
+from attnserve.clients import NO_RETRY, AsyncClient, Client, DeadlineExceeded, GenerationResult, StreamDelta
 
 PROMPT = "def parse_args("
 
@@ -71,7 +71,7 @@ def test_model_info_and_health(live):
     assert (info.architecture, info.vocab_size, info.tokenizer.bos_id) == ("decoder", 259, 256)
     assert info.limits.max_batch_size == 8 and info.execution_provider == "CPUExecutionProvider"
     assert info.to_dict()["limits"]["max_queue_size"] == 64
-    assert info.kv_cache == "arena" and info.kv_cache_bytes == 8 * 2 * 2 * 4 * 128 * 16 * 4   # 8 slots of tiny
+    assert info.kv_cache == "arena" and info.kv_cache_bytes == 8 * 2 * 2 * 4 * 128 * 16 * 4  # 8 slots of tiny
     with Client("127.0.0.1:1", retry=NO_RETRY) as closed:
         assert closed.health(timeout=1) is False
 
@@ -93,20 +93,20 @@ def test_async_client_methods_and_concurrent_streams(live):
     info, whole, texts, results = asyncio.run(main())
     assert info.vocab_size == 259
     check_result(whole, 10)
-    assert texts == [whole.text] * 4                      # greedy: the same alone or batched
+    assert texts == [whole.text] * 4  # greedy: the same alone or batched
     assert all(r.token_ids == whole.token_ids for r in results)
 
 
 def test_cancelling_a_stream_frees_its_slot_on_the_server(one_slot):
     with Client(one_slot.target, timeout=20) as client:
-        stream = client.stream(PROMPT, max_new_tokens=100)       # 100 steps of 20 ms
+        stream = client.stream(PROMPT, max_new_tokens=100)  # 100 steps of 20 ms
         next(stream), next(stream)
         stream.cancel()
         assert list(stream) == []
         assert stream.result().finish_reason == "cancelled" and stream.result().usage is None
         wait_until(lambda: idle(one_slot.engine), timeout=2, what="the cancelled request to leave")
         start = time.monotonic()
-        after = client.generate(PROMPT, max_new_tokens=3)     # admitted to the only slot
+        after = client.generate(PROMPT, max_new_tokens=3)  # admitted to the only slot
     assert after.usage.completion_tokens == 3 and time.monotonic() - start < 2
     wait_until(lambda: finished(one_slot, "cancelled") == 1, timeout=2, what="the cancel metric")
 
@@ -138,14 +138,14 @@ def test_async_stream_cancel_stops_iteration(one_slot):
                 await stream.__anext__()
                 stream.cancel()
                 assert [d async for d in stream] == []
-                return await stream.result()
+            return await stream.result()
 
     assert asyncio.run(main()).finish_reason == "cancelled"
     wait_until(lambda: idle(one_slot.engine), timeout=2, what="the cancelled request to leave")
 
 
 def test_deadline_exceeded_on_every_kind_of_call(one_slot):
-    with Client(one_slot.target, timeout=0.3) as client:            # 100 steps take 2 s
+    with Client(one_slot.target, timeout=0.3) as client:  # 100 steps take 2 s
         t0 = time.monotonic()
         with pytest.raises(DeadlineExceeded):
             client.generate(PROMPT, max_new_tokens=100)

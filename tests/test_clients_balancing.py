@@ -1,4 +1,5 @@
 """Several servers: round_robin spreads calls over them; calls retry across a server's restart."""
+
 import asyncio
 import threading
 import time
@@ -6,7 +7,7 @@ import time
 import pytest
 from fixtures_server import start_server, wait_until
 
-from attnserve.clients import AsyncClient, Client, NO_RETRY, RetryPolicy, Unavailable
+from attnserve.clients import NO_RETRY, AsyncClient, Client, RetryPolicy, Unavailable
 
 PROMPT = "for key in "
 PATIENT = RetryPolicy(max_attempts=40, initial_backoff=0.05, max_backoff=0.25)  # about 8 s
@@ -15,8 +16,7 @@ PATIENT = RetryPolicy(max_attempts=40, initial_backoff=0.05, max_backoff=0.25)  
 def served(server, method: str = "Generate") -> float:
     """Calls of `method` that server answered OK (its Prometheus counter)."""
     registry = server.server.metrics.registry
-    return registry.get_sample_value("attnserve_requests_total",
-                                     {"method": method, "code": "OK"}) or 0
+    return registry.get_sample_value("attnserve_requests_total", {"method": method, "code": "OK"}) or 0
 
 
 @pytest.fixture
@@ -31,33 +31,36 @@ def two_servers(tiny_model_dir):
 def test_round_robin_sends_calls_to_every_server(two_servers, form):
     targets = [s.target for s in two_servers]
     with Client(",".join(targets) if form == "comma" else targets, timeout=5) as client:
-        for _ in range(40):                  # round_robin picks among connected servers
+        for _ in range(40):  # round_robin picks among connected servers
             client.generate(PROMPT, max_new_tokens=2)
             if all(served(s) >= 3 for s in two_servers):
                 break
-    wait_until(lambda: all(served(s) >= 3 for s in two_servers), timeout=2,
-               what="both servers to have served 3 calls")
+    wait_until(lambda: all(served(s) >= 3 for s in two_servers), timeout=2, what="both servers to have served 3 calls")
 
 
 def test_async_round_robin_spreads_concurrent_streams(two_servers):
     async def main():
         async with AsyncClient([s.target for s in two_servers], timeout=5) as client:
             for _ in range(10):
-                await asyncio.gather(*(client.stream(PROMPT, max_new_tokens=2).result()
-                                       for _ in range(4)))
+                await asyncio.gather(*(client.stream(PROMPT, max_new_tokens=2).result() for _ in range(4)))
                 if all(served(s, "GenerateStream") >= 4 for s in two_servers):
                     return
 
     asyncio.run(main())
-    wait_until(lambda: all(served(s, "GenerateStream") >= 4 for s in two_servers), timeout=2,
-               what="both servers to have served 4 streams")
+    wait_until(
+        lambda: all(served(s, "GenerateStream") >= 4 for s in two_servers),
+        timeout=2,
+        what="both servers to have served 4 streams",
+    )
 
 
 def restart_later(model_dir, port: int, delay: float, out: list) -> threading.Thread:
     """Start a server on `port` after `delay` seconds, in the background."""
+
     def run():
         time.sleep(delay)
         out.append(start_server(model_dir, port=port))
+
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
@@ -69,23 +72,21 @@ def test_unary_calls_and_streams_retry_across_a_restart(tiny_model_dir):
     with Client(first.target, timeout=15, retry=PATIENT) as client:
         before = client.generate(PROMPT, max_new_tokens=4)
         first.stop()
-        with Client(first.target, timeout=2, retry=NO_RETRY) as impatient:
-            with pytest.raises(Unavailable):
-                impatient.generate(PROMPT, max_new_tokens=4)
+        with Client(first.target, timeout=2, retry=NO_RETRY) as impatient, pytest.raises(Unavailable):
+            impatient.generate(PROMPT, max_new_tokens=4)
         thread = restart_later(tiny_model_dir, port, 0.5, restarted)
         try:
             t0 = time.monotonic()
             after = client.generate(PROMPT, max_new_tokens=4)
-            assert time.monotonic() - t0 >= 0.3                 # it waited for the restart
+            assert time.monotonic() - t0 >= 0.3  # it waited for the restart
             wait_until(lambda: served(restarted[0]) == 1, timeout=2, what="the call's count")
             thread.join(5)
             restarted.pop().stop()
             thread = restart_later(tiny_model_dir, port, 0.5, restarted)
             t0 = time.monotonic()
-            streamed = client.stream(PROMPT, max_new_tokens=4).result()   # no token before
+            streamed = client.stream(PROMPT, max_new_tokens=4).result()  # no token before
             assert time.monotonic() - t0 >= 0.3
-            wait_until(lambda: served(restarted[0], "GenerateStream") == 1, timeout=2,
-                       what="the stream's count")
+            wait_until(lambda: served(restarted[0], "GenerateStream") == 1, timeout=2, what="the stream's count")
             info = client.model_info()
         finally:
             thread.join(5)
@@ -105,6 +106,6 @@ def test_a_stream_is_not_retried_once_tokens_arrived(tiny_model_dir):
         stopper.start()
         t0 = time.monotonic()
         with pytest.raises(Unavailable):
-            list(stream)                      # replaying the tokens would duplicate them
+            list(stream)  # replaying the tokens would duplicate them
     stopper.join(5)
     assert first.token_ids and time.monotonic() - t0 < 2

@@ -1,4 +1,5 @@
 """Prompts given as token ids: sent exactly as given, and the same completion as the equal text."""
+
 import asyncio
 
 import numpy as np
@@ -26,17 +27,20 @@ def byte_ids(client: Client, text: str) -> list[int]:
 def test_a_sequence_of_ints_is_sent_as_prompt_token_ids(ids):
     request = build_request(ids, max_new_tokens=2)
     assert list(request.prompt_token_ids) == [int(i) for i in ids] and request.prompt == ""
-    assert build_request("hi") == pb.GenerateRequest(prompt="hi")   # text as before
+    assert build_request("hi") == pb.GenerateRequest(prompt="hi")  # text as before
 
 
-@pytest.mark.parametrize("prompt, error, message", [
-    ([], ValueError, "prompt_token_ids: must not be empty"),
-    ([1, "2"], TypeError, r"prompt_token_ids\[1\]: '2' is not an int"),
-    ([1, 2.0], TypeError, r"prompt_token_ids\[1\]"),
-    ([True], TypeError, r"prompt_token_ids\[0\]"),
-    (b"hi", TypeError, "bytes are ambiguous"),
-    (None, TypeError, "not NoneType"),
-])
+@pytest.mark.parametrize(
+    "prompt, error, message",
+    [
+        ([], ValueError, "prompt_token_ids: must not be empty"),
+        ([1, "2"], TypeError, r"prompt_token_ids\[1\]: '2' is not an int"),
+        ([1, 2.0], TypeError, r"prompt_token_ids\[1\]"),
+        ([True], TypeError, r"prompt_token_ids\[0\]"),
+        (b"hi", TypeError, "bytes are ambiguous"),
+        (None, TypeError, "not NoneType"),
+    ],
+)
 def test_bad_prompts_are_refused_before_sending(prompt, error, message):
     with pytest.raises(error, match=message):
         build_request(prompt)
@@ -88,4 +92,5 @@ def test_an_id_outside_the_vocabulary_is_invalid_argument_naming_it(live):
         async with AsyncClient(live.target, timeout=10) as client:
             with pytest.raises(InvalidArgument, match=r"prompt_token_ids\[2\]"):
                 await client.generate([256, 100, vocab_size + 5], max_new_tokens=2)
+
     asyncio.run(main())

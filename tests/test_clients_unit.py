@@ -1,4 +1,5 @@
 """The clients' pure parts, no server: error mapping, targets, requests, retries, statistics."""
+
 import math
 import random
 
@@ -6,14 +7,11 @@ import grpc
 import pytest
 
 from attnserve.clients import errors
-from attnserve.clients.bench import (BenchConfig, describe_prompts, make_prompts,
-                                    make_token_prompts)
-from attnserve.clients.bench_report import (RequestRecord, distribution_ms, format_table,
-                                            percentile, summarize_level)
+from attnserve.clients.bench import BenchConfig, describe_prompts, make_prompts, make_token_prompts
+from attnserve.clients.bench_report import RequestRecord, distribution_ms, format_table, percentile, summarize_level
 from attnserve.clients.channel import ChannelConfig, TlsConfig, parse_targets, split_host_port
 from attnserve.clients.retry import Deadline, RetryPolicy, next_delay
-from attnserve.clients.types import (StreamAccumulator, TokenizerInfo, build_request,
-                                    finish_reason_name)
+from attnserve.clients.types import StreamAccumulator, TokenizerInfo, build_request, finish_reason_name
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 
 
@@ -48,18 +46,21 @@ def test_named_exceptions_and_exit_statuses():
     assert not errors.retryable(errors.DeadlineExceeded("x"))
 
 
-@pytest.mark.parametrize("target, expected", [
-    ("127.0.0.1:5001", ("127.0.0.1:5001", None)),
-    ("localhost", ("localhost:50051", None)),
-    ("[::1]:7", ("[::1]:7", None)),
-    ("127.0.0.1:5001,127.0.0.1:5002", ("ipv4:127.0.0.1:5001,127.0.0.1:5002", None)),
-    (["127.0.0.1:5001", " 127.0.0.2:5002"], ("ipv4:127.0.0.1:5001,127.0.0.2:5002", None)),
-    (["[::1]:5", "[::1]:6"], ("ipv6:[::1]:5,[::1]:6", None)),
-    (["localhost:5001", "127.0.0.1:5002"], ("ipv4:127.0.0.1:5001,127.0.0.1:5002", "localhost")),
-    ("dns:///example.com:443", ("dns:///example.com:443", None)),
-    ("ipv4:10.0.0.1:1,10.0.0.2:1", ("ipv4:10.0.0.1:1,10.0.0.2:1", None)),
-    ("unix:/tmp/attnserve.sock", ("unix:/tmp/attnserve.sock", None)),
-])
+@pytest.mark.parametrize(
+    "target, expected",
+    [
+        ("127.0.0.1:5001", ("127.0.0.1:5001", None)),
+        ("localhost", ("localhost:50051", None)),
+        ("[::1]:7", ("[::1]:7", None)),
+        ("127.0.0.1:5001,127.0.0.1:5002", ("ipv4:127.0.0.1:5001,127.0.0.1:5002", None)),
+        (["127.0.0.1:5001", " 127.0.0.2:5002"], ("ipv4:127.0.0.1:5001,127.0.0.2:5002", None)),
+        (["[::1]:5", "[::1]:6"], ("ipv6:[::1]:5,[::1]:6", None)),
+        (["localhost:5001", "127.0.0.1:5002"], ("ipv4:127.0.0.1:5001,127.0.0.1:5002", "localhost")),
+        ("dns:///example.com:443", ("dns:///example.com:443", None)),
+        ("ipv4:10.0.0.1:1,10.0.0.2:1", ("ipv4:10.0.0.1:1,10.0.0.2:1", None)),
+        ("unix:/tmp/attnserve.sock", ("unix:/tmp/attnserve.sock", None)),
+    ],
+)
 def test_targets(target, expected):
     assert parse_targets(target) == expected
 
@@ -92,8 +93,17 @@ def test_bare_request_leaves_sampling_unset_so_the_server_decodes_greedily():
     assert request == pb.GenerateRequest(prompt="hi")
     for name in ("max_new_tokens", "top_p", "repetition_penalty", "seed"):
         assert not request.HasField(name)
-    full = build_request("hi", max_new_tokens=3, top_p=0.5, repetition_penalty=1.2, seed=0,
-                         stop="\n", temperature=0.7, top_k=5, request_id="r1")
+    full = build_request(
+        "hi",
+        max_new_tokens=3,
+        top_p=0.5,
+        repetition_penalty=1.2,
+        seed=0,
+        stop="\n",
+        temperature=0.7,
+        top_k=5,
+        request_id="r1",
+    )
     assert full.HasField("seed") and full.seed == 0 and list(full.stop) == ["\n"]
     assert (full.max_new_tokens, full.top_k, full.request_id) == (3, 5, "r1")
 
@@ -106,9 +116,13 @@ def test_stream_accumulator_adds_deltas_up_to_the_result():
     acc = StreamAccumulator()
     assert acc.feed(pb.GenerateStreamResponse(request_id="r", text="a", token_ids=[97])).text == "a"
     assert acc.feed(pb.GenerateStreamResponse(request_id="r", token_ids=[0xC3])).text == ""
-    final = pb.GenerateStreamResponse(request_id="r", text="é", token_ids=[0xA9],
-                                      finish_reason=pb.FINISH_REASON_EOS,
-                                      usage=pb.Usage(prompt_tokens=2, completion_tokens=3))
+    final = pb.GenerateStreamResponse(
+        request_id="r",
+        text="é",
+        token_ids=[0xA9],
+        finish_reason=pb.FINISH_REASON_EOS,
+        usage=pb.Usage(prompt_tokens=2, completion_tokens=3),
+    )
     acc.feed(final)
     result = acc.result
     assert (result.text, result.token_ids, result.finish_reason) == ("aé", (97, 0xC3, 0xA9), "eos")
@@ -121,9 +135,9 @@ def test_backoff_grows_is_capped_and_respects_the_deadline():
     deadline = Deadline(10.0)
     unavailable = errors.Unavailable("down")
     assert next_delay(policy, 1, unavailable, deadline) == pytest.approx(0.1)
-    assert next_delay(policy, 4, unavailable, deadline) is None          # attempts used up
+    assert next_delay(policy, 4, unavailable, deadline) is None  # attempts used up
     assert next_delay(policy, 1, errors.Internal("bug"), deadline) is None  # not retryable
-    assert next_delay(policy, 1, unavailable, Deadline(0.05)) is None    # would outlast it
+    assert next_delay(policy, 1, unavailable, Deadline(0.05)) is None  # would outlast it
     with pytest.raises(ValueError):
         Deadline(0)
 
@@ -131,7 +145,7 @@ def test_backoff_grows_is_capped_and_respects_the_deadline():
 def test_percentiles_interpolate_like_numpy_linear():
     values = [15.0, 20.0, 35.0, 40.0, 50.0]
     assert percentile(values, 50) == 35.0
-    assert percentile(values, 90) == pytest.approx(46.0)     # numpy.percentile(values, 90)
+    assert percentile(values, 90) == pytest.approx(46.0)  # numpy.percentile(values, 90)
     assert percentile(values, 99) == pytest.approx(49.6)
     assert percentile([7.0], 99) == 7.0 and math.isnan(percentile([], 50))
     shuffled = list(range(101))
@@ -141,10 +155,28 @@ def test_percentiles_interpolate_like_numpy_linear():
 
 
 def test_level_summary_counts_tokens_throughput_and_errors():
-    ok = [RequestRecord(start=0.0, end=1.0, first_token=0.1, itl=[0.3] * 3, tokens=4,
-                        reported_tokens=4, prompt_tokens=8, finish_reason="length"),
-          RequestRecord(start=0.5, end=2.0, first_token=0.7, itl=[0.4] * 2, tokens=3,
-                        reported_tokens=3, prompt_tokens=8, finish_reason="eos")]
+    ok = [
+        RequestRecord(
+            start=0.0,
+            end=1.0,
+            first_token=0.1,
+            itl=[0.3] * 3,
+            tokens=4,
+            reported_tokens=4,
+            prompt_tokens=8,
+            finish_reason="length",
+        ),
+        RequestRecord(
+            start=0.5,
+            end=2.0,
+            first_token=0.7,
+            itl=[0.4] * 2,
+            tokens=3,
+            reported_tokens=3,
+            prompt_tokens=8,
+            finish_reason="eos",
+        ),
+    ]
     failed = RequestRecord(start=0.2, end=0.3, status="RESOURCE_EXHAUSTED")
     level = summarize_level(ok + [failed], mode="closed", concurrency=2)
     assert (level["completed"], level["errors"]) == (2, {"RESOURCE_EXHAUSTED": 1})
@@ -161,18 +193,20 @@ def test_level_summary_counts_tokens_throughput_and_errors():
 
 def test_prompts_have_the_requested_token_count_and_are_deterministic():
     prompts = make_prompts(20, 48, seed=3)
-    assert all(len(p.encode()) + 1 == 48 for p in prompts)   # BOS + bytes
+    assert all(len(p.encode()) + 1 == 48 for p in prompts)  # BOS + bytes
     assert prompts == make_prompts(20, 48, seed=3) and prompts != make_prompts(20, 48, seed=4)
     assert len(set(prompts)) > 10
     assert all(len(p) == 2999 for p in make_prompts(3, 3000, seed=0))
 
 
 def test_level_summary_counts_output_bytes_beside_tokens():
-    records = [RequestRecord(start=0.0, end=2.0, tokens=3, reported_tokens=3, output_bytes=5),
-               RequestRecord(start=1.0, end=2.0, tokens=1, reported_tokens=1, output_bytes=3),
-               RequestRecord(start=0.5, end=0.6, output_bytes=99, status="UNAVAILABLE")]
+    records = [
+        RequestRecord(start=0.0, end=2.0, tokens=3, reported_tokens=3, output_bytes=5),
+        RequestRecord(start=1.0, end=2.0, tokens=1, reported_tokens=1, output_bytes=3),
+        RequestRecord(start=0.5, end=0.6, output_bytes=99, status="UNAVAILABLE"),
+    ]
     level = summarize_level(records, mode="poisson", rate=2.0)
-    assert (level["output_bytes"], level["output_bytes_per_s"]) == (8, 4.0)   # failures left out
+    assert (level["output_bytes"], level["output_bytes_per_s"]) == (8, 4.0)  # failures left out
     assert level["output_tokens_per_s"] == 2.0
     header, _, row = format_table([level]).splitlines()
     assert "out tok/s" in header and "out B/s" in header and " 4.0 " in row
@@ -185,7 +219,7 @@ def test_token_prompts_have_exact_lengths_and_no_special_ids():
     assert prompts == make_token_prompts(20, 48, seed=3, tokenizer=tokenizer)
     assert prompts != make_token_prompts(20, 48, seed=4, tokenizer=tokenizer)
     assert len(set(map(tuple, prompts))) == 20
-    assert BenchConfig(prompt_tokens=1, prompt_ids=True).check() is None      # no BOS needed
+    assert BenchConfig(prompt_tokens=1, prompt_ids=True).check() is None  # no BOS needed
 
 
 def test_the_report_says_what_prompt_tokens_means_for_each_tokenizer():
@@ -195,9 +229,17 @@ def test_the_report_says_what_prompt_tokens_means_for_each_tokenizer():
     assert "exactly 16" in describe_prompts(BenchConfig(prompt_tokens=16, prompt_ids=True), bpe)
 
 
-@pytest.mark.parametrize("bad", [dict(concurrency=(), rates=()), dict(concurrency=(0,)),
-                                 dict(rates=(-1.0,)), dict(prompt_tokens=1), dict(requests=0),
-                                 dict(prompt_tokens=0, prompt_ids=True)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(concurrency=(), rates=()),
+        dict(concurrency=(0,)),
+        dict(rates=(-1.0,)),
+        dict(prompt_tokens=1),
+        dict(requests=0),
+        dict(prompt_tokens=0, prompt_ids=True),
+    ],
+)
 def test_bench_config_refuses_what_cannot_run(bad):
     with pytest.raises(ValueError):
         BenchConfig(**bad).check()

@@ -1,4 +1,5 @@
 """The export contract and the parity gate, on a real trained tiny model and ONNX Runtime."""
+
 import json
 import shutil
 import subprocess
@@ -28,7 +29,7 @@ def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
     past = next(i for i in proto.graph.input if i.name == "past_key_values.0.key")
     assert [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim][::2] == ["batch", "max_sequence"]
     ops = [node.op_type for node in proto.graph.node]
-    assert ops.count("GroupQueryAttention") == n_layers and "Concat" not in ops   # in place: nothing concatenated
+    assert ops.count("GroupQueryAttention") == n_layers and "Concat" not in ops  # in place: nothing concatenated
 
 
 def test_concat_export_keeps_the_concat_graph_and_its_gate(tiny_concat_model_dir):
@@ -51,10 +52,16 @@ def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoi
     assert manifest["kv_cache"] == "arena"
     assert {"prefill B3 right-padded slot 2", "admit into slot 3 slot 3", "decode B3 after refill slot 1"} <= cases
     assert any(case.startswith("chunked prefill") for case in cases)
-    assert len(manifest["parity"]["greedy"]["rows"]) == 5          # requests arriving at different steps
+    assert len(manifest["parity"]["greedy"]["rows"]) == 5  # requests arriving at different steps
     assert manifest["source_checkpoint"]["sha256"] == contract.sha256_file(tiny_checkpoint)
-    assert manifest["tokenizer"] == {"kind": "bytes", "vocab_size": 259, "bos_id": 256, "eos_id": 257, "pad_id": 258,
-                                     "add_bos": True}
+    assert manifest["tokenizer"] == {
+        "kind": "bytes",
+        "vocab_size": 259,
+        "bos_id": 256,
+        "eos_id": 257,
+        "pad_id": 258,
+        "add_bos": True,
+    }
     assert set(manifest["files"]) == {contract.MODEL_FILE, contract.GENAI_CONFIG_FILE}
 
 
@@ -64,7 +71,7 @@ def test_tampered_model_is_detected(tiny_model_dir, tmp_path):
     data = bytearray((copy / contract.MODEL_FILE).read_bytes())
     data[len(data) // 2] ^= 0xFF
     (copy / contract.MODEL_FILE).write_bytes(bytes(data))
-    with pytest.raises(contract.ModelDirError, match="model.onnx does not match the sha256"):
+    with pytest.raises(contract.ModelDirError, match=r"model\.onnx does not match the sha256"):
         contract.read_manifest(copy)
     (copy / contract.MODEL_FILE).unlink()
     with pytest.raises(contract.ModelDirError, match="missing"):
@@ -104,8 +111,9 @@ def perturb(path, scale=0.05, seed=0):
 
 
 @pytest.mark.parametrize("layout", ["arena", "concat"])
-def test_gate_fails_with_numbers_on_a_perturbed_graph(tiny_model_dir, tiny_concat_model_dir, tiny_checkpoint, tmp_path,
-                                                      layout):
+def test_gate_fails_with_numbers_on_a_perturbed_graph(
+    tiny_model_dir, tiny_concat_model_dir, tiny_checkpoint, tmp_path, layout
+):
     bad = tmp_path / "bad"
     shutil.copytree(tiny_model_dir if layout == "arena" else tiny_concat_model_dir, bad)
     perturb(bad / contract.MODEL_FILE)
@@ -132,8 +140,13 @@ sys.exit(main(["export", sys.argv[1], "--out", sys.argv[2]]))
 
 def test_cli_exits_nonzero_and_leaves_nothing_on_parity_failure(tiny_checkpoint, tmp_path, request):
     out = tmp_path / "models" / "bad"
-    proc = subprocess.run([sys.executable, "-c", PERTURBED_EXPORT, str(tiny_checkpoint), str(out)],
-                          capture_output=True, text=True, cwd=request.config.rootpath, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-c", PERTURBED_EXPORT, str(tiny_checkpoint), str(out)],
+        capture_output=True,
+        text=True,
+        cwd=request.config.rootpath,
+        timeout=240,
+    )
     assert proc.returncode == 1, proc.stderr
     assert "parity gate failed" in proc.stderr and "max abs diff" in proc.stderr
     assert "FAIL" in proc.stdout  # the report table was printed
@@ -141,8 +154,9 @@ def test_cli_exits_nonzero_and_leaves_nothing_on_parity_failure(tiny_checkpoint,
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "attnserve.cli", "export", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "export", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_cli_errors_are_one_line(tmp_path, tiny_checkpoint):
@@ -153,10 +167,12 @@ def test_cli_errors_are_one_line(tmp_path, tiny_checkpoint):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("not a model")
-    for args, expected in [((tmp_path / "missing.pt", "--out", tmp_path / "m"), "checkpoint not found"),
-                           ((corrupt, "--out", tmp_path / "m"), "corrupt or unreadable"),
-                           ((tiny_checkpoint, "--out", blocker / "m"), "cannot write --out"),
-                           ((tiny_checkpoint, "--out", precious), "refusing to replace it")]:
+    for args, expected in [
+        ((tmp_path / "missing.pt", "--out", tmp_path / "m"), "checkpoint not found"),
+        ((corrupt, "--out", tmp_path / "m"), "corrupt or unreadable"),
+        ((tiny_checkpoint, "--out", blocker / "m"), "cannot write --out"),
+        ((tiny_checkpoint, "--out", precious), "refusing to replace it"),
+    ]:
         proc = run_cli(*args)
         assert proc.returncode == 2, proc.stderr
         assert expected in proc.stderr and "Traceback" not in proc.stderr
@@ -172,9 +188,13 @@ def test_float16_and_int8_exports_pass_their_gates(tiny_checkpoint, tmp_path, op
     runtime = OrtDecoder(tmp_path / "m")
     if options.get("dtype") == "float16":
         assert runtime.session.get_outputs()[0].type == "tensor(float16)"
-        assert all(row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in manifest["parity"]["greedy"]["rows"])
+        assert all(
+            row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in manifest["parity"]["greedy"]["rows"]
+        )
     else:
         assert manifest["quantization"] == "int8"
         assert manifest["parity"]["int8"]["loss_ratio"] <= 1.02
-        assert any("MatMulInteger" in n.op_type or "DynamicQuantize" in n.op_type
-                   for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node)
+        assert any(
+            "MatMulInteger" in n.op_type or "DynamicQuantize" in n.op_type
+            for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node
+        )

@@ -1,32 +1,34 @@
 """Encoder-decoder export: encoder.onnx computes the cross-attention keys and values once per
 source, decoder.onnx takes them with its own cache; the parity gate holds on padded sources."""
+
 import shutil
 
 import numpy as np
 import onnx
+from test_export import perturb
 
 from attnserve.export import contract
 from attnserve.export.parity_seq2seq import run_seq2seq_arena_gate
 from attnserve.export.runtime import OrtSeq2Seq
 from attnserve.model.generate import generate_seq2seq
 from attnserve.tokenizer.utf8 import encode
-from test_export import perturb
 
 SOURCES = ["4021", "7", "1000000", "98765"]
 
 
 def test_manifest_names_the_architecture_and_records_a_passed_gate(tiny_seq2seq_model_dir):
-    manifest = contract.read_manifest(tiny_seq2seq_model_dir)      # verifies every sha256
+    manifest = contract.read_manifest(tiny_seq2seq_model_dir)  # verifies every sha256
     assert manifest["architecture"] == "encoder-decoder"
     assert set(manifest["files"]) == {contract.ENCODER_FILE, contract.DECODER_FILE}
     parity = manifest["parity"]
     assert parity["passed"] is True and parity["greedy"]["steps"] == 64
     assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in parity["checks"])
-    assert manifest["kv_cache"] == "arena" and len(parity["greedy"]["rows"]) == 5   # arriving at different steps
-    assert {"admit B3 sources right-padded slot 2", "admit into slot 3 slot 3",
-            "decode B3 after refill slot 1"} <= {c["case"] for c in parity["checks"]}
+    assert manifest["kv_cache"] == "arena" and len(parity["greedy"]["rows"]) == 5  # arriving at different steps
+    assert {"admit B3 sources right-padded slot 2", "admit into slot 3 slot 3", "decode B3 after refill slot 1"} <= {
+        c["case"] for c in parity["checks"]
+    }
     outputs = {c["output"] for c in parity["checks"]}
-    assert {"present.0.decoder.key", "past_key_values.0.encoder.value"} <= outputs   # both arenas, slot by slot
+    assert {"present.0.decoder.key", "past_key_values.0.encoder.value"} <= outputs  # both arenas, slot by slot
 
 
 def test_graphs_have_the_contract_io_and_the_decoder_never_sees_the_source(tiny_seq2seq_model_dir):
@@ -51,7 +53,7 @@ def test_onnx_greedy_on_a_padded_batch_equals_pytorch(tiny_seq2seq_model_dir, se
     got = runtime.greedy(sources, 40)
     expected = generate_seq2seq(seq2seq_model, sources, 40, eos_id=-1)
     assert got.tolist() == expected
-    assert len({tuple(row) for row in expected}) == len(SOURCES)       # the model tells sources apart
+    assert len({tuple(row) for row in expected}) == len(SOURCES)  # the model tells sources apart
 
 
 def test_gate_fails_with_numbers_on_a_perturbed_decoder(tiny_seq2seq_model_dir, seq2seq_model, tmp_path):

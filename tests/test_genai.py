@@ -1,4 +1,5 @@
 """The exported model directory runs unchanged in onnxruntime-genai and decodes the same tokens."""
+
 import json
 import subprocess
 from pathlib import Path
@@ -12,8 +13,12 @@ GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
 def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
     if not GENAI_PYTHON.exists():
         pytest.fail("the onnxruntime-genai environment is missing: run `make test` (it builds .venv-genai)")
-    proc = subprocess.run([str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(tiny_model_dir)],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(tiny_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["onnxruntime_genai"] == "0.18.0"
     assert result["all_identical"], [r for r in result["rows"] if not r["identical"]]
@@ -22,24 +27,44 @@ def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
 
 # onnxruntime-genai's C API cuts text at a NUL character, so NUL is left out here (it round-trips
 # in attnserve: tests/test_tokenizer.py).
-GENAI_TEXTS = ["The return statement", "def f(x):\n    return x", "héllo wörld", "日本語のテキスト", "emoji 😀👍🏽 end",
-               "combining e\u0301 a\u0308", "  two  spaces\n\n\ttab", "Καλημέρα κόσμε"]
+GENAI_TEXTS = [
+    "The return statement",
+    "def f(x):\n    return x",
+    "héllo wörld",
+    "日本語のテキスト",
+    "emoji 😀👍🏽 end",
+    "combining e\u0301 a\u0308",
+    "  two  spaces\n\n\ttab",
+    "Καλημέρα κόσμε",
+]
 
 
 def test_onnxruntime_genai_tokenizes_and_generates_text_like_attnserve(tiny_bpe_model_dir):
     """genai's own tokenizer (og.Tokenizer on the directory) gives our ids, and its text-in,
     text-out greedy decode equals the text the server sends."""
+    from fixtures_server import start_server
+
     from attnserve.export.contract import read_manifest
     from attnserve.protos.attnserve.v1 import generation_pb2 as pb
     from attnserve.tokenizer import from_model_dir
-    from fixtures_server import start_server
 
     if not GENAI_PYTHON.exists():
         pytest.fail("the onnxruntime-genai environment is missing: run `make test` (it builds .venv-genai)")
     ours = from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir)["tokenizer"])
-    proc = subprocess.run([str(GENAI_PYTHON), str(ROOT / "scripts" / "genai_text.py"), str(tiny_bpe_model_dir),
-                           "--texts", json.dumps(GENAI_TEXTS), "--new-tokens", "24"],
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [
+            str(GENAI_PYTHON),
+            str(ROOT / "scripts" / "genai_text.py"),
+            str(tiny_bpe_model_dir),
+            "--texts",
+            json.dumps(GENAI_TEXTS),
+            "--new-tokens",
+            "24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
     server = start_server(tiny_bpe_model_dir)

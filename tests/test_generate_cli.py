@@ -1,4 +1,5 @@
 """`attnserve generate` against a real server: output, --json, exit codes, Ctrl-C cancels."""
+
 import json
 import os
 import select
@@ -34,16 +35,32 @@ def test_streams_the_completion_then_a_newline(live, capsys):
     expected = Client(live.target).generate(PROMPT, max_new_tokens=24).text
     status, out, err = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24")
     assert (status, out, err) == (0, expected + "\n", "")
-    status, out, _ = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24",
-                              "--no-stream")
+    status, out, _ = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24", "--no-stream")
     assert (status, out) == (0, expected + "\n")
 
 
 def test_json_prints_one_object_with_every_field(live, capsys):
-    status, out, err = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "8",
-                                "--json", "--request-id", "cli-1", "--seed", "3",
-                                "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9",
-                                "--repetition-penalty", "1.1")
+    status, out, err = generate(
+        capsys,
+        PROMPT,
+        "--target",
+        live.target,
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--request-id",
+        "cli-1",
+        "--seed",
+        "3",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--repetition-penalty",
+        "1.1",
+    )
     assert status == 0 and err == "" and len(out.splitlines()) == 1, err
     result = json.loads(out)
     assert set(result) == {"text", "token_ids", "finish_reason", "usage", "timings", "request_id"}
@@ -51,28 +68,59 @@ def test_json_prints_one_object_with_every_field(live, capsys):
     assert len(result["token_ids"]) == result["usage"]["completion_tokens"] <= 8
     assert result["usage"]["prompt_tokens"] == len(PROMPT) + 1
     assert set(result["timings"]) == {"queue_ms", "time_to_first_token_ms", "total_ms"}
-    again = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "8", "--json",
-                     "--no-stream", "--seed", "3", "--temperature", "0.8", "--top-k", "20",
-                     "--top-p", "0.9", "--repetition-penalty", "1.1")[1]
-    assert json.loads(again)["token_ids"] == result["token_ids"]     # same seed, same tokens
+    again = generate(
+        capsys,
+        PROMPT,
+        "--target",
+        live.target,
+        "--max-new-tokens",
+        "8",
+        "--json",
+        "--no-stream",
+        "--seed",
+        "3",
+        "--temperature",
+        "0.8",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--repetition-penalty",
+        "1.1",
+    )[1]
+    assert json.loads(again)["token_ids"] == result["token_ids"]  # same seed, same tokens
 
 
 def test_stop_strings(live, capsys):
     expected = Client(live.target).generate(PROMPT, max_new_tokens=24).text
     stop = expected[3:5]
     assert len(stop) == 2, f"greedy text too short for this test: {expected!r}"
-    status, out, _ = generate(capsys, PROMPT, "--target", live.target, "--max-new-tokens", "24",
-                              "--json", "--stop", "\x00never", "--stop", stop)
+    status, out, _ = generate(
+        capsys,
+        PROMPT,
+        "--target",
+        live.target,
+        "--max-new-tokens",
+        "24",
+        "--json",
+        "--stop",
+        "\x00never",
+        "--stop",
+        stop,
+    )
     result = json.loads(out)
     assert status == 0 and result["finish_reason"] == "stop"
-    assert result["text"] == expected[:expected.index(stop)]
+    assert result["text"] == expected[: expected.index(stop)]
 
 
-@pytest.mark.parametrize("args, status, message", [
-    (["", "--max-new-tokens", "4"], 2, "INVALID_ARGUMENT: prompt"),
-    ([PROMPT, "--max-new-tokens", "0"], 2, "INVALID_ARGUMENT: max_new_tokens"),
-    ([PROMPT, "--temperature", "-1", "--no-stream"], 2, "INVALID_ARGUMENT: temperature"),
-])
+@pytest.mark.parametrize(
+    "args, status, message",
+    [
+        (["", "--max-new-tokens", "4"], 2, "INVALID_ARGUMENT: prompt"),
+        ([PROMPT, "--max-new-tokens", "0"], 2, "INVALID_ARGUMENT: max_new_tokens"),
+        ([PROMPT, "--temperature", "-1", "--no-stream"], 2, "INVALID_ARGUMENT: temperature"),
+    ],
+)
 def test_bad_requests_exit_2_with_one_line(live, capsys, args, status, message):
     code, out, err = generate(capsys, *args, "--target", live.target)
     assert (code, out) == (status, "")
@@ -86,20 +134,22 @@ def test_prompt_token_ids_give_the_completion_of_the_equal_text(live, capsys):
     flag = ["--prompt-token-ids", ",".join(map(str, ids))]
     status, out, err = generate(capsys, *flag, "--target", live.target, "--max-new-tokens", "12")
     assert (status, out, err) == (0, expected.text + "\n", "")
-    status, out, _ = generate(capsys, *flag, "--target", live.target, "--max-new-tokens", "12",
-                              "--json", "--no-stream")
+    status, out, _ = generate(capsys, *flag, "--target", live.target, "--max-new-tokens", "12", "--json", "--no-stream")
     result = json.loads(out)
     assert status == 0 and result["token_ids"] == list(expected.token_ids)
     assert result["usage"]["prompt_tokens"] == len(ids)
 
 
-@pytest.mark.parametrize("args, message", [
-    ([PROMPT, "--prompt-token-ids", "256,100"], "give a prompt or --prompt-token-ids, not both"),
-    ([], "give a prompt (text, or '-' for stdin) or --prompt-token-ids"),
-    (["--prompt-token-ids", "256,x"], "--prompt-token-ids takes comma-separated numbers, not '256,x'"),
-    (["--prompt-token-ids", ""], "prompt_token_ids: must not be empty"),
-    (["--prompt-token-ids", "256,9999"], "INVALID_ARGUMENT: prompt_token_ids[1]"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([PROMPT, "--prompt-token-ids", "256,100"], "give a prompt or --prompt-token-ids, not both"),
+        ([], "give a prompt (text, or '-' for stdin) or --prompt-token-ids"),
+        (["--prompt-token-ids", "256,x"], "--prompt-token-ids takes comma-separated numbers, not '256,x'"),
+        (["--prompt-token-ids", ""], "prompt_token_ids: must not be empty"),
+        (["--prompt-token-ids", "256,9999"], "INVALID_ARGUMENT: prompt_token_ids[1]"),
+    ],
+)
 def test_prompt_and_token_ids_exactly_one_else_exit_2_with_one_line(live, capsys, args, message):
     code, out, err = generate(capsys, *args, "--target", live.target, "--max-new-tokens", "2")
     assert (code, out) == (2, "")
@@ -120,8 +170,9 @@ def test_token_file(tiny_model_dir, capsys, tmp_path):
     try:
         code, _, err = generate(capsys, PROMPT, "--target", running.target)
         assert code == 1 and "UNAUTHENTICATED" in err
-        code, out, _ = generate(capsys, PROMPT, "--target", running.target,
-                                "--token-file", str(tmp_path / "token"), "--max-new-tokens", "3")
+        code, out, _ = generate(
+            capsys, PROMPT, "--target", running.target, "--token-file", str(tmp_path / "token"), "--max-new-tokens", "3"
+        )
         assert code == 0 and out.endswith("\n")
     finally:
         running.stop()
@@ -142,13 +193,18 @@ os.execv(sys.executable, [sys.executable, "-m", "attnserve.cli", "generate", sys
 
 
 def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
-    live.pacer.delay = 0.05                                    # 100 tokens take 5 s
-    before = live.server.metrics.registry.get_sample_value(
-        "attnserve_generations_finished_total", {"reason": "cancelled"}) or 0
+    live.pacer.delay = 0.05  # 100 tokens take 5 s
+    before = (
+        live.server.metrics.registry.get_sample_value("attnserve_generations_finished_total", {"reason": "cancelled"})
+        or 0
+    )
     # Started as a background job of a non-interactive shell would start it: SIGINT ignored
     # (the CLI must take it back, or Ctrl-C from a script would do nothing).
-    proc = subprocess.Popen([sys.executable, "-c", IGNORE_SIGINT_THEN_GENERATE, PROMPT, live.target],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IGNORE_SIGINT_THEN_GENERATE, PROMPT, live.target],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert read_some(proc.stdout, 60.0), "no streamed text within 60 s"
         assert live.engine.stats()["active"] == 1
@@ -158,9 +214,16 @@ def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
         proc.kill() if proc.poll() is None else None
     assert proc.returncode == 130 and b"cancelled" in err and b"Traceback" not in err, (proc.returncode, err)
     # The server ended it as cancelled, not as "length" after its 100 tokens (5 s of pacing).
-    wait_until(lambda: live.server.metrics.registry.get_sample_value(
-        "attnserve_generations_finished_total", {"reason": "cancelled"}) == before + 1,
-        timeout=10, what="the server to count the cancelled generation")
+    wait_until(
+        lambda: (
+            live.server.metrics.registry.get_sample_value(
+                "attnserve_generations_finished_total", {"reason": "cancelled"}
+            )
+            == before + 1
+        ),
+        timeout=10,
+        what="the server to count the cancelled generation",
+    )
     wait_until(lambda: idle(live.engine), timeout=10, what="the server to drop the request")
 
 

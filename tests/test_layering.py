@@ -4,6 +4,7 @@ with the torch-free tokenizer package below them all (training, export and servi
 Checked statically (every import statement of every file), and dynamically for the two
 promises users rely on: a serving host needs no torch, a client host needs only grpcio.
 """
+
 import ast
 import subprocess
 import sys
@@ -15,10 +16,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # package folder -> top-level modules (or attnserve subpackages) it must never import
 FORBIDDEN = {
-    "tokenizer": {"torch", "numpy", "onnx", "onnxruntime", "grpc", "google.protobuf", "attnserve.model",
-                  "attnserve.export", "attnserve.server", "attnserve.clients", "attnserve.protos"},
-    "model": {"onnx", "onnxruntime", "onnxscript", "grpc", "google.protobuf",
-              "attnserve.export", "attnserve.server", "attnserve.clients", "attnserve.protos"},
+    "tokenizer": {
+        "torch",
+        "numpy",
+        "onnx",
+        "onnxruntime",
+        "grpc",
+        "google.protobuf",
+        "attnserve.model",
+        "attnserve.export",
+        "attnserve.server",
+        "attnserve.clients",
+        "attnserve.protos",
+    },
+    "model": {
+        "onnx",
+        "onnxruntime",
+        "onnxscript",
+        "grpc",
+        "google.protobuf",
+        "attnserve.export",
+        "attnserve.server",
+        "attnserve.clients",
+        "attnserve.protos",
+    },
     "export": {"grpc", "google.protobuf", "attnserve.server", "attnserve.clients", "attnserve.protos"},
     "server": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
     "clients": {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export", "attnserve.server"},
@@ -35,8 +56,8 @@ def imported_modules(path: Path, package: str) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                parts = ["attnserve", package, *path.relative_to(ROOT / package).parent.parts]
-                base = ".".join(parts[:len(parts) - node.level + 1])
+                parts = ["attnserve", package, *path.relative_to(ROOT / "attnserve" / package).parent.parts]
+                base = ".".join(parts[: len(parts) - node.level + 1])
                 names.add(f"{base}.{node.module}" if node.module else base)
             else:
                 names.add(node.module)
@@ -50,7 +71,7 @@ def violates(name: str, forbidden: set[str]) -> bool:
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_follow_the_flow(package):
     problems = []
-    for path in sorted((ROOT / package).rglob("*.py")):
+    for path in sorted((ROOT / "attnserve" / package).rglob("*.py")):
         for name in imported_modules(path, package):
             if violates(name, FORBIDDEN[package]):
                 problems.append(f"{path.relative_to(ROOT)} imports {name}")
@@ -59,14 +80,16 @@ def test_package_imports_follow_the_flow(package):
 
 @pytest.mark.parametrize("module", TORCH_FREE_EXPORT_MODULES)
 def test_export_contract_is_torch_free(module):
-    names = imported_modules(ROOT / "export" / module, "export")
+    names = imported_modules(ROOT / "attnserve" / "export" / module, "export")
     assert not any(violates(n, {"torch", "onnx", "attnserve.model"}) for n in names), names
 
 
 def test_serving_imports_load_no_torch():
-    code = ("import sys, importlib, pkgutil, attnserve.server as s, attnserve.export.contract\n"
-            "for m in pkgutil.iter_modules(s.__path__): importlib.import_module('attnserve.server.' + m.name)\n"
-            "import attnserve.cli\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    code = (
+        "import sys, importlib, pkgutil, attnserve.server as s, attnserve.export.contract\n"
+        "for m in pkgutil.iter_modules(s.__path__): importlib.import_module('attnserve.server.' + m.name)\n"
+        "import attnserve.cli\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -1,4 +1,5 @@
 """Model-level contracts: causality, KV cache equals full forward, left padding, tokenizer, checkpoints."""
+
 import pytest
 import torch
 
@@ -33,11 +34,11 @@ def test_changing_a_future_token_never_changes_earlier_outputs(lm):
 def test_cached_decoding_equals_full_forward(lm):
     ids = torch.randint(0, 256, (2, 20))
     full, _ = lm(ids)
-    logits, past = lm(ids[:, :5])             # prefill 5 tokens, then one at a time
+    logits, past = lm(ids[:, :5])  # prefill 5 tokens, then one at a time
     steps = [logits]
     for t in range(5, 20):
         mask = torch.ones(2, t + 1, dtype=torch.long)
-        logits, past = lm(ids[:, t:t + 1], mask, torch.full((2, 1), t), past)
+        logits, past = lm(ids[:, t : t + 1], mask, torch.full((2, 1), t), past)
         steps.append(logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-5
     assert past[0][0].shape == (2, lm.config.n_heads, 20, lm.config.d_k)
@@ -52,7 +53,7 @@ def test_seq2seq_cached_decoding_equals_full_decoding(seq2seq):
     past, steps = None, []
     for t in range(9):
         mask = torch.ones(2, t + 1, dtype=torch.long)
-        logits, past = seq2seq.decode(tgt[:, t:t + 1], mask, torch.full((2, 1), t), src_mask, cross, past)
+        logits, past = seq2seq.decode(tgt[:, t : t + 1], mask, torch.full((2, 1), t), src_mask, cross, past)
         steps.append(logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-5
 

@@ -1,14 +1,24 @@
 """The number-words task: spelling, the fixed held-out split, and the TSV reader."""
+
 import pytest
 
 from attnserve.model.numbers import is_heldout, number_pairs, number_to_words, read_pairs
 
 
-@pytest.mark.parametrize("n, words", [
-    (0, "zero"), (13, "thirteen"), (40, "forty"), (21, "twenty-one"), (105, "one hundred five"),
-    (4021, "four thousand twenty-one"), (100000, "one hundred thousand"),
-    (999999, "nine hundred ninety-nine thousand nine hundred ninety-nine"), (1000001, "one million one"),
-])
+@pytest.mark.parametrize(
+    "n, words",
+    [
+        (0, "zero"),
+        (13, "thirteen"),
+        (40, "forty"),
+        (21, "twenty-one"),
+        (105, "one hundred five"),
+        (4021, "four thousand twenty-one"),
+        (100000, "one hundred thousand"),
+        (999999, "nine hundred ninety-nine thousand nine hundred ninety-nine"),
+        (1000001, "one million one"),
+    ],
+)
 def test_number_to_words(n, words):
     assert number_to_words(n) == words
 

@@ -1,11 +1,12 @@
 """The committed generated code is what `make protos` writes today, and it imports in the namespace."""
+
 import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROTOS = ROOT / "protos"
+PROTOS = ROOT / "attnserve" / "protos"
 
 
 def load_generator():
@@ -32,12 +33,14 @@ def test_generated_imports_point_into_the_namespace():
 
 
 def test_protos_import_without_numpy_or_torch():
-    code = ("import sys\n"
-            "from attnserve.protos.attnserve.v1 import generation_pb2, generation_pb2_grpc\n"
-            "assert generation_pb2.GenerateRequest(prompt='x').prompt == 'x'\n"
-            "assert hasattr(generation_pb2_grpc, 'TextGenerationStub')\n"
-            "bad = [m for m in ('torch', 'numpy', 'onnxruntime') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys\n"
+        "from attnserve.protos.attnserve.v1 import generation_pb2, generation_pb2_grpc\n"
+        "assert generation_pb2.GenerateRequest(prompt='x').prompt == 'x'\n"
+        "assert hasattr(generation_pb2_grpc, 'TextGenerationStub')\n"
+        "bad = [m for m in ('torch', 'numpy', 'onnxruntime') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
@@ -49,7 +52,8 @@ def test_every_field_and_message_is_commented():
     for i, line in enumerate(lines):
         text = line.strip()
         declares = text.startswith(("message ", "enum ", "rpc ", "service ")) or (
-            "=" in text and text.endswith(";") and not text.startswith(("syntax", "package", "//")))
+            "=" in text and text.endswith(";") and not text.startswith(("syntax", "package", "//"))
+        )
         if declares and not lines[i - 1].strip().startswith("//"):
             bare.append(f"line {i + 1}: {text}")
     assert not bare, "uncommented declarations:\n" + "\n".join(bare)
@@ -57,6 +61,7 @@ def test_every_field_and_message_is_commented():
 
 def test_bare_request_means_greedy():
     from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+
     request = pb.GenerateRequest(prompt="hello")
     assert request.temperature == 0 and request.top_k == 0
     assert not request.HasField("seed") and not request.HasField("top_p")

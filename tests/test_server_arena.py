@@ -2,7 +2,9 @@
 of requests arriving at different steps, no slot's tokens change when others come and go, rows
 that hold nothing are never read, no step or admission copies the whole cache, and a long prompt
 prefilled in chunks decodes like one prefill."""
+
 import ctypes
+import itertools
 import subprocess
 import sys
 import time
@@ -11,21 +13,32 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from fixtures_server import idle, request, start_server, wait_until
 
 from attnserve.export.arena import Device
 from attnserve.model.generate import generate
-from attnserve.tokenizer.utf8 import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from fixtures_server import idle, request, start_server, wait_until
+from attnserve.tokenizer.utf8 import encode
 
 TIMEOUT = 60
-PROMPTS = ["a", "The server", "def f(x):\n    return x", "Left padding with a correct attention mask",
-           "x" * 40, "import os\nimport sys\n", "Καλημέρα κόσμε", "attnserve", "ONNX Runtime", "0123456789" * 3]
+PROMPTS = [
+    "a",
+    "The server",
+    "def f(x):\n    return x",
+    "Left padding with a correct attention mask",
+    "x" * 40,
+    "import os\nimport sys\n",
+    "Καλημέρα κόσμε",
+    "attnserve",
+    "ONNX Runtime",
+    "0123456789" * 3,
+]
 
 
 @dataclass(frozen=True)
 class CountingDevice(Device):
     """The CPU device, recording every copy the arena makes (a spy on its only transfer function)."""
+
     copies: list = None
 
     def copy(self, dst: int, src: int, nbytes: int) -> None:
@@ -54,11 +67,11 @@ def arena_server(tiny_model_dir):
 
 def test_ragged_continuous_batch_arriving_at_different_steps_equals_pytorch_alone(arena_server, reference_model):
     running, arena, copies = arena_server
-    running.pacer.delay = 0.004                       # steps long enough for arrivals to fall between them
+    running.pacer.delay = 0.004  # steps long enough for arrivals to fall between them
     reqs = [request(p, max_new_tokens=64 + 5 * (i % 3)) for i, p in enumerate(PROMPTS)]
 
     def staggered(i):
-        time.sleep(0.03 * i)                          # request i arrives while earlier ones decode
+        time.sleep(0.03 * i)  # request i arrives while earlier ones decode
         return running.stub.Generate(reqs[i], timeout=TIMEOUT)
 
     with ThreadPoolExecutor(len(reqs)) as pool:
@@ -70,15 +83,15 @@ def test_ragged_continuous_batch_arriving_at_different_steps_equals_pytorch_alon
     assert max(running.server.metrics.step_batch._sum.get(), 0) > 0
     slot_bytes = arena.slot_bytes * len(arena.buffers)
     assert copies, "10 requests through 6 slots: some slot must have been refilled by a move"
-    assert max(copies) <= arena.context * arena.head_dim * arena.itemsize     # one head of one slot per copy
-    assert sum(copies) <= len(reqs) * slot_bytes < 2 * arena.nbytes           # at most one slot per retirement
+    assert max(copies) <= arena.context * arena.head_dim * arena.itemsize  # one head of one slot per copy
+    assert sum(copies) <= len(reqs) * slot_bytes < 2 * arena.nbytes  # at most one slot per retirement
 
 
 def test_decode_and_admission_copy_nothing(arena_server):
     """A request alone decodes and retires from slot 0: the arena never copies a byte."""
     running, _, copies = arena_server
     before = len(copies)
-    reply = running.stub.Generate(request("alone here", max_new_tokens=30), timeout=TIMEOUT)   # within a chunk
+    reply = running.stub.Generate(request("alone here", max_new_tokens=30), timeout=TIMEOUT)  # within a chunk
     assert reply.usage.completion_tokens == 30 and len(copies) == before
 
 
@@ -88,9 +101,11 @@ def test_retiring_and_admitting_leave_a_running_request_untouched(arena_server, 
     long_req = request("A long-running request", max_new_tokens=90)
     with ThreadPoolExecutor(6) as pool:
         long_reply = pool.submit(running.stub.Generate, long_req, timeout=TIMEOUT)
-        for wave in range(3):                          # short requests join and leave around it
-            shorts = [pool.submit(running.stub.Generate, request(p, max_new_tokens=5 + wave), timeout=TIMEOUT)
-                      for p in PROMPTS[:4]]
+        for wave in range(3):  # short requests join and leave around it
+            shorts = [
+                pool.submit(running.stub.Generate, request(p, max_new_tokens=5 + wave), timeout=TIMEOUT)
+                for p in PROMPTS[:4]
+            ]
             [s.result() for s in shorts]
         got = long_reply.result()
     running.pacer.delay = 0.0
@@ -98,7 +113,7 @@ def test_retiring_and_admitting_leave_a_running_request_untouched(arena_server, 
 
 
 def test_prompt_near_the_context_prefilled_in_chunks_equals_one_prefill(tiny_model_dir, arena_server, reference_model):
-    chunked, _, _ = arena_server                       # --prefill-chunk 16: a 120-token prompt takes 8 runs
+    chunked, _, _ = arena_server  # --prefill-chunk 16: a 120-token prompt takes 8 runs
     whole = start_server(tiny_model_dir, max_batch=2, prefill_chunk=256)
     try:
         prompt = ("The quick brown fox jumps over the lazy dog. " * 3)[:119]
@@ -127,11 +142,11 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step(arena_server):
     finally:
         slots._prefill_chunk, slots.decode = real_chunk, real_decode
     chunks = [i for i, event in enumerate(timeline) if event == "chunk"]
-    assert len(chunks) == 7                             # 111 tokens (BOS included) in chunks of 16
-    assert all(timeline[a + 1:b] == ["decode"] for a, b in zip(chunks, chunks[1:])), timeline
+    assert len(chunks) == 7  # 111 tokens (BOS included) in chunks of 16
+    assert all(timeline[a + 1 : b] == ["decode"] for a, b in itertools.pairwise(chunks)), timeline
 
 
-SLOT_BYTES = 2 * 2 * 4 * 128 * 16 * 4       # tiny: 2 layers x (key, value) x 4 heads x 128 positions x 16 x fp32
+SLOT_BYTES = 2 * 2 * 4 * 128 * 16 * 4  # tiny: 2 layers x (key, value) x 4 heads x 128 positions x 16 x fp32
 
 
 def test_max_batch_auto_fills_the_kv_cache_memory_and_reports_it(tiny_model_dir):
@@ -141,42 +156,67 @@ def test_max_batch_auto_fills_the_kv_cache_memory_and_reports_it(tiny_model_dir)
         assert info.limits.max_batch_size == 1_000_000 // SLOT_BYTES == 7
         assert (info.kv_cache, info.kv_cache_bytes) == ("arena", 7 * SLOT_BYTES)
         assert running.server.metrics.kv_cache_bytes._value.get() == 7 * SLOT_BYTES
-        with ThreadPoolExecutor(9) as pool:             # more requests than slots: they queue, nothing is lost
-            replies = list(pool.map(lambda p: running.stub.Generate(request(p, max_new_tokens=8), timeout=TIMEOUT),
-                                    PROMPTS[:9]))
+        with ThreadPoolExecutor(9) as pool:  # more requests than slots: they queue, nothing is lost
+            replies = list(
+                pool.map(lambda p: running.stub.Generate(request(p, max_new_tokens=8), timeout=TIMEOUT), PROMPTS[:9])
+            )
         assert all(r.usage.completion_tokens == 8 for r in replies)
     finally:
         running.stop()
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--max-batch", "64", "--kv-cache-memory", "1M"],
-     f"--max-batch 64 needs a {64 * SLOT_BYTES:,}-byte KV arena ({SLOT_BYTES:,} per slot), "
-     "more than --kv-cache-memory 1,000,000"),
-    (["--max-batch", "auto", "--kv-cache-memory", "100K"],
-     f"--kv-cache-memory 100,000 bytes holds no slot: one slot of 128 positions needs {SLOT_BYTES:,} bytes"),
-    (["--max-batch", "auto"], "--max-batch auto needs --kv-cache-memory BYTES (the arena's budget)"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--max-batch", "64", "--kv-cache-memory", "1M"],
+            f"--max-batch 64 needs a {64 * SLOT_BYTES:,}-byte KV arena ({SLOT_BYTES:,} per slot), "
+            "more than --kv-cache-memory 1,000,000",
+        ),
+        (
+            ["--max-batch", "auto", "--kv-cache-memory", "100K"],
+            f"--kv-cache-memory 100,000 bytes holds no slot: one slot of 128 positions needs {SLOT_BYTES:,} bytes",
+        ),
+        (["--max-batch", "auto"], "--max-batch auto needs --kv-cache-memory BYTES (the arena's budget)"),
+    ],
+)
 def test_a_kv_arena_that_does_not_fit_is_refused_at_start_up(tiny_model_dir, flags, message):
-    proc = subprocess.run([sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_model_dir),
-                           "--port", "0", *flags], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_model_dir), "--port", "0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"attnserve serve: error: {message}"
 
 
 def test_a_concat_directory_is_refused_with_the_command_that_re_exports_it(tiny_concat_model_dir):
-    proc = subprocess.run([sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_concat_model_dir),
-                           "--port", "0"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_concat_model_dir), "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == (f"attnserve serve: error: {tiny_concat_model_dir} was exported with the concat KV "
-                                   "cache, which attnserve serve no longer runs; export its checkpoint again: "
-                                   "attnserve export CHECKPOINT --out DIR")
+    assert proc.stderr.strip() == (
+        f"attnserve serve: error: {tiny_concat_model_dir} was exported with the concat KV "
+        "cache, which attnserve serve no longer runs; export its checkpoint again: "
+        "attnserve export CHECKPOINT --out DIR"
+    )
 
 
 def test_sizes_and_batch_flags_parse_like_the_readme_says():
     from attnserve.server.config import parse_bytes, parse_max_batch
-    assert [parse_bytes(t) for t in ("1000000", "512M", "1.5G", "256Mi", "2GiB", "100K")] == \
-        [1_000_000, 512_000_000, 1_500_000_000, 256 * 2**20, 2 * 2**30, 100_000]
+
+    assert [parse_bytes(t) for t in ("1000000", "512M", "1.5G", "256Mi", "2GiB", "100K")] == [
+        1_000_000,
+        512_000_000,
+        1_500_000_000,
+        256 * 2**20,
+        2 * 2**30,
+        100_000,
+    ]
     assert (parse_max_batch("auto"), parse_max_batch("16")) == (0, 16)
     for bad in ("12Q", "lots", ""):
         with pytest.raises(ValueError, match="is not a size"):

@@ -1,13 +1,14 @@
 """A served BPE model: greedy over gRPC equals PyTorch, streamed deltas never carry a cut character
 or rewrite sent text, stop strings match across token boundaries, prompt_token_ids equal text."""
+
 import grpc
 import pytest
+from fixtures_server import idle, start_server, wait_until
 
 from attnserve.model.generate import generate
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.tokenizer import from_model_dir
 from attnserve.tokenizer.bpe import BpeTokenizer
-from fixtures_server import idle, start_server, wait_until
 
 TIMEOUT = 30
 PROMPTS = ["The return statement", "def f(x):\n    return", "Καλημέρα κόσμε", "日本語 😀"]
@@ -23,6 +24,7 @@ def bpe_server(tiny_bpe_model_dir):
 @pytest.fixture(scope="module")
 def tokenizer(tiny_bpe_model_dir) -> BpeTokenizer:
     from attnserve.export.contract import read_manifest
+
     return from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir)["tokenizer"])
 
 
@@ -42,6 +44,7 @@ def test_model_info_reports_the_bpe(stub, tokenizer):
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_over_grpc_equals_pytorch(stub, tokenizer, tiny_bpe_checkpoint, prompt):
     from attnserve.model.checkpoint import load_checkpoint
+
     model = load_checkpoint(tiny_bpe_checkpoint)
     ids = tokenizer.encode_prompt(prompt)
     expected = generate(model, [ids], max_new_tokens=40, eos_id=tokenizer.eos_id)[0]
@@ -65,10 +68,10 @@ def test_streamed_deltas_are_whole_characters_and_join_to_the_unary_text(stub, t
         sent, ids = "", []
         for m in messages:
             sent, ids = sent + m.text, ids + list(m.token_ids)
-            assert unary.text.startswith(sent)                # nothing sent is ever rewritten
-            assert tokenizer.decode(ids).startswith(sent)     # nor sent ahead of its tokens
-            cut_between_messages += tokenizer.decode(ids).endswith("\ufffd")   # a character cut here
-    assert cut_between_messages > 0                           # the test did meet characters cut between tokens
+            assert unary.text.startswith(sent)  # nothing sent is ever rewritten
+            assert tokenizer.decode(ids).startswith(sent)  # nor sent ahead of its tokens
+            cut_between_messages += tokenizer.decode(ids).endswith("\ufffd")  # a character cut here
+    assert cut_between_messages > 0  # the test did meet characters cut between tokens
 
 
 def two_token_stop(tokenizer: BpeTokenizer, ids: list[int]) -> tuple[str, int]:
@@ -77,8 +80,8 @@ def two_token_stop(tokenizer: BpeTokenizer, ids: list[int]) -> tuple[str, int]:
         left, right = tokenizer.decode([ids[k]]), tokenizer.decode([ids[k + 1]])
         if len(left) >= 2 and len(right) >= 2 and left.isascii() and right.isascii():
             stop = left[-2:] + right[:2]
-            before = tokenizer.decode(ids[:k + 2])
-            if before.find(stop) == len(tokenizer.decode(ids[:k + 1])) - 2:
+            before = tokenizer.decode(ids[: k + 2])
+            if before.find(stop) == len(tokenizer.decode(ids[: k + 1])) - 2:
                 return stop, k
     pytest.skip("no two neighbouring multi-character tokens in the greedy text")
 
@@ -90,29 +93,33 @@ def test_a_stop_string_across_two_tokens_stops_and_is_not_sent(stub, tokenizer):
     req = pb.GenerateRequest(prompt=prompt, max_new_tokens=60, stop=[stop])
     unary = stub.Generate(req, timeout=TIMEOUT)
     messages = list(stub.GenerateStream(req, timeout=TIMEOUT))
-    expected = tokenizer.decode(free.token_ids[:k + 2])
-    expected = expected[:expected.find(stop)]
+    expected = tokenizer.decode(free.token_ids[: k + 2])
+    expected = expected[: expected.find(stop)]
     assert unary.finish_reason == messages[-1].finish_reason == pb.FINISH_REASON_STOP
     assert unary.text == "".join(m.text for m in messages) == expected
-    assert stop not in unary.text and list(unary.token_ids) == list(free.token_ids[:k + 2])
+    assert stop not in unary.text and list(unary.token_ids) == list(free.token_ids[: k + 2])
 
 
 def test_prompt_token_ids_give_the_same_answer_as_the_text(stub, tokenizer):
     text = "Raise an exception"
     by_text = stub.Generate(pb.GenerateRequest(prompt=text, max_new_tokens=24), timeout=TIMEOUT)
-    by_ids = stub.Generate(pb.GenerateRequest(prompt_token_ids=tokenizer.encode_prompt(text), max_new_tokens=24),
-                           timeout=TIMEOUT)
+    by_ids = stub.Generate(
+        pb.GenerateRequest(prompt_token_ids=tokenizer.encode_prompt(text), max_new_tokens=24), timeout=TIMEOUT
+    )
     assert (by_ids.text, list(by_ids.token_ids)) == (by_text.text, list(by_text.token_ids))
     assert by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens == len(tokenizer.encode_prompt(text))
 
 
-@pytest.mark.parametrize("fields, field, limit", [
-    (dict(prompt_token_ids=[5, 512, 7]), "prompt_token_ids[1]", "512 is outside [0, 512)"),
-    (dict(prompt_token_ids=[-1]), "prompt_token_ids[0]", "-1 is outside [0, 512)"),
-    (dict(prompt="x", prompt_token_ids=[5]), "prompt_token_ids", "not both"),
-    (dict(prompt_token_ids=[5] * 128), "prompt", "128 tokens, the limit is 127"),
-    (dict(prompt="é" * 100_000), "prompt", "200000 UTF-8 bytes, more than any 127 tokens can hold"),
-])
+@pytest.mark.parametrize(
+    "fields, field, limit",
+    [
+        (dict(prompt_token_ids=[5, 512, 7]), "prompt_token_ids[1]", "512 is outside [0, 512)"),
+        (dict(prompt_token_ids=[-1]), "prompt_token_ids[0]", "-1 is outside [0, 512)"),
+        (dict(prompt="x", prompt_token_ids=[5]), "prompt_token_ids", "not both"),
+        (dict(prompt_token_ids=[5] * 128), "prompt", "128 tokens, the limit is 127"),
+        (dict(prompt="é" * 100_000), "prompt", "200000 UTF-8 bytes, more than any 127 tokens can hold"),
+    ],
+)
 def test_bad_prompts_are_refused_naming_the_field(stub, fields, field, limit):
     with pytest.raises(grpc.RpcError) as error:
         stub.Generate(pb.GenerateRequest(max_new_tokens=1, **fields), timeout=TIMEOUT)

@@ -1,13 +1,14 @@
 """Limits and errors at the gRPC boundary: each bad request names its field and limit, a full queue
 is RESOURCE_EXHAUSTED, and cancelled or expired requests give their batch slot back."""
+
 import time
 
 import grpc
 import pytest
+from fixtures_server import idle, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from fixtures_server import idle, request, start_server, wait_until
 
 TIMEOUT = 30
 NAN, INF = float("nan"), float("inf")
@@ -80,7 +81,7 @@ def single(tiny_model_dir):
 
 
 def long_request(**fields) -> pb.GenerateRequest:
-    return request("a long one", max_new_tokens=100, **fields)         # about 1 s at 10 ms a step
+    return request("a long one", max_new_tokens=100, **fields)  # about 1 s at 10 ms a step
 
 
 def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):
@@ -101,13 +102,13 @@ def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):
 
 def test_cancelled_stream_frees_its_slot_for_a_queued_request(single):
     stream = single.stub.GenerateStream(long_request(), timeout=TIMEOUT)
-    next(stream)                                           # decoding has begun
+    next(stream)  # decoding has begun
     waiting = single.stub.Generate.future(request("waiting", max_new_tokens=3), timeout=TIMEOUT)
     wait_until(lambda: single.engine.stats()["queued"] == 1, what="the second request to queue")
     cancelled_at = time.perf_counter()
     stream.cancel()
     reply = waiting.result(timeout=TIMEOUT)
-    assert time.perf_counter() - cancelled_at < 0.8        # the long one had ~1 s left
+    assert time.perf_counter() - cancelled_at < 0.8  # the long one had ~1 s left
     assert reply.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
     wait_until(lambda: idle(single.engine), what="no active or queued requests")
 
@@ -132,9 +133,13 @@ def test_deadline_while_queued_leaves_the_queue(single):
 
 
 def test_cancellations_and_errors_are_counted_by_status(single):
-    counts = {(s.labels["method"], s.labels["code"]): s.value
-              for metric in single.server.metrics.registry.collect() if metric.name == "attnserve_requests"
-              for s in metric.samples if s.name.endswith("_total")}
+    counts = {
+        (s.labels["method"], s.labels["code"]): s.value
+        for metric in single.server.metrics.registry.collect()
+        if metric.name == "attnserve_requests"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
     assert counts[("Generate", "RESOURCE_EXHAUSTED")] >= 1
     assert counts[("GenerateStream", "CANCELLED")] >= 1
     assert counts[("Generate", "DEADLINE_EXCEEDED")] >= 1
@@ -142,17 +147,16 @@ def test_cancellations_and_errors_are_counted_by_status(single):
 
 def test_unexpected_error_is_internal_with_a_request_id_and_no_detail(tiny_model_dir, caplog):
     running = start_server(tiny_model_dir)
-    runner = running.engine.slots.decoder          # the arena's driver: every ONNX Runtime run goes through it
+    runner = running.engine.slots.decoder  # the arena's driver: every ONNX Runtime run goes through it
     real_run = runner.run
 
     def broken_run(*args, **kwargs):
         raise RuntimeError("secret detail /srv/models/x.onnx at 10.0.0.7")
 
     try:
-        runner.run = broken_run                      # a fault inside the engine, as a bug would raise
-        with caplog.at_level("ERROR", logger="attnserve.server"):
-            with pytest.raises(grpc.RpcError) as info:
-                running.stub.Generate(request("boom", max_new_tokens=3, request_id="req-42"), timeout=TIMEOUT)
+        runner.run = broken_run  # a fault inside the engine, as a bug would raise
+        with caplog.at_level("ERROR", logger="attnserve.server"), pytest.raises(grpc.RpcError) as info:
+            running.stub.Generate(request("boom", max_new_tokens=3, request_id="req-42"), timeout=TIMEOUT)
         assert info.value.code() == grpc.StatusCode.INTERNAL
         assert "req-42" in info.value.details()
         assert "secret" not in info.value.details() and "/srv" not in info.value.details()

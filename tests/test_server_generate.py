@@ -1,18 +1,27 @@
 """Generation over gRPC on the real server: greedy equals PyTorch, streams equal unary, batching is
 invisible, seeds reproduce, UTF-8 deltas are whole characters, stop strings and EOS end cleanly."""
+
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from fixtures_server import idle, request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.model.generate import generate
-from attnserve.tokenizer.utf8 import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from fixtures_server import idle, request
+from attnserve.tokenizer.utf8 import encode
 
-PROMPTS = ["The server", "a", "Left padding with a correct attention mask", "ONNX Runtime releases the GIL",
-           "x" * 40, "def f(x):\n    return", "Καλημέρα", "attnserve"]
+PROMPTS = [
+    "The server",
+    "a",
+    "Left padding with a correct attention mask",
+    "ONNX Runtime releases the GIL",
+    "x" * 40,
+    "def f(x):\n    return",
+    "Καλημέρα",
+    "attnserve",
+]
 TIMEOUT = 30
 
 
@@ -44,7 +53,7 @@ def test_greedy_over_grpc_equals_pytorch_generate(stub, reference_model, prompt)
     assert list(reply.token_ids) == expected
     assert reply.usage.prompt_tokens == len(encode(prompt))
     assert reply.usage.completion_tokens == len(expected)
-    wanted = (pb.FINISH_REASON_LENGTH if len(expected) == 40 else pb.FINISH_REASON_EOS)
+    wanted = pb.FINISH_REASON_LENGTH if len(expected) == 40 else pb.FINISH_REASON_EOS
     assert reply.finish_reason == wanted
 
 
@@ -75,7 +84,7 @@ def test_streamed_deltas_are_valid_text_when_bytes_are_sampled(stub, prompt):
     unary = stub.Generate(req, timeout=TIMEOUT)
     messages = stream_of(stub, req)
     texts = [m.text for m in messages]
-    assert all(isinstance(t, str) for t in texts)            # protobuf refuses invalid UTF-8 anyway
+    assert all(isinstance(t, str) for t in texts)  # protobuf refuses invalid UTF-8 anyway
     assert "".join(texts) == unary.text
     raw = bytes(t for t in unary.token_ids if t < 256).decode("utf-8", errors="replace")
     assert unary.text == raw
@@ -83,15 +92,17 @@ def test_streamed_deltas_are_valid_text_when_bytes_are_sampled(stub, prompt):
 
 def test_multibyte_character_split_across_tokens_is_sent_whole(stub, server):
     """Find a seed whose completion holds a valid multi-byte character, then stream it one token a message."""
+
     def sampled(seed):
         return request("é è à ü ö ä ß ñ ç 😀", max_new_tokens=40, temperature=2.0, seed=seed)
+
     for seed in range(40):
         reply = stub.Generate(sampled(seed), timeout=TIMEOUT)
         if any(ord(c) > 127 and c != "\ufffd" for c in reply.text):
             break
     else:
         pytest.skip("the tiny model sampled no valid multi-byte character in 40 seeds")
-    server.pacer.delay = 0.005                                  # one token per message
+    server.pacer.delay = 0.005  # one token per message
     messages = stream_of(stub, sampled(seed))
     assert "".join(m.text for m in messages) == reply.text
     held = [m for m in messages if m.text == "" and any(0xC2 <= t <= 0xF4 for t in m.token_ids)]
@@ -112,8 +123,10 @@ def test_fixed_seed_reproduces_a_sampled_completion(stub):
     req = request("Sampling with a seed", max_new_tokens=40, temperature=1.0, top_k=40, top_p=0.9, seed=42)
     first, second = (stub.Generate(req, timeout=TIMEOUT) for _ in range(2))
     assert list(first.token_ids) == list(second.token_ids)
-    other = stub.Generate(request("Sampling with a seed", max_new_tokens=40, temperature=1.0, top_k=40,
-                                  top_p=0.9, seed=43), timeout=TIMEOUT)
+    other = stub.Generate(
+        request("Sampling with a seed", max_new_tokens=40, temperature=1.0, top_k=40, top_p=0.9, seed=43),
+        timeout=TIMEOUT,
+    )
     assert list(other.token_ids) != list(first.token_ids)
 
 
@@ -133,7 +146,7 @@ def test_stop_string_ends_with_reason_stop_and_is_not_returned(stub):
     stop = free.text[3:6]
     reply = stub.Generate(request("The server", max_new_tokens=40, stop=[stop]), timeout=TIMEOUT)
     assert reply.finish_reason == pb.FINISH_REASON_STOP
-    assert reply.text == free.text[:free.text.index(stop)]
+    assert reply.text == free.text[: free.text.index(stop)]
     assert "".join(m.text for m in stream_of(stub, request("The server", max_new_tokens=40, stop=[stop]))) == reply.text
 
 

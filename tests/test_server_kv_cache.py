@@ -1,4 +1,5 @@
 """The KV cache's slot API: admit left-pads to the longest row, free + compact trims the padding."""
+
 import numpy as np
 
 from attnserve.server.kv_cache import KVCache
@@ -51,7 +52,7 @@ def test_free_then_compact_drops_the_row_and_the_padding_no_one_needs():
     short_present, short_mask = prefilled([3], seed=5)
     short_slot = cache.admit(short_present, short_mask)[0]
     cache.free(long_slot)
-    assert cache.batch == 2                      # freed rows leave at compact()
+    assert cache.batch == 2  # freed rows leave at compact()
     cache.compact()
     assert cache.slots == [short_slot] and cache.length == 3
     assert np.array_equal(cache.past[1], short_present[1])
@@ -70,9 +71,10 @@ def test_freeing_everything_empties_the_cache_and_slots_stay_unique():
 
 
 def test_host_conversion_is_used_for_device_arrays():
-    class DeviceArray:                                  # stands in for an OrtValue on a GPU
+    class DeviceArray:  # stands in for an OrtValue on a GPU
         def __init__(self, a):
             self.a = a
+
     cache = KVCache(2, to_host=lambda v: v.a if isinstance(v, DeviceArray) else v)
     present, mask = prefilled([2], seed=8)
     cache.admit([DeviceArray(p) for p in present], mask)
@@ -82,14 +84,14 @@ def test_host_conversion_is_used_for_device_arrays():
 
 def test_cross_segment_is_left_padded_per_source_and_trimmed_with_its_row():
     cache = KVCache(2)
-    long_cross, long_src = prefilled([6], seed=10)          # an encoder-decoder row: source of 6
+    long_cross, long_src = prefilled([6], seed=10)  # an encoder-decoder row: source of 6
     short_cross, short_src = prefilled([2], seed=11)
     long_slot = cache.admit(*prefilled([1], seed=12), long_cross, long_src)[0]
     short_slot = cache.admit(*prefilled([1], seed=13), short_cross, short_src)[0]
     row = cache.row_of(short_slot)
     assert cache.cross_mask.shape == (2, 6) and cache.cross_mask[row].tolist() == [0, 0, 0, 0, 1, 1]
     assert np.array_equal(cache.cross[0][row, :, 4:], short_cross[0][0]) and not cache.cross[0][row, :, :4].any()
-    assert cache.length == 1                                 # the self-attention past is its own segment
+    assert cache.length == 1  # the self-attention past is its own segment
     cache.free(long_slot)
     cache.compact()
     assert cache.cross_mask.tolist() == [[1, 1]] and np.array_equal(cache.cross[1], short_cross[1])
@@ -99,16 +101,20 @@ def test_cross_segment_is_left_padded_per_source_and_trimmed_with_its_row():
 
 
 def test_cross_segment_is_handed_to_the_device_once_per_membership_change():
-    class DeviceArray:                                  # stands in for an OrtValue on a GPU
+    class DeviceArray:  # stands in for an OrtValue on a GPU
         def __init__(self, a):
             self.a = a
+
     moved = []
-    cache = KVCache(2, to_host=lambda v: v.a if isinstance(v, DeviceArray) else v,
-                    to_device=lambda a: moved.append(a.shape) or DeviceArray(a))
+    cache = KVCache(
+        2,
+        to_host=lambda v: v.a if isinstance(v, DeviceArray) else v,
+        to_device=lambda a: moved.append(a.shape) or DeviceArray(a),
+    )
     cache.admit(*prefilled([1], seed=14), *prefilled([3], seed=15))
     cache.admit(*prefilled([1], seed=16), *prefilled([5], seed=17))
     assert all(isinstance(c, DeviceArray) and c.a.shape == (2, H, 5, D) for c in cache.cross)
     assert moved == [(1, H, 3, D)] * 2 + [(2, H, 5, D)] * 2
-    mask, positions, past = cache.step_inputs()
+    mask, _positions, past = cache.step_inputs()
     cache.append(past, mask)
-    assert len(moved) == 4                              # a decode step moves nothing
+    assert len(moved) == 4  # a decode step moves nothing

@@ -1,5 +1,6 @@
 """Start-up, drain and shutdown: refuse to start with a one-line reason, drain on SIGTERM and exit 0,
 health follows the server's state, and serving never imports torch."""
+
 import asyncio
 import re
 import shutil
@@ -11,11 +12,11 @@ import threading
 
 import grpc
 import pytest
+from fixtures_server import ServeProcess, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from fixtures_server import ServeProcess, request, start_server, wait_until
 
 TIMEOUT = 30
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -34,7 +35,7 @@ def collect(stream, into: list) -> None:
 
 def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
     running = start_server(tiny_model_dir, drain_timeout=10.0)
-    running.pacer.delay = 0.01                                  # 60 tokens: about 0.6 s
+    running.pacer.delay = 0.01  # 60 tokens: about 0.6 s
     try:
         stream = running.stub.GenerateStream(request("draining", max_new_tokens=60), timeout=TIMEOUT)
         messages = [next(stream)]
@@ -53,7 +54,7 @@ def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
 
 def test_drain_timeout_ends_in_flight_requests_as_cancelled(tiny_model_dir):
     running = start_server(tiny_model_dir, drain_timeout=0.2)
-    running.pacer.delay = 0.02                                  # 100 tokens: about 2 s
+    running.pacer.delay = 0.02  # 100 tokens: about 2 s
     try:
         stream = running.stub.GenerateStream(request("too long to wait for", max_new_tokens=100), timeout=TIMEOUT)
         next(stream)
@@ -69,10 +70,11 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(tiny_model_dir):
     server = ServeProcess("--model", str(tiny_model_dir), "--port", "0", "--max-batch", "2", "--threads", "1")
     try:
         stub = pb_grpc.TextGenerationStub(grpc.insecure_channel(f"127.0.0.1:{server.port}"))
-        streams = [stub.GenerateStream(request(f"in flight {i}", max_new_tokens=110), timeout=TIMEOUT)
-                   for i in range(8)]
+        streams = [
+            stub.GenerateStream(request(f"in flight {i}", max_new_tokens=110), timeout=TIMEOUT) for i in range(8)
+        ]
         for stream in streams:
-            assert dict(stream.initial_metadata())["x-request-id"]    # accepted: decoding or queued
+            assert dict(stream.initial_metadata())["x-request-id"]  # accepted: decoding or queued
         server.proc.send_signal(signal.SIGTERM)
         results = [[] for _ in streams]
         readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
@@ -94,8 +96,9 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(tiny_model_dir):
 
 def refused(*args: str) -> str:
     """Start `attnserve serve` expecting it to refuse; its output."""
-    proc = subprocess.run([sys.executable, "-m", "attnserve.cli", "serve", *args], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "serve", *args], capture_output=True, text=True, timeout=120
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     assert "Traceback" not in output, output
@@ -127,6 +130,7 @@ def test_port_in_use_is_refused_in_one_line(tiny_model_dir):
 
 def test_cuda_provider_without_cuda_is_refused_in_one_line(tiny_model_dir):
     import onnxruntime
+
     if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
         pytest.skip("this onnxruntime has CUDA")
     line = refused("--model", str(tiny_model_dir), "--port", "0", "--provider", "cuda")
@@ -164,6 +168,7 @@ print("ok")
 
 
 def test_serving_never_imports_torch(tiny_model_dir):
-    proc = subprocess.run([sys.executable, "-c", NO_TORCH, str(tiny_model_dir)], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_TORCH, str(tiny_model_dir)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr

@@ -1,4 +1,5 @@
 """Per-request sampling in numpy: greedy is torch's argmax, filters keep what model/generate keeps."""
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +17,7 @@ def logits_rows(n: int, seed: int = 0) -> np.ndarray:
 
 def test_greedy_is_torch_argmax_including_ties():
     rows = logits_rows(50)
-    rows[0, [3, 7, 200]] = 99.0                           # a three-way tie: the first index wins
+    rows[0, [3, 7, 200]] = 99.0  # a three-way tie: the first index wins
     ours = [Sampler(SamplingParams(), V)(row) for row in rows]
     assert ours == torch.from_numpy(rows).argmax(-1).tolist()
     assert ours[0] == 3

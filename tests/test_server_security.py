@@ -1,5 +1,6 @@
 """TLS, mutual TLS and bearer-token auth accept the right client and reject the others; metrics
 parse and move; reflection lists the services; on CUDA the session and the KV cache live on the GPU."""
+
 import datetime
 import ipaddress
 import urllib.request
@@ -10,11 +11,11 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from fixtures_server import idle, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from fixtures_server import idle, request, start_server, wait_until
 
 TIMEOUT = 30
 
@@ -25,22 +26,30 @@ def issue(name: str, issuer=None, ca: bool = False):
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     issuer_key, issuer_cert = issuer or (key, None)
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(subject)
-               .issuer_name(issuer_cert.subject if issuer_cert else subject)
-               .public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_cert.subject if issuer_cert else subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
     if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
     return key, builder.sign(issuer_key, hashes.SHA256())
 
 
 def pem(key=None, cert=None) -> bytes:
     if cert is not None:
         return cert.public_bytes(serialization.Encoding.PEM)
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +60,14 @@ def pki(tmp_path_factory):
     server_key, server_cert = issue("127.0.0.1", issuer=ca)
     client_key, client_cert = issue("client", issuer=ca)
     stranger = issue("stranger CA", ca=True)
-    files = {"ca": pem(cert=ca[1]), "server.crt": pem(cert=server_cert), "server.key": pem(server_key),
-             "client.crt": pem(cert=client_cert), "client.key": pem(client_key), "stranger": pem(cert=stranger[1])}
+    files = {
+        "ca": pem(cert=ca[1]),
+        "server.crt": pem(cert=server_cert),
+        "server.key": pem(server_key),
+        "client.crt": pem(cert=client_cert),
+        "client.key": pem(client_key),
+        "stranger": pem(cert=stranger[1]),
+    }
     for name, data in files.items():
         (folder / name).write_bytes(data)
     return folder, files
@@ -68,8 +83,10 @@ def test_tls_accepts_a_client_that_trusts_the_ca_and_rejects_others(tiny_model_d
     try:
         trusted = grpc.secure_channel(running.target, grpc.ssl_channel_credentials(files["ca"]))
         assert generate_over(trusted).usage.completion_tokens >= 0
-        for channel in (grpc.insecure_channel(running.target),
-                        grpc.secure_channel(running.target, grpc.ssl_channel_credentials(files["stranger"]))):
+        for channel in (
+            grpc.insecure_channel(running.target),
+            grpc.secure_channel(running.target, grpc.ssl_channel_credentials(files["stranger"])),
+        ):
             with pytest.raises(grpc.RpcError) as info:
                 generate_over(channel)
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -79,8 +96,12 @@ def test_tls_accepts_a_client_that_trusts_the_ca_and_rejects_others(tiny_model_d
 
 def test_mutual_tls_requires_a_client_certificate_from_the_ca(tiny_model_dir, pki):
     folder, files = pki
-    running = start_server(tiny_model_dir, tls_cert=str(folder / "server.crt"), tls_key=str(folder / "server.key"),
-                           tls_client_ca=str(folder / "ca"))
+    running = start_server(
+        tiny_model_dir,
+        tls_cert=str(folder / "server.crt"),
+        tls_key=str(folder / "server.key"),
+        tls_client_ca=str(folder / "ca"),
+    )
     try:
         with_cert = grpc.ssl_channel_credentials(files["ca"], files["client.key"], files["client.crt"])
         assert generate_over(grpc.secure_channel(running.target, with_cert)).usage.completion_tokens >= 0
@@ -97,8 +118,11 @@ def test_bearer_token_is_required_except_for_health(tiny_model_dir, tmp_path):
     running = start_server(tiny_model_dir, auth_token_file=str(token_file), reflection=True)
     try:
         stub = running.stub
-        reply = stub.Generate(request("authorized", max_new_tokens=3), timeout=TIMEOUT,
-                              metadata=[("authorization", "Bearer s3cret-token")])
+        reply = stub.Generate(
+            request("authorized", max_new_tokens=3),
+            timeout=TIMEOUT,
+            metadata=[("authorization", "Bearer s3cret-token")],
+        )
         assert reply.usage.completion_tokens >= 0
         for metadata in ([], [("authorization", "Bearer wrong")], [("authorization", "s3cret-token")]):
             with pytest.raises(grpc.RpcError) as info:
@@ -133,18 +157,23 @@ def test_metrics_parse_and_move(stub, server):
     ok = ("attnserve_requests_total", (("code", "OK"), ("method", "Generate")))
     assert after[ok] - before.get(ok, 0) == 3
     assert after[("attnserve_generated_tokens_total", ())] > before.get(("attnserve_generated_tokens_total", ()), 0)
-    for histogram in ("attnserve_time_to_first_token_seconds", "attnserve_request_latency_seconds",
-                      "attnserve_inter_token_latency_seconds", "attnserve_step_batch_size"):
+    for histogram in (
+        "attnserve_time_to_first_token_seconds",
+        "attnserve_request_latency_seconds",
+        "attnserve_inter_token_latency_seconds",
+        "attnserve_step_batch_size",
+    ):
         assert after[(f"{histogram}_count", ())] > before.get((f"{histogram}_count", ()), 0), histogram
     assert ("attnserve_queue_depth", ()) in after and ("attnserve_batch_size", ()) in after
     wait_until(lambda: idle(server.engine), what="the engine to go idle")
-    assert scrape(port)[("attnserve_batch_size", ())] == 0      # an empty batch reads 0, not its last size
+    assert scrape(port)[("attnserve_batch_size", ())] == 0  # an empty batch reads 0, not its last size
     info = [labels for (name, labels) in after if name == "attnserve_model_info"]
     assert info and ("execution_provider", "CPUExecutionProvider") in info[0]
 
 
 def test_reflection_lists_the_services(tiny_model_dir):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
     running = start_server(tiny_model_dir, reflection=True)
     try:
         services = set(ProtoReflectionDescriptorDatabase(running.channel).get_services())
@@ -155,6 +184,7 @@ def test_reflection_lists_the_services(tiny_model_dir):
 
 def cuda_available() -> bool:
     import onnxruntime
+
     return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
 
 
@@ -163,13 +193,14 @@ def cuda_available() -> bool:
 @pytest.mark.parametrize("provider", ["cuda", "auto"])
 def test_cuda_session_keeps_the_kv_arena_on_the_device(tiny_model_dir, provider):
     import onnxruntime
+
     running = start_server(tiny_model_dir, provider=provider)
     try:
         assert running.server.runner.provider == "CUDAExecutionProvider"
         running.pacer.delay = 0.01
         stream = running.stub.GenerateStream(request("on the GPU", max_new_tokens=50), timeout=TIMEOUT)
         next(stream)
-        arena = running.engine.slots.decoder.arena          # bound by pointer as past and present
+        arena = running.engine.slots.decoder.arena  # bound by pointer as past and present
         assert arena.device.kind == "cuda"
         assert all(isinstance(b, onnxruntime.OrtValue) and b.device_name().lower() == "cuda" for b in arena.buffers)
         running.pacer.delay = 0.0

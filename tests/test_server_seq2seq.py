@@ -1,17 +1,18 @@
 """The encoder-decoder served by the same server and API: the prompt is the source, greedy output
 over gRPC equals PyTorch, batching sources of different lengths changes nothing, limits hold."""
+
 import json
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from fixtures_server import idle, request, start_server, wait_until
+from test_server_security import cuda_available
 
 from attnserve.clients import Client
 from attnserve.model.generate import generate_seq2seq
-from attnserve.tokenizer.utf8 import encode
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from fixtures_server import idle, request, start_server, wait_until
-from test_server_security import cuda_available
+from attnserve.tokenizer.utf8 import encode
 
 SOURCES = ["4021", "7", "1000000", "98765", "12", "300", "5555555", "86"]
 TIMEOUT = 30
@@ -45,11 +46,12 @@ def test_greedy_over_grpc_equals_pytorch(stub, seq2seq_model, source):
 
 def test_concurrent_sources_of_different_lengths_each_get_what_they_get_alone(stub, seq2seq_server):
     alone = {s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids for s in SOURCES}
-    seq2seq_server.pacer.delay = 0.003      # keep the batch busy so that requests join it mid-flight
+    seq2seq_server.pacer.delay = 0.003  # keep the batch busy so that requests join it mid-flight
     try:
         with ThreadPoolExecutor(len(SOURCES)) as pool:
-            together = list(pool.map(lambda s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids,
-                                     SOURCES))
+            together = list(
+                pool.map(lambda s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids, SOURCES)
+            )
     finally:
         seq2seq_server.pacer.delay = 0.0
     assert [list(t) for t in together] == [list(alone[s]) for s in SOURCES]
@@ -85,8 +87,24 @@ def test_the_python_client_reaches_it(seq2seq_server, seq2seq_model):
 
 def test_bench_drives_it(seq2seq_server, capsys):
     from attnserve.cli import main
-    status = main(["bench", "--target", seq2seq_server.target, "--concurrency", "1,4", "--requests", "4",
-                   "--prompt-tokens", "8", "--max-new-tokens", "16", "--warmup", "1"])
+
+    status = main(
+        [
+            "bench",
+            "--target",
+            seq2seq_server.target,
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "4",
+            "--prompt-tokens",
+            "8",
+            "--max-new-tokens",
+            "16",
+            "--warmup",
+            "1",
+        ]
+    )
     out, err = capsys.readouterr()
     assert status == 0, err
     report = json.loads(out.splitlines()[-1])
@@ -100,14 +118,16 @@ def test_bench_drives_it(seq2seq_server, capsys):
 @pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
 def test_cuda_keeps_both_arenas_on_the_device(tiny_seq2seq_model_dir, seq2seq_model):
     import onnxruntime
+
     running = start_server(tiny_seq2seq_model_dir, provider="cuda")
     try:
         running.pacer.delay = 0.01
         stream = running.stub.GenerateStream(request("98765", max_new_tokens=40), timeout=TIMEOUT)
         next(stream)
-        decoder = running.engine.slots.decoder              # self-attention arena and cross segment
-        on_gpu = lambda arrays: arrays and all(isinstance(a, onnxruntime.OrtValue)  # noqa: E731
-                                               and a.device_name().lower() == "cuda" for a in arrays)
+        decoder = running.engine.slots.decoder  # self-attention arena and cross segment
+        on_gpu = lambda arrays: (
+            arrays and all(isinstance(a, onnxruntime.OrtValue) and a.device_name().lower() == "cuda" for a in arrays)
+        )
         assert on_gpu(decoder.arena.buffers) and on_gpu(decoder.cross.buffers)
         running.pacer.delay = 0.0
         messages = [m for m in stream]
@@ -120,13 +140,16 @@ def test_sources_arriving_at_different_steps_through_fewer_slots_equal_pytorch(t
     """10 sources through a 4-slot arena, each arriving while others decode: slots are refilled by
     moves (self-attention and cross segment alike), and every answer is PyTorch's alone."""
     import time
+
     sources = [*SOURCES, "42", "999999"]
     running = start_server(tiny_seq2seq_model_dir, max_batch=4)
     running.pacer.delay = 0.003
     try:
+
         def staggered(i):
             time.sleep(0.02 * i)
             return running.stub.Generate(request(sources[i], max_new_tokens=48), timeout=TIMEOUT).token_ids
+
         with ThreadPoolExecutor(len(sources)) as pool:
             got = list(pool.map(staggered, range(len(sources))))
     finally:

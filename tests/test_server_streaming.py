@@ -1,4 +1,5 @@
 """Token ids -> text: UTF-8 characters split across tokens are emitted whole; stop strings are cut."""
+
 import pytest
 
 from attnserve.server.streaming import Detokenizer, TextStream, held_back
@@ -23,12 +24,12 @@ def test_byte_tokenizer_encodes_bos_and_bytes_and_decodes_without_specials():
 
 def test_detokenizer_waits_for_the_last_byte_of_a_character():
     detok = Detokenizer(TOK)
-    assert [detok.push(b) for b in "😀".encode()] == ["", "", "", "😀"]     # 4 bytes, 4 tokens
+    assert [detok.push(b) for b in "😀".encode()] == ["", "", "", "😀"]  # 4 bytes, 4 tokens
     assert detok.flush() == ""
 
 
 def test_bpe_tokens_that_cut_characters_give_whole_characters_that_join_to_the_original():
-    bpe = train_bpe("ab " * 50, 300)                 # never saw these characters: one token per byte
+    bpe = train_bpe("ab " * 50, 300)  # never saw these characters: one token per byte
     ids = bpe.encode(TEXT)
     assert len(ids) == len(TEXT.encode())
     detok = Detokenizer(bpe)
@@ -64,7 +65,7 @@ def test_stop_string_ends_the_stream_and_is_not_emitted():
 def test_text_that_might_start_a_stop_string_is_held_back_then_released():
     stream = TextStream(TOK, ("abc",))
     assert [stream.push(ord(c)) for c in "xab"] == ["x", "", ""]
-    assert stream.push(ord("d")) == "abd"          # not the stop string after all
+    assert stream.push(ord("d")) == "abd"  # not the stop string after all
     assert stream.finish() == "" and not stream.stopped
 
 
@@ -80,7 +81,7 @@ def test_stop_string_split_across_multibyte_tokens():
 
 
 def test_earliest_of_several_stop_strings_wins():
-    deltas, stream = stream_deltas("one two three", stops=["three", "two"])
+    _deltas, stream = stream_deltas("one two three", stops=["three", "two"])
     assert stream.text == "one " and stream.stopped
 
 
@@ -91,8 +92,14 @@ def test_nothing_is_emitted_after_a_stop():
     assert stream.push(ord("c")) == "" and stream.finish() == ""
 
 
-@pytest.mark.parametrize("text, stops, expected", [
-    ("hello", ("lox",), 2), ("hello", ("xyz",), 0), ("hel", ("hello",), 3), ("ab", ("b", "abc"), 2),
-])
+@pytest.mark.parametrize(
+    "text, stops, expected",
+    [
+        ("hello", ("lox",), 2),
+        ("hello", ("xyz",), 0),
+        ("hel", ("hello",), 3),
+        ("ab", ("b", "abc"), 2),
+    ],
+)
 def test_held_back_is_the_longest_stop_prefix_at_the_tail(text, stops, expected):
     assert held_back(text, stops) == expected

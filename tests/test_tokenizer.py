@@ -1,5 +1,6 @@
 """The tokenizers: every string round-trips, a BPE learns only from the training split, checkpoints
 carry their tokenizer, and --resume keeps it."""
+
 import pytest
 import torch
 
@@ -8,15 +9,26 @@ from attnserve.model.train import TrainConfig, TrainError, tokenize_corpus, trai
 from attnserve.tokenizer import ByteTokenizer, TokenizerError, from_state
 from attnserve.tokenizer.bpe import MIN_VOCAB, SPECIAL_TOKENS, train_bpe
 
-MIXED = ["plain ASCII, with punctuation: (x) -> y;", "Καλημέρα κόσμε", "日本語のテキストと中文", "emoji 😀👍🏽🇬🇷 end",
-         "combining e\u0301 a\u0308 n\u0303", "NUL \x00 inside", "tabs\tand\r\nnewlines\n\n", "  leading spaces",
-         "<|eos|> spelled out", "\U0010ffff last code point", ""]
+MIXED = [
+    "plain ASCII, with punctuation: (x) -> y;",
+    "Καλημέρα κόσμε",
+    "日本語のテキストと中文",
+    "emoji 😀👍🏽🇬🇷 end",
+    "combining e\u0301 a\u0308 n\u0303",
+    "NUL \x00 inside",
+    "tabs\tand\r\nnewlines\n\n",
+    "  leading spaces",
+    "<|eos|> spelled out",
+    "\U0010ffff last code point",
+    "",
+]
 QUIET = dict(max_steps=2, time_budget=None, progress=False, batch_size=2, eval_interval=2, eval_windows=2, threads=1)
 
 
 @pytest.fixture(scope="module")
 def bpe():
     from pydoc_data.topics import topics
+
     return train_bpe("\n".join(topics[k] for k in sorted(topics)), 512)
 
 
@@ -31,7 +43,7 @@ def test_bpe_compresses_and_its_special_ids_come_first(bpe):
     text = "The return statement leaves the current function call"
     assert len(bpe.encode(text)) < len(text.encode()) / 2
     assert (bpe.bos_id, bpe.eos_id, bpe.pad_id, bpe.vocab_size) == (0, 1, 2, 512)
-    assert bpe.encode_prompt(text) == bpe.encode(text)            # GPT-2's way: no BOS on a prompt
+    assert bpe.encode_prompt(text) == bpe.encode(text)  # GPT-2's way: no BOS on a prompt
     assert bpe.decode([bpe.bos_id, *bpe.encode("ab"), bpe.eos_id, bpe.pad_id]) == "ab"
     assert sum(bpe.byte_lengths()[i] for i in bpe.encode(text)) == len(text.encode())
 
@@ -50,7 +62,7 @@ def test_bpe_training_is_deterministic_and_the_state_rebuilds_it(bpe):
 def test_bad_vocab_sizes_and_files_are_refused():
     with pytest.raises(TokenizerError, match=f"--vocab-size 100 is outside \\[{MIN_VOCAB}"):
         train_bpe("abc", 100)
-    with pytest.raises(TokenizerError, match="not a valid tokenizer.json"):
+    with pytest.raises(TokenizerError, match=r"not a valid tokenizer\.json"):
         from_state({"kind": "bpe", "json": "{not json"})
     with pytest.raises(TokenizerError, match="kind 'sentencepiece'"):
         from_state({"kind": "sentencepiece"})
@@ -58,11 +70,10 @@ def test_bad_vocab_sizes_and_files_are_refused():
 
 
 def test_bpe_learns_only_from_the_training_split(tmp_path):
-    secret = "qzxvqzxv"                                  # only in the held-out tail, many times over
+    secret = "qzxvqzxv"  # only in the held-out tail, many times over
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat. " * 2000 + (secret + " ") * 200)
-    cfg = TrainConfig(out_dir=str(tmp_path), corpus=str(corpus), tokenizer="bpe", vocab_size=400,
-                      heldout_fraction=0.05)
+    cfg = TrainConfig(out_dir=str(tmp_path), corpus=str(corpus), tokenizer="bpe", vocab_size=400, heldout_fraction=0.05)
     data = corpus.read_bytes()
     split = tokenize_corpus(data, cfg, 32, None)
     vocab = [split.tokenizer._tok.id_to_token(i) for i in range(split.tokenizer.vocab_size)]

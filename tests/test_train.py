@@ -1,4 +1,6 @@
 """Training of the decoder LM: data windows, schedule, learning, checkpoints, resume, DDP."""
+
+import itertools
 import math
 import subprocess
 import sys
@@ -12,8 +14,8 @@ from attnserve.model.config import preset
 from attnserve.model.data import ByteBatches, DataError, heldout_batches, read_corpus, split_heldout
 from attnserve.model.generate import generate
 from attnserve.model.schedule import budget_progress, learning_rate
-from attnserve.tokenizer.utf8 import BOS_ID, encode
 from attnserve.model.train import DEFAULT_BPE_VOCAB, TrainConfig, TrainError, lm_inputs, tokenize_corpus, train
+from attnserve.tokenizer.utf8 import BOS_ID, encode
 
 QUIET = dict(progress=False, time_budget=None, eval_windows=16, batch_size=8, threads=1)
 
@@ -51,13 +53,15 @@ def test_heldout_is_the_tail_and_ranks_share_its_windows():
     train_part, heldout = split_heldout(data, block=64, fraction=0.1)
     assert train_part + heldout == data and len(heldout) == 120
     everything = heldout_batches(heldout, 32, 2, 100)
-    halves = heldout_batches(heldout, 32, 2, 100, rank=0, world_size=2) + \
-        heldout_batches(heldout, 32, 2, 100, rank=1, world_size=2)
+    halves = heldout_batches(heldout, 32, 2, 100, rank=0, world_size=2) + heldout_batches(
+        heldout, 32, 2, 100, rank=1, world_size=2
+    )
     assert sum(len(y) for _, y in everything) == sum(len(y) for _, y in halves) == 3
 
 
 def test_default_corpus_is_cpythons_pydoc_topics():
     from pydoc_data.topics import topics
+
     data = read_corpus(None)
     assert len(data) > 100_000 and data.startswith(topics[min(topics)].encode())
 
@@ -79,8 +83,10 @@ def corpus_case(tmp_path, case: str):
     return tmp_path / "missing.txt"
 
 
-@pytest.mark.parametrize("case, expected", [("missing", "corpus not found"), ("empty file", "is empty"),
-                                            ("folder without .txt", "no .txt files")])
+@pytest.mark.parametrize(
+    "case, expected",
+    [("missing", "corpus not found"), ("empty file", "is empty"), ("folder without .txt", "no .txt files")],
+)
 def test_corpus_errors_are_one_line(tmp_path, case, expected):
     with pytest.raises(DataError, match=expected) as info:
         read_corpus(corpus_case(tmp_path, case))
@@ -95,47 +101,49 @@ def test_corpus_shorter_than_two_blocks_is_refused():
 def test_schedule_warms_up_linearly_then_decays_to_the_floor():
     lrs = [learning_rate(s, budget_progress(s, 0.0, 100, None, 10), 1.0, 10, 0.1) for s in range(101)]
     assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs[9:]))
     assert lrs[100] == pytest.approx(0.1)
     assert budget_progress(5, 30.0, None, 60.0) == pytest.approx(0.5)  # a time budget drives the decay too
 
 
 def test_heldout_bits_per_byte_is_mean_nats_over_ln2(tmp_path):
-    bpb = tiny_run(tmp_path, max_steps=0, tokenizer="bytes")["heldout_bpb"]   # the untrained model, seed 0
+    bpb = tiny_run(tmp_path, max_steps=0, tokenizer="bytes")["heldout_bpb"]  # the untrained model, seed 0
     model = build_model(preset("tiny"))
     model.load_state_dict(initial_weights())
     _, heldout = split_heldout(read_corpus(None), 128)
     nats, count = 0.0, 0
     for x, y in heldout_batches(heldout, 128, 8, QUIET["eval_windows"]):
         logits = model(*lm_inputs(x, model.config))[0]
-        nats += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
-                                                  reduction="sum").item()
+        nats += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
+        ).item()
         count += y.numel()
     assert bpb == pytest.approx(nats / count / math.log(2), rel=1e-5)
-    assert 6.0 < bpb < 10.0                                              # near log2(259): guessing
+    assert 6.0 < bpb < 10.0  # near log2(259): guessing
 
 
 def test_bpe_heldout_loss_is_per_byte_of_the_text_its_tokens_stand_for(tmp_path):
     cfg = TrainConfig(out_dir=str(tmp_path), tokenizer="bpe", vocab_size=512, **{**QUIET, "max_steps": 0})
-    result = train(preset("tiny"), cfg, log=lambda _: None)            # the untrained model, seed 0
+    result = train(preset("tiny"), cfg, log=lambda _: None)  # the untrained model, seed 0
     corpus = tokenize_corpus(read_corpus(None), cfg, 128, None)
-    lengths = corpus.tokenizer.byte_lengths()                  # bytes per id: they add up to the held-out text
+    lengths = corpus.tokenizer.byte_lengths()  # bytes per id: they add up to the held-out text
     heldout_text = split_heldout(read_corpus(None), 128, whole_characters=True)[1]
     assert sum(lengths[t] for t in corpus.heldout) == len(heldout_text)
     model, nats, count, tokens = result["model"], 0.0, 0, 0
     for x, y in heldout_batches(corpus.heldout, 128, 8, QUIET["eval_windows"], bos=None):
         logits = model(*lm_inputs(x, model.config))[0]
-        nats += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1),
-                                                  reduction="sum").item()
+        nats += torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="sum"
+        ).item()
         count += sum(lengths[t] for t in y.reshape(-1).tolist())
         tokens += y.numel()
     assert result["heldout_bpb"] == pytest.approx(nats / count / math.log(2), rel=1e-5)
-    assert count > 2 * tokens                                  # a BPE token stands for several bytes
+    assert count > 2 * tokens  # a BPE token stands for several bytes
 
 
 def test_tiny_checkpoint_learned_text(tiny_checkpoint):
     state = torch.load(tiny_checkpoint, weights_only=True)
-    assert state["heldout_bpb"] < 3.2, state["heldout_bpb"]              # untrained: about 8
+    assert state["heldout_bpb"] < 3.2, state["heldout_bpb"]  # untrained: about 8
     out = bytes(generate(load_checkpoint(tiny_checkpoint), [encode("The ")], 64)[0])
     assert len(set(out)) >= 4 and b" " in out and out.count(b" ") < 40, out  # words, not one repeated byte
 
@@ -147,7 +155,7 @@ def test_checkpoint_round_trip_is_weights_only(tmp_path):
     assert state["train_config"]["max_steps"] == 5 and "state" in state["optimizer"]
     assert state["heldout_bpb"] == pytest.approx(result["heldout_bpb"]) == pytest.approx(state["best_heldout_bpb"])
     loaded = load_checkpoint(tmp_path / "checkpoint.pt")
-    assert loaded.config == preset("tiny", vocab_size=DEFAULT_BPE_VOCAB)       # the default tokenizer's
+    assert loaded.config == preset("tiny", vocab_size=DEFAULT_BPE_VOCAB)  # the default tokenizer's
     for name, tensor in result["model"].state_dict().items():
         assert torch.equal(tensor, loaded.state_dict()[name]), name
 
@@ -188,11 +196,23 @@ DDP_WORKER = textwrap.dedent("""
 
 def test_ddp_two_processes_keep_identical_weights(tmp_path):
     (tmp_path / "worker.py").write_text(DDP_WORKER)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(tmp_path / "worker.py"), str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(tmp_path / "worker.py"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    assert rank0["steps"] == rank1["steps"] > 0                 # a time budget stops both ranks together
+    assert rank0["steps"] == rank1["steps"] > 0  # a time budget stops both ranks together
     untrained = initial_weights()
     for name, tensor in rank0["model"].items():
         assert torch.equal(tensor, rank1["model"][name]), name
@@ -200,9 +220,9 @@ def test_ddp_two_processes_keep_identical_weights(tmp_path):
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["world_size"] == 2
 
 
-
-@pytest.mark.parametrize("field, value", [("batch_size", 0), ("max_steps", -1), ("time_budget", 0.0),
-                                          ("precision", "fp8")])
+@pytest.mark.parametrize(
+    "field, value", [("batch_size", 0), ("max_steps", -1), ("time_budget", 0.0), ("precision", "fp8")]
+)
 def test_bad_train_options_are_refused_before_training(field, value):
     with pytest.raises(TrainError, match=field):
         TrainConfig(**{field: value})
@@ -211,39 +231,71 @@ def test_bad_train_options_are_refused_before_training(field, value):
 def train_cli(capsys, *args: str) -> tuple[int, str]:
     """`attnserve train ARGS` in-process: (exit code, stderr)."""
     from attnserve.cli import main
+
     code = main(["train", *args])
     return code, capsys.readouterr().err
 
 
 def test_model_size_flags_override_the_preset(tmp_path, capsys):
-    code, err = train_cli(capsys, "--preset", "tiny", "--context-length", "256", "--d-model", "32", "--n-heads", "2",
-                          "--n-layers", "1", "--d-ff", "64", "--max-steps", "2", "--batch-size", "8",
-                          "--threads", "1", "--out", str(tmp_path))
+    code, err = train_cli(
+        capsys,
+        "--preset",
+        "tiny",
+        "--context-length",
+        "256",
+        "--d-model",
+        "32",
+        "--n-heads",
+        "2",
+        "--n-layers",
+        "1",
+        "--d-ff",
+        "64",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "8",
+        "--threads",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
     assert code == 0, err
     config = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["config"]
-    assert config == preset("tiny", max_len=256, d_model=32, n_heads=2, n_layers=1, d_ff=64,
-                            vocab_size=DEFAULT_BPE_VOCAB).to_dict()
+    assert (
+        config
+        == preset(
+            "tiny", max_len=256, d_model=32, n_heads=2, n_layers=1, d_ff=64, vocab_size=DEFAULT_BPE_VOCAB
+        ).to_dict()
+    )
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--d-model", "48", "--n-heads", "5"], "--d-model 48 is not divisible by --n-heads 5"),
-    (["--d-model", "48", "--n-heads", "4"], "head dim --d-model 48 / --n-heads 4 = 12 must be a multiple of 8 "
-                                            "(ONNX Runtime's GroupQueryAttention requires it)"),
-    (["--n-heads", "3"], "--d-model 64 is not divisible by --n-heads 3"),          # the preset's d_model
-    (["--d-model", "0"], "--d-model must be a positive integer, got 0"),
-    (["--n-layers", "-1"], "--n-layers must be a positive integer, got -1"),
-    (["--d-ff", "0"], "--d-ff must be a positive integer, got 0"),
-    (["--context-length", "4"], "--context-length must be at least 8, got 4"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--d-model", "48", "--n-heads", "5"], "--d-model 48 is not divisible by --n-heads 5"),
+        (
+            ["--d-model", "48", "--n-heads", "4"],
+            "head dim --d-model 48 / --n-heads 4 = 12 must be a multiple of 8 "
+            "(ONNX Runtime's GroupQueryAttention requires it)",
+        ),
+        (["--n-heads", "3"], "--d-model 64 is not divisible by --n-heads 3"),  # the preset's d_model
+        (["--d-model", "0"], "--d-model must be a positive integer, got 0"),
+        (["--n-layers", "-1"], "--n-layers must be a positive integer, got -1"),
+        (["--d-ff", "0"], "--d-ff must be a positive integer, got 0"),
+        (["--context-length", "4"], "--context-length must be at least 8, got 4"),
+    ],
+)
 def test_bad_model_size_flags_are_one_line_errors(tmp_path, capsys, flags, expected):
     code, err = train_cli(capsys, "--preset", "tiny", *flags, "--out", str(tmp_path / "run"))
     assert code == 2 and err == f"attnserve train: error: {expected}\n", err
-    assert not (tmp_path / "run").exists()                      # refused before anything is written
+    assert not (tmp_path / "run").exists()  # refused before anything is written
 
 
 def test_resume_names_the_model_flag_that_differs(tmp_path, capsys):
     tiny_run(tmp_path, max_steps=1)
-    code, err = train_cli(capsys, "--preset", "tiny", "--d-model", "32", "--resume", "--threads", "1",
-                          "--out", str(tmp_path))
+    code, err = train_cli(
+        capsys, "--preset", "tiny", "--d-model", "32", "--resume", "--threads", "1", "--out", str(tmp_path)
+    )
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("attnserve train: error: --resume: ") and "--d-model was 64, not 32" in err, err

@@ -3,6 +3,7 @@
 Every case is a real subprocess; the error cases start together (each mostly imports torch),
 so the module costs a few seconds rather than one import after another.
 """
+
 import os
 import re
 import subprocess
@@ -15,10 +16,21 @@ from attnserve.model.config import preset
 from attnserve.model.train import DEFAULT_BPE_VOCAB
 
 TRAIN = [sys.executable, "-m", "attnserve.cli", "train"]
-CASES = ["missing corpus", "empty corpus", "folder without .txt", "corpus shorter than a block", "unknown preset",
-         "out under a regular file", "resume without a checkpoint", "encoder-decoder resume",
-         "pairs file with a bad line", "pairs longer than the context", "BPE vocabulary below the bytes",
-         "vocabulary size for the byte tokenizer", "BPE for an encoder-decoder"]
+CASES = [
+    "missing corpus",
+    "empty corpus",
+    "folder without .txt",
+    "corpus shorter than a block",
+    "unknown preset",
+    "out under a regular file",
+    "resume without a checkpoint",
+    "encoder-decoder resume",
+    "pairs file with a bad line",
+    "pairs longer than the context",
+    "BPE vocabulary below the bytes",
+    "vocabulary size for the byte tokenizer",
+    "BPE for an encoder-decoder",
+]
 
 
 def error_cases(root):
@@ -35,23 +47,34 @@ def error_cases(root):
         "missing corpus": (["--corpus", str(root / "nope.txt"), *out], "corpus not found"),
         "empty corpus": (["--corpus", str(root / "empty.txt"), *out], "is empty"),
         "folder without .txt": (["--corpus", str(root / "no-text"), *out], "has no .txt files"),
-        "corpus shorter than a block": (["--corpus", str(root / "short.txt"), "--preset", "tiny", *out],
-                                        "corpus too short"),
+        "corpus shorter than a block": (
+            ["--corpus", str(root / "short.txt"), "--preset", "tiny", *out],
+            "corpus too short",
+        ),
         "unknown preset": (["--preset", "enormous", *out], "unknown preset 'enormous'"),
-        "out under a regular file": (["--preset", "tiny", "--out", str(root / "a-file" / "run")],
-                                     "cannot write --out"),
+        "out under a regular file": (["--preset", "tiny", "--out", str(root / "a-file" / "run")], "cannot write --out"),
         "encoder-decoder resume": (["--preset", "numbers", "--resume", *out], "--resume is for decoder-only"),
-        "pairs file with a bad line": (["--preset", "tiny-seq2seq", "--corpus", str(root / "bad.tsv"), *out],
-                                       "bad.tsv:2: expected 'source<TAB>target'"),
-        "pairs longer than the context": (["--preset", "tiny-seq2seq", "--corpus", str(root / "long.tsv"), *out],
-                                          "pair 2 needs 81 tokens, the context (max_len) is 64"),
+        "pairs file with a bad line": (
+            ["--preset", "tiny-seq2seq", "--corpus", str(root / "bad.tsv"), *out],
+            "bad.tsv:2: expected 'source<TAB>target'",
+        ),
+        "pairs longer than the context": (
+            ["--preset", "tiny-seq2seq", "--corpus", str(root / "long.tsv"), *out],
+            "pair 2 needs 81 tokens, the context (max_len) is 64",
+        ),
         "resume without a checkpoint": (["--preset", "tiny", "--resume", *out], "checkpoint not found"),
-        "BPE vocabulary below the bytes": (["--preset", "tiny", "--tokenizer", "bpe", "--vocab-size", "100", *out],
-                                           "--vocab-size 100 is outside [259, "),
-        "vocabulary size for the byte tokenizer": (["--tokenizer", "bytes", "--vocab-size", "512", *out],
-                                                   "--vocab-size is the BPE tokenizer's"),
-        "BPE for an encoder-decoder": (["--preset", "numbers", "--tokenizer", "bpe", *out],
-                                       "--tokenizer bpe is for decoder-only models"),
+        "BPE vocabulary below the bytes": (
+            ["--preset", "tiny", "--tokenizer", "bpe", "--vocab-size", "100", *out],
+            "--vocab-size 100 is outside [259, ",
+        ),
+        "vocabulary size for the byte tokenizer": (
+            ["--tokenizer", "bytes", "--vocab-size", "512", *out],
+            "--vocab-size is the BPE tokenizer's",
+        ),
+        "BPE for an encoder-decoder": (
+            ["--preset", "numbers", "--tokenizer", "bpe", *out],
+            "--tokenizer bpe is for decoder-only models",
+        ),
     }
 
 
@@ -60,15 +83,17 @@ def error_runs(tmp_path_factory):
     """Every error case, run concurrently: name -> ((exit code, stdout, stderr), expected text)."""
     cases = error_cases(tmp_path_factory.mktemp("cli-errors"))
     assert sorted(cases) == sorted(CASES)
-    procs = {name: subprocess.Popen([*TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for name, (args, _) in cases.items()}
+    procs = {
+        name: subprocess.Popen([*TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, (args, _) in cases.items()
+    }
     outputs = {name: p.communicate(timeout=120) for name, p in procs.items()}
     return {name: ((procs[name].returncode, *outputs[name]), cases[name][1]) for name in cases}
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_errors_are_one_line_and_exit_2(error_runs, case):
-    (code, stdout, stderr), expected = error_runs[case]
+    (code, _stdout, stderr), expected = error_runs[case]
     assert code == 2, (code, stderr)
     assert "Traceback" not in stderr
     lines = stderr.strip().splitlines()
@@ -81,24 +106,35 @@ def test_read_only_out_is_refused(tmp_path):
     locked.chmod(0o555)
     if os.access(locked, os.W_OK):
         pytest.skip("running as root: permissions do not stop writes")
-    proc = subprocess.run([*TRAIN, "--preset", "tiny", "--out", str(locked / "run")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*TRAIN, "--preset", "tiny", "--out", str(locked / "run")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("attnserve train: error: cannot write --out")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_cuda_without_a_gpu_is_a_clear_error(tmp_path):
-    proc = subprocess.run([*TRAIN, "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*TRAIN, "--preset", "tiny", "--device", "cuda", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == "attnserve train: error: --device cuda: CUDA is not available " \
-                                  "(no GPU, or a CPU-only torch build)"
+    assert (
+        proc.stderr.strip() == "attnserve train: error: --device cuda: CUDA is not available "
+        "(no GPU, or a CPU-only torch build)"
+    )
 
 
 def test_a_short_run_ends_with_the_heldout_figure(tmp_path):
-    proc = subprocess.run([*TRAIN, "--preset", "tiny", "--max-steps", "12", "--batch-size", "8",
-                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*TRAIN, "--preset", "tiny", "--max-steps", "12", "--batch-size", "8", "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"held-out: \d+\.\d{3} bits per byte", last), proc.stdout
@@ -108,10 +144,29 @@ def test_a_short_run_ends_with_the_heldout_figure(tmp_path):
 
 
 def test_torchrun_trains_with_two_ranks_and_only_rank_0_reports(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           "-m", "attnserve.cli", "train", "--preset", "tiny", "--max-steps", "6",
-                           "--batch-size", "8", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=180)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "attnserve.cli",
+            "train",
+            "--preset",
+            "tiny",
+            "--max-steps",
+            "6",
+            "--batch-size",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sum(line.startswith("held-out: ") for line in proc.stdout.splitlines()) == 1, proc.stdout
     state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
@@ -121,9 +176,24 @@ def test_torchrun_trains_with_two_ranks_and_only_rank_0_reports(tmp_path):
 def test_encoder_decoder_preset_trains_on_a_pairs_file_and_reports_exact_match(tmp_path):
     words = ["cat", "dog", "sun", "map", "red", "big", "top", "cup", "hat", "pen"]
     (tmp_path / "pairs.tsv").write_text("".join(f"{a}{b}\t{b}{a}\n" for a in words for b in words))
-    proc = subprocess.run([*TRAIN, "--preset", "tiny-seq2seq", "--corpus", str(tmp_path / "pairs.tsv"),
-                           "--max-steps", "20", "--batch-size", "8", "--out", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *TRAIN,
+            "--preset",
+            "tiny-seq2seq",
+            "--corpus",
+            str(tmp_path / "pairs.tsv"),
+            "--max-steps",
+            "20",
+            "--batch-size",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"held-out exact match: (\d+\.\d)% of (\d+) pairs", last)

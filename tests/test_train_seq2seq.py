@@ -1,4 +1,5 @@
 """Encoder-decoder training: a short run learns, exact match is measured on held-out pairs."""
+
 import torch
 
 from attnserve.model.checkpoint import build_model, load_checkpoint

@@ -1,5 +1,6 @@
 """Quick mode of the decode benchmark: the comparisons that matter, in one process, with wide
 sanity margins only (ratios, never wall-clock limits). `make bench` runs the full mode."""
+
 from attnserve.export.benchmark import print_table, run
 
 
@@ -7,5 +8,5 @@ def test_kv_cache_and_onnx_runtime_pay_off():
     result = run(None, [256], prompt_len=16, repeats=1, threads=1)
     print_table(result)
     row = result["rows"][0]
-    assert row["kv_vs_recompute"] >= 2.0, row   # measured ~15x at 256 tokens on 2 cores
-    assert row["ort_vs_torch"] >= 1.2, row      # measured ~4.8x
+    assert row["kv_vs_recompute"] >= 2.0, row  # measured ~15x at 256 tokens on 2 cores
+    assert row["ort_vs_torch"] >= 1.2, row  # measured ~4.8x

@@ -3,6 +3,7 @@ gRPC from a client process, onnxruntime-genai on the same directory, and one dec
 graph, all in one run. Checks that every side did the same greedy work and that the report holds
 every figure; ratios are reported, never asserted against the clock (`make bench` runs the full
 mode on a 1024-token model)."""
+
 import json
 
 from attnserve.server.kv_benchmark import main
@@ -10,14 +11,34 @@ from attnserve.server.kv_benchmark import main
 
 def test_kv_benchmark_measures_every_side_on_the_same_work(tiny_model_dir, tiny_concat_model_dir, tmp_path):
     out = tmp_path / "kv.json"
-    assert main(["--model", str(tiny_model_dir), "--concat-model", str(tiny_concat_model_dir), "--new-tokens", "16",
-                 "--concurrency", "1,16", "--repeats", "1", "--threads", "1", "--out", str(out),
-                 "--plot", str(tmp_path / "kv.png")]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--concat-model",
+                str(tiny_concat_model_dir),
+                "--new-tokens",
+                "16",
+                "--concurrency",
+                "1,16",
+                "--repeats",
+                "1",
+                "--threads",
+                "1",
+                "--out",
+                str(out),
+                "--plot",
+                str(tmp_path / "kv.png"),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     sides = result["serving"]["16"]["sides"]
     for c in ("1", "16"):
         assert sides["arena"][c]["tokens"] == sides["concat"][c]["tokens"] == sides["arena_grpc"][c]["tokens"]
-        assert sides["arena"][c]["tokens"] == 16 * int(c)          # nobody stopped early: the same greedy work
+        assert sides["arena"][c]["tokens"] == 16 * int(c)  # nobody stopped early: the same greedy work
     if result["genai"]:
         assert sides["genai"]["16"]["tokens"] == 16 * 16
     ratios = result["serving"]["16"]["ratios"]

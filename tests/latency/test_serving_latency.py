@@ -1,6 +1,7 @@
 """Quick mode of the serving benchmark on the tiny model: continuous batching against one request
 at a time, and gRPC streaming against the engine in-process, each measured in one run. Wide sanity
 margins on ratios only, never wall-clock limits; `make bench` runs the full mode on models/small."""
+
 import asyncio
 
 from attnserve.server.serving_benchmark import print_table, run
@@ -10,6 +11,6 @@ def test_batching_pays_off_and_grpc_streaming_costs_little_per_token(tiny_model_
     result = asyncio.run(run(str(tiny_model_dir), [1, 8], new_tokens=32, repeats=1, threads=1))
     print_table(result)
     rows, lat = result["throughput"], result["latency"]
-    assert [row["tokens"] for row in rows] == [rows[0]["tokens"]] * len(rows), rows   # same greedy work
+    assert [row["tokens"] for row in rows] == [rows[0]["tokens"]] * len(rows), rows  # same greedy work
     assert result["batched_vs_sequential"] >= 1.5, rows
     assert result["grpc_vs_in_process_per_token"] <= 3.0, lat

@@ -1,0 +1,334 @@
+"""`attnserve bench`: drive a server like vLLM's `bench serve` or NVIDIA's perf_analyzer.
+
+Warm-up requests first (not measured), then one level per concurrency (closed loop: N
+requests, C in flight) and per --rate (open loop: N requests with Poisson arrivals). Every
+request streams, so the client times the first token, each token after it and the whole
+request; tokens are counted as they arrive and checked against the server's usage, and the
+text's UTF-8 bytes are counted too, since tokens/s of models with different tokenizers do
+not compare. Requests are not retried, so every failure shows in the errors by status code.
+
+Prompts are ASCII text cut from PASSAGE, --prompt-tokens long for the byte tokenizer (BOS +
+bytes; a BPE tokenizer makes fewer tokens of it, which the server's usage counts), or with
+--prompt-ids exactly --prompt-tokens token ids whatever the tokenizer.
+
+Output: progress on stderr; the table, then the JSON report as one line (always the last line
+of stdout), on stdout; --out writes the same JSON to a file, --plot a PNG. Statistics, table
+and plot live in bench_report.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+from .aio import AsyncClient
+from .bench_report import RequestRecord, format_table, summarize_level, write_plot
+from .channel import DEFAULT_TARGET, TlsConfig
+from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
+from .errors import AttnserveError, InvalidArgument
+from .retry import NO_RETRY
+from .types import ModelInfo, Prompt, TokenizerInfo
+
+PROG = "attnserve bench"
+
+# The local text prompts are cut from: varied slices, so no two requests share a prefix.
+PASSAGE = (
+    "An attention function can be described as mapping a query and a set of key-value pairs "
+    "to an output, where the query, keys, values, and output are all vectors. The output is "
+    "computed as a weighted sum of the values, where the weight assigned to each value is "
+    "computed by a compatibility function of the query with the corresponding key. "
+    "Multi-head attention allows the model to jointly attend to information from different "
+    "representation subspaces at different positions. Since our model contains no recurrence "
+    "and no convolution, in order for the model to make use of the order of the sequence, we "
+    "must inject some information about the relative or absolute position of the tokens in "
+    "the sequence. def parse_args(argv=None):\n    parser = argparse.ArgumentParser()\n"
+    "    return parser.parse_args(argv)\nfor key, value in sorted(items.items()):\n"
+)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One benchmark run, as the command line describes it."""
+
+    target: str = DEFAULT_TARGET
+    concurrency: tuple[int, ...] = (1, 4, 16)  # closed-loop levels
+    rates: tuple[float, ...] = ()  # open-loop levels, requests per second
+    requests: int = 32  # requests per level
+    prompt_tokens: int = 32  # ids, or BOS + prompt_tokens - 1 bytes of text
+    prompt_ids: bool = False  # prompts as random token ids instead of text
+    max_new_tokens: int = 64
+    warmup: int = 2  # unmeasured requests before the first level
+    seed: int = 0  # prompts and arrival times
+    timeout: float = 300.0  # deadline of each request, seconds
+
+    def check(self) -> None:
+        """Raise ValueError naming the flag that cannot work."""
+        if not self.concurrency and not self.rates:
+            raise ValueError("nothing to measure: give --concurrency and/or --rate")
+        if any(c < 1 for c in self.concurrency) or any(r <= 0 for r in self.rates):
+            raise ValueError("--concurrency levels must be >= 1 and --rate levels > 0")
+        for name in ("requests", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.prompt_tokens < (1 if self.prompt_ids else 2):
+            raise ValueError("--prompt-tokens must be at least 1 with --prompt-ids, else 2 (BOS and one byte)")
+        if self.warmup < 0:
+            raise ValueError("--warmup must not be negative")
+
+
+def make_prompts(count: int, prompt_tokens: int, seed: int) -> list[str]:
+    """`count` ASCII prompts of prompt_tokens byte tokenizer tokens (BOS + bytes), from PASSAGE."""
+    rng = random.Random(seed)
+    length = prompt_tokens - 1
+    text = PASSAGE * (length // len(PASSAGE) + 2)
+    return [text[start : start + length] for start in (rng.randrange(len(PASSAGE)) for _ in range(count))]
+
+
+def make_token_prompts(count: int, prompt_tokens: int, seed: int, tokenizer: TokenizerInfo) -> list[list[int]]:
+    """`count` prompts of exactly prompt_tokens ids, drawn from the vocabulary less BOS/EOS/PAD."""
+    rng = random.Random(seed)
+    ids = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_ids]
+    return [rng.choices(ids, k=prompt_tokens) for _ in range(count)]
+
+
+def prompts_for(config: BenchConfig, info: ModelInfo, count: int, seed: int) -> list[Prompt]:
+    """The prompts of one pass: token ids with --prompt-ids, else text."""
+    if config.prompt_ids:
+        return make_token_prompts(count, config.prompt_tokens, seed, info.tokenizer)
+    return make_prompts(count, config.prompt_tokens, seed)
+
+
+def describe_prompts(config: BenchConfig, tokenizer: TokenizerInfo) -> str:
+    """What the report's prompt lengths mean for this run's prompts and tokenizer."""
+    if config.prompt_ids:
+        return (
+            f"token ids: exactly {config.prompt_tokens} per request, drawn from the "
+            f"tokenizer's {tokenizer.vocab_size} ids less BOS/EOS/PAD"
+        )
+    text = f"text: {config.prompt_tokens - 1} ASCII bytes per request"
+    if tokenizer.kind == "bytes":
+        return f"{text}, {config.prompt_tokens} tokens with BOS"
+    return (
+        f"{text}: --prompt-tokens is the byte tokenizer's length; this {tokenizer.kind} "
+        f"tokenizer makes fewer tokens, as each level's prompt_tokens (the server's usage) "
+        f"counts; --prompt-ids sends exact lengths"
+    )
+
+
+class Progress:
+    """Requests done per level, on stderr: one updating line on a terminal, else one per level."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stderr
+        self.tty = self.out.isatty()
+        self.label, self.total, self.done, self.failed = "", 0, 0, 0
+
+    def start(self, label: str, total: int) -> None:
+        self.label, self.total, self.done, self.failed = label, total, 0, 0
+        self._show()
+
+    def tick(self, record: RequestRecord) -> None:
+        self.done += 1
+        self.failed += not record.ok
+        if self.tty or self.done == self.total:
+            self._show()
+
+    def _show(self) -> None:
+        line = f"[{PROG}] {self.label}: {self.done}/{self.total} requests, {self.failed} failed"
+        end = "\n" if self.done == self.total and self.total else ""
+        if self.tty:
+            self.out.write("\r\x1b[2K" + line + end)
+        elif end or not self.done:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+
+async def measure(client: AsyncClient, prompt: Prompt, config: BenchConfig) -> RequestRecord:
+    """Stream one request and time its tokens; a failure is recorded, not raised."""
+    record = RequestRecord(start=time.perf_counter())
+    last = record.start
+    try:
+        async with client.stream(prompt, max_new_tokens=config.max_new_tokens) as stream:
+            async for delta in stream:
+                count = len(delta.token_ids)
+                if not count:
+                    continue
+                now = time.perf_counter()
+                if record.first_token is None:
+                    record.first_token = now
+                else:  # a message of several tokens: its gap is shared out evenly among them
+                    record.itl.extend([(now - last) / count] * count)
+                last = now
+                record.tokens += count
+            result = await stream.result()
+        record.reported_tokens = result.usage.completion_tokens if result.usage else None
+        record.prompt_tokens = result.usage.prompt_tokens if result.usage else None
+        record.finish_reason = result.finish_reason
+        record.output_bytes = len(result.text.encode("utf-8"))
+    except AttnserveError as error:
+        record.status = error.status
+    record.end = time.perf_counter()
+    return record
+
+
+async def closed_loop(
+    client: AsyncClient, prompts: list[Prompt], concurrency: int, config: BenchConfig, progress: Progress
+) -> list[RequestRecord]:
+    """All prompts, `concurrency` in flight: each worker sends its next one when one ends."""
+    pending: Iterator[Prompt] = iter(prompts)
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        for prompt in pending:  # one shared iterator: the event loop hands out each prompt once
+            records.append(await measure(client, prompt, config))
+            progress.tick(records[-1])
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    return records
+
+
+async def open_loop(
+    client: AsyncClient, prompts: list[Prompt], rate: float, config: BenchConfig, progress: Progress
+) -> list[RequestRecord]:
+    """All prompts sent at Poisson arrival times of `rate` per second, whatever is in flight."""
+    rng = random.Random(config.seed)
+    due = time.perf_counter()
+
+    async def one(prompt: Prompt) -> RequestRecord:
+        record = await measure(client, prompt, config)
+        progress.tick(record)
+        return record
+
+    tasks = []
+    for prompt in prompts:
+        due += rng.expovariate(rate)
+        await asyncio.sleep(max(0.0, due - time.perf_counter()))
+        tasks.append(asyncio.create_task(one(prompt)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def run_bench(
+    config: BenchConfig, tls: TlsConfig | None = None, token: str | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Warm up, measure every level, and return the report (a JSON-ready dict)."""
+    progress = progress or Progress()
+    started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    async with AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls, retry=NO_RETRY) as client:
+        info = await client.model_info()
+        check_fits(config, info)
+        prompts = prompts_for(config, info, config.requests, config.seed)
+        warm = prompts_for(config, info, config.warmup, config.seed + 1)
+        prompt_note = describe_prompts(config, info.tokenizer)
+        if not config.prompt_ids and info.tokenizer.kind != "bytes":
+            print(f"[{PROG}] prompts are {prompt_note}", file=sys.stderr)
+        if warm:
+            progress.start("warm-up", len(warm))
+            await closed_loop(client, warm, max(config.concurrency or (1,)), config, progress)
+        levels = []
+        for c in config.concurrency:
+            progress.start(f"concurrency {c}", len(prompts))
+            records = await closed_loop(client, prompts, c, config, progress)
+            levels.append(summarize_level(records, mode="closed", concurrency=c))
+        for rate in config.rates:
+            progress.start(f"rate {rate:g}/s", len(prompts))
+            records = await open_loop(client, prompts, rate, config, progress)
+            levels.append(summarize_level(records, mode="poisson", rate=rate))
+    return {
+        "tool": PROG,
+        "target": config.target,
+        "started_at": started_at,
+        "config": asdict(config),
+        "prompts": prompt_note,
+        "model": info.to_dict(),
+        "levels": levels,
+    }
+
+
+def check_fits(config: BenchConfig, info: ModelInfo) -> None:
+    """Refuse, before sending anything, a run whose requests the server would reject.
+
+    The lengths checked are exact for token ids and byte-tokenizer text, and an upper bound for
+    BPE text (at least one byte per token, no BOS), so a run that passes here fits.
+    """
+    if config.prompt_ids and not info.tokenizer.vocab_size:
+        raise InvalidArgument("--prompt-ids: the server reports no tokenizer vocab_size (it predates prompt_token_ids)")
+    if config.max_new_tokens > info.limits.max_new_tokens:
+        raise InvalidArgument(
+            f"--max-new-tokens {config.max_new_tokens} is over the server's cap of {info.limits.max_new_tokens}"
+        )
+    if config.prompt_tokens > info.limits.max_prompt_tokens:
+        raise InvalidArgument(
+            f"--prompt-tokens {config.prompt_tokens} is over the server's limit of {info.limits.max_prompt_tokens}"
+        )
+    if info.architecture == "decoder" and config.prompt_tokens + config.max_new_tokens > info.context_length:
+        raise InvalidArgument(
+            f"--prompt-tokens {config.prompt_tokens} + --max-new-tokens "
+            f"{config.max_new_tokens} exceed the context length {info.context_length}"
+        )
+
+
+def config_from_args(args) -> BenchConfig:
+    """BenchConfig from the command line: without --concurrency, 1,4,16 unless --rate is given."""
+    rates = parse_numbers(args.rate, float, "--rate")
+    concurrency = parse_numbers(args.concurrency, int, "--concurrency")
+    if args.concurrency is None:
+        concurrency = () if rates else BenchConfig.concurrency
+    config = BenchConfig(
+        target=args.target,
+        concurrency=concurrency,
+        rates=rates,
+        requests=args.requests,
+        prompt_tokens=args.prompt_tokens,
+        prompt_ids=args.prompt_ids,
+        max_new_tokens=args.max_new_tokens,
+        warmup=args.warmup,
+        seed=args.seed,
+        timeout=BenchConfig.timeout if args.timeout is None else args.timeout,
+    )
+    config.check()
+    return config
+
+
+def check_plotting() -> None:
+    """--plot needs matplotlib, which a client-only install lacks: say so before the run."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib), which is not installed") from None
+
+
+def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> None:
+    """The table, the files asked for, and the JSON report as the last line of stdout."""
+    print(format_table(report["levels"]), flush=True)
+    for path, write in (
+        (out, lambda p: Path(p).write_text(json.dumps(report, indent=2) + "\n")),
+        (plot, lambda p: write_plot(report, p)),
+    ):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write(path)
+            print(f"[{PROG}] wrote {path}", file=sys.stderr)
+    print(json.dumps(report), flush=True)
+
+
+def main(args) -> int:
+    """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
+    try:
+        config = config_from_args(args)
+        if args.plot:
+            check_plotting()
+        report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))
+        write_outputs(report, args.out, args.plot)
+    except KeyboardInterrupt:
+        return interrupted(PROG)
+    except (AttnserveError, OSError, ValueError) as error:  # OSError, ValueError: files, flags
+        return fail(PROG, error)
+    return 0 if any(level["completed"] for level in report["levels"]) else 1

@@ -1,0 +1,197 @@
+"""Numbers of `attnserve bench`: per-request records -> per-level statistics, table and plot.
+
+Pure Python (no numpy): percentiles interpolate linearly between closest ranks, as numpy's
+default does. matplotlib is imported only when a plot is asked for. Knows nothing about gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestRecord:
+    """What one streamed request did, timed on the client (seconds, time.perf_counter)."""
+
+    start: float
+    end: float = 0.0
+    first_token: float | None = None  # arrival of the first message carrying tokens
+    itl: list[float] = field(default_factory=list)  # per token after the first message: the
+    #                                                  gap since the previous message / its tokens
+    tokens: int = 0  # token ids received, counted here
+    output_bytes: int = 0  # UTF-8 bytes of the text: compare across tokenizers
+    reported_tokens: int | None = None  # usage.completion_tokens of the final message
+    prompt_tokens: int | None = None  # usage.prompt_tokens, the server's count
+    finish_reason: str = ""
+    status: str = "OK"  # gRPC status name of a failed request
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
+
+    @property
+    def time_per_output_token(self) -> float | None:
+        """(end - first token) / (tokens - 1), as vLLM's TPOT: blind to how tokens were chunked."""
+        if self.first_token is None or self.tokens < 2:
+            return None
+        return (self.end - self.first_token) / (self.tokens - 1)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) with linear interpolation; NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def distribution_ms(seconds: Sequence[float]) -> dict[str, float | None]:
+    """Mean and p50/p90/p99 in milliseconds (None where there are no values, for JSON)."""
+    if not seconds:
+        return {"mean": None, **{f"p{q}": None for q in PERCENTILES}}
+    stats = {"mean": 1000 * sum(seconds) / len(seconds)}
+    stats.update({f"p{q}": 1000 * percentile(seconds, q) for q in PERCENTILES})
+    return {k: round(v, 3) for k, v in stats.items()}
+
+
+def summarize_level(
+    records: Sequence[RequestRecord], *, mode: str, concurrency: int | None = None, rate: float | None = None
+) -> dict[str, Any]:
+    """One level's statistics: throughput over its wall time, latency distributions, errors."""
+    done = [r for r in records if r.ok]
+    duration = (max(r.end for r in records) - min(r.start for r in records)) if records else 0.0
+    tokens = sum(r.tokens for r in done)
+    output_bytes = sum(r.output_bytes for r in done)
+    per_second = lambda n: round(n / duration, 3) if duration > 0 else None
+    return {
+        "mode": mode,
+        "concurrency": concurrency,
+        "rate": rate,
+        "requests": len(records),
+        "completed": len(done),
+        "errors": dict(Counter(r.status for r in records if not r.ok)),
+        "duration_s": round(duration, 4),
+        "requests_per_s": per_second(len(done)),
+        "output_tokens_per_s": per_second(tokens),
+        "output_bytes_per_s": per_second(output_bytes),
+        "output_tokens": tokens,
+        "output_bytes": output_bytes,
+        "reported_completion_tokens": sum(r.reported_tokens or 0 for r in done),
+        "token_count_mismatches": sum(r.tokens != r.reported_tokens for r in done),
+        "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
+        "finish_reasons": dict(Counter(r.finish_reason for r in done)),
+        "ttft_ms": distribution_ms([r.first_token - r.start for r in done if r.first_token is not None]),
+        "itl_ms": distribution_ms([gap for r in done for gap in r.itl]),
+        "e2e_ms": distribution_ms([r.end - r.start for r in done]),
+        "tpot_ms": distribution_ms([r.time_per_output_token for r in done if r.time_per_output_token is not None]),
+    }
+
+
+def level_label(level: dict[str, Any]) -> str:
+    """ "c=4" for a closed-loop level, "rate=2/s" for an open-loop one."""
+    if level["mode"] == "closed":
+        return f"c={level['concurrency']}"
+    return f"rate={level['rate']:g}/s"
+
+
+def _fmt(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _triple(stats: dict[str, float | None]) -> str:
+    return "/".join(_fmt(stats[f"p{q}"]) for q in PERCENTILES)
+
+
+def format_table(levels: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width table, one row per level; output bytes/s beside tokens/s; latencies in ms."""
+    header = (
+        "level",
+        "ok",
+        "err",
+        "req/s",
+        "out tok/s",
+        "out B/s",
+        "TTFT ms p50/p90/p99",
+        "ITL ms p50/p90/p99",
+        "E2E ms p50/p90/p99",
+    )
+    rows = [header] + [
+        (
+            level_label(lv),
+            str(lv["completed"]),
+            str(lv["requests"] - lv["completed"]),
+            _fmt(lv["requests_per_s"], 2),
+            _fmt(lv["output_tokens_per_s"]),
+            _fmt(lv["output_bytes_per_s"]),
+            _triple(lv["ttft_ms"]),
+            _triple(lv["itl_ms"]),
+            _triple(lv["e2e_ms"]),
+        )
+        for lv in levels
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _plot_mode(axes, levels: list[dict[str, Any]], x_key: str, x_label: str) -> None:
+    """Throughput (left) and latency (right) against one load axis."""
+    xs = [lv[x_key] for lv in levels]
+    throughput, latency = axes
+    for key, name in (("output_tokens_per_s", "output tokens/s"), ("output_bytes_per_s", "output bytes/s")):
+        throughput.plot(xs, [lv[key] or 0 for lv in levels], "o-", label=name)
+    throughput.set_ylabel("output per second")
+    throughput.set_ylim(bottom=0)
+    throughput.grid(True, alpha=0.3)
+    throughput.legend(fontsize="small")
+    for key, name in (("ttft_ms", "TTFT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
+        (line,) = latency.plot(xs, [lv[key]["p50"] for lv in levels], "o-", label=f"{name} p50")
+        latency.plot(xs, [lv[key]["p99"] for lv in levels], "--", color=line.get_color(), label=f"{name} p99")
+    latency.set_ylabel("latency (ms)")
+    latency.set_yscale("log")
+    latency.grid(True, which="both", alpha=0.3)
+    latency.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.02, 0.5))
+    for ax in axes:
+        ax.set_xlabel(x_label)
+        if x_key == "concurrency":
+            ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])
+
+
+def write_plot(report: dict[str, Any], path: str) -> None:
+    """A PNG: throughput and latency against concurrency (and against rate, if measured)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [
+        (m, key, label)
+        for m, key, label in (
+            ("closed", "concurrency", "concurrency (requests in flight)"),
+            ("poisson", "rate", "offered load (requests/s, Poisson)"),
+        )
+        if any(lv["mode"] == m for lv in report["levels"])
+    ]
+    fig, grid = plt.subplots(len(modes), 2, figsize=(12, 4 * len(modes)), squeeze=False)
+    for row, (mode, key, label) in zip(grid, modes):
+        _plot_mode(row, [lv for lv in report["levels"] if lv["mode"] == mode], key, label)
+    model = report.get("model", {}).get("model_name", "")
+    fig.suptitle(
+        f"attnserve bench: {model} at {report['target']}, "
+        f"{report['config']['prompt_tokens']} prompt + "
+        f"{report['config']['max_new_tokens']} new tokens"
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

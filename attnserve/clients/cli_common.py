@@ -1,0 +1,58 @@
+"""What the client subcommands (generate, bench) share: connection flags, number lists, errors.
+
+The flags themselves are declared in attnserve/cli.py (`add_client_flags`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .channel import TlsConfig, read_token_file
+from .errors import AttnserveError, exit_status
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+
+def tls_from_args(args) -> TlsConfig | None:
+    """TLS from --tls-ca/--tls-cert/--tls-key/--tls-server-name; None (plaintext) if none given."""
+    if not (args.tls_ca or args.tls_cert or args.tls_key):
+        return None
+    return TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+
+
+def token_from_args(args) -> str | None:
+    """The bearer token of --token-file, if given."""
+    if not args.token_file:
+        return None
+    try:
+        return read_token_file(args.token_file)
+    except OSError as e:
+        raise ValueError(f"--token-file {args.token_file}: {e.strerror}") from None
+
+
+def parse_numbers(text: str | None, kind: type, flag: str) -> tuple:
+    """ "1,4,16" -> (1, 4, 16); None -> (); ValueError naming `flag` for anything else."""
+    try:
+        return tuple(kind(part) for part in text.split(",") if part.strip()) if text else ()
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers, not {text!r}") from None
+
+
+def fail(prog: str, error: BaseException) -> int:
+    """Print one line for a failure (no traceback) and return the exit status.
+
+    A call's error exits 2 when the request must be fixed (INVALID_ARGUMENT), 1 otherwise; an
+    unreadable file or malformed flag exits 2; a closed stdout (`| head`) exits 0 quietly.
+    """
+    if isinstance(error, BrokenPipeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
+    print(f"{prog}: error: {error}", file=sys.stderr, flush=True)
+    return exit_status(error) if isinstance(error, AttnserveError) else 2
+
+
+def interrupted(prog: str) -> int:
+    """Report a Ctrl-C and return 130."""
+    print(f"\n{prog}: cancelled", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED

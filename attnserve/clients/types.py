@@ -1,0 +1,243 @@
+"""Plain results the clients return, and their conversions to and from the protocol's messages.
+
+Callers never see protobuf: a request is built from a prompt (text, or token ids) and keyword
+arguments, a response becomes a frozen dataclass with a lowercase finish reason. Knows nothing
+about channels or retries.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+
+_REASON_PREFIX = "FINISH_REASON_"
+
+# What generate and stream take: text for the server's tokenizer to encode, or token ids that
+# it uses exactly as given (nothing prepended), as OpenAI's and vLLM's completions accept.
+Prompt = str | Sequence[int]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of one request, as the server counted them."""
+
+    prompt_tokens: int  # BOS included where the tokenizer prepends it
+    completion_tokens: int  # tokens returned in token_ids (EOS excluded)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Server-side milliseconds from the request's arrival at the server."""
+
+    queue_ms: float
+    time_to_first_token_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """A whole completion: what Generate returns, and what a finished stream adds up to."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str  # "length", "stop", "eos" or "cancelled"
+    usage: Usage | None  # None only for a stream this client cancelled
+    timings: Timings | None  # likewise
+    request_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (token_ids as a list)."""
+        out = asdict(self)
+        out["token_ids"] = list(self.token_ids)
+        return out
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """Text and token ids generated since the previous delta (the text may be empty)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the server enforces on each request and on its queue."""
+
+    max_new_tokens: int
+    max_prompt_tokens: int
+    max_batch_size: int
+    max_queue_size: int
+    max_stop_sequences: int
+    max_stop_bytes: int
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """The model's tokenizer: which kind, its vocabulary and special ids."""
+
+    kind: str  # "bytes" (ids 0-255 are UTF-8 bytes) or "bpe"
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    vocab_size: int = 0  # prompt token ids are in [0, vocab_size); 0: an older server
+    bos_prepended: bool = False  # BOS goes before a text prompt (bytes: yes, bpe: no)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """BOS, EOS and PAD: ids a tokenizer never makes from text."""
+        return frozenset((self.bos_id, self.eos_id, self.pad_id))
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """The served model, the execution provider it runs on, and the server's limits."""
+
+    model_name: str
+    architecture: str
+    vocab_size: int
+    d_model: int
+    n_heads: int
+    n_layers: int
+    head_dim: int
+    context_length: int
+    dtype: str
+    quantization: str
+    execution_provider: str
+    limits: Limits = field(repr=False)
+    tokenizer: TokenizerInfo = field(repr=False)
+    server_version: str = ""
+    n_encoder_layers: int = 0  # encoder-decoder models; 0 for decoder-only
+    kv_cache: str = ""  # "arena": keys/values written in place in preallocated slots
+    kv_cache_bytes: int = 0  # the arena's size, fixed at the server's start-up
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready nested dict."""
+        return asdict(self)
+
+
+def _copy_fields(cls: type, message: Any, **nested: Any) -> Any:
+    """A dataclass built from the same-named fields of a protobuf message."""
+    values = {f.name: getattr(message, f.name) for f in fields(cls) if f.name not in nested}
+    return cls(**values, **nested)
+
+
+def model_info_from_proto(message: pb.ModelInfo) -> ModelInfo:
+    """ModelInfo from its protobuf message."""
+    return _copy_fields(
+        ModelInfo,
+        message,
+        limits=_copy_fields(Limits, message.limits),
+        tokenizer=_copy_fields(TokenizerInfo, message.tokenizer),
+    )
+
+
+def finish_reason_name(value: int) -> str:
+    """FINISH_REASON_LENGTH -> "length"; UNSPECIFIED -> ""."""
+    if value == pb.FINISH_REASON_UNSPECIFIED:
+        return ""
+    return pb.FinishReason.Name(value).removeprefix(_REASON_PREFIX).lower()
+
+
+def prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    """{"prompt": text} or {"prompt_token_ids": ids}; TypeError or ValueError for neither.
+
+    An empty text goes to the server, which names the limit; an empty list of ids cannot be
+    sent (it would read as an empty text), so it is refused here, like ids that are not ints.
+    """
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError("prompt: bytes are ambiguous; give text (str) or token ids (list of int)")
+    try:
+        ids = list(prompt)
+    except TypeError:
+        raise TypeError(
+            f"prompt: expected text (str) or token ids (a sequence of int), not {type(prompt).__name__}"
+        ) from None
+    for i, token_id in enumerate(ids):
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TypeError(f"prompt_token_ids[{i}]: {token_id!r} is not an int")
+    if not ids:
+        raise ValueError("prompt_token_ids: must not be empty")
+    return {"prompt_token_ids": [int(token_id) for token_id in ids]}
+
+
+def build_request(
+    prompt: Prompt,
+    *,
+    max_new_tokens: int | None = None,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+    stop: Sequence[str] = (),
+    request_id: str = "",
+) -> pb.GenerateRequest:
+    """A GenerateRequest; parameters left at their defaults stay unset (greedy decoding)."""
+    if isinstance(stop, str):
+        stop = [stop]
+    request = pb.GenerateRequest(
+        **prompt_fields(prompt), temperature=temperature, top_k=top_k, stop=list(stop), request_id=request_id
+    )
+    for name, value in (
+        ("max_new_tokens", max_new_tokens),
+        ("top_p", top_p),
+        ("repetition_penalty", repetition_penalty),
+        ("seed", seed),
+    ):
+        if value is not None:
+            setattr(request, name, value)
+    return request
+
+
+def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
+    """GenerationResult from a unary Generate response."""
+    return GenerationResult(
+        text=message.text,
+        token_ids=tuple(message.token_ids),
+        finish_reason=finish_reason_name(message.finish_reason),
+        usage=_copy_fields(Usage, message.usage),
+        timings=_copy_fields(Timings, message.timings),
+        request_id=message.request_id,
+    )
+
+
+class StreamAccumulator:
+    """Turns GenerateStream messages into deltas and, at the final message, the whole result."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.token_ids: list[int] = []
+        self.request_id = ""
+        self.messages = 0  # messages received; > 0 means retrying is unsafe
+        self.result: GenerationResult | None = None
+
+    def feed(self, message: pb.GenerateStreamResponse) -> StreamDelta | None:
+        """Record one message; the delta to hand the caller, or None if it carried nothing."""
+        self.messages += 1
+        self.request_id = message.request_id or self.request_id
+        self.texts.append(message.text)
+        self.token_ids.extend(message.token_ids)
+        if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+            self.result = self._result(
+                finish_reason_name(message.finish_reason),
+                _copy_fields(Usage, message.usage),
+                _copy_fields(Timings, message.timings),
+            )
+        if not message.text and not message.token_ids:
+            return None
+        return StreamDelta(message.text, tuple(message.token_ids))
+
+    def cancelled(self) -> GenerationResult:
+        """What arrived before this client cancelled the stream."""
+        self.result = self._result("cancelled", None, None)
+        return self.result
+
+    def _result(self, reason: str, usage: Usage | None, timings: Timings | None) -> GenerationResult:
+        return GenerationResult("".join(self.texts), tuple(self.token_ids), reason, usage, timings, self.request_id)

@@ -1,0 +1,198 @@
+"""Drivers of arena graphs, slot by slot: what the server runs and the parity gate checks.
+
+ArenaDecoder drives a decoder-only graph: fresh prompts prefilled together (right-padded) into
+empty slots, one slot extended by a chunk, one token decoded for slots [0, B). ArenaSeq2SeqDecoder
+drives an encoder-decoder: the encoder runs once per request at admission and its cross-attention
+keys/values are written into the slot's cross segment, then the decoder starts from BOS. Logits
+land in one preallocated host buffer. Torch-free; knows nothing of requests or scheduling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+
+from . import contract
+from .arena import Device, KVArena
+
+
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids and attention_mask (B, T) of right-padded sequences."""
+    t = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), t), pad_id, np.int64)
+    mask = np.zeros((len(seqs), t), np.int64)
+    for row, seq in enumerate(seqs):
+        ids[row, : len(seq)], mask[row, : len(seq)] = seq, 1
+    return ids, mask
+
+
+class ArenaDecoder:
+    """A decoder-only arena graph driven slot by slot: prefill fresh prompts into empty slots
+    (right-padded, together), extend one slot by a chunk, or decode one token for slots [0, B).
+
+    Logits land in one preallocated host buffer of `max_tokens` rows (B * T of any run)."""
+
+    def __init__(
+        self, session: ort.InferenceSession, manifest: dict, capacity: int, max_tokens: int, device: Device = Device()
+    ):
+        config = manifest["config"]
+        self.session, self.pad_id = session, int(manifest["tokenizer"]["pad_id"])
+        self.context, self.vocab_size = int(config["max_len"]), int(config["vocab_size"])
+        self.n_layers, self.device = int(config["n_layers"]), device
+        self.arena = self.make_arena(
+            manifest,
+            capacity,
+            contract.past_names(self.n_layers, self.part),
+            contract.present_names(self.n_layers, self.part),
+        )
+        self.max_tokens = max(max_tokens, capacity)
+        self.logits = np.empty(self.max_tokens * self.vocab_size, self.arena.dtype)
+        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}  # (first slot, B, T) -> binding
+
+    part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
+
+    def make_arena(self, manifest: dict, capacity: int, inputs: list[str], outputs: list[str]) -> KVArena:
+        config = manifest["config"]
+        return KVArena(
+            self.n_layers,
+            int(config["n_heads"]),
+            int(manifest["head_dim"]),
+            self.context,
+            capacity,
+            manifest["dtype"],
+            self.device,
+            inputs,
+            outputs,
+        )
+
+    def bind_fixed(self, binding: ort.IOBinding, first: int, count: int) -> None:
+        """What stays bound across runs of the same slots: the cache."""
+        self.arena.bind(binding, first, count)
+
+    def bind_inputs(self, binding: ort.IOBinding, first: int, count: int) -> None:
+        """Inputs that change with every run besides the tokens (none for a decoder-only graph)."""
+
+    def run(self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """One run over slots [first, first + B): logits (B, T, V), a view of the host buffer."""
+        b, t = ids.shape
+        if b * t > self.max_tokens:
+            raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
+        logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
+        binding = self._bindings.get((first, b, t))
+        if binding is None:
+            binding = self.session.io_binding()
+            self.bind_fixed(binding, first, b)
+            binding.bind_output("logits", "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], logits.ctypes.data)
+            if t == 1:  # decode steps repeat these shapes: keep their cache bindings
+                self._bindings[(first, b, t)] = binding
+        for name, value in (("input_ids", ids), ("attention_mask", mask), ("position_ids", positions)):
+            binding.bind_cpu_input(name, np.ascontiguousarray(value, np.int64))
+        self.bind_inputs(binding, first, b)
+        self.session.run_with_iobinding(binding)
+        return logits
+
+    def prefill(self, first: int, prompts: list[list[int]]) -> np.ndarray:
+        """Fresh prompts into the empty slots [first, first + b), right-padded; last-token logits (b, V)."""
+        lengths = np.array([len(p) for p in prompts])
+        assert not self.arena.lengths[first : first + len(prompts)].any(), "prefill into slots that hold state"
+        ids, mask = right_pad(prompts, self.pad_id)
+        positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+        logits = self.run(first, ids, mask, positions)
+        self.arena.lengths[first : first + len(prompts)] = lengths
+        return logits[np.arange(len(prompts)), lengths - 1].astype(np.float32)
+
+    def extend(self, slot: int, tokens: list[int]) -> np.ndarray:
+        """Append a chunk of tokens to one slot that holds state (batch 1); last-token logits (V,)."""
+        held = int(self.arena.lengths[slot])
+        if not held:
+            return self.prefill(slot, [tokens])[0]
+        total = held + len(tokens)
+        ids = np.array([tokens], np.int64)
+        logits = self.run(slot, ids, np.ones((1, total), np.int64), np.arange(held, total)[None])
+        self.arena.lengths[slot] = total
+        return logits[0, -1].astype(np.float32)
+
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        """One new token for each of slots [0, B); logits (B, V)."""
+        b = len(tokens)
+        held = self.arena.lengths[:b]
+        width = int(held.max()) + 1
+        mask = (np.arange(width)[None, :] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
+        logits = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1))
+        self.arena.lengths[:b] += 1
+        return logits[:, 0].astype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.arena.nbytes
+
+    def clear(self, slot: int) -> None:
+        self.arena.lengths[slot] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        self.arena.move(src, dst)
+
+
+class ArenaSeq2SeqDecoder(ArenaDecoder):
+    """An encoder-decoder arena: a slot holds its self-attention cache and, written once at admission,
+    its source's cross-attention keys/values (right-padded, length = the source's) in a second arena."""
+
+    part = "decoder"
+
+    def __init__(
+        self,
+        encoder: ort.InferenceSession,
+        decoder: ort.InferenceSession,
+        manifest: dict,
+        capacity: int,
+        device: Device = Device(),
+    ):
+        super().__init__(decoder, manifest, capacity, capacity, device)
+        self.encoder, self.bos_id = encoder, int(manifest["tokenizer"]["bos_id"])
+        self.cross = self.make_arena(manifest, capacity, contract.past_names(self.n_layers, "encoder"), [])
+
+    def bind_fixed(self, binding: ort.IOBinding, first: int, count: int) -> None:
+        self.arena.bind(binding, first, count)
+        self.cross.bind(binding, first, count)
+
+    def bind_inputs(self, binding: ort.IOBinding, first: int, count: int) -> None:
+        held = self.cross.lengths[first : first + count]
+        source_mask = (np.arange(self.context)[None, :] < held[:, None]).astype(np.int64)  # (B, L)
+        binding.bind_cpu_input("encoder_attention_mask", source_mask)
+
+    def encode(self, first: int, sources: list[list[int]]) -> None:
+        """Run the encoder once and write each source's cross keys/values into its slot."""
+        ids, mask = right_pad(sources, self.pad_id)
+        binding = self.encoder.io_binding()
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", mask)
+        for name in contract.seq2seq_encoder_outputs(self.n_layers):
+            binding.bind_output(name, self.device.kind, self.device.id)
+        self.encoder.run_with_iobinding(binding)
+        outputs = binding.get_outputs()  # (b, H, S, D) each
+        for row, source in enumerate(sources):
+            self.cross.write(first + row, outputs, row, len(source))
+
+    def prefill(self, first: int, sources: list[list[int]]) -> np.ndarray:
+        """Fresh sources into the empty slots [first, first + b): encode, then the decoder's BOS step."""
+        b = len(sources)
+        assert not self.arena.lengths[first : first + b].any(), "prefill into slots that hold state"
+        self.encode(first, sources)
+        ones = np.ones((b, 1), np.int64)
+        logits = self.run(first, ones * self.bos_id, ones, ones * 0)
+        self.arena.lengths[first : first + b] = 1
+        return logits[:, 0].astype(np.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return self.arena.nbytes + self.cross.nbytes
+
+    def extend(self, slot: int, tokens: list[int]) -> np.ndarray:
+        raise ValueError("an encoder-decoder's source is encoded whole; it is never prefilled in chunks")
+
+    def clear(self, slot: int) -> None:
+        self.arena.lengths[slot] = self.cross.lengths[slot] = 0
+
+    def move(self, src: int, dst: int) -> None:
+        self.arena.move(src, dst)
+        self.cross.move(src, dst)

@@ -1,0 +1,86 @@
+"""ONNX Runtime's GroupQueryAttention over an in-place KV cache, as a CacheAttention for export.
+
+Past and present are one buffer per layer, (B, H, L, D) with L the context: each run writes the
+new keys and values of row b at positions [seqlens_k[b] - T + 1, seqlens_k[b]] and reads only
+[0, seqlens_k[b]] (../shared/KV-ARENA.md). A first prompt (T == total_sequence_length) is
+written at [0, T), right-padded. Inside torch.onnx.export the kernel is the contrib op itself;
+in eager PyTorch it is a functional reference of the op's semantics, so the arena graph can be
+run and tested without ONNX Runtime. Knows nothing of serving.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model.attention import CacheAttention, MultiHeadAttention, additive_mask, scaled_dot_product_attention
+
+OP = "com.microsoft::GroupQueryAttention"
+
+
+def lengths_from_mask(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """seqlens_k (B,) int32 = real tokens - 1 per row, and total_sequence_length (int32 scalar) =
+    the mask's width, derived in the graph as onnxruntime-genai's model builder does."""
+    seqlens_k = (attention_mask.sum(1) - 1).to(torch.int32)
+    total = torch.tensor(attention_mask.shape[1], dtype=torch.int32)
+    return seqlens_k, total
+
+
+def reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    past_key: torch.Tensor,
+    past_value: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    total: torch.Tensor,
+    n_heads: int,
+):
+    """What GroupQueryAttention computes (kv_num_heads == num_heads), in plain PyTorch.
+
+    q, k, v: (B, T, H*D); past_key/value: (B, H, L, D); returns (output (B, T, H*D), present_key,
+    present_value), present being past with the new rows written in place."""
+    b, t, _ = q.shape
+    length = past_key.size(2)
+    split = lambda x: x.view(b, t, n_heads, -1).transpose(1, 2)
+    first_prompt = t == int(total)
+    start = torch.zeros_like(seqlens_k) if first_prompt else seqlens_k + 1 - t  # (B,) past length
+    where = (start[:, None] + torch.arange(t)).long()  # (B, T) positions
+    if int(where.max()) >= length:
+        raise ValueError(f"the cache holds {length} positions; row needs {int(where.max()) + 1}")
+    index = where[:, None, :, None].expand(b, n_heads, t, past_key.size(3))
+    present_key = past_key.scatter(2, index, split(k))
+    present_value = past_value.scatter(2, index, split(v))
+    key = torch.arange(length)
+    allowed = (key[None, None, :] <= where[:, :, None]) & (key[None, None, :] <= seqlens_k[:, None, None].long())
+    mask = additive_mask(allowed[:, None], q.dtype)  # (B, 1, T, L)
+    out, _ = scaled_dot_product_attention(split(q), present_key, present_value, mask)
+    return out.transpose(1, 2).reshape(b, t, -1), present_key, present_value
+
+
+def group_query_attention(q, k, v, past_key, past_value, seqlens_k, total, n_heads: int):
+    """The contrib op under torch.onnx.export, the reference elsewhere."""
+    if not torch.onnx.is_in_onnx_export():
+        return reference(q, k, v, past_key, past_value, seqlens_k, total, n_heads)
+    return torch.onnx.ops.symbolic_multi_out(
+        OP,
+        [q, k, v, past_key, past_value, seqlens_k, total],
+        dict(num_heads=n_heads, kv_num_heads=n_heads),
+        dtypes=[q.dtype, past_key.dtype, past_value.dtype],
+        shapes=[q.shape, past_key.shape, past_value.shape],
+        version=1,
+    )
+
+
+class InPlaceAttention(CacheAttention):
+    """Self-attention of one decoder layer through GroupQueryAttention, sharing the lengths of the
+    batch (derived once from the attention mask)."""
+
+    def __init__(self, attention_mask: torch.Tensor):
+        self.seqlens_k, self.total = lengths_from_mask(attention_mask)
+
+    def __call__(self, attention: MultiHeadAttention, x: torch.Tensor, past):
+        q, k, v = attention.w_q(x), attention.w_k(x), attention.w_v(x)  # (B, T, H*D)
+        out, present_key, present_value = group_query_attention(
+            q, k, v, past[0], past[1], self.seqlens_k, self.total, attention.n_heads
+        )
+        return attention.w_o(out), (present_key, present_value)

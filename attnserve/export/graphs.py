@@ -1,0 +1,178 @@
+"""PyTorch modules with the exact signature of the exported graphs, and the export call itself.
+
+The KV cache is flattened into one tensor per name (past_key_values.{i}.key, ...), in the
+order of export/contract.py. Knows nothing of parity, manifests or serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+from torch import nn
+from torch.export import Dim
+
+from . import contract
+from .gqa import InPlaceAttention
+
+
+def pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """[k0, v0, k1, v1, ...] -> [(k0, v0), (k1, v1), ...]."""
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def flatten(kv_pairs) -> list[torch.Tensor]:
+    return [t for kv in kv_pairs for t in kv]
+
+
+class DecoderGraph(nn.Module):
+    """(input_ids, attention_mask, position_ids, *past) -> (logits, *present) of a DecoderLM."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        logits, present = self.model(input_ids, attention_mask, position_ids, pairs(past))
+        return (logits, *flatten(present))
+
+
+class ArenaDecoderGraph(nn.Module):
+    """DecoderGraph's signature over an in-place cache: past and present are one buffer
+    (B, H, L, D) per name, right padding, per-row lengths from the attention mask's row sums."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past):
+        x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
+        logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(past))
+        return (logits, *flatten(present))
+
+
+class Seq2SeqEncoderGraph(nn.Module):
+    """(input_ids, attention_mask) of the source -> cross-attention keys/values of every decoder layer."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return tuple(flatten(self.model.cross_kv(self.model.encode(input_ids, attention_mask))))
+
+
+class Seq2SeqDecoderGraph(nn.Module):
+    """One decoder step: (ids, mask, positions, source mask, *self past, *cross kv) -> (logits, *present)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *caches):
+        n = 2 * self.model.config.n_layers
+        logits, present = self.model.decode(
+            input_ids, attention_mask, position_ids, encoder_attention_mask, pairs(caches[n:]), pairs(caches[:n])
+        )
+        return (logits, *flatten(present))
+
+
+class ArenaSeq2SeqDecoderGraph(nn.Module):
+    """Seq2SeqDecoderGraph's signature over an in-place self-attention cache (B, H, L, D), right
+    padding; the cross-attention keys/values are the arena's per-slot segment (B, H, S, D)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, encoder_attention_mask, *caches):
+        n = 2 * self.model.config.n_layers
+        x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
+        logits, present = self.model.run_layers(
+            x, InPlaceAttention(attention_mask), pairs(caches[:n]), pairs(caches[n:]), encoder_attention_mask
+        )
+        return (logits, *flatten(present))
+
+
+def seq2seq_sample_inputs(config, dtype: torch.dtype, batch: int = 2, src: int = 5, seq: int = 3, past: int = 4):
+    """(encoder inputs, decoder inputs) to trace with, every dynamic size >= 2."""
+    kv = lambda length: torch.randn((batch, config.n_heads, length, config.d_k), dtype=dtype)
+    n = 2 * config.n_layers
+    encoder = (torch.randint(0, 256, (batch, src)), torch.ones(batch, src, dtype=torch.long))
+    decoder = (
+        torch.randint(0, 256, (batch, seq)),
+        torch.ones(batch, past + seq, dtype=torch.long),
+        torch.arange(past, past + seq).repeat(batch, 1),
+        torch.ones(batch, src, dtype=torch.long),
+        *[kv(past) for _ in range(n)],
+        *[kv(src) for _ in range(n)],
+    )
+    return encoder, decoder
+
+
+def seq2seq_dynamic_shapes(n_layers: int) -> tuple[tuple, tuple]:
+    d, n = Dim.DYNAMIC, 2 * n_layers
+    encoder = ({0: d, 1: d}, {0: d, 1: d})
+    decoder = ({0: d, 1: d}, {0: d, 1: d}, {0: d, 1: d}, {0: d, 1: d}, tuple({0: d, 2: d} for _ in range(2 * n)))
+    return encoder, decoder
+
+
+def decoder_sample_inputs(config, dtype: torch.dtype, batch: int = 2, seq: int = 3, past: int = 4) -> tuple:
+    """Inputs to trace with: sizes >= 2 so that no axis is specialised (0 and 1 would be)."""
+    shape = (batch, config.n_heads, past, config.d_k)  # (B, H, P, D)
+    return (
+        torch.randint(0, 256, (batch, seq)),
+        torch.ones(batch, past + seq, dtype=torch.long),
+        torch.arange(past, past + seq).repeat(batch, 1),
+        *[torch.randn(shape, dtype=dtype) for _ in range(2 * config.n_layers)],
+    )
+
+
+def decoder_dynamic_shapes(n_layers: int) -> tuple:
+    """torch.export dynamic shapes; the contract's axis names are applied to the ONNX file afterwards."""
+    d = Dim.DYNAMIC
+    return ({0: d, 1: d}, {0: d, 1: d}, {0: d, 1: d}, tuple({0: d, 2: d} for _ in range(2 * n_layers)))
+
+
+def name_axes(path: Path, axes: dict[str, dict[int, str]]) -> None:
+    """Give the dynamic axes of the graph's inputs and outputs the contract's names."""
+    proto = onnx.load(str(path))
+    for value in [*proto.graph.input, *proto.graph.output]:
+        for index, name in axes.get(value.name, {}).items():
+            value.type.tensor_type.shape.dim[index].dim_param = name
+    onnx.save(proto, str(path))
+
+
+def export_graph(
+    module: nn.Module,
+    args: tuple,
+    path: Path,
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_shapes,
+    axes: dict[str, dict[int, str]],
+    verbose: bool = False,
+) -> None:
+    """Export with the dynamo exporter at the contract's opset, then name the axes."""
+    quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
+    logging.getLogger("torch.onnx").setLevel(logging.INFO if verbose else logging.ERROR)
+    with warnings.catch_warnings(), quiet:
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            args,
+            str(path),
+            dynamo=True,
+            opset_version=contract.OPSET,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_shapes=dynamic_shapes,
+            external_data=False,
+            verbose=verbose,
+        )
+    name_axes(path, axes)

@@ -1,0 +1,366 @@
+"""`attnserve export`: checkpoint -> model directory, written only if the parity gate passes.
+
+The directory is built in a staging folder beside --out and moved into place at the end, so a
+failed export (bad checkpoint, parity failure, crash) leaves nothing usable behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..model.checkpoint import CheckpointError, build_model, load_state
+from ..model.config import ModelConfig
+from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
+from . import contract
+from .graphs import (
+    ArenaDecoderGraph,
+    ArenaSeq2SeqDecoderGraph,
+    DecoderGraph,
+    Seq2SeqDecoderGraph,
+    Seq2SeqEncoderGraph,
+    decoder_dynamic_shapes,
+    decoder_sample_inputs,
+    export_graph,
+    seq2seq_dynamic_shapes,
+    seq2seq_sample_inputs,
+)
+from .parity import ParityError, failure_message, format_report, run_decoder_gate
+from .parity_arena import run_arena_gate
+from .parity_seq2seq import run_seq2seq_arena_gate, run_seq2seq_gate
+from .quantize import int8_gate, quantize_int8
+from .runtime import OrtDecoder, OrtSeq2Seq
+
+TOKENIZER_FILE = "tokenizer.json"  # Hugging Face tokenizers' format (BPE models)
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its companion, read by onnxruntime-genai and transformers
+
+
+class ExportError(Exception):
+    """A one-line reason the export cannot go on (bad input, unwritable output)."""
+
+
+def say(message: str) -> None:
+    print(f"[export] {message}", file=sys.stderr, flush=True)
+
+
+def check_replaceable(out: Path) -> None:
+    """Only an empty folder or an earlier model directory may be replaced: never a user's other files."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / contract.MANIFEST_FILE).is_file():
+        raise ExportError(
+            f"--out {out} is a non-empty directory without {contract.MANIFEST_FILE}; refusing to replace it"
+        )
+
+
+def staging_dir(out: Path) -> Path:
+    """A fresh folder beside `out`; raises ExportError if the parent cannot be written."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = out.parent / f".{out.name}.partial-{os.getpid()}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    except OSError as e:
+        raise ExportError(f"cannot write --out {out}: {e.strerror or e}") from None
+    return staging
+
+
+def graph_specs(config: ModelConfig) -> dict[str, dict]:
+    """Role -> file and I/O names, for the manifest."""
+    n = config.n_layers
+    if config.arch == "decoder":
+        return {
+            "decoder": {
+                "file": contract.MODEL_FILE,
+                "inputs": contract.decoder_inputs(n),
+                "outputs": contract.decoder_outputs(n),
+            }
+        }
+    return {
+        "encoder": {
+            "file": contract.ENCODER_FILE,
+            "inputs": contract.seq2seq_encoder_inputs(),
+            "outputs": contract.seq2seq_encoder_outputs(n),
+        },
+        "decoder": {
+            "file": contract.DECODER_FILE,
+            "inputs": contract.seq2seq_decoder_inputs(n),
+            "outputs": contract.seq2seq_decoder_outputs(n),
+        },
+    }
+
+
+def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int) -> dict:
+    """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json are written beside."""
+    entry = manifest_entry(tokenizer)
+    if tokenizer.kind == "bpe":
+        (staging / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
+        config = tokenizer.tokenizer_config(context_length)
+        (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        entry.update(file=TOKENIZER_FILE, sha256=contract.sha256_file(staging / TOKENIZER_FILE))
+    return entry
+
+
+def write_model_dir(
+    staging: Path,
+    config: ModelConfig,
+    tokenizer: Tokenizer,
+    dtype: str,
+    quantization: str | None,
+    parity: dict,
+    source: dict,
+    kv_cache: str,
+) -> dict:
+    """The tokenizer's files, genai_config.json (decoder-only) and the manifest, with the sha256 of every file."""
+    graphs = graph_specs(config)
+    entry = write_tokenizer(staging, tokenizer, config.max_len)
+    manifest = contract.build_manifest(
+        config.to_dict(), graphs, entry, dtype, quantization, {}, parity, source, kv_cache
+    )
+    names = [g["file"] for g in graphs.values()]
+    if tokenizer.kind == "bpe":
+        names += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]
+    if config.arch == "decoder":
+        (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
+        names.append(contract.GENAI_CONFIG_FILE)
+    manifest["files"] = {name: contract.sha256_file(staging / name) for name in names}
+    contract.write_manifest(staging, manifest)
+    return manifest
+
+
+def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
+    """Every graph of the model's architecture, in `dtype`, with the decoder's KV cache layout."""
+    cfg, n = model.config, model.config.n_layers
+    torch_dtype = torch.float16 if dtype == "float16" else torch.float32
+    model = copy.deepcopy(model).half() if dtype == "float16" else model
+    if kv_cache == contract.KV_ARENA and cfg.arch == "decoder":
+        # past/present are the (B, H, L, D) buffers; a mask wider than the new tokens and a buffer
+        # longer than both, so that torch.export ties none of the three lengths together
+        ids, _, _, *past = decoder_sample_inputs(cfg, torch_dtype, batch=2, seq=3, past=8)
+        args = (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), *past)
+        export_graph(
+            ArenaDecoderGraph(model),
+            args,
+            staging / contract.MODEL_FILE,
+            contract.decoder_inputs(n),
+            contract.decoder_outputs(n),
+            decoder_dynamic_shapes(n),
+            contract.arena_decoder_dynamic_axes(n),
+        )
+        return
+    if cfg.arch == "decoder":
+        export_graph(
+            DecoderGraph(model),
+            decoder_sample_inputs(cfg, torch_dtype),
+            staging / contract.MODEL_FILE,
+            contract.decoder_inputs(n),
+            contract.decoder_outputs(n),
+            decoder_dynamic_shapes(n),
+            contract.decoder_dynamic_axes(n),
+        )
+        return
+    (enc_args, dec_args), (enc_dyn, dec_dyn) = seq2seq_sample_inputs(cfg, torch_dtype), seq2seq_dynamic_shapes(n)
+    export_graph(
+        Seq2SeqEncoderGraph(model),
+        enc_args,
+        staging / contract.ENCODER_FILE,
+        contract.seq2seq_encoder_inputs(),
+        contract.seq2seq_encoder_outputs(n),
+        enc_dyn,
+        contract.seq2seq_encoder_dynamic_axes(n),
+    )
+    if kv_cache == contract.KV_ARENA:  # as for the decoder-only arena: mask 5 wide, self-attention buffer 8 long
+        ids, _, _, src_mask, *caches = seq2seq_sample_inputs(cfg, torch_dtype, past=8)[1]
+        dec_args = (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), src_mask, *caches)
+        export_graph(
+            ArenaSeq2SeqDecoderGraph(model),
+            dec_args,
+            staging / contract.DECODER_FILE,
+            contract.seq2seq_decoder_inputs(n),
+            contract.seq2seq_decoder_outputs(n),
+            dec_dyn,
+            contract.arena_seq2seq_decoder_dynamic_axes(n),
+        )
+        return
+    export_graph(
+        Seq2SeqDecoderGraph(model),
+        dec_args,
+        staging / contract.DECODER_FILE,
+        contract.seq2seq_decoder_inputs(n),
+        contract.seq2seq_decoder_outputs(n),
+        dec_dyn,
+        contract.seq2seq_decoder_dynamic_axes(n),
+    )
+
+
+def run_gate(model, staging: Path, steps: int, kv_cache: str) -> dict:
+    arena = kv_cache == contract.KV_ARENA
+    if model.config.arch == "decoder":
+        return (run_arena_gate if arena else run_decoder_gate)(model, OrtDecoder(staging), steps)
+    return (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, OrtSeq2Seq(staging), steps)
+
+
+def load_model(checkpoint: Path) -> tuple[torch.nn.Module, Tokenizer, dict]:
+    """The checkpoint's model (eval mode), its tokenizer, and where it came from."""
+    state = load_state(checkpoint)
+    model = build_model(ModelConfig.from_dict(state["config"]))
+    model.load_state_dict(state["model"])
+    try:
+        tokenizer = from_state(state.get("tokenizer"))
+    except TokenizerError as e:
+        raise ExportError(f"{checkpoint}: {e}") from None
+    if tokenizer.vocab_size != model.config.vocab_size:
+        raise ExportError(
+            f"{checkpoint}: the tokenizer has {tokenizer.vocab_size} ids, the model {model.config.vocab_size}"
+        )
+    return model.eval(), tokenizer, {"path": str(checkpoint), "sha256": contract.sha256_file(checkpoint)}
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    dtype: str = "float32",
+    quantize: str | None = None,
+    parity_steps: int = 64,
+    heldout: bytes | None = None,
+    kv_cache: str | None = None,
+) -> dict:
+    """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    if quantize and dtype != "float32":
+        raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
+    model, tokenizer, source = load_model(checkpoint)
+    if quantize and model.config.arch != "decoder":
+        raise ExportError("--quantize int8 is for decoder-only models")
+    kv_cache = kv_cache or contract.KV_ARENA
+    if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
+        raise ExportError(
+            f"head dim {model.config.d_k} (d_model / n_heads) is not a multiple of 8, which "
+            "ONNX Runtime's GroupQueryAttention requires; use --kv-cache concat"
+        )
+    check_replaceable(out)
+    staging = staging_dir(out)
+    try:
+        manifest = build_in(staging, model, tokenizer, source, dtype, quantize, parity_steps, heldout, kv_cache)
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(staging, out)
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_in(
+    staging: Path,
+    model,
+    tokenizer: Tokenizer,
+    source: dict,
+    dtype: str,
+    quantize: str | None,
+    steps: int,
+    heldout: bytes | None,
+    kv_cache: str,
+) -> dict:
+    """Export into `staging`, run the gate, and write the final manifest."""
+    t0 = time.perf_counter()
+    say(
+        f"exporting {model.config.arch} ({model.num_parameters():,} parameters) to ONNX, "
+        f"opset {contract.OPSET}, {dtype}, {kv_cache} KV cache ..."
+    )
+    export_graphs(model, staging, dtype, kv_cache)
+    say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
+    pending = {"passed": None}
+    write_model_dir(staging, model.config, tokenizer, dtype, None, pending, source, kv_cache)
+    report = run_gate(model, staging, steps, kv_cache)
+    print(format_report(report), flush=True)
+    if quantize:
+        report = gate_int8(staging, model, tokenizer, source, report, steps, heldout, kv_cache)
+    if not report["passed"]:
+        raise ParityError(int8_failure(report) if quantize else failure_message(report), report)
+    manifest = write_model_dir(staging, model.config, tokenizer, dtype, quantize, report, source, kv_cache)
+    say(f"parity gate passed in {time.perf_counter() - t0:.1f} s total")
+    return manifest
+
+
+def gate_int8(
+    staging: Path,
+    model,
+    tokenizer: Tokenizer,
+    source: dict,
+    report: dict,
+    steps: int,
+    heldout: bytes | None,
+    kv_cache: str,
+) -> dict:
+    """Quantize the float32 graph that passed, gate it on held-out loss, and put it in place."""
+    if not report["passed"]:
+        return report
+    say("quantizing to int8 (dynamic) and measuring held-out loss ...")
+    quantized = staging / "int8"
+    quantized.mkdir()
+    quantize_int8(staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE)
+    write_model_dir(quantized, model.config, tokenizer, "float32", "int8", {"passed": None}, source, kv_cache)
+    prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
+    text = (heldout or default_heldout()).decode("utf-8", errors="replace")
+    result = int8_gate(
+        OrtDecoder(staging),
+        OrtDecoder(quantized),
+        tokenizer.encode(text),
+        tokenizer.bos_id if tokenizer.add_bos else None,
+        tokenizer.byte_lengths(),
+        prompts,
+        min(steps, model.config.max_len - 13),
+        block=min(128, model.config.max_len - 1),
+    )
+    os.replace(quantized / contract.MODEL_FILE, staging / contract.MODEL_FILE)
+    shutil.rmtree(quantized)
+    print(
+        f"int8: held-out {result['heldout_bits_per_byte_int8']:.4f} bits/byte vs float32 "
+        f"{result['heldout_bits_per_byte_float32']:.4f} (ratio {result['loss_ratio']:.4f}, limit "
+        f"{result['max_loss_ratio']}); greedy agreement {result['greedy_token_agreement']:.1%} over "
+        f"{result['greedy_steps']} steps",
+        flush=True,
+    )
+    return {"float32_gate": report, "int8": result, "passed": result["passed"]}
+
+
+def int8_failure(report: dict) -> str:
+    if "int8" not in report:
+        return failure_message(report)
+    r = report["int8"]
+    return (
+        f"int8 gate failed: held-out loss {r['heldout_bits_per_byte_int8']:.4f} bits/byte is "
+        f"{r['loss_ratio']:.4f}x float32's {r['heldout_bits_per_byte_float32']:.4f} (limit {r['max_loss_ratio']}x)"
+    )
+
+
+def default_heldout() -> bytes:
+    """The held-out split of the default training corpus."""
+    from ..model.data import default_heldout_bytes
+
+    return default_heldout_bytes()
+
+
+def main(args) -> int:
+    """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
+    try:
+        manifest = export_checkpoint(
+            args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps, kv_cache=args.kv_cache
+        )
+    except (ExportError, CheckpointError) as e:
+        print(f"attnserve export: error: {e}", file=sys.stderr)
+        return 2
+    except ParityError as e:
+        print(f"attnserve export: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {args.out} ({manifest['dtype']}{', int8' if manifest['quantization'] else ''}, "
+        f"{manifest['kv_cache']} KV cache, parity passed)"
+    )
+    return 0

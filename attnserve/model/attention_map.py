@@ -1,0 +1,82 @@
+"""`attnserve attention-map`: the cross-attention weights of an encoder-decoder as a heatmap of
+output characters against source characters, the alignment picture of the lectures.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+from ..tokenizer.utf8 import BOS_ID, EOS_ID, encode
+from .checkpoint import CheckpointError, load_checkpoint
+from .generate import generate_seq2seq
+
+
+@torch.no_grad()
+def cross_attention(model, source: str, max_new_tokens: int = 128):
+    """(output ids, weights (layers, heads, T, S)) of a greedy translation of `source`."""
+    src_ids = encode(source)
+    output = generate_seq2seq(model, [src_ids], min(max_new_tokens, model.config.max_len - 1))[0]
+    src = torch.tensor([src_ids])
+    src_mask = torch.ones_like(src)
+    cross = model.cross_kv(model.encode(src, src_mask))
+    tgt = torch.tensor([[BOS_ID, *output]])
+    model.decode(tgt, None, None, src_mask, cross, keep_weights=True)
+    weights = torch.stack([layer.cross_attn.last_weights[0] for layer in model.layers])  # (L, H, T, S)
+    return output, weights
+
+
+def labels(ids: list[int]) -> list[str]:
+    """One label per byte: the character for printable ASCII, <BOS>, or the hex of a byte."""
+    special = {BOS_ID: "<BOS>", EOS_ID: "<EOS>", 32: "␣"}
+    return [special.get(i) or (chr(i) if 32 < i < 127 else f"x{i:02x}") for i in ids]
+
+
+def plot(weights: torch.Tensor, rows: list[str], cols: list[str], title: str, out: Path) -> None:
+    """One panel per layer (or per head when `weights` is (H, T, S) of one layer)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = weights.shape[0]
+    fig, axes = plt.subplots(1, panels, figsize=(2 + 0.28 * len(cols) * panels, 1.5 + 0.22 * len(rows)), squeeze=False)
+    for p, ax in enumerate(axes[0]):
+        ax.imshow(weights[p].numpy(), cmap="viridis", aspect="auto", vmin=0, vmax=1)
+        ax.set_xticks(range(len(cols)), cols, fontsize=7)
+        ax.set_yticks(range(len(rows)), rows, fontsize=7)
+        ax.set_title(f"{title} {p}", fontsize=9)
+        ax.set_xlabel("source")
+    axes[0][0].set_ylabel("output character")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main(args) -> int:
+    """CLI entry: averaged over heads per layer, or every head of --layer with --per-head."""
+    try:
+        model = load_checkpoint(args.checkpoint)
+    except CheckpointError as e:
+        print(f"attnserve attention-map: error: {e}", file=sys.stderr)
+        return 2
+    if model.config.arch != "encoder-decoder":
+        print(
+            "attnserve attention-map: error: needs an encoder-decoder checkpoint (it shows cross-attention)",
+            file=sys.stderr,
+        )
+        return 2
+    if not 0 <= args.layer < model.config.n_layers:
+        print(f"attnserve attention-map: error: --layer must be in 0..{model.config.n_layers - 1}", file=sys.stderr)
+        return 2
+    output, weights = cross_attention(model, args.source)
+    rows = labels([*output, EOS_ID])  # row i is the step that produced output i
+    cols = labels(encode(args.source))
+    if args.per_head:
+        plot(weights[args.layer], rows, cols, f"layer {args.layer}, head", Path(args.out))
+    else:
+        plot(weights.mean(1), rows, cols, "layer (mean of heads)", Path(args.out))
+    print(f"{args.source!r} -> {bytes(i for i in output if i < 256).decode('utf-8', 'replace')!r}; wrote {args.out}")
+    return 0

@@ -1,0 +1,89 @@
+"""Decoder-only language model with an explicit, functional KV cache.
+
+forward(input_ids, attention_mask, position_ids, past) -> (logits, present): past goes in,
+present comes out, and a zero-length past is the prefill. This is exactly the ONNX graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .attention import causal_mask
+from .config import ModelConfig
+from .layers import KV, DecoderLayer
+from .positional import positional_encoding
+
+
+def default_positions(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
+    """Position ids of the last T tokens: count of real tokens before each, 0 for padding."""
+    positions = attention_mask.long().cumsum(-1) - 1  # (B, P+T)
+    return positions.clamp(min=0)[:, -t:]  # (B, T)
+
+
+def empty_past(config: ModelConfig, batch: int, dtype=torch.float32) -> list[KV]:
+    """A zero-length cache: the prefill's past."""
+    shape = (batch, config.n_heads, 0, config.d_k)  # (B, H, 0, D)
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(config.n_layers)]
+
+
+class TokenEmbedding(nn.Module):
+    """Token embedding scaled by sqrt(d_model), plus positional encoding; its weight is the output head."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        nn.init.normal_(self.embed.weight, std=config.d_model**-0.5)
+        self.position = positional_encoding(config.positional, config.max_len, config.d_model)
+        self.scale = math.sqrt(config.d_model)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.embed(input_ids) * self.scale + self.position(position_ids))
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.embed.weight.t()  # (B, T, V)
+
+
+class DecoderLM(nn.Module):
+    """A stack of masked self-attention decoder layers predicting the next byte."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embedding = TokenEmbedding(config)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout) for _ in range(config.n_layers)
+        )
+        self.ln_f = nn.LayerNorm(config.d_model)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        past: list[KV] | None = None,
+    ):
+        """Logits (B, T, V) of the T new tokens, and the present cache (B, H, P+T, D) per layer."""
+        b, t = input_ids.shape
+        if past is None:
+            past = empty_past(self.config, b, self.embedding.embed.weight.dtype)
+        if attention_mask is None:
+            attention_mask = torch.ones(b, past[0][0].size(2) + t, dtype=torch.long)
+        if position_ids is None:
+            position_ids = default_positions(attention_mask, t)
+        x = self.embedding(input_ids, position_ids)  # (B, T, d_model)
+        return self.run_layers(x, causal_mask(attention_mask, t, x.dtype), past)  # mask (B, 1, T, P+T)
+
+    def run_layers(self, x: torch.Tensor, mask, past: list[KV]):
+        """The decoder stack over embedded tokens: (logits (B, T, V), present per layer)."""
+        present = []
+        for layer, layer_past in zip(self.layers, past):
+            x, kv = layer(x, mask, layer_past)
+            present.append(kv)
+        return self.embedding.logits(self.ln_f(x)), present
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

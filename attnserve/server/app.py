@@ -1,0 +1,248 @@
+"""`attnserve serve`: build the server, run it, drain it on SIGTERM.
+
+Start-up: model directory (sha256-verified) -> ONNX Runtime session on the provider asked for ->
+engine -> grpc.aio server with health (NOT_SERVING), optional reflection, TLS or mTLS, auth ->
+a warm-up generation -> SERVING. Anything that prevents serving ends the process with a one-line
+reason and a non-zero exit. SIGTERM: health NOT_SERVING, new calls UNAVAILABLE, in-flight
+requests get --drain-timeout seconds to finish, then exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..export.contract import ModelDirError, kv_layout
+from ..protos.attnserve.v1 import generation_pb2 as pb
+from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from ..tokenizer import TokenizerError, from_model_dir
+from .config import ServerConfig
+from .domain import Final, GenerationRequest
+from .engine import Engine, EngineLimits
+from .interceptors import AuthInterceptor, BoundaryInterceptor
+from .metrics import Metrics
+from .model_runner import ModelRunner, ProviderError
+from .runners import arena_capacity, open_slot_runner
+from .servicer import TextGenerationServicer, model_info
+from .validation import RequestLimits
+
+log = logging.getLogger("attnserve.server")
+
+SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
+NOT_SERVING, SERVING = health_pb2.HealthCheckResponse.NOT_SERVING, health_pb2.HealthCheckResponse.SERVING
+WARMUP_TIMEOUT_S = 120.0
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is the one-line reason."""
+
+
+def read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as e:
+        raise StartupError(f"--auth-token-file {path}: {e.strerror}") from None
+    if not token:
+        raise StartupError(f"--auth-token-file {path} is empty")
+    return token
+
+
+def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+    """TLS from --tls-cert/--tls-key; with --tls-client-ca, clients must present a certificate (mTLS)."""
+    try:
+        key, cert = Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes()
+        ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
+    except OSError as e:
+        raise StartupError(f"TLS file {e.filename}: {e.strerror}") from None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+class Server:
+    """One attnserve server: model session, engine, gRPC services and metrics."""
+
+    def __init__(self, config: ServerConfig):
+        """Load the model; raises ModelDirError, ProviderError or StartupError."""
+        self.config = config
+        self.token = read_token(config.auth_token_file) if config.auth_token_file else None
+        self.runner = ModelRunner(config.model, config.provider, config.threads)
+        try:
+            self.tokenizer = from_model_dir(self.runner.model_dir, self.runner.manifest["tokenizer"])
+        except TokenizerError as e:
+            raise StartupError(f"{self.runner.model_dir}: {e}") from None
+        cap = min(config.max_new_tokens_cap, self.runner.context_length - 1)
+        self.limits = RequestLimits(
+            self.runner.context_length,
+            self.runner.vocab_size,
+            cap,
+            encoder_decoder=self.runner.seq2seq,
+            max_token_bytes=max(self.tokenizer.byte_lengths()),
+            bos_prepended=self.tokenizer.add_bos,
+        )
+        self.metrics = Metrics()
+        self.metrics.describe_model(
+            self.runner.model_dir.resolve().name,
+            self.runner.provider,
+            self.runner.manifest["dtype"],
+            self.runner.manifest.get("quantization") or "",
+        )
+        try:
+            self.max_batch = arena_capacity(self.runner, config.max_batch, config.kv_cache_memory)
+        except ValueError as e:
+            raise StartupError(str(e)) from None
+        self.slots = open_slot_runner(self.runner, self.max_batch, config.prefill_chunk)
+        self.metrics.kv_cache_bytes.set(self.slots.nbytes)
+        log.info(
+            "KV cache: %s, %d slots of %d positions, %s bytes",
+            kv_layout(self.runner.manifest),
+            self.max_batch,
+            self.runner.context_length,
+            f"{self.slots.nbytes:,}",
+        )
+        self.engine = Engine(self.slots, self.tokenizer, EngineLimits(self.max_batch, config.max_queue), self.metrics)
+        self.info = model_info(
+            self.runner, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.slots.nbytes
+        )
+        self.health = health.aio.HealthServicer()
+        self.boundary = BoundaryInterceptor(self.metrics.count_request)
+        self.grpc: grpc.aio.Server | None = None
+        self.port = self.metrics_port = 0
+
+    async def start(self) -> None:
+        """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
+        interceptors = [self.boundary] + ([AuthInterceptor(self.token)] if self.token else [])
+        self.grpc = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_TextGenerationServicer_to_server(
+            TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), self.grpc
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        for service in ("", SERVICE):
+            await self.health.set(service, NOT_SERVING)
+        if self.config.reflection:
+            names = (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
+            reflection.enable_server_reflection(names, self.grpc)
+        self.port = self._bind()
+        await self.grpc.start()
+        self.engine.start()
+        if self.config.metrics_port is not None:
+            try:
+                self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
+            except OSError as e:
+                raise StartupError(
+                    f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}: {e.strerror}"
+                ) from None
+        if self.config.warmup:
+            await self.warm_up()
+        for service in ("", SERVICE):
+            await self.health.set(service, SERVING)
+
+    def _bind(self) -> int:
+        address = f"{self.config.host}:{self.config.port}"
+        try:
+            if self.config.tls_cert:
+                port = self.grpc.add_secure_port(address, server_credentials(self.config))
+            else:
+                port = self.grpc.add_insecure_port(address)
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise StartupError(f"cannot listen on {address}: the port is in use or the address is not local")
+        return port
+
+    async def warm_up(self) -> None:
+        """One short greedy generation through the engine: the session really runs."""
+        request = GenerationRequest(
+            "warm-up", tuple(self.tokenizer.encode_prompt("warm-up")), min(2, self.limits.max_new_tokens)
+        )
+        handle = self.engine.submit(request)
+        t0 = time.perf_counter()
+        while True:
+            events = await asyncio.wait_for(handle.next_events(), WARMUP_TIMEOUT_S)
+            if isinstance(events[-1], Exception):
+                raise StartupError(f"warm-up generation failed: {events[-1]}")
+            if isinstance(events[-1], Final):
+                log.info("warm-up generation passed in %.0f ms", 1000 * (time.perf_counter() - t0))
+                return
+
+    async def drain(self) -> None:
+        """Stop taking calls, let in-flight ones finish within --drain-timeout, then stop."""
+        await self.health.enter_graceful_shutdown()
+        self.boundary.draining = True
+        self.engine.close()
+        log.info("draining: %(active)d active and %(queued)d queued requests to finish", self.engine.stats())
+        deadline = time.monotonic() + self.config.drain_timeout
+        while self.busy() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.busy():
+            log.warning("drain timeout (%.1f s) passed; cancelling %s", self.config.drain_timeout, self.engine.stats())
+            self.engine.abort()
+        await self.grpc.stop(grace=max(1.0, deadline - time.monotonic()))
+        self.close()
+
+    async def stop(self) -> None:
+        """Stop now: in-flight calls are cancelled."""
+        if self.grpc is not None:
+            await self.grpc.stop(grace=None)
+        self.close()
+
+    def busy(self) -> bool:
+        stats = self.engine.stats()
+        return bool(stats["active"] or stats["queued"])
+
+    def close(self) -> None:
+        self.engine.stop()
+        self.metrics.close()
+
+
+async def serve(config: ServerConfig) -> int:
+    """Run until SIGTERM or SIGINT, then drain; the exit code."""
+    server = None
+    try:
+        server = Server(config)
+        await server.start()
+    except (ModelDirError, ProviderError, StartupError) as e:
+        if server is not None:
+            await server.stop()
+        print(f"attnserve serve: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    scheme = "grpcs" if config.tls_cert else "grpc"
+    print(
+        f"attnserve serve: listening on {config.host}:{server.port} ({scheme}), model "
+        f"{server.info.model_name}, provider {server.runner.provider}",
+        flush=True,
+    )
+    print(
+        f"attnserve serve: KV cache {server.info.kv_cache}, {server.max_batch} slots of "
+        f"{server.runner.context_length} positions, {server.slots.nbytes / 2**20:.1f} MiB",
+        flush=True,
+    )
+    if server.metrics_port:
+        print(f"attnserve serve: metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
+    await stop.wait()
+    log.info("SIGTERM or SIGINT: draining (up to %.1f s)", config.drain_timeout)
+    await server.drain()
+    print("attnserve serve: drained, exiting", flush=True)
+    return 0
+
+
+def main(args) -> int:
+    """CLI entry of `attnserve serve`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = ServerConfig.from_args(args)
+        config.check()
+    except ValueError as e:
+        print(f"attnserve serve: error: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(config))

@@ -1,0 +1,122 @@
+"""The slot runner of an arena model directory: request keys in, logits out, the arena behind it.
+
+The decoding requests hold slots [0, n) of export/arena.py's in-place arena, in admission
+order; a finished request's slot is refilled by moving the last one into it, so every decode
+step runs over one contiguous block. Fresh prompts are prefilled together, right-padded, into
+the slots after the block (up to `chunk` tokens per run) and join it at once. A prompt longer
+than a chunk is prefilled one chunk per call in the top slot, then moved down to the block's
+end: a long prompt delays the running batch by at most one chunk per step. Knows nothing of
+sampling, queues or gRPC; the engine sees keys, token ids and logits.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..export.arena_decoder import ArenaDecoder
+from .model_runner import ModelRunner
+
+log = logging.getLogger("attnserve.server")
+
+
+class ArenaRunner:
+    """Requests (by key) in the slots of one arena driver (ArenaDecoder or ArenaSeq2SeqDecoder)."""
+
+    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int):
+        """`chunk`: prompt tokens per prefill run (--prefill-chunk)."""
+        self.model, self.decoder, self.chunk = model, decoder, chunk
+        self.capacity = decoder.arena.capacity
+        self.decoding: list[int] = []  # key in each of slots [0, n)
+        self.waiting: list[tuple[int, list[int]]] = []  # started, not yet prefilled
+        self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, tokens done (top slot)
+
+    @property
+    def nbytes(self) -> int:
+        """The arena's size in bytes, fixed at start-up."""
+        return self.decoder.nbytes
+
+    @property
+    def pending(self) -> bool:
+        """Prefill work is waiting for the next prefill() call."""
+        return bool(self.waiting) or self.chunking is not None
+
+    def free_slots(self) -> int:
+        return self.capacity - len(self.decoding) - len(self.waiting) - (self.chunking is not None)
+
+    def start(self, key: int, prompt: tuple[int, ...]) -> None:
+        """Reserve a slot for a request; its prompt is prefilled by the next prefill() calls."""
+        if self.free_slots() < 1:
+            raise RuntimeError("no free slot")  # the engine admits only up to free_slots()
+        self.waiting.append((key, list(prompt)))
+
+    def prefill(self) -> dict[int, np.ndarray]:
+        """One round of prefill: the fresh short prompts together, then one chunk of a long one.
+        Returns the last-token logits (V,) of every request whose prompt is now complete."""
+        done = self._prefill_short()
+        if self.chunking is None:
+            long = next((item for item in self.waiting if len(item[1]) > self.chunk), None)
+            if long is not None:
+                self.waiting.remove(long)
+                self.chunking = (*long, 0)
+        if self.chunking is not None:
+            done.update(self._prefill_chunk())
+        return done
+
+    def _prefill_short(self) -> dict[int, np.ndarray]:
+        """Short prompts, longest first, as many as fit `chunk` tokens padded, into the slots after the block."""
+        short = sorted((item for item in self.waiting if len(item[1]) <= self.chunk), key=lambda i: -len(i[1]))
+        batch = [item for n, item in enumerate(short, 1) if n * len(short[0][1]) <= self.chunk] if short else []
+        if not batch:
+            return {}
+        first = len(self.decoding)
+        logits = self.decoder.prefill(first, [prompt for _, prompt in batch])  # (b, V)
+        for item in batch:
+            self.waiting.remove(item)
+        self.decoding += [key for key, _ in batch]
+        return {key: row for (key, _), row in zip(batch, logits)}
+
+    def _prefill_chunk(self) -> dict[int, np.ndarray]:
+        """The next chunk of the long prompt in the top slot; when it is complete, it joins the block."""
+        key, prompt, done = self.chunking
+        top = self.capacity - 1
+        logits = self.decoder.extend(top, prompt[done : done + self.chunk])
+        done += self.chunk
+        if done < len(prompt):
+            self.chunking = (key, prompt, done)
+            return {}
+        self.chunking = None
+        slot = len(self.decoding)
+        if slot != top:
+            self.decoder.move(top, slot)
+        self.decoding.append(key)
+        return {key: logits}
+
+    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]:
+        """One token for every decoding request; logits (V,) by key."""
+        tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
+        logits = self.decoder.decode(tokens)  # (B, V)
+        return dict(zip(self.decoding, logits))
+
+    def release(self, key: int) -> None:
+        """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
+        if key in self.decoding:
+            slot, last = self.decoding.index(key), len(self.decoding) - 1
+            if slot != last:
+                self.decoder.move(last, slot)
+            else:
+                self.decoder.clear(slot)
+            self.decoding[slot] = self.decoding[last]
+            self.decoding.pop()
+        elif self.chunking is not None and self.chunking[0] == key:
+            self.decoder.clear(self.capacity - 1)
+            self.chunking = None
+        else:
+            self.waiting = [item for item in self.waiting if item[0] != key]
+
+    def reset(self) -> None:
+        """Forget every request (after a failed run); the arena's memory stays allocated."""
+        self.decoding, self.waiting, self.chunking = [], [], None
+        for slot in range(self.capacity):
+            self.decoder.clear(slot)

@@ -1,0 +1,69 @@
+"""The engine the arena replaced, kept as the KV benchmark's baseline: the same keys-in,
+logits-out interface as ArenaRunner over a concat directory (`attnserve export --kv-cache concat`)
+and the left-padded KVCache.
+
+Each decode step feeds the whole cache as past and takes present back; a membership change
+rebuilds it through the host (kv_cache.py). attnserve serve does not run it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..export.runtime import left_pad
+from .kv_cache import KVCache
+from .model_runner import ModelRunner
+
+
+class ConcatRunner:
+    """Requests (by key) in the rows of the concat KV cache."""
+
+    nbytes = 0  # the concat cache grows and shrinks with the batch; nothing is preallocated
+
+    def __init__(self, model: ModelRunner, capacity: int, pad_id: int):
+        self.model, self.capacity, self.pad_id = model, capacity, pad_id
+        self.cache = KVCache(model.n_past, model.to_host, model.to_device)
+        self.waiting: list[tuple[int, list[int]]] = []
+        self.slot_of: dict[int, int] = {}  # key -> KVCache slot
+        self.key_of: dict[int, int] = {}  # KVCache slot -> key
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.waiting)
+
+    def free_slots(self) -> int:
+        return self.capacity - len(self.slot_of) - len(self.waiting)
+
+    def start(self, key: int, prompt: tuple[int, ...]) -> None:
+        self.waiting.append((key, list(prompt)))
+
+    def prefill(self) -> dict[int, np.ndarray]:
+        """Every waiting prompt at once (an encoder-decoder's prompt is its source)."""
+        self.cache.compact()
+        keys, prompts = zip(*self.waiting)
+        self.waiting = []
+        logits, rows = self.model.prefill(*left_pad(list(prompts), self.pad_id))  # (b, V)
+        for key, slot in zip(keys, self.cache.admit(rows.present, rows.mask, rows.cross, rows.cross_mask)):
+            self.slot_of[key], self.key_of[slot] = slot, key
+        return dict(zip(keys, logits))
+
+    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]:
+        self.cache.compact()
+        keys = [self.key_of[slot] for slot in self.cache.slots]
+        ids = np.array([[next_ids[key]] for key in keys], dtype=np.int64)  # (B, 1)
+        mask, positions, past = self.cache.step_inputs()
+        logits, present = self.model.run(ids, mask, positions, past, self.cache.cross_mask, self.cache.cross)
+        self.cache.append(present, mask)
+        return dict(zip(keys, logits[:, -1]))
+
+    def release(self, key: int) -> None:
+        if key in self.slot_of:
+            slot = self.slot_of.pop(key)
+            del self.key_of[slot]
+            self.cache.free(slot)
+        else:
+            self.waiting = [item for item in self.waiting if item[0] != key]
+
+    def reset(self) -> None:
+        self.cache = KVCache(self.model.n_past, self.model.to_host, self.model.to_device)
+        self.waiting, self.slot_of, self.key_of = [], {}, {}

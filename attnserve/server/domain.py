@@ -1,0 +1,105 @@
+"""Plain domain objects the server passes between its layers: requests, events, errors.
+
+No protobuf and no gRPC here: validation turns a GenerateRequest into a GenerationRequest,
+the engine answers with Delta and Final events, and the servicer turns those back into
+protobuf. Errors carry what went wrong; the interceptor maps each class to a status code once.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FinishReason(str, enum.Enum):
+    """Why a completion ended (the protocol's FinishReason, minus UNSPECIFIED)."""
+
+    LENGTH = "length"  # max_new_tokens generated, or the context is full
+    STOP = "stop"  # the text reached a stop string
+    EOS = "eos"  # the model generated its end-of-sequence token
+    CANCELLED = "cancelled"  # the server ended it (drain timeout) or the client went away
+    DEADLINE = "deadline"  # the caller's deadline passed before it finished
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each token; the defaults are greedy decoding."""
+
+    temperature: float = 0.0  # 0: argmax (greedy); top_k, top_p and seed are then unused
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1: no nucleus filter
+    repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already seen
+    seed: int | None = None  # None: a fresh random seed
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request, ready for the engine."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]  # the encoded prompt (BOS first where the tokenizer adds it)
+    max_new_tokens: int  # already clamped to the cap and the context
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    deadline: float | None = None  # time.monotonic() after which the request is dropped
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Milliseconds from the request's arrival at the engine."""
+
+    queue_ms: float
+    time_to_first_token_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    """Tokens generated since the last event, and the text they completed (may be empty)."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Final:
+    """The last event of a request: a last piece of text, and how and when it ended."""
+
+    reason: FinishReason
+    text: str
+    usage: Usage
+    timings: Timings
+
+
+class ServeError(Exception):
+    """Base of the errors a caller can cause; each subclass maps to one status code."""
+
+
+class InvalidRequest(ServeError):
+    """A request field is out of its limits: INVALID_ARGUMENT."""
+
+    def __init__(self, field_name: str, problem: str):
+        super().__init__(f"{field_name}: {problem}")
+        self.field = field_name
+
+
+class QueueFull(ServeError):
+    """The wait queue holds --max-queue requests already: RESOURCE_EXHAUSTED."""
+
+
+class Draining(ServeError):
+    """The server is shutting down and takes no new requests: UNAVAILABLE."""
+
+
+class DeadlineExceeded(ServeError):
+    """The caller's deadline passed while the request waited or ran: DEADLINE_EXCEEDED."""

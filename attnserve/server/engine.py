@@ -1,0 +1,243 @@
+"""Continuous-batching scheduler over a slot runner. Knows nothing about gRPC, KV layouts or devices.
+
+The engine holds request keys, token ids and logits; the runner (arena_runner.py; the KV
+benchmark also drives concat_runner.py) holds every tensor. Decoder-only and encoder-decoder
+models run the same loop (an encoder-decoder's prompt is its source; its decoder starts from BOS).
+
+One engine thread owns the runner. At every step boundary it drops cancelled and expired
+requests, starts queued ones in the runner's free slots, runs one round of prefill (fresh
+prompts together, one chunk of a long one), runs one decode step for the whole batch, samples
+each request's token with its own parameters, and hands the events to each caller's event loop
+with one call_soon_threadsafe per step. ONNX Runtime releases the GIL while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from ..tokenizer import Tokenizer
+from .domain import Draining, FinishReason, GenerationRequest, QueueFull
+from .model_runner import ModelRunner
+from .sequence import Event, Handle, Sequence, deliver
+
+log = logging.getLogger("attnserve.server")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    max_batch: int = 16  # requests decoded together in one step
+    max_queue: int = 64  # requests waiting for a batch slot before submit raises QueueFull
+
+
+class EngineObserver:
+    """What the engine reports as it runs (metrics subclass it); every hook is a no-op here."""
+
+    def on_step(self, batch_size: int, queue_depth: int) -> None: ...
+    def on_first_token(self, seconds: float) -> None: ...
+    def on_inter_token(self, seconds: float) -> None: ...
+    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None: ...
+
+
+class Engine:
+    """Owns the slot runner and the queue; callers submit and await events."""
+
+    def __init__(
+        self, slots, tokenizer: Tokenizer, limits: EngineLimits = EngineLimits(), observer: EngineObserver | None = None
+    ):
+        """`slots`: an ArenaRunner or ConcatRunner (start, prefill, decode, release by request key)."""
+        self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
+        self.runner: ModelRunner = slots.model
+        self.observer = observer or EngineObserver()
+        self._keys = itertools.count()
+        self._queue: collections.deque[Sequence] = collections.deque()
+        self._active: dict[int, Sequence] = {}  # request key -> decoding sequence
+        self._prefilling: dict[int, Sequence] = {}  # request key -> sequence whose prompt is being prefilled
+        self._cond = threading.Condition()
+        self._outbox: list[tuple[Handle, Event]] = []
+        self._accepting, self._running, self._abort = True, False, False
+        self._thread = threading.Thread(target=self._run, name="attnserve-engine", daemon=True)
+
+    # ---- caller side (any thread, usually the event loop) -------------------------------
+    def start(self) -> None:
+        self._running = True
+        self._thread.start()
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
+        """Queue a validated request; raises QueueFull or Draining."""
+        handle = Handle(request, loop or asyncio.get_running_loop())
+        decoder_prompt = (self.runner.bos_id,) if self.runner.seq2seq else request.prompt_ids
+        sequence = Sequence(
+            request, handle, self.tokenizer, self.runner.vocab_size, self.runner.context_length, decoder_prompt
+        )
+        if sequence.budget < 1:
+            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
+        with self._cond:
+            if not self._accepting:
+                raise Draining("the server is shutting down and takes no new requests")
+            if len(self._queue) >= self.limits.max_queue:
+                raise QueueFull(
+                    f"the queue is full ({self.limits.max_queue} requests waiting, --max-queue); retry later"
+                )
+            self._queue.append(sequence)
+            self._cond.notify()
+        return handle
+
+    def release(self, handle: Handle) -> None:
+        """The caller is gone: drop its request now if queued, else at the next step."""
+        if handle.finished:
+            return
+        handle.cancel()
+        with self._cond:
+            for sequence in self._queue:
+                if sequence.handle is handle:
+                    self._queue.remove(sequence)
+                    break
+
+    def stats(self) -> dict[str, int]:
+        """Active (in the batch or its prefill) and queued request counts."""
+        with self._cond:
+            return {"active": len(self._active) + len(self._prefilling), "queued": len(self._queue)}
+
+    def close(self) -> None:
+        """Refuse new requests (Draining); queued and active ones go on."""
+        with self._cond:
+            self._accepting = False
+
+    def abort(self) -> None:
+        """End every queued and active request at the next step with FinishReason.CANCELLED."""
+        with self._cond:
+            self._abort = True
+            self._cond.notify()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Abort everything and join the engine thread."""
+        self.close()
+        self.abort()
+        with self._cond:
+            self._running = False
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---- engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while (
+                    self._running and not self._queue and not self._active and not self._prefilling and not self._abort
+                ):
+                    self._cond.wait()
+                if not self._running and not self._active and not self._prefilling and not self._queue:
+                    break
+            try:
+                self._step()
+            except Exception as e:
+                log.exception("engine step failed; failing %d active requests", len(self._active))
+                self._fail_active(e)
+            self._flush()
+
+    def _step(self) -> None:
+        """One step boundary: drop finished callers, admit, prefill, then decode the batch once."""
+        self._drop_gone()
+        self._take_queued()
+        if self._prefilling:
+            self._prefill()
+            self._flush()  # first tokens go out now, not after the next decode step
+        self.observer.on_step(len(self._active), len(self._queue))
+        if self._active:
+            self._decode()
+            if not self._active:  # the batch emptied: the gauges must not keep its last size
+                self.observer.on_step(0, len(self._queue))
+
+    def _drop_gone(self) -> None:
+        """Finish aborted, cancelled and expired requests and free their slots."""
+        now = time.monotonic()
+        with self._cond:
+            abort, self._abort = self._abort, False
+            dropped = list(self._queue) if abort else [s for s in self._queue if s.expired(now)]
+            for sequence in dropped:
+                self._queue.remove(sequence)
+        for sequence in dropped:
+            reason = FinishReason.CANCELLED if abort else FinishReason.DEADLINE
+            self._emit(sequence, [sequence.finish(reason)])
+        for key, sequence in [*self._active.items(), *self._prefilling.items()]:
+            if abort or sequence.handle.cancelled:
+                self._retire(key, sequence, FinishReason.CANCELLED)
+            elif sequence.expired(now):
+                self._retire(key, sequence, FinishReason.DEADLINE)
+
+    def _take_queued(self) -> None:
+        """Start queued requests whose callers are still waiting, up to the runner's free slots."""
+        start = time.perf_counter()
+        with self._cond:
+            while self._queue and self.slots.free_slots() > 0:
+                sequence = self._queue.popleft()
+                if sequence.handle.cancelled:
+                    continue
+                key = next(self._keys)
+                sequence.admitted = start
+                self.slots.start(key, sequence.request.prompt_ids)  # an encoder-decoder: its source
+                self._prefilling[key] = sequence
+
+    def _prefill(self) -> None:
+        """One round of prefill; every request whose prompt completed samples its first token."""
+        for key, logits in self.slots.prefill().items():
+            with self._cond:
+                sequence = self._active[key] = self._prefilling.pop(key)
+            self._emit(sequence, sequence.step(logits))
+            self.observer.on_first_token(sequence.first_token - sequence.arrival)
+            if sequence.done:
+                self._free(key)
+
+    def _decode(self) -> None:
+        """One token for every decoding request."""
+        logits = self.slots.decode({key: s.next_token for key, s in self._active.items()})
+        for key, row in logits.items():
+            sequence = self._active[key]
+            previous = sequence.last_token
+            self._emit(sequence, sequence.step(row))
+            self.observer.on_inter_token(sequence.last_token - previous)
+            if sequence.done:
+                self._free(key)
+
+    def _retire(self, key: int, sequence: Sequence, reason: FinishReason) -> None:
+        self._emit(sequence, [sequence.finish(reason)])
+        self._free(key)
+
+    def _free(self, key: int) -> None:
+        self.slots.release(key)
+        with self._cond:
+            self._active.pop(key, None)
+            self._prefilling.pop(key, None)
+
+    def _fail_active(self, error: Exception) -> None:
+        """After a failed run: every active request gets the error, and the runner starts over."""
+        failed = [s for s in [*self._prefilling.values(), *self._active.values()] if not s.done]
+        self._outbox.extend((sequence.handle, error) for sequence in failed)
+        with self._cond:
+            self._active.clear()
+            self._prefilling.clear()
+        self.slots.reset()
+
+    def _emit(self, sequence: Sequence, events: list[Event]) -> None:
+        self._outbox.extend((sequence.handle, event) for event in events)
+        final = sequence.final
+        if final is not None and events and events[-1] is final:
+            self.observer.on_finish(final.reason, final.timings.total_ms / 1000.0, final.usage.completion_tokens)
+
+    def _flush(self) -> None:
+        """Hand this step's events to the callers' event loops, one call per loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+        for handle, event in self._outbox:
+            by_loop.setdefault(handle.loop, []).append((handle, event))
+        self._outbox = []
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
+                loop.call_soon_threadsafe(deliver, batch)

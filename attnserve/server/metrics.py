@@ -1,0 +1,97 @@
+"""Prometheus metrics of one server: requests by status, latencies, queue, batch, tokens, provider.
+
+Each server owns its registry (several servers can live in one process, as in the tests) and
+serves it on --metrics-port. The engine reports through the EngineObserver hooks; the gRPC
+boundary counts requests by method and status code.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from .domain import FinishReason
+from .engine import EngineObserver
+
+# Buckets in seconds: tokens of a small model take well under a millisecond on a GPU.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics(EngineObserver):
+    """The server's metrics; pass it to the Engine as its observer."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "attnserve_requests", "RPCs handled, by method and gRPC status code", ["method", "code"], registry=r
+        )
+        self.finished = Counter(
+            "attnserve_generations_finished", "Generations that ended, by finish reason", ["reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "attnserve_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "attnserve_inter_token_latency_seconds",
+            "Time between two tokens of one request",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "attnserve_request_latency_seconds",
+            "Arrival to the end of a generation",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter("attnserve_generated_tokens", "Tokens generated (EOS not counted)", registry=r)
+        self.queue_depth = Gauge("attnserve_queue_depth", "Requests waiting for a batch slot", registry=r)
+        self.batch_size = Gauge("attnserve_batch_size", "Requests in the running batch", registry=r)
+        self.kv_cache_bytes = Gauge(
+            "attnserve_kv_cache_bytes", "Bytes of the preallocated key/value arena (0: concat cache)", registry=r
+        )
+        self.step_batch = Histogram(
+            "attnserve_step_batch_size", "Batch size of each decode step", buckets=BATCH_BUCKETS, registry=r
+        )
+        self.model = Info("attnserve_model", "The served model and the execution provider it runs on", registry=r)
+        self.http = None
+
+    def describe_model(self, name: str, provider: str, dtype: str, quantization: str) -> None:
+        self.model.info(
+            {"model": name, "execution_provider": provider, "dtype": dtype, "quantization": quantization or "none"}
+        )
+
+    def count_request(self, method: str, code: str) -> None:
+        self.requests.labels(method=method, code=code).inc()
+
+    def serve(self, host: str, port: int) -> int:
+        """Start /metrics on host:port in a daemon thread; returns the bound port."""
+        self.http, _ = start_http_server(port, addr=host, registry=self.registry)
+        return self.http.server_port
+
+    def close(self) -> None:
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+            self.http = None
+
+    # ---- EngineObserver ---------------------------------------------------------------
+    def on_step(self, batch_size: int, queue_depth: int) -> None:
+        self.batch_size.set(batch_size)
+        self.queue_depth.set(queue_depth)
+        if batch_size:
+            self.step_batch.observe(batch_size)
+
+    def on_first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+
+    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
+        self.finished.labels(reason=reason.value).inc()
+        self.e2e.observe(seconds)
+        self.tokens.inc(completion_tokens)

@@ -1,0 +1,62 @@
+"""The slot runner that serves a model directory: its in-place KV arena, sized at start-up.
+
+attnserve serve runs arena directories only; a directory exported with the concat cache is
+refused with the command that re-exports it (concat_runner.py keeps that engine as the KV
+benchmark's baseline).
+"""
+
+from __future__ import annotations
+
+from ..export import contract
+from ..export.arena import Device, KVArena
+from ..export.arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
+from .arena_runner import ArenaRunner
+from .model_runner import ModelRunner
+
+AUTO = 0  # --max-batch auto: as many slots as --kv-cache-memory holds
+MAX_AUTO_BATCH = 1024  # the most slots `auto` picks
+
+
+def arena_bytes(model: ModelRunner, capacity: int) -> int:
+    """Bytes of an arena of `capacity` slots for this model (an encoder-decoder's slots also hold
+    their source's cross-attention keys and values: twice the size)."""
+    size = KVArena.bytes_needed(
+        model.n_layers, model.n_heads, model.head_dim, model.context_length, capacity, model.manifest["dtype"]
+    )
+    return 2 * size if model.seq2seq else size
+
+
+def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | None) -> int:
+    """The number of slots to allocate; raises ValueError (one line naming both numbers) when the
+    requested batch does not fit the memory cap."""
+    if contract.kv_layout(model.manifest) != contract.KV_ARENA:
+        raise ValueError(
+            f"{model.model_dir} was exported with the concat KV cache, which attnserve serve no longer "
+            "runs; export its checkpoint again: attnserve export CHECKPOINT --out DIR"
+        )
+    per_slot = arena_bytes(model, 1)
+    if max_batch == AUTO:
+        if kv_cache_memory is None:
+            raise ValueError("--max-batch auto needs --kv-cache-memory BYTES (the arena's budget)")
+        if kv_cache_memory < per_slot:
+            raise ValueError(
+                f"--kv-cache-memory {kv_cache_memory:,} bytes holds no slot: one slot of "
+                f"{model.context_length} positions needs {per_slot:,} bytes"
+            )
+        return min(kv_cache_memory // per_slot, MAX_AUTO_BATCH)
+    if kv_cache_memory is not None and per_slot * max_batch > kv_cache_memory:
+        raise ValueError(
+            f"--max-batch {max_batch} needs a {per_slot * max_batch:,}-byte KV arena ({per_slot:,} "
+            f"per slot), more than --kv-cache-memory {kv_cache_memory:,}"
+        )
+    return max_batch
+
+
+def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> ArenaRunner:
+    """The arena runner of an arena directory (checked by arena_capacity), on the model's device."""
+    device = Device("cuda", 0) if model.on_device else Device("cpu")
+    if model.seq2seq:  # a source is encoded whole: never in chunks
+        decoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
+        return ArenaRunner(model, decoder, model.context_length)
+    decoder = ArenaDecoder(model.session, model.manifest, capacity, max(prefill_chunk, capacity), device)
+    return ArenaRunner(model, decoder, prefill_chunk)

@@ -1,0 +1,73 @@
+"""Per-request token selection in numpy: greedy, temperature, top-k, top-p, repetition penalty.
+
+Each request in a batch has its own Sampler and its own numpy Generator, so a seeded request
+gives the same tokens whatever else shares its batch. Greedy is np.argmax on the float32
+logits, which picks the first maximum exactly as torch.argmax does. Knows nothing of batching.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .domain import SamplingParams
+
+
+def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """CTRL's penalty (as in Hugging Face): seen tokens' positive logits / penalty, negative * penalty."""
+    out = logits.copy()
+    picked = out[seen]
+    out[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return out
+
+
+def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
+    """Keep logits at least as large as the k-th largest (ties kept), -inf elsewhere."""
+    if k <= 0 or k >= logits.size:
+        return logits
+    kth = np.partition(logits, -k)[-k]
+    return np.where(logits >= kth, logits, -np.inf)
+
+
+def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
+    """Keep the smallest set of most likely tokens whose probability reaches p, -inf elsewhere."""
+    if p >= 1.0:
+        return logits
+    order = np.argsort(-logits, kind="stable")
+    probs = softmax(logits[order])
+    drop = np.cumsum(probs) - probs >= p  # the token that crosses p is kept
+    out = logits.copy()
+    out[order[drop]] = -np.inf
+    return out
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - np.max(logits))
+    return shifted / shifted.sum()
+
+
+class Sampler:
+    """Picks one request's tokens from its row of logits, one step at a time."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: tuple[int, ...] = ()):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+        self.seen = np.zeros(vocab_size, dtype=bool)  # tokens of prompt and completion
+        self.seen[[i for i in prompt_ids if 0 <= i < vocab_size]] = True
+
+    def __call__(self, logits: np.ndarray) -> int:
+        """The next token from this request's logits (V,); remembers it for the penalty."""
+        p = self.params
+        if p.repetition_penalty != 1.0:
+            logits = apply_repetition_penalty(logits, self.seen, p.repetition_penalty)
+        token = int(np.argmax(logits)) if p.greedy else self._sample(logits)
+        if 0 <= token < self.seen.size:
+            self.seen[token] = True
+        return token
+
+    def _sample(self, logits: np.ndarray) -> int:
+        p = self.params
+        scaled = logits.astype(np.float64) / p.temperature
+        scaled = top_p_filter(top_k_filter(scaled, p.top_k), p.top_p)
+        cumulative = np.cumsum(softmax(scaled))
+        index = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
+        return int(min(index, logits.size - 1))

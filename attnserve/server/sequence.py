@@ -1,0 +1,113 @@
+"""One request's life inside the engine (Sequence) and its asyncio-side mailbox (Handle).
+
+The engine thread owns every Sequence: it samples the next token from the request's row of
+logits, turns it into a text delta, and decides when the request is finished. Events reach the
+caller through the Handle's asyncio.Queue, filled on the caller's event loop. No gRPC here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from ..tokenizer import Tokenizer
+from .domain import Delta, Final, FinishReason, GenerationRequest, Timings, Usage
+from .sampling import Sampler
+from .streaming import TextStream
+
+Event = Delta | Final | Exception
+
+
+class Handle:
+    """The caller's end of a request: await its events; cancel() asks the engine to drop it."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = False  # set by the caller, read by the engine at the next step
+        self.finished = False  # set once the Final (or an error) has been queued
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def next_events(self) -> list[Event]:
+        """At least one event: everything delivered since the last call, in order."""
+        events = [await self.events.get()]
+        while not self.events.empty():
+            events.append(self.events.get_nowait())
+        return events
+
+
+def deliver(batch: list[tuple[Handle, Event]]) -> None:
+    """Queue events on their handles; runs on the callers' event loop."""
+    for handle, event in batch:
+        handle.events.put_nowait(event)
+        if isinstance(event, (Final, Exception)):
+            handle.finished = True
+
+
+class Sequence:
+    """A request being decoded: its sampler, its text, its pending token and its timings."""
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        handle: Handle,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        context_length: int,
+        decoder_prompt: tuple[int, ...],
+    ):
+        """`decoder_prompt`: the tokens the decoder starts from (the prompt, or an encoder-decoder's
+        BOS); they count against the context and for the repetition penalty."""
+        self.request, self.handle = request, handle
+        self.eos_id = tokenizer.eos_id
+        self.sampler = Sampler(request.sampling, vocab_size, decoder_prompt)
+        self.stream = TextStream(tokenizer, request.stop)
+        self.budget = min(request.max_new_tokens, context_length - len(decoder_prompt))
+        self.generated: list[int] = []
+        self.next_token: int | None = None  # sampled, not yet fed to the model
+        self.arrival = time.perf_counter()
+        self.admitted: float | None = None  # prefill start
+        self.first_token: float | None = None
+        self.last_token: float | None = None
+        self.final: Final | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.final is not None
+
+    def expired(self, now_monotonic: float) -> bool:
+        return self.request.deadline is not None and now_monotonic > self.request.deadline
+
+    def step(self, logits: np.ndarray) -> list[Event]:
+        """Sample from this request's logits (V,); the resulting delta and, if it ends, the Final."""
+        token = self.sampler(logits)
+        now = time.perf_counter()
+        self.first_token = self.first_token or now
+        self.last_token = now
+        if token == self.eos_id:
+            return [self.finish(FinishReason.EOS)]
+        self.generated.append(token)
+        self.next_token = token
+        events: list[Event] = [Delta((token,), self.stream.push(token))]
+        if self.stream.stopped:
+            events.append(self.finish(FinishReason.STOP))
+        elif len(self.generated) >= self.budget:
+            events.append(self.finish(FinishReason.LENGTH))
+        return events
+
+    def finish(self, reason: FinishReason) -> Final:
+        """End the request; the Final carries the last text, usage and timings."""
+        now = time.perf_counter()
+        ms = lambda t: round(1000.0 * ((t if t is not None else now) - self.arrival), 3)
+        self.final = Final(
+            reason,
+            self.stream.finish(),
+            Usage(len(self.request.prompt_ids), len(self.generated)),
+            Timings(ms(self.admitted), ms(self.first_token), ms(now)),
+        )
+        return self.final

@@ -1,0 +1,170 @@
+"""The TextGeneration servicer: protobuf in, domain objects to the engine, protobuf out.
+
+Thin on purpose: validation lives in validation.py, decoding in the engine, error mapping in
+the interceptor. A client cancel (or a passed deadline) arrives here as CancelledError at an
+await; the request's slot is released in `finally` and the error goes on up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from importlib import metadata
+
+import grpc
+
+from ..export import contract
+from ..protos.attnserve.v1 import generation_pb2 as pb
+from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from ..tokenizer import Tokenizer
+from .domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
+from .engine import Engine
+from .model_runner import ModelRunner
+from .sequence import Event
+from .validation import RequestLimits, validate
+
+REQUEST_ID_HEADER = "x-request-id"
+FINISH_REASONS = {
+    FinishReason.LENGTH: pb.FINISH_REASON_LENGTH,
+    FinishReason.STOP: pb.FINISH_REASON_STOP,
+    FinishReason.EOS: pb.FINISH_REASON_EOS,
+    FinishReason.CANCELLED: pb.FINISH_REASON_CANCELLED,
+}
+
+
+class TextGenerationServicer(pb_grpc.TextGenerationServicer):
+    """attnserve.v1.TextGeneration over one Engine."""
+
+    def __init__(self, engine: Engine, limits: RequestLimits, tokenizer: Tokenizer, info: pb.ModelInfo):
+        self.engine, self.limits, self.tokenizer, self.info = engine, limits, tokenizer, info
+
+    async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
+        """The whole completion in one response."""
+        generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
+        text, token_ids, final = [], [], None
+        async with aclosing(self._events(generation, context)) as batches:
+            async for events in batches:
+                text += [event.text for event in events]
+                token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
+                final = events[-1]
+        return final_response(pb.GenerateResponse, generation.request_id, "".join(text), token_ids, final)
+
+    async def GenerateStream(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateStreamResponse]:
+        """Deltas as they are decoded (those ready together go in one message), then the final message.
+
+        The request id goes out at once in the initial metadata (x-request-id): the caller knows
+        its request was accepted before the first token."""
+        generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
+        request_id = generation.request_id
+        async with aclosing(self._events(generation, context, announce=True)) as batches:
+            async for events in batches:
+                deltas = [e for e in events if isinstance(e, Delta)]
+                if deltas:
+                    yield pb.GenerateStreamResponse(
+                        request_id=request_id,
+                        text="".join(d.text for d in deltas),
+                        token_ids=[t for d in deltas for t in d.token_ids],
+                    )
+                if isinstance(events[-1], Final):
+                    yield final_response(pb.GenerateStreamResponse, request_id, events[-1].text, [], events[-1])
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        """The model, its execution provider and the server's limits."""
+        return self.info
+
+    async def _events(
+        self, generation: GenerationRequest, context, announce: bool = False
+    ) -> AsyncIterator[list[Event]]:
+        """Submit, then yield the engine's events in batches until the Final one."""
+        handle = self.engine.submit(generation)
+        try:
+            if announce:
+                await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
+            while True:
+                events = await handle.next_events()
+                for event in events:
+                    if isinstance(event, Exception):
+                        raise event
+                    if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
+                        raise DeadlineExceeded(
+                            f"the deadline passed after {event.usage.completion_tokens} tokens "
+                            f"({event.timings.total_ms:.0f} ms)"
+                        )
+                yield events
+                if isinstance(events[-1], Final):
+                    return
+        finally:
+            self.engine.release(handle)
+
+
+def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
+    """The call's deadline on time.monotonic()'s clock, or None without one."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
+
+
+def final_response(message_type, request_id: str, text: str, token_ids: list[int], final: Final):
+    """A GenerateResponse or the final GenerateStreamResponse."""
+    t = final.timings
+    return message_type(
+        request_id=request_id,
+        text=text,
+        token_ids=token_ids,
+        finish_reason=FINISH_REASONS[final.reason],
+        usage=pb.Usage(prompt_tokens=final.usage.prompt_tokens, completion_tokens=final.usage.completion_tokens),
+        timings=pb.Timings(queue_ms=t.queue_ms, time_to_first_token_ms=t.time_to_first_token_ms, total_ms=t.total_ms),
+    )
+
+
+def model_info(
+    runner: ModelRunner,
+    tokenizer: Tokenizer,
+    limits: RequestLimits,
+    max_batch: int,
+    max_queue: int,
+    kv_cache_bytes: int,
+) -> pb.ModelInfo:
+    """GetModelInfo's answer, built once at start-up."""
+    return pb.ModelInfo(
+        model_name=runner.model_dir.resolve().name,
+        architecture=runner.manifest["architecture"],
+        vocab_size=runner.vocab_size,
+        d_model=int(runner.manifest["config"]["d_model"]),
+        n_heads=runner.n_heads,
+        n_layers=runner.n_layers,
+        n_encoder_layers=int(runner.manifest["config"].get("n_encoder_layers", 0)),
+        head_dim=runner.head_dim,
+        context_length=runner.context_length,
+        dtype=runner.manifest["dtype"],
+        quantization=runner.manifest.get("quantization") or "",
+        execution_provider=runner.provider,
+        kv_cache=contract.kv_layout(runner.manifest),
+        kv_cache_bytes=kv_cache_bytes,
+        limits=pb.Limits(
+            max_new_tokens=limits.max_new_tokens,
+            max_prompt_tokens=limits.max_prompt_tokens,
+            max_batch_size=max_batch,
+            max_queue_size=max_queue,
+            max_stop_sequences=limits.max_stop_sequences,
+            max_stop_bytes=limits.max_stop_bytes,
+        ),
+        tokenizer=pb.TokenizerInfo(
+            kind=tokenizer.kind,
+            bos_id=tokenizer.bos_id,
+            eos_id=tokenizer.eos_id,
+            pad_id=tokenizer.pad_id,
+            vocab_size=tokenizer.vocab_size,
+            bos_prepended=tokenizer.add_bos,
+        ),
+        server_version=server_version(),
+    )
+
+
+def server_version() -> str:
+    try:
+        return metadata.version("attnserve")
+    except metadata.PackageNotFoundError:
+        return "unknown"

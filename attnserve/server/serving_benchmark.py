@@ -1,0 +1,315 @@
+"""Serving benchmark: the two comparisons that say whether the server earns its keep, each
+measured in one run over one model directory and reported as ratios.
+
+  batched vs sequential   output tokens/s of the engine with C greedy requests in flight vs 1
+                          (continuous batching; the same requests at every level)
+  gRPC vs in-process      time to first token and per-token latency of one greedy request
+                          streamed through GenerateStream on a real grpc.aio server on 127.0.0.1,
+                          vs the same request submitted to that server's engine directly
+
+One Server (server/app.py, port 0) runs in this process; both sides of each comparison use its
+engine and ONNX Runtime session, one after the other, so the gRPC figure is the cost of the
+gRPC layer alone: validation, protobuf, the servicer, HTTP/2 over loopback and the client's
+own decoding (the client shares this process's event loop and GIL with the server).
+Leaves out: sampling (greedy only), TLS and auth, throughput through gRPC under load and
+open-loop arrivals (`attnserve bench` drives any running server for those). Torch-free.
+Warms up, then takes medians over --repeats; prints a table, then one JSON object last.
+
+    python -m attnserve.server.serving_benchmark --model models/small [--concurrency 1,16]
+        [--new-tokens 96] [--repeats 3] [--out reports/serving.json] [--plot reports/serving.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import grpc
+
+from ..export.contract import ModelDirError
+from ..protos.attnserve.v1 import generation_pb2 as pb
+from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from .app import Server, StartupError
+from .config import ServerConfig
+from .domain import Final, GenerationRequest
+from .engine import Engine
+from .model_runner import ProviderError
+
+# Prompts of 10 to 22 tokens (BOS included): a batch's prefill pads them to one length.
+PROMPTS = [
+    "The server",
+    "import os\nimport sys\n",
+    "Return the value of",
+    "class Engine:",
+    "def main():\n    ",
+    "A list is",
+    "ONNX Runtime",
+    "for i in range(",
+]
+GOALS = {"batched_vs_sequential_min": 4.0, "grpc_vs_in_process_per_token_max": 1.10}
+CALL_TIMEOUT_S = 300.0
+Stream = Callable[[str, int], Awaitable[dict]]  # (prompt, new tokens) -> stream_stats of one request
+
+
+def progress(message: str) -> None:
+    print(f"[serving-benchmark] {message}", file=sys.stderr, flush=True)
+
+
+def stream_stats(arrivals: list[float], start: float) -> dict[str, float]:
+    """TTFT and per-token latency (ms; mean gap from the first token to the last) of one request."""
+    per_token = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1) if len(arrivals) > 1 else 0.0
+    return {"ttft_ms": 1000 * (arrivals[0] - start), "per_token_ms": 1000 * per_token, "tokens": len(arrivals)}
+
+
+async def grpc_stream(stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens: int) -> dict[str, float]:
+    """One greedy GenerateStream; every token is stamped when its message arrives."""
+    start, arrivals = time.perf_counter(), []
+    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens)
+    async for message in stub.GenerateStream(request, timeout=CALL_TIMEOUT_S):
+        arrivals += [time.perf_counter()] * len(message.token_ids)
+    return stream_stats(arrivals, start)
+
+
+async def engine_stream(engine: Engine, prompt: str, new_tokens: int) -> dict[str, float]:
+    """The same request handed to the engine directly: no protobuf, no socket, no servicer."""
+    request = GenerationRequest("bench", tuple(engine.tokenizer.encode_prompt(prompt)), new_tokens)
+    start, arrivals = time.perf_counter(), []
+    handle = engine.submit(request)
+    while True:
+        events = await handle.next_events()
+        now = time.perf_counter()
+        for event in events:
+            if isinstance(event, Exception):
+                raise event
+            arrivals += [now] * len(getattr(event, "token_ids", ()))
+        if isinstance(events[-1], Final):
+            return stream_stats(arrivals, start)
+
+
+async def closed_loop(stream: Stream, concurrency: int, requests: int, new_tokens: int) -> dict[str, float]:
+    """`concurrency` requests in flight until `requests` (PROMPTS in turn) are done; output tokens/s."""
+    todo, tokens = list(range(requests)), 0
+
+    async def worker() -> None:
+        nonlocal tokens
+        while todo:
+            i = todo.pop(0)
+            done = await stream(PROMPTS[i % len(PROMPTS)], new_tokens)
+            tokens += done["tokens"]  # not `tokens += await ...`: that reads tokens before the await
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    seconds = time.perf_counter() - start
+    return {
+        "concurrency": concurrency,
+        "requests": requests,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+    }
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run whose tokens/s is the median (the lower middle one of an even count)."""
+    ranked = sorted(runs, key=lambda r: r["tokens_per_s"])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+async def throughput(stream: Stream, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+    """Median tokens/s at every level over `repeats` rounds (levels interleaved, so drift hits all alike)."""
+    requests = max(2 * max(levels), len(PROMPTS))
+    runs: dict[int, list[dict]] = {c: [] for c in levels}
+    for r in range(repeats):
+        for c in levels:
+            progress(f"throughput round {r + 1}/{repeats}: {requests} requests, {c} in flight")
+            runs[c].append(await closed_loop(stream, c, requests, new_tokens))
+    rows = [median_run(runs[c]) for c in levels]
+    for row in rows:
+        row["vs_sequential"] = row["tokens_per_s"] / rows[0]["tokens_per_s"]
+    return rows
+
+
+async def latency(sides: dict[str, Stream], new_tokens: int, repeats: int) -> dict[str, dict[str, float]]:
+    """Median TTFT and per-token latency of single streams, the two sides alternating request by request."""
+    progress(f"single-stream latency: {repeats} x {len(PROMPTS)} requests each way")
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for _ in range(repeats):
+        for prompt in PROMPTS:
+            for side, stream in sides.items():
+                runs[side].append(await stream(prompt, new_tokens))
+    return {
+        side: {k: statistics.median(run[k] for run in r) for k in ("ttft_ms", "per_token_ms")}
+        for side, r in runs.items()
+    }
+
+
+async def round_trip_ms(stub: pb_grpc.TextGenerationStub, calls: int = 20) -> float:
+    """Median GetModelInfo round trip: gRPC's fixed cost per call, no engine involved."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=CALL_TIMEOUT_S)
+        times.append(1000 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+async def measure(server: Server, levels: list[int], new_tokens: int, repeats: int) -> dict:
+    """Warm up both paths, then the latency comparison, then the throughput sweep on the engine."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = pb_grpc.TextGenerationStub(channel)
+        sides: dict[str, Stream] = {
+            "in_process": lambda p, n: engine_stream(server.engine, p, n),
+            "grpc": lambda p, n: grpc_stream(stub, p, n),
+        }
+        progress("warming up")
+        for stream in sides.values():
+            await closed_loop(stream, max(levels), max(levels), new_tokens)
+        lat = await latency(sides, new_tokens, repeats)
+        lat["grpc"]["unary_round_trip_ms"] = await round_trip_ms(stub)
+        rows = await throughput(sides["in_process"], levels, new_tokens, repeats)
+    return {
+        "latency": lat,
+        "throughput": rows,
+        "batched_vs_sequential": rows[-1]["vs_sequential"],
+        "grpc_vs_in_process_per_token": lat["grpc"]["per_token_ms"] / lat["in_process"]["per_token_ms"],
+        "grpc_vs_in_process_ttft": lat["grpc"]["ttft_ms"] / lat["in_process"]["ttft_ms"],
+    }
+
+
+def check_fits(server: Server, new_tokens: int) -> None:
+    """Every prompt plus `new_tokens` must fit in the model's context (the server would refuse it)."""
+    longest = max(len(server.tokenizer.encode_prompt(p)) for p in PROMPTS)
+    room = min(server.runner.context_length - longest, server.limits.max_new_tokens)
+    if not 1 <= new_tokens <= room:
+        raise ValueError(
+            f"--new-tokens {new_tokens}: prompts of up to {longest} tokens leave room for 1 to "
+            f"{room} (context_length {server.runner.context_length})"
+        )
+
+
+async def run(
+    model: str, levels: list[int], new_tokens: int = 96, repeats: int = 3, threads: int = 0, provider: str = "cpu"
+) -> dict:
+    """Start a Server over `model` on 127.0.0.1 (any free port), measure both comparisons, stop it."""
+    progress(f"loading {model}")
+    config = ServerConfig(
+        model=model, port=0, provider=provider, threads=threads, max_batch=max(levels), max_queue=4 * max(levels)
+    )
+    server = Server(config)
+    try:
+        check_fits(server, new_tokens)
+        await server.start()
+        result = await measure(server, levels, new_tokens, repeats)
+    finally:
+        await server.stop()
+    return {
+        "model": Path(model).resolve().name,
+        "provider": server.runner.provider,
+        "threads": threads,
+        "new_tokens": new_tokens,
+        "prompts": len(PROMPTS),
+        "repeats": repeats,
+        **result,
+        "goals": GOALS,
+    }
+
+
+def print_table(result: dict) -> None:
+    """The two comparisons as a readable table, each with its ratio and goal."""
+    lat, goals = result["latency"], result["goals"]
+    print(f"model {result['model']} on {result['provider']}, {result['new_tokens']} greedy tokens per request\n")
+    print(f"{'one stream':<12}{'TTFT ms':>10}{'per token ms':>14}")
+    for side in ("in_process", "grpc"):
+        print(f"{side:<12}{lat[side]['ttft_ms']:>10.3f}{lat[side]['per_token_ms']:>14.3f}")
+    print(f"gRPC unary round trip (GetModelInfo, no engine): {lat['grpc']['unary_round_trip_ms']:.3f} ms")
+    print(
+        f"gRPC / in-process: TTFT {result['grpc_vs_in_process_ttft']:.2f}x, per token "
+        f"{result['grpc_vs_in_process_per_token']:.2f}x (goal <= {goals['grpc_vs_in_process_per_token_max']:.2f}x)\n"
+    )
+    print(f"{'in flight':>9}{'requests':>10}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}{'vs 1':>8}")
+    for row in result["throughput"]:
+        print(
+            f"{row['concurrency']:>9}{row['requests']:>10}{row['tokens']:>8}{row['seconds']:>9.2f}"
+            f"{row['tokens_per_s']:>10.0f}{row['vs_sequential']:>7.2f}x"
+        )
+    print(
+        f"batched / sequential: {result['batched_vs_sequential']:.2f}x "
+        f"(goal >= {goals['batched_vs_sequential_min']:.1f}x)\n"
+    )
+
+
+def write_plot(result: dict, path: str) -> None:
+    """Throughput against concurrency, and the single-stream latencies side by side (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = result["throughput"]
+    left.plot([r["concurrency"] for r in rows], [r["tokens_per_s"] for r in rows], marker="o")
+    left.set_xscale("log", base=2)
+    left.set(xlabel="requests in flight", ylabel="output tokens/s", title="continuous batching (engine)")
+    left.set_xticks([r["concurrency"] for r in rows], [str(r["concurrency"]) for r in rows])
+    left.minorticks_off()
+    lat, sides = result["latency"], ("in_process", "grpc")
+    x = range(len(sides))
+    right.bar([i - 0.2 for i in x], [lat[s]["per_token_ms"] for s in sides], width=0.4, label="per token")
+    right.bar([i + 0.2 for i in x], [lat[s]["ttft_ms"] for s in sides], width=0.4, label="first token")
+    right.set_xticks(list(x), ["in-process", "gRPC stream"])
+    right.set(ylabel="ms", title="one stream: latency")
+    right.legend()
+    fig.suptitle(f"attnserve serving benchmark: {result['model']} ({result['provider']})")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def report(
+    result: dict, out: str | None, plot: str | None, table: Callable[[dict], None], plotter: Callable[[dict, str], None]
+) -> None:
+    """A benchmark's ending: the table, the JSON file and the PNG if asked for, the JSON object last."""
+    table(result)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+    if plot:
+        plotter(result, plot)
+    print(json.dumps(result))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: measure, print the table, write --out and --plot, print the JSON object last."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
+    p.add_argument(
+        "--concurrency",
+        default="1,16",
+        help="comma-separated requests in flight; the first is the baseline, the last the batched figure",
+    )
+    p.add_argument("--new-tokens", type=int, default=96, help="greedy tokens per request (prompts are <= 22 tokens)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: the server's default)")
+    p.add_argument("--provider", default="cpu", choices=("auto", "cuda", "cpu"))
+    p.add_argument("--out", help="write the JSON result here")
+    p.add_argument("--plot", help="write a PNG here")
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    try:
+        result = asyncio.run(run(args.model, levels, args.new_tokens, args.repeats, args.threads, args.provider))
+    except grpc.aio.AioRpcError as e:
+        sys.exit(f"serving benchmark: {e.code().name}: {e.details()}")
+    except (ModelDirError, ProviderError, StartupError, ValueError) as e:
+        sys.exit(f"serving benchmark: {type(e).__name__}: {e}")
+    report(result, args.out, args.plot, print_table, write_plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

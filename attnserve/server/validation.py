@@ -1,0 +1,157 @@
+"""GenerateRequest -> GenerationRequest, or InvalidRequest naming the field and its limit.
+
+The only place request fields are checked: the engine trusts what comes out of here. Reads
+the protobuf message by attribute (and HasField for the optional fields); imports no gRPC.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from ..tokenizer import Tokenizer
+from .domain import GenerationRequest, InvalidRequest, SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for; built once from the model and the command line."""
+
+    context_length: int  # prompt tokens + max_new_tokens fit in it
+    vocab_size: int  # top_k at most this
+    max_new_tokens: int  # the cap (--max-new-tokens-cap, at most context_length - 1)
+    max_stop_sequences: int = 16  # stop strings per request
+    max_stop_bytes: int = 128  # UTF-8 bytes per stop string
+    max_request_id_chars: int = 128  # printable ASCII
+    max_temperature: float = 100.0
+    max_repetition_penalty: float = 100.0
+    encoder_decoder: bool = False  # the prompt is a source: it has the encoder's context to itself
+    max_token_bytes: int = 1  # the most UTF-8 bytes one token stands for (the tokenizer's)
+    bos_prepended: bool = True  # a text prompt's tokens start with BOS (the byte tokenizer)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt (BOS included): a decoder-only prompt leaves room for one new token."""
+        return self.context_length if self.encoder_decoder else self.context_length - 1
+
+    @property
+    def bos_note(self) -> str:
+        return " (BOS included)" if self.bos_prepended else ""
+
+    @property
+    def max_prompt_bytes(self) -> int:
+        """A text prompt longer than this cannot fit in max_prompt_tokens, however it is tokenized."""
+        return self.max_prompt_tokens * max(1, self.max_token_bytes)
+
+
+def check_float(name: str, value: float, low: float, high: float, low_inclusive: bool) -> float:
+    """`value` in [low, high] (or (low, high]), finite; else InvalidRequest."""
+    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
+    if not ok:
+        interval = f"{'[' if low_inclusive else '('}{low:g}, {high:g}]"
+        raise InvalidRequest(name, f"{value:g} is outside {interval}")
+    return float(value)
+
+
+def check_request_id(request_id: str, limits: RequestLimits) -> str:
+    if len(request_id) > limits.max_request_id_chars:
+        raise InvalidRequest("request_id", f"{len(request_id)} characters, the limit is {limits.max_request_id_chars}")
+    if request_id and not (request_id.isascii() and request_id.isprintable()):
+        raise InvalidRequest("request_id", "must be printable ASCII")
+    return request_id or uuid.uuid4().hex
+
+
+def check_stop(stops, limits: RequestLimits) -> tuple[str, ...]:
+    if len(stops) > limits.max_stop_sequences:
+        raise InvalidRequest("stop", f"{len(stops)} strings, the limit is {limits.max_stop_sequences}")
+    for i, stop in enumerate(stops):
+        size = len(stop.encode("utf-8"))
+        if not 1 <= size <= limits.max_stop_bytes:
+            raise InvalidRequest(f"stop[{i}]", f"{size} UTF-8 bytes, must be 1 to {limits.max_stop_bytes}")
+    return tuple(stops)
+
+
+def check_sampling(request, limits: RequestLimits) -> SamplingParams:
+    temperature = check_float("temperature", request.temperature, 0.0, limits.max_temperature, True)
+    if not 0 <= request.top_k <= limits.vocab_size:
+        raise InvalidRequest(
+            "top_k",
+            f"{request.top_k} is outside [0, {limits.vocab_size}] (0 keeps all, vocab_size {limits.vocab_size})",
+        )
+    top_p = check_float("top_p", request.top_p, 0.0, 1.0, False) if request.HasField("top_p") else 1.0
+    penalty = (
+        check_float("repetition_penalty", request.repetition_penalty, 0.0, limits.max_repetition_penalty, False)
+        if request.HasField("repetition_penalty")
+        else 1.0
+    )
+    seed = request.seed if request.HasField("seed") else None
+    return SamplingParams(temperature, int(request.top_k), top_p, penalty, seed)
+
+
+def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
+    """max_new_tokens after the cap and the context; a decoder-only prompt must leave it room."""
+    if prompt_tokens > limits.max_prompt_tokens:
+        why = (
+            "the encoder's context_length" if limits.encoder_decoder else f"context_length {limits.context_length} - 1"
+        )
+        raise InvalidRequest(
+            "prompt", f"{prompt_tokens} tokens{limits.bos_note}, the limit is {limits.max_prompt_tokens} ({why})"
+        )
+    decoder_prompt = 1 if limits.encoder_decoder else prompt_tokens  # an encoder-decoder decodes from BOS
+    if not request.HasField("max_new_tokens"):
+        return min(limits.max_new_tokens, limits.context_length - decoder_prompt)
+    wanted = request.max_new_tokens
+    if not 1 <= wanted <= limits.max_new_tokens:
+        raise InvalidRequest(
+            "max_new_tokens",
+            f"{wanted} is outside [1, {limits.max_new_tokens}] "
+            "(the server's cap: --max-new-tokens-cap, at most context_length - 1)",
+        )
+    if not limits.encoder_decoder and prompt_tokens + wanted > limits.context_length:
+        raise InvalidRequest(
+            "prompt",
+            f"{prompt_tokens} tokens{limits.bos_note}, the limit is "
+            f"{limits.context_length - wanted} (context_length {limits.context_length} "
+            f"- max_new_tokens {wanted})",
+        )
+    return wanted
+
+
+def check_prompt_ids(ids, limits: RequestLimits) -> list[int]:
+    """prompt_token_ids as given: each id in the vocabulary."""
+    for i, token in enumerate(ids):
+        if not 0 <= token < limits.vocab_size:
+            raise InvalidRequest(
+                f"prompt_token_ids[{i}]",
+                f"{token} is outside [0, {limits.vocab_size}) (vocab_size {limits.vocab_size})",
+            )
+    return list(ids)
+
+
+def prompt_ids(request, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids: prompt encoded by the model's tokenizer, or prompt_token_ids."""
+    if request.prompt and request.prompt_token_ids:
+        raise InvalidRequest("prompt_token_ids", "give prompt or prompt_token_ids, not both")
+    if request.prompt_token_ids:
+        return check_prompt_ids(request.prompt_token_ids, limits)
+    if not request.prompt:
+        raise InvalidRequest("prompt", "must not be empty (or give prompt_token_ids)")
+    size = len(request.prompt.encode("utf-8"))
+    if size > limits.max_prompt_bytes:  # refused before the tokenizer spends time on it
+        raise InvalidRequest(
+            "prompt",
+            f"{size} UTF-8 bytes, more than any {limits.max_prompt_tokens} tokens "
+            f"can hold (the limit is {limits.max_prompt_tokens} tokens)",
+        )
+    return tokenizer.encode_prompt(request.prompt)
+
+
+def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: float | None = None) -> GenerationRequest:
+    """A GenerateRequest as a GenerationRequest; raises InvalidRequest on the first bad field."""
+    ids = prompt_ids(request, limits, tokenizer)
+    request_id = check_request_id(request.request_id, limits)
+    sampling = check_sampling(request, limits)
+    stop = check_stop(request.stop, limits)
+    max_new_tokens = check_lengths(request, len(ids), limits)
+    return GenerationRequest(request_id, tuple(ids), max_new_tokens, sampling, stop, deadline)

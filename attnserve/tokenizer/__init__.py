@@ -1,0 +1,87 @@
+"""The tokenizers of attnserve models: byte-level UTF-8, or a byte-level BPE kept as a Hugging Face
+tokenizer.json (the format onnxruntime-genai and most inference stacks read).
+
+Torch-free and gRPC-free, below everything else: training (model/) trains and stores one in the
+checkpoint, export writes it into the model directory, the server loads it from there. Every
+tokenizer answers the same few questions (see `Tokenizer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from .errors import TokenizerError
+from .utf8 import ByteTokenizer
+
+KINDS = ("bytes", "bpe")
+
+
+class Tokenizer(Protocol):
+    kind: str  # "bytes" or "bpe"
+    vocab_size: int  # ids are 0 .. vocab_size - 1, special ids included
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    add_bos: bool  # a text prompt starts with BOS (bytes) or not (BPE, GPT-2's way)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text`, nothing added (a corpus, a continuation)."""
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The ids a text prompt is given to the model as: BOS first where add_bos says so."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`: special ids dropped, invalid UTF-8 replaced by U+FFFD."""
+
+    def byte_lengths(self) -> list[int]:
+        """UTF-8 bytes each id stands for (0 for special ids): bits per byte from bits per token."""
+
+    def state(self) -> dict:
+        """What a checkpoint stores to rebuild this tokenizer exactly (plain str/int values)."""
+
+
+def from_state(state: dict | None) -> Tokenizer:
+    """The tokenizer a checkpoint stored (checkpoints older than the BPE tokenizer hold none: bytes)."""
+    kind = (state or {}).get("kind", "bytes")
+    if kind == "bytes":
+        return ByteTokenizer()
+    if kind == "bpe":
+        from .bpe import BpeTokenizer
+
+        return BpeTokenizer(state["json"])
+    raise TokenizerError(f"tokenizer kind {kind!r} is not one of {KINDS}")
+
+
+def from_model_dir(model_dir: str | Path, entry: dict) -> Tokenizer:
+    """The tokenizer of an exported model directory, from its manifest entry (files already verified)."""
+    state = {"kind": entry.get("kind")}
+    if state["kind"] == "bpe":
+        path = Path(model_dir) / entry["file"]
+        try:
+            state["json"] = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise TokenizerError(f"cannot read {path}: {e.strerror or e}") from None
+    tokenizer = from_state(state)
+    for field in ("vocab_size", "bos_id", "eos_id", "pad_id"):
+        if field in entry and int(entry[field]) != getattr(tokenizer, field):
+            raise TokenizerError(
+                f"the manifest's tokenizer {field} is {entry[field]}, the tokenizer's is {getattr(tokenizer, field)}"
+            )
+    return tokenizer
+
+
+def manifest_entry(tokenizer: Tokenizer) -> dict:
+    """The manifest's "tokenizer" object (export adds the file and its sha256 for BPE)."""
+    return {
+        "kind": tokenizer.kind,
+        "vocab_size": tokenizer.vocab_size,
+        "bos_id": tokenizer.bos_id,
+        "eos_id": tokenizer.eos_id,
+        "pad_id": tokenizer.pad_id,
+        "add_bos": tokenizer.add_bos,
+    }
+
+
+__all__ = ["KINDS", "ByteTokenizer", "Tokenizer", "TokenizerError", "from_model_dir", "from_state", "manifest_entry"]

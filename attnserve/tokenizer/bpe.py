@@ -1,0 +1,95 @@
+"""A byte-level BPE (GPT-2's scheme), trained and run by the Hugging Face `tokenizers` library.
+
+Byte-level: text is split by GPT-2's pattern, each byte becomes one of 256 printable characters,
+and merges join them, so every UTF-8 string round-trips and no text is unknown. The special
+tokens come first: ids 0, 1, 2 are BOS, EOS and PAD. Prompts start with no BOS (GPT-2's way),
+so text encoded here and by onnxruntime-genai from the same tokenizer.json gives the same ids
+(genai does not apply a file's post-processor). Text that spells a special token ("<|eos|>") is
+encoded as text, so any string round-trips and no prompt can smuggle in a control token (genai
+maps it to the special id; send ids with prompt_token_ids). The tokenizer.json string is the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import TokenizerError
+
+SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")  # ids 0, 1, 2
+MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # the specials and the 256 bytes, no merges
+MAX_VOCAB = 1 << 20
+
+
+def train_bpe(text: str, vocab_size: int) -> BpeTokenizer:
+    """Learn merges on `text` until `vocab_size` ids (fewer if the text runs out of pairs); deterministic."""
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise TokenizerError(
+            f"--vocab-size {vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}] "
+            f"({len(SPECIAL_TOKENS)} special tokens and 256 bytes at least)"
+        )
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([text], trainer)
+    return BpeTokenizer(tok.to_str())
+
+
+class BpeTokenizer:
+    """A tokenizer.json behind the `Tokenizer` interface."""
+
+    kind = "bpe"
+    add_bos = False
+
+    def __init__(self, json_text: str):
+        from tokenizers import Tokenizer
+
+        try:
+            self._tok = Tokenizer.from_str(json_text)
+        except Exception as e:  # noqa: BLE001 (the library raises a bare Exception for a malformed file)
+            raise TokenizerError(f"not a valid tokenizer.json ({e})") from None
+        self._tok.encode_special_tokens = True  # text that spells a special token stays text
+        self.json = json_text
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        ids = [self._tok.token_to_id(t) for t in SPECIAL_TOKENS]
+        if None in ids:
+            raise TokenizerError(f"tokenizer.json lacks the special tokens {', '.join(SPECIAL_TOKENS)}")
+        self.bos_id, self.eos_id, self.pad_id = ids
+        self.special_ids = frozenset(ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_prompt(self, text: str) -> list[int]:
+        return self.encode(text)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def byte_lengths(self) -> list[int]:
+        """Each byte-level token's characters are one byte each; special tokens stand for none."""
+        return [0 if i in self.special_ids else len(self._tok.id_to_token(i) or "") for i in range(self.vocab_size)]
+
+    def state(self) -> dict:
+        return {"kind": self.kind, "json": self.json}
+
+    def tokenizer_config(self, context_length: int) -> dict:
+        """tokenizer_config.json beside tokenizer.json: what Hugging Face and onnxruntime-genai read."""
+        bos, eos, pad = SPECIAL_TOKENS
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": bos,
+            "eos_token": eos,
+            "pad_token": pad,
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "model_max_length": context_length,
+            "clean_up_tokenization_spaces": False,
+        }
