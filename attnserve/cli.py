@@ -20,21 +20,6 @@ HANDLERS = {
 }
 
 
-def server_value(parser: str):
-    """An argparse type from server/config.py's parsers, imported only when the flag is used."""
-
-    def parse(text: str):
-        from attnserve.server import config
-
-        try:
-            return getattr(config, parser)(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    parse.__name__ = parser.removeprefix("parse_").replace("_", " ")
-    return parse
-
-
 def add_train(sub) -> None:
     p = sub.add_parser(
         "train",
@@ -131,72 +116,10 @@ def add_attention_map(sub) -> None:
 
 
 def add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="serve a model directory over gRPC on ONNX Runtime")
-    p.add_argument("--model", required=True, help="model directory written by `attnserve export`, e.g. models/NAME")
-    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=50051, help="gRPC port (default 50051; 0 picks a free one, printed)")
-    p.add_argument(
-        "--provider",
-        choices=["auto", "cuda", "cpu"],
-        default="auto",
-        help="ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=0,
-        help="ONNX Runtime intra-op threads (default 0: all cores but one, left to the gRPC event loop)",
-    )
-    p.add_argument(
-        "--max-batch",
-        type=server_value("parse_max_batch"),
-        default=16,
-        metavar="N|auto",
-        help="requests decoded together, one KV arena slot each (default 16); auto: as many as --kv-cache-memory holds",
-    )
-    p.add_argument(
-        "--kv-cache-memory",
-        type=server_value("parse_bytes"),
-        default=None,
-        metavar="BYTES",
-        help="cap on the KV arena's size, e.g. 512M or 2Gi; a --max-batch that does not fit is "
-        "refused at start-up (default: no cap)",
-    )
-    p.add_argument(
-        "--prefill-chunk",
-        type=int,
-        default=256,
-        help="prompt tokens per prefill run; longer prompts are prefilled in chunks between decode "
-        "steps, so one delays the running batch by at most a chunk (default 256)",
-    )
-    p.add_argument(
-        "--max-queue",
-        type=int,
-        default=64,
-        help="requests waiting for a batch slot before RESOURCE_EXHAUSTED (default 64)",
-    )
-    p.add_argument(
-        "--max-new-tokens-cap",
-        type=int,
-        default=256,
-        help="largest max_new_tokens a request may ask for (default 256, at most context length - 1)",
-    )
-    p.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus /metrics on this port")
-    p.add_argument("--reflection", action="store_true", help="enable gRPC server reflection")
-    p.add_argument("--tls-cert", default=None, help="PEM certificate chain (TLS, with --tls-key)")
-    p.add_argument("--tls-key", default=None, help="PEM private key")
-    p.add_argument("--tls-client-ca", default=None, help="PEM CA bundle: require client certificates (mTLS)")
-    p.add_argument(
-        "--auth-token-file",
-        default=None,
-        help="file with the bearer token clients must send (health checks are exempt)",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=30.0,
-        help="seconds in-flight requests get to finish after SIGTERM (default 30)",
-    )
+    """`attnserve serve`'s flags come from ServerConfig's fields, where each default is written once."""
+    from attnserve.server.config import ServerConfig  # torch-free and light: dataclasses and argparse
+
+    ServerConfig.add_cli_args(sub.add_parser("serve", help="serve a model directory over gRPC on ONNX Runtime"))
 
 
 def add_client_flags(p) -> None:

@@ -55,11 +55,11 @@ def read_token(path: str) -> str:
     return token
 
 
-def server_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None) -> grpc.ServerCredentials:
     """TLS from --tls-cert/--tls-key; with --tls-client-ca, clients must present a certificate (mTLS)."""
     try:
-        key, cert = Path(config.tls_key).read_bytes(), Path(config.tls_cert).read_bytes()
-        ca = Path(config.tls_client_ca).read_bytes() if config.tls_client_ca else None
+        key, cert = Path(key_file).read_bytes(), Path(cert_file).read_bytes()
+        ca = Path(client_ca_file).read_bytes() if client_ca_file else None
     except OSError as e:
         raise StartupError(f"TLS file {e.filename}: {e.strerror}") from None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
@@ -118,18 +118,18 @@ class Server:
     async def start(self) -> None:
         """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
         interceptors = [self.boundary] + ([AuthInterceptor(self.token)] if self.token else [])
-        self.grpc = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        self.grpc = server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_TextGenerationServicer_to_server(
-            TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), self.grpc
+            TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), server
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         for service in ("", SERVICE):
             await self.health.set(service, NOT_SERVING)
         if self.config.reflection:
             names = (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-            reflection.enable_server_reflection(names, self.grpc)
-        self.port = self._bind()
-        await self.grpc.start()
+            reflection.enable_server_reflection(names, server)
+        self.port = self._bind(server)
+        await server.start()
         self.engine.start()
         if self.config.metrics_port is not None:
             try:
@@ -143,13 +143,16 @@ class Server:
         for service in ("", SERVICE):
             await self.health.set(service, SERVING)
 
-    def _bind(self) -> int:
-        address = f"{self.config.host}:{self.config.port}"
+    def _bind(self, server: grpc.aio.Server) -> int:
+        config = self.config
+        address = f"{config.host}:{config.port}"
         try:
-            if self.config.tls_cert:
-                port = self.grpc.add_secure_port(address, server_credentials(self.config))
+            if config.tls_cert and config.tls_key:
+                port = server.add_secure_port(
+                    address, server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+                )
             else:
-                port = self.grpc.add_insecure_port(address)
+                port = server.add_insecure_port(address)
         except RuntimeError:
             port = 0
         if not port:
@@ -183,7 +186,8 @@ class Server:
         if self.busy():
             log.warning("drain timeout (%.1f s) passed; cancelling %s", self.config.drain_timeout, self.engine.stats())
             self.engine.abort()
-        await self.grpc.stop(grace=max(1.0, deadline - time.monotonic()))
+        if self.grpc is not None:
+            await self.grpc.stop(grace=max(1.0, deadline - time.monotonic()))
         self.close()
 
     async def stop(self) -> None:

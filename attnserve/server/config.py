@@ -1,56 +1,22 @@
-"""The server's configuration: one dataclass, built once from the command line, passed down whole."""
+"""The server's configuration: one dataclass, built once from the command line, passed down whole.
+
+Each setting is declared once, as a field: its type, its default, and in its metadata the help
+of its `attnserve serve` flag (plus a parser or choices where the type alone is not enough).
+add_cli_args builds the flags from the fields, as vLLM's EngineArgs.add_cli_args does, and
+from_args builds the config back; nothing else writes a server default. No gRPC, no ONNX here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import argparse
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 
-@dataclass(frozen=True)
-class ServerConfig:
-    model: str  # model directory written by `attnserve export`
-    host: str = "127.0.0.1"  # interface to listen on ("0.0.0.0" for all)
-    port: int = 50051  # 0: any free port (the bound one is printed)
-    provider: str = "auto"  # auto | cuda | cpu; auto takes CUDA only if it really runs
-    threads: int = 0  # ONNX Runtime intra-op threads; 0: all cores but one (for the event loop)
-    max_batch: int = 16  # requests decoded together (continuous batching); 0: auto
-    kv_cache_memory: int | None = None  # bytes the KV arena may take (None: max_batch decides)
-    max_queue: int = 64  # requests waiting for a slot before RESOURCE_EXHAUSTED
-    prefill_chunk: int = 256  # prompt tokens per prefill run (longer prompts go in chunks)
-    max_new_tokens_cap: int = 256  # the largest max_new_tokens; clamped to context_length - 1
-    metrics_port: int | None = None  # Prometheus /metrics on this port (0: any free port)
-    reflection: bool = False  # gRPC server reflection (for grpcurl and friends)
-    tls_cert: str | None = None  # PEM certificate chain: TLS when given with tls_key
-    tls_key: str | None = None  # PEM private key
-    tls_client_ca: str | None = None  # PEM CA bundle: mutual TLS, clients must present a cert
-    auth_token_file: str | None = None  # file holding the bearer token clients must send
-    drain_timeout: float = 30.0  # seconds in-flight requests get to finish on SIGTERM
-    warmup: bool = True  # one short generation before health says SERVING
-
-    @classmethod
-    def from_args(cls, args) -> ServerConfig:
-        """From argparse's namespace (the names of `attnserve serve`'s flags)."""
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in vars(args).items() if k in names and v is not None})
-
-    def check(self) -> None:
-        """Raise ValueError with a one-line reason for flags that cannot work together."""
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
-        if self.tls_client_ca and not self.tls_cert:
-            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
-        if self.provider not in ("auto", "cuda", "cpu"):
-            raise ValueError(f"--provider must be auto, cuda or cpu, not {self.provider!r}")
-        if self.max_batch < 0:
-            raise ValueError("--max-batch must be at least 1, or auto")
-        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ValueError("--kv-cache-memory must be a positive number of bytes")
-        for name in ("max_queue", "max_new_tokens_cap", "prefill_chunk"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.drain_timeout < 0:
-            raise ValueError("--drain-timeout must not be negative")
-
-
+PROVIDERS = ("auto", "cuda", "cpu")
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
 
@@ -74,3 +40,148 @@ def parse_max_batch(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError(f"{text!r}: give a number of requests (at least 1) or auto")
     return int(text)
+
+
+def flag(help: str, *, unset: str = "none", **argparse_keywords: Any) -> dict[str, Any]:
+    """A field's flag: its help, what a None default means (`unset`), and argparse keywords the type cannot say."""
+    return {"help": help, "unset": unset, **argparse_keywords}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """One server's settings; every field with help is also an `attnserve serve` flag."""
+
+    model: str = field(metadata=flag("model directory written by `attnserve export`, e.g. models/NAME"))
+    host: str = field(default="127.0.0.1", metadata=flag("interface to listen on; 0.0.0.0 for all"))
+    port: int = field(default=50051, metadata=flag("gRPC port; 0 picks a free one and prints it"))
+    provider: str = field(
+        default="auto",
+        metadata=flag(
+            "ONNX Runtime execution provider; auto takes CUDA only if a session really runs on it", choices=PROVIDERS
+        ),
+    )
+    threads: int = field(
+        default=0, metadata=flag("ONNX Runtime intra-op threads; 0: all cores but one, left to the gRPC event loop")
+    )
+    max_batch: int = field(
+        default=16,
+        metadata=flag(
+            "requests decoded together, one KV arena slot each; auto: as many as --kv-cache-memory holds",
+            type=parse_max_batch,
+            metavar="N|auto",
+        ),
+    )
+    kv_cache_memory: int | None = field(
+        default=None,
+        metadata=flag(
+            "cap on the KV arena's size, e.g. 512M or 2Gi; a --max-batch that does not fit is refused at start-up",
+            type=parse_bytes,
+            metavar="BYTES",
+            unset="no cap",
+        ),
+    )
+    prefill_chunk: int = field(
+        default=256,
+        metadata=flag(
+            "prompt tokens per prefill run; longer prompts are prefilled in chunks between decode "
+            "steps, so one delays the running batch by at most a chunk"
+        ),
+    )
+    max_queue: int = field(default=64, metadata=flag("requests waiting for a batch slot before RESOURCE_EXHAUSTED"))
+    max_new_tokens_cap: int = field(
+        default=256, metadata=flag("largest max_new_tokens a request may ask for, at most context length - 1")
+    )
+    metrics_port: int | None = field(
+        default=None, metadata=flag("serve Prometheus /metrics on this port; 0 picks a free one", unset="off")
+    )
+    reflection: bool = field(default=False, metadata=flag("enable gRPC server reflection, for grpcurl and friends"))
+    tls_cert: str | None = field(
+        default=None, metadata=flag("PEM certificate chain: TLS, with --tls-key", unset="plaintext")
+    )
+    tls_key: str | None = field(default=None, metadata=flag("PEM private key"))
+    tls_client_ca: str | None = field(
+        default=None, metadata=flag("PEM CA bundle: require client certificates (mTLS)", unset="no client certificates")
+    )
+    auth_token_file: str | None = field(
+        default=None,
+        metadata=flag("file with the bearer token clients must send; health checks are exempt", unset="no auth"),
+    )
+    drain_timeout: float = field(default=30.0, metadata=flag("seconds in-flight requests get to finish after SIGTERM"))
+    warmup: bool = True  # one short generation before health says SERVING; no flag, for code embedding a Server
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """`attnserve serve`'s flags, from the fields: --name, type, default and help each written once."""
+        hints = typing.get_type_hints(cls)
+        for f in fields(cls):
+            if "help" in f.metadata:
+                parser.add_argument(flag_name(f.name), **argparse_keywords(f, hints[f.name]))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        """From add_cli_args' namespace; fields without a flag keep their defaults."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata})
+
+    def check(self) -> None:
+        """Raise ValueError with a one-line reason for flags that cannot work together."""
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
+        if self.provider not in PROVIDERS:
+            known = f"{', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]}"
+            raise ValueError(f"--provider must be {known}, not {self.provider!r}")
+        if self.max_batch < 0:
+            raise ValueError("--max-batch must be at least 1, or auto")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise ValueError("--kv-cache-memory must be a positive number of bytes")
+        for name in ("max_queue", "max_new_tokens_cap", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag_name(name)} must be at least 1")
+        if self.drain_timeout < 0:
+            raise ValueError("--drain-timeout must not be negative")
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def argparse_keywords(f: Field[Any], hint: Any) -> dict[str, Any]:
+    """add_argument's keywords for one field: the type from its annotation, the default shown in its help."""
+    keywords = {k: v for k, v in f.metadata.items() if k != "unset"}
+    if f.default is MISSING:
+        return {"required": True, **keywords}
+    keywords["default"] = f.default
+    keywords["help"] += f" (default: {shown_default(f.default, f.metadata['unset'])})"
+    if hint is bool:
+        assert f.default is False, f"{f.name}: a store_true flag turns on what is off by default"
+        return {"action": "store_true", **keywords}
+    keywords["type"] = argparse_type(keywords["type"]) if "type" in keywords else value_type(hint)
+    return keywords
+
+
+def shown_default(default: object, unset: str) -> str:
+    if default is None:
+        return unset
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return str(default)
+
+
+def value_type(hint: Any) -> type:
+    """`int | None` -> int: the type a flag's text is converted with."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args else hint
+
+
+def argparse_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """`parse` whose ValueError argparse prints as one line naming the flag: 'argument --x: <why>'."""
+
+    def convert(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = parse.__name__
+    return convert

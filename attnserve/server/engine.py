@@ -32,8 +32,10 @@ log = logging.getLogger("attnserve.server")
 
 @dataclass(frozen=True)
 class EngineLimits:
-    max_batch: int = 16  # requests decoded together in one step
-    max_queue: int = 64  # requests waiting for a batch slot before submit raises QueueFull
+    """The engine's share of ServerConfig (its defaults live there, once)."""
+
+    max_batch: int  # requests decoded together in one step
+    max_queue: int  # requests waiting for a batch slot before submit raises QueueFull
 
 
 class EngineObserver:
@@ -48,9 +50,7 @@ class EngineObserver:
 class Engine:
     """Owns the slot runner and the queue; callers submit and await events."""
 
-    def __init__(
-        self, slots, tokenizer: Tokenizer, limits: EngineLimits = EngineLimits(), observer: EngineObserver | None = None
-    ):
+    def __init__(self, slots, tokenizer: Tokenizer, limits: EngineLimits, observer: EngineObserver | None = None):
         """`slots`: an ArenaRunner or ConcatRunner (start, prefill, decode, release by request key)."""
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
         self.runner: ModelRunner = slots.model
@@ -192,7 +192,7 @@ class Engine:
             with self._cond:
                 sequence = self._active[key] = self._prefilling.pop(key)
             self._emit(sequence, sequence.step(logits))
-            self.observer.on_first_token(sequence.first_token - sequence.arrival)
+            self.observer.on_first_token(sequence.token_gap)
             if sequence.done:
                 self._free(key)
 
@@ -201,9 +201,8 @@ class Engine:
         logits = self.slots.decode({key: s.next_token for key, s in self._active.items()})
         for key, row in logits.items():
             sequence = self._active[key]
-            previous = sequence.last_token
             self._emit(sequence, sequence.step(row))
-            self.observer.on_inter_token(sequence.last_token - previous)
+            self.observer.on_inter_token(sequence.token_gap)
             if sequence.done:
                 self._free(key)
 

@@ -33,31 +33,47 @@ ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
 
 def wrap_handler(handler: grpc.RpcMethodHandler, around_unary: Callable, around_stream: Callable):
     """The same handler with its behavior passed through `around_*(behavior, request, context)`."""
+    unary, stream = unary_behavior(around_unary), stream_behavior(around_stream)
     kinds = [
-        ("unary_unary", grpc.unary_unary_rpc_method_handler, around_unary),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler, around_stream),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler, around_unary),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler, around_stream),
+        ("unary_unary", grpc.unary_unary_rpc_method_handler, unary),
+        ("unary_stream", grpc.unary_stream_rpc_method_handler, stream),
+        ("stream_unary", grpc.stream_unary_rpc_method_handler, unary),
+        ("stream_stream", grpc.stream_stream_rpc_method_handler, stream),
     ]
-    for attribute, make, around in kinds:
+    for attribute, make, wrap in kinds:
         behavior = getattr(handler, attribute)
         if behavior is not None:
-            if around is around_stream:
-
-                async def wrapped(request, context, _b=behavior, _a=around):
-                    async for response in _a(_b, request, context):
-                        yield response
-            else:
-
-                async def wrapped(request, context, _b=behavior, _a=around):
-                    return await _a(_b, request, context)
-
             return make(
-                wrapped,
+                wrap(behavior),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
     return handler
+
+
+def unary_behavior(around: Callable) -> Callable[[Callable], Callable]:
+    """Wraps a behavior that returns one response: `around(behavior, request, context)` awaited."""
+
+    def wrap(behavior: Callable) -> Callable:
+        async def wrapped(request, context):
+            return await around(behavior, request, context)
+
+        return wrapped
+
+    return wrap
+
+
+def stream_behavior(around: Callable) -> Callable[[Callable], Callable]:
+    """Wraps a behavior that streams responses: each one `around(behavior, request, context)` yields."""
+
+    def wrap(behavior: Callable) -> Callable:
+        async def wrapped(request, context):
+            async for response in around(behavior, request, context):
+                yield response
+
+        return wrapped
+
+    return wrap
 
 
 async def stream_of(behavior, request, context):

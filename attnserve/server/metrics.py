@@ -7,6 +7,8 @@ boundary counts requests by method and status code.
 
 from __future__ import annotations
 
+from wsgiref.simple_server import WSGIServer
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 from .domain import FinishReason
@@ -57,7 +59,7 @@ class Metrics(EngineObserver):
             "attnserve_step_batch_size", "Batch size of each decode step", buckets=BATCH_BUCKETS, registry=r
         )
         self.model = Info("attnserve_model", "The served model and the execution provider it runs on", registry=r)
-        self.http = None
+        self.http: WSGIServer | None = None  # the /metrics endpoint, once serve() has started it
 
     def describe_model(self, name: str, provider: str, dtype: str, quantization: str) -> None:
         self.model.info(

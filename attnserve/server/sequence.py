@@ -74,6 +74,7 @@ class Sequence:
         self.admitted: float | None = None  # prefill start
         self.first_token: float | None = None
         self.last_token: float | None = None
+        self.token_gap = 0.0  # seconds from the previous token (from arrival, for the first) to the last
         self.final: Final | None = None
 
     @property
@@ -87,6 +88,7 @@ class Sequence:
         """Sample from this request's logits (V,); the resulting delta and, if it ends, the Final."""
         token = self.sampler(logits)
         now = time.perf_counter()
+        self.token_gap = now - (self.arrival if self.last_token is None else self.last_token)
         self.first_token = self.first_token or now
         self.last_token = now
         if token == self.eos_id:

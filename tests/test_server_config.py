@@ -1,0 +1,83 @@
+"""Server defaults live once: ServerConfig's fields make `attnserve serve`'s flags, and nothing repeats them.
+
+Each flag's name, default and help come from its field; the help shows the default; parsing the
+flags gives back the config; bad values are refused in one line naming the flag; the engine's
+limits carry no defaults of their own. No server is started here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+from dataclasses import MISSING, fields
+
+import pytest
+
+from attnserve.cli import build_parser, main
+from attnserve.server.config import ServerConfig, flag_name
+from attnserve.server.engine import Engine, EngineLimits
+
+FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]
+
+
+def serve_actions() -> dict[str, argparse.Action]:
+    """`attnserve serve`'s argparse actions by flag."""
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.option_strings[0]: a for a in subparsers.choices["serve"]._actions if a.option_strings}
+
+
+def test_every_field_but_warmup_is_a_flag_with_its_default_and_help():
+    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {"warmup"}
+    actions = serve_actions()
+    assert set(actions) - {"-h"} == {flag_name(f.name) for f in FLAG_FIELDS}
+    for f in FLAG_FIELDS:
+        action = actions[flag_name(f.name)]
+        assert action.help is not None and action.help.startswith(f.metadata["help"]), f.name
+        if f.default is MISSING:
+            assert action.required, f.name
+        else:
+            assert action.default == f.default and not action.required, f.name
+
+
+def test_help_lists_every_flag_with_its_default(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "400")  # argparse wraps at the terminal's width; no wrapping here
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    options = " ".join(capsys.readouterr().out.split("options:")[1].split())
+    for f in FLAG_FIELDS:
+        default = "" if f.default is MISSING else r" \(default: [^)]+\)"
+        assert re.search(rf"{flag_name(f.name)}( \S+)? {re.escape(f.metadata['help'])}{default}", options), f.name
+    for shown in ("--port PORT gRPC", "(default: 50051)", "(default: 16)", "(default: no cap)", "(default: off)"):
+        assert shown in options
+
+
+def test_parsed_flags_give_back_the_config():
+    parse = lambda *flags: ServerConfig.from_args(build_parser().parse_args(["serve", "--model", "m", *flags]))
+    assert parse() == ServerConfig(model="m")
+    assert parse(
+        "--port", "0", "--max-batch", "auto", "--kv-cache-memory", "512Mi", "--reflection", "--drain-timeout", "2.5"
+    ) == ServerConfig(model="m", port=0, max_batch=0, kv_cache_memory=512 * 2**20, reflection=True, drain_timeout=2.5)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-batch", "0"], "argument --max-batch: '0': give a number of requests (at least 1) or auto"),
+        (["--kv-cache-memory", "lots"], "argument --kv-cache-memory: 'lots' is not a size"),
+        (["--port", "http"], "argument --port: invalid int value: 'http'"),
+        (["--provider", "tpu"], "argument --provider: invalid choice: 'tpu'"),
+    ],
+)
+def test_bad_values_are_refused_in_one_line_naming_the_flag(capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--model", "m", *flags])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("attnserve serve: error: " + message), last
+
+
+def test_the_engine_takes_its_limits_from_the_config_only():
+    assert all(f.default is MISSING for f in fields(EngineLimits))
+    assert inspect.signature(Engine).parameters["limits"].default is inspect.Parameter.empty
