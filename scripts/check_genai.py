@@ -36,15 +36,12 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=48)
     args = p.parse_args()
     ours = OrtDecoder(args.model_dir)
-    tokenizer = ours.manifest["tokenizer"]
     model = og.Model(args.model_dir)
-    genai_tokenizer = og.Tokenizer(model) if tokenizer["kind"] != "bytes" else None
+    genai_tokenizer = og.Tokenizer(model) if ours.manifest.tokenizer["kind"] != "bytes" else None
     rows = []
     for text in PROMPTS:  # a BPE's prompts are encoded by genai's own tokenizer (tests/test_genai.py: ours agree)
         prompt = (
-            [tokenizer["bos_id"], *text.encode()]
-            if genai_tokenizer is None
-            else [int(i) for i in genai_tokenizer.encode(text)]
+            [ours.bos_id, *text.encode()] if genai_tokenizer is None else [int(i) for i in genai_tokenizer.encode(text)]
         )
         expected = ours.greedy([prompt], args.steps)[0].tolist()
         got = genai_greedy(model, prompt, args.steps)

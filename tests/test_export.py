@@ -34,8 +34,8 @@ def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
 
 def test_concat_export_keeps_the_concat_graph_and_its_gate(tiny_concat_model_dir):
     manifest = contract.read_manifest(tiny_concat_model_dir)
-    assert manifest["kv_cache"] == "concat" and manifest["parity"]["passed"] is True
-    cases = {c["case"] for c in manifest["parity"]["checks"]}
+    assert manifest.kv_cache == "concat" and manifest.parity["passed"] is True
+    cases = {c["case"] for c in manifest.parity["checks"]}
     assert {"B1 T1 P0", "B3 T13 P0 left-padded", "B3 T1 P17 left-padded"} <= cases
     genai = json.loads((tiny_concat_model_dir / contract.GENAI_CONFIG_FILE).read_text())
     assert genai["search"]["past_present_share_buffer"] is False
@@ -45,16 +45,16 @@ def test_concat_export_keeps_the_concat_graph_and_its_gate(tiny_concat_model_dir
 
 def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoint):
     manifest = contract.read_manifest(tiny_model_dir)  # verifies every sha256
-    assert manifest["parity"]["passed"] is True
-    assert manifest["parity"]["greedy"]["steps"] == 64
-    assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in manifest["parity"]["checks"])
-    cases = {c["case"] for c in manifest["parity"]["checks"]}
-    assert manifest["kv_cache"] == "arena"
+    assert manifest.parity["passed"] is True
+    assert manifest.parity["greedy"]["steps"] == 64
+    assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in manifest.parity["checks"])
+    cases = {c["case"] for c in manifest.parity["checks"]}
+    assert manifest.kv_cache == "arena"
     assert {"prefill B3 right-padded slot 2", "admit into slot 3 slot 3", "decode B3 after refill slot 1"} <= cases
     assert any(case.startswith("chunked prefill") for case in cases)
-    assert len(manifest["parity"]["greedy"]["rows"]) == 5  # requests arriving at different steps
-    assert manifest["source_checkpoint"]["sha256"] == contract.sha256_file(tiny_checkpoint)
-    assert manifest["tokenizer"] == {
+    assert len(manifest.parity["greedy"]["rows"]) == 5  # requests arriving at different steps
+    assert manifest.source_checkpoint["sha256"] == contract.sha256_file(tiny_checkpoint)
+    assert manifest.tokenizer == {
         "kind": "bytes",
         "vocab_size": 259,
         "bos_id": 256,
@@ -62,7 +62,7 @@ def test_manifest_records_parity_and_hashes_verify(tiny_model_dir, tiny_checkpoi
         "pad_id": 258,
         "add_bos": True,
     }
-    assert set(manifest["files"]) == {contract.MODEL_FILE, contract.GENAI_CONFIG_FILE}
+    assert set(manifest.files) == {contract.MODEL_FILE, contract.GENAI_CONFIG_FILE}
 
 
 def test_tampered_model_is_detected(tiny_model_dir, tmp_path):
@@ -86,9 +86,9 @@ def test_genai_config_describes_the_graph(tiny_model_dir):
     assert decoder["filename"] == contract.MODEL_FILE
     assert decoder["inputs"]["past_key_names"] % 1 == "past_key_values.1.key"
     assert decoder["outputs"]["present_value_names"] % 0 == "present.0.value"
-    assert decoder["num_hidden_layers"] == manifest["config"]["n_layers"]
+    assert decoder["num_hidden_layers"] == manifest.n_layers
     assert decoder["head_size"] * decoder["num_attention_heads"] == decoder["hidden_size"]
-    assert genai["model"]["eos_token_id"] == manifest["tokenizer"]["eos_id"]
+    assert genai["model"]["eos_token_id"] == manifest.tokenizer["eos_id"]
 
 
 def test_onnx_greedy_equals_pytorch_generate(tiny_model_dir, tiny_checkpoint):
@@ -184,16 +184,14 @@ def test_cli_errors_are_one_line(tmp_path, tiny_checkpoint):
 def test_float16_and_int8_exports_pass_their_gates(tiny_checkpoint, tmp_path, options):
     heldout = "\n".join(["The quick brown fox jumps over the lazy dog.", "def f(x):\n    return x + 1"] * 40)
     manifest = export_checkpoint(tiny_checkpoint, tmp_path / "m", heldout=heldout.encode(), **options)
-    assert manifest["parity"]["passed"] is True
+    assert manifest.parity["passed"] is True
     runtime = OrtDecoder(tmp_path / "m")
     if options.get("dtype") == "float16":
         assert runtime.session.get_outputs()[0].type == "tensor(float16)"
-        assert all(
-            row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in manifest["parity"]["greedy"]["rows"]
-        )
+        assert all(row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in manifest.parity["greedy"]["rows"])
     else:
-        assert manifest["quantization"] == "int8"
-        assert manifest["parity"]["int8"]["loss_ratio"] <= 1.02
+        assert manifest.quantization == "int8"
+        assert manifest.parity["int8"]["loss_ratio"] <= 1.02
         assert any(
             "MatMulInteger" in n.op_type or "DynamicQuantize" in n.op_type
             for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node

@@ -18,12 +18,12 @@ SOURCES = ["4021", "7", "1000000", "98765"]
 
 def test_manifest_names_the_architecture_and_records_a_passed_gate(tiny_seq2seq_model_dir):
     manifest = contract.read_manifest(tiny_seq2seq_model_dir)  # verifies every sha256
-    assert manifest["architecture"] == "encoder-decoder"
-    assert set(manifest["files"]) == {contract.ENCODER_FILE, contract.DECODER_FILE}
-    parity = manifest["parity"]
+    assert manifest.architecture == "encoder-decoder"
+    assert set(manifest.files) == {contract.ENCODER_FILE, contract.DECODER_FILE}
+    parity = manifest.parity
     assert parity["passed"] is True and parity["greedy"]["steps"] == 64
     assert all(c["ok"] and c["max_abs_diff"] <= 1e-4 for c in parity["checks"])
-    assert manifest["kv_cache"] == "arena" and len(parity["greedy"]["rows"]) == 5  # arriving at different steps
+    assert manifest.kv_cache == "arena" and len(parity["greedy"]["rows"]) == 5  # arriving at different steps
     assert {"admit B3 sources right-padded slot 2", "admit into slot 3 slot 3", "decode B3 after refill slot 1"} <= {
         c["case"] for c in parity["checks"]
     }
@@ -32,7 +32,7 @@ def test_manifest_names_the_architecture_and_records_a_passed_gate(tiny_seq2seq_
 
 
 def test_graphs_have_the_contract_io_and_the_decoder_never_sees_the_source(tiny_seq2seq_model_dir):
-    n = contract.read_manifest(tiny_seq2seq_model_dir)["config"]["n_layers"]
+    n = contract.read_manifest(tiny_seq2seq_model_dir).n_layers
     encoder = onnx.load(str(tiny_seq2seq_model_dir / contract.ENCODER_FILE))
     decoder = onnx.load(str(tiny_seq2seq_model_dir / contract.DECODER_FILE))
     for proto in (encoder, decoder):

@@ -51,7 +51,7 @@ def test_onnxruntime_genai_tokenizes_and_generates_text_like_attnserve(tiny_bpe_
     from attnserve.protos.attnserve.v1 import generation_pb2 as pb
     from attnserve.tokenizer import from_model_dir
 
-    ours = from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir)["tokenizer"])
+    ours = from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir).tokenizer)
     proc = subprocess.run(
         [
             str(GENAI_PYTHON),

@@ -25,7 +25,7 @@ def bpe_server(tiny_bpe_model_dir):
 def tokenizer(tiny_bpe_model_dir) -> BpeTokenizer:
     from attnserve.export.contract import read_manifest
 
-    return from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir)["tokenizer"])
+    return from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir).tokenizer)
 
 
 @pytest.fixture

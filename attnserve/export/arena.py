@@ -18,8 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-
-NP_DTYPES = {"float32": np.float32, "float16": np.float16}
+from .ort_session import NP_DTYPES
 
 
 @dataclass(frozen=True)
@@ -51,19 +50,21 @@ class _CudaRuntime:
     """cudaMemcpy from the CUDA runtime that onnxruntime-gpu loads (device-to-device rows)."""
 
     def __init__(self):
-        self.lib = None
-        for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so", "cudart64_12.dll"):
-            try:
-                self.lib = ctypes.CDLL(name)
-                break
-            except OSError:
-                continue
-        if self.lib is None:
-            raise RuntimeError(
-                "the CUDA runtime (libcudart) cannot be loaded; it comes with onnxruntime-gpu's CUDA dependencies"
-            )
+        self.lib = self.load()
         self.lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         self.lib.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+    @staticmethod
+    def load() -> ctypes.CDLL:
+        """The first libcudart that loads (its name differs by CUDA version and OS)."""
+        for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so", "cudart64_12.dll"):
+            try:
+                return ctypes.CDLL(name)
+            except OSError:
+                continue
+        raise RuntimeError(
+            "the CUDA runtime (libcudart) cannot be loaded; it comes with onnxruntime-gpu's CUDA dependencies"
+        )
 
     def copy_device_to_device(self, dst: int, src: int, nbytes: int) -> None:
         self.check("cudaMemcpy", self.lib.cudaMemcpy(dst, src, nbytes, 3))  # 3: cudaMemcpyDeviceToDevice

@@ -33,12 +33,16 @@ class ArenaDecoder:
     Logits land in one preallocated host buffer of `max_tokens` rows (B * T of any run)."""
 
     def __init__(
-        self, session: ort.InferenceSession, manifest: dict, capacity: int, max_tokens: int, device: Device = Device()
+        self,
+        session: ort.InferenceSession,
+        manifest: contract.Manifest,
+        capacity: int,
+        max_tokens: int,
+        device: Device = Device(),
     ):
-        config = manifest["config"]
-        self.session, self.pad_id = session, int(manifest["tokenizer"]["pad_id"])
-        self.context, self.vocab_size = int(config["max_len"]), int(config["vocab_size"])
-        self.n_layers, self.device = int(config["n_layers"]), device
+        self.session, self.pad_id = session, manifest.pad_id
+        self.context, self.vocab_size = manifest.context_length, manifest.vocab_size
+        self.n_layers, self.device = manifest.n_layers, device
         self.arena = self.make_arena(
             manifest,
             capacity,
@@ -51,15 +55,14 @@ class ArenaDecoder:
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
 
-    def make_arena(self, manifest: dict, capacity: int, inputs: list[str], outputs: list[str]) -> KVArena:
-        config = manifest["config"]
+    def make_arena(self, manifest: contract.Manifest, capacity: int, inputs: list[str], outputs: list[str]) -> KVArena:
         return KVArena(
             self.n_layers,
-            int(config["n_heads"]),
-            int(manifest["head_dim"]),
+            manifest.n_heads,
+            manifest.head_dim,
             self.context,
             capacity,
-            manifest["dtype"],
+            manifest.dtype,
             self.device,
             inputs,
             outputs,
@@ -82,10 +85,16 @@ class ArenaDecoder:
         if binding is None:
             binding = self.session.io_binding()
             self.bind_fixed(binding, first, b)
-            binding.bind_output("logits", "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], logits.ctypes.data)
+            binding.bind_output(
+                contract.LOGITS, "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], logits.ctypes.data
+            )
             if t == 1:  # decode steps repeat these shapes: keep their cache bindings
                 self._bindings[(first, b, t)] = binding
-        for name, value in (("input_ids", ids), ("attention_mask", mask), ("position_ids", positions)):
+        for name, value in (
+            (contract.INPUT_IDS, ids),
+            (contract.ATTENTION_MASK, mask),
+            (contract.POSITION_IDS, positions),
+        ):
             binding.bind_cpu_input(name, np.ascontiguousarray(value, np.int64))
         self.bind_inputs(binding, first, b)
         self.session.run_with_iobinding(binding)
@@ -143,12 +152,12 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
         self,
         encoder: ort.InferenceSession,
         decoder: ort.InferenceSession,
-        manifest: dict,
+        manifest: contract.Manifest,
         capacity: int,
         device: Device = Device(),
     ):
         super().__init__(decoder, manifest, capacity, capacity, device)
-        self.encoder, self.bos_id = encoder, int(manifest["tokenizer"]["bos_id"])
+        self.encoder, self.bos_id = encoder, manifest.bos_id
         self.cross = self.make_arena(manifest, capacity, contract.past_names(self.n_layers, "encoder"), [])
 
     def bind_fixed(self, binding: ort.IOBinding, first: int, count: int) -> None:
@@ -158,14 +167,14 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
     def bind_inputs(self, binding: ort.IOBinding, first: int, count: int) -> None:
         held = self.cross.lengths[first : first + count]
         source_mask = (np.arange(self.context)[None, :] < held[:, None]).astype(np.int64)  # (B, L)
-        binding.bind_cpu_input("encoder_attention_mask", source_mask)
+        binding.bind_cpu_input(contract.ENCODER_ATTENTION_MASK, source_mask)
 
     def encode(self, first: int, sources: list[list[int]]) -> None:
         """Run the encoder once and write each source's cross keys/values into its slot."""
         ids, mask = right_pad(sources, self.pad_id)
         binding = self.encoder.io_binding()
-        binding.bind_cpu_input("input_ids", ids)
-        binding.bind_cpu_input("attention_mask", mask)
+        for name, value in zip(contract.seq2seq_encoder_inputs(), (ids, mask)):
+            binding.bind_cpu_input(name, value)
         for name in contract.seq2seq_encoder_outputs(self.n_layers):
             binding.bind_output(name, self.device.kind, self.device.id)
         self.encoder.run_with_iobinding(binding)

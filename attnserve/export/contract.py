@@ -1,19 +1,27 @@
-"""The export contract: file names, graph I/O names, dynamic axes and the manifest.
+"""The export contract: architectures, file names, graph I/O names, dynamic axes and the manifest.
 
 Torch-free: export writes the model directory through this module and the server reads it
 through this module, so neither hard-codes a name. The I/O names follow onnxruntime-genai
-and Hugging Face Optimum (past_key_values.{i}.key -> present.{i}.key).
+and Hugging Face Optimum (past_key_values.{i}.key -> present.{i}.key). Knows nothing of ONNX
+Runtime (export/ort_session.py opens the graphs) or of onnxruntime-genai (export/genai.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 EXPORTER = "torch.onnx.export(dynamo=True)"  # the one exporter we use, stated once
 OPSET = 18
 FORMAT_VERSION = 1
+
+DECODER_ONLY, ENCODER_DECODER = "decoder", "encoder-decoder"  # the manifest's "architecture"
+ARCHITECTURES = (DECODER_ONLY, ENCODER_DECODER)
+ENCODER, DECODER = "encoder", "decoder"  # the roles of the graphs (the manifest's "graphs" keys)
 
 MODEL_FILE = "model.onnx"  # decoder-only graph
 ENCODER_FILE = "encoder.onnx"  # encoder-decoder: source -> cross-attention keys/values
@@ -29,38 +37,70 @@ CACHE = "max_sequence"  # the arena's buffer length: past and present are one bu
 KV_ARENA = "arena"  # GroupQueryAttention, past and present one in-place buffer, right padding
 KV_CONCAT = "concat"  # present = concat(past, new), left padding (directories older than the arena)
 KV_LAYOUTS = (KV_ARENA, KV_CONCAT)
+DTYPES = ("float32", "float16")  # of the KV cache and logits
 
 
 class ModelDirError(Exception):
     """The model directory is missing, incomplete, corrupt or tampered with."""
 
 
+# Graph I/O names (onnxruntime-genai's and Optimum's), in the order the graphs take them.
+INPUT_IDS, ATTENTION_MASK, POSITION_IDS = "input_ids", "attention_mask", "position_ids"
+ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # encoder-decoder: the source's mask, seen by the decoder
+LOGITS = "logits"
+PAST_NAME = "past_key_values.{i}{seg}.{kv}"  # seg "", ".decoder" or ".encoder"; kv "key" or "value"
+PRESENT_NAME = "present.{i}{seg}.{kv}"
+
+
 def past_names(n_layers: int, part: str = "") -> list[str]:
     """past_key_values.{i}.key / .value (part "decoder"/"encoder" adds a segment: Optimum's seq2seq names)."""
     seg = f".{part}" if part else ""
-    return [f"past_key_values.{i}{seg}.{kv}" for i in range(n_layers) for kv in ("key", "value")]
+    return [PAST_NAME.format(i=i, seg=seg, kv=kv) for i in range(n_layers) for kv in ("key", "value")]
 
 
 def present_names(n_layers: int, part: str = "") -> list[str]:
     seg = f".{part}" if part else ""
-    return [f"present.{i}{seg}.{kv}" for i in range(n_layers) for kv in ("key", "value")]
+    return [PRESENT_NAME.format(i=i, seg=seg, kv=kv) for i in range(n_layers) for kv in ("key", "value")]
 
 
 def decoder_inputs(n_layers: int) -> list[str]:
-    return ["input_ids", "attention_mask", "position_ids", *past_names(n_layers)]
+    return [INPUT_IDS, ATTENTION_MASK, POSITION_IDS, *past_names(n_layers)]
 
 
 def decoder_outputs(n_layers: int) -> list[str]:
-    return ["logits", *present_names(n_layers)]
+    return [LOGITS, *present_names(n_layers)]
+
+
+def seq2seq_encoder_inputs() -> list[str]:
+    return [INPUT_IDS, ATTENTION_MASK]
+
+
+def seq2seq_encoder_outputs(n_layers: int) -> list[str]:
+    return present_names(n_layers, "encoder")
+
+
+def seq2seq_decoder_inputs(n_layers: int) -> list[str]:
+    return [
+        INPUT_IDS,
+        ATTENTION_MASK,
+        POSITION_IDS,
+        ENCODER_ATTENTION_MASK,
+        *past_names(n_layers, "decoder"),
+        *past_names(n_layers, "encoder"),
+    ]
+
+
+def seq2seq_decoder_outputs(n_layers: int) -> list[str]:
+    return [LOGITS, *present_names(n_layers, "decoder")]
 
 
 def decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     """Axis index -> name for every input and output of the decoder-only graph."""
     axes = {
-        "input_ids": {0: BATCH, 1: SEQ},
-        "attention_mask": {0: BATCH, 1: TOTAL},
-        "position_ids": {0: BATCH, 1: SEQ},
-        "logits": {0: BATCH, 1: SEQ},
+        INPUT_IDS: {0: BATCH, 1: SEQ},
+        ATTENTION_MASK: {0: BATCH, 1: TOTAL},
+        POSITION_IDS: {0: BATCH, 1: SEQ},
+        LOGITS: {0: BATCH, 1: SEQ},
     }
     axes.update({name: {0: BATCH, 2: PAST} for name in past_names(n_layers)})
     axes.update({name: {0: BATCH, 2: TOTAL} for name in present_names(n_layers)})
@@ -83,52 +123,165 @@ def arena_seq2seq_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str
     return axes
 
 
-def kv_layout(manifest: dict) -> str:
-    """The decoder graph's KV cache layout (directories exported before the arena are concat)."""
-    return manifest.get("kv_cache", KV_CONCAT)
-
-
-def seq2seq_encoder_inputs() -> list[str]:
-    return ["input_ids", "attention_mask"]
-
-
-def seq2seq_encoder_outputs(n_layers: int) -> list[str]:
-    return present_names(n_layers, "encoder")
-
-
-def seq2seq_decoder_inputs(n_layers: int) -> list[str]:
-    return [
-        "input_ids",
-        "attention_mask",
-        "position_ids",
-        "encoder_attention_mask",
-        *past_names(n_layers, "decoder"),
-        *past_names(n_layers, "encoder"),
-    ]
-
-
-def seq2seq_decoder_outputs(n_layers: int) -> list[str]:
-    return ["logits", *present_names(n_layers, "decoder")]
-
-
 def seq2seq_encoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
-    axes = {"input_ids": {0: BATCH, 1: SRC}, "attention_mask": {0: BATCH, 1: SRC}}
+    axes = {INPUT_IDS: {0: BATCH, 1: SRC}, ATTENTION_MASK: {0: BATCH, 1: SRC}}
     axes.update({name: {0: BATCH, 2: SRC} for name in seq2seq_encoder_outputs(n_layers)})
     return axes
 
 
 def seq2seq_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     axes = {
-        "input_ids": {0: BATCH, 1: SEQ},
-        "attention_mask": {0: BATCH, 1: TOTAL},
-        "position_ids": {0: BATCH, 1: SEQ},
-        "encoder_attention_mask": {0: BATCH, 1: SRC},
-        "logits": {0: BATCH, 1: SEQ},
+        INPUT_IDS: {0: BATCH, 1: SEQ},
+        ATTENTION_MASK: {0: BATCH, 1: TOTAL},
+        POSITION_IDS: {0: BATCH, 1: SEQ},
+        ENCODER_ATTENTION_MASK: {0: BATCH, 1: SRC},
+        LOGITS: {0: BATCH, 1: SEQ},
     }
     axes.update({name: {0: BATCH, 2: PAST} for name in past_names(n_layers, "decoder")})
     axes.update({name: {0: BATCH, 2: SRC} for name in past_names(n_layers, "encoder")})
     axes.update({name: {0: BATCH, 2: TOTAL} for name in present_names(n_layers, "decoder")})
     return axes
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One graph of a model directory: its file and its I/O names, in the graph's order."""
+
+    file: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+def graph_specs(architecture: str, n_layers: int) -> dict[str, GraphSpec]:
+    """Role -> file and I/O names of an architecture's graphs: what export writes and runtimes check."""
+    n = n_layers
+    if architecture == DECODER_ONLY:
+        return {DECODER: GraphSpec(MODEL_FILE, tuple(decoder_inputs(n)), tuple(decoder_outputs(n)))}
+    return {
+        ENCODER: GraphSpec(ENCODER_FILE, tuple(seq2seq_encoder_inputs()), tuple(seq2seq_encoder_outputs(n))),
+        DECODER: GraphSpec(DECODER_FILE, tuple(seq2seq_decoder_inputs(n)), tuple(seq2seq_decoder_outputs(n))),
+    }
+
+
+def io_name_problems(
+    architecture: str, n_layers: int, graphs: Mapping[str, tuple[Sequence[str], Sequence[str]]]
+) -> list[str]:
+    """Differences between graphs' I/O names (role -> (inputs, outputs)) and the contract's, as messages."""
+    problems = []
+    for role, spec in graph_specs(architecture, n_layers).items():
+        got_inputs, got_outputs = graphs.get(role, ((), ()))
+        for kind, got, want in (("inputs", got_inputs, spec.inputs), ("outputs", got_outputs, spec.outputs)):
+            if list(got) != list(want):
+                problems.append(f"{role} graph {kind} {list(got)} differ from the contract's {list(want)}")
+    return problems
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """attnserve.json: everything a runtime needs to drive the graphs. Field names are the JSON keys."""
+
+    architecture: str  # DECODER_ONLY or ENCODER_DECODER
+    config: dict[str, Any]  # ModelConfig fields as exported: d_model, n_heads, n_layers, max_len, ...
+    head_dim: int  # d_model // n_heads
+    tokenizer: dict[str, Any]  # the tokenizer package's entry: kind, vocab_size, bos_id, eos_id, pad_id, ...
+    dtype: str  # of the KV cache and logits
+    quantization: str | None  # None or "int8" (dynamic, weights only)
+    kv_cache: str  # KV_ARENA (in place, right padding) or KV_CONCAT (left padding)
+    graphs: dict[str, GraphSpec]  # role (ENCODER, DECODER) -> file and I/O names
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    parity: dict[str, Any] = field(default_factory=dict)  # the parity gate's report
+    source_checkpoint: dict[str, Any] = field(default_factory=dict)  # path and sha256
+    opset: int = OPSET
+    exporter: str = EXPORTER
+
+    @property
+    def n_layers(self) -> int:
+        """Decoder layers (an encoder-decoder's encoder has n_encoder_layers)."""
+        return int(self.config["n_layers"])
+
+    @property
+    def n_encoder_layers(self) -> int:
+        return int(self.config.get("n_encoder_layers", 0))
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.config["n_heads"])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.config["d_model"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+    @property
+    def context_length(self) -> int:
+        """Positions 0 .. context_length - 1: the KV cache's length."""
+        return int(self.config["max_len"])
+
+    @property
+    def bos_id(self) -> int:
+        return int(self.tokenizer["bos_id"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.tokenizer["eos_id"])
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.tokenizer["pad_id"])
+
+    @property
+    def seq2seq(self) -> bool:
+        return self.architecture == ENCODER_DECODER
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object written to attnserve.json."""
+        return {"format_version": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Manifest:
+        """Raises KeyError, TypeError or ValueError on a malformed object (read_manifest names the file)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in raw.items() if k in known}
+        values.setdefault("kv_cache", KV_CONCAT)  # directories exported before the arena
+        values["graphs"] = {
+            role: GraphSpec(g["file"], tuple(g["inputs"]), tuple(g["outputs"])) for role, g in raw["graphs"].items()
+        }
+        return cls(**values)
+
+    def problems(self) -> list[str]:
+        """What makes this manifest unusable: unknown values, missing dims, names off the contract."""
+        for kind, value, allowed in (
+            ("architecture", self.architecture, ARCHITECTURES),
+            ("dtype", self.dtype, DTYPES),
+            ("kv_cache", self.kv_cache, KV_LAYOUTS),
+        ):
+            if value not in allowed:
+                return [f"unknown {kind} {value!r} (expected one of {', '.join(allowed)})"]
+        for dim in ("n_layers", "n_heads", "d_model", "vocab_size", "context_length", "bos_id", "eos_id", "pad_id"):
+            getattr(self, dim)  # KeyError or ValueError if missing or not a number
+        recorded = {role: (g.inputs, g.outputs) for role, g in self.graphs.items()}
+        return io_name_problems(self.architecture, self.n_layers, recorded)
+
+
+def build_manifest(
+    config: dict[str, Any], tokenizer: dict[str, Any], dtype: str, kv_cache: str, source_checkpoint: dict[str, Any]
+) -> Manifest:
+    """The manifest of a fresh export, before its gate: no quantization, parity or file hashes yet."""
+    return Manifest(
+        architecture=config["arch"],
+        config=config,
+        head_dim=config["d_model"] // config["n_heads"],
+        tokenizer=tokenizer,
+        dtype=dtype,
+        quantization=None,
+        kv_cache=kv_cache,
+        graphs=graph_specs(config["arch"], config["n_layers"]),
+        parity={"passed": None},
+        source_checkpoint=source_checkpoint,
+    )
 
 
 def sha256_file(path: str | Path) -> str:
@@ -139,13 +292,18 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def write_manifest(model_dir: str | Path, manifest: dict) -> Path:
+def with_files(model_dir: str | Path, manifest: Manifest, names: Sequence[str]) -> Manifest:
+    """The manifest recording the sha256 of these files of `model_dir`."""
+    return replace(manifest, files={name: sha256_file(Path(model_dir) / name) for name in names})
+
+
+def write_manifest(model_dir: str | Path, manifest: Manifest) -> Path:
     path = Path(model_dir) / MANIFEST_FILE
-    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n")
     return path
 
 
-def read_manifest(model_dir: str | Path, verify: bool = True) -> dict:
+def read_manifest(model_dir: str | Path, verify: bool = True) -> Manifest:
     """The manifest of a model directory; with `verify`, every file's sha256 is checked."""
     model_dir = Path(model_dir)
     path = model_dir / MANIFEST_FILE
@@ -154,97 +312,29 @@ def read_manifest(model_dir: str | Path, verify: bool = True) -> dict:
     if not path.is_file():
         raise ModelDirError(f"{model_dir} has no {MANIFEST_FILE}: not an exported attnserve model")
     try:
-        manifest = json.loads(path.read_text())
+        raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ModelDirError(f"{path} is not valid JSON ({e.__class__.__name__})") from None
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ModelDirError(f"{path}: format_version {manifest.get('format_version')!r}, expected {FORMAT_VERSION}")
+    if not isinstance(raw, dict) or raw.get("format_version") != FORMAT_VERSION:
+        version = raw.get("format_version") if isinstance(raw, dict) else None
+        raise ModelDirError(f"{path}: format_version {version!r}, expected {FORMAT_VERSION}")
+    try:
+        manifest = Manifest.from_dict(raw)
+        problems = manifest.problems()
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ModelDirError(f"{path} is malformed ({e.__class__.__name__}: {e})") from None
+    if problems:
+        raise ModelDirError(f"{path}: {problems[0]} (export contract format_version {FORMAT_VERSION})")
     if verify:
         verify_files(model_dir, manifest)
     return manifest
 
 
-def verify_files(model_dir: str | Path, manifest: dict) -> None:
+def verify_files(model_dir: str | Path, manifest: Manifest) -> None:
     """Raise ModelDirError naming the first file that is missing or whose sha256 differs."""
-    for name, expected in sorted(manifest.get("files", {}).items()):
+    for name, expected in sorted(manifest.files.items()):
         path = Path(model_dir) / name
         if not path.is_file():
             raise ModelDirError(f"{path} is missing")
         if sha256_file(path) != expected:
             raise ModelDirError(f"{path} does not match the sha256 in {MANIFEST_FILE}: corrupt or tampered")
-
-
-def build_manifest(
-    config: dict,
-    graphs: dict[str, dict],
-    tokenizer: dict,
-    dtype: str,
-    quantization: str | None,
-    files: dict[str, str],
-    parity: dict,
-    source_checkpoint: dict,
-    kv_cache: str = KV_CONCAT,
-) -> dict:
-    """The manifest written by export: everything a runtime needs to drive the graphs."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "architecture": config["arch"],
-        "config": config,  # ModelConfig fields: d_model, n_heads, n_layers, max_len, ...
-        "head_dim": config["d_model"] // config["n_heads"],
-        "tokenizer": tokenizer,  # kind, vocab_size, bos_id, eos_id, pad_id
-        "dtype": dtype,  # of the KV cache and logits
-        "quantization": quantization,  # None or "int8" (dynamic, weights only)
-        "kv_cache": kv_cache,  # "arena" (in place, right padding) or "concat" (left padding)
-        "opset": OPSET,
-        "exporter": EXPORTER,
-        "graphs": graphs,  # role ("decoder", "encoder") -> {file, inputs, outputs}
-        "files": files,  # file name -> sha256
-        "parity": parity,
-        "source_checkpoint": source_checkpoint,
-    }
-
-
-def genai_config(manifest: dict) -> dict:
-    """genai_config.json for onnxruntime-genai (decoder-only), using only fields it knows."""
-    cfg, tok = manifest["config"], manifest["tokenizer"]
-    inputs = {
-        "input_ids": "input_ids",
-        "attention_mask": "attention_mask",
-        "position_ids": "position_ids",
-        "past_key_names": "past_key_values.%d.key",
-        "past_value_names": "past_key_values.%d.value",
-    }
-    outputs = {"logits": "logits", "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
-    return {
-        "model": {
-            "bos_token_id": tok["bos_id"],
-            "eos_token_id": tok["eos_id"],
-            "pad_token_id": tok["pad_id"],
-            "context_length": cfg["max_len"],
-            "vocab_size": cfg["vocab_size"],
-            "type": "decoder",
-            "decoder": {
-                "filename": manifest["graphs"]["decoder"]["file"],
-                "head_size": manifest["head_dim"],
-                "hidden_size": cfg["d_model"],
-                "num_attention_heads": cfg["n_heads"],
-                "num_key_value_heads": cfg["n_heads"],
-                "num_hidden_layers": cfg["n_layers"],
-                "session_options": {"log_id": "attnserve"},
-                "inputs": inputs,
-                "outputs": outputs,
-            },
-        },
-        "search": {
-            "do_sample": False,
-            "max_length": cfg["max_len"],
-            "min_length": 0,
-            "num_beams": 1,
-            "num_return_sequences": 1,
-            "past_present_share_buffer": kv_layout(manifest) == KV_ARENA,
-            "repetition_penalty": 1.0,
-            "temperature": 1.0,
-            "top_k": 1,
-            "top_p": 1.0,
-        },
-    }

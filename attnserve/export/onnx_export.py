@@ -12,6 +12,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from ..model.checkpoint import CheckpointError, build_model, load_state
 from ..model.config import ModelConfig
 from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
 from . import contract
+from .genai import genai_config
 from .graphs import (
     ArenaDecoderGraph,
     ArenaSeq2SeqDecoderGraph,
@@ -72,31 +74,6 @@ def staging_dir(out: Path) -> Path:
     return staging
 
 
-def graph_specs(config: ModelConfig) -> dict[str, dict]:
-    """Role -> file and I/O names, for the manifest."""
-    n = config.n_layers
-    if config.arch == "decoder":
-        return {
-            "decoder": {
-                "file": contract.MODEL_FILE,
-                "inputs": contract.decoder_inputs(n),
-                "outputs": contract.decoder_outputs(n),
-            }
-        }
-    return {
-        "encoder": {
-            "file": contract.ENCODER_FILE,
-            "inputs": contract.seq2seq_encoder_inputs(),
-            "outputs": contract.seq2seq_encoder_outputs(n),
-        },
-        "decoder": {
-            "file": contract.DECODER_FILE,
-            "inputs": contract.seq2seq_decoder_inputs(n),
-            "outputs": contract.seq2seq_decoder_outputs(n),
-        },
-    }
-
-
 def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int) -> dict:
     """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json are written beside."""
     entry = manifest_entry(tokenizer)
@@ -108,29 +85,15 @@ def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int) ->
     return entry
 
 
-def write_model_dir(
-    staging: Path,
-    config: ModelConfig,
-    tokenizer: Tokenizer,
-    dtype: str,
-    quantization: str | None,
-    parity: dict,
-    source: dict,
-    kv_cache: str,
-) -> dict:
-    """The tokenizer's files, genai_config.json (decoder-only) and the manifest, with the sha256 of every file."""
-    graphs = graph_specs(config)
-    entry = write_tokenizer(staging, tokenizer, config.max_len)
-    manifest = contract.build_manifest(
-        config.to_dict(), graphs, entry, dtype, quantization, {}, parity, source, kv_cache
-    )
-    names = [g["file"] for g in graphs.values()]
+def publish(staging: Path, manifest: contract.Manifest, tokenizer: Tokenizer) -> contract.Manifest:
+    """genai_config.json (decoder-only), then the manifest with the sha256 of every file: written once, last."""
+    names = [graph.file for graph in manifest.graphs.values()]
     if tokenizer.kind == "bpe":
         names += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]
-    if config.arch == "decoder":
-        (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(contract.genai_config(manifest), indent=2) + "\n")
+    if not manifest.seq2seq:
+        (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(genai_config(manifest), indent=2) + "\n")
         names.append(contract.GENAI_CONFIG_FILE)
-    manifest["files"] = {name: contract.sha256_file(staging / name) for name in names}
+    manifest = contract.with_files(staging, manifest, names)
     contract.write_manifest(staging, manifest)
     return manifest
 
@@ -140,7 +103,7 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
     cfg, n = model.config, model.config.n_layers
     torch_dtype = torch.float16 if dtype == "float16" else torch.float32
     model = copy.deepcopy(model).half() if dtype == "float16" else model
-    if kv_cache == contract.KV_ARENA and cfg.arch == "decoder":
+    if kv_cache == contract.KV_ARENA and cfg.arch == contract.DECODER_ONLY:
         # past/present are the (B, H, L, D) buffers; a mask wider than the new tokens and a buffer
         # longer than both, so that torch.export ties none of the three lengths together
         ids, _, _, *past = decoder_sample_inputs(cfg, torch_dtype, batch=2, seq=3, past=8)
@@ -155,7 +118,7 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
             contract.arena_decoder_dynamic_axes(n),
         )
         return
-    if cfg.arch == "decoder":
+    if cfg.arch == contract.DECODER_ONLY:
         export_graph(
             DecoderGraph(model),
             decoder_sample_inputs(cfg, torch_dtype),
@@ -200,11 +163,13 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
     )
 
 
-def run_gate(model, staging: Path, steps: int, kv_cache: str) -> dict:
-    arena = kv_cache == contract.KV_ARENA
-    if model.config.arch == "decoder":
-        return (run_arena_gate if arena else run_decoder_gate)(model, OrtDecoder(staging), steps)
-    return (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, OrtSeq2Seq(staging), steps)
+def run_gate(model, staging: Path, manifest: contract.Manifest, steps: int) -> dict:
+    """The gate of the manifest's architecture and KV cache layout, over the graphs in `staging`."""
+    arena = manifest.kv_cache == contract.KV_ARENA
+    if manifest.seq2seq:
+        runtime = OrtSeq2Seq(staging, manifest=manifest)
+        return (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, runtime, steps)
+    return (run_arena_gate if arena else run_decoder_gate)(model, OrtDecoder(staging, manifest=manifest), steps)
 
 
 def load_model(checkpoint: Path) -> tuple[torch.nn.Module, Tokenizer, dict]:
@@ -231,13 +196,13 @@ def export_checkpoint(
     parity_steps: int = 64,
     heldout: bytes | None = None,
     kv_cache: str | None = None,
-) -> dict:
+) -> contract.Manifest:
     """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError."""
     checkpoint, out = Path(checkpoint), Path(out)
     if quantize and dtype != "float32":
         raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
     model, tokenizer, source = load_model(checkpoint)
-    if quantize and model.config.arch != "decoder":
+    if quantize and model.config.arch != contract.DECODER_ONLY:
         raise ExportError("--quantize int8 is for decoder-only models")
     kv_cache = kv_cache or contract.KV_ARENA
     if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
@@ -266,8 +231,8 @@ def build_in(
     steps: int,
     heldout: bytes | None,
     kv_cache: str,
-) -> dict:
-    """Export into `staging`, run the gate, and write the final manifest."""
+) -> contract.Manifest:
+    """Export into `staging`, run the gate, and write the manifest (once, when the gate has passed)."""
     t0 = time.perf_counter()
     say(
         f"exporting {model.config.arch} ({model.num_parameters():,} parameters) to ONNX, "
@@ -275,15 +240,15 @@ def build_in(
     )
     export_graphs(model, staging, dtype, kv_cache)
     say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
-    pending = {"passed": None}
-    write_model_dir(staging, model.config, tokenizer, dtype, None, pending, source, kv_cache)
-    report = run_gate(model, staging, steps, kv_cache)
+    entry = write_tokenizer(staging, tokenizer, model.config.max_len)
+    manifest = contract.build_manifest(model.config.to_dict(), entry, dtype, kv_cache, source)
+    report = run_gate(model, staging, manifest, steps)
     print(format_report(report), flush=True)
     if quantize:
-        report = gate_int8(staging, model, tokenizer, source, report, steps, heldout, kv_cache)
+        report = gate_int8(staging, model, tokenizer, manifest, report, steps, heldout)
     if not report["passed"]:
         raise ParityError(int8_failure(report) if quantize else failure_message(report), report)
-    manifest = write_model_dir(staging, model.config, tokenizer, dtype, quantize, report, source, kv_cache)
+    manifest = publish(staging, replace(manifest, quantization=quantize, parity=report), tokenizer)
     say(f"parity gate passed in {time.perf_counter() - t0:.1f} s total")
     return manifest
 
@@ -292,11 +257,10 @@ def gate_int8(
     staging: Path,
     model,
     tokenizer: Tokenizer,
-    source: dict,
+    manifest: contract.Manifest,
     report: dict,
     steps: int,
     heldout: bytes | None,
-    kv_cache: str,
 ) -> dict:
     """Quantize the float32 graph that passed, gate it on held-out loss, and put it in place."""
     if not report["passed"]:
@@ -305,12 +269,11 @@ def gate_int8(
     quantized = staging / "int8"
     quantized.mkdir()
     quantize_int8(staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE)
-    write_model_dir(quantized, model.config, tokenizer, "float32", "int8", {"passed": None}, source, kv_cache)
     prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
     text = (heldout or default_heldout()).decode("utf-8", errors="replace")
     result = int8_gate(
-        OrtDecoder(staging),
-        OrtDecoder(quantized),
+        OrtDecoder(staging, manifest=manifest),
+        OrtDecoder(quantized, manifest=replace(manifest, quantization="int8")),
         tokenizer.encode(text),
         tokenizer.bos_id if tokenizer.add_bos else None,
         tokenizer.byte_lengths(),
@@ -360,7 +323,7 @@ def main(args) -> int:
         print(f"attnserve export: {e}", file=sys.stderr)
         return 1
     print(
-        f"wrote {args.out} ({manifest['dtype']}{', int8' if manifest['quantization'] else ''}, "
-        f"{manifest['kv_cache']} KV cache, parity passed)"
+        f"wrote {args.out} ({manifest.dtype}{', int8' if manifest.quantization else ''}, "
+        f"{manifest.kv_cache} KV cache, parity passed)"
     )
     return 0

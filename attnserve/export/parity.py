@@ -14,7 +14,8 @@ import torch
 
 from . import contract
 from .graphs import flatten, pairs
-from .runtime import OrtDecoder, left_pad
+from .ort_session import empty_past, io_names, left_pad
+from .runtime import OrtDecoder, OrtGraphs
 
 # (case name, real length of each row, past length P, new tokens T)
 DECODER_CASES = [
@@ -74,7 +75,7 @@ def case_inputs(model, lengths: list[int], p: int, t: int, rng: np.random.Genera
     seqs = [list(rng.integers(0, 256, n)) for n in lengths]
     ids, mask, positions = left_pad(seqs, pad_id)
     cfg = model.config
-    past = [np.zeros((len(seqs), cfg.n_heads, 0, cfg.d_k), np.float32) for _ in range(2 * cfg.n_layers)]
+    past = empty_past(cfg.n_layers, cfg.n_heads, cfg.d_k, len(seqs), "float32")
     if p:
         past = torch_outputs(model, ids[:, :p], mask[:, :p], positions[:, :p], past)[1:]
     return ids[:, p:], mask, positions[:, p:], past
@@ -89,16 +90,10 @@ def compare(case: str, names: list[str], expected: list[np.ndarray], got: list[n
     return checks
 
 
-def check_names(session, n_layers: int) -> list[str]:
-    """Differences between the graph's I/O names and the contract's, as messages."""
-    problems = []
-    for kind, got, want in [
-        ("inputs", [i.name for i in session.get_inputs()], contract.decoder_inputs(n_layers)),
-        ("outputs", [o.name for o in session.get_outputs()], contract.decoder_outputs(n_layers)),
-    ]:
-        if got != want:
-            problems.append(f"graph {kind} {got} differ from the contract's {want}")
-    return problems
+def check_names(runtime: OrtGraphs) -> list[str]:
+    """Differences between the graphs' I/O names and the contract's, as messages."""
+    graphs = {role: io_names(session) for role, session in runtime.sessions.items()}
+    return contract.io_name_problems(runtime.manifest.architecture, runtime.n_layers, graphs)
 
 
 @torch.no_grad()
@@ -140,9 +135,9 @@ def greedy_agreement(reference: np.ndarray, margins: np.ndarray, got: np.ndarray
 def run_decoder_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -> dict:
     """The whole report: name problems, every value check, greedy agreement, and `passed`."""
     rng = np.random.default_rng(seed)
-    dtype, n_layers = runtime.manifest["dtype"], runtime.n_layers
+    dtype, n_layers = runtime.manifest.dtype, runtime.n_layers
     names = contract.decoder_outputs(n_layers)
-    problems, checks = check_names(runtime.session, n_layers), []
+    problems, checks = check_names(runtime), []
     for case, lengths, p, t in DECODER_CASES:
         ids, mask, positions, past = case_inputs(model, lengths, p, t, rng, runtime.pad_id)
         expected = torch_outputs(model, ids, mask, positions, past)

@@ -107,8 +107,8 @@ def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], st
 def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -> dict:
     """parity.run_decoder_gate's report for an arena graph."""
     rng = np.random.default_rng(seed)
-    dtype = runtime.manifest["dtype"]
-    problems = check_names(runtime.session, runtime.n_layers)
+    dtype = runtime.manifest.dtype
+    problems = check_names(runtime)
     checks = value_checks(model, runtime, rng, dtype)
     prompts = [list(rng.integers(0, 256, n)) for _, n in GREEDY_ARRIVALS]
     steps = min(steps, model.config.max_len - max(n for _, n in GREEDY_ARRIVALS) - 1)

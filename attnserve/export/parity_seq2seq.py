@@ -13,9 +13,10 @@ import torch
 
 from . import contract
 from .graphs import flatten
-from .parity import compare, greedy_agreement
+from .ort_session import left_pad
+from .parity import check_names, compare, greedy_agreement
 from .parity_arena import continuous_greedy
-from .runtime import OrtSeq2Seq, left_pad
+from .runtime import OrtSeq2Seq
 
 # (case name, real source length of each row, target past length P, new target tokens T)
 SEQ2SEQ_CASES = [
@@ -48,17 +49,6 @@ def torch_case(model, src, src_mask, tgt, p: int):
     return _np(flatten(cross)), past_np, _np([logits, *flatten(present)])
 
 
-def check_names(runtime: OrtSeq2Seq) -> list[str]:
-    n, problems = runtime.n_layers, []
-    for graph, session, inputs, outputs in [
-        ("encoder", runtime.encoder, contract.seq2seq_encoder_inputs(), contract.seq2seq_encoder_outputs(n)),
-        ("decoder", runtime.decoder, contract.seq2seq_decoder_inputs(n), contract.seq2seq_decoder_outputs(n)),
-    ]:
-        if [i.name for i in session.get_inputs()] != inputs or [o.name for o in session.get_outputs()] != outputs:
-            problems.append(f"{graph} graph I/O names differ from the contract's")
-    return problems
-
-
 @torch.no_grad()
 def torch_greedy(model, sources: list[list[int]], steps: int, pad_id: int, bos_id: int):
     src, src_mask, _ = (torch.from_numpy(a) for a in left_pad(sources, pad_id))
@@ -77,7 +67,7 @@ def torch_greedy(model, sources: list[list[int]], steps: int, pad_id: int, bos_i
 
 def run_seq2seq_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
-    dtype, n = runtime.manifest["dtype"], runtime.n_layers
+    dtype, n = runtime.manifest.dtype, runtime.n_layers
     problems, checks = check_names(runtime), []
     for case, lengths, p, t in SEQ2SEQ_CASES:
         src, src_mask, _ = left_pad([list(rng.integers(0, 256, k)) for k in lengths], runtime.pad_id)
@@ -166,7 +156,7 @@ def arena_value_checks(model, runtime: OrtSeq2Seq, rng: np.random.Generator, dty
 def run_seq2seq_arena_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0) -> dict:
     """run_seq2seq_gate's report for an encoder-decoder arena directory."""
     rng = np.random.default_rng(seed)
-    dtype = runtime.manifest["dtype"]
+    dtype = runtime.manifest.dtype
     problems = check_names(runtime)
     checks = arena_value_checks(model, runtime, rng, dtype)
     sources = [list(rng.integers(48, 58, k)) for _, k in ARENA_ARRIVALS]

@@ -1,7 +1,8 @@
 """Torch-free driver of an exported model directory on ONNX Runtime: sessions, feeds, greedy loop.
 
 Used by the parity gate and the benchmarks to decode exactly as a runtime would. The server
-has its own batching engine; this is the simplest correct loop, one batch at a time.
+has its own batching engine; this is the simplest correct loop, one batch at a time. Sessions,
+dtypes and padding come from ort_session.py, names and dims from the manifest (contract.py).
 """
 
 from __future__ import annotations
@@ -12,41 +13,43 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .arena import NP_DTYPES
 from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
+from .ort_session import NP_DTYPES, create_session, empty_past, left_pad
 
 
-def make_session(path: str | Path, threads: int = 0) -> ort.InferenceSession:
-    """A CPU session; `threads` 0 lets ONNX Runtime choose."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+class OrtGraphs:
+    """The graphs of a model directory on the CPU, and the manifest that describes them."""
+
+    def __init__(
+        self, model_dir: str | Path, threads: int = 0, verify: bool = True, manifest: contract.Manifest | None = None
+    ):
+        """`manifest`: one not yet written (export's, before its gate); otherwise model_dir's is read."""
+        self.manifest = manifest or contract.read_manifest(model_dir, verify=verify)
+        self.sessions = {
+            role: create_session(Path(model_dir) / graph.file, "cpu", threads)
+            for role, graph in self.manifest.graphs.items()
+        }
+        m = self.manifest
+        self.n_layers, self.n_heads, self.head_dim, self.context = m.n_layers, m.n_heads, m.head_dim, m.context_length
+        self.dtype, self.pad_id, self.bos_id = NP_DTYPES[m.dtype], m.pad_id, m.bos_id
+        self.arena_layout = m.kv_cache == contract.KV_ARENA
+
+    def empty_past(self, batch: int) -> list[np.ndarray]:
+        return empty_past(self.n_layers, self.n_heads, self.head_dim, batch, self.manifest.dtype)
+
+    def feeds(self, role: str, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """The role's graph inputs by name, from arrays in the contract's order."""
+        return dict(zip(self.manifest.graphs[role].inputs, arrays))
 
 
-def left_pad(seqs: list[list[int]], pad_id: int):
-    """input_ids, attention_mask, position_ids (int64, (B, T)) of left-padded sequences."""
-    t = max(len(s) for s in seqs)
-    ids = np.array([[pad_id] * (t - len(s)) + list(s) for s in seqs], dtype=np.int64)
-    mask = np.array([[0] * (t - len(s)) + [1] * len(s) for s in seqs], dtype=np.int64)
-    return ids, mask, np.maximum(mask.cumsum(-1) - 1, 0)
-
-
-class OrtDecoder:
+class OrtDecoder(OrtGraphs):
     """One decoder-only graph and the manifest that describes it, in either KV cache layout."""
 
-    def __init__(self, model_dir: str | Path, threads: int = 0, verify: bool = True):
-        self.manifest = contract.read_manifest(model_dir, verify=verify)
-        graph = self.manifest["graphs"]["decoder"]
-        self.session = make_session(Path(model_dir) / graph["file"], threads)
-        self.n_layers = self.manifest["config"]["n_layers"]
-        self.n_heads, self.head_dim = self.manifest["config"]["n_heads"], self.manifest["head_dim"]
-        self.context = int(self.manifest["config"]["max_len"])
-        self.dtype = NP_DTYPES[self.manifest["dtype"]]
-        self.pad_id = self.manifest["tokenizer"]["pad_id"]
-        self.arena_layout = contract.kv_layout(self.manifest) == contract.KV_ARENA
-        self._arena: ArenaDecoder | None = None
+    _arena: ArenaDecoder | None = None  # the last arena driver, reused while it is large enough
+
+    @property
+    def session(self) -> ort.InferenceSession:
+        return self.sessions[contract.DECODER]
 
     def arena(self, capacity: int, max_tokens: int = 0) -> ArenaDecoder:
         """An empty arena driver of at least this many slots (arena graphs only)."""
@@ -63,18 +66,9 @@ class OrtDecoder:
             return self.run(windows, mask, positions, self.empty_past(b))[0]
         return self.arena(b, b * t).run(0, windows, mask, positions).copy()
 
-    def empty_past(self, batch: int) -> list[np.ndarray]:
-        shape = (batch, self.n_heads, 0, self.head_dim)  # (B, H, 0, D)
-        return [np.zeros(shape, self.dtype) for _ in range(2 * self.n_layers)]
-
     def run(self, input_ids, attention_mask, position_ids, past: list[np.ndarray]):
         """(logits (B, T, V), present list) for T new tokens after `past`."""
-        feeds = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            **dict(zip(contract.past_names(self.n_layers), past)),
-        }
+        feeds = self.feeds(contract.DECODER, [input_ids, attention_mask, position_ids, *past])
         logits, *present = self.session.run(None, feeds)
         return logits, present
 
@@ -114,20 +108,16 @@ class OrtDecoder:
         return np.concatenate(out, 1)
 
 
-class OrtSeq2Seq:
+class OrtSeq2Seq(OrtGraphs):
     """The encoder and decoder graphs of an encoder-decoder model directory."""
 
-    def __init__(self, model_dir: str | Path, threads: int = 0, verify: bool = True):
-        self.manifest = contract.read_manifest(model_dir, verify=verify)
-        graphs = self.manifest["graphs"]
-        self.encoder = make_session(Path(model_dir) / graphs["encoder"]["file"], threads)
-        self.decoder = make_session(Path(model_dir) / graphs["decoder"]["file"], threads)
-        self.n_layers = self.manifest["config"]["n_layers"]
-        self.n_heads, self.head_dim = self.manifest["config"]["n_heads"], self.manifest["head_dim"]
-        self.dtype = NP_DTYPES[self.manifest["dtype"]]
-        tokenizer = self.manifest["tokenizer"]
-        self.pad_id, self.bos_id = tokenizer["pad_id"], tokenizer["bos_id"]
-        self.arena_layout = contract.kv_layout(self.manifest) == contract.KV_ARENA
+    @property
+    def encoder(self) -> ort.InferenceSession:
+        return self.sessions[contract.ENCODER]
+
+    @property
+    def decoder(self) -> ort.InferenceSession:
+        return self.sessions[contract.DECODER]
 
     def arena(self, capacity: int) -> ArenaSeq2SeqDecoder:
         """An empty arena driver of `capacity` slots (arena directories only)."""
@@ -135,22 +125,11 @@ class OrtSeq2Seq:
 
     def encode(self, src_ids, src_mask) -> list[np.ndarray]:
         """Cross-attention keys and values, (B, H, S, D) each, computed once per source."""
-        return self.encoder.run(None, {"input_ids": src_ids, "attention_mask": src_mask})
-
-    def empty_past(self, batch: int) -> list[np.ndarray]:
-        shape = (batch, self.n_heads, 0, self.head_dim)  # (B, H, 0, D)
-        return [np.zeros(shape, self.dtype) for _ in range(2 * self.n_layers)]
+        return self.encoder.run(None, self.feeds(contract.ENCODER, [src_ids, src_mask]))
 
     def run(self, input_ids, attention_mask, position_ids, src_mask, past, cross):
         """(logits (B, T, V), present self-attention cache) for T new target tokens."""
-        feeds = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "encoder_attention_mask": src_mask,
-            **dict(zip(contract.past_names(self.n_layers, "decoder"), past)),
-            **dict(zip(contract.past_names(self.n_layers, "encoder"), cross)),
-        }
+        feeds = self.feeds(contract.DECODER, [input_ids, attention_mask, position_ids, src_mask, *past, *cross])
         logits, *present = self.decoder.run(None, feeds)
         return logits, present
 

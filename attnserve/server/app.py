@@ -20,7 +20,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from ..export.contract import ModelDirError, kv_layout
+from ..export.contract import ModelDirError
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..tokenizer import TokenizerError, from_model_dir
@@ -74,7 +74,7 @@ class Server:
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.runner = ModelRunner(config.model, config.provider, config.threads)
         try:
-            self.tokenizer = from_model_dir(self.runner.model_dir, self.runner.manifest["tokenizer"])
+            self.tokenizer = from_model_dir(self.runner.model_dir, self.runner.manifest.tokenizer)
         except TokenizerError as e:
             raise StartupError(f"{self.runner.model_dir}: {e}") from None
         cap = min(config.max_new_tokens_cap, self.runner.context_length - 1)
@@ -90,8 +90,8 @@ class Server:
         self.metrics.describe_model(
             self.runner.model_dir.resolve().name,
             self.runner.provider,
-            self.runner.manifest["dtype"],
-            self.runner.manifest.get("quantization") or "",
+            self.runner.manifest.dtype,
+            self.runner.manifest.quantization or "",
         )
         try:
             self.max_batch = arena_capacity(self.runner, config.max_batch, config.kv_cache_memory)
@@ -101,7 +101,7 @@ class Server:
         self.metrics.kv_cache_bytes.set(self.slots.nbytes)
         log.info(
             "KV cache: %s, %d slots of %d positions, %s bytes",
-            kv_layout(self.runner.manifest),
+            self.runner.manifest.kv_cache,
             self.max_batch,
             self.runner.context_length,
             f"{self.slots.nbytes:,}",

@@ -79,6 +79,7 @@ class ArenaRunner:
 
     def _prefill_chunk(self) -> dict[int, np.ndarray]:
         """The next chunk of the long prompt in the top slot; when it is complete, it joins the block."""
+        assert self.chunking is not None, "called only while a long prompt is being prefilled"
         key, prompt, done = self.chunking
         top = self.capacity - 1
         logits = self.decoder.extend(top, prompt[done : done + self.chunk])

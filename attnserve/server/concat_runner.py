@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..export.runtime import left_pad
+from ..export.ort_session import left_pad
 from .kv_cache import KVCache
 from .model_runner import ModelRunner
 

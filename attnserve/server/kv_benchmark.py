@@ -134,7 +134,7 @@ def summary(runs: list[dict]) -> dict:
 def concat_engine(model_dir: str, threads: int, max_batch: int, tokenizer) -> Engine:
     """The engine before the arena, over a concat directory (attnserve serve no longer runs one)."""
     model = ModelRunner(model_dir, "cpu", threads)
-    runner = ConcatRunner(model, max_batch, int(model.manifest["tokenizer"]["pad_id"]))
+    runner = ConcatRunner(model, max_batch, model.manifest.pad_id)
     engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch))
     engine.start()
     return engine

@@ -13,14 +13,14 @@ of its source and the source mask (B, S), left-padded to the longest source like
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 
-def left_pad(arrays: list[np.ndarray], length: int, axis: int) -> list[np.ndarray]:
-    """Zero-pad each array on the left of `axis` up to `length`."""
+def left_pad_arrays(arrays: list[np.ndarray], length: int, axis: int) -> list[np.ndarray]:
+    """Zero-pad each array on the left of `axis` up to `length` (rows of caches of different lengths)."""
     out = []
     for a in arrays:
         pad = [(0, 0)] * a.ndim
@@ -58,7 +58,7 @@ class KVCache:
         return self.mask.shape[1]
 
     def admit(
-        self, present: list[Any], mask: np.ndarray, cross: list[Any] = (), cross_mask: np.ndarray | None = None
+        self, present: list[Any], mask: np.ndarray, cross: Sequence[Any] = (), cross_mask: np.ndarray | None = None
     ) -> list[int]:
         """Add prefilled rows (present (b, H, T, D), mask (b, T); an encoder-decoder's cross
         (b, H, S, D) and cross_mask (b, S)) to the batch; returns their slots."""
@@ -71,19 +71,20 @@ class KVCache:
         else:
             self.past, self.mask = self._merge(self.past, self.mask, present, mask)
             if cross_mask is not None:
+                assert self.cross_mask is not None, "an encoder-decoder's rows all have a source"
                 self.cross, self.cross_mask = self._merge(self.cross, self.cross_mask, cross, cross_mask)
         self.cross = [self.to_device(a) for a in self.cross]  # fixed per row: moved once, read every step
         self.slots += new_slots
         return new_slots
 
     def _merge(
-        self, old: list[Any], old_mask: np.ndarray, new: list[Any], new_mask: np.ndarray
+        self, old: Sequence[Any], old_mask: np.ndarray, new: Sequence[Any], new_mask: np.ndarray
     ) -> tuple[list[np.ndarray], np.ndarray]:
         """Rows of two batches stacked, the shorter side left-padded: (B+b, H, L, D) and (B+b, L)."""
         length = max(old_mask.shape[1], new_mask.shape[1])
-        old = left_pad([self.to_host(a) for a in old], length, axis=2)
-        new = left_pad([self.to_host(a) for a in new], length, axis=2)
-        masks = left_pad([old_mask, new_mask.astype(np.int64)], length, axis=1)
+        old = left_pad_arrays([self.to_host(a) for a in old], length, axis=2)
+        new = left_pad_arrays([self.to_host(a) for a in new], length, axis=2)
+        masks = left_pad_arrays([old_mask, new_mask.astype(np.int64)], length, axis=1)
         return [np.concatenate(pair, axis=0) for pair in zip(old, new)], np.concatenate(masks)
 
     def step_inputs(self) -> tuple[np.ndarray, np.ndarray, list[Any]]:

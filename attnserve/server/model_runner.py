@@ -10,8 +10,8 @@ IO binding so that present stays on the device. Knows nothing of batching, sampl
 
 from __future__ import annotations
 
-import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,15 +20,9 @@ import numpy as np
 import onnxruntime as ort
 
 from ..export import contract
+from ..export.ort_session import CUDA, NP_DTYPES, ProviderError, create_session, empty_past, io_names
 
-log = logging.getLogger("attnserve.server")
-
-CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
-NP_DTYPES = {"float32": np.float32, "float16": np.float16}
-
-
-class ProviderError(Exception):
-    """The requested execution provider cannot run this model here."""
+__all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads"]
 
 
 def default_threads() -> int:
@@ -37,41 +31,6 @@ def default_threads() -> int:
     25-35%, and end-to-end tokens/s rises 15-35% at one stream)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
-
-
-def session_options(threads: int) -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or default_threads()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.log_severity_level = 3
-    return options
-
-
-def create_session(path: Path, provider: str, threads: int = 0) -> ort.InferenceSession:
-    """A session on `provider` (auto|cuda|cpu); auto keeps CUDA only if the session really runs on it."""
-    if provider == "cpu":
-        return ort.InferenceSession(str(path), session_options(threads), providers=[CPU])
-    if CUDA not in ort.get_available_providers():
-        if provider == "cuda":
-            raise ProviderError(
-                "--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
-            )
-        return create_session(path, "cpu", threads)
-    try:
-        session = ort.InferenceSession(str(path), session_options(threads), providers=[CUDA, CPU])
-    except Exception as e:  # noqa: BLE001 - ORT raises several types when CUDA fails to start
-        session, reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    else:
-        reason = "the session fell back to the CPU (CUDA libraries or device missing?)"
-    if session is not None and session.get_providers()[0] == CUDA:
-        return session
-    if provider == "cuda":
-        raise ProviderError(f"--provider cuda: {reason}")
-    log.warning("--provider auto: CUDA unavailable (%s); using the CPU", reason)
-    return create_session(path, "cpu", threads)
-
-
-DECODER, SEQ2SEQ = "decoder", "encoder-decoder"
 
 
 @dataclass
@@ -93,55 +52,38 @@ class ModelRunner:
         """Raises contract.ModelDirError for a bad directory, ProviderError for a bad provider."""
         self.model_dir = Path(model_dir)
         self.manifest = contract.read_manifest(self.model_dir)
-        self.architecture = self.manifest.get("architecture")
-        if self.architecture not in (DECODER, SEQ2SEQ):
-            raise contract.ModelDirError(f"{self.model_dir}: unknown architecture {self.architecture!r}")
-        config = self.manifest["config"]
-        self.n_layers, self.n_heads = int(config["n_layers"]), int(config["n_heads"])
-        self.head_dim, self.vocab_size = int(self.manifest["head_dim"]), int(config["vocab_size"])
-        self.context_length = int(config["max_len"])
-        self.dtype = NP_DTYPES[self.manifest["dtype"]]
-        self.bos_id = int(self.manifest["tokenizer"]["bos_id"])
-        graphs = self._check_names(self.manifest.get("graphs", {}))
-        self.input_names, self.output_names = graphs["decoder"]["inputs"], graphs["decoder"]["outputs"]
-        self.session = create_session(self.model_dir / graphs["decoder"]["file"], provider, threads)
+        m = self.manifest
+        self.seq2seq, self.n_layers, self.n_heads, self.head_dim = m.seq2seq, m.n_layers, m.n_heads, m.head_dim
+        self.vocab_size, self.context_length, self.bos_id = m.vocab_size, m.context_length, m.bos_id
+        self.dtype = NP_DTYPES[m.dtype]
+        decoder = m.graphs[contract.DECODER]
+        self.input_names, self.output_names = list(decoder.inputs), list(decoder.outputs)
+        threads = threads or default_threads()
+        self.session = create_session(self.model_dir / decoder.file, provider, threads)
         self.provider = self.session.get_providers()[0]
         self.on_device = self.provider == CUDA
-        self.encoder = None
+        self.encoder: ort.InferenceSession | None = None
         if self.seq2seq:
-            self.encoder = create_session(
-                self.model_dir / graphs["encoder"]["file"], "cuda" if self.on_device else "cpu", threads
+            encoder = m.graphs[contract.ENCODER].file
+            self.encoder = create_session(self.model_dir / encoder, "cuda" if self.on_device else "cpu", threads)
+        self._check_names()
+
+    def _check_names(self) -> None:
+        """The graphs must have the contract's I/O names: the runner feeds them by those names."""
+        sessions = {contract.DECODER: self.session, contract.ENCODER: self.encoder}
+        graphs = {role: io_names(session) for role, session in sessions.items() if session is not None}
+        problems = contract.io_name_problems(self.manifest.architecture, self.n_layers, graphs)
+        if problems:
+            raise contract.ModelDirError(
+                f"{self.model_dir}: {problems[0]} (export contract format_version {contract.FORMAT_VERSION})"
             )
-
-    @property
-    def seq2seq(self) -> bool:
-        return self.architecture == SEQ2SEQ
-
-    def _check_names(self, graphs: dict) -> dict:
-        """The manifest's graphs, after checking that they record the contract's I/O names."""
-        n = self.n_layers
-        expected = {"decoder": (contract.decoder_inputs(n), contract.decoder_outputs(n))}
-        if self.seq2seq:
-            expected = {
-                "encoder": (contract.seq2seq_encoder_inputs(), contract.seq2seq_encoder_outputs(n)),
-                "decoder": (contract.seq2seq_decoder_inputs(n), contract.seq2seq_decoder_outputs(n)),
-            }
-        for role, (inputs, outputs) in expected.items():
-            graph = graphs.get(role, {})
-            if graph.get("inputs") != inputs or graph.get("outputs") != outputs:
-                raise contract.ModelDirError(
-                    f"{self.model_dir}: the {role} graph's I/O names differ from the "
-                    f"export contract (format_version {contract.FORMAT_VERSION})"
-                )
-        return graphs
 
     @property
     def n_past(self) -> int:
         return 2 * self.n_layers
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
-        shape = (batch, self.n_heads, 0, self.head_dim)  # (B, H, 0, D)
-        return [np.zeros(shape, self.dtype) for _ in range(self.n_past)]
+        return empty_past(self.n_layers, self.n_heads, self.head_dim, batch, self.manifest.dtype)
 
     def prefill(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray
@@ -161,14 +103,9 @@ class ModelRunner:
 
     def encode(self, source_ids: np.ndarray, source_mask: np.ndarray) -> list[Any]:
         """Cross-attention keys and values (B, H, S, D), two per decoder layer."""
-        feeds = [source_ids, source_mask]
-        return self._run(
-            self.encoder,
-            contract.seq2seq_encoder_inputs(),
-            contract.seq2seq_encoder_outputs(self.n_layers),
-            feeds,
-            host_outputs=0,
-        )
+        assert self.encoder is not None, "encode() of a decoder-only model"
+        graph = self.manifest.graphs[contract.ENCODER]
+        return self._run(self.encoder, list(graph.inputs), list(graph.outputs), [source_ids, source_mask], 0)
 
     def run(
         self,
@@ -177,12 +114,12 @@ class ModelRunner:
         position_ids: np.ndarray,
         past: list[Any],
         cross_mask: np.ndarray | None = None,
-        cross: list[Any] = (),
+        cross: Sequence[Any] = (),
     ) -> tuple[np.ndarray, list[Any]]:
         """Logits (B, T, V) as float32 on the host, and present (B, H, P+T, D) per past input.
 
         An encoder-decoder step also takes the source mask (B, S) and the cross keys and values."""
-        feeds = [input_ids, attention_mask, position_ids]
+        feeds: list[Any] = [input_ids, attention_mask, position_ids]
         feeds += [cross_mask, *past, *cross] if self.seq2seq else list(past)
         logits, *present = self._run(self.session, self.input_names, self.output_names, feeds, host_outputs=1)
         return self.to_host(logits).astype(np.float32, copy=False), present

@@ -21,7 +21,7 @@ def arena_bytes(model: ModelRunner, capacity: int) -> int:
     """Bytes of an arena of `capacity` slots for this model (an encoder-decoder's slots also hold
     their source's cross-attention keys and values: twice the size)."""
     size = KVArena.bytes_needed(
-        model.n_layers, model.n_heads, model.head_dim, model.context_length, capacity, model.manifest["dtype"]
+        model.n_layers, model.n_heads, model.head_dim, model.context_length, capacity, model.manifest.dtype
     )
     return 2 * size if model.seq2seq else size
 
@@ -29,7 +29,7 @@ def arena_bytes(model: ModelRunner, capacity: int) -> int:
 def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | None) -> int:
     """The number of slots to allocate; raises ValueError (one line naming both numbers) when the
     requested batch does not fit the memory cap."""
-    if contract.kv_layout(model.manifest) != contract.KV_ARENA:
+    if model.manifest.kv_cache != contract.KV_ARENA:
         raise ValueError(
             f"{model.model_dir} was exported with the concat KV cache, which attnserve serve no longer "
             "runs; export its checkpoint again: attnserve export CHECKPOINT --out DIR"
@@ -56,7 +56,7 @@ def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> A
     """The arena runner of an arena directory (checked by arena_capacity), on the model's device."""
     device = Device("cuda", 0) if model.on_device else Device("cpu")
     if model.seq2seq:  # a source is encoded whole: never in chunks
-        decoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
+        decoder: ArenaDecoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
         return ArenaRunner(model, decoder, model.context_length)
     decoder = ArenaDecoder(model.session, model.manifest, capacity, max(prefill_chunk, capacity), device)
     return ArenaRunner(model, decoder, prefill_chunk)

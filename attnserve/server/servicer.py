@@ -8,20 +8,18 @@ await; the request's slot is released in `finally` and the error goes on up.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from importlib import metadata
 
 import grpc
 
-from ..export import contract
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..tokenizer import Tokenizer
 from .domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
 from .engine import Engine
 from .model_runner import ModelRunner
-from .sequence import Event
 from .validation import RequestLimits, validate
 
 REQUEST_ID_HEADER = "x-request-id"
@@ -42,12 +40,14 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         """The whole completion in one response."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
-        text, token_ids, final = [], [], None
+        text: list[str] = []
+        token_ids: list[int] = []
         async with aclosing(self._events(generation, context)) as batches:
             async for events in batches:
                 text += [event.text for event in events]
                 token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
                 final = events[-1]
+        assert isinstance(final, Final), "the engine ends every request with a Final event"
         return final_response(pb.GenerateResponse, generation.request_id, "".join(text), token_ids, final)
 
     async def GenerateStream(
@@ -77,15 +77,15 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
 
     async def _events(
         self, generation: GenerationRequest, context, announce: bool = False
-    ) -> AsyncIterator[list[Event]]:
-        """Submit, then yield the engine's events in batches until the Final one."""
+    ) -> AsyncGenerator[list[Delta | Final], None]:
+        """Submit, then yield the engine's events in batches until the Final one (errors are raised)."""
         handle = self.engine.submit(generation)
         try:
             if announce:
                 await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
             while True:
-                events = await handle.next_events()
-                for event in events:
+                events: list[Delta | Final] = []
+                for event in await handle.next_events():
                     if isinstance(event, Exception):
                         raise event
                     if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
@@ -93,6 +93,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
                             f"the deadline passed after {event.usage.completion_tokens} tokens "
                             f"({event.timings.total_ms:.0f} ms)"
                         )
+                    events.append(event)
                 yield events
                 if isinstance(events[-1], Final):
                     return
@@ -130,18 +131,18 @@ def model_info(
     """GetModelInfo's answer, built once at start-up."""
     return pb.ModelInfo(
         model_name=runner.model_dir.resolve().name,
-        architecture=runner.manifest["architecture"],
+        architecture=runner.manifest.architecture,
         vocab_size=runner.vocab_size,
-        d_model=int(runner.manifest["config"]["d_model"]),
+        d_model=runner.manifest.d_model,
         n_heads=runner.n_heads,
         n_layers=runner.n_layers,
-        n_encoder_layers=int(runner.manifest["config"].get("n_encoder_layers", 0)),
+        n_encoder_layers=runner.manifest.n_encoder_layers,
         head_dim=runner.head_dim,
         context_length=runner.context_length,
-        dtype=runner.manifest["dtype"],
-        quantization=runner.manifest.get("quantization") or "",
+        dtype=runner.manifest.dtype,
+        quantization=runner.manifest.quantization or "",
         execution_provider=runner.provider,
-        kv_cache=contract.kv_layout(runner.manifest),
+        kv_cache=runner.manifest.kv_cache,
         kv_cache_bytes=kv_cache_bytes,
         limits=pb.Limits(
             max_new_tokens=limits.max_new_tokens,

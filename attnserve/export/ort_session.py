@@ -1,0 +1,80 @@
+"""ONNX Runtime, set up once for export and server: sessions, providers, dtypes, padded feeds.
+
+Torch-free, below both export/runtime.py (the parity gate's loop) and server/ (the serving
+engine), so that the gate opens and feeds a graph exactly as serving does. Knows nothing of
+batching, KV layouts or requests: a session, its options, and the arrays every run needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
+NP_DTYPES = {"float32": np.float32, "float16": np.float16}  # the manifest's dtype -> numpy's
+
+
+class ProviderError(Exception):
+    """The requested execution provider cannot run this model here."""
+
+
+def session_options(
+    threads: int = 0, optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+) -> ort.SessionOptions:
+    """`threads` 0 lets ONNX Runtime choose; idle threads sleep instead of spinning (cores are shared)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = optimization
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    return options
+
+
+def create_session(path: str | Path, provider: str = "cpu", threads: int = 0) -> ort.InferenceSession:
+    """A session on `provider` (auto|cuda|cpu); auto keeps CUDA only if the session really runs on it."""
+    if provider == "cpu":
+        return ort.InferenceSession(str(path), session_options(threads), providers=[CPU])
+    if CUDA not in ort.get_available_providers():
+        if provider == "cuda":
+            raise ProviderError(
+                "--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
+            )
+        return create_session(path, "cpu", threads)
+    session: ort.InferenceSession | None
+    try:
+        session = ort.InferenceSession(str(path), session_options(threads), providers=[CUDA, CPU])
+    except Exception as e:  # noqa: BLE001 - ORT raises several types when CUDA fails to start
+        session, reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    else:
+        reason = "the session fell back to the CPU (CUDA libraries or device missing?)"
+    if session is not None and session.get_providers()[0] == CUDA:
+        return session
+    if provider == "cuda":
+        raise ProviderError(f"--provider cuda: {reason}")
+    log.warning("--provider auto: CUDA unavailable (%s); using the CPU", reason)
+    return create_session(path, "cpu", threads)
+
+
+def io_names(session: ort.InferenceSession) -> tuple[list[str], list[str]]:
+    """The graph's input and output names, in order (checked against contract.io_name_problems)."""
+    return [i.name for i in session.get_inputs()], [o.name for o in session.get_outputs()]
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """input_ids, attention_mask (1 = real) and position_ids (0 on padding), int64 (B, T), of
+    left-padded sequences: the concat layout's batch (the arena's is right-padded)."""
+    t = max(len(s) for s in seqs)
+    ids = np.array([[pad_id] * (t - len(s)) + list(s) for s in seqs], dtype=np.int64)
+    mask = np.array([[0] * (t - len(s)) + [1] * len(s) for s in seqs], dtype=np.int64)
+    return ids, mask, np.maximum(mask.cumsum(-1) - 1, 0)
+
+
+def empty_past(n_layers: int, n_heads: int, head_dim: int, batch: int, dtype: str) -> list[np.ndarray]:
+    """A zero-length past (the prefill's), a key and a value per layer, (B, H, 0, D) each."""
+    shape = (batch, n_heads, 0, head_dim)  # (B, H, 0, D)
+    return [np.zeros(shape, NP_DTYPES[dtype]) for _ in range(2 * n_layers)]
