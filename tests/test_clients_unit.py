@@ -1,7 +1,9 @@
 """The clients' pure parts, no server: error mapping, targets, requests, retries, statistics."""
 
+import json
 import math
 import random
+from dataclasses import fields
 
 import grpc
 import pytest
@@ -10,8 +12,15 @@ from attnserve.clients import errors
 from attnserve.clients.bench import BenchConfig, describe_prompts, make_prompts, make_token_prompts
 from attnserve.clients.bench_report import RequestRecord, distribution_ms, format_table, percentile, summarize_level
 from attnserve.clients.channel import ChannelConfig, TlsConfig, parse_targets, split_host_port
-from attnserve.clients.retry import Deadline, RetryPolicy, next_delay
-from attnserve.clients.types import StreamAccumulator, TokenizerInfo, build_request, finish_reason_name
+from attnserve.clients.retry import NO_RETRY, RetryPolicy, check_timeout
+from attnserve.clients.types import (
+    GenerationParams,
+    ParamFields,
+    StreamAccumulator,
+    TokenizerInfo,
+    build_request,
+    finish_reason_name,
+)
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 
 
@@ -75,7 +84,7 @@ def test_channel_arguments_balance_round_robin_and_carry_the_token():
     config = ChannelConfig(["localhost:1", "127.0.0.1:2"], tls=TlsConfig(), token="s3cret")
     target, args = config.channel_args()
     assert target == "ipv4:127.0.0.1:1,127.0.0.1:2"
-    assert ("grpc.lb_policy_name", "round_robin") in args
+    assert json.loads(dict(args)["grpc.service_config"])["loadBalancingConfig"] == [{"round_robin": {}}]
     assert ("grpc.ssl_target_name_override", "localhost") in args
     assert config.metadata() == (("authorization", "Bearer s3cret"),)
     assert ChannelConfig("127.0.0.1:1").metadata() == ()
@@ -129,17 +138,40 @@ def test_stream_accumulator_adds_deltas_up_to_the_result():
     assert acc.result.usage.completion_tokens == 3 and acc.messages == 3
 
 
-def test_backoff_grows_is_capped_and_respects_the_deadline():
+def test_params_are_written_once_and_keywords_override_them():
+    params = GenerationParams(max_new_tokens=3, top_k=5, stop=["\n"])
+    assert build_request("hi", params, seed=1) == build_request("hi", max_new_tokens=3, top_k=5, stop="\n", seed=1)
+    assert params.stop == ("\n",) and GenerationParams(stop="ab").stop == ("ab",)  # one sequence, not two
+    assert params.replace() is params and params.replace(top_k=1).top_k == 1 and params.top_k == 5
+    assert build_request("hi", GenerationParams()) == build_request("hi") == pb.GenerateRequest(prompt="hi")
+    assert set(ParamFields.__annotations__) == {f.name for f in fields(GenerationParams)}
+
+
+def test_retry_policy_becomes_grpcs_service_config():
     policy = RetryPolicy(max_attempts=4, initial_backoff=0.1, max_backoff=0.3, jitter=0.0)
-    assert [policy.backoff(n) for n in (1, 2, 3, 4)] == pytest.approx([0.1, 0.2, 0.3, 0.3])
-    deadline = Deadline(10.0)
-    unavailable = errors.Unavailable("down")
-    assert next_delay(policy, 1, unavailable, deadline) == pytest.approx(0.1)
-    assert next_delay(policy, 4, unavailable, deadline) is None  # attempts used up
-    assert next_delay(policy, 1, errors.Internal("bug"), deadline) is None  # not retryable
-    assert next_delay(policy, 1, unavailable, Deadline(0.05)) is None  # would outlast it
+    config = json.loads(ChannelConfig("127.0.0.1:1", retry=policy).service_config())
+    (method,) = config["methodConfig"]
+    assert method["name"] == [{"service": "attnserve.v1.TextGeneration"}]  # health checks answer at once
+    assert method["waitForReady"] is False
+    assert method["retryPolicy"] == {
+        "maxAttempts": 4,
+        "initialBackoff": "0.125000s",  # gRPC's fixed jitter of 20% then never comes sooner than 0.1 s
+        "maxBackoff": "0.375000s",
+        "backoffMultiplier": 2.0,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    assert RetryPolicy().method_config()["retryPolicy"]["initialBackoff"] == "0.100000s"  # jitter 0.2 is gRPC's
+    patient = RetryPolicy(max_attempts=40).method_config()  # over gRPC's cap of 5: wait for a server
+    assert patient["waitForReady"] is True and patient["retryPolicy"]["maxAttempts"] == 5
+    assert "retryPolicy" not in NO_RETRY.method_config()
+    assert RetryPolicy().method_config(timeout=0.5)["retryPolicy"]["maxAttempts"] == 3  # 0.12 + 0.24 s fit
+    assert "retryPolicy" not in RetryPolicy().method_config(timeout=0.1)  # not even one backoff fits
+    assert ("grpc.enable_retries", 0) in ChannelConfig(retry=NO_RETRY).channel_args()[1]
+    for bad in (dict(max_attempts=0), dict(jitter=1.0), dict(initial_backoff=0)):
+        with pytest.raises(ValueError):
+            RetryPolicy(**bad)
     with pytest.raises(ValueError):
-        Deadline(0)
+        check_timeout(0)
 
 
 def test_percentiles_interpolate_like_numpy_linear():

@@ -20,7 +20,7 @@ from .errors import (
     from_rpc_error,
 )
 from .retry import NO_RETRY, RetryPolicy
-from .types import GenerationResult, ModelInfo, Prompt, StreamDelta, Timings, Usage
+from .types import GenerationParams, GenerationResult, ModelInfo, Prompt, StreamDelta, Timings, Usage
 
 __all__ = [
     "DEFAULT_TARGET",
@@ -31,6 +31,7 @@ __all__ = [
     "Cancelled",
     "Client",
     "DeadlineExceeded",
+    "GenerationParams",
     "GenerationResult",
     "Internal",
     "InvalidArgument",

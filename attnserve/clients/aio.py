@@ -6,15 +6,17 @@
             async for delta in stream:
                 print(delta.text, end="", flush=True)
 
-Same prompts (text or token ids), deadlines, errors and retry rule as `Client`. Cancelling
-the task that reads a stream cancels the call on the server. Create it inside the event loop
-that uses it.
+Same prompts (text or token ids), `GenerationParams`, deadlines, errors and retry rule as
+`Client`. Cancelling the task that reads a stream cancels the call on the server. Create it
+inside the event loop that uses it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -24,11 +26,13 @@ from attnserve.protos.attnserve.v1.generation_pb2_grpc import TextGenerationStub
 
 from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
 from .client import DEFAULT_TIMEOUT
-from .errors import AttnserveError, Unknown, from_rpc_error
-from .retry import Deadline, RetryPolicy, call_with_retry_async, next_delay
+from .errors import Unknown, from_rpc_error, typed_errors
+from .retry import RetryPolicy, check_timeout
 from .types import (
+    GenerationParams,
     GenerationResult,
     ModelInfo,
+    ParamFields,
     Prompt,
     StreamAccumulator,
     StreamDelta,
@@ -37,18 +41,17 @@ from .types import (
     result_from_response,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 
 class AsyncStream:
     """Async iterator of `StreamDelta`s of one GenerateStream call; see `Stream`."""
 
-    def __init__(
-        self, start: Callable[[float], grpc.aio.UnaryStreamCall], retry: RetryPolicy, deadline: Deadline
-    ) -> None:
-        self._start, self._retry, self._deadline = start, retry, deadline
+    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+        self._call = call
         self._accumulator = StreamAccumulator()
-        self._attempt = 1
         self._cancelled = False
-        self._call = start(deadline.remaining())
 
     def __aiter__(self) -> AsyncIterator[StreamDelta]:
         return self
@@ -59,39 +62,34 @@ class AsyncStream:
             if message is None:
                 break
             delta = self._accumulator.feed(message)
+            if self._accumulator.result is not None:
+                await self._finish()
             if delta is not None:
                 return delta
         raise StopAsyncIteration
 
-    async def _next_message(self) -> pb.GenerateStreamResponse | None:
-        while True:
-            try:
-                message = await self._call.read()
-            except asyncio.CancelledError:
-                if self._cancelled:  # our own cancel(): grpc.aio reports it this way
-                    return None
-                self._call.cancel()  # the reading task was cancelled: end the call too
-                raise
-            except grpc.RpcError as rpc_error:
-                if self._cancelled:
-                    return None
-                error = from_rpc_error(rpc_error)
-            else:
-                if message is not grpc.aio.EOF:
-                    return message
-                if self._cancelled:
-                    return None
-                raise Unknown("the stream ended without a final message")
-            await self._retry_or_raise(error)
+    async def _finish(self) -> None:
+        """Read the call's status after the final message, so that it ends OK, not cancelled when dropped."""
+        with suppress(grpc.RpcError):  # the completion is whole already
+            await self._call.read()
 
-    async def _retry_or_raise(self, error: AttnserveError) -> None:
-        """Start the call again if it failed before any message; otherwise raise."""
-        delay = next_delay(self._retry, self._attempt, error, self._deadline)
-        if delay is None or self._accumulator.messages:
-            raise error
-        await asyncio.sleep(delay)
-        self._attempt += 1
-        self._call = self._start(self._deadline.remaining())
+    async def _next_message(self) -> pb.GenerateStreamResponse | None:
+        try:
+            message = await self._call.read()
+        except asyncio.CancelledError:
+            if self._cancelled:  # our own cancel(): grpc.aio reports it this way
+                return None
+            self._call.cancel()  # the reading task was cancelled: end the call too
+            raise
+        except grpc.RpcError as rpc_error:
+            if self._cancelled:
+                return None
+            raise from_rpc_error(rpc_error) from None
+        if message is not grpc.aio.EOF:
+            return message
+        if self._cancelled:
+            return None
+        raise Unknown("the stream ended without a final message")
 
     def cancel(self) -> None:
         """Cancel the call on the server; the result so far gets finish_reason "cancelled"."""
@@ -115,7 +113,7 @@ class AsyncStream:
     async def __aenter__(self) -> AsyncStream:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.cancel()
 
 
@@ -132,7 +130,7 @@ class AsyncClient:
         retry: RetryPolicy = RetryPolicy(),
         options: Sequence[tuple[str, object]] = (),
     ) -> None:
-        self.config = ChannelConfig(target, tls, token, tuple(options))
+        self.config = ChannelConfig(target, tls, token, tuple(options), retry, timeout)
         self.timeout = timeout
         self.retry = retry
         self._metadata = self.config.metadata()
@@ -140,90 +138,49 @@ class AsyncClient:
         self._stub = TextGenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    def _deadline(self, timeout: float | None) -> Deadline:
-        return Deadline(self.timeout if timeout is None else timeout)
+    def _timeout(self, timeout: float | None) -> float:
+        return check_timeout(self.timeout if timeout is None else timeout)
 
     async def generate(
         self,
         prompt: Prompt,
+        params: GenerationParams | None = None,
         *,
-        max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
         request_id: str = "",
         timeout: float | None = None,
+        **overrides: Unpack[ParamFields],
     ) -> GenerationResult:
-        """The whole completion of `prompt` (text, or token ids); unset sampling means greedy."""
-        request = build_request(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-            stop=stop,
-            request_id=request_id,
-        )
-        response = await call_with_retry_async(
-            lambda left: self._stub.Generate(request, timeout=left, metadata=self._metadata),
-            self.retry,
-            self._deadline(timeout),
-        )
+        """The whole completion of `prompt` (text, or token ids); no params means greedy."""
+        request = build_request(prompt, params, request_id=request_id, **overrides)
+        with typed_errors():
+            response = await self._stub.Generate(request, timeout=self._timeout(timeout), metadata=self._metadata)
         return result_from_response(response)
 
     def stream(
         self,
         prompt: Prompt,
+        params: GenerationParams | None = None,
         *,
-        max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
         request_id: str = "",
         timeout: float | None = None,
+        **overrides: Unpack[ParamFields],
     ) -> AsyncStream:
         """Start streaming the completion of `prompt`; iterate the returned `AsyncStream`."""
-        request = build_request(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-            stop=stop,
-            request_id=request_id,
-        )
-        return AsyncStream(
-            lambda left: self._stub.GenerateStream(request, timeout=left, metadata=self._metadata),
-            self.retry,
-            self._deadline(timeout),
-        )
+        request = build_request(prompt, params, request_id=request_id, **overrides)
+        return AsyncStream(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """The served model, its execution provider and the server's limits."""
-        message = await call_with_retry_async(
-            lambda left: self._stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=left, metadata=self._metadata),
-            self.retry,
-            self._deadline(timeout),
-        )
+        request = pb.GetModelInfoRequest()
+        with typed_errors():
+            message = await self._stub.GetModelInfo(request, timeout=self._timeout(timeout), metadata=self._metadata)
         return model_info_from_proto(message)
 
     async def health(self, service: str = "", *, timeout: float | None = None) -> bool:
         """True if the server reports SERVING (grpc.health.v1); False if not, or unreachable."""
         request = health_pb2.HealthCheckRequest(service=service)
         try:
-            response = await self._health.Check(
-                request, timeout=self._deadline(timeout).remaining(), metadata=self._metadata
-            )
+            response = await self._health.Check(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError:
             return False
         return response.status == health_pb2.HealthCheckResponse.SERVING
@@ -235,5 +192,5 @@ class AsyncClient:
     async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, *exc_info) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()

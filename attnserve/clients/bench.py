@@ -18,12 +18,13 @@ and plot live in bench_report.py.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -35,7 +36,7 @@ from .channel import DEFAULT_TARGET, TlsConfig
 from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
 from .errors import AttnserveError, InvalidArgument
 from .retry import NO_RETRY
-from .types import ModelInfo, Prompt, TokenizerInfo
+from .types import GenerationParams, ModelInfo, Prompt, TokenizerInfo
 
 PROG = "attnserve bench"
 
@@ -83,6 +84,10 @@ class BenchConfig:
         if self.warmup < 0:
             raise ValueError("--warmup must not be negative")
 
+    def params(self) -> GenerationParams:
+        """What every request of the run decodes with: greedy, max_new_tokens each."""
+        return GenerationParams(max_new_tokens=self.max_new_tokens)
+
 
 def make_prompts(count: int, prompt_tokens: int, seed: int) -> list[str]:
     """`count` ASCII prompts of prompt_tokens byte tokenizer tokens (BOS + bytes), from PASSAGE."""
@@ -99,7 +104,7 @@ def make_token_prompts(count: int, prompt_tokens: int, seed: int, tokenizer: Tok
     return [rng.choices(ids, k=prompt_tokens) for _ in range(count)]
 
 
-def prompts_for(config: BenchConfig, info: ModelInfo, count: int, seed: int) -> list[Prompt]:
+def prompts_for(config: BenchConfig, info: ModelInfo, count: int, seed: int) -> Sequence[Prompt]:
     """The prompts of one pass: token ids with --prompt-ids, else text."""
     if config.prompt_ids:
         return make_token_prompts(count, config.prompt_tokens, seed, info.tokenizer)
@@ -151,12 +156,12 @@ class Progress:
         self.out.flush()
 
 
-async def measure(client: AsyncClient, prompt: Prompt, config: BenchConfig) -> RequestRecord:
+async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams) -> RequestRecord:
     """Stream one request and time its tokens; a failure is recorded, not raised."""
     record = RequestRecord(start=time.perf_counter())
     last = record.start
     try:
-        async with client.stream(prompt, max_new_tokens=config.max_new_tokens) as stream:
+        async with client.stream(prompt, params) as stream:
             async for delta in stream:
                 count = len(delta.token_ids)
                 if not count:
@@ -180,7 +185,7 @@ async def measure(client: AsyncClient, prompt: Prompt, config: BenchConfig) -> R
 
 
 async def closed_loop(
-    client: AsyncClient, prompts: list[Prompt], concurrency: int, config: BenchConfig, progress: Progress
+    client: AsyncClient, prompts: Sequence[Prompt], concurrency: int, params: GenerationParams, progress: Progress
 ) -> list[RequestRecord]:
     """All prompts, `concurrency` in flight: each worker sends its next one when one ends."""
     pending: Iterator[Prompt] = iter(prompts)
@@ -188,7 +193,7 @@ async def closed_loop(
 
     async def worker() -> None:
         for prompt in pending:  # one shared iterator: the event loop hands out each prompt once
-            records.append(await measure(client, prompt, config))
+            records.append(await measure(client, prompt, params))
             progress.tick(records[-1])
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
@@ -196,14 +201,14 @@ async def closed_loop(
 
 
 async def open_loop(
-    client: AsyncClient, prompts: list[Prompt], rate: float, config: BenchConfig, progress: Progress
+    client: AsyncClient, prompts: Sequence[Prompt], rate: float, params: GenerationParams, progress: Progress, seed: int
 ) -> list[RequestRecord]:
     """All prompts sent at Poisson arrival times of `rate` per second, whatever is in flight."""
-    rng = random.Random(config.seed)
+    rng = random.Random(seed)
     due = time.perf_counter()
 
     async def one(prompt: Prompt) -> RequestRecord:
-        record = await measure(client, prompt, config)
+        record = await measure(client, prompt, params)
         progress.tick(record)
         return record
 
@@ -227,19 +232,20 @@ async def run_bench(
         prompts = prompts_for(config, info, config.requests, config.seed)
         warm = prompts_for(config, info, config.warmup, config.seed + 1)
         prompt_note = describe_prompts(config, info.tokenizer)
+        params = config.params()
         if not config.prompt_ids and info.tokenizer.kind != "bytes":
             print(f"[{PROG}] prompts are {prompt_note}", file=sys.stderr)
         if warm:
             progress.start("warm-up", len(warm))
-            await closed_loop(client, warm, max(config.concurrency or (1,)), config, progress)
+            await closed_loop(client, warm, max(config.concurrency or (1,)), params, progress)
         levels = []
         for c in config.concurrency:
             progress.start(f"concurrency {c}", len(prompts))
-            records = await closed_loop(client, prompts, c, config, progress)
+            records = await closed_loop(client, prompts, c, params, progress)
             levels.append(summarize_level(records, mode="closed", concurrency=c))
         for rate in config.rates:
             progress.start(f"rate {rate:g}/s", len(prompts))
-            records = await open_loop(client, prompts, rate, config, progress)
+            records = await open_loop(client, prompts, rate, params, progress, config.seed)
             levels.append(summarize_level(records, mode="poisson", rate=rate))
     return {
         "tool": PROG,
@@ -275,7 +281,7 @@ def check_fits(config: BenchConfig, info: ModelInfo) -> None:
         )
 
 
-def config_from_args(args) -> BenchConfig:
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """BenchConfig from the command line: without --concurrency, 1,4,16 unless --rate is given."""
     rates = parse_numbers(args.rate, float, "--rate")
     concurrency = parse_numbers(args.concurrency, int, "--concurrency")
@@ -319,7 +325,7 @@ def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> 
     print(json.dumps(report), flush=True)
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
     try:
         config = config_from_args(args)

@@ -1,18 +1,22 @@
-"""How a client reaches its servers: target parsing, round_robin, TLS and the bearer token.
+"""How a client reaches its servers: target parsing, round_robin, retries, TLS and the token.
 
 One `ChannelConfig` builds both the sync and the asyncio channel, so `Client` and `AsyncClient`
-connect identically. Knows nothing about the TextGeneration service.
+connect identically; balancing and retries are one service config that gRPC carries out.
+Knows nothing about the TextGeneration service's messages.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+
+from .retry import RetryPolicy
 
 DEFAULT_PORT = 50051
 DEFAULT_TARGET = f"127.0.0.1:{DEFAULT_PORT}"
@@ -129,11 +133,22 @@ class ChannelConfig:
     tls: TlsConfig | None = None  # None: plaintext
     token: str | None = None  # bearer token sent as `authorization` metadata
     options: tuple[tuple[str, object], ...] = ()  # extra gRPC channel arguments
+    retry: RetryPolicy = RetryPolicy()  # which calls gRPC resends, and when
+    timeout: float | None = None  # the calls' deadline in seconds: retries that cannot fit are dropped
+
+    def service_config(self) -> str:
+        """The channel's service config (JSON): round_robin over the targets, and the retry policy."""
+        method = self.retry.method_config(self.timeout)
+        return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": [method]})
 
     def channel_args(self) -> tuple[str, list[tuple[str, object]]]:
-        """The gRPC target and channel arguments: round_robin, fast reconnects, TLS name."""
+        """The gRPC target and channel arguments: service config, fast reconnects, TLS name."""
         target, tls_name = parse_targets(self.target)
-        args: list[tuple[str, object]] = [("grpc.lb_policy_name", "round_robin"), *RECONNECT_OPTIONS]
+        args: list[tuple[str, object]] = [
+            ("grpc.service_config", self.service_config()),
+            ("grpc.enable_retries", int(self.retry.retries)),
+            *RECONNECT_OPTIONS,
+        ]
         server_name = (self.tls.server_name if self.tls else None) or tls_name
         if self.tls is not None and server_name:
             args.append(("grpc.ssl_target_name_override", server_name))

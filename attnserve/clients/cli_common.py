@@ -5,6 +5,7 @@ The flags themselves are declared in attnserve/cli.py (`add_client_flags`).
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -14,14 +15,14 @@ from .errors import AttnserveError, exit_status
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 
-def tls_from_args(args) -> TlsConfig | None:
+def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:
     """TLS from --tls-ca/--tls-cert/--tls-key/--tls-server-name; None (plaintext) if none given."""
     if not (args.tls_ca or args.tls_cert or args.tls_key):
         return None
     return TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
 
 
-def token_from_args(args) -> str | None:
+def token_from_args(args: argparse.Namespace) -> str | None:
     """The bearer token of --token-file, if given."""
     if not args.token_file:
         return None

@@ -8,16 +8,18 @@
         client.generate([256, 105, 109], max_new_tokens=8)   # token ids, sent as given
 
 A prompt is text (str), which the server's tokenizer encodes, or a sequence of token ids in
-[0, model_info().tokenizer.vocab_size), used exactly as given. Every call has a deadline (the
-client's `timeout`, or the call's own), failures raise the typed errors of `errors.py`, and
-only calls no server began are retried. The asyncio twin is `AsyncClient` in `aio.py`; both
-convert messages with `types.py`.
+[0, model_info().tokenizer.vocab_size), used exactly as given. How to decode is one
+`GenerationParams` (`client.generate(prompt, params)`), or keyword arguments that override its
+fields. Every call has a deadline (the client's `timeout`, or the call's own), failures raise
+the typed errors of `errors.py`, and gRPC retries only calls no server began (`retry.py`). The
+asyncio twin is `AsyncClient` in `aio.py`; both convert messages with `types.py`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -26,11 +28,13 @@ from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.protos.attnserve.v1.generation_pb2_grpc import TextGenerationStub
 
 from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
-from .errors import AttnserveError, Unknown, from_rpc_error
-from .retry import Deadline, RetryPolicy, call_with_retry, next_delay
+from .errors import Unknown, from_rpc_error, typed_errors
+from .retry import RetryPolicy, check_timeout
 from .types import (
+    GenerationParams,
     GenerationResult,
     ModelInfo,
+    ParamFields,
     Prompt,
     StreamAccumulator,
     StreamDelta,
@@ -39,10 +43,13 @@ from .types import (
     result_from_response,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 DEFAULT_TIMEOUT = 60.0  # seconds; a generation of a few hundred tokens on CPU fits
 
 
-def _wait(future: grpc.Future):
+def _wait(future: grpc.Future) -> Any:
     """The future's result; Ctrl-C while waiting cancels the call on the server too."""
     try:
         return future.result()
@@ -58,12 +65,10 @@ class Stream:
     iteration then stops. `result()` drains what is left and returns the whole completion.
     """
 
-    def __init__(self, start: Callable[[float], grpc.Call], retry: RetryPolicy, deadline: Deadline) -> None:
-        self._start, self._retry, self._deadline = start, retry, deadline
+    def __init__(self, call: grpc.Call) -> None:  # also the iterator of its messages
+        self._call = call
         self._accumulator = StreamAccumulator()
-        self._attempt = 1
         self._cancelled = False
-        self._call = start(deadline.remaining())
 
     def __iter__(self) -> Iterator[StreamDelta]:
         return self
@@ -74,32 +79,28 @@ class Stream:
             if message is None:
                 break
             delta = self._accumulator.feed(message)
+            if self._accumulator.result is not None:
+                self._finish()
             if delta is not None:
                 return delta
         raise StopIteration
 
-    def _next_message(self) -> pb.GenerateStreamResponse | None:
-        while True:
-            try:
-                return next(self._call)
-            except StopIteration:
-                if self._cancelled:
-                    return None
-                raise Unknown("the stream ended without a final message") from None
-            except grpc.RpcError as rpc_error:
-                if self._cancelled:
-                    return None
-                error = from_rpc_error(rpc_error)
-            self._retry_or_raise(error)
+    def _finish(self) -> None:
+        """Read the call's status after the final message, so that it ends OK, not cancelled when dropped."""
+        with suppress(grpc.RpcError, StopIteration):  # the completion is whole already
+            next(self._call)
 
-    def _retry_or_raise(self, error: AttnserveError) -> None:
-        """Start the call again if it failed before any message; otherwise raise."""
-        delay = next_delay(self._retry, self._attempt, error, self._deadline)
-        if delay is None or self._accumulator.messages:
-            raise error
-        time.sleep(delay)
-        self._attempt += 1
-        self._call = self._start(self._deadline.remaining())
+    def _next_message(self) -> pb.GenerateStreamResponse | None:
+        try:
+            return next(self._call)
+        except StopIteration:
+            if self._cancelled:
+                return None
+            raise Unknown("the stream ended without a final message") from None
+        except grpc.RpcError as rpc_error:
+            if self._cancelled:
+                return None
+            raise from_rpc_error(rpc_error) from None
 
     def cancel(self) -> None:
         """Cancel the call on the server; the result so far gets finish_reason "cancelled"."""
@@ -123,7 +124,7 @@ class Stream:
     def __enter__(self) -> Stream:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.cancel()
 
 
@@ -140,7 +141,7 @@ class Client:
         retry: RetryPolicy = RetryPolicy(),
         options: Sequence[tuple[str, object]] = (),
     ) -> None:
-        self.config = ChannelConfig(target, tls, token, tuple(options))
+        self.config = ChannelConfig(target, tls, token, tuple(options), retry, timeout)
         self.timeout = timeout
         self.retry = retry
         self._metadata = self.config.metadata()
@@ -148,90 +149,49 @@ class Client:
         self._stub = TextGenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
-    def _deadline(self, timeout: float | None) -> Deadline:
-        return Deadline(self.timeout if timeout is None else timeout)
+    def _timeout(self, timeout: float | None) -> float:
+        return check_timeout(self.timeout if timeout is None else timeout)
 
     def generate(
         self,
         prompt: Prompt,
+        params: GenerationParams | None = None,
         *,
-        max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
         request_id: str = "",
         timeout: float | None = None,
+        **overrides: Unpack[ParamFields],
     ) -> GenerationResult:
-        """The whole completion of `prompt` (text, or token ids); unset sampling means greedy."""
-        request = build_request(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-            stop=stop,
-            request_id=request_id,
-        )
-        response = call_with_retry(
-            lambda left: _wait(self._stub.Generate.future(request, timeout=left, metadata=self._metadata)),
-            self.retry,
-            self._deadline(timeout),
-        )
-        return result_from_response(response)
+        """The whole completion of `prompt` (text, or token ids); no params means greedy."""
+        request = build_request(prompt, params, request_id=request_id, **overrides)
+        future = self._stub.Generate.future(request, timeout=self._timeout(timeout), metadata=self._metadata)
+        with typed_errors():
+            return result_from_response(_wait(future))
 
     def stream(
         self,
         prompt: Prompt,
+        params: GenerationParams | None = None,
         *,
-        max_new_tokens: int | None = None,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        seed: int | None = None,
-        stop: Sequence[str] = (),
         request_id: str = "",
         timeout: float | None = None,
+        **overrides: Unpack[ParamFields],
     ) -> Stream:
         """Start streaming the completion of `prompt`; iterate the returned `Stream`."""
-        request = build_request(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            repetition_penalty=repetition_penalty,
-            seed=seed,
-            stop=stop,
-            request_id=request_id,
-        )
-        return Stream(
-            lambda left: self._stub.GenerateStream(request, timeout=left, metadata=self._metadata),
-            self.retry,
-            self._deadline(timeout),
-        )
+        request = build_request(prompt, params, request_id=request_id, **overrides)
+        return Stream(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
 
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """The served model, its execution provider and the server's limits."""
-        message = call_with_retry(
-            lambda left: _wait(
-                self._stub.GetModelInfo.future(pb.GetModelInfoRequest(), timeout=left, metadata=self._metadata)
-            ),
-            self.retry,
-            self._deadline(timeout),
-        )
-        return model_info_from_proto(message)
+        request = pb.GetModelInfoRequest()
+        future = self._stub.GetModelInfo.future(request, timeout=self._timeout(timeout), metadata=self._metadata)
+        with typed_errors():
+            return model_info_from_proto(_wait(future))
 
     def health(self, service: str = "", *, timeout: float | None = None) -> bool:
         """True if the server reports SERVING (grpc.health.v1); False if not, or unreachable."""
         request = health_pb2.HealthCheckRequest(service=service)
         try:
-            response = self._health.Check(request, timeout=self._deadline(timeout).remaining(), metadata=self._metadata)
+            response = self._health.Check(request, timeout=self._timeout(timeout), metadata=self._metadata)
         except grpc.RpcError:
             return False
         return response.status == health_pb2.HealthCheckResponse.SERVING
@@ -243,5 +203,5 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()

@@ -2,10 +2,13 @@
 
 Callers catch `AttnserveError` (or one subclass) instead of `grpc.RpcError`; each error carries
 the status `code` and the server's `details`. Nothing else in the clients inspects status codes
-except the retry rule, which asks `retryable()`.
+except the retry policy, which hands gRPC the codes of `RETRYABLE`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import grpc
 
@@ -128,6 +131,9 @@ class Unauthenticated(AttnserveError):
 
 ERRORS: dict[grpc.StatusCode, type[AttnserveError]] = {cls.code: cls for cls in AttnserveError.__subclasses__()}
 
+# Failures of calls that no server began (or one that is draining): the only ones resent.
+RETRYABLE: tuple[type[AttnserveError], ...] = (Unavailable,)
+
 # Exit statuses of the command-line tools: 2 for a request the caller must fix, 1 otherwise.
 USAGE_ERRORS = (InvalidArgument, OutOfRange, FailedPrecondition)
 
@@ -141,9 +147,18 @@ def from_rpc_error(error: grpc.RpcError) -> AttnserveError:
     return ERRORS.get(code, AttnserveError)(details or "", code)
 
 
+@contextmanager
+def typed_errors() -> Iterator[None]:
+    """Re-raise a failed call's `grpc.RpcError` as its typed exception, for callers to catch."""
+    try:
+        yield
+    except grpc.RpcError as error:
+        raise from_rpc_error(error) from None
+
+
 def retryable(error: AttnserveError) -> bool:
     """Whether a call that failed this way may be sent again: only if no server began it."""
-    return isinstance(error, Unavailable)
+    return isinstance(error, RETRYABLE)
 
 
 def exit_status(error: AttnserveError) -> int:

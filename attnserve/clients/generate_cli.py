@@ -9,20 +9,22 @@ bad flags) or 1 otherwise; no traceback. The flags are declared in attnserve/cli
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import sys
-from typing import Any, TextIO
+from dataclasses import fields
+from typing import TextIO
 
 from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import AttnserveError
-from .types import GenerationResult, Prompt
+from .types import GenerationParams, GenerationResult, Prompt
 
 PROG = "attnserve generate"
 
 
-def client_from_args(args) -> Client:
+def client_from_args(args: argparse.Namespace) -> Client:
     """A Client from the shared connection flags (--target, --timeout, --tls-*, --token-file)."""
     return Client(
         args.target,
@@ -32,21 +34,13 @@ def client_from_args(args) -> Client:
     )
 
 
-def sampling_from_args(args) -> dict[str, Any]:
-    """Keyword arguments of Client.generate / Client.stream from the command line."""
-    return {
-        "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature,
-        "top_k": args.top_k,
-        "top_p": args.top_p,
-        "repetition_penalty": args.repetition_penalty,
-        "seed": args.seed,
-        "stop": args.stop,
-        "request_id": args.request_id,
-    }
+def params_from_args(args: argparse.Namespace) -> GenerationParams:
+    """GenerationParams from the sampling flags; a flag left out keeps the dataclass's default."""
+    given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
+    return GenerationParams(**{name: value for name, value in given.items() if value is not None})
 
 
-def prompt_from_args(args) -> Prompt:
+def prompt_from_args(args: argparse.Namespace) -> Prompt:
     """The prompt argument (stdin for "-") or the ids of --prompt-token-ids: exactly one."""
     if args.prompt is not None and args.prompt_token_ids is not None:
         raise ValueError("give a prompt or --prompt-token-ids, not both")
@@ -57,9 +51,11 @@ def prompt_from_args(args) -> Prompt:
     return sys.stdin.read() if args.prompt == "-" else args.prompt
 
 
-def stream_to(out: TextIO | None, client: Client, prompt: Prompt, params: dict[str, Any]) -> GenerationResult:
+def stream_to(
+    out: TextIO | None, client: Client, prompt: Prompt, params: GenerationParams, request_id: str
+) -> GenerationResult:
     """Write each delta as it arrives; any exit before the end (Ctrl-C) cancels it on the server."""
-    with client.stream(prompt, **params) as stream:
+    with client.stream(prompt, params, request_id=request_id) as stream:
         for delta in stream:
             if out is not None:
                 out.write(delta.text)
@@ -67,16 +63,16 @@ def stream_to(out: TextIO | None, client: Client, prompt: Prompt, params: dict[s
         return stream.result()
 
 
-def run(args, out: TextIO | None = None) -> GenerationResult:
+def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult:
     """Generate as the flags say, printing to `out` (stdout); raises AttnserveError, Ctrl-C."""
     out = out or sys.stdout
     prompt = prompt_from_args(args)
-    params = sampling_from_args(args)
+    params = params_from_args(args)
     with client_from_args(args) as client:
         if args.no_stream:
-            result = client.generate(prompt, **params)
+            result = client.generate(prompt, params, request_id=args.request_id)
         else:
-            result = stream_to(None if args.json else out, client, prompt, params)
+            result = stream_to(None if args.json else out, client, prompt, params, args.request_id)
     if args.json:
         out.write(json.dumps(result.to_dict()) + "\n")
     elif args.no_stream:
@@ -87,7 +83,7 @@ def run(args, out: TextIO | None = None) -> GenerationResult:
     return result
 
 
-def main(args) -> int:
+def main(args: argparse.Namespace) -> int:
     """CLI entry of `attnserve generate`: the exit status."""
     # SIGINT cancels the stream even when a non-interactive shell started us with it ignored.
     signal.signal(signal.SIGINT, signal.default_int_handler)

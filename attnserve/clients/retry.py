@@ -1,93 +1,93 @@
-"""Deadlines and the one retry rule: resend only calls no server began (UNAVAILABLE).
+"""The one retry rule, handed to gRPC: resend only calls no server began (UNAVAILABLE).
 
-A call's timeout covers all its attempts: each attempt gets what is left of it, and a backoff
-that would outlast it is not slept. Streams reuse `next_delay` but decide themselves whether a
-token has already arrived. Knows nothing about the service's messages.
+A `RetryPolicy` becomes a methodConfig of the channel's service config, so gRPC itself resends
+the calls, with exponential backoff, and never once the server's first response arrived: a
+stream that may have generated text is not retried. A call's timeout covers all its attempts,
+and the attempts whose backoffs would outlast the client's timeout are left out, so that an
+unreachable server is reported as UNAVAILABLE rather than as a deadline. Health checks are left
+out, so that they answer at once. Knows nothing about the service's messages.
 """
 
 from __future__ import annotations
 
-import asyncio
-import random
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any
 
-import grpc
+from .errors import RETRYABLE
 
-from .errors import AttnserveError, DeadlineExceeded, from_rpc_error, retryable
-
-T = TypeVar("T")
+SERVICE = "attnserve.v1.TextGeneration"  # the methods a policy covers
+GRPC_MAX_ATTEMPTS = 5  # gRPC clamps maxAttempts to 5, and logs an error above it
+GRPC_JITTER = 0.2  # gRPC scales every backoff by a random factor in [0.8, 1.2], not configurable
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
     """Bounded exponential backoff with jitter for calls that failed before reaching a server."""
 
-    max_attempts: int = 5  # 1 turns retries off
+    max_attempts: int = 5  # 1 turns retries off; over 5 (gRPC's cap), calls wait for a server
     initial_backoff: float = 0.1  # seconds before the second attempt
     max_backoff: float = 2.0  # cap of one backoff, seconds
     multiplier: float = 2.0  # growth of the backoff per attempt
-    jitter: float = 0.2  # each backoff is scaled by a random factor in [1-j, 1+j]
+    jitter: float = 0.2  # no backoff comes sooner than (1 - jitter) times its nominal value
 
-    def backoff(self, attempt: int) -> float:
-        """Seconds to wait after failed attempt number `attempt` (1-based)."""
-        base = min(self.initial_backoff * self.multiplier ** (attempt - 1), self.max_backoff)
-        return base * random.uniform(1 - self.jitter, 1 + self.jitter)
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or not 0 <= self.jitter < 1:
+            raise ValueError(f"RetryPolicy needs max_attempts >= 1 and 0 <= jitter < 1, got {self}")
+        if min(self.initial_backoff, self.max_backoff, self.multiplier) <= 0:
+            raise ValueError(f"RetryPolicy needs positive backoffs and multiplier, got {self}")
+
+    @property
+    def retries(self) -> bool:
+        """Whether a failed call may be sent again at all."""
+        return self.max_attempts > 1
+
+    @property
+    def _scale(self) -> float:
+        """gRPC's jitter is fixed at 20%: backoffs scaled by this never come sooner than ours would."""
+        return (1 - self.jitter) / (1 - GRPC_JITTER)
+
+    def attempts_within(self, timeout: float | None) -> int:
+        """Attempts gRPC may make, no more than 5 and, every backoff at its longest, within `timeout`."""
+        attempts, waited = 1, 0.0
+        longest = self._scale * (1 + GRPC_JITTER)
+        while attempts < min(self.max_attempts, GRPC_MAX_ATTEMPTS):
+            waited += min(self.initial_backoff * self.multiplier ** (attempts - 1), self.max_backoff) * longest
+            if timeout is not None and waited >= timeout:
+                break
+            attempts += 1
+        return attempts
+
+    def method_config(self, timeout: float | None = None) -> dict[str, Any]:
+        """This policy as a gRPC methodConfig for the TextGeneration service, for calls of `timeout`."""
+        config: dict[str, Any] = {"name": [{"service": SERVICE}]}
+        if not self.retries:
+            return config
+        # gRPC allows 5 attempts at most: a policy asking for more means to outlast a restart,
+        # which waitForReady does (until the call's deadline) with no attempt spent meanwhile.
+        config["waitForReady"] = self.max_attempts > GRPC_MAX_ATTEMPTS
+        attempts = self.attempts_within(None if config["waitForReady"] else timeout)
+        if attempts < 2:
+            return config
+        config["retryPolicy"] = {
+            "maxAttempts": attempts,
+            "initialBackoff": _duration(self.initial_backoff * self._scale),
+            "maxBackoff": _duration(self.max_backoff * self._scale),
+            "backoffMultiplier": self.multiplier,
+            "retryableStatusCodes": [error.code.name for error in RETRYABLE],
+        }
+        return config
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)
 
 
-class Deadline:
-    """An absolute deadline for a call and its retries."""
-
-    def __init__(self, timeout: float) -> None:
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        self.timeout = timeout
-        self.at = time.monotonic() + timeout
-
-    def remaining(self) -> float:
-        """Seconds left; raises DeadlineExceeded once none are."""
-        left = self.at - time.monotonic()
-        if left <= 0:
-            raise DeadlineExceeded(f"deadline of {self.timeout:g} s exceeded")
-        return left
+def _duration(seconds: float) -> str:
+    """A protobuf JSON Duration, as the service config writes them: "0.125s"."""
+    return f"{seconds:.6f}s"
 
 
-def next_delay(policy: RetryPolicy, attempt: int, error: AttnserveError, deadline: Deadline) -> float | None:
-    """The backoff before retrying a failed attempt, or None when the error must be raised."""
-    if not retryable(error) or attempt >= policy.max_attempts:
-        return None
-    delay = policy.backoff(attempt)
-    return delay if delay < deadline.at - time.monotonic() else None
-
-
-def call_with_retry(attempt: Callable[[float], T], policy: RetryPolicy, deadline: Deadline) -> T:
-    """Run `attempt(timeout_left)` until it succeeds or fails for good, raising typed errors."""
-    for number in range(1, policy.max_attempts + 1):
-        try:
-            return attempt(deadline.remaining())
-        except grpc.RpcError as rpc_error:
-            error = from_rpc_error(rpc_error)
-        delay = next_delay(policy, number, error, deadline)
-        if delay is None:
-            raise error
-        time.sleep(delay)
-    raise AssertionError("unreachable: the last attempt raises")
-
-
-async def call_with_retry_async(attempt: Callable[[float], Awaitable[T]], policy: RetryPolicy, deadline: Deadline) -> T:
-    """The asyncio twin of `call_with_retry`."""
-    for number in range(1, policy.max_attempts + 1):
-        try:
-            return await attempt(deadline.remaining())
-        except grpc.RpcError as rpc_error:
-            error = from_rpc_error(rpc_error)
-        delay = next_delay(policy, number, error, deadline)
-        if delay is None:
-            raise error
-        await asyncio.sleep(delay)
-    raise AssertionError("unreachable: the last attempt raises")
+def check_timeout(timeout: float) -> float:
+    """A call's deadline in seconds, refused unless positive (gRPC would fail it at once)."""
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return timeout

@@ -1,24 +1,72 @@
 """Plain results the clients return, and their conversions to and from the protocol's messages.
 
-Callers never see protobuf: a request is built from a prompt (text, or token ids) and keyword
-arguments, a response becomes a frozen dataclass with a lowercase finish reason. Knows nothing
-about channels or retries.
+Callers never see protobuf: a request is built from a prompt (text, or token ids) and one
+`GenerationParams`, a response becomes a frozen dataclass with a lowercase finish reason.
+Knows nothing about channels or retries.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _REASON_PREFIX = "FINISH_REASON_"
 
 # What generate and stream take: text for the server's tokenizer to encode, or token ids that
 # it uses exactly as given (nothing prepended), as OpenAI's and vLLM's completions accept.
 Prompt = str | Sequence[int]
+
+
+class ParamFields(TypedDict, total=False):
+    """The fields of `GenerationParams`, for the keyword arguments that override them."""
+
+    max_new_tokens: int | None
+    temperature: float
+    top_k: int
+    top_p: float | None
+    repetition_penalty: float | None
+    seed: int | None
+    stop: Sequence[str]
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """How to decode a request: built once (by the caller, `generate` or bench) and sent whole."""
+
+    max_new_tokens: int | None = None  # None: the server's cap
+    temperature: float = 0.0  # 0: greedy decoding
+    top_k: int = 0  # sample among the k most likely tokens; 0: all of them
+    top_p: float | None = None  # nucleus threshold in (0, 1]; None: off
+    repetition_penalty: float | None = None  # > 1 discourages repeats; None: off (1)
+    seed: int | None = None  # this request's sampler seed; None: the server draws one
+    stop: Sequence[str] = ()  # stop once the text contains one of these ("\n" alone is one)
+
+    def __post_init__(self) -> None:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)  # a tuple, so that the params stay hashable
+
+    def replace(self, **overrides: Unpack[ParamFields]) -> GenerationParams:
+        """A copy with some fields changed (keyword arguments of generate and stream)."""
+        return dataclasses.replace(self, **overrides) if overrides else self
+
+    def request(self, prompt: Prompt, request_id: str = "") -> pb.GenerateRequest:
+        """The GenerateRequest; fields left at None stay unset, so the server's defaults apply."""
+        request = pb.GenerateRequest(**prompt_fields(prompt), request_id=request_id)
+        request.temperature, request.top_k = self.temperature, self.top_k
+        request.stop.extend(self.stop)
+        for name in ("max_new_tokens", "top_p", "repetition_penalty", "seed"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(request, name, value)
+        return request
 
 
 @dataclass(frozen=True)
@@ -168,32 +216,10 @@ def prompt_fields(prompt: Prompt) -> dict[str, Any]:
 
 
 def build_request(
-    prompt: Prompt,
-    *,
-    max_new_tokens: int | None = None,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float | None = None,
-    repetition_penalty: float | None = None,
-    seed: int | None = None,
-    stop: Sequence[str] = (),
-    request_id: str = "",
+    prompt: Prompt, params: GenerationParams | None = None, *, request_id: str = "", **overrides: Unpack[ParamFields]
 ) -> pb.GenerateRequest:
-    """A GenerateRequest; parameters left at their defaults stay unset (greedy decoding)."""
-    if isinstance(stop, str):
-        stop = [stop]
-    request = pb.GenerateRequest(
-        **prompt_fields(prompt), temperature=temperature, top_k=top_k, stop=list(stop), request_id=request_id
-    )
-    for name, value in (
-        ("max_new_tokens", max_new_tokens),
-        ("top_p", top_p),
-        ("repetition_penalty", repetition_penalty),
-        ("seed", seed),
-    ):
-        if value is not None:
-            setattr(request, name, value)
-    return request
+    """The GenerateRequest of `params` (default: greedy), with any field overridden by keyword."""
+    return (params or GenerationParams()).replace(**overrides).request(prompt, request_id)
 
 
 def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
@@ -215,7 +241,7 @@ class StreamAccumulator:
         self.texts: list[str] = []
         self.token_ids: list[int] = []
         self.request_id = ""
-        self.messages = 0  # messages received; > 0 means retrying is unsafe
+        self.messages = 0  # messages received; gRPC retries no call once the first arrived
         self.result: GenerationResult | None = None
 
     def feed(self, message: pb.GenerateStreamResponse) -> StreamDelta | None:
