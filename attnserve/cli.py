@@ -11,7 +11,7 @@ import sys
 
 # subcommand -> (module, function taking the parsed args and returning an exit code)
 HANDLERS = {
-    "train": ("attnserve.model.train", "main"),
+    "train": ("attnserve.model.train_cli", "main"),
     "export": ("attnserve.export.onnx_export", "main"),
     "attention-map": ("attnserve.model.attention_map", "main"),
     "serve": ("attnserve.server.app", "main"),
@@ -27,7 +27,12 @@ def add_train(sub) -> None:
         epilog="data-parallel: torchrun --nproc_per_node=N -m attnserve.cli train ...",
     )
     p.add_argument("--preset", default="small", help="model preset: tiny, small (default), numbers, ...")
-    p.add_argument("--corpus", default=None, help="text file or folder of .txt files (default: CPython's pydoc topics)")
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="text file or folder of .txt files (default: CPython's pydoc topics); for an encoder-decoder "
+        "preset, a file of source<TAB>target lines (default: numbers into words)",
+    )
     p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
     p.add_argument(
         "--tokenizer",
@@ -48,7 +53,8 @@ def add_train(sub) -> None:
         "--time-budget",
         type=float,
         default=None,
-        help="stop after this many seconds of training in all, eval excluded (default 180 unless --max-steps)",
+        help="stop after this many seconds of training in all, eval excluded (default 180 unless --max-steps; "
+        "encoder-decoders: none, 2400 steps)",
     )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument(
@@ -59,8 +65,10 @@ def add_train(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (step, optimizer)")
-    p.add_argument("--batch-size", type=int, default=None, help="windows per step per process (default 32)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-3)")
+    p.add_argument(
+        "--batch-size", type=int, default=None, help="windows (pairs) per step per process (default 32; 64 pairs)"
+    )
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 5e-3; encoder-decoders 2e-3)")
     p.add_argument("--eval-interval", type=int, default=None, help="steps between held-out evaluations")
     p.add_argument(
         "--threads",
@@ -163,16 +171,17 @@ def add_generate(sub) -> None:
         help="the prompt as comma-separated token ids, sent as given (nothing prepended), "
         "e.g. 256,105,109; instead of the text prompt",
     )
+    # Sampling flags default to None: GenerationParams (attnserve/clients/types.py) holds the defaults.
     p.add_argument("--max-new-tokens", type=int, default=None, help="most tokens to generate (default: server cap)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy decoding")
-    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (0: all)")
+    p.add_argument("--temperature", type=float, default=None, help="0 (default) is greedy decoding")
+    p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (default 0: all)")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling threshold in (0, 1]")
     p.add_argument("--repetition-penalty", type=float, default=None, help="> 1 discourages repeats (1: off)")
     p.add_argument("--seed", type=int, default=None, help="seed of this request's sampler")
     p.add_argument(
         "--stop",
         action="append",
-        default=[],
+        default=None,
         metavar="TEXT",
         help="stop when the text contains TEXT (repeat the flag for several)",
     )

@@ -24,7 +24,7 @@ CASES = [
     "unknown preset",
     "out under a regular file",
     "resume without a checkpoint",
-    "encoder-decoder resume",
+    "encoder-decoder resume without a checkpoint",
     "pairs file with a bad line",
     "pairs longer than the context",
     "BPE vocabulary below the bytes",
@@ -53,7 +53,10 @@ def error_cases(root):
         ),
         "unknown preset": (["--preset", "enormous", *out], "unknown preset 'enormous'"),
         "out under a regular file": (["--preset", "tiny", "--out", str(root / "a-file" / "run")], "cannot write --out"),
-        "encoder-decoder resume": (["--preset", "numbers", "--resume", *out], "--resume is for decoder-only"),
+        "encoder-decoder resume without a checkpoint": (
+            ["--preset", "numbers", "--resume", *out],
+            "--resume: checkpoint not found",
+        ),
         "pairs file with a bad line": (
             ["--preset", "tiny-seq2seq", "--corpus", str(root / "bad.tsv"), *out],
             "bad.tsv:2: expected 'source<TAB>target'",

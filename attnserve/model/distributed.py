@@ -8,6 +8,8 @@ every collective here is a no-op. gloo on CPU, NCCL on CUDA. Knows nothing of mo
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,17 +90,19 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
     return None
 
 
-def init(ranks: Ranks, device: torch.device) -> bool:
-    """Join the process group (gloo on CPU, NCCL on CUDA); True when this call created it."""
-    if not ranks.distributed or dist.is_initialized():
-        return False
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=ranks.rank, world_size=ranks.world_size)
-    return True
-
-
-def shutdown(created: bool) -> None:
-    if created and dist.is_initialized():
-        dist.destroy_process_group()
+@contextmanager
+def process_group(ranks: Ranks, device: torch.device) -> Iterator[None]:
+    """Inside, this process is in the job's group (gloo on CPU, NCCL on CUDA); left on the way out
+    if this call joined it. A single process joins nothing."""
+    created = ranks.distributed and not dist.is_initialized()
+    if created:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.world_size)
+    try:
+        yield
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def broadcast_float(value: float, device: torch.device) -> float:

@@ -93,14 +93,15 @@ def generate_seq2seq(
     """Translate each source (an encoder-decoder model): the decoder starts from BOS."""
     model.eval()
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    src, src_mask, _ = left_pad(sources)
+    device = next(model.parameters()).device  # a model training on a GPU is measured there
+    src, src_mask = (t.to(device) for t in left_pad(sources)[:2])
     cross = model.cross_kv(model.encode(src, src_mask))
     b = len(sources)
-    token = torch.full((b,), BOS_ID, dtype=torch.long)
-    mask = torch.ones(b, 1, dtype=torch.long)
-    past, out, done = None, [], torch.zeros(b, dtype=torch.bool)
+    token = torch.full((b,), BOS_ID, dtype=torch.long, device=device)
+    mask = torch.ones(b, 1, dtype=torch.long, device=device)
+    past, out, done = None, [], torch.zeros(b, dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
-        positions = torch.full((b, 1), step, dtype=torch.long)
+        positions = torch.full((b, 1), step, dtype=torch.long, device=device)
         logits, past = model.decode(token[:, None], mask, positions, src_mask, cross, past)
         token = next_token(logits[:, -1], temperature, top_k, top_p, generator)
         out.append(token)

@@ -1,5 +1,5 @@
-"""The training progress bar (tqdm): steps, loss and last held-out loss in bits per byte,
-learning rate, tokens/s.
+"""The training progress bar (tqdm): steps, loss, learning rate, tokens/s and the last held-out
+figure.
 
 A thin wrapper so that the training loop reads the same with the bar on or off (other ranks,
 tests). Knows nothing of models or data.
@@ -33,7 +33,7 @@ class ProgressBar:
             else None
         )
 
-    def update(self, step: int, loss: float, lr: float, tokens_per_second: float, bpb: float | None) -> None:
+    def update(self, step: int, loss: float, lr: float, tokens_per_second: float, heldout: str | None) -> None:
         """Advance one step (loss in nats); refresh the figures every few steps, loss smoothed."""
         if self.bar is None:
             return
@@ -45,8 +45,8 @@ class ProgressBar:
                 "lr": f"{lr:.2e}",
                 "tok/s": f"{tokens_per_second:,.0f}",
             }
-            if bpb is not None:
-                figures["held-out bpb"] = f"{bpb:.3f}"
+            if heldout is not None:
+                figures["held-out"] = heldout
             self.bar.set_postfix(figures, refresh=False)
 
     def write(self, line: str) -> None:
