@@ -14,20 +14,18 @@ inside the event loop that uses it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1.generation_pb2_grpc import TextGenerationStub
 
-from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
-from .client import DEFAULT_TIMEOUT
+from .channel import ChannelConfig
+from .client import ClientBase
 from .errors import Unknown, from_rpc_error, typed_errors
-from .retry import RetryPolicy, check_timeout
 from .types import (
     GenerationParams,
     GenerationResult,
@@ -117,29 +115,11 @@ class AsyncStream:
         self.cancel()
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """asyncio client: generate, stream, model_info and health, each with a deadline."""
 
-    def __init__(
-        self,
-        target: str | Sequence[str] = DEFAULT_TARGET,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        token: str | None = None,
-        tls: TlsConfig | None = None,
-        retry: RetryPolicy = RetryPolicy(),
-        options: Sequence[tuple[str, object]] = (),
-    ) -> None:
-        self.config = ChannelConfig(target, tls, token, tuple(options), retry, timeout)
-        self.timeout = timeout
-        self.retry = retry
-        self._metadata = self.config.metadata()
-        self._channel = self.config.aio_channel()
-        self._stub = TextGenerationStub(self._channel)
-        self._health = health_pb2_grpc.HealthStub(self._channel)
-
-    def _timeout(self, timeout: float | None) -> float:
-        return check_timeout(self.timeout if timeout is None else timeout)
+    def _open_channel(self, config: ChannelConfig) -> grpc.aio.Channel:
+        return config.aio_channel()
 
     async def generate(
         self,

@@ -128,8 +128,8 @@ class Stream:
         self.cancel()
 
 
-class Client:
-    """Blocking client: generate, stream, model_info and health, each with a deadline."""
+class ClientBase:
+    """What Client and AsyncClient share: the channel's configuration, stubs and deadlines."""
 
     def __init__(
         self,
@@ -145,12 +145,22 @@ class Client:
         self.timeout = timeout
         self.retry = retry
         self._metadata = self.config.metadata()
-        self._channel = self.config.sync_channel()
+        self._channel = self._open_channel(self.config)
         self._stub = TextGenerationStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
+    def _open_channel(self, config: ChannelConfig) -> Any:
+        raise NotImplementedError
+
     def _timeout(self, timeout: float | None) -> float:
         return check_timeout(self.timeout if timeout is None else timeout)
+
+
+class Client(ClientBase):
+    """Blocking client: generate, stream, model_info and health, each with a deadline."""
+
+    def _open_channel(self, config: ChannelConfig) -> grpc.Channel:
+        return config.sync_channel()
 
     def generate(
         self,
