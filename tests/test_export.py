@@ -196,3 +196,11 @@ def test_float16_and_int8_exports_pass_their_gates(tiny_checkpoint, tmp_path, op
             "MatMulInteger" in n.op_type or "DynamicQuantize" in n.op_type
             for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node
         )
+
+
+def test_the_manifest_spells_the_architectures_as_the_model_does():
+    """model/ sits below export/ and may not import the contract, so the two spellings are checked here."""
+    from attnserve.model import config
+
+    assert contract.ARCHITECTURES == config.ARCHITECTURES
+    assert (contract.DECODER_ONLY, contract.ENCODER_DECODER) == (config.DECODER, config.ENCODER_DECODER)

@@ -11,6 +11,7 @@ import torch
 
 from ..tokenizer.utf8 import BOS_ID, EOS_ID, encode
 from .checkpoint import CheckpointError, load_checkpoint
+from .config import ENCODER_DECODER
 from .generate import generate_seq2seq
 
 
@@ -62,7 +63,7 @@ def main(args) -> int:
     except CheckpointError as e:
         print(f"attnserve attention-map: error: {e}", file=sys.stderr)
         return 2
-    if model.config.arch != "encoder-decoder":
+    if model.config.arch != ENCODER_DECODER:
         print(
             "attnserve attention-map: error: needs an encoder-decoder checkpoint (it shows cross-attention)",
             file=sys.stderr,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
+from .config import DECODER, ModelConfig
 from .lm import DecoderLM
 from .seq2seq import EncoderDecoder
 
@@ -17,7 +17,7 @@ class CheckpointError(Exception):
 
 
 def build_model(config: ModelConfig) -> torch.nn.Module:
-    return DecoderLM(config) if config.arch == "decoder" else EncoderDecoder(config)
+    return DecoderLM(config) if config.arch == DECODER else EncoderDecoder(config)
 
 
 def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra) -> None:

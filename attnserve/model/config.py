@@ -9,13 +9,15 @@ from dataclasses import asdict, dataclass, replace
 
 from ..tokenizer.utf8 import VOCAB_SIZE
 
-ARCHITECTURES = ("decoder", "encoder-decoder")
+# The manifest spells them the same way (export/contract.py; tests/test_export.py checks they agree).
+DECODER, ENCODER_DECODER = "decoder", "encoder-decoder"
+ARCHITECTURES = (DECODER, ENCODER_DECODER)
 POSITIONALS = ("sinusoidal", "learned")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str = "decoder"  # "decoder" (language model) or "encoder-decoder"
+    arch: str = DECODER  # "decoder" (language model) or "encoder-decoder"
     vocab_size: int = VOCAB_SIZE  # the tokenizer's, set by training (byte-level: 256 bytes + BOS, EOS, PAD)
     d_model: int = 128  # width of the residual stream
     n_heads: int = 4  # attention heads; d_k = d_model // n_heads
@@ -33,7 +35,7 @@ class ModelConfig:
             raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if self.arch == "encoder-decoder" and self.n_encoder_layers < 1:
+        if self.arch == ENCODER_DECODER and self.n_encoder_layers < 1:
             raise ValueError("an encoder-decoder model needs n_encoder_layers >= 1")
 
     @property
@@ -54,11 +56,9 @@ class ModelConfig:
 PRESETS: dict[str, dict] = {
     "tiny": dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, max_len=128),
     "small": dict(d_model=128, n_heads=4, n_layers=4, d_ff=512, max_len=128),
-    "numbers": dict(
-        arch="encoder-decoder", d_model=128, n_heads=4, n_layers=3, n_encoder_layers=3, d_ff=512, max_len=72
-    ),
+    "numbers": dict(arch=ENCODER_DECODER, d_model=128, n_heads=4, n_layers=3, n_encoder_layers=3, d_ff=512, max_len=72),
     "tiny-seq2seq": dict(
-        arch="encoder-decoder", d_model=32, n_heads=2, n_layers=2, n_encoder_layers=2, d_ff=64, max_len=64
+        arch=ENCODER_DECODER, d_model=32, n_heads=2, n_layers=2, n_encoder_layers=2, d_ff=64, max_len=64
     ),
 }
 

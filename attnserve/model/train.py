@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..tokenizer import KINDS as TOKENIZERS
 from ..tokenizer import Tokenizer, TokenizerError, from_state
 from . import distributed
-from .config import ModelConfig
+from .config import DECODER, ModelConfig
 from .data import HELDOUT_FRACTION, ByteBatches, DataError, heldout_batches, read_corpus, split_heldout
 from .distributed import Ranks
 from .trainer import Trainer, TrainerConfig, TrainError, setup
@@ -177,7 +177,7 @@ class LMTask:
 
 def train(model_config: ModelConfig, cfg: TrainConfig, log: Callable[[str], None] | None = None) -> dict:
     """Train a decoder LM; every rank returns the figures and its model (rank 0 wrote the checkpoint)."""
-    if model_config.arch != "decoder":
+    if model_config.arch != DECODER:
         raise TrainError(f"train() trains decoders; the {model_config.arch} trains with train_seq2seq()")
     ranks, device, state = setup(cfg)
     cfg = resolve_tokenizer(cfg, state)

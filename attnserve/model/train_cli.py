@@ -11,7 +11,7 @@ import sys
 from dataclasses import replace
 
 from . import distributed
-from .config import ModelConfig, preset
+from .config import ENCODER_DECODER, ModelConfig, preset
 from .data import DataError
 from .distributed import DeviceError
 from .train import TrainConfig, train
@@ -70,7 +70,7 @@ def configs_from_args(args) -> tuple[ModelConfig, TrainerConfig]:
     )
     tokenizer, vocab_size = getattr(args, "tokenizer", None), getattr(args, "vocab_size", None)
     cfg: TrainerConfig
-    if model_config.arch == "encoder-decoder":
+    if model_config.arch == ENCODER_DECODER:
         if tokenizer not in (None, "bytes") or vocab_size is not None:
             raise TrainError("--tokenizer bpe is for decoder-only models; encoder-decoders train on bytes")
         cfg = Seq2SeqTrainConfig(**common)

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID, decode, encode
 from . import distributed
-from .config import ModelConfig
+from .config import ENCODER_DECODER, ModelConfig
 from .distributed import Ranks
 from .generate import generate_seq2seq, left_pad
 from .numbers import number_pairs, read_pairs
@@ -150,7 +150,7 @@ def train_seq2seq(
 ) -> dict:
     """Train an encoder-decoder on the given pairs, cfg.corpus, or the number task; every rank returns
     the figures and its model (rank 0 wrote the checkpoint)."""
-    if model_config.arch != "encoder-decoder":
+    if model_config.arch != ENCODER_DECODER:
         raise TrainError(f"train_seq2seq() trains encoder-decoders; the {model_config.arch} trains with train()")
     if train_pairs is None and cfg.corpus is not None:
         train_pairs, heldout_pairs = user_pairs(cfg.corpus, model_config)
