@@ -7,6 +7,7 @@ every collective here is a no-op. gloo on CPU, NCCL on CUDA. Knows nothing of mo
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,6 +103,7 @@ def process_group(ranks: Ranks, device: torch.device) -> Iterator[None]:
         yield
     finally:
         if created and dist.is_initialized():
+            gc.collect()  # a DDP wrapper left in a reference cycle must release the group before it goes
             dist.destroy_process_group()
 
 

@@ -273,6 +273,7 @@ class Trainer:
             raise
         finally:
             bar.close()
+            self.net = self.model  # drop the DDP wrapper while the process group still exists
         return self.result()
 
     def result(self) -> dict:
