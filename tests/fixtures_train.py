@@ -1,7 +1,11 @@
 """Session fixture: a `tiny` model trained once on the default corpus, for every test that needs
 a real checkpoint (export, server). Trains in about ten seconds on one core."""
 
+import subprocess
+import sys
+
 import pytest
+import torch
 
 from attnserve.model.config import preset
 from attnserve.model.train import TrainConfig, train
@@ -49,3 +53,19 @@ def tiny_bpe_checkpoint(tmp_path_factory):
     )
     train(preset("tiny"), cfg, log=lambda _: None)
     return out / "checkpoint.pt"
+
+
+def two_rank_run(tmp_path, worker_source: str) -> dict:
+    """Run `worker_source` (which saves {"steps", "model"} to OUT/rank{r}.pt) under torchrun with two
+    gloo ranks; check both ranks stopped together with identical weights; return rank 0's."""
+    (tmp_path / "worker.py").write_text(worker_source)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [*torchrun, str(tmp_path / "worker.py"), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert rank0["steps"] == rank1["steps"] > 0  # a time budget stops both ranks together
+    for name, tensor in rank0["model"].items():
+        assert torch.equal(tensor, rank1["model"][name]), name
+    return rank0

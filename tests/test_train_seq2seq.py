@@ -1,12 +1,11 @@
 """Encoder-decoder training through the one Trainer: a short run learns, exact match is measured on
 held-out pairs, --resume continues the steps and the schedule, DDP keeps ranks identical, CUDA."""
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+from fixtures_train import two_rank_run
 
 from attnserve.model.checkpoint import build_model, load_checkpoint
 from attnserve.model.config import preset
@@ -110,20 +109,8 @@ DDP_WORKER = textwrap.dedent("""
 
 
 def test_ddp_two_processes_keep_identical_weights(tmp_path):
-    (tmp_path / "worker.py").write_text(DDP_WORKER)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-        + [str(tmp_path / "worker.py"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
-    assert rank0["steps"] == rank1["steps"] > 0  # a time budget stops both ranks together
+    rank0 = two_rank_run(tmp_path, DDP_WORKER)
     untrained = initial_weights()
-    for name, tensor in rank0["model"].items():
-        assert torch.equal(tensor, rank1["model"][name]), name
     assert any(not torch.equal(t, untrained[n]) for n, t in rank0["model"].items())
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert state["world_size"] == 2 and 0.0 <= state["heldout_exact_match"] <= 1.0
