@@ -132,6 +132,30 @@ def greedy_agreement(reference: np.ndarray, margins: np.ndarray, got: np.ndarray
     return {"steps": int(reference.shape[1]), "rows": rows, "ok": ok}
 
 
+def gate_report(
+    dtype: str,
+    problems: list[str],
+    checks: list[Check],
+    reference: np.ndarray,
+    margins: np.ndarray,
+    got: np.ndarray,
+    **extra: str,
+) -> dict:
+    """A gate's verdict and figures: names, value checks, and greedy agreement (below float32 a
+    divergence is excused at a near-tie, within twice the loosest check's tolerance)."""
+    tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
+    greedy = greedy_agreement(reference, margins, got, tie)
+    passed = not problems and all(c.ok for c in checks) and greedy["ok"]
+    return {
+        "dtype": dtype,
+        **extra,
+        "passed": passed,
+        "problems": problems,
+        "checks": [asdict(c) | {"ok": c.ok} for c in checks],
+        "greedy": greedy,
+    }
+
+
 def run_decoder_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -> dict:
     """The whole report: name problems, every value check, greedy agreement, and `passed`."""
     rng = np.random.default_rng(seed)
@@ -146,16 +170,7 @@ def run_decoder_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0)
     prompts = [list(rng.integers(0, 256, n)) for n in GREEDY_PROMPT_LENGTHS]
     steps = min(steps, model.config.max_len - max(GREEDY_PROMPT_LENGTHS))
     reference, margins = torch_greedy(model, prompts, steps, runtime.pad_id)
-    tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
-    greedy = greedy_agreement(reference, margins, runtime.greedy(prompts, steps), tie)
-    passed = not problems and all(c.ok for c in checks) and greedy["ok"]
-    return {
-        "dtype": dtype,
-        "passed": passed,
-        "problems": problems,
-        "checks": [asdict(c) | {"ok": c.ok} for c in checks],
-        "greedy": greedy,
-    }
+    return gate_report(dtype, problems, checks, reference, margins, runtime.greedy(prompts, steps))
 
 
 def format_report(report: dict) -> str:

@@ -10,13 +10,11 @@ parity.py (names, every value check, greedy agreement).
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import numpy as np
 import torch
 
 from . import contract
-from .parity import check_names, compare, greedy_agreement, torch_greedy
+from .parity import check_names, compare, gate_report, torch_greedy
 from .runtime import OrtDecoder
 
 PREFILL_LENGTHS = [13, 5, 1]  # slots 0-2, prefilled together, right-padded
@@ -115,14 +113,5 @@ def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -
     reference_tokens, margins = zip(*(torch_greedy(model, [p], steps, runtime.pad_id) for p in prompts))
     decoder = runtime.arena(len(prompts), max(len(p) for p in prompts))
     got = continuous_greedy(decoder, prompts, [a for a, _ in GREEDY_ARRIVALS], steps)
-    tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
-    greedy = greedy_agreement(np.concatenate(reference_tokens), np.concatenate(margins), got, tie)
-    passed = not problems and all(c.ok for c in checks) and greedy["ok"]
-    return {
-        "dtype": dtype,
-        "kv_cache": contract.KV_ARENA,
-        "passed": passed,
-        "problems": problems,
-        "checks": [asdict(c) | {"ok": c.ok} for c in checks],
-        "greedy": greedy,
-    }
+    reference = np.concatenate(reference_tokens)
+    return gate_report(dtype, problems, checks, reference, np.concatenate(margins), got, kv_cache=contract.KV_ARENA)

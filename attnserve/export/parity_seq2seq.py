@@ -6,15 +6,13 @@ batches with padding; the cross-attention keys and values come from the encoder 
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import numpy as np
 import torch
 
 from . import contract
 from .graphs import flatten
 from .ort_session import left_pad
-from .parity import check_names, compare, greedy_agreement
+from .parity import check_names, compare, gate_report
 from .parity_arena import continuous_greedy
 from .runtime import OrtSeq2Seq
 
@@ -88,16 +86,7 @@ def run_seq2seq_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0)
     sources = [list(rng.integers(48, 58, k)) for k in GREEDY_SOURCE_LENGTHS]
     steps = min(steps, model.config.max_len)
     reference, margins = torch_greedy(model, sources, steps, runtime.pad_id, runtime.bos_id)
-    tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
-    greedy = greedy_agreement(reference, margins, runtime.greedy(sources, steps), tie)
-    passed = not problems and all(c.ok for c in checks) and greedy["ok"]
-    return {
-        "dtype": dtype,
-        "passed": passed,
-        "problems": problems,
-        "checks": [asdict(c) | {"ok": c.ok} for c in checks],
-        "greedy": greedy,
-    }
+    return gate_report(dtype, problems, checks, reference, margins, runtime.greedy(sources, steps))
 
 
 # The arena gate, driven like the server: (slot, source length) admitted together, then one more.
@@ -163,14 +152,6 @@ def run_seq2seq_arena_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: in
     steps = min(steps, model.config.max_len)
     reference, margins = zip(*(torch_greedy(model, [s], steps, runtime.pad_id, runtime.bos_id) for s in sources))
     got = continuous_greedy(runtime.arena(len(sources)), sources, [a for a, _ in ARENA_ARRIVALS], steps)
-    tie = 0.0 if dtype == "float32" else 2 * max(c.tolerance for c in checks)
-    greedy = greedy_agreement(np.concatenate(reference), np.concatenate(margins), got, tie)
-    passed = not problems and all(c.ok for c in checks) and greedy["ok"]
-    return {
-        "dtype": dtype,
-        "kv_cache": contract.KV_ARENA,
-        "passed": passed,
-        "problems": problems,
-        "checks": [asdict(c) | {"ok": c.ok} for c in checks],
-        "greedy": greedy,
-    }
+    return gate_report(
+        dtype, problems, checks, np.concatenate(reference), np.concatenate(margins), got, kv_cache=contract.KV_ARENA
+    )
