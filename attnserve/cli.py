@@ -150,6 +150,24 @@ def add_client_flags(p) -> None:
     p.add_argument("--token-file", default=None, help="file with the bearer token the server expects")
 
 
+def add_stream_interval_flags(p) -> None:
+    """The request's stream interval (generate, bench); left out, the server's --stream-interval-* apply."""
+    p.add_argument(
+        "--stream-interval-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stream a message once N tokens wait (the first at once); default: the server's",
+    )
+    p.add_argument(
+        "--stream-interval-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="... or once MS milliseconds have passed, whichever first (0: no time bound); default: the server's",
+    )
+
+
 def add_generate(sub) -> None:
     p = sub.add_parser(
         "generate",
@@ -185,6 +203,7 @@ def add_generate(sub) -> None:
         metavar="TEXT",
         help="stop when the text contains TEXT (repeat the flag for several)",
     )
+    add_stream_interval_flags(p)
     p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
     p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
     p.add_argument(
@@ -228,6 +247,7 @@ def add_bench(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per request (default 64)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring (default 2)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the arrival times")
+    add_stream_interval_flags(p)
     p.add_argument("--out", default=None, help="write the JSON report to this file")
     p.add_argument("--plot", default=None, help="write throughput and latency plots to this PNG")
     add_client_flags(p)

@@ -193,3 +193,15 @@ def test_plot_without_matplotlib_is_refused_before_the_run(live, capsys, monkeyp
         err.strip()
         == "attnserve bench: error: --plot needs matplotlib (pip install matplotlib), which is not installed"
     )
+
+
+def test_stream_interval_flags_reach_the_server_and_the_report_counts_messages(live, capsys):
+    """The same greedy run with --stream-interval-tokens 8: the same tokens in fewer messages."""
+    runs = {}
+    for interval in ("1", "8"):
+        common = ["--target", live.target, "--concurrency", "1", "--requests", "2", "--warmup", "0"]
+        status, out, _ = bench(capsys, *common, "--max-new-tokens", "32", "--stream-interval-tokens", interval)
+        assert status == 0
+        runs[interval] = json.loads(out.strip().splitlines()[-1])["levels"][0]
+    assert runs["8"]["output_tokens"] == runs["1"]["output_tokens"] == 64
+    assert runs["8"]["messages_per_request"] <= 2 + 32 // 8 < runs["1"]["messages_per_request"]

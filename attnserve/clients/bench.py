@@ -69,6 +69,8 @@ class BenchConfig:
     warmup: int = 2  # unmeasured requests before the first level
     seed: int = 0  # prompts and arrival times
     timeout: float = 300.0  # deadline of each request, seconds
+    stream_interval_tokens: int | None = None  # None: the server's
+    stream_interval_ms: int | None = None
 
     def check(self) -> None:
         """Raise ValueError naming the flag that cannot work."""
@@ -85,8 +87,12 @@ class BenchConfig:
             raise ValueError("--warmup must not be negative")
 
     def params(self) -> GenerationParams:
-        """What every request of the run decodes with: greedy, max_new_tokens each."""
-        return GenerationParams(max_new_tokens=self.max_new_tokens)
+        """What every request of the run decodes with: greedy, max_new_tokens each, the stream interval."""
+        return GenerationParams(
+            max_new_tokens=self.max_new_tokens,
+            stream_interval_tokens=self.stream_interval_tokens,
+            stream_interval_ms=self.stream_interval_ms,
+        )
 
 
 def make_prompts(count: int, prompt_tokens: int, seed: int) -> list[str]:
@@ -166,6 +172,7 @@ async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams)
                 count = len(delta.token_ids)
                 if not count:
                     continue
+                record.messages += 1
                 now = time.perf_counter()
                 if record.first_token is None:
                     record.first_token = now
@@ -298,6 +305,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         warmup=args.warmup,
         seed=args.seed,
         timeout=BenchConfig.timeout if args.timeout is None else args.timeout,
+        stream_interval_tokens=args.stream_interval_tokens,
+        stream_interval_ms=args.stream_interval_ms,
     )
     config.check()
     return config

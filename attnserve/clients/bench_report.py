@@ -25,6 +25,7 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)  # per token after the first message: the
     #                                                  gap since the previous message / its tokens
     tokens: int = 0  # token ids received, counted here
+    messages: int = 0  # stream messages that carried tokens (fewer with a stream interval)
     output_bytes: int = 0  # UTF-8 bytes of the text: compare across tokenizers
     reported_tokens: int | None = None  # usage.completion_tokens of the final message
     prompt_tokens: int | None = None  # usage.prompt_tokens, the server's count
@@ -84,6 +85,7 @@ def summarize_level(
         "output_tokens_per_s": per_second(tokens),
         "output_bytes_per_s": per_second(output_bytes),
         "output_tokens": tokens,
+        "messages_per_request": round(sum(r.messages for r in done) / len(done), 2) if done else None,
         "output_bytes": output_bytes,
         "reported_completion_tokens": sum(r.reported_tokens or 0 for r in done),
         "token_count_mismatches": sum(r.tokens != r.reported_tokens for r in done),

@@ -35,6 +35,8 @@ class ParamFields(TypedDict, total=False):
     repetition_penalty: float | None
     seed: int | None
     stop: Sequence[str]
+    stream_interval_tokens: int | None
+    stream_interval_ms: int | None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class GenerationParams:
     repetition_penalty: float | None = None  # > 1 discourages repeats; None: off (1)
     seed: int | None = None  # this request's sampler seed; None: the server draws one
     stop: Sequence[str] = ()  # stop once the text contains one of these ("\n" alone is one)
+    # Streams only: a message once this many tokens wait, or once stream_interval_ms have passed
+    # (0: no time bound), whichever first; the first delta and the end are never held. None: the server's.
+    stream_interval_tokens: int | None = None
+    stream_interval_ms: int | None = None
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -62,7 +68,14 @@ class GenerationParams:
         request = pb.GenerateRequest(**prompt_fields(prompt), request_id=request_id)
         request.temperature, request.top_k = self.temperature, self.top_k
         request.stop.extend(self.stop)
-        for name in ("max_new_tokens", "top_p", "repetition_penalty", "seed"):
+        for name in (
+            "max_new_tokens",
+            "top_p",
+            "repetition_penalty",
+            "seed",
+            "stream_interval_tokens",
+            "stream_interval_ms",
+        ):
             value = getattr(self, name)
             if value is not None:
                 setattr(request, name, value)
@@ -122,6 +135,8 @@ class Limits:
     max_queue_size: int
     max_stop_sequences: int
     max_stop_bytes: int
+    stream_interval_tokens: int = 1  # the server's default stream interval (0 from an older server)
+    stream_interval_ms: int = 0
 
 
 @dataclass(frozen=True)

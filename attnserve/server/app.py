@@ -25,7 +25,7 @@ from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..tokenizer import TokenizerError, from_model_dir
 from .config import ServerConfig
-from .domain import Final, GenerationRequest
+from .domain import Final, GenerationRequest, StreamInterval
 from .engine import Engine, EngineLimits
 from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
@@ -85,6 +85,7 @@ class Server:
             encoder_decoder=self.runner.seq2seq,
             max_token_bytes=max(self.tokenizer.byte_lengths()),
             bos_prepended=self.tokenizer.add_bos,
+            stream_interval=StreamInterval(config.stream_interval_tokens, config.stream_interval_ms),
         )
         self.metrics = Metrics()
         self.metrics.describe_model(

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
+from .domain import MAX_STREAM_INTERVAL_MS
+
 T = TypeVar("T")
 
 PROVIDERS = ("auto", "cuda", "cpu")
@@ -87,6 +89,17 @@ class ServerConfig:
             "steps, so one delays the running batch by at most a chunk"
         ),
     )
+    stream_interval_tokens: int = field(
+        default=1,
+        metadata=flag(
+            "streams send a message once this many tokens wait (after the first, sent at once), or once "
+            "--stream-interval-ms has passed, whichever first; requests may set their own"
+        ),
+    )
+    stream_interval_ms: int = field(
+        default=0,
+        metadata=flag("streams send waiting tokens once this many milliseconds have passed; 0: no time bound"),
+    )
     max_queue: int = field(default=64, metadata=flag("requests waiting for a batch slot before RESOURCE_EXHAUSTED"))
     max_new_tokens_cap: int = field(
         default=256, metadata=flag("largest max_new_tokens a request may ask for, at most context length - 1")
@@ -135,7 +148,9 @@ class ServerConfig:
             raise ValueError("--max-batch must be at least 1, or auto")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
             raise ValueError("--kv-cache-memory must be a positive number of bytes")
-        for name in ("max_queue", "max_new_tokens_cap", "prefill_chunk"):
+        if not 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
+            raise ValueError(f"--stream-interval-ms must be 0 to {MAX_STREAM_INTERVAL_MS}")
+        for name in ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag_name(name)} must be at least 1")
         if self.drain_timeout < 0:

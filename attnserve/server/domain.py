@@ -36,6 +36,17 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+MAX_STREAM_INTERVAL_MS = 60_000  # a stream's longest time bound between messages
+
+
+@dataclass(frozen=True)
+class StreamInterval:
+    """How often a stream sends: the first delta at once, then once `tokens` wait or `ms` have passed."""
+
+    tokens: int = 1  # 1: every decode step's tokens go out as they come
+    ms: int = 0  # 0: no time bound
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """A validated request, ready for the engine."""

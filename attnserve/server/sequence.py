@@ -33,9 +33,16 @@ class Handle:
     def cancel(self) -> None:
         self.cancelled = True
 
-    async def next_events(self) -> list[Event]:
-        """At least one event: everything delivered since the last call, in order."""
-        events = [await self.events.get()]
+    async def next_events(self, timeout: float | None = None) -> list[Event]:
+        """Everything delivered since the last call, in order: at least one event, or [] once
+        `timeout` seconds have passed without one (an event is never lost to the timeout)."""
+        if timeout is None:
+            events = [await self.events.get()]
+        else:
+            try:
+                events = [await asyncio.wait_for(self.events.get(), timeout)]
+            except asyncio.TimeoutError:
+                return []
         while not self.events.empty():
             events.append(self.events.get_nowait())
         return events

@@ -8,7 +8,7 @@ await; the request's slot is released in `finally` and the error goes on up.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from importlib import metadata
 
@@ -20,7 +20,8 @@ from ..tokenizer import Tokenizer
 from .domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
 from .engine import Engine
 from .model_runner import ModelRunner
-from .validation import RequestLimits, validate
+from .stream_pacing import StreamPacer
+from .validation import RequestLimits, check_stream_interval, validate
 
 REQUEST_ID_HEADER = "x-request-id"
 FINISH_REASONS = {
@@ -53,39 +54,50 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
-        """Deltas as they are decoded (those ready together go in one message), then the final message.
+        """Deltas as they are decoded, paced by the stream interval, then the final message.
 
-        The request id goes out at once in the initial metadata (x-request-id): the caller knows
-        its request was accepted before the first token."""
+        Deltas ready together go in one message; with a stream interval above 1 token (or a time
+        bound), more wait for one message (stream_pacing.py), and whatever waits goes out as soon
+        as the generation ends. The request id goes out at once in the initial metadata
+        (x-request-id): the caller knows its request was accepted before the first token."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
+        pacer = StreamPacer(check_stream_interval(request, self.limits))
         request_id = generation.request_id
-        async with aclosing(self._events(generation, context, announce=True)) as batches:
+        async with aclosing(self._events(generation, context, announce=True, wait_s=pacer.wait_s)) as batches:
             async for events in batches:
-                deltas = [e for e in events if isinstance(e, Delta)]
-                if deltas:
+                pacer.add(e for e in events if isinstance(e, Delta))
+                final = events[-1] if events and isinstance(events[-1], Final) else None
+                if pacer.waiting and (final is not None or pacer.due()):
+                    deltas = pacer.take()
                     yield pb.GenerateStreamResponse(
                         request_id=request_id,
                         text="".join(d.text for d in deltas),
                         token_ids=[t for d in deltas for t in d.token_ids],
                     )
-                if isinstance(events[-1], Final):
-                    yield final_response(pb.GenerateStreamResponse, request_id, events[-1].text, [], events[-1])
+                if final is not None:
+                    yield final_response(pb.GenerateStreamResponse, request_id, final.text, [], final)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         """The model, its execution provider and the server's limits."""
         return self.info
 
     async def _events(
-        self, generation: GenerationRequest, context, announce: bool = False
+        self,
+        generation: GenerationRequest,
+        context,
+        announce: bool = False,
+        wait_s: Callable[[], float | None] = lambda: None,
     ) -> AsyncGenerator[list[Delta | Final], None]:
-        """Submit, then yield the engine's events in batches until the Final one (errors are raised)."""
+        """Submit, then yield the engine's events in batches until the Final one (errors are raised).
+
+        An empty batch means `wait_s()` seconds passed with no event (a paced stream's time bound)."""
         handle = self.engine.submit(generation)
         try:
             if announce:
                 await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
             while True:
                 events: list[Delta | Final] = []
-                for event in await handle.next_events():
+                for event in await handle.next_events(wait_s()):
                     if isinstance(event, Exception):
                         raise event
                     if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
@@ -95,7 +107,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
                         )
                     events.append(event)
                 yield events
-                if isinstance(events[-1], Final):
+                if events and isinstance(events[-1], Final):
                     return
         finally:
             self.engine.release(handle)
@@ -151,6 +163,8 @@ def model_info(
             max_queue_size=max_queue,
             max_stop_sequences=limits.max_stop_sequences,
             max_stop_bytes=limits.max_stop_bytes,
+            stream_interval_tokens=limits.stream_interval.tokens,
+            stream_interval_ms=limits.stream_interval.ms,
         ),
         tokenizer=pb.TokenizerInfo(
             kind=tokenizer.kind,

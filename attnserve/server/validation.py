@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..tokenizer import Tokenizer
-from .domain import GenerationRequest, InvalidRequest, SamplingParams
+from .domain import MAX_STREAM_INTERVAL_MS, GenerationRequest, InvalidRequest, SamplingParams, StreamInterval
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class RequestLimits:
     encoder_decoder: bool = False  # the prompt is a source: it has the encoder's context to itself
     max_token_bytes: int = 1  # the most UTF-8 bytes one token stands for (the tokenizer's)
     bos_prepended: bool = True  # a text prompt's tokens start with BOS (the byte tokenizer)
+    stream_interval: StreamInterval = StreamInterval()  # for requests that leave theirs unset
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -127,6 +128,22 @@ def check_prompt_ids(ids, limits: RequestLimits) -> list[int]:
                 f"{token} is outside [0, {limits.vocab_size}) (vocab_size {limits.vocab_size})",
             )
     return list(ids)
+
+
+def check_stream_interval(request, limits: RequestLimits) -> StreamInterval:
+    """A stream's interval: each field the request sets replaces the server's default."""
+    tokens, ms = limits.stream_interval.tokens, limits.stream_interval.ms
+    if request.HasField("stream_interval_tokens"):
+        tokens = request.stream_interval_tokens
+        if not 1 <= tokens <= limits.max_new_tokens:
+            raise InvalidRequest(
+                "stream_interval_tokens", f"{tokens} is outside [1, {limits.max_new_tokens}] (the max_new_tokens cap)"
+            )
+    if request.HasField("stream_interval_ms"):
+        ms = request.stream_interval_ms
+        if ms > MAX_STREAM_INTERVAL_MS:
+            raise InvalidRequest("stream_interval_ms", f"{ms} is outside [0, {MAX_STREAM_INTERVAL_MS}]")
+    return StreamInterval(tokens, ms)
 
 
 def prompt_ids(request, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:

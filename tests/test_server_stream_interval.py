@@ -1,0 +1,119 @@
+"""The stream interval: fewer, fuller messages, the same text, the first delta and the end never held."""
+
+import grpc
+import pytest
+from fixtures_server import request, start_server
+
+from attnserve.server.domain import Delta, StreamInterval
+from attnserve.server.stream_pacing import StreamPacer
+
+TIMEOUT = 30  # far below the 60 s time bounds used here: a held-back end would run past it
+NEW_TOKENS = 40
+
+
+def deltas(n: int) -> list[Delta]:
+    return [Delta((i,), "x") for i in range(n)]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_pacer_sends_the_first_delta_at_once_then_every_n_tokens():
+    pacer = StreamPacer(StreamInterval(tokens=3), Clock())
+    sent = []
+    for delta in deltas(8):
+        pacer.add([delta])
+        if pacer.due():
+            sent.append(len(pacer.take()))
+    assert sent == [1, 3, 3] and pacer.tokens == 1  # the last one waits for the end (the servicer flushes it)
+
+
+def test_pacer_time_bound_comes_first_when_tokens_are_slow():
+    clock = Clock()
+    pacer = StreamPacer(StreamInterval(tokens=100, ms=50), clock)
+    pacer.add(deltas(1))
+    assert pacer.due() and pacer.wait_s() == 0.0  # the first delta: at once
+    pacer.take()
+    assert pacer.wait_s() is None  # nothing waits
+    pacer.add(deltas(2))
+    clock.now += 0.02
+    assert not pacer.due() and pacer.wait_s() == pytest.approx(0.03)
+    clock.now += 0.03
+    assert pacer.due() and pacer.wait_s() == 0.0
+    assert len(pacer.take()) == 2
+
+
+def test_pacer_counts_tokens_not_deltas():
+    pacer = StreamPacer(StreamInterval(tokens=4), Clock())
+    pacer.add([Delta((1,), "a")])
+    pacer.take()
+    pacer.add([Delta((1, 2, 3), ""), Delta((4,), "b")])  # a character cut across tokens, then whole
+    assert pacer.due()
+
+
+def stream(stub, **fields):
+    messages = list(stub.GenerateStream(request("The server", max_new_tokens=NEW_TOKENS, **fields), timeout=TIMEOUT))
+    *body, final = messages
+    assert final.finish_reason and not final.token_ids
+    text = "".join(m.text for m in messages)
+    return [len(m.token_ids) for m in body], text, final
+
+
+def test_interval_sends_fewer_messages_with_the_same_text(stub):
+    every, text, final = stream(stub)
+    paced, paced_text, paced_final = stream(stub, stream_interval_tokens=8)
+    assert paced_text == text and paced_final.usage == final.usage
+    assert sum(paced) == sum(every) == final.usage.completion_tokens
+    assert paced[0] == every[0]  # the first delta is not held back
+    assert all(n >= 8 for n in paced[1:-1]), paced  # between the first and the last: full messages
+    assert len(paced) < len(every) and len(paced) <= 2 + NEW_TOKENS // 8
+
+
+def test_the_end_is_never_held_back_by_the_interval(stub):
+    """Tokens and time bounds far beyond the generation: the rest goes out as soon as it ends."""
+    counts, text, final = stream(stub, stream_interval_tokens=100, stream_interval_ms=60_000)
+    assert counts[0] >= 1 and sum(counts) == final.usage.completion_tokens
+    assert len(counts) == 2  # the first delta at once, everything else together at the end
+    assert text == stream(stub)[1]
+
+
+def test_time_bound_sends_while_tokens_are_slow(server, stub):
+    server.pacer.delay = 0.01  # at least 10 ms per decode step: the 40 tokens take 0.4 s or more
+    counts, _, final = stream(stub, stream_interval_tokens=100, stream_interval_ms=40)
+    assert sum(counts) == final.usage.completion_tokens == NEW_TOKENS
+    assert 3 <= len(counts) < NEW_TOKENS, counts  # sent every ~4 steps, not every step, not only at the end
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"stream_interval_tokens": 0}, "stream_interval_tokens: 0 is outside [1, "),
+        ({"stream_interval_tokens": 100_000}, "stream_interval_tokens: 100000 is outside [1, "),
+        ({"stream_interval_ms": 60_001}, "stream_interval_ms: 60001 is outside [0, 60000]"),
+    ],
+)
+def test_bad_intervals_are_invalid_argument_naming_the_field(stub, fields, message):
+    with pytest.raises(grpc.RpcError) as error:
+        list(stub.GenerateStream(request("x", **fields), timeout=TIMEOUT))
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert error.value.details().startswith(message), error.value.details()
+
+
+def test_server_default_interval_applies_and_is_reported(tiny_model_dir):
+    from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+
+    running = start_server(tiny_model_dir, stream_interval_tokens=5, warmup=False)
+    try:
+        limits = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT).limits
+        assert (limits.stream_interval_tokens, limits.stream_interval_ms) == (5, 0)
+        counts, _, _ = stream(running.stub)
+        assert all(n >= 5 for n in counts[1:-1]) and len(counts) <= 2 + NEW_TOKENS // 5, counts
+        every, _, _ = stream(running.stub, stream_interval_tokens=1)  # a request's own interval wins
+        assert len(every) > len(counts)
+    finally:
+        running.stop()
