@@ -7,12 +7,15 @@ STAMP  := $(VENV)/.installed-stamp
 GENAI_VENV  := .venv-genai
 GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 
+PB7_VENV  := .venv-pb7
+PB7_STAMP := $(PB7_VENV)/.installed-stamp
+
 .PHONY: test lint format demo protos bench kv-bench tokenizer-table genai-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -e '.[cpu,train,dev]'
 	touch $(STAMP)
 
 # onnxruntime-genai brings the CPU onnxruntime, so it gets a virtual environment of its own.
@@ -23,7 +26,15 @@ $(GENAI_STAMP): pyproject.toml
 	$(GENAI_VENV)/bin/python -m pip install -q --no-deps -e .
 	touch $(GENAI_STAMP)
 
-test: $(STAMP) $(GENAI_STAMP)
+# .venv holds protobuf 6 (tritonclient, in [dev], needs < 7); this is a serving and client host on
+# the newest protobuf 7, no torch, for tests/test_protobuf_compat.py: a server and a client on each.
+$(PB7_STAMP): pyproject.toml
+	test -x $(PB7_VENV)/bin/python || $(PYTHON) -m venv $(PB7_VENV)
+	$(PB7_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PB7_VENV)/bin/python -m pip install -q --upgrade -e '.[cpu]' 'protobuf>=7'
+	touch $(PB7_STAMP)
+
+test: $(STAMP) $(GENAI_STAMP) $(PB7_STAMP)
 	$(PY) -m pytest
 
 # The habits as tools (configured in pyproject.toml): ruff's lint and format check, then mypy.
@@ -85,4 +96,4 @@ protos: $(STAMP)
 	$(PY) attnserve/protos/generate.py
 
 clean:
-	rm -rf $(VENV) $(GENAI_VENV) build *.egg-info
+	rm -rf $(VENV) $(GENAI_VENV) $(PB7_VENV) build *.egg-info

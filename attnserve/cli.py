@@ -19,6 +19,15 @@ HANDLERS = {
     "bench": ("attnserve.clients.bench", "main"),
 }
 
+# A subcommand whose import misses one of these names the extras that install it (the base install
+# is a client host: pyproject.toml).
+SERVING = "pip install 'attnserve[cpu]' (or 'attnserve[gpu]' for CUDA)"
+TRAINING = "pip install 'attnserve[train]'"
+EXTRAS = {
+    **dict.fromkeys(("onnxruntime", "numpy", "tokenizers", "prometheus_client", "grpc_reflection"), SERVING),
+    **dict.fromkeys(("torch", "onnx", "onnxscript", "tqdm"), TRAINING),
+}
+
 
 def add_train(sub) -> None:
     p = sub.add_parser(
@@ -268,7 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module, function = HANDLERS[args.command]
-    return int(getattr(importlib.import_module(module), function)(args) or 0)
+    try:
+        handler = getattr(importlib.import_module(module), function)
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").partition(".")[0]
+        if missing not in EXTRAS:
+            raise
+        print(f"attnserve {args.command}: error: {missing} is not installed; {EXTRAS[missing]}", file=sys.stderr)
+        return 2
+    return int(handler(args) or 0)
 
 
 if __name__ == "__main__":

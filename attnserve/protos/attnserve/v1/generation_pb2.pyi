@@ -136,7 +136,7 @@ class TokenizerInfo(_message.Message):
     pad_id: int
     vocab_size: int
     bos_prepended: bool
-    def __init__(self, kind: _Optional[str] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_prepended: _Optional[bool] = ...) -> None: ...
+    def __init__(self, kind: _Optional[str] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_prepended: bool = ...) -> None: ...
 
 class ModelInfo(_message.Message):
     __slots__ = ("model_name", "architecture", "vocab_size", "d_model", "n_heads", "n_layers", "head_dim", "context_length", "dtype", "quantization", "execution_provider", "limits", "tokenizer", "server_version", "n_encoder_layers", "kv_cache", "kv_cache_bytes")

@@ -5,7 +5,7 @@ import warnings
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as attnserve_dot_v1_dot_generation__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
@@ -25,7 +25,7 @@ if _version_not_supported:
     )
 
 
-class TextGenerationStub:
+class TextGenerationStub(object):
     """Text generation with a transformer served on ONNX Runtime: a decoder-only language model
     continues the prompt; an encoder-decoder (ModelInfo.architecture) translates it.
     """
@@ -53,7 +53,7 @@ class TextGenerationStub:
                 _registered_method=True)
 
 
-class TextGenerationServicer:
+class TextGenerationServicer(object):
     """Text generation with a transformer served on ONNX Runtime: a decoder-only language model
     continues the prompt; an encoder-decoder (ModelInfo.architecture) translates it.
     """
@@ -107,7 +107,7 @@ def add_TextGenerationServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class TextGeneration:
+class TextGeneration(object):
     """Text generation with a transformer served on ONNX Runtime: a decoder-only language model
     continues the prompt; an encoder-decoder (ModelInfo.architecture) translates it.
     """
