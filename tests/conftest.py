@@ -8,6 +8,7 @@ pytest_plugins = [
     "fixtures_export",
     "fixtures_server",
     "fixtures_seq2seq",
+    "fixtures_tls",
 ]  # fixture modules in tests/
 
 

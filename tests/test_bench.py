@@ -197,6 +197,7 @@ def test_plot_without_matplotlib_is_refused_before_the_run(live, capsys, monkeyp
 
 def test_stream_interval_flags_reach_the_server_and_the_report_counts_messages(live, capsys):
     """The same greedy run with --stream-interval-tokens 8: the same tokens in fewer messages."""
+    live.pacer.delay = 0.005  # a decode step at a time, so that every step is a message without an interval
     runs = {}
     for interval in ("1", "8"):
         common = ["--target", live.target, "--concurrency", "1", "--requests", "2", "--warmup", "0"]

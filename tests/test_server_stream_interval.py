@@ -64,7 +64,8 @@ def stream(stub, **fields):
     return [len(m.token_ids) for m in body], text, final
 
 
-def test_interval_sends_fewer_messages_with_the_same_text(stub):
+def test_interval_sends_fewer_messages_with_the_same_text(server, stub):
+    server.pacer.delay = 0.005  # a decode step at a time, so that every step is a message without an interval
     every, text, final = stream(stub)
     paced, paced_text, paced_final = stream(stub, stream_interval_tokens=8)
     assert paced_text == text and paced_final.usage == final.usage
@@ -108,6 +109,7 @@ def test_server_default_interval_applies_and_is_reported(tiny_model_dir):
     from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 
     running = start_server(tiny_model_dir, stream_interval_tokens=5, warmup=False)
+    running.pacer.delay = 0.005  # a decode step at a time, so that every step is a message without an interval
     try:
         limits = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT).limits
         assert (limits.stream_interval_tokens, limits.stream_interval_ms) == (5, 0)

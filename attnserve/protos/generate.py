@@ -15,7 +15,16 @@ PROTO_ROOT = Path(__file__).resolve().parent
 PACKAGE = "attnserve.protos"  # where PROTO_ROOT is imported from once installed
 
 # `from attnserve.v1 import generation_pb2 as ...` -> `from attnserve.protos.attnserve.v1 import ...`
-_IMPORT = re.compile(r"^from (attnserve\.v\d+) import (\w+_pb2)", re.MULTILINE)
+_IMPORT = re.compile(r"^from ((?:attnserve|inference)(?:\.\w+)*) import (\w+_pb2)", re.MULTILINE)
+
+# Protocols whose message names other installed packages also register: tritonclient's generated
+# code puts the Open Inference Protocol's `inference.*` messages in protobuf's default descriptor
+# pool, and a second file defining the same names there fails to import. Our copy of that
+# protocol builds its descriptors in a pool of its own, so both import into one process (the wire
+# format does not depend on the pool).
+PRIVATE_POOL = ("inference/",)
+_DEFAULT_POOL = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
+_OWN_POOL = "POOL = _descriptor_pool.DescriptorPool()  # not the default pool: see attnserve/protos/generate.py\n"
 
 
 def proto_files(root: Path = PROTO_ROOT) -> list[Path]:
@@ -26,6 +35,13 @@ def proto_files(root: Path = PROTO_ROOT) -> list[Path]:
 def fix_imports(source: str) -> str:
     """Point generated imports of sibling protos into the attnserve.protos namespace."""
     return _IMPORT.sub(rf"from {PACKAGE}.\1 import \2", source)
+
+
+def use_own_pool(source: str) -> str:
+    """Build a generated *_pb2.py's descriptors in a pool of its own instead of the default one."""
+    if _DEFAULT_POOL not in source:
+        raise RuntimeError("protoc's output changed: no default-pool AddSerializedFile to replace")
+    return source.replace(_DEFAULT_POOL, _OWN_POOL + "DESCRIPTOR = POOL.AddSerializedFile(")
 
 
 def generate(out_dir: Path = PROTO_ROOT, root: Path = PROTO_ROOT) -> list[Path]:
@@ -52,7 +68,10 @@ def generate(out_dir: Path = PROTO_ROOT, root: Path = PROTO_ROOT) -> list[Path]:
         stem = out_dir / proto[: -len(".proto")]
         for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py"):
             path = Path(f"{stem}{suffix}")
-            path.write_text(fix_imports(path.read_text()))
+            source = fix_imports(path.read_text())
+            if suffix == "_pb2.py" and proto.startswith(PRIVATE_POOL):
+                source = use_own_pool(source)
+            path.write_text(source)
             written.append(path)
     return written
 

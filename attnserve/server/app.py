@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection
 from ..export.contract import ModelDirError
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
 from ..tokenizer import TokenizerError, from_model_dir
 from .config import ServerConfig
 from .domain import Final, GenerationRequest, StreamInterval
@@ -30,6 +31,8 @@ from .engine import Engine, EngineLimits
 from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
 from .model_runner import ModelRunner, ProviderError
+from .oip_servicer import SERVICE as OIP_SERVICE
+from .oip_servicer import InferenceServicer
 from .runners import arena_capacity, open_slot_runner
 from .servicer import TextGenerationServicer, model_info
 from .validation import RequestLimits
@@ -37,6 +40,7 @@ from .validation import RequestLimits
 log = logging.getLogger("attnserve.server")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
+HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
 NOT_SERVING, SERVING = health_pb2.HealthCheckResponse.NOT_SERVING, health_pb2.HealthCheckResponse.SERVING
 WARMUP_TIMEOUT_S = 120.0
 
@@ -115,6 +119,7 @@ class Server:
         self.boundary = BoundaryInterceptor(self.metrics.count_request)
         self.grpc: grpc.aio.Server | None = None
         self.port = self.metrics_port = 0
+        self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady
 
     async def start(self) -> None:
         """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
@@ -123,8 +128,14 @@ class Server:
         pb_grpc.add_TextGenerationServicer_to_server(
             TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), server
         )
+        oip_grpc.add_GRPCInferenceServiceServicer_to_server(
+            InferenceServicer(
+                self.engine, self.limits, self.tokenizer, self.info, lambda: self.serving, self.metrics.count_request
+            ),
+            server,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        for service in ("", SERVICE):
+        for service in HEALTH_SERVICES:
             await self.health.set(service, NOT_SERVING)
         if self.config.reflection:
             names = (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
@@ -141,8 +152,9 @@ class Server:
                 ) from None
         if self.config.warmup:
             await self.warm_up()
-        for service in ("", SERVICE):
+        for service in HEALTH_SERVICES:
             await self.health.set(service, SERVING)
+        self.serving = True
 
     def _bind(self, server: grpc.aio.Server) -> int:
         config = self.config
@@ -178,6 +190,7 @@ class Server:
     async def drain(self) -> None:
         """Stop taking calls, let in-flight ones finish within --drain-timeout, then stop."""
         await self.health.enter_graceful_shutdown()
+        self.serving = False
         self.boundary.draining = True
         self.engine.close()
         log.info("draining: %(active)d active and %(queued)d queued requests to finish", self.engine.stats())

@@ -101,7 +101,11 @@ class InvalidRequest(ServeError):
 
     def __init__(self, field_name: str, problem: str):
         super().__init__(f"{field_name}: {problem}")
-        self.field = field_name
+        self.field, self.problem = field_name, problem
+
+
+class UnknownModel(ServeError):
+    """The Open Inference Protocol named a model (or version) this server does not serve: NOT_FOUND."""
 
 
 class QueueFull(ServeError):

@@ -17,17 +17,21 @@ from collections.abc import Callable
 
 import grpc
 
-from .domain import DeadlineExceeded, Draining, InvalidRequest, QueueFull, ServeError
+from .domain import DeadlineExceeded, Draining, InvalidRequest, QueueFull, ServeError, UnknownModel
 
 log = logging.getLogger("attnserve.server")
 
-SERVICE_PREFIX = "/attnserve.v1."
+# The services whose calls are counted, mapped and refused while draining: attnserve.v1 and the
+# Open Inference Protocol. The protocol's own health calls still answer while draining (ready: false).
+SERVICE_PREFIXES = ("/attnserve.v1.", "/inference.GRPCInferenceService/")
+ANSWER_WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    UnknownModel: grpc.StatusCode.NOT_FOUND,
 }
 
 
@@ -95,7 +99,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(SERVICE_PREFIX):
+        if handler is None or not details.method.startswith(SERVICE_PREFIXES):
             return handler
         method = details.method.rsplit("/", 1)[-1]
 
@@ -121,7 +125,7 @@ class _Boundary:
         self.owner, self.method, self.request, self.context = owner, method, request, context
 
     async def __aenter__(self):
-        if self.owner.draining:
+        if self.owner.draining and self.method not in ANSWER_WHILE_DRAINING:
             self.owner.count(self.method, grpc.StatusCode.UNAVAILABLE.name)
             await self.context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the server is draining (shutting down); retry on another replica"

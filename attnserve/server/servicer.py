@@ -43,7 +43,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
         text: list[str] = []
         token_ids: list[int] = []
-        async with aclosing(self._events(generation, context)) as batches:
+        async with aclosing(generation_events(self.engine, generation, context)) as batches:
             async for events in batches:
                 text += [event.text for event in events]
                 token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
@@ -63,7 +63,9 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
         pacer = StreamPacer(check_stream_interval(request, self.limits))
         request_id = generation.request_id
-        async with aclosing(self._events(generation, context, announce=True, wait_s=pacer.wait_s)) as batches:
+        async with aclosing(
+            generation_events(self.engine, generation, context, announce=True, wait_s=pacer.wait_s)
+        ) as batches:
             async for events in batches:
                 pacer.add(e for e in events if isinstance(e, Delta))
                 final = events[-1] if events and isinstance(events[-1], Final) else None
@@ -81,36 +83,39 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         """The model, its execution provider and the server's limits."""
         return self.info
 
-    async def _events(
-        self,
-        generation: GenerationRequest,
-        context,
-        announce: bool = False,
-        wait_s: Callable[[], float | None] = lambda: None,
-    ) -> AsyncGenerator[list[Delta | Final], None]:
-        """Submit, then yield the engine's events in batches until the Final one (errors are raised).
 
-        An empty batch means `wait_s()` seconds passed with no event (a paced stream's time bound)."""
-        handle = self.engine.submit(generation)
-        try:
-            if announce:
-                await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
-            while True:
-                events: list[Delta | Final] = []
-                for event in await handle.next_events(wait_s()):
-                    if isinstance(event, Exception):
-                        raise event
-                    if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
-                        raise DeadlineExceeded(
-                            f"the deadline passed after {event.usage.completion_tokens} tokens "
-                            f"({event.timings.total_ms:.0f} ms)"
-                        )
-                    events.append(event)
-                yield events
-                if events and isinstance(events[-1], Final):
-                    return
-        finally:
-            self.engine.release(handle)
+async def generation_events(
+    engine: Engine,
+    generation: GenerationRequest,
+    context: grpc.aio.ServicerContext,
+    announce: bool = False,
+    wait_s: Callable[[], float | None] = lambda: None,
+) -> AsyncGenerator[list[Delta | Final], None]:
+    """Submit, then yield the engine's events in batches until the Final one (errors are raised).
+
+    With `announce`, the request id goes out first in the initial metadata. An empty batch means
+    `wait_s()` seconds passed with no event (a paced stream's time bound). The request's slot is
+    released however the caller stops (close the generator: `aclosing`)."""
+    handle = engine.submit(generation)
+    try:
+        if announce:
+            await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
+        while True:
+            events: list[Delta | Final] = []
+            for event in await handle.next_events(wait_s()):
+                if isinstance(event, Exception):
+                    raise event
+                if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
+                    raise DeadlineExceeded(
+                        f"the deadline passed after {event.usage.completion_tokens} tokens "
+                        f"({event.timings.total_ms:.0f} ms)"
+                    )
+                events.append(event)
+            yield events
+            if events and isinstance(events[-1], Final):
+                return
+    finally:
+        engine.release(handle)
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

@@ -1,0 +1,182 @@
+"""An Open Inference Protocol request, read the way Triton's vLLM backend reads it, as a GenerateRequest.
+
+Inputs: `text_input` (BYTES, the prompt), `stream` (BOOL), `sampling_parameters` (BYTES, a JSON
+object of vLLM's SamplingParams names), `exclude_input_in_output` (BOOL) and the `return_*` BOOLs
+that add outputs. The sampling fields are also taken as request parameters (the tensor wins on a
+clash). The result is an attnserve.v1 GenerateRequest, so `validation.validate` checks it like any
+other; its errors are renamed to the field the caller sent (`max_new_tokens` -> the
+`sampling_parameters.max_tokens` it came from). No gRPC, no engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..protos.attnserve.v1 import generation_pb2 as pb
+from ..protos.inference import grpc_service_pb2 as oip
+from .domain import InvalidRequest
+from .oip_tensors import BOOL, BYTES, UINT32, TensorSpec, parameter_value, read_inputs
+
+TEXT_INPUT, STREAM, SAMPLING = "text_input", "stream", "sampling_parameters"
+EXCLUDE_INPUT = "exclude_input_in_output"
+TEXT_OUTPUT, FINISH_REASON = "text_output", "finish_reason"
+NUM_INPUT, NUM_OUTPUT = "num_input_tokens", "num_output_tokens"
+# return_<output> asks for an output beside text_output, as the vLLM backend's flags do.
+RETURN_FLAGS = {f"return_{name}": name for name in (FINISH_REASON, NUM_INPUT, NUM_OUTPUT)}
+
+INPUTS = {
+    spec.name: spec
+    for spec in (
+        TensorSpec(TEXT_INPUT, BYTES),
+        TensorSpec(STREAM, BOOL),
+        TensorSpec(SAMPLING, BYTES),
+        TensorSpec(EXCLUDE_INPUT, BOOL),
+        *(TensorSpec(flag, BOOL) for flag in RETURN_FLAGS),
+    )
+}
+OUTPUTS = {
+    spec.name: spec
+    for spec in (
+        TensorSpec(TEXT_OUTPUT, BYTES),
+        TensorSpec(FINISH_REASON, BYTES),
+        TensorSpec(NUM_INPUT, UINT32),
+        TensorSpec(NUM_OUTPUT, UINT32),
+    )
+}
+
+
+def as_int(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError
+    return int(value)
+
+
+def as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError
+    return float(value)
+
+
+def as_stops(value: Any) -> list[str]:
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ValueError
+    return stops
+
+
+def as_false(value: Any) -> bool:
+    """ignore_eos: attnserve always stops at EOS, so only false is accepted."""
+    if value not in (False, "false", "False", 0):
+        raise ValueError
+    return False
+
+
+# vLLM's SamplingParams names (and attnserve's stream interval) -> (GenerateRequest field, parser, what it takes).
+SAMPLING_FIELDS: dict[str, tuple[str | None, Callable[[Any], Any], str]] = {
+    "max_tokens": ("max_new_tokens", as_int, "an integer"),
+    "temperature": ("temperature", as_float, "a number"),
+    "top_k": ("top_k", as_int, "an integer (-1 or 0: all tokens)"),
+    "top_p": ("top_p", as_float, "a number"),
+    "repetition_penalty": ("repetition_penalty", as_float, "a number"),
+    "seed": ("seed", as_int, "a non-negative integer"),
+    "stop": ("stop", as_stops, "a string or a list of strings"),
+    "stream_interval_tokens": ("stream_interval_tokens", as_int, "an integer"),
+    "stream_interval_ms": ("stream_interval_ms", as_int, "an integer"),
+    "ignore_eos": (None, as_false, "false (attnserve always stops at the model's EOS)"),
+}
+# Request parameters that Triton's clients send for Triton itself; they carry no sampling field.
+TRITON_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"})
+
+
+@dataclass(frozen=True)
+class InferCall:
+    """What one ModelInferRequest asks for."""
+
+    request: pb.GenerateRequest
+    stream: bool  # a response per delta (ModelStreamInfer only)
+    prepend_prompt: bool  # text_output starts with the prompt (not exclude_input_in_output)
+    outputs: tuple[str, ...]  # the output tensors each response carries, in order
+    origins: dict[str, str]  # GenerateRequest field -> the name the caller sent it under
+
+
+def read_call(request: oip.ModelInferRequest) -> InferCall:
+    """The request as an attnserve GenerateRequest and the response's shape; InvalidRequest names the tensor."""
+    values = read_inputs(request, INPUTS)
+    if TEXT_INPUT not in values:
+        raise InvalidRequest(TEXT_INPUT, "missing: the prompt goes in a BYTES tensor of one element")
+    stream = values.get(STREAM, False)
+    prepend = not values.get(EXCLUDE_INPUT, stream)
+    if stream and prepend:
+        raise InvalidRequest(EXCLUDE_INPUT, "false is not allowed when streaming (deltas never repeat the prompt)")
+    fields, origins = sampling_fields(request, values.get(SAMPLING))
+    generate = pb.GenerateRequest(prompt=values[TEXT_INPUT], request_id=request.id)
+    origins.update(prompt=TEXT_INPUT, request_id="id")
+    for name, value in fields.items():
+        try:
+            if name == "stop":
+                generate.stop.extend(value)
+            else:
+                setattr(generate, name, value)
+        except (ValueError, TypeError):
+            raise InvalidRequest(origins[name], f"{value!r} is out of range") from None
+    return InferCall(generate, stream, prepend, requested_outputs(request, values), origins)
+
+
+def sampling_fields(request: oip.ModelInferRequest, tensor_json: str | None) -> tuple[dict[str, Any], dict[str, str]]:
+    """GenerateRequest fields from the request parameters, then the sampling_parameters tensor."""
+    given: dict[str, tuple[Any, str]] = {}
+    for key, parameter in request.parameters.items():
+        if key in TRITON_PARAMETERS or key.startswith("triton_"):
+            continue
+        given[key] = (parameter_value(parameter), f"parameters.{key}")
+    if tensor_json is not None:
+        try:
+            parsed = json.loads(tensor_json) if tensor_json.strip() else {}
+        except json.JSONDecodeError as e:
+            raise InvalidRequest(SAMPLING, f"not JSON: {e.msg} at character {e.pos}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidRequest(SAMPLING, f"a JSON object is expected, not {type(parsed).__name__}")
+        given.update({key: (value, f"{SAMPLING}.{key}") for key, value in parsed.items()})
+    fields: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for key, (value, where) in given.items():
+        if key not in SAMPLING_FIELDS:
+            raise InvalidRequest(where, f"unknown sampling field (known: {', '.join(SAMPLING_FIELDS)})")
+        name, parse, takes = SAMPLING_FIELDS[key]
+        try:
+            parsed_value = parse(value)
+        except (ValueError, TypeError, OverflowError):
+            raise InvalidRequest(where, f"{value!r} is not {takes}") from None
+        if name is None:
+            continue
+        if key == "top_k" and parsed_value == -1:
+            parsed_value = 0  # vLLM's "all tokens"
+        if key == "seed" and parsed_value < 0:
+            raise InvalidRequest(where, f"{parsed_value} is not {takes}")
+        fields[name], origins[name] = parsed_value, where
+    return fields, origins
+
+
+def requested_outputs(request: oip.ModelInferRequest, values: dict[str, Any]) -> tuple[str, ...]:
+    """The outputs named in the request, else text_output plus those the return_* flags ask for."""
+    if request.outputs:
+        names = []
+        for i, output in enumerate(request.outputs):
+            if output.name not in OUTPUTS:
+                known = ", ".join(OUTPUTS)
+                raise InvalidRequest(f"outputs[{i}]", f"unknown output {output.name!r} (this model has {known})")
+            names.append(output.name)
+        return tuple(names)
+    return (TEXT_OUTPUT, *(output for flag, output in RETURN_FLAGS.items() if values.get(flag)))
+
+
+def renamed(error: InvalidRequest, origins: dict[str, str]) -> InvalidRequest:
+    """validate()'s error, naming the tensor or parameter the field came from (stop[1] -> ...stop[1])."""
+    base, bracket, index = error.field.partition("[")
+    where = origins.get(base)
+    if where is None:
+        return error
+    return InvalidRequest(f"{where}{bracket}{index}", error.problem)

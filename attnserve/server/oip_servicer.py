@@ -1,0 +1,225 @@
+"""The Open Inference Protocol (KServe v2 / Triton gRPC) over the same engine as attnserve.v1.
+
+Served on the same server, port, TLS, auth, limits, metrics and error mapping as the attnserve.v1
+service: requests are read as the vLLM backend reads them (oip_request.py), validated by
+validation.validate, and decoded by the same engine. ModelInfer returns the whole completion;
+ModelStreamInfer takes requests on one stream and runs them concurrently, a response per delta
+with `stream` true (paced by the stream interval), the last one carrying the parameter
+triton_final_response = true. As in Triton, a request that fails on a stream gets an in-band
+error_message and the stream goes on; on ModelInfer the error is the call's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+
+import grpc
+
+from ..protos.attnserve.v1 import generation_pb2 as pb
+from ..protos.inference import grpc_service_pb2 as oip
+from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
+from ..tokenizer import Tokenizer
+from .domain import Delta, Final, FinishReason, GenerationRequest, InvalidRequest, ServeError, UnknownModel
+from .engine import Engine
+from .interceptors import ERROR_CODES
+from .oip_request import (
+    FINISH_REASON,
+    INPUTS,
+    NUM_INPUT,
+    NUM_OUTPUT,
+    OUTPUTS,
+    TEXT_OUTPUT,
+    InferCall,
+    read_call,
+    renamed,
+)
+from .oip_tensors import raw_output
+from .servicer import deadline_of, generation_events
+from .stream_pacing import StreamPacer
+from .validation import RequestLimits, check_stream_interval, validate
+
+SERVICE = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+VERSION = "1"  # the one version of the one model a server serves
+PLATFORM = "attnserve_onnxruntime"
+FINAL_FLAG = "triton_final_response"
+# vLLM's finish reasons: the end-of-sequence token is a "stop" there too.
+FINISH_NAMES = {
+    FinishReason.LENGTH: "length",
+    FinishReason.STOP: "stop",
+    FinishReason.EOS: "stop",
+    FinishReason.CANCELLED: "abort",
+}
+
+
+class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
+    """inference.GRPCInferenceService for the served model."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        limits: RequestLimits,
+        tokenizer: Tokenizer,
+        info: pb.ModelInfo,
+        ready: Callable[[], bool],
+        count: Callable[[str, str], None] = lambda method, code: None,
+    ):
+        self.engine, self.limits, self.tokenizer = engine, limits, tokenizer
+        self.model_name, self.server_version = info.model_name, info.server_version
+        self.ready, self.count = ready, count
+
+    # ---- health and metadata ------------------------------------------------------------
+    async def ServerLive(self, request: oip.ServerLiveRequest, context) -> oip.ServerLiveResponse:
+        return oip.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: oip.ServerReadyRequest, context) -> oip.ServerReadyResponse:
+        return oip.ServerReadyResponse(ready=self.ready())
+
+    async def ModelReady(self, request: oip.ModelReadyRequest, context) -> oip.ModelReadyResponse:
+        return oip.ModelReadyResponse(ready=self.ready() and self.serves(request.name, request.version))
+
+    async def ServerMetadata(self, request: oip.ServerMetadataRequest, context) -> oip.ServerMetadataResponse:
+        return oip.ServerMetadataResponse(name="attnserve", version=self.server_version, extensions=[])
+
+    async def ModelMetadata(self, request: oip.ModelMetadataRequest, context) -> oip.ModelMetadataResponse:
+        self.check_model(request.name, request.version)
+        return oip.ModelMetadataResponse(
+            name=self.model_name,
+            versions=[VERSION],
+            platform=PLATFORM,
+            inputs=[spec.metadata() for spec in INPUTS.values()],
+            outputs=[spec.metadata() for spec in OUTPUTS.values()],
+        )
+
+    def serves(self, name: str, version: str) -> bool:
+        return name == self.model_name and version in ("", VERSION)
+
+    def check_model(self, name: str, version: str) -> None:
+        if not self.serves(name, version):
+            asked = f"{name!r}" + (f" version {version!r}" if version else "")
+            raise UnknownModel(f"model {asked} is not served here (this server serves {self.model_name!r}, version 1)")
+
+    # ---- inference ----------------------------------------------------------------------
+    async def ModelInfer(self, request: oip.ModelInferRequest, context) -> oip.ModelInferResponse:
+        """The whole completion in one response (`stream` must be false here)."""
+        call, generation = self.accept(request, context)
+        if call.stream:
+            raise InvalidRequest("stream", "true needs ModelStreamInfer (a response per delta)")
+        async with aclosing(self.responses(request, call, generation, context)) as responses:
+            async for response in responses:
+                last = response
+        return last
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[oip.ModelInferRequest], context
+    ) -> AsyncIterator[oip.ModelStreamInferResponse]:
+        """Each request as it arrives, concurrently; responses interleave, each request's in order."""
+        out: asyncio.Queue[oip.ModelStreamInferResponse | Exception | None] = asyncio.Queue()
+        running: set[asyncio.Task] = set()
+
+        async def one(request: oip.ModelInferRequest) -> None:
+            try:
+                call, generation = self.accept(request, context)
+                async with aclosing(self.responses(request, call, generation, context)) as responses:
+                    async for response in responses:
+                        if not call.stream:  # the one response is this request's last
+                            response.parameters[FINAL_FLAG].bool_param = True
+                        await out.put(oip.ModelStreamInferResponse(infer_response=response))
+            except ServeError as error:
+                self.count("ModelStreamInfer", ERROR_CODES.get(type(error), grpc.StatusCode.INTERNAL).name)
+                await out.put(oip.ModelStreamInferResponse(error_message=str(error)))
+
+        async def read() -> None:
+            try:
+                async for request in requests:
+                    task = asyncio.create_task(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                while running:
+                    await asyncio.gather(*list(running))
+                await out.put(None)
+            except Exception as error:  # noqa: BLE001 -- handed to the handler, which raises it
+                await out.put(error)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await out.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            for task in (reader, *running):
+                task.cancel()
+
+    def accept(self, request: oip.ModelInferRequest, context) -> tuple[InferCall, GenerationRequest]:
+        """The request read and validated; errors name the tensor or parameter the caller sent."""
+        self.check_model(request.model_name, request.model_version)
+        call = read_call(request)
+        try:
+            return call, validate(call.request, self.limits, self.tokenizer, deadline_of(context))
+        except InvalidRequest as error:
+            raise renamed(error, call.origins) from None
+
+    async def responses(
+        self, request: oip.ModelInferRequest, call: InferCall, generation: GenerationRequest, context
+    ) -> AsyncGenerator[oip.ModelInferResponse, None]:
+        """With `stream`, a response per paced delta and a final one; else one with the whole text."""
+        try:
+            interval = check_stream_interval(call.request, self.limits)
+        except InvalidRequest as error:
+            raise renamed(error, call.origins) from None
+        pacer = StreamPacer(interval)
+        prompt = call.request.prompt if call.prepend_prompt else ""
+        text: list[str] = [prompt]
+        tokens = 0
+        events = generation_events(
+            self.engine, generation, context, wait_s=pacer.wait_s if call.stream else lambda: None
+        )
+        async with aclosing(events) as batches:
+            async for batch in batches:
+                deltas = [e for e in batch if isinstance(e, Delta)]
+                final = batch[-1] if batch and isinstance(batch[-1], Final) else None
+                if not call.stream:
+                    text += [e.text for e in batch]
+                    tokens += sum(len(d.token_ids) for d in deltas)
+                    if final is not None:
+                        yield self.response(request, call, "".join(text), final, len(generation.prompt_ids), tokens)
+                    continue
+                pacer.add(deltas)
+                if final is not None:
+                    waiting = pacer.take()
+                    body = "".join(d.text for d in waiting) + final.text
+                    count = sum(len(d.token_ids) for d in waiting)
+                    yield self.response(request, call, body, final, len(generation.prompt_ids), count, last=True)
+                elif pacer.due():
+                    waiting = pacer.take()
+                    body = "".join(d.text for d in waiting)
+                    count = sum(len(d.token_ids) for d in waiting)
+                    yield self.response(request, call, body, None, len(generation.prompt_ids), count, last=False)
+
+    def response(
+        self,
+        request: oip.ModelInferRequest,
+        call: InferCall,
+        text: str,
+        final: Final | None,
+        prompt_tokens: int,
+        tokens: int,
+        last: bool | None = None,
+    ) -> oip.ModelInferResponse:
+        """A response with the outputs the call asked for; `last` sets triton_final_response (streams)."""
+        values: dict[str, str | int] = {
+            TEXT_OUTPUT: text,
+            FINISH_REASON: FINISH_NAMES[final.reason] if final is not None else "",
+            NUM_INPUT: prompt_tokens,
+            NUM_OUTPUT: tokens,
+        }
+        message = oip.ModelInferResponse(model_name=self.model_name, model_version=VERSION, id=request.id)
+        for name in call.outputs:
+            tensor, raw = raw_output(name, OUTPUTS[name].datatype, values[name])
+            message.outputs.append(tensor)
+            message.raw_output_contents.append(raw)
+        if last is not None or call.stream:
+            message.parameters[FINAL_FLAG].bool_param = bool(last)
+        return message
