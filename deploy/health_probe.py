@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -125,8 +125,9 @@ def test_sampling_fields_as_request_parameters_and_extra_outputs(triton, stub):
     assert first == stub.Generate(request("abc", max_new_tokens=16, temperature=0.8, top_k=20, seed=7)).text
 
 
-def test_stream_infer_text_equals_the_unary_text_and_ends_with_the_final_flag(triton):
+def test_stream_infer_text_equals_the_unary_text_and_ends_with_the_final_flag(triton, server):
     client, model = triton
+    server.pacer.delay = 0.002  # steps apart, so that the first delta goes before the end even on a busy machine
     unary = {p: text_of(client.infer(model, inputs(p, max_tokens=24))) for p in PROMPTS}
     streamed = stream_all(
         client, model, [(str(i), inputs(p, stream=True, max_tokens=24), {}) for i, p in enumerate(PROMPTS)]

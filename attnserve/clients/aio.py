@@ -19,9 +19,9 @@ from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import grpc
-from grpc_health.v1 import health_pb2
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.protos.health.v1 import health_pb2
 
 from .channel import ChannelConfig
 from .client import ClientBase

@@ -22,10 +22,10 @@ from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.protos.attnserve.v1.generation_pb2_grpc import TextGenerationStub
+from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
 
 from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
 from .errors import Unknown, from_rpc_error, typed_errors

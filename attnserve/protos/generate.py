@@ -15,14 +15,14 @@ PROTO_ROOT = Path(__file__).resolve().parent
 PACKAGE = "attnserve.protos"  # where PROTO_ROOT is imported from once installed
 
 # `from attnserve.v1 import generation_pb2 as ...` -> `from attnserve.protos.attnserve.v1 import ...`
-_IMPORT = re.compile(r"^from ((?:attnserve|inference)(?:\.\w+)*) import (\w+_pb2)", re.MULTILINE)
+_IMPORT = re.compile(r"^from ((?:attnserve|inference|health)(?:\.\w+)*) import (\w+_pb2)", re.MULTILINE)
 
 # Protocols whose message names other installed packages also register: tritonclient's generated
 # code puts the Open Inference Protocol's `inference.*` messages in protobuf's default descriptor
-# pool, and a second file defining the same names there fails to import. Our copy of that
-# protocol builds its descriptors in a pool of its own, so both import into one process (the wire
-# format does not depend on the pool).
-PRIVATE_POOL = ("inference/",)
+# pool, grpcio-health-checking puts grpc.health.v1's there, and a second file defining the same
+# names there fails to import. Our copies of those protocols build their descriptors in a pool of
+# their own, so both import into one process (the wire format does not depend on the pool).
+PRIVATE_POOL = ("inference/", "health/")
 _DEFAULT_POOL = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
 _OWN_POOL = "POOL = _descriptor_pool.DescriptorPool()  # not the default pool: see attnserve/protos/generate.py\n"
 

@@ -17,17 +17,19 @@ import time
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from google.protobuf.runtime_version import VersionError
 
 from ..export.contract import ModelDirError
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from ..protos.health.v1 import health_pb2_grpc
 from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
 from ..tokenizer import TokenizerError, from_model_dir
 from .config import ServerConfig
 from .domain import Final, GenerationRequest, StreamInterval
 from .engine import Engine, EngineLimits
+from .health import NOT_SERVING, SERVING, HealthServicer
+from .health import SERVICE as HEALTH_SERVICE
 from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
 from .model_runner import ModelRunner, ProviderError
@@ -41,7 +43,6 @@ log = logging.getLogger("attnserve.server")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
-NOT_SERVING, SERVING = health_pb2.HealthCheckResponse.NOT_SERVING, health_pb2.HealthCheckResponse.SERVING
 WARMUP_TIMEOUT_S = 120.0
 
 
@@ -67,6 +68,17 @@ def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None
     except OSError as e:
         raise StartupError(f"TLS file {e.filename}: {e.strerror}") from None
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+def enable_reflection(server: grpc.aio.Server) -> None:
+    """--reflection: grpcio-reflection, imported only here, so that a host whose copy cannot import
+    (its generated code follows one protobuf major version) serves without it."""
+    try:
+        from grpc_reflection.v1alpha import reflection
+    except (ImportError, VersionError) as e:
+        raise StartupError(f"--reflection needs grpcio-reflection, which does not import here: {e}") from None
+    names = (SERVICE, OIP_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
 
 
 class Server:
@@ -115,7 +127,7 @@ class Server:
         self.info = model_info(
             self.runner, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.slots.nbytes
         )
-        self.health = health.aio.HealthServicer()
+        self.health = HealthServicer()
         self.boundary = BoundaryInterceptor(self.metrics.count_request)
         self.grpc: grpc.aio.Server | None = None
         self.port = self.metrics_port = 0
@@ -138,8 +150,7 @@ class Server:
         for service in HEALTH_SERVICES:
             await self.health.set(service, NOT_SERVING)
         if self.config.reflection:
-            names = (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME)
-            reflection.enable_server_reflection(names, server)
+            enable_reflection(server)
         self.port = self._bind(server)
         await server.start()
         self.engine.start()
