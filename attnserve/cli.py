@@ -17,6 +17,7 @@ HANDLERS = {
     "serve": ("attnserve.server.app", "main"),
     "generate": ("attnserve.clients.generate_cli", "main"),
     "bench": ("attnserve.clients.bench", "main"),
+    "ray-serve": ("attnserve.ray_serve.main", "main"),
 }
 
 # A subcommand whose import misses one of these names the extras that install it (the base install
@@ -137,6 +138,15 @@ def add_serve(sub) -> None:
     from attnserve.server.config import ServerConfig  # torch-free and light: dataclasses and argparse
 
     ServerConfig.add_cli_args(sub.add_parser("serve", help="serve a model directory over gRPC on ONNX Runtime"))
+
+
+def add_ray_serve(sub) -> None:
+    """`attnserve ray-serve`'s flags: the replica's from ServerConfig, Ray's from RayServeConfig."""
+    from attnserve.ray_serve.config import RayServeConfig  # no ray import: dataclasses and argparse
+
+    RayServeConfig.add_cli_args(
+        sub.add_parser("ray-serve", help="serve a model directory on Ray Serve: replicas behind Ray's gRPC proxy")
+    )
 
 
 def add_client_flags(p) -> None:
@@ -269,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export(sub)
     add_attention_map(sub)
     add_serve(sub)
+    add_ray_serve(sub)
     add_generate(sub)
     add_bench(sub)
     return parser

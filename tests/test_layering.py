@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # package folder -> top-level modules (or attnserve subpackages) it must never import
 FORBIDDEN = {
+    "ray_serve": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
     "tokenizer": {
         "torch",
         "numpy",

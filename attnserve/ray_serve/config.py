@@ -1,0 +1,133 @@
+"""`attnserve ray-serve`'s settings: each replica's ServerConfig, and what Ray Serve needs besides.
+
+The replica's flags are `attnserve serve`'s own, built from ServerConfig's fields (their defaults
+and help written once, there); the flags that do not apply behind Ray's proxy (host, port, TLS,
+token, metrics, reflection of the replica) are left out. Ray's settings follow the same pattern:
+one field each, its help in the metadata. No ray import here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from ..server.config import ServerConfig, argparse_keywords, flag, flag_name
+
+# ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
+REPLICA_FIELDS = (
+    "model",
+    "provider",
+    "threads",
+    "max_batch",
+    "kv_cache_memory",
+    "prefill_chunk",
+    "max_queue",
+    "max_new_tokens_cap",
+    "stream_interval_tokens",
+    "stream_interval_ms",
+    "drain_timeout",
+)
+
+
+@dataclass(frozen=True)
+class RayServeConfig:
+    """One Ray Serve application of attnserve; every field with help is an `attnserve ray-serve` flag."""
+
+    replica: ServerConfig  # each replica's server; its host, port and TLS are unused (Ray's proxy listens)
+    address: str | None = field(
+        default=None,
+        metadata=flag("Ray cluster to join: auto, or the head's HOST:PORT", unset="start a local head"),
+    )
+    node_ip_address: str = field(default="127.0.0.1", metadata=flag("the local head's IP address (without --address)"))
+    grpc_port: int = field(
+        default=9000, metadata=flag("port of Ray Serve's gRPC proxy, on every interface (Ray offers no host)")
+    )
+    http_port: int = field(
+        default=8000, metadata=flag("port of Ray Serve's HTTP proxy, which Ray starts too (127.0.0.1; unused)")
+    )
+    app_name: str = field(
+        default="attnserve",
+        metadata=flag("Ray Serve application; clients send it as `application` metadata if there are several"),
+    )
+    replicas: int = field(
+        default=1, metadata=flag("replicas, one engine each; with --max-replicas, the number to start with")
+    )
+    min_replicas: int | None = field(default=None, metadata=flag("autoscaling: fewest replicas", unset="--replicas"))
+    max_replicas: int | None = field(
+        default=None,
+        metadata=flag("autoscale on ongoing requests between --min-replicas and this many", unset="no autoscaling"),
+    )
+    target_ongoing_requests: float | None = field(
+        default=None, metadata=flag("autoscaling: ongoing requests per replica to aim at", unset="--max-batch")
+    )
+    replica_cpus: float = field(default=1.0, metadata=flag("CPUs Ray reserves for each replica (num_cpus)"))
+    health_check_period: float = field(
+        default=10.0, metadata=flag("seconds between Ray's health checks of each replica's engine")
+    )
+    reflection: bool = field(default=False, metadata=flag("enable gRPC server reflection on Ray's proxy"))
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        """The replica's flags from ServerConfig's fields, then Ray's from this class's."""
+        for config_class, names in ((ServerConfig, REPLICA_FIELDS), (cls, None)):
+            hints = typing.get_type_hints(config_class)
+            for f in fields(config_class):
+                if "help" in f.metadata and (names is None or f.name in names):
+                    parser.add_argument(flag_name(f.name), **argparse_keywords(f, hints[f.name]))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RayServeConfig:
+        replica = ServerConfig(**{name: getattr(args, name) for name in REPLICA_FIELDS})
+        own = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
+        return cls(replica=replica, **own)
+
+    @property
+    def max_ongoing_requests(self) -> int:
+        """What one replica takes at once: a full batch and a full queue (Ray holds the rest)."""
+        return self.replica.max_batch + self.replica.max_queue
+
+    @property
+    def autoscaling(self) -> bool:
+        return self.max_replicas is not None
+
+    def check(self) -> None:
+        """Raise ValueError with a one-line reason for flags that cannot work together."""
+        self.replica.check()
+        if self.replica.max_batch == 0:
+            raise ValueError("--max-batch auto is not for Ray: give a number (max ongoing requests = batch + queue)")
+        if not 1 <= self.grpc_port <= 65535 or not 1 <= self.http_port <= 65535:
+            raise ValueError("--grpc-port and --http-port must be 1 to 65535 (Ray's proxy does not report a port 0)")
+        if self.grpc_port == self.http_port:
+            raise ValueError("--grpc-port and --http-port must differ")
+        low = self.replicas if self.min_replicas is None else self.min_replicas
+        if low < 0 or self.replicas < 1:
+            raise ValueError("--replicas must be at least 1 and --min-replicas at least 0")
+        if self.min_replicas is not None and not self.autoscaling:
+            raise ValueError("--min-replicas needs --max-replicas (autoscaling)")
+        if self.max_replicas is not None and not low <= self.replicas <= self.max_replicas:
+            raise ValueError("autoscaling needs --min-replicas <= --replicas <= --max-replicas")
+        if self.target_ongoing_requests is not None and self.target_ongoing_requests <= 0:
+            raise ValueError("--target-ongoing-requests must be positive")
+        if self.replica_cpus < 0 or self.health_check_period <= 0:
+            raise ValueError("--replica-cpus must not be negative and --health-check-period must be positive")
+
+    def deployment_options(self) -> dict[str, Any]:
+        """Keywords of Ray's serve.deployment for the replicas."""
+        options: dict[str, Any] = {
+            "max_ongoing_requests": self.max_ongoing_requests,
+            "ray_actor_options": {"num_cpus": self.replica_cpus},
+            "health_check_period_s": self.health_check_period,
+            "graceful_shutdown_timeout_s": self.replica.drain_timeout,
+        }
+        if not self.autoscaling:
+            options["num_replicas"] = self.replicas
+            return options
+        options["autoscaling_config"] = {
+            "min_replicas": self.replicas if self.min_replicas is None else self.min_replicas,
+            "initial_replicas": self.replicas,
+            "max_replicas": self.max_replicas,
+            "target_ongoing_requests": self.target_ongoing_requests or float(self.replica.max_batch),
+        }
+        return options
