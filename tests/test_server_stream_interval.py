@@ -119,3 +119,14 @@ def test_server_default_interval_applies_and_is_reported(tiny_model_dir):
         assert len(every) > len(counts)
     finally:
         running.stop()
+
+
+def test_pacer_step_sends_what_is_due_and_everything_with_the_end():
+    from attnserve.server.domain import Final, FinishReason, Timings, Usage
+
+    pacer = StreamPacer(StreamInterval(tokens=3), Clock())
+    end = Final(FinishReason.LENGTH, "!", Usage(1, 4), Timings(0.0, 1.0, 2.0))
+    assert pacer.step(deltas(1)) == (deltas(1), None)  # the first delta at once
+    assert pacer.step(deltas(2)) is None  # 2 of 3 tokens wait
+    assert pacer.step([*deltas(1), end]) == ([*deltas(2), *deltas(1)], end)  # the end takes what waited
+    assert pacer.step([end]) == ([], end)  # an end with nothing waiting still goes

@@ -9,11 +9,10 @@ one field each, its help in the metadata. No ray import here.
 from __future__ import annotations
 
 import argparse
-import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..server.config import ServerConfig, argparse_keywords, flag, flag_name
+from ..server.config import ServerConfig, add_field_flags, flag
 
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
 REPLICA_FIELDS = (
@@ -71,11 +70,8 @@ class RayServeConfig:
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         """The replica's flags from ServerConfig's fields, then Ray's from this class's."""
-        for config_class, names in ((ServerConfig, REPLICA_FIELDS), (cls, None)):
-            hints = typing.get_type_hints(config_class)
-            for f in fields(config_class):
-                if "help" in f.metadata and (names is None or f.name in names):
-                    parser.add_argument(flag_name(f.name), **argparse_keywords(f, hints[f.name]))
+        add_field_flags(parser, ServerConfig, REPLICA_FIELDS)
+        add_field_flags(parser, cls)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RayServeConfig:
@@ -92,6 +88,11 @@ class RayServeConfig:
     def autoscaling(self) -> bool:
         return self.max_replicas is not None
 
+    @property
+    def fewest_replicas(self) -> int:
+        """--min-replicas, which defaults to --replicas."""
+        return self.replicas if self.min_replicas is None else self.min_replicas
+
     def check(self) -> None:
         """Raise ValueError with a one-line reason for flags that cannot work together."""
         self.replica.check()
@@ -101,7 +102,7 @@ class RayServeConfig:
             raise ValueError("--grpc-port and --http-port must be 1 to 65535 (Ray's proxy does not report a port 0)")
         if self.grpc_port == self.http_port:
             raise ValueError("--grpc-port and --http-port must differ")
-        low = self.replicas if self.min_replicas is None else self.min_replicas
+        low = self.fewest_replicas
         if low < 0 or self.replicas < 1:
             raise ValueError("--replicas must be at least 1 and --min-replicas at least 0")
         if self.min_replicas is not None and not self.autoscaling:
@@ -125,7 +126,7 @@ class RayServeConfig:
             options["num_replicas"] = self.replicas
             return options
         options["autoscaling_config"] = {
-            "min_replicas": self.replicas if self.min_replicas is None else self.min_replicas,
+            "min_replicas": self.fewest_replicas,
             "initial_replicas": self.replicas,
             "max_replicas": self.max_replicas,
             "target_ongoing_requests": self.target_ongoing_requests or float(self.replica.max_batch),

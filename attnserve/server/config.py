@@ -125,10 +125,7 @@ class ServerConfig:
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
         """`attnserve serve`'s flags, from the fields: --name, type, default and help each written once."""
-        hints = typing.get_type_hints(cls)
-        for f in fields(cls):
-            if "help" in f.metadata:
-                parser.add_argument(flag_name(f.name), **argparse_keywords(f, hints[f.name]))
+        add_field_flags(parser, cls)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -155,6 +152,14 @@ class ServerConfig:
                 raise ValueError(f"{flag_name(name)} must be at least 1")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
+
+
+def add_field_flags(parser: argparse.ArgumentParser, config_class: type, only: tuple[str, ...] | None = None) -> None:
+    """A flag for each field of `config_class` that has help (each named in `only`, if given)."""
+    hints = typing.get_type_hints(config_class)
+    for f in fields(config_class):
+        if "help" in f.metadata and (only is None or f.name in only):
+            parser.add_argument(flag_name(f.name), **argparse_keywords(f, hints[f.name]))
 
 
 def flag_name(field_name: str) -> str:

@@ -21,7 +21,15 @@ from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.inference import grpc_service_pb2 as oip
 from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
 from ..tokenizer import Tokenizer
-from .domain import Delta, Final, FinishReason, GenerationRequest, InvalidRequest, ServeError, UnknownModel
+from .domain import (
+    Final,
+    FinishReason,
+    GenerationRequest,
+    InvalidRequest,
+    ServeError,
+    StreamInterval,
+    UnknownModel,
+)
 from .engine import Engine
 from .interceptors import ERROR_CODES
 from .oip_request import (
@@ -36,7 +44,7 @@ from .oip_request import (
     renamed,
 )
 from .oip_tensors import raw_output
-from .servicer import deadline_of, generation_events
+from .servicer import completion, deadline_of, generation_events
 from .stream_pacing import StreamPacer
 from .validation import RequestLimits, check_stream_interval, validate
 
@@ -106,10 +114,8 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         call, generation = self.accept(request, context)
         if call.stream:
             raise InvalidRequest("stream", "true needs ModelStreamInfer (a response per delta)")
-        async with aclosing(self.responses(request, call, generation, context)) as responses:
-            async for response in responses:
-                last = response
-        return last
+        self.interval(call)
+        return await self.whole(request, call, generation, context)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[oip.ModelInferRequest], context
@@ -121,10 +127,13 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         async def one(request: oip.ModelInferRequest) -> None:
             try:
                 call, generation = self.accept(request, context)
-                async with aclosing(self.responses(request, call, generation, context)) as responses:
+                interval = self.interval(call)
+                if not call.stream:  # one response, this request's last
+                    response = await self.whole(request, call, generation, context, last=True)
+                    await out.put(oip.ModelStreamInferResponse(infer_response=response))
+                    return
+                async with aclosing(self.streamed(request, call, generation, interval, context)) as responses:
                     async for response in responses:
-                        if not call.stream:  # the one response is this request's last
-                            response.parameters[FINAL_FLAG].bool_param = True
                         await out.put(oip.ModelStreamInferResponse(infer_response=response))
             except ServeError as error:
                 self.count("ModelStreamInfer", ERROR_CODES.get(type(error), grpc.StatusCode.INTERNAL).name)
@@ -161,42 +170,47 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         except InvalidRequest as error:
             raise renamed(error, call.origins) from None
 
-    async def responses(
-        self, request: oip.ModelInferRequest, call: InferCall, generation: GenerationRequest, context
-    ) -> AsyncGenerator[oip.ModelInferResponse, None]:
-        """With `stream`, a response per paced delta and a final one; else one with the whole text."""
+    def interval(self, call: InferCall) -> StreamInterval:
+        """The call's stream interval; errors name the parameter the caller sent."""
         try:
-            interval = check_stream_interval(call.request, self.limits)
+            return check_stream_interval(call.request, self.limits)
         except InvalidRequest as error:
             raise renamed(error, call.origins) from None
-        pacer = StreamPacer(interval)
+
+    async def whole(
+        self,
+        request: oip.ModelInferRequest,
+        call: InferCall,
+        generation: GenerationRequest,
+        context,
+        last: bool | None = None,
+    ) -> oip.ModelInferResponse:
+        """One response with the whole completion (the prompt first unless exclude_input_in_output)."""
+        text, token_ids, final = await completion(self.engine, generation, context)
         prompt = call.request.prompt if call.prepend_prompt else ""
-        text: list[str] = [prompt]
-        tokens = 0
-        events = generation_events(
-            self.engine, generation, context, wait_s=pacer.wait_s if call.stream else lambda: None
-        )
-        async with aclosing(events) as batches:
+        return self.response(request, call, prompt + text, final, len(generation.prompt_ids), len(token_ids), last)
+
+    async def streamed(
+        self,
+        request: oip.ModelInferRequest,
+        call: InferCall,
+        generation: GenerationRequest,
+        interval: StreamInterval,
+        context,
+    ) -> AsyncGenerator[oip.ModelInferResponse, None]:
+        """A response per paced message; the last one carries the end and triton_final_response."""
+        pacer = StreamPacer(interval)
+        async with aclosing(generation_events(self.engine, generation, context, wait_s=pacer.wait_s)) as batches:
             async for batch in batches:
-                deltas = [e for e in batch if isinstance(e, Delta)]
-                final = batch[-1] if batch and isinstance(batch[-1], Final) else None
-                if not call.stream:
-                    text += [e.text for e in batch]
-                    tokens += sum(len(d.token_ids) for d in deltas)
-                    if final is not None:
-                        yield self.response(request, call, "".join(text), final, len(generation.prompt_ids), tokens)
+                send = pacer.step(batch)
+                if send is None:
                     continue
-                pacer.add(deltas)
-                if final is not None:
-                    waiting = pacer.take()
-                    body = "".join(d.text for d in waiting) + final.text
-                    count = sum(len(d.token_ids) for d in waiting)
-                    yield self.response(request, call, body, final, len(generation.prompt_ids), count, last=True)
-                elif pacer.due():
-                    waiting = pacer.take()
-                    body = "".join(d.text for d in waiting)
-                    count = sum(len(d.token_ids) for d in waiting)
-                    yield self.response(request, call, body, None, len(generation.prompt_ids), count, last=False)
+                deltas, final = send
+                body = "".join(d.text for d in deltas) + (final.text if final is not None else "")
+                count = sum(len(d.token_ids) for d in deltas)
+                yield self.response(
+                    request, call, body, final, len(generation.prompt_ids), count, last=final is not None
+                )
 
     def response(
         self,
@@ -208,7 +222,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         tokens: int,
         last: bool | None = None,
     ) -> oip.ModelInferResponse:
-        """A response with the outputs the call asked for; `last` sets triton_final_response (streams)."""
+        """A response with the outputs the call asked for; `last` sets triton_final_response (ModelStreamInfer)."""
         values: dict[str, str | int] = {
             TEXT_OUTPUT: text,
             FINISH_REASON: FINISH_NAMES[final.reason] if final is not None else "",
@@ -220,6 +234,6 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
             tensor, raw = raw_output(name, OUTPUTS[name].datatype, values[name])
             message.outputs.append(tensor)
             message.raw_output_contents.append(raw)
-        if last is not None or call.stream:
-            message.parameters[FINAL_FLAG].bool_param = bool(last)
+        if last is not None:
+            message.parameters[FINAL_FLAG].bool_param = last
         return message

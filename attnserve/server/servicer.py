@@ -41,15 +41,8 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         """The whole completion in one response."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
-        text: list[str] = []
-        token_ids: list[int] = []
-        async with aclosing(generation_events(self.engine, generation, context)) as batches:
-            async for events in batches:
-                text += [event.text for event in events]
-                token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
-                final = events[-1]
-        assert isinstance(final, Final), "the engine ends every request with a Final event"
-        return final_response(pb.GenerateResponse, generation.request_id, "".join(text), token_ids, final)
+        text, token_ids, final = await completion(self.engine, generation, context)
+        return final_response(pb.GenerateResponse, generation.request_id, text, token_ids, final)
 
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -67,10 +60,11 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
             generation_events(self.engine, generation, context, announce=True, wait_s=pacer.wait_s)
         ) as batches:
             async for events in batches:
-                pacer.add(e for e in events if isinstance(e, Delta))
-                final = events[-1] if events and isinstance(events[-1], Final) else None
-                if pacer.waiting and (final is not None or pacer.due()):
-                    deltas = pacer.take()
+                send = pacer.step(events)
+                if send is None:
+                    continue
+                deltas, final = send
+                if deltas:
                     yield pb.GenerateStreamResponse(
                         request_id=request_id,
                         text="".join(d.text for d in deltas),
@@ -116,6 +110,21 @@ async def generation_events(
                 return
     finally:
         engine.release(handle)
+
+
+async def completion(
+    engine: Engine, generation: GenerationRequest, context: grpc.aio.ServicerContext
+) -> tuple[str, list[int], Final]:
+    """The whole completion: its text, its token ids and the Final event (errors are raised)."""
+    text: list[str] = []
+    token_ids: list[int] = []
+    async with aclosing(generation_events(engine, generation, context)) as batches:
+        async for events in batches:
+            text += [event.text for event in events]
+            token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
+            final = events[-1]
+    assert isinstance(final, Final), "the engine ends every request with a Final event"
+    return "".join(text), token_ids, final
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:

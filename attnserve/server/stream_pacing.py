@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from .domain import Delta, StreamInterval
+from .domain import Delta, Final, StreamInterval
 
 
 class StreamPacer:
@@ -43,6 +43,15 @@ class StreamPacer:
         if self.interval.ms <= 0:
             return None
         return max(0.0, self.last + self.interval.ms / 1000 - self.clock())
+
+    def step(self, events: list[Delta | Final]) -> tuple[list[Delta], Final | None] | None:
+        """One batch of engine events in; what to send now: the deltas due (maybe none) and the Final
+        once it came, with whatever waited (the end is never held back); None: nothing yet."""
+        self.add(event for event in events if isinstance(event, Delta))
+        final = events[-1] if events and isinstance(events[-1], Final) else None
+        if final is None and not self.due():
+            return None
+        return self.take(), final
 
     def take(self) -> list[Delta]:
         """The waiting deltas, to send as one message; the interval starts again."""
