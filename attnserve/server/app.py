@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 import time
@@ -25,7 +26,7 @@ from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..protos.health.v1 import health_pb2_grpc
 from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
 from ..tokenizer import TokenizerError, from_model_dir
-from .config import ServerConfig
+from .config import TEST_LEAK_VARIABLE, ServerConfig
 from .domain import Final, GenerationRequest, StreamInterval
 from .engine import Engine, EngineLimits
 from .health import NOT_SERVING, SERVING, HealthServicer
@@ -35,8 +36,10 @@ from .metrics import Metrics
 from .model_runner import ModelRunner, ProviderError
 from .oip_servicer import SERVICE as OIP_SERVICE
 from .oip_servicer import InferenceServicer
+from .request_bytes import DecodeInterceptor
 from .runners import arena_capacity, open_slot_runner
 from .servicer import TextGenerationServicer, model_info
+from .slow_readers import WriteWatch
 from .validation import RequestLimits
 
 log = logging.getLogger("attnserve.server")
@@ -44,6 +47,9 @@ log = logging.getLogger("attnserve.server")
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
 WARMUP_TIMEOUT_S = 120.0
+# The server pings an idle connection's client every KEEPALIVE_S and closes the connection when no
+# answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
+KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
 
 
 class StartupError(Exception):
@@ -79,6 +85,22 @@ def enable_reflection(server: grpc.aio.Server) -> None:
         raise StartupError(f"--reflection needs grpcio-reflection, which does not import here: {e}") from None
     names = (SERVICE, OIP_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
+
+
+def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
+    """gRPC core's limits per connection: streams, age, and keepalive pings that find dead peers."""
+    options = [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_concurrent_streams", config.max_concurrent_streams),
+        ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+    ]
+    if config.max_connection_age is not None:
+        options += [
+            ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(config.drain_timeout * 1000)),
+        ]
+    return options
 
 
 class Server:
@@ -123,20 +145,32 @@ class Server:
             self.runner.context_length,
             f"{self.slots.nbytes:,}",
         )
-        self.engine = Engine(self.slots, self.tokenizer, EngineLimits(self.max_batch, config.max_queue), self.metrics)
+        self.engine = Engine(
+            self.slots,
+            self.tokenizer,
+            EngineLimits(self.max_batch, config.max_queue, config.stream_buffer_events),
+            self.metrics,
+        )
         self.info = model_info(
             self.runner, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.slots.nbytes
         )
         self.health = HealthServicer()
-        self.boundary = BoundaryInterceptor(self.metrics.count_request)
+        self.writes = WriteWatch(config.write_timeout)
+        self.boundary = BoundaryInterceptor(
+            self.metrics.count_request, self.metrics.track_in_flight, self.writes, config.test_leak_bytes
+        )
+        self.watchdog: asyncio.Task | None = None
+        if config.test_leak_bytes:
+            log.warning("TEST ONLY: every call leaks %d bytes ($%s)", config.test_leak_bytes, TEST_LEAK_VARIABLE)
         self.grpc: grpc.aio.Server | None = None
         self.port = self.metrics_port = 0
         self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady
 
     async def start(self) -> None:
         """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
-        interceptors = [self.boundary] + ([AuthInterceptor(self.token)] if self.token else [])
-        self.grpc = server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
+        auth = [AuthInterceptor(self.token)] if self.token else []
+        interceptors = [self.boundary, *auth, DecodeInterceptor()]  # the outermost first
+        self.grpc = server = grpc.aio.server(interceptors=interceptors, options=channel_options(self.config))
         pb_grpc.add_TextGenerationServicer_to_server(
             TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), server
         )
@@ -154,6 +188,7 @@ class Server:
         self.port = self._bind(server)
         await server.start()
         self.engine.start()
+        self.watchdog = asyncio.create_task(self.writes.run())
         if self.config.metrics_port is not None:
             try:
                 self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
@@ -226,6 +261,8 @@ class Server:
         return bool(stats["active"] or stats["queued"])
 
     def close(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.cancel()
         self.engine.stop()
         self.metrics.close()
 
@@ -269,7 +306,7 @@ def main(args) -> int:
     """CLI entry of `attnserve serve`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = ServerConfig.from_args(args)
+        config = ServerConfig.from_args(args, os.environ)
         config.check()
     except ValueError as e:
         print(f"attnserve serve: error: {e}", file=sys.stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ from .domain import MAX_STREAM_INTERVAL_MS
 T = TypeVar("T")
 
 PROVIDERS = ("auto", "cuda", "cpu")
+TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
 
@@ -101,6 +102,29 @@ class ServerConfig:
         metadata=flag("streams send waiting tokens once this many milliseconds have passed; 0: no time bound"),
     )
     max_queue: int = field(default=64, metadata=flag("requests waiting for a batch slot before RESOURCE_EXHAUSTED"))
+    stream_buffer_events: int = field(
+        default=64,
+        metadata=flag(
+            "decoded events a stream may leave unwritten (its client not reading) before its request is "
+            "cancelled, freeing its batch slot"
+        ),
+    )
+    write_timeout: float = field(
+        default=30.0,
+        metadata=flag("seconds a stream's write may wait for a client that reads nothing before it is cancelled"),
+    )
+    max_concurrent_streams: int = field(
+        default=128,
+        metadata=flag("calls one client connection may have open at once (HTTP/2 streams); more wait client-side"),
+    )
+    max_connection_age: float | None = field(
+        default=None,
+        metadata=flag(
+            "seconds after which a connection is asked to go away (GOAWAY; its calls get "
+            "--drain-timeout to finish): clients reconnect and spread over replicas",
+            unset="off",
+        ),
+    )
     max_new_tokens_cap: int = field(
         default=256, metadata=flag("largest max_new_tokens a request may ask for, at most context length - 1")
     )
@@ -121,6 +145,9 @@ class ServerConfig:
     )
     drain_timeout: float = field(default=30.0, metadata=flag("seconds in-flight requests get to finish after SIGTERM"))
     warmup: bool = True  # one short generation before health says SERVING; no flag, for code embedding a Server
+    # Test-only: bytes kept forever per finished call, the soak test's negative control. No flag:
+    # `attnserve serve` reads it from $ATTNSERVE_TEST_LEAK_BYTES (TEST_LEAK_VARIABLE) at start-up.
+    test_leak_bytes: int = 0
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -128,9 +155,13 @@ class ServerConfig:
         add_field_flags(parser, cls)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
-        """From add_cli_args' namespace; fields without a flag keep their defaults."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata})
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        """From add_cli_args' namespace (and, test-only, $ATTNSERVE_TEST_LEAK_BYTES in `environ`)."""
+        values = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
+        leak = (environ or {}).get(TEST_LEAK_VARIABLE, "0")
+        if not leak.isdigit():
+            raise ValueError(f"${TEST_LEAK_VARIABLE} must be a number of bytes, not {leak!r}")
+        return cls(**values, test_leak_bytes=int(leak))
 
     def check(self) -> None:
         """Raise ValueError with a one-line reason for flags that cannot work together."""
@@ -147,7 +178,12 @@ class ServerConfig:
             raise ValueError("--kv-cache-memory must be a positive number of bytes")
         if not 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
             raise ValueError(f"--stream-interval-ms must be 0 to {MAX_STREAM_INTERVAL_MS}")
-        for name in ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens"):
+        if self.write_timeout <= 0:
+            raise ValueError("--write-timeout must be positive")
+        if self.max_connection_age is not None and self.max_connection_age <= 0:
+            raise ValueError("--max-connection-age must be positive")
+        counts = ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens", "stream_buffer_events")
+        for name in (*counts, "max_concurrent_streams"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag_name(name)} must be at least 1")
         if self.drain_timeout < 0:

@@ -104,6 +104,14 @@ class InvalidRequest(ServeError):
         self.field, self.problem = field_name, problem
 
 
+class Undecodable(ServeError):
+    """The request's bytes do not parse as the method's message: INVALID_ARGUMENT."""
+
+
+class SlowReader(ServeError):
+    """The client stopped reading its stream (the write timeout, or the buffer cap): CANCELLED."""
+
+
 class UnknownModel(ServeError):
     """The Open Inference Protocol named a model (or version) this server does not serve: NOT_FOUND."""
 

@@ -36,6 +36,7 @@ class EngineLimits:
 
     max_batch: int  # requests decoded together in one step
     max_queue: int  # requests waiting for a batch slot before submit raises QueueFull
+    max_buffered: int = 0  # deltas a caller may leave unread before its request is dropped; 0: no cap
 
 
 class EngineObserver:
@@ -71,7 +72,7 @@ class Engine:
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Queue a validated request; raises QueueFull or Draining."""
-        handle = Handle(request, loop or asyncio.get_running_loop())
+        handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
         decoder_prompt = (self.runner.bos_id,) if self.runner.seq2seq else request.prompt_ids
         sequence = Sequence(
             request, handle, self.tokenizer, self.runner.vocab_size, self.runner.context_length, decoder_prompt

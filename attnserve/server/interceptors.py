@@ -1,10 +1,12 @@
 """The gRPC boundary: errors become status codes here, once; bearer-token auth; draining.
 
-BoundaryInterceptor wraps the attnserve service: domain errors (ServeError subclasses) map to
-their status codes, anything unexpected becomes INTERNAL with a request id (the detail is
-logged, never sent), every call is counted by status, and new calls get UNAVAILABLE while the
-server drains. AuthInterceptor checks `authorization: Bearer <token>` in constant time on every
-service except grpc.health.v1, so load balancers can probe without the token.
+BoundaryInterceptor wraps every method: domain errors (ServeError subclasses) map to their
+status codes, anything unexpected becomes INTERNAL with a request id (the detail is logged,
+never sent), and every call is counted by status; calls of attnserve.v1 and the inference
+protocol are also counted in flight, and new ones get UNAVAILABLE while the server drains; the
+responses of streaming calls are written through a WriteWatch (--write-timeout).
+AuthInterceptor checks `authorization: Bearer <token>` in constant time on every service except
+grpc.health.v1, so load balancers can probe without the token.
 """
 
 from __future__ import annotations
@@ -14,10 +16,22 @@ import hmac
 import logging
 import uuid
 from collections.abc import Callable
+from contextlib import aclosing
+from typing import Any
 
 import grpc
 
-from .domain import DeadlineExceeded, Draining, InvalidRequest, QueueFull, ServeError, UnknownModel
+from .domain import (
+    DeadlineExceeded,
+    Draining,
+    InvalidRequest,
+    QueueFull,
+    ServeError,
+    SlowReader,
+    Undecodable,
+    UnknownModel,
+)
+from .slow_readers import WriteWatch
 
 log = logging.getLogger("attnserve.server")
 
@@ -28,16 +42,27 @@ ANSWER_WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
+    Undecodable: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     UnknownModel: grpc.StatusCode.NOT_FOUND,
+    SlowReader: grpc.StatusCode.CANCELLED,
 }
 
 
-def wrap_handler(handler: grpc.RpcMethodHandler, around_unary: Callable, around_stream: Callable):
-    """The same handler with its behavior passed through `around_*(behavior, request, context)`."""
-    unary, stream = unary_behavior(around_unary), stream_behavior(around_stream)
+def wrap_handler(
+    handler: grpc.RpcMethodHandler,
+    around_unary: Callable,
+    around_stream: Callable,
+    deserializer: Callable[[bytes], Any] | None = None,
+    stream_writes: bool = False,
+):
+    """The same handler with its behavior passed through `around_*(behavior, request, context)`
+    (and its request deserializer replaced, if one is given). With `stream_writes`, around_stream
+    is a coroutine that writes the responses itself (context.write) instead of yielding them."""
+    unary = unary_behavior(around_unary)
+    stream = unary_behavior(around_stream) if stream_writes else stream_behavior(around_stream)
     kinds = [
         ("unary_unary", grpc.unary_unary_rpc_method_handler, unary),
         ("unary_stream", grpc.unary_stream_rpc_method_handler, stream),
@@ -49,7 +74,7 @@ def wrap_handler(handler: grpc.RpcMethodHandler, around_unary: Callable, around_
         if behavior is not None:
             return make(
                 wrap(behavior),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=deserializer or handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
     return handler
@@ -84,55 +109,87 @@ async def stream_of(behavior, request, context):
     """Responses of a server-streaming behavior, whether it yields or writes with context.write."""
     result = behavior(request, context)
     if hasattr(result, "__aiter__"):
-        async for response in result:
-            yield response
+        async with aclosing(result):  # closed as soon as the caller stops: a request's slot is freed then
+            async for response in result:
+                yield response
     else:
         await result
 
 
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
-    """Maps errors to status codes, counts calls by status, refuses new calls while draining."""
+    """Maps errors to status codes and counts calls by status, on every method; on attnserve.v1 and
+    the inference protocol, also tracks calls in flight and refuses new ones while draining."""
 
-    def __init__(self, count: Callable[[str, str], None] | None = None):
+    def __init__(
+        self,
+        count: Callable[[str, str], None] | None = None,
+        in_flight: Callable[[int], None] | None = None,
+        writes: WriteWatch | None = None,
+        leak_bytes: int = 0,
+    ):
+        """`in_flight(+1 or -1)` as a served call starts and ends; `writes` times streamed writes
+        (--write-timeout); `leak_bytes`: test-only, see ServerConfig.test_leak_bytes."""
         self.count = count or (lambda method, code: None)
+        self.in_flight = in_flight or (lambda change: None)
+        self.writes = writes
         self.draining = False
+        self.leak_bytes = leak_bytes
+        self.leaked: list[bytes] = []
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
-        if handler is None or not details.method.startswith(SERVICE_PREFIXES):
+        if handler is None:
             return handler
         method = details.method.rsplit("/", 1)[-1]
+        served = details.method.startswith(SERVICE_PREFIXES)
+        writes = self.writes
 
         async def unary(behavior, request, context):
-            async with self.boundary(method, request, context):
+            async with _Boundary(self, method, served, request, context):
                 return await behavior(request, context)
 
         async def stream(behavior, request, context):
-            async with self.boundary(method, request, context):
+            async with _Boundary(self, method, served, request, context):
                 async for response in stream_of(behavior, request, context):
                     yield response
 
-        return wrap_handler(handler, unary, stream)
+        async def stream_written(behavior, request, context):
+            assert writes is not None
+            async with (
+                _Boundary(self, method, served, request, context),
+                aclosing(stream_of(behavior, request, context)) as responses,
+            ):
+                async for response in responses:
+                    await writes.write(context, response)
+
+        return wrap_handler(handler, unary, stream_written if writes else stream, stream_writes=writes is not None)
 
     def boundary(self, method: str, request, context) -> _Boundary:
-        return _Boundary(self, method, request, context)
+        """The boundary of one call of attnserve.v1 or the protocol, for callers outside gRPC (Ray Serve)."""
+        return _Boundary(self, method, True, request, context)
 
 
 class _Boundary:
     """One call's error mapping and accounting (an async context manager)."""
 
-    def __init__(self, owner: BoundaryInterceptor, method: str, request, context):
-        self.owner, self.method, self.request, self.context = owner, method, request, context
+    def __init__(self, owner: BoundaryInterceptor, method: str, served: bool, request, context):
+        self.owner, self.method, self.served, self.request, self.context = owner, method, served, request, context
 
     async def __aenter__(self):
-        if self.owner.draining and self.method not in ANSWER_WHILE_DRAINING:
+        if self.served and self.owner.draining and self.method not in ANSWER_WHILE_DRAINING:
             self.owner.count(self.method, grpc.StatusCode.UNAVAILABLE.name)
             await self.context.abort(
                 grpc.StatusCode.UNAVAILABLE, "the server is draining (shutting down); retry on another replica"
             )
+        if self.served:
+            self.owner.in_flight(+1)
         return self
 
     async def __aexit__(self, kind, error, traceback) -> bool:
+        if self.served:
+            self.owner.in_flight(-1)
+            if self.owner.leak_bytes:
+                self.owner.leaked.append(b"\xa5" * self.owner.leak_bytes)
         code, message = self.classify(error)
         self.owner.count(self.method, code.name)
         if message is not None:

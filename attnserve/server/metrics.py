@@ -52,6 +52,9 @@ class Metrics(EngineObserver):
         self.tokens = Counter("attnserve_generated_tokens", "Tokens generated (EOS not counted)", registry=r)
         self.queue_depth = Gauge("attnserve_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.batch_size = Gauge("attnserve_batch_size", "Requests in the running batch", registry=r)
+        self.in_flight = Gauge(
+            "attnserve_requests_in_flight", "RPCs of attnserve.v1 and the inference protocol in progress", registry=r
+        )
         self.kv_cache_bytes = Gauge(
             "attnserve_kv_cache_bytes", "Bytes of the preallocated key/value arena (0: concat cache)", registry=r
         )
@@ -68,6 +71,9 @@ class Metrics(EngineObserver):
 
     def count_request(self, method: str, code: str) -> None:
         self.requests.labels(method=method, code=code).inc()
+
+    def track_in_flight(self, change: int) -> None:
+        self.in_flight.inc(change)
 
     def serve(self, host: str, port: int) -> int:
         """Start /metrics on host:port in a daemon thread; returns the bound port."""

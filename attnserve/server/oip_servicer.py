@@ -52,6 +52,7 @@ SERVICE = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 VERSION = "1"  # the one version of the one model a server serves
 PLATFORM = "attnserve_onnxruntime"
 FINAL_FLAG = "triton_final_response"
+STREAM_OUT_MAX = 16  # responses of one ModelStreamInfer stream waiting to be written
 # vLLM's finish reasons: the end-of-sequence token is a "stop" there too.
 FINISH_NAMES = {
     FinishReason.LENGTH: "length",
@@ -121,7 +122,8 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         self, requests: AsyncIterator[oip.ModelInferRequest], context
     ) -> AsyncIterator[oip.ModelStreamInferResponse]:
         """Each request as it arrives, concurrently; responses interleave, each request's in order."""
-        out: asyncio.Queue[oip.ModelStreamInferResponse | Exception | None] = asyncio.Queue()
+        # Bounded: while the client reads nothing, the requests' own buffers fill up and hit their cap.
+        out: asyncio.Queue[oip.ModelStreamInferResponse | Exception | None] = asyncio.Queue(STREAM_OUT_MAX)
         running: set[asyncio.Task] = set()
 
         async def one(request: oip.ModelInferRequest) -> None:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from ..tokenizer import Tokenizer
-from .domain import Delta, Final, FinishReason, GenerationRequest, Timings, Usage
+from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
 from .sampling import Sampler
 from .streaming import TextStream
 
@@ -21,17 +21,36 @@ Event = Delta | Final | Exception
 
 
 class Handle:
-    """The caller's end of a request: await its events; cancel() asks the engine to drop it."""
+    """The caller's end of a request: await its events; cancel() asks the engine to drop it.
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
+    At most `max_buffered` deltas wait here undelivered: a caller that falls that far behind (its
+    client stopped reading) gets SlowReader in their place, and its request is dropped."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, max_buffered: int = 0):
+        """`max_buffered`: 0 for no cap."""
         self.request = request
         self.loop = loop
+        self.max_buffered = max_buffered
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False  # set by the caller, read by the engine at the next step
         self.finished = False  # set once the Final (or an error) has been queued
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def put(self, event: Event) -> None:
+        """Queue an event from the engine, unless the caller is gone or too far behind."""
+        if self.finished:
+            return  # after the caller's error, the engine's own end of the request is not news
+        if self.max_buffered and isinstance(event, Delta) and self.events.qsize() >= self.max_buffered:
+            self.cancel()
+            event = SlowReader(
+                f"{self.max_buffered} decoded events waited for a client that is not reading its stream "
+                "(--stream-buffer-events); the request is cancelled"
+            )
+        self.events.put_nowait(event)
+        if isinstance(event, (Final, Exception)):
+            self.finished = True
 
     async def next_events(self, timeout: float | None = None) -> list[Event]:
         """Everything delivered since the last call, in order: at least one event, or [] once
@@ -51,9 +70,7 @@ class Handle:
 def deliver(batch: list[tuple[Handle, Event]]) -> None:
     """Queue events on their handles; runs on the callers' event loop."""
     for handle, event in batch:
-        handle.events.put_nowait(event)
-        if isinstance(event, (Final, Exception)):
-            handle.finished = True
+        handle.put(event)
 
 
 class Sequence:
