@@ -1,0 +1,159 @@
+"""Clients that stop reading their stream, against a real server: a request whose client falls
+--stream-buffer-events behind is cancelled and its slot freed, the stuck call ends after
+--write-timeout (CANCELLED, counted, nothing left in flight), and streams that read are unhurt."""
+
+import asyncio
+import statistics
+import threading
+import time
+
+import grpc
+import pytest
+from fixtures_server import idle, request, start_server, wait_until
+
+from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.protos.inference import grpc_service_pb2 as oip
+from attnserve.protos.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.server.domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
+from attnserve.server.sequence import Handle
+
+TIMEOUT = 60
+BUFFER = 8  # --stream-buffer-events
+WRITE_TIMEOUT = 1.0  # --write-timeout, seconds
+# A client that stops reading: HTTP/2 flow control then holds the server's writes once the client's
+# window (here about 1 KiB: no BDP probing to grow it) is full of unread messages.
+STALLED = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+LONG_ID = "x" * 100  # echoed in every message: the window fills within a few messages
+
+
+@pytest.fixture(scope="module")
+def strict(tiny_model_dir):
+    running = start_server(
+        tiny_model_dir, max_batch=4, stream_buffer_events=BUFFER, write_timeout=WRITE_TIMEOUT, metrics_port=0
+    )
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def paced(strict):
+    strict.pacer.delay = 0.004  # a token every ~4 ms: generations outlast the time the test needs to act
+    yield strict
+    strict.pacer.delay = 0.0
+    wait_until(lambda: idle(strict.engine) and gauge(strict, "attnserve_requests_in_flight") == 0, TIMEOUT)
+
+
+def gauge(server, name: str, labels: dict | None = None) -> float:
+    return server.server.metrics.registry.get_sample_value(name, labels or {}) or 0
+
+
+def finished(server, reason: str) -> float:
+    return gauge(server, "attnserve_generations_finished_total", {"reason": reason})
+
+
+def cancelled_calls(server, method: str) -> float:
+    return gauge(server, "attnserve_requests_total", {"method": method, "code": "CANCELLED"})
+
+
+def test_the_buffer_cap_cancels_a_request_its_caller_does_not_read():
+    """Handle.put: deltas past the cap become SlowReader and a cancel; the engine's later Final is dropped."""
+
+    async def fill() -> list:
+        generation = GenerationRequest("r", (1, 2), 10)
+        handle = Handle(generation, asyncio.get_running_loop(), max_buffered=3)
+        for token in range(5):
+            handle.put(Delta((token,), "t"))
+        handle.put(Final(FinishReason.CANCELLED, "", Usage(2, 5), Timings(0, 0, 0)))
+        assert handle.cancelled and handle.finished
+        return await handle.next_events()
+
+    events = asyncio.run(fill())
+    assert [type(e) for e in events] == [Delta, Delta, Delta, SlowReader]
+    assert "3 decoded events waited" in str(events[-1]) and "--stream-buffer-events" in str(events[-1])
+
+
+def test_a_stalled_stream_frees_its_slot_then_ends_after_the_write_timeout(paced):
+    cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "GenerateStream")
+    with grpc.insecure_channel(paced.target, options=STALLED) as channel:
+        stream = pb_grpc.TextGenerationStub(channel).GenerateStream(
+            request("The ", max_new_tokens=120, request_id=LONG_ID), timeout=TIMEOUT
+        )
+        # Reading nothing: the slot is freed once BUFFER events wait, long before 120 tokens.
+        wait_until(lambda: finished(paced, "cancelled") == cancelled + 1, TIMEOUT, "the request to be cancelled")
+        assert idle(paced.engine)
+        wait_until(lambda: cancelled_calls(paced, "GenerateStream") == calls + 1, TIMEOUT, "the write timeout")
+        assert gauge(paced, "attnserve_requests_in_flight") == 0
+        received = []
+        with pytest.raises(grpc.RpcError) as caught:
+            for message in stream:  # the client wakes up: what was sent, then the status
+                received.append(message)
+    assert caught.value.code() == grpc.StatusCode.CANCELLED
+    assert "read nothing for 1 s (--write-timeout)" in caught.value.details()
+    assert 0 < sum(len(m.token_ids) for m in received) < 120
+
+
+def test_a_stalled_protocol_stream_is_cut_the_same_way(paced):
+    model = paced.server.info.model_name
+    cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "ModelStreamInfer")
+    text = oip.ModelInferRequest.InferInputTensor(name="text_input", datatype="BYTES", shape=[1])
+    flag = oip.ModelInferRequest.InferInputTensor(name="stream", datatype="BOOL", shape=[1])
+    infer = oip.ModelInferRequest(model_name=model, id=LONG_ID, inputs=[text, flag])
+    infer.raw_input_contents.extend([len(b"The ").to_bytes(4, "little") + b"The ", b"\x01"])
+    infer.parameters["max_tokens"].int64_param = 120
+    with grpc.insecure_channel(paced.target, options=STALLED) as channel:
+        stream = oip_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([infer]), timeout=TIMEOUT)
+        wait_until(lambda: finished(paced, "cancelled") == cancelled + 1, TIMEOUT, "the request to be cancelled")
+        wait_until(lambda: cancelled_calls(paced, "ModelStreamInfer") == calls + 1, TIMEOUT, "the write timeout")
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stream)
+    assert caught.value.code() == grpc.StatusCode.CANCELLED
+
+
+def reading_stream(target: str, gaps: list[float]) -> str:
+    """A stream read as fast as it comes; its text, and the gaps between its messages in `gaps`."""
+    with grpc.insecure_channel(target) as channel:
+        text, last = [], time.perf_counter()
+        for message in pb_grpc.TextGenerationStub(channel).GenerateStream(
+            request("The ", max_new_tokens=100), timeout=TIMEOUT
+        ):
+            now = time.perf_counter()
+            gaps.append(now - last)
+            text.append(message.text)
+            last = now
+    return "".join(text)
+
+
+def stall(target: str, opened: threading.Event, done: threading.Event) -> None:
+    with grpc.insecure_channel(target, options=STALLED) as channel:
+        stream = pb_grpc.TextGenerationStub(channel).GenerateStream(
+            request("a", max_new_tokens=120, request_id=LONG_ID), timeout=TIMEOUT
+        )
+        opened.set()
+        done.wait(TIMEOUT)
+        stream.cancel()
+
+
+def test_streams_that_read_are_unhurt_by_three_that_do_not(paced):
+    """Three stalled streams share the batch with one that reads: they are cut, it runs to its end
+    with the same text, and its inter-token gaps stay those of a stream alone (medians, 2 rounds each)."""
+    alone_gaps: list[float] = []
+    reference = reading_stream(paced.target, alone_gaps)
+    cancelled = finished(paced, "cancelled")
+    beside_gaps: list[float] = []
+    for _ in range(2):
+        done = threading.Event()
+        stalled = [threading.Event() for _ in range(3)]
+        threads = [threading.Thread(target=stall, args=(paced.target, opened, done)) for opened in stalled]
+        for thread in threads:
+            thread.start()
+        for opened in stalled:
+            opened.wait(TIMEOUT)
+        assert reading_stream(paced.target, beside_gaps) == reference
+        done.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+        reading_stream(paced.target, alone_gaps)
+    assert finished(paced, "cancelled") == cancelled + 6
+    alone, beside = statistics.median(alone_gaps[1:]), statistics.median(beside_gaps[1:])
+    print(f"median inter-token gap: alone {1000 * alone:.2f} ms, beside 3 stalled streams {1000 * beside:.2f} ms")
+    assert beside < 2 * alone, f"a reading stream's median gap went from {alone:.4f} s to {beside:.4f} s"
