@@ -15,7 +15,7 @@ from dataclasses import MISSING, fields
 import pytest
 
 from attnserve.cli import build_parser, main
-from attnserve.server.config import ServerConfig, flag_name
+from attnserve.server.config import TEST_LEAK_VARIABLE, ServerConfig, flag_name
 from attnserve.server.engine import Engine, EngineLimits
 
 FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]
@@ -28,8 +28,9 @@ def serve_actions() -> dict[str, argparse.Action]:
     return {a.option_strings[0]: a for a in subparsers.choices["serve"]._actions if a.option_strings}
 
 
-def test_every_field_but_warmup_is_a_flag_with_its_default_and_help():
-    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {"warmup"}
+def test_every_field_but_two_is_a_flag_with_its_default_and_help():
+    """The two without a flag: warm-up (for code embedding a Server) and the test-only leak."""
+    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {"warmup", "test_leak_bytes"}
     actions = serve_actions()
     assert set(actions) - {"-h"} == {flag_name(f.name) for f in FLAG_FIELDS}
     for f in FLAG_FIELDS:
@@ -81,3 +82,11 @@ def test_bad_values_are_refused_in_one_line_naming_the_flag(capsys, flags, messa
 def test_the_engine_takes_its_limits_from_the_config_only():
     assert all(f.default is MISSING for f in fields(EngineLimits))
     assert inspect.signature(Engine).parameters["limits"].default is inspect.Parameter.empty
+
+
+def test_the_test_only_leak_comes_from_the_environment_alone():
+    args = build_parser().parse_args(["serve", "--model", "m"])
+    assert ServerConfig.from_args(args).test_leak_bytes == 0
+    assert ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4096"}).test_leak_bytes == 4096
+    with pytest.raises(ValueError, match="ATTNSERVE_TEST_LEAK_BYTES must be a number of bytes, not '4k'"):
+        ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4k"})

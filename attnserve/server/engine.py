@@ -36,7 +36,7 @@ class EngineLimits:
 
     max_batch: int  # requests decoded together in one step
     max_queue: int  # requests waiting for a batch slot before submit raises QueueFull
-    max_buffered: int = 0  # deltas a caller may leave unread before its request is dropped; 0: no cap
+    max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
 
 
 class EngineObserver:

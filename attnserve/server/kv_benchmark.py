@@ -135,7 +135,7 @@ def concat_engine(model_dir: str, threads: int, max_batch: int, tokenizer) -> En
     """The engine before the arena, over a concat directory (attnserve serve no longer runs one)."""
     model = ModelRunner(model_dir, "cpu", threads)
     runner = ConcatRunner(model, max_batch, model.manifest.pad_id)
-    engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch))
+    engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch, 0))
     engine.start()
     return engine
 
