@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test lint format demo protos bench kv-bench tokenizer-table genai-check clean
+.PHONY: test lint format demo protos bench kv-bench tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -94,6 +94,15 @@ demo: $(STAMP)
 
 protos: $(STAMP)
 	$(PY) attnserve/protos/generate.py
+
+# Many streams for a long time with misbehaving clients (cancels, expiring deadlines, SIGKILLed
+# clients, malformed requests): statuses, RSS over time, latencies; exit 1 if a check fails.
+# `make test` runs a 15-second version. SOAK_ARGS="--duration 60" for a shorter one.
+SOAK_ARGS ?=
+soak: $(STAMP)
+	mkdir -p reports
+	$(PY) -m attnserve.loadtest.soak --model $(BENCH_MODEL) --duration 600 --streams 64 $(SOAK_ARGS) \
+		--out reports/soak.json --plot reports/soak.png
 
 clean:
 	rm -rf $(VENV) $(GENAI_VENV) $(PB7_VENV) build *.egg-info

@@ -17,6 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # package folder -> top-level modules (or attnserve subpackages) it must never import
 FORBIDDEN = {
     "ray_serve": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
+    # load tests drive a server process from outside: gRPC, /metrics, /proc (and the leak switch's name)
+    "loadtest": {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export"},
     "tokenizer": {
         "torch",
         "numpy",
