@@ -104,5 +104,12 @@ soak: $(STAMP)
 	$(PY) -m attnserve.loadtest.soak --model $(BENCH_MODEL) --duration 600 --streams 64 $(SOAK_ARGS) \
 		--out reports/soak.json --plot reports/soak.png
 
+# Open-loop arrivals at 4x the server's capacity: queue bound, refusal latency, accepted TTFT against
+# its bound, health latency; exit 1 if a check fails. `make test` runs a 6-second version.
+overload: $(STAMP)
+	mkdir -p reports
+	$(PY) -m attnserve.loadtest.overload --model $(BENCH_MODEL) --factor 4 --duration 30 \
+		--out reports/overload.json --plot reports/overload.png
+
 clean:
 	rm -rf $(VENV) $(GENAI_VENV) $(PB7_VENV) build *.egg-info

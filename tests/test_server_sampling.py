@@ -87,3 +87,16 @@ def test_repetition_penalty_steers_greedy_away_from_seen_tokens():
 def test_reference_sampler_agrees_on_what_greedy_means():
     rows = torch.from_numpy(logits_rows(8, seed=5))
     assert next_token(rows).tolist() == [Sampler(SamplingParams(), V)(r) for r in rows.numpy()]
+
+
+@pytest.mark.parametrize("penalty", [float(np.float32(1e-45)), 1e-30, 100.0])
+@pytest.mark.parametrize("temperature", [float(np.float32(1e-45)), 1e-6, 100.0])
+def test_extreme_valid_parameters_stay_finite(penalty, temperature):
+    """Found by tests/test_fuzz.py: a penalty near 0 overflowed float32 logits to inf, and the
+    sampler then drew from NaN probabilities. The seen tokens' logits must stay finite and win."""
+    logits = np.array([1.0, 5.0, 3.0, -2.0, 0.5, 0.1, 2.0, 4.0], dtype=np.float32)
+    sampler = Sampler(SamplingParams(temperature=temperature, repetition_penalty=penalty, seed=3), 8, (2, 6))
+    with np.errstate(over="raise", invalid="raise", divide="raise"):  # underflow to 0 is fine
+        tokens = [sampler(logits) for _ in range(8)]
+    if penalty < 1e-20 and temperature < 1e-5:  # seen positive logits / penalty dwarf the rest
+        assert set(tokens) <= {2, 6}, tokens

@@ -13,8 +13,9 @@ from .domain import SamplingParams
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """CTRL's penalty (as in Hugging Face): seen tokens' positive logits / penalty, negative * penalty."""
-    out = logits.copy()
+    """CTRL's penalty (as in Hugging Face): seen tokens' positive logits / penalty, negative * penalty.
+    In float64: a penalty near the smallest allowed would overflow float32 logits to inf (then NaN)."""
+    out = logits.astype(np.float64)
     picked = out[seen]
     out[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
     return out

@@ -1,0 +1,86 @@
+"""Overload against real servers over the tiny model: open-loop arrivals at 4x capacity keep the
+queue bound, get fast RESOURCE_EXHAUSTED refusals, leave health answering and keep accepted
+requests' first token within the queue's bound; and a client that opens more streams than
+--max-concurrent-streams and sends nothing holds at most that many, while others are served."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import grpc
+import pytest
+from fixtures_server import idle, request, start_server, wait_until
+
+STREAM_LIMIT = 8
+
+
+@pytest.mark.slow
+def test_four_times_capacity(tiny_model_dir, tmp_path):
+    out = tmp_path / "overload.json"
+    command = [sys.executable, "-m", "attnserve.loadtest.overload", "--model", str(tiny_model_dir)]
+    command += ["--factor", "4", "--duration", "6", "--capacity-seconds", "3", "--max-new-tokens", "32"]
+    command += ["--serve-arg=--max-batch=4", "--serve-arg=--max-queue=8", "--serve-arg=--threads=1"]
+    done = subprocess.run(
+        [*command, "--out", str(out), "--plot", str(tmp_path / "o.png")], capture_output=True, text=True, timeout=240
+    )
+    assert out.exists(), done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["checks"] == {
+        "no_unexpected_statuses": True,
+        "refusals_happened": True,
+        "queue_bound_held": True,
+        "health_always_serving": True,
+        "accepted_ttft_p99_within_bound": True,
+    }, {
+        k: report[k]
+        for k in (
+            "statuses",
+            "unexpected_examples",
+            "max_queue_depth_seen",
+            "health_failures",
+            "accepted_ttft_ms",
+            "ttft_bound_ms",
+        )
+    }
+    assert done.returncode == 0
+    assert report["max_queue_depth_seen"] <= 8 and report["refused"] > report["accepted"]
+    assert report["refusal_ms"]["p50"] < report["accepted_ttft_ms"]["p50"]  # a refusal does not wait in line
+    assert report["health_checks"] > 30
+
+
+async def silent_streams(target: str, count: int, release: asyncio.Event):
+    """`count` ModelStreamInfer calls on one connection that never send a request."""
+
+    async def nothing():
+        await release.wait()
+        return
+        yield  # an async generator that yields nothing
+
+    channel = grpc.aio.insecure_channel(target)
+    method = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+    calls = [method(nothing(), timeout=60) for _ in range(count)]
+    return channel, calls
+
+
+def test_silent_streams_are_capped_per_connection(tiny_model_dir):
+    running = start_server(tiny_model_dir, max_concurrent_streams=STREAM_LIMIT, metrics_port=0)
+    in_flight = lambda: running.server.metrics.registry.get_sample_value("attnserve_requests_in_flight")
+    loop = asyncio.new_event_loop()
+    try:
+        release = asyncio.Event()
+        channel, calls = loop.run_until_complete(silent_streams(running.target, 5 * STREAM_LIMIT, release))
+        loop.run_until_complete(asyncio.sleep(1.0))  # let every call that can start, start
+        wait_until(lambda: in_flight() == STREAM_LIMIT, 30, f"{STREAM_LIMIT} silent streams in flight")
+        loop.run_until_complete(asyncio.sleep(0.5))
+        assert in_flight() == STREAM_LIMIT  # the other 32 wait on the client's side
+        # A well-behaved client on a connection of its own is served as usual.
+        reply = running.stub.Generate(request("The ", max_new_tokens=8), timeout=30)
+        assert reply.usage.completion_tokens == 8
+        for call in calls:
+            call.cancel()
+        loop.run_until_complete(channel.close())
+        wait_until(lambda: in_flight() == 0 and idle(running.engine), 30, "nothing in flight")
+    finally:
+        loop.close()
+        running.stop()
