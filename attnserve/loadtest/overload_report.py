@@ -25,7 +25,7 @@ def write_plot(report: dict[str, Any], path: str) -> None:
     arrivals.legend()
     accepted = [(t, 1000 * f) for t, c, f in timeline if c == "OK" and f is not None]
     ttft.scatter([t for t, _ in accepted], [f for _, f in accepted], s=3, label="accepted: time to first token")
-    ttft.axhline(report["ttft_bound_ms"], color="red", linestyle="--", label="bound: (queue / batch + 1) x request")
+    ttft.axhline(report["ttft_bound_ms"], color="red", linestyle="--", label="bound: (queue / batch + 1) x p99 turn")
     ttft.set_ylabel("ms")
     ttft.legend()
     checks = report["health_timeline"]

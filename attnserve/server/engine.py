@@ -71,7 +71,10 @@ class Engine:
         self._thread.start()
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
-        """Queue a validated request; raises QueueFull or Draining."""
+        """Queue a validated request; raises QueueFull or Draining (checked first as well, so that a
+        refusal under overload costs no sampler or detokenizer)."""
+        with self._cond:
+            self._check_room()
         handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
         decoder_prompt = (self.runner.bos_id,) if self.runner.seq2seq else request.prompt_ids
         sequence = Sequence(
@@ -80,15 +83,17 @@ class Engine:
         if sequence.budget < 1:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
         with self._cond:
-            if not self._accepting:
-                raise Draining("the server is shutting down and takes no new requests")
-            if len(self._queue) >= self.limits.max_queue:
-                raise QueueFull(
-                    f"the queue is full ({self.limits.max_queue} requests waiting, --max-queue); retry later"
-                )
+            self._check_room()
             self._queue.append(sequence)
             self._cond.notify()
         return handle
+
+    def _check_room(self) -> None:
+        """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
+        if not self._accepting:
+            raise Draining("the server is shutting down and takes no new requests")
+        if len(self._queue) >= self.limits.max_queue:
+            raise QueueFull(f"the queue is full ({self.limits.max_queue} requests waiting, --max-queue); retry later")
 
     def release(self, handle: Handle) -> None:
         """The caller is gone: drop its request now if queued, else at the next step."""
