@@ -97,7 +97,7 @@ protos: $(STAMP)
 
 # Many streams for a long time with misbehaving clients (cancels, expiring deadlines, SIGKILLed
 # clients, malformed requests): statuses, RSS over time, latencies; exit 1 if a check fails.
-# `make test` runs a 15-second version. SOAK_ARGS="--duration 60" for a shorter one.
+# `make test` runs a 12-second version. SOAK_ARGS="--duration 60" for a shorter one.
 SOAK_ARGS ?=
 soak: $(STAMP)
 	mkdir -p reports

@@ -10,7 +10,7 @@ is sampled every second and its /metrics every two.
 It passes when: no request ended with a status outside its behavior's set (client side) and the
 server counted no INTERNAL or UNKNOWN; after the load, nothing is left in flight, in the batch or
 in the queue; the server's RSS grew by at most --rss-growth-limit-mb from the end of the warm-up
-(the first --warmup-fraction of the run; medians of 10 samples on each side) to the end; and the
+(the first --warmup-fraction of the run; medians of up to 10 samples on each side) to the end; and the
 server drained and exited 0. It proves it can fail: --test-leak-bytes starts the server with the
 test-only leak (ATTNSERVE_TEST_LEAK_BYTES), and the RSS verdict catches it. The JSON report is the
 last line on stdout; exit code 0 on pass, 1 on fail.

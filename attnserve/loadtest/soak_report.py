@@ -17,9 +17,11 @@ WINDOW = 10  # RSS samples whose median is one end of the growth
 
 
 def rss_growth(rss: list[tuple[float, int]], warmup_s: float) -> tuple[float, float]:
-    """Median RSS of the WINDOW samples after the warm-up, and of the last WINDOW, in bytes."""
+    """Median RSS of the first samples after the warm-up, and of the last ones, in bytes: WINDOW
+    samples each, fewer in a short run, so that the two ends never share a sample."""
     after = [value for t, value in rss if t >= warmup_s] or [value for _, value in rss]
-    return statistics.median(after[:WINDOW]), statistics.median(after[-WINDOW:])
+    window = max(1, min(WINDOW, len(after) // 3))
+    return statistics.median(after[:window]), statistics.median(after[-window:])
 
 
 def summarize(args, workers, rss, gauges, left, server_codes: dict[str, float], exit_code: int) -> dict[str, Any]:
