@@ -47,8 +47,8 @@ log = logging.getLogger("attnserve.server")
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
 WARMUP_TIMEOUT_S = 120.0
-# The server pings an idle connection's client every KEEPALIVE_S and closes the connection when no
-# answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
+# While a connection has calls open, the server pings its client every KEEPALIVE_S and closes it when
+# no answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
 
 
