@@ -134,6 +134,9 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step(arena_server):
     real_chunk, real_decode = slots._prefill_chunk, slots.decode
     slots._prefill_chunk = lambda: (timeline.append("chunk"), real_chunk())[1]
     slots.decode = lambda next_ids: (timeline.append("decode"), real_decode(next_ids))[1]
+    # Steps of 4 ms: the 100-token stream outlasts the long prompt's arrival on a busy machine too
+    # (unpaced, it once ended first, and the chunks then ran back to back with no batch to decode).
+    running.pacer.delay = 0.004
     try:
         stream = running.stub.GenerateStream(request("tick", max_new_tokens=100), timeout=TIMEOUT)
         next(stream)
@@ -141,6 +144,7 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step(arena_server):
         list(stream)
     finally:
         slots._prefill_chunk, slots.decode = real_chunk, real_decode
+        running.pacer.delay = 0.0
     chunks = [i for i, event in enumerate(timeline) if event == "chunk"]
     assert len(chunks) == 7  # 111 tokens (BOS included) in chunks of 16
     assert all(timeline[a + 1 : b] == ["decode"] for a, b in itertools.pairwise(chunks)), timeline
