@@ -1,6 +1,7 @@
 """Limits and errors at the gRPC boundary: each bad request names its field and limit, a full queue
 is RESOURCE_EXHAUSTED, and cancelled or expired requests give their batch slot back."""
 
+import gc
 import time
 
 import grpc
@@ -98,6 +99,40 @@ def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):
     for call in [running, *queued]:
         call.cancel()
     wait_until(lambda: idle(single.engine), what="cancelled requests to leave")
+
+
+def live_call_contexts() -> int:
+    """grpc.aio's per-call context objects alive in this process, unreachable ones included."""
+    return sum(type(o).__name__ == "_ServicerContext" for o in gc.get_objects())
+
+
+def test_refused_calls_are_freed_at_once_not_by_the_cycle_collector(single):
+    """A refused call (full queue, bad request) leaves no reference cycle behind: gRPC core counts a
+    call's HTTP/2 stream against --max-concurrent-streams until the call is freed, and refuses new
+    streams (UNAVAILABLE to clients) once a connection holds more, so a cycle per refusal made an
+    overloaded server answer UNAVAILABLE."""
+    gc.disable()  # only reference counting frees objects now
+    try:
+        running = single.stub.Generate.future(long_request())
+        wait_until(lambda: single.engine.stats()["active"] == 1, what="the long request to be decoding")
+        queued = [single.stub.Generate.future(request("queued", max_new_tokens=3)) for _ in range(2)]
+        wait_until(lambda: single.engine.stats()["queued"] == 2, what="two queued requests")
+        before = live_call_contexts()
+        codes = []
+        stream = lambda message, timeout: list(single.stub.GenerateStream(message, timeout=timeout))
+        for message in (request("one too many", max_new_tokens=3), request("bad", max_new_tokens=1000)):
+            for _ in range(10):
+                for call in (single.stub.Generate, stream):
+                    with pytest.raises(grpc.RpcError) as info:
+                        call(message, timeout=TIMEOUT)
+                    codes.append(info.value.code())
+        assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT}
+        wait_until(lambda: live_call_contexts() <= before, what=f"the 40 refused calls freed (alive: {before} before)")
+        for call in [running, *queued]:
+            call.cancel()
+        wait_until(lambda: idle(single.engine), what="cancelled requests to leave")
+    finally:
+        gc.enable()
 
 
 def test_cancelled_stream_frees_its_slot_for_a_queued_request(single):

@@ -124,5 +124,9 @@ class Draining(ServeError):
     """The server is shutting down and takes no new requests: UNAVAILABLE."""
 
 
+class Unauthenticated(ServeError):
+    """The call carries no bearer token or the wrong one: UNAUTHENTICATED."""
+
+
 class DeadlineExceeded(ServeError):
     """The caller's deadline passed while the request waited or ran: DEADLINE_EXCEEDED."""

@@ -28,6 +28,7 @@ from .domain import (
     QueueFull,
     ServeError,
     SlowReader,
+    Unauthenticated,
     Undecodable,
     UnknownModel,
 )
@@ -48,6 +49,7 @@ ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     UnknownModel: grpc.StatusCode.NOT_FOUND,
     SlowReader: grpc.StatusCode.CANCELLED,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
 
@@ -166,14 +168,23 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 
     def boundary(self, method: str, request, context) -> _Boundary:
         """The boundary of one call of attnserve.v1 or the protocol, for callers outside gRPC (Ray Serve)."""
-        return _Boundary(self, method, True, request, context)
+        return _Boundary(self, method, True, request, context, aborts=True)
 
 
 class _Boundary:
-    """One call's error mapping and accounting (an async context manager)."""
+    """One call's error mapping and accounting (an async context manager).
 
-    def __init__(self, owner: BoundaryInterceptor, method: str, served: bool, request, context):
+    A mapped error ends a gRPC call with its status set on the context and the error swallowed,
+    not with context.abort(): grpc.aio keeps the AbortError that abort() raises on the call's
+    state, and its traceback holds the handler's frames, which hold the context, which holds the
+    state. That cycle kept every refused call, and its HTTP/2 stream, alive until Python's cyclic
+    garbage collector ran; gRPC core counts such streams against --max-concurrent-streams (its
+    overload protection) and answered new streams with REFUSED_STREAM, which clients see as
+    UNAVAILABLE. With `aborts` (callers outside gRPC, Ray Serve), the error is raised as abort()."""
+
+    def __init__(self, owner: BoundaryInterceptor, method: str, served: bool, request, context, aborts: bool = False):
         self.owner, self.method, self.served, self.request, self.context = owner, method, served, request, context
+        self.aborts = aborts
 
     async def __aenter__(self):
         if self.served and self.owner.draining and self.method not in ANSWER_WHILE_DRAINING:
@@ -192,9 +203,13 @@ class _Boundary:
                 self.owner.leaked.append(b"\xa5" * self.owner.leak_bytes)
         code, message = self.classify(error)
         self.owner.count(self.method, code.name)
-        if message is not None:
+        if message is None:
+            return False
+        if self.aborts:
             await self.context.abort(code, message)
-        return False
+        self.context.set_code(code)
+        self.context.set_details(message)
+        return True
 
     def classify(self, error: BaseException | None) -> tuple[grpc.StatusCode, str | None]:
         """The call's status, and the message to abort with (None: the call already has its status)."""
@@ -241,7 +256,4 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
 
     async def check(self, context) -> None:
         if not self.authorized(context):
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or invalid bearer token (metadata 'authorization: Bearer <token>')",
-            )
+            raise Unauthenticated("missing or invalid bearer token (metadata 'authorization: Bearer <token>')")
