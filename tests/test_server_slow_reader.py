@@ -72,6 +72,26 @@ def test_the_buffer_cap_cancels_a_request_its_caller_does_not_read():
     assert "3 decoded events waited" in str(events[-1]) and "--stream-buffer-events" in str(events[-1])
 
 
+def test_a_caller_waiting_for_events_is_never_behind_however_many_arrive_at_once():
+    """An event loop that was busy runs several engine deliveries in one go before the caller's turn:
+    a caller waiting in next_events gets them all, and its request is not dropped (a unary call's
+    caller is the server itself, and was once cancelled as a slow reader on a busy machine)."""
+
+    async def burst() -> list:
+        generation = GenerationRequest("r", (1, 2), 10)
+        handle = Handle(generation, asyncio.get_running_loop(), max_buffered=3)
+        waiting = asyncio.create_task(handle.next_events())
+        await asyncio.sleep(0)  # the caller now waits for its first event
+        deliveries = [Delta((token,), "t") for token in range(8)]
+        handle.loop.call_soon(lambda: [handle.put(event) for event in deliveries])  # one loop iteration
+        events = await waiting
+        assert not handle.cancelled
+        return events
+
+    events = asyncio.run(burst())
+    assert [e.token_ids for e in events] == [(token,) for token in range(8)]
+
+
 def test_a_stalled_stream_frees_its_slot_then_ends_after_the_write_timeout(paced):
     cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "GenerateStream")
     with grpc.insecure_channel(paced.target, options=STALLED) as channel:

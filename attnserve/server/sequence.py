@@ -23,8 +23,10 @@ Event = Delta | Final | Exception
 class Handle:
     """The caller's end of a request: await its events; cancel() asks the engine to drop it.
 
-    At most `max_buffered` deltas wait here undelivered: a caller that falls that far behind (its
-    client stopped reading) gets SlowReader in their place, and its request is dropped."""
+    At most `max_buffered` deltas wait here undelivered while the caller is busy elsewhere (writing
+    to a client that stopped reading): one more and it gets SlowReader in their place, and its
+    request is dropped. While the caller waits in next_events it is not behind, however many
+    deltas arrive before its turn comes (an event loop that was busy delivers several at once)."""
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, max_buffered: int = 0):
         """`max_buffered`: 0 for no cap."""
@@ -34,6 +36,7 @@ class Handle:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False  # set by the caller, read by the engine at the next step
         self.finished = False  # set once the Final (or an error) has been queued
+        self.reading = False  # the caller waits in next_events: it takes whatever is queued
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -42,7 +45,8 @@ class Handle:
         """Queue an event from the engine, unless the caller is gone or too far behind."""
         if self.finished:
             return  # after the caller's error, the engine's own end of the request is not news
-        if self.max_buffered and isinstance(event, Delta) and self.events.qsize() >= self.max_buffered:
+        behind = not self.reading and self.events.qsize() >= self.max_buffered
+        if self.max_buffered and isinstance(event, Delta) and behind:
             self.cancel()
             event = SlowReader(
                 f"{self.max_buffered} decoded events waited for a client that is not reading its stream "
@@ -55,13 +59,13 @@ class Handle:
     async def next_events(self, timeout: float | None = None) -> list[Event]:
         """Everything delivered since the last call, in order: at least one event, or [] once
         `timeout` seconds have passed without one (an event is never lost to the timeout)."""
-        if timeout is None:
-            events = [await self.events.get()]
-        else:
-            try:
-                events = [await asyncio.wait_for(self.events.get(), timeout)]
-            except asyncio.TimeoutError:
-                return []
+        self.reading = True
+        try:
+            events = [await asyncio.wait_for(self.events.get(), timeout)]
+        except asyncio.TimeoutError:
+            return []
+        finally:
+            self.reading = False
         while not self.events.empty():
             events.append(self.events.get_nowait())
         return events
