@@ -253,15 +253,24 @@ def add_bench(sub) -> None:
         "--prompt-tokens",
         type=int,
         default=32,
-        help="prompt length in tokens (default 32): exact with --prompt-ids; else text of N - 1 ASCII "
-        "bytes, N tokens with the byte tokenizer's BOS, fewer with BPE (the report's "
+        help="prompt length in tokens (default 32): exact token ids; with --prompt-text, text of N - 1 "
+        "ASCII bytes, N tokens with the byte tokenizer's BOS, fewer with BPE (the report's "
         "prompt_tokens counts them)",
     )
-    p.add_argument(
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument(
         "--prompt-ids",
+        dest="prompt_ids",
         action="store_true",
-        help="send prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
+        default=True,
+        help="the default: prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
         "so every tokenizer gets exactly --prompt-tokens",
+    )
+    prompts.add_argument(
+        "--prompt-text",
+        dest="prompt_ids",
+        action="store_false",
+        help="prompts as ASCII text cut from one English passage (exact lengths with the byte tokenizer only)",
     )
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate per request (default 64)")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring (default 2)")

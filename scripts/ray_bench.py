@@ -84,7 +84,7 @@ def bench(target: str, interval: int, a: argparse.Namespace) -> dict:
     command = [
         *ATTNSERVE,
         *("bench", "--target", target, "--concurrency", "1,16", "--requests", str(a.requests)),
-        *("--prompt-tokens", "16", "--max-new-tokens", str(a.max_new_tokens), "--warmup", "4"),
+        *("--prompt-tokens", "16", "--prompt-text", "--max-new-tokens", str(a.max_new_tokens), "--warmup", "4"),
         *("--stream-interval-tokens", str(interval)),
     ]
     out = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=True).stdout
@@ -188,7 +188,7 @@ def main() -> int:
         f"after {os.getloadavg()[0]:.2f}; server, Ray and the load generator on the same cores; "
         f"Ray's processes, idle, kept {ray_idle:.2f} cores busy (measured over 10 s before the rounds)",
         "engine_flags": " ".join(engine[2:]),
-        "bench": f"attnserve bench --concurrency 1,16 --requests {a.requests} --prompt-tokens 16 "
+        "bench": f"attnserve bench --concurrency 1,16 --requests {a.requests} --prompt-tokens 16 --prompt-text "
         f"--max-new-tokens {a.max_new_tokens} --warmup 4 --stream-interval-tokens N",
         "intervals": intervals,
         "rounds": rounds,

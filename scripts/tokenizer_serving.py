@@ -50,6 +50,7 @@ def bench(port: int, args) -> list[dict]:
             str(args.requests),
             "--max-new-tokens",
             str(args.new_tokens),
+            "--prompt-text",  # the same text to both models: what their tokenizers make of it is the point
         ],
         capture_output=True,
         text=True,

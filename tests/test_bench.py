@@ -63,6 +63,7 @@ def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
         "8",
         "--prompt-tokens",
         "16",
+        "--prompt-text",
         "--warmup",
         "2",
         "--out",
@@ -120,7 +121,7 @@ def test_open_loop_rate(live, capsys):
     assert "rate=100/s" in out
 
 
-def test_prompt_ids_send_exact_lengths_and_output_bytes_are_counted(live, capsys):
+def test_default_prompts_are_exact_token_ids_and_output_bytes_are_counted(live, capsys):
     live.pacer.delay = 0.002  # a token per message, so inter-token gaps are measured
     status, out, err = bench(
         capsys,
@@ -134,7 +135,6 @@ def test_prompt_ids_send_exact_lengths_and_output_bytes_are_counted(live, capsys
         "6",
         "--prompt-tokens",
         "20",
-        "--prompt-ids",
         "--warmup",
         "1",
     )

@@ -256,9 +256,9 @@ def test_token_prompts_have_exact_lengths_and_no_special_ids():
 
 def test_the_report_says_what_prompt_tokens_means_for_each_tokenizer():
     bpe = TokenizerInfo("bpe", bos_id=0, eos_id=0, pad_id=1, vocab_size=1024)
-    text = describe_prompts(BenchConfig(prompt_tokens=16), bpe)
+    text = describe_prompts(BenchConfig(prompt_tokens=16, prompt_ids=False), bpe)
     assert text.startswith("text: 15 ASCII bytes") and "byte tokenizer's length" in text
-    assert "exactly 16" in describe_prompts(BenchConfig(prompt_tokens=16, prompt_ids=True), bpe)
+    assert "exactly 16" in describe_prompts(BenchConfig(prompt_tokens=16), bpe)  # the default: token ids
 
 
 @pytest.mark.parametrize(
@@ -267,9 +267,9 @@ def test_the_report_says_what_prompt_tokens_means_for_each_tokenizer():
         dict(concurrency=(), rates=()),
         dict(concurrency=(0,)),
         dict(rates=(-1.0,)),
-        dict(prompt_tokens=1),
+        dict(prompt_tokens=1, prompt_ids=False),
         dict(requests=0),
-        dict(prompt_tokens=0, prompt_ids=True),
+        dict(prompt_tokens=0),
     ],
 )
 def test_bench_config_refuses_what_cannot_run(bad):

@@ -125,3 +125,19 @@ def test_bad_prompts_are_refused_naming_the_field(stub, fields, field, limit):
         stub.Generate(pb.GenerateRequest(max_new_tokens=1, **fields), timeout=TIMEOUT)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert error.value.details().startswith(field + ":") and limit in error.value.details()
+
+
+def test_bench_defaults_send_exact_prompt_lengths_without_a_warning(bpe_server, capsys):
+    """`attnserve bench` with no prompt flag: --prompt-tokens ids per request on a BPE model, no notice."""
+    import json
+
+    from attnserve.cli import main
+
+    args = ["bench", "--target", bpe_server.target, "--concurrency", "2", "--requests", "4"]
+    status = main([*args, "--max-new-tokens", "4", "--prompt-tokens", "24", "--warmup", "0"])
+    out, err = capsys.readouterr()
+    assert status == 0, err
+    report = json.loads(out.splitlines()[-1])
+    (level,) = report["levels"]
+    assert level["prompt_tokens"] == 4 * 24 and report["prompts"].startswith("token ids: exactly 24")
+    assert "prompts are" not in err and "byte tokenizer" not in err

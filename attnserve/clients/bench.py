@@ -7,9 +7,10 @@ request; tokens are counted as they arrive and checked against the server's usag
 text's UTF-8 bytes are counted too, since tokens/s of models with different tokenizers do
 not compare. Requests are not retried, so every failure shows in the errors by status code.
 
-Prompts are ASCII text cut from PASSAGE, --prompt-tokens long for the byte tokenizer (BOS +
-bytes; a BPE tokenizer makes fewer tokens of it, which the server's usage counts), or with
---prompt-ids exactly --prompt-tokens token ids whatever the tokenizer.
+Prompts are exactly --prompt-tokens token ids whatever the tokenizer (drawn from the
+vocabulary GetModelInfo reports, less BOS/EOS/PAD), as vLLM's random data set is; with
+--prompt-text, ASCII text cut from PASSAGE, --prompt-tokens long for the byte tokenizer (BOS +
+bytes; a BPE tokenizer makes fewer tokens of it, which the server's usage counts).
 
 Output: progress on stderr; the table, then the JSON report as one line (always the last line
 of stdout), on stdout; --out writes the same JSON to a file, --plot a PNG. Statistics, table
@@ -64,7 +65,7 @@ class BenchConfig:
     rates: tuple[float, ...] = ()  # open-loop levels, requests per second
     requests: int = 32  # requests per level
     prompt_tokens: int = 32  # ids, or BOS + prompt_tokens - 1 bytes of text
-    prompt_ids: bool = False  # prompts as random token ids instead of text
+    prompt_ids: bool = True  # prompts as random token ids; False: text (--prompt-text)
     max_new_tokens: int = 64
     warmup: int = 2  # unmeasured requests before the first level
     seed: int = 0  # prompts and arrival times
@@ -82,7 +83,7 @@ class BenchConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         if self.prompt_tokens < (1 if self.prompt_ids else 2):
-            raise ValueError("--prompt-tokens must be at least 1 with --prompt-ids, else 2 (BOS and one byte)")
+            raise ValueError("--prompt-tokens must be at least 1, or 2 with --prompt-text (BOS and one byte)")
         if self.warmup < 0:
             raise ValueError("--warmup must not be negative")
 
@@ -111,7 +112,7 @@ def make_token_prompts(count: int, prompt_tokens: int, seed: int, tokenizer: Tok
 
 
 def prompts_for(config: BenchConfig, info: ModelInfo, count: int, seed: int) -> Sequence[Prompt]:
-    """The prompts of one pass: token ids with --prompt-ids, else text."""
+    """The prompts of one pass: token ids, or text with --prompt-text."""
     if config.prompt_ids:
         return make_token_prompts(count, config.prompt_tokens, seed, info.tokenizer)
     return make_prompts(count, config.prompt_tokens, seed)
@@ -130,7 +131,7 @@ def describe_prompts(config: BenchConfig, tokenizer: TokenizerInfo) -> str:
     return (
         f"{text}: --prompt-tokens is the byte tokenizer's length; this {tokenizer.kind} "
         f"tokenizer makes fewer tokens, as each level's prompt_tokens (the server's usage) "
-        f"counts; --prompt-ids sends exact lengths"
+        f"counts; without --prompt-text, prompts are exact lengths of token ids"
     )
 
 
@@ -272,7 +273,10 @@ def check_fits(config: BenchConfig, info: ModelInfo) -> None:
     BPE text (at least one byte per token, no BOS), so a run that passes here fits.
     """
     if config.prompt_ids and not info.tokenizer.vocab_size:
-        raise InvalidArgument("--prompt-ids: the server reports no tokenizer vocab_size (it predates prompt_token_ids)")
+        raise InvalidArgument(
+            "the server reports no tokenizer vocab_size for token-id prompts (it predates prompt_token_ids); "
+            "use --prompt-text"
+        )
     if config.max_new_tokens > info.limits.max_new_tokens:
         raise InvalidArgument(
             f"--max-new-tokens {config.max_new_tokens} is over the server's cap of {info.limits.max_new_tokens}"

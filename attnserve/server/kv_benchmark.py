@@ -79,6 +79,7 @@ async def grpc_wave(port: int, concurrency: int, new_tokens: int) -> dict:
         str(concurrency),
         "--prompt-tokens",
         "16",
+        "--prompt-text",
         "--max-new-tokens",
         str(new_tokens),
         "--warmup",
