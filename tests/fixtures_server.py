@@ -1,8 +1,9 @@
 """Session fixtures: a real attnserve server on 127.0.0.1 port 0 over the exported tiny model.
 
 The server runs in-process on an event loop of its own (a thread), so tests can look at its
-engine; signal and start-up tests run `attnserve serve` as a subprocess instead. A Pacer can
-slow every engine step so that a test can act while a generation is still running.
+engine; signal and start-up tests run `attnserve serve` as a subprocess instead. A Pacer orders
+the engine's steps against the test (hold/release, lockstep), so that a test acts while a
+generation is still running whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -26,18 +28,66 @@ from attnserve.server.config import ServerConfig
 from attnserve.server.engine import EngineObserver
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_WAIT_S = 30.0  # the longest a paced engine step waits for a test (then it goes on, and the test fails)
 
 
 class Pacer(EngineObserver):
-    """Forwards to the server's metrics and sleeps `delay` seconds at every engine step."""
+    """Forwards to the server's metrics, and orders the engine's steps against a test's own actions,
+    by events, so that a test means the same on a quiet machine and a busy one:
 
-    def __init__(self, inner: EngineObserver, delay: float = 0.0):
-        self.inner, self.delay = inner, delay
+    - hold() stops the engine at its next step with a batch, before it decodes, until release();
+      hold(when=f) at the first such step where f() is true. `held` is set while it waits there;
+      the tokens of the steps before have been flushed to their callers.
+    - lockstep: before every decode step, wait until each request's caller has taken the events
+      of the steps before and waits for more: a stream at interval 1 sends a message per step.
+    - delay: seconds of sleep per step, for tests that want time between tokens."""
+
+    def __init__(self, inner: EngineObserver, engine, loop: asyncio.AbstractEventLoop):
+        self.inner, self.engine, self.loop = inner, engine, loop
+        self.delay = 0.0
+        self.lockstep = False
+        self.open = threading.Event()
+        self.open.set()
+        self.held = threading.Event()
+        self.when: Callable[[], bool] | None = None
+
+    def reset(self) -> None:
+        """No delay, no lockstep, not held: the engine at its own speed."""
+        self.delay, self.lockstep = 0.0, False
+        self.release()
+
+    def hold(self, when: Callable[[], bool] | None = None) -> None:
+        if when is None:
+            self.open.clear()
+        self.when = when
+
+    def release(self) -> None:
+        self.when = None
+        self.open.set()
 
     def on_step(self, batch_size, queue_depth):
         self.inner.on_step(batch_size, queue_depth)
-        if self.delay and batch_size:
+        if not batch_size:
+            return
+        if self.when is not None and self.when():
+            self.when = None
+            self.open.clear()
+        if not self.open.is_set():
+            self.held.set()
+            self.open.wait(STEP_WAIT_S)
+            self.held.clear()
+        if self.lockstep:
+            self._wait_for_callers()
+        if self.delay:
             time.sleep(self.delay)
+
+    def _wait_for_callers(self) -> None:
+        """Until every active request's caller took its events and waits for more (engine thread)."""
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self.loop).result(STEP_WAIT_S)  # deliveries ran
+        handles = [sequence.handle for sequence in list(self.engine._active.values())]
+        end = time.monotonic() + STEP_WAIT_S
+        while time.monotonic() < end and not all((h.reading and h.events.empty()) or h.cancelled for h in handles):
+            time.sleep(0.0005)
 
     def on_first_token(self, seconds):
         self.inner.on_first_token(seconds)
@@ -57,7 +107,7 @@ class ServerThread:
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self.thread.start()
         self.server = Server(config)
-        self.pacer = Pacer(self.server.metrics)
+        self.pacer = Pacer(self.server.metrics, self.server.engine, self.loop)
         self.server.engine.observer = self.pacer
         self.call(self.server.start())
         self.target = f"127.0.0.1:{self.server.port}"
@@ -73,6 +123,7 @@ class ServerThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self) -> None:
+        self.pacer.release()
         if self.channel:
             self.channel.close()
         self.call(self.server.stop())
@@ -95,6 +146,21 @@ def start_server(model_dir, **overrides) -> ServerThread:
     return ServerThread(config)
 
 
+def release_when(pacer: Pacer, predicate, timeout: float = STEP_WAIT_S) -> threading.Thread:
+    """Release a held engine once `predicate()` holds (or after `timeout`), from a thread of its own:
+    for a test whose own thread is busy driving the server (a benchmark run in-process)."""
+
+    def watch():
+        end = time.monotonic() + timeout
+        while not predicate() and time.monotonic() < end:
+            time.sleep(0.005)
+        pacer.release()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
 def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
     """Poll `predicate` until true; fail the test with `what` after `timeout` seconds."""
     end = time.monotonic() + timeout
@@ -114,7 +180,7 @@ def request(prompt: str, **fields) -> pb.GenerateRequest:
 
 @pytest.fixture(scope="session")
 def server(tiny_model_dir):
-    """The shared server: max batch 8, queue 64, no pacing (tests that pace it reset the delay)."""
+    """The shared server: max batch 8, queue 64, no pacing (tests that pace it reset the pacer)."""
     running = start_server(tiny_model_dir, metrics_port=0)
     yield running
     running.stop()
@@ -122,9 +188,9 @@ def server(tiny_model_dir):
 
 @pytest.fixture
 def stub(server):
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     yield server.stub
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     wait_until(lambda: idle(server.engine), what="the shared server to go idle")
 
 

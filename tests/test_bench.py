@@ -3,18 +3,19 @@
 import json
 
 import pytest
-from fixtures_server import idle, start_server, wait_until
+from fixtures_server import idle, release_when, start_server, wait_until
 
 from attnserve.cli import main
 
 LATENCIES = ("ttft_ms", "itl_ms", "e2e_ms", "tpot_ms")
+REFUSED = {"method": "GenerateStream", "code": "RESOURCE_EXHAUSTED"}
 
 
 @pytest.fixture
 def live(server):
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     yield server
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     wait_until(lambda: idle(server.engine), what="the shared server to go idle")
 
 
@@ -47,7 +48,7 @@ def check_level(level: dict, requests: int, max_new_tokens: int, prompt_tokens: 
 def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
     from PIL import Image
 
-    live.pacer.delay = 0.002  # a token per message, so inter-token gaps are measured
+    live.pacer.lockstep = True  # a token per message, so inter-token gaps are measured
     calls = counter(live, "attnserve_requests_total", {"method": "GenerateStream", "code": "OK"})
     tokens = counter(live, "attnserve_generated_tokens_total")
     out_json, out_png = tmp_path / "r" / "bench.json", tmp_path / "bench.png"
@@ -98,7 +99,7 @@ def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
 
 
 def test_open_loop_rate(live, capsys):
-    live.pacer.delay = 0.002
+    live.pacer.lockstep = True
     status, out, _ = bench(
         capsys,
         "--target",
@@ -122,7 +123,7 @@ def test_open_loop_rate(live, capsys):
 
 
 def test_default_prompts_are_exact_token_ids_and_output_bytes_are_counted(live, capsys):
-    live.pacer.delay = 0.002  # a token per message, so inter-token gaps are measured
+    live.pacer.lockstep = True  # a token per message, so inter-token gaps are measured
     status, out, err = bench(
         capsys,
         "--target",
@@ -149,7 +150,8 @@ def test_default_prompts_are_exact_token_ids_and_output_bytes_are_counted(live, 
 
 def test_failures_are_counted_by_status_code(tiny_model_dir, capsys):
     running = start_server(tiny_model_dir, max_batch=1, max_queue=1)
-    running.pacer.delay = 0.01
+    running.pacer.hold()  # the first request holds the slot, the second the queue, until one is refused
+    release_when(running.pacer, lambda: counter(running, "attnserve_requests_total", REFUSED) >= 1)
     try:
         status, out, _ = bench(
             capsys,
@@ -197,7 +199,7 @@ def test_plot_without_matplotlib_is_refused_before_the_run(live, capsys, monkeyp
 
 def test_stream_interval_flags_reach_the_server_and_the_report_counts_messages(live, capsys):
     """The same greedy run with --stream-interval-tokens 8: the same tokens in fewer messages."""
-    live.pacer.delay = 0.005  # a decode step at a time, so that every step is a message without an interval
+    live.pacer.lockstep = True  # a step at a time, so that every step is a message without an interval
     runs = {}
     for interval in ("1", "8"):
         common = ["--target", live.target, "--concurrency", "1", "--requests", "2", "--warmup", "0"]

@@ -1,7 +1,6 @@
 """Client and AsyncClient against a real server: every method, streaming, cancel and deadlines."""
 
 import asyncio
-import time
 
 import pytest
 from fixtures_server import idle, start_server, wait_until
@@ -21,9 +20,9 @@ def finished(server, reason: str) -> float:
 @pytest.fixture
 def live(server):
     """The shared server, unpaced, left idle for the next test."""
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     yield server
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     wait_until(lambda: idle(server.engine), what="the shared server to go idle")
 
 
@@ -104,10 +103,9 @@ def test_cancelling_a_stream_frees_its_slot_on_the_server(one_slot):
         stream.cancel()
         assert list(stream) == []
         assert stream.result().finish_reason == "cancelled" and stream.result().usage is None
-        wait_until(lambda: idle(one_slot.engine), timeout=2, what="the cancelled request to leave")
-        start = time.monotonic()
+        wait_until(lambda: idle(one_slot.engine), what="the cancelled request to leave its slot")
         after = client.generate(PROMPT, max_new_tokens=3)  # admitted to the only slot
-    assert after.usage.completion_tokens == 3 and time.monotonic() - start < 2
+    assert after.usage.completion_tokens == 3
     wait_until(lambda: finished(one_slot, "cancelled") == 1, timeout=2, what="the cancel metric")
 
 
@@ -146,10 +144,8 @@ def test_async_stream_cancel_stops_iteration(one_slot):
 
 def test_deadline_exceeded_on_every_kind_of_call(one_slot):
     with Client(one_slot.target, timeout=0.3) as client:  # 100 steps take 2 s
-        t0 = time.monotonic()
-        with pytest.raises(DeadlineExceeded):
+        with pytest.raises(DeadlineExceeded):  # not the completion, which takes 2 s or more
             client.generate(PROMPT, max_new_tokens=100)
-        assert time.monotonic() - t0 < 1.5
         with pytest.raises(DeadlineExceeded):
             list(client.stream(PROMPT, max_new_tokens=100, timeout=0.3))
         assert client.generate(PROMPT, max_new_tokens=2, timeout=5).usage.completion_tokens == 2

@@ -104,8 +104,7 @@ def test_a_stream_is_not_retried_once_tokens_arrived(tiny_model_dir):
         stream = client.stream(PROMPT, max_new_tokens=100)
         first = next(stream)
         stopper.start()
-        t0 = time.monotonic()
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable):  # a resent stream would wait for a server: DEADLINE_EXCEEDED at 15 s
             list(stream)  # replaying the tokens would duplicate them
     stopper.join(5)
-    assert first.token_ids and time.monotonic() - t0 < 2
+    assert first.token_ids

@@ -25,7 +25,7 @@ PROMPT = "import "
 
 @pytest.fixture
 def live(server):
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     yield server
     wait_until(lambda: idle(server.engine), what="the shared server to go idle")
 
@@ -48,20 +48,26 @@ def test_invalid_argument_names_the_field(live):
 
 def test_full_queue_is_resource_exhausted_and_not_retried(tiny_model_dir):
     running = start_server(tiny_model_dir, max_batch=1, max_queue=1)
-    running.pacer.delay = 0.02
+    running.pacer.hold(when=lambda: running.engine.stats()["active"] == 1)  # the first one cannot end
+    refused = lambda: (
+        running.server.metrics.registry.get_sample_value(
+            "attnserve_requests_total", {"method": "Generate", "code": "RESOURCE_EXHAUSTED"}
+        )
+        or 0
+    )
     try:
         with Client(running.target, timeout=10) as client:
             busy = []
             for state in ({"active": 1, "queued": 0}, {"active": 1, "queued": 1}):
                 busy.append(client.stream(PROMPT, max_new_tokens=100))
-                wait_until(lambda state=state: running.engine.stats() == state, timeout=2, what=str(state))
-            t0 = time.monotonic()
+                wait_until(lambda state=state: running.engine.stats() == state, what=str(state))
             with pytest.raises(ResourceExhausted, match="queue"):
                 client.generate(PROMPT, max_new_tokens=1)
-            assert time.monotonic() - t0 < 0.5
+            assert refused() == 1  # one call reached the server: the client did not send it again
             for stream in busy:
                 stream.cancel()
-        wait_until(lambda: idle(running.engine), timeout=2, what="the cancelled requests to leave")
+            running.pacer.release()
+        wait_until(lambda: idle(running.engine), what="the cancelled requests to leave")
     finally:
         running.stop()
 
@@ -86,18 +92,16 @@ def test_bearer_token_auth(tiny_model_dir, tmp_path):
 
 def test_closed_port_is_unavailable_after_bounded_retries():
     with Client("127.0.0.1:1", timeout=5, retry=NO_RETRY) as client:
-        t0 = time.monotonic()
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable):  # not DEADLINE_EXCEEDED: the client did not wait for a server
             client.generate(PROMPT)
         with pytest.raises(Unavailable):
             list(client.stream(PROMPT))
-        assert time.monotonic() - t0 < 1.0
     policy = RetryPolicy(max_attempts=3, initial_backoff=0.1, jitter=0.0)
     with Client("127.0.0.1:1", timeout=5, retry=policy) as client:
         t0 = time.monotonic()
-        with pytest.raises(Unavailable):
+        with pytest.raises(Unavailable):  # after its attempts, within the 5 s timeout
             client.model_info()
-        assert 0.3 <= time.monotonic() - t0 < 2.0  # backoffs of 0.1 s and 0.2 s
+        assert time.monotonic() - t0 >= 0.3  # it did retry: backoffs of 0.1 s and 0.2 s at the least
 
     async def main():
         async with AsyncClient("127.0.0.1:1", timeout=5, retry=NO_RETRY) as client:

@@ -18,9 +18,9 @@ PROMPT = "def parse_args("
 
 @pytest.fixture
 def live(server):
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     yield server
-    server.pacer.delay = 0.0
+    server.pacer.reset()
     wait_until(lambda: idle(server.engine), what="the shared server to go idle")
 
 
@@ -193,7 +193,7 @@ os.execv(sys.executable, [sys.executable, "-m", "attnserve.cli", "generate", sys
 
 
 def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
-    live.pacer.delay = 0.05  # 100 tokens take 5 s
+    live.pacer.hold(when=lambda: live.engine.stats()["active"] == 1)  # the stream runs until released
     before = (
         live.server.metrics.registry.get_sample_value("attnserve_generations_finished_total", {"reason": "cancelled"})
         or 0
@@ -210,10 +210,11 @@ def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
         assert live.engine.stats()["active"] == 1
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=10)
+        live.pacer.release()
     finally:
         proc.kill() if proc.poll() is None else None
     assert proc.returncode == 130 and b"cancelled" in err and b"Traceback" not in err, (proc.returncode, err)
-    # The server ended it as cancelled, not as "length" after its 100 tokens (5 s of pacing).
+    # The server ended it as cancelled, not as "length" after its 100 tokens (held until the cancel).
     wait_until(
         lambda: (
             live.server.metrics.registry.get_sample_value(

@@ -127,7 +127,7 @@ def test_sampling_fields_as_request_parameters_and_extra_outputs(triton, stub):
 
 def test_stream_infer_text_equals_the_unary_text_and_ends_with_the_final_flag(triton, server):
     client, model = triton
-    server.pacer.delay = 0.002  # steps apart, so that the first delta goes before the end even on a busy machine
+    server.pacer.lockstep = True  # a step at a time, so that the first delta goes before the end on any machine
     unary = {p: text_of(client.infer(model, inputs(p, max_tokens=24))) for p in PROMPTS}
     streamed = stream_all(
         client, model, [(str(i), inputs(p, stream=True, max_tokens=24), {}) for i, p in enumerate(PROMPTS)]
@@ -142,7 +142,7 @@ def test_stream_infer_text_equals_the_unary_text_and_ends_with_the_final_flag(tr
 
 def test_stream_interval_through_the_protocol(triton, server):
     client, model = triton
-    server.pacer.delay = 0.005  # a decode step at a time, so that every step is a message without an interval
+    server.pacer.lockstep = True  # a step at a time, so that every step is a message without an interval
     every = stream_all(client, model, [("a", inputs("The server", stream=True, max_tokens=40), {})])["a"]
     paced = stream_all(
         client, model, [("b", inputs("The server", stream=True, max_tokens=40, stream_interval_tokens=10), {})]
@@ -298,7 +298,7 @@ def test_tls_applies_to_the_protocol(tiny_model_dir, pki, stub):
 def test_cancelling_a_stream_frees_its_requests_slots(server, triton):
     """A client that goes away mid-stream: every request it had running leaves the engine."""
     _, model = triton
-    server.pacer.delay = 0.01  # slow steps, so the requests are still running when the client cancels
+    server.pacer.hold(when=lambda: server.engine.stats()["active"] == 3)  # all three run until released
     stub = oip_grpc.GRPCInferenceServiceStub(server.channel)
     requests = []
     for i in range(3):
@@ -314,7 +314,8 @@ def test_cancelling_a_stream_frees_its_requests_slots(server, triton):
     call = stub.ModelStreamInfer(iter(requests), timeout=TIMEOUT)
     first = next(call)
     assert first.infer_response.raw_output_contents
-    wait_until(lambda: server.engine.stats()["active"] == 3, what="the three requests to run")
+    wait_until(server.pacer.held.is_set, what="the engine to hold with the three requests running")
     call.cancel()
+    server.pacer.release()
     wait_until(lambda: idle(server.engine), what="the cancelled stream's requests to leave the engine")
     assert cancelled() == before + 3  # cancelled, not run to their end

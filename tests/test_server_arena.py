@@ -76,7 +76,7 @@ def test_ragged_continuous_batch_arriving_at_different_steps_equals_pytorch_alon
 
     with ThreadPoolExecutor(len(reqs)) as pool:
         replies = list(pool.map(staggered, range(len(reqs))))
-    running.pacer.delay = 0.0
+    running.pacer.reset()
     wait_until(lambda: idle(running.engine), what="the arena server to go idle")
     for prompt, req, reply in zip(PROMPTS, reqs, replies):
         assert list(reply.token_ids) == generate(reference_model, [encode(prompt)], req.max_new_tokens)[0], prompt
@@ -108,7 +108,7 @@ def test_retiring_and_admitting_leave_a_running_request_untouched(arena_server, 
             ]
             [s.result() for s in shorts]
         got = long_reply.result()
-    running.pacer.delay = 0.0
+    running.pacer.reset()
     assert list(got.token_ids) == generate(reference_model, [encode("A long-running request")], 90)[0]
 
 
@@ -134,17 +134,21 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step(arena_server):
     real_chunk, real_decode = slots._prefill_chunk, slots.decode
     slots._prefill_chunk = lambda: (timeline.append("chunk"), real_chunk())[1]
     slots.decode = lambda next_ids: (timeline.append("decode"), real_decode(next_ids))[1]
-    # Steps of 4 ms: the 100-token stream outlasts the long prompt's arrival on a busy machine too
-    # (unpaced, it once ended first, and the chunks then ran back to back with no batch to decode).
-    running.pacer.delay = 0.004
+    # The engine holds while the long prompt arrives, so that the 100-token stream is still decoding
+    # on any machine (unpaced, it once ended first, and the chunks then ran back to back).
+    running.pacer.hold(when=lambda: running.engine.stats()["active"] == 1)
     try:
         stream = running.stub.GenerateStream(request("tick", max_new_tokens=100), timeout=TIMEOUT)
         next(stream)
-        running.stub.Generate(request("y" * 110, max_new_tokens=2), timeout=TIMEOUT)
+        long_prompt = running.stub.Generate.future(request("y" * 110, max_new_tokens=2), timeout=TIMEOUT)
+        wait_until(lambda: running.engine.stats()["queued"] == 1, what="the long prompt to queue")
+        assert running.pacer.held.is_set()
+        running.pacer.release()
+        long_prompt.result(timeout=TIMEOUT)
         list(stream)
     finally:
         slots._prefill_chunk, slots.decode = real_chunk, real_decode
-        running.pacer.delay = 0.0
+        running.pacer.reset()
     chunks = [i for i, event in enumerate(timeline) if event == "chunk"]
     assert len(chunks) == 7  # 111 tokens (BOS included) in chunks of 16
     assert all(timeline[a + 1 : b] == ["decode"] for a, b in itertools.pairwise(chunks)), timeline

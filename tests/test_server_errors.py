@@ -2,7 +2,6 @@
 is RESOURCE_EXHAUSTED, and cancelled or expired requests give their batch slot back."""
 
 import gc
-import time
 
 import grpc
 import pytest
@@ -74,20 +73,36 @@ def test_after_the_bad_requests_the_server_serves_and_no_slot_leaked(stub, serve
 
 @pytest.fixture(scope="module")
 def single(tiny_model_dir):
-    """A server that decodes one request at a time, queues two, and is paced to 10 ms a step."""
+    """A server that decodes one request at a time and queues two; each test holds its engine
+    while the long request decodes (hold_while_decoding), so that the request cannot end first."""
     running = start_server(tiny_model_dir, max_batch=1, max_queue=2)
-    running.pacer.delay = 0.01
     yield running
     running.stop()
 
 
 def long_request(**fields) -> pb.GenerateRequest:
-    return request("a long one", max_new_tokens=100, **fields)  # about 1 s at 10 ms a step
+    return request("a long one", max_new_tokens=100, **fields)
+
+
+def hold_while_decoding(single) -> None:
+    """From now, the engine holds at its first step with a request decoding, until released."""
+    single.pacer.hold(when=lambda: single.engine.stats()["active"] == 1)
+
+
+def decoding_and_held(single) -> None:
+    """Wait until the engine holds with the long request in its only slot (it cannot end meanwhile)."""
+    wait_until(single.pacer.held.is_set, what="the engine to hold with the long request decoding")
+
+
+def finished(server, reason: str) -> float:
+    registry = server.server.metrics.registry
+    return registry.get_sample_value("attnserve_generations_finished_total", {"reason": reason}) or 0
 
 
 def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):
+    hold_while_decoding(single)
     running = single.stub.Generate.future(long_request())
-    wait_until(lambda: single.engine.stats()["active"] == 1, what="the long request to be decoding")
+    decoding_and_held(single)
     queued = [single.stub.Generate.future(request("queued", max_new_tokens=3)) for _ in range(2)]
     wait_until(lambda: single.engine.stats()["queued"] == 2, what="two queued requests")
     with pytest.raises(grpc.RpcError) as info:
@@ -98,6 +113,7 @@ def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):
     assert health.status == health_pb2.HealthCheckResponse.SERVING
     for call in [running, *queued]:
         call.cancel()
+    single.pacer.release()
     wait_until(lambda: idle(single.engine), what="cancelled requests to leave")
 
 
@@ -113,8 +129,9 @@ def test_refused_calls_are_freed_at_once_not_by_the_cycle_collector(single):
     overloaded server answer UNAVAILABLE."""
     gc.disable()  # only reference counting frees objects now
     try:
+        hold_while_decoding(single)
         running = single.stub.Generate.future(long_request())
-        wait_until(lambda: single.engine.stats()["active"] == 1, what="the long request to be decoding")
+        decoding_and_held(single)
         queued = [single.stub.Generate.future(request("queued", max_new_tokens=3)) for _ in range(2)]
         wait_until(lambda: single.engine.stats()["queued"] == 2, what="two queued requests")
         before = live_call_contexts()
@@ -130,40 +147,48 @@ def test_refused_calls_are_freed_at_once_not_by_the_cycle_collector(single):
         wait_until(lambda: live_call_contexts() <= before, what=f"the 40 refused calls freed (alive: {before} before)")
         for call in [running, *queued]:
             call.cancel()
+        single.pacer.release()
         wait_until(lambda: idle(single.engine), what="cancelled requests to leave")
     finally:
         gc.enable()
 
 
 def test_cancelled_stream_frees_its_slot_for_a_queued_request(single):
+    cancelled = finished(single, "cancelled")
+    hold_while_decoding(single)
     stream = single.stub.GenerateStream(long_request(), timeout=TIMEOUT)
     next(stream)  # decoding has begun
+    decoding_and_held(single)
     waiting = single.stub.Generate.future(request("waiting", max_new_tokens=3), timeout=TIMEOUT)
     wait_until(lambda: single.engine.stats()["queued"] == 1, what="the second request to queue")
-    cancelled_at = time.perf_counter()
     stream.cancel()
+    single.pacer.release()
     reply = waiting.result(timeout=TIMEOUT)
-    assert time.perf_counter() - cancelled_at < 0.8  # the long one had ~1 s left
+    assert finished(single, "cancelled") == cancelled + 1  # the long one left by its cancel, not its end
     assert reply.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
     wait_until(lambda: idle(single.engine), what="no active or queued requests")
 
 
 def test_deadline_frees_the_slot_and_the_caller_gets_deadline_exceeded(single):
+    hold_while_decoding(single)
     doomed = single.stub.Generate.future(long_request(), timeout=0.3)
-    wait_until(lambda: single.engine.stats()["active"] == 1, what="the long request to be decoding")
+    decoding_and_held(single)
     waiting = single.stub.Generate.future(request("after the deadline", max_new_tokens=3), timeout=TIMEOUT)
     assert doomed.exception(timeout=TIMEOUT).code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert waiting.result(timeout=5).usage.completion_tokens >= 0
+    single.pacer.release()
+    assert waiting.result(timeout=TIMEOUT).usage.completion_tokens >= 0
     wait_until(lambda: idle(single.engine), what="no active or queued requests")
 
 
 def test_deadline_while_queued_leaves_the_queue(single):
+    hold_while_decoding(single)
     running = single.stub.Generate.future(long_request())
-    wait_until(lambda: single.engine.stats()["active"] == 1, what="the long request to be decoding")
+    decoding_and_held(single)
     queued = single.stub.Generate.future(request("queued", max_new_tokens=3), timeout=0.2)
     assert queued.exception(timeout=TIMEOUT).code() == grpc.StatusCode.DEADLINE_EXCEEDED
     wait_until(lambda: single.engine.stats()["queued"] == 0, what="the expired request to leave the queue")
     running.cancel()
+    single.pacer.release()
     wait_until(lambda: idle(single.engine), what="no active or queued requests")
 
 

@@ -102,7 +102,7 @@ def test_multibyte_character_split_across_tokens_is_sent_whole(stub, server):
             break
     else:
         pytest.skip("the tiny model sampled no valid multi-byte character in 40 seeds")
-    server.pacer.delay = 0.005  # one token per message
+    server.pacer.lockstep = True  # one token per message
     messages = stream_of(stub, sampled(seed))
     assert "".join(m.text for m in messages) == reply.text
     held = [m for m in messages if m.text == "" and any(0xC2 <= t <= 0xF4 for t in m.token_ids)]

@@ -35,7 +35,7 @@ def collect(stream, into: list) -> None:
 
 def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
     running = start_server(tiny_model_dir, drain_timeout=10.0)
-    running.pacer.delay = 0.01  # 60 tokens: about 0.6 s
+    running.pacer.hold(when=lambda: running.engine.stats()["active"] == 1)  # the stream runs until released
     try:
         stream = running.stub.GenerateStream(request("draining", max_new_tokens=60), timeout=TIMEOUT)
         messages = [next(stream)]
@@ -44,6 +44,8 @@ def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
         with pytest.raises(grpc.RpcError) as info:
             running.stub.Generate(request("too late", max_new_tokens=2), timeout=TIMEOUT)
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE and "draining" in info.value.details()
+        assert running.pacer.held.is_set()  # all of it while the stream was decoding
+        running.pacer.release()
         messages += list(stream)
         drained.result(TIMEOUT)
     finally:

@@ -144,7 +144,7 @@ def test_cuda_session_keeps_the_kv_arena_on_the_device(tiny_model_dir, provider)
         arena = running.engine.slots.decoder.arena  # bound by pointer as past and present
         assert arena.device.kind == "cuda"
         assert all(isinstance(b, onnxruntime.OrtValue) and b.device_name().lower() == "cuda" for b in arena.buffers)
-        running.pacer.delay = 0.0
+        running.pacer.reset()
         assert list(stream)[-1].usage.completion_tokens > 0
     finally:
         running.stop()

@@ -53,7 +53,7 @@ def test_concurrent_sources_of_different_lengths_each_get_what_they_get_alone(st
                 pool.map(lambda s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids, SOURCES)
             )
     finally:
-        seq2seq_server.pacer.delay = 0.0
+        seq2seq_server.pacer.reset()
     assert [list(t) for t in together] == [list(alone[s]) for s in SOURCES]
 
 
@@ -129,7 +129,7 @@ def test_cuda_keeps_both_arenas_on_the_device(tiny_seq2seq_model_dir, seq2seq_mo
             arrays and all(isinstance(a, onnxruntime.OrtValue) and a.device_name().lower() == "cuda" for a in arrays)
         )
         assert on_gpu(decoder.arena.buffers) and on_gpu(decoder.cross.buffers)
-        running.pacer.delay = 0.0
+        running.pacer.reset()
         messages = [m for m in stream]
         assert messages[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
     finally:

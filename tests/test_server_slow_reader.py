@@ -39,7 +39,7 @@ def strict(tiny_model_dir):
 def paced(strict):
     strict.pacer.delay = 0.004  # a token every ~4 ms: generations outlast the time the test needs to act
     yield strict
-    strict.pacer.delay = 0.0
+    strict.pacer.reset()
     wait_until(lambda: idle(strict.engine) and gauge(strict, "attnserve_requests_in_flight") == 0, TIMEOUT)
 
 
