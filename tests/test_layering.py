@@ -48,6 +48,22 @@ FORBIDDEN = {
     "clients": {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export", "attnserve.server"},
     "protos": {"torch", "numpy", "onnxruntime", "attnserve.model", "attnserve.export", "attnserve.server"},
 }
+# The scheduler inside server/ sees a model only through slot_runner.py's seam (a ModelSpec and a
+# SlotRunner): numpy and the tokenizer, no runtime, no gRPC, no protobuf, none of the runners.
+ENGINE_MODULES = ["engine.py", "sequence.py", "sampling.py", "streaming.py", "slot_runner.py", "domain.py"]
+ENGINE_FORBIDDEN = {
+    "onnxruntime",
+    "grpc",
+    "google.protobuf",
+    "torch",
+    "attnserve.export",
+    "attnserve.protos",
+    "attnserve.server.model_runner",
+    "attnserve.server.arena_runner",
+    "attnserve.server.concat_runner",
+    "attnserve.server.runners",
+    "attnserve.server.kv_cache",
+}
 # what the server reads: the contract, the ONNX Runtime helpers, the KV arena and its drivers
 TORCH_FREE_EXPORT_MODULES = ["contract.py", "genai.py", "ort_session.py", "arena.py", "arena_decoder.py", "runtime.py"]
 
@@ -88,12 +104,30 @@ def test_export_contract_is_torch_free(module):
     assert not any(violates(n, {"torch", "onnx", "attnserve.model"}) for n in names), names
 
 
+@pytest.mark.parametrize("module", ENGINE_MODULES)
+def test_the_scheduler_sees_a_model_only_through_its_seam(module):
+    names = imported_modules(ROOT / "attnserve" / "server" / module, "server")
+    assert not [n for n in names if violates(n, ENGINE_FORBIDDEN)], names
+
+
+def assert_runs(code: str) -> None:
+    """`code` passes in a fresh interpreter (sys.modules starts empty there)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_engine_imports_no_runtime_and_no_grpc():
+    assert_runs(
+        "import sys, attnserve.server.engine\n"
+        "loaded = [m for m in ('onnxruntime', 'grpc', 'google.protobuf', 'torch') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+
+
 def test_serving_imports_load_no_torch():
-    code = (
+    assert_runs(
         "import sys, importlib, pkgutil, attnserve.server as s, attnserve.export.contract\n"
         "for m in pkgutil.iter_modules(s.__path__): importlib.import_module('attnserve.server.' + m.name)\n"
         "import attnserve.cli\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr

@@ -27,6 +27,7 @@ class ArenaRunner:
     def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int):
         """`chunk`: prompt tokens per prefill run (--prefill-chunk)."""
         self.model, self.decoder, self.chunk = model, decoder, chunk
+        self.spec = model.spec
         self.capacity = decoder.arena.capacity
         self.decoding: list[int] = []  # key in each of slots [0, n)
         self.waiting: list[tuple[int, list[int]]] = []  # started, not yet prefilled

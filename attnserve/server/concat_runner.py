@@ -22,6 +22,7 @@ class ConcatRunner:
 
     def __init__(self, model: ModelRunner, capacity: int, pad_id: int):
         self.model, self.capacity, self.pad_id = model, capacity, pad_id
+        self.spec = model.spec
         self.cache = KVCache(model.n_past, model.to_host, model.to_device)
         self.waiting: list[tuple[int, list[int]]] = []
         self.slot_of: dict[int, int] = {}  # key -> KVCache slot

@@ -1,8 +1,11 @@
-"""Continuous-batching scheduler over a slot runner. Knows nothing about gRPC, KV layouts or devices.
+"""Continuous-batching scheduler over a slot runner. Knows nothing about gRPC, ONNX Runtime, KV
+layouts or devices.
 
-The engine holds request keys, token ids and logits; the runner (arena_runner.py; the KV
-benchmark also drives concat_runner.py) holds every tensor. Decoder-only and encoder-decoder
-models run the same loop (an encoder-decoder's prompt is its source; its decoder starts from BOS).
+The engine holds request keys, token ids and logits, and sees a model only through the seam in
+slot_runner.py: a ModelSpec and a SlotRunner, which holds every tensor (arena_runner.py serves;
+the KV benchmark also drives concat_runner.py; tests/test_engine.py a fake). Decoder-only and
+encoder-decoder models run the same loop (an encoder-decoder's prompt is its source; its decoder
+starts from BOS).
 
 One engine thread owns the runner. At every step boundary it drops cancelled and expired
 requests, starts queued ones in the runner's free slots, runs one round of prefill (fresh
@@ -24,8 +27,8 @@ from dataclasses import dataclass
 
 from ..tokenizer import Tokenizer
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
-from .model_runner import ModelRunner
 from .sequence import Event, Handle, Sequence, deliver
+from .slot_runner import SlotRunner
 
 log = logging.getLogger("attnserve.server")
 
@@ -51,10 +54,11 @@ class EngineObserver:
 class Engine:
     """Owns the slot runner and the queue; callers submit and await events."""
 
-    def __init__(self, slots, tokenizer: Tokenizer, limits: EngineLimits, observer: EngineObserver | None = None):
-        """`slots`: an ArenaRunner or ConcatRunner (start, prefill, decode, release by request key)."""
+    def __init__(
+        self, slots: SlotRunner, tokenizer: Tokenizer, limits: EngineLimits, observer: EngineObserver | None = None
+    ):
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
-        self.runner: ModelRunner = slots.model
+        self.spec = slots.spec
         self.observer = observer or EngineObserver()
         self._keys = itertools.count()
         self._queue: collections.deque[Sequence] = collections.deque()
@@ -76,9 +80,9 @@ class Engine:
         with self._cond:
             self._check_room()
         handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
-        decoder_prompt = (self.runner.bos_id,) if self.runner.seq2seq else request.prompt_ids
+        decoder_prompt = (self.spec.bos_id,) if self.spec.encoder_decoder else request.prompt_ids
         sequence = Sequence(
-            request, handle, self.tokenizer, self.runner.vocab_size, self.runner.context_length, decoder_prompt
+            request, handle, self.tokenizer, self.spec.vocab_size, self.spec.context_length, decoder_prompt
         )
         if sequence.budget < 1:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
@@ -204,7 +208,9 @@ class Engine:
 
     def _decode(self) -> None:
         """One token for every decoding request."""
-        logits = self.slots.decode({key: s.next_token for key, s in self._active.items()})
+        next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
+        assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
+        logits = self.slots.decode(next_ids)
         for key, row in logits.items():
             sequence = self._active[key]
             self._emit(sequence, sequence.step(row))

@@ -21,6 +21,7 @@ import onnxruntime as ort
 
 from ..export import contract
 from ..export.ort_session import CUDA, NP_DTYPES, ProviderError, create_session, empty_past, io_names
+from .slot_runner import ModelSpec
 
 __all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads"]
 
@@ -67,6 +68,7 @@ class ModelRunner:
             encoder = m.graphs[contract.ENCODER].file
             self.encoder = create_session(self.model_dir / encoder, "cuda" if self.on_device else "cpu", threads)
         self._check_names()
+        self.spec = ModelSpec(self.vocab_size, self.context_length, self.bos_id, encoder_decoder=self.seq2seq)
 
     def _check_names(self) -> None:
         """The graphs must have the contract's I/O names: the runner feeds them by those names."""

@@ -1,0 +1,44 @@
+"""The engine's seam: what the scheduler may know of a model (ModelSpec) and what it asks of the
+thing that runs it (SlotRunner). Knows nothing of ONNX Runtime, sessions, KV layouts or devices.
+
+The engine holds request keys, token ids and logits; a SlotRunner holds every tensor. The
+arena runner (arena_runner.py) serves model directories, the concat runner is the KV
+benchmark's baseline, and tests/test_engine.py drives the real engine over a fake runner with
+deterministic logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The facts of a model the scheduler needs: sizes for sampling and budgets, and where decoding starts."""
+
+    vocab_size: int  # V: the width of every row of logits
+    context_length: int  # positions a sequence may fill, prompt and completion together
+    bos_id: int  # an encoder-decoder's decoder starts from it
+    encoder_decoder: bool = False  # True: a prompt is a source to encode, not the decoder's prefix
+
+
+class SlotRunner(Protocol):
+    """Requests by key in a fixed number of slots: prompts in, rows of logits (V,) out.
+
+    The engine calls it from one thread only. `start` reserves a slot (never more than
+    free_slots()); `prefill` runs one round of prompt work and returns the logits of the last
+    token of every prompt it completed (a long prompt may take several rounds); `decode` feeds one
+    token per decoding key and returns its next logits; `release` frees a key's slot; `reset`
+    frees every slot after a failed run."""
+
+    spec: ModelSpec
+
+    def free_slots(self) -> int: ...
+    def start(self, key: int, prompt: tuple[int, ...]) -> None: ...
+    def prefill(self) -> dict[int, np.ndarray]: ...
+    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]: ...
+    def release(self, key: int) -> None: ...
+    def reset(self) -> None: ...

@@ -1,0 +1,322 @@
+"""The real Engine over a fake SlotRunner: scheduling proved in milliseconds, no ONNX Runtime.
+
+FakeRunner answers with deterministic logits: a row's next token is a function of every id it has
+been fed (`next_id`), so a row that got another's token, or lost one of its own, decodes something
+else than it does alone (`alone`). A gate in decode lets a test act between two steps; tests wait
+for events (the gate reached, a request's events), never for time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from attnserve.server import engine as engine_module
+from attnserve.server.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull
+from attnserve.server.engine import Engine, EngineLimits
+from attnserve.server.slot_runner import ModelSpec
+from attnserve.tokenizer.utf8 import ByteTokenizer
+
+TOKENIZER = ByteTokenizer()
+SPEC = ModelSpec(TOKENIZER.vocab_size, 128, TOKENIZER.bos_id)
+WAIT_S = 10.0  # the longest a test waits for an event before it fails
+EOS_PROMPT_START = ord("!")  # a row whose prompt starts with "!" ends with EOS once it holds EOS_AT ids
+EOS_AT = 6
+
+
+def next_id(history: list[int]) -> int:
+    """The fake model: a lowercase letter from every id the row holds."""
+    if history[0] == EOS_PROMPT_START and len(history) >= EOS_AT:
+        return TOKENIZER.eos_id
+    return ord("a") + sum(i * (n + 1) for n, i in enumerate(history)) % 26
+
+
+def alone(prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
+    """What greedy decoding of `prompt` gives with nobody else in the batch."""
+    history, out = list(prompt), []
+    while len(out) < max_new_tokens and (token := next_id(history)) != TOKENIZER.eos_id:
+        out.append(token)
+        history.append(token)
+    return out
+
+
+class FakeRunner:
+    """A SlotRunner: `capacity` slots, prompts over `chunk` ids prefilled one chunk per round (one
+    long prompt at a time, as the arena does), a log of every call, and a gate before each decode."""
+
+    def __init__(self, capacity: int, chunk: int = 1000, spec: ModelSpec = SPEC):
+        self.spec, self.capacity, self.chunk = spec, capacity, chunk
+        self.rows: dict[int, list[int]] = {}  # key -> every id fed (prompt included)
+        self.waiting: list[tuple[int, list[int]]] = []
+        self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, ids done
+        self.log: list[tuple] = []
+        self.gate, self.at_gate = threading.Event(), threading.Event()
+        self.gate.set()
+        self.fail_next_decode = False
+
+    def free_slots(self) -> int:
+        return self.capacity - len(self.rows) - len(self.waiting) - (self.chunking is not None)
+
+    def start(self, key: int, prompt: tuple[int, ...]) -> None:
+        assert self.free_slots() > 0, "the engine admits only up to free_slots()"
+        self.log.append(("start", key, prompt))
+        self.waiting.append((key, list(prompt)))
+
+    def prefill(self) -> dict[int, np.ndarray]:
+        short = [item for item in self.waiting if len(item[1]) <= self.chunk]
+        done = {key: self._take(key, prompt) for key, prompt in short}
+        self.waiting = [item for item in self.waiting if item not in short]
+        if self.chunking is None and self.waiting:
+            key, prompt = self.waiting.pop(0)
+            self.chunking = (key, prompt, 0)
+        if self.chunking is not None:
+            key, prompt, n = self.chunking
+            self.log.append(("chunk", key))
+            self.chunking = (key, prompt, n + self.chunk) if n + self.chunk < len(prompt) else None
+            if self.chunking is None:
+                done[key] = self._take(key, prompt)
+        return done
+
+    def _take(self, key: int, prompt: list[int]) -> np.ndarray:
+        self.rows[key] = list(prompt)
+        return self._logits(key)
+
+    def _logits(self, key: int) -> np.ndarray:
+        row = np.zeros(self.spec.vocab_size, dtype=np.float32)
+        row[next_id(self.rows[key])] = 1.0
+        return row
+
+    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]:
+        if not self.gate.is_set():
+            self.at_gate.set()
+            self.gate.wait(WAIT_S)
+        self.log.append(("decode", tuple(sorted(next_ids))))
+        if self.fail_next_decode:
+            self.fail_next_decode = False
+            raise RuntimeError("the fake run failed")
+        for key, token in next_ids.items():
+            self.rows[key].append(token)
+        return {key: self._logits(key) for key in next_ids}
+
+    def release(self, key: int) -> None:
+        self.log.append(("release", key))
+        self.rows.pop(key, None)
+        self.waiting = [item for item in self.waiting if item[0] != key]
+        if self.chunking is not None and self.chunking[0] == key:
+            self.chunking = None
+
+    def reset(self) -> None:
+        self.log.append(("reset",))
+        self.rows.clear()
+        self.waiting.clear()
+        self.chunking = None
+
+    def keys_started(self) -> dict[tuple[int, ...], int]:
+        return {entry[2]: entry[1] for entry in self.log if entry[0] == "start"}
+
+
+@contextmanager
+def running(runner: FakeRunner, max_queue: int = 16):
+    engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, max_queue, 0))
+    try:
+        yield engine
+    finally:
+        runner.gate.set()
+        engine.stop()
+
+
+def ask(prompt: str, max_new_tokens: int, deadline: float | None = None) -> GenerationRequest:
+    return GenerationRequest(prompt, tuple(prompt.encode()), max_new_tokens, deadline=deadline)
+
+
+async def outcome(handle) -> tuple[list[int], Final | Exception]:
+    """A request's generated ids, and its Final (or the error it ended with)."""
+    tokens: list[int] = []
+    while True:
+        for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
+            if isinstance(event, Delta):
+                tokens += event.token_ids
+            else:
+                return tokens, event
+
+
+def served(runner: FakeRunner, asks: list[GenerationRequest]) -> list[tuple[list[int], Final | Exception]]:
+    """Every outcome of `asks`, all queued before the engine runs (so admitted in their order)."""
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(a) for a in asks]
+            engine.start()
+            return [await outcome(h) for h in handles]
+
+    return asyncio.run(main())
+
+
+async def at_gate(runner: FakeRunner) -> None:
+    assert await asyncio.to_thread(runner.at_gate.wait, WAIT_S), "the engine never reached a decode step"
+
+
+def test_requests_start_in_arrival_order_and_each_decodes_what_it_would_alone():
+    """Six requests of different lengths through two slots: every retirement refills a slot while
+    the other slot's request goes on, and nobody's tokens change."""
+    asks = [ask(f"prompt {i}", 3 + 2 * i) for i in range(6)]
+    runner = FakeRunner(capacity=2)
+    results = served(runner, asks)
+    starts = [entry[2] for entry in runner.log if entry[0] == "start"]
+    assert starts == [a.prompt_ids for a in asks]
+    for a, (tokens, final) in zip(asks, results):
+        assert tokens == alone(a.prompt_ids, a.max_new_tokens), a.request_id
+        assert isinstance(final, Final) and final.reason == FinishReason.LENGTH
+        assert final.usage.completion_tokens == a.max_new_tokens
+    assert max(len(entry[1]) for entry in runner.log if entry[0] == "decode") == 2  # the batch was full
+
+
+def test_a_full_queue_refuses_and_the_queued_requests_are_served():
+    runner = FakeRunner(capacity=1)
+
+    async def main():
+        with running(runner, max_queue=2) as engine:
+            handles = [engine.submit(ask(f"q{i}", 2)) for i in range(2)]
+            with pytest.raises(QueueFull, match="--max-queue"):
+                engine.submit(ask("one too many", 2))
+            engine.start()
+            return [await outcome(h) for h in handles]
+
+    assert [tokens for tokens, _ in asyncio.run(main())] == [alone(tuple(b"q0"), 2), alone(tuple(b"q1"), 2)]
+    assert len([entry for entry in runner.log if entry[0] == "start"]) == 2
+
+
+def test_cancel_frees_the_slot_at_the_next_step_for_the_queued_request():
+    runner = FakeRunner(capacity=1)
+    runner.gate.clear()
+
+    async def main():
+        with running(runner) as engine:
+            long, queued = engine.submit(ask("long", 50)), engine.submit(ask("queued", 3))
+            engine.start()
+            await at_gate(runner)  # the long one has its first token and waits for its second
+            engine.release(long)  # what the servicer does when its caller goes away
+            runner.gate.set()
+            return await outcome(long), await outcome(queued), engine.stats()
+
+    (long_tokens, long_final), (tokens, final), stats = asyncio.run(main())
+    assert isinstance(long_final, Final) and long_final.reason == FinishReason.CANCELLED
+    assert long_final.usage.completion_tokens == len(long_tokens) == 2  # the step under way, then no more
+    assert tokens == alone(tuple(b"queued"), 3) and final.reason == FinishReason.LENGTH
+    keys = runner.keys_started()
+    assert runner.log.index(("release", keys[tuple(b"long")])) < runner.log.index(
+        ("start", keys[tuple(b"queued")], tuple(b"queued"))
+    )
+    assert stats == {"active": 0, "queued": 0}
+
+
+class Clock:
+    """time.monotonic and time.perf_counter for the engine module, moved by the test."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_a_deadline_ends_a_decoding_request_and_a_queued_one_at_the_next_step(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(engine_module, "time", clock)
+    runner = FakeRunner(capacity=1)
+    runner.gate.clear()
+
+    async def main():
+        with running(runner) as engine:
+            decoding = engine.submit(ask("decoding", 50, deadline=clock.now + 5))
+            queued = engine.submit(ask("queued", 3, deadline=clock.now + 5))
+            engine.start()
+            await at_gate(runner)
+            clock.now += 10  # both deadlines pass while the step is under way
+            runner.gate.set()
+            return await outcome(decoding), await outcome(queued)
+
+    (tokens, final), (queued_tokens, queued_final) = asyncio.run(main())
+    assert isinstance(final, Final) and final.reason == FinishReason.DEADLINE and len(tokens) == 2
+    assert isinstance(queued_final, Final) and queued_final.reason == FinishReason.DEADLINE and not queued_tokens
+    assert [entry[2] for entry in runner.log if entry[0] == "start"] == [tuple(b"decoding")]  # never admitted
+
+
+def test_drain_refuses_new_requests_and_finishes_the_queued_and_active_ones():
+    runner = FakeRunner(capacity=1)
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(ask("active", 4)), engine.submit(ask("queued", 4))]
+            engine.close()
+            with pytest.raises(Draining):
+                engine.submit(ask("too late", 4))
+            engine.start()
+            return [await outcome(h) for h in handles]
+
+    results = asyncio.run(main())
+    assert [tokens for tokens, _ in results] == [alone(tuple(b"active"), 4), alone(tuple(b"queued"), 4)]
+
+
+def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step_of_the_running_batch():
+    runner = FakeRunner(capacity=2, chunk=4)
+    runner.gate.clear()
+    long_prompt = "a prompt of 22 ids ..."
+
+    async def main():
+        with running(runner) as engine:
+            decoding = engine.submit(ask("tick", 20))
+            engine.start()
+            await at_gate(runner)
+            long = engine.submit(ask(long_prompt, 3))
+            runner.gate.set()
+            return await outcome(decoding), await outcome(long)
+
+    (tick, _), (tokens, _) = asyncio.run(main())
+    assert tick == alone(tuple(b"tick"), 20) and tokens == alone(tuple(long_prompt.encode()), 3)
+    chunks = [n for n, entry in enumerate(runner.log) if entry[0] == "chunk"]
+    assert len(chunks) == 6  # 22 ids in chunks of 4
+    assert all(runner.log[a + 1 : b] == [("decode", (0,))] for a, b in itertools.pairwise(chunks)), runner.log
+
+
+def test_a_failed_run_fails_the_active_requests_and_the_queued_one_is_served_after_a_reset():
+    runner = FakeRunner(capacity=2)
+    runner.fail_next_decode = True
+    (_, first), (_, second), (tokens, third) = served(runner, [ask(p, 5) for p in ("one", "two", "three")])
+    assert isinstance(first, RuntimeError) and isinstance(second, RuntimeError)
+    assert isinstance(third, Final) and tokens == alone(tuple(b"three"), 5)
+    assert ("reset",) in runner.log
+
+
+def test_eos_ends_a_request_and_its_slot_goes_to_the_next():
+    (tokens, final), (next_tokens, _) = served(FakeRunner(capacity=1), [ask("!ab", 50), ask("next", 3)])
+    assert isinstance(final, Final) and final.reason == FinishReason.EOS
+    assert tokens == alone(tuple(b"!ab"), 50) and len(tokens) == EOS_AT - 3
+    assert next_tokens == alone(tuple(b"next"), 3)
+
+
+def test_an_encoder_decoder_runner_gets_the_source_and_the_decoder_budget_counts_from_bos():
+    """An encoder-decoder's prompt is its source; its decoder starts from BOS alone, so a source
+    longer than the context still leaves context - 1 tokens to generate."""
+    spec = ModelSpec(TOKENIZER.vocab_size, 8, TOKENIZER.bos_id, encoder_decoder=True)
+    runner = FakeRunner(capacity=1, spec=spec)
+    source = ask("a source longer than the context", 50)
+
+    async def main():
+        with running(runner) as engine:
+            handle = engine.submit(source)
+            engine.start()
+            return await outcome(handle)
+
+    tokens, final = asyncio.run(main())
+    assert runner.log[0] == ("start", 0, source.prompt_ids)
+    assert isinstance(final, Final) and final.reason == FinishReason.LENGTH and len(tokens) == 8 - 1
+    assert final.usage.prompt_tokens == len(source.prompt_ids)
