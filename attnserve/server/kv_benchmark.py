@@ -45,8 +45,9 @@ PASSAGE = (
     "The Python documentation describes the language, its standard library and the tools around it. "
     "Each module has a page of its own, with the functions, classes and constants it defines. "
 ) * 4
-GENAI_PYTHON = Path(__file__).resolve().parents[1] / ".venv-genai" / "bin" / "python"
-GENAI_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "genai_bench.py"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: attnserve/server/kv_benchmark.py
+GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"  # make test and make kv-bench build it
+GENAI_SCRIPT = ROOT / "scripts" / "genai_bench.py"
 GOALS = {"arena_16_vs_1_grpc_min": 5.0, "arena_16_vs_genai_16_min": 1.5, "arena_1_vs_genai_1_min": 2.0}
 
 

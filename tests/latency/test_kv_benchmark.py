@@ -5,8 +5,11 @@ every figure; ratios are reported, never asserted against the clock (`make bench
 mode on a 1024-token model)."""
 
 import json
+from pathlib import Path
 
-from attnserve.server.kv_benchmark import main
+from attnserve.server.kv_benchmark import GENAI_PYTHON, main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_kv_benchmark_measures_every_side_on_the_same_work(tiny_model_dir, tiny_concat_model_dir, tmp_path):
@@ -39,6 +42,8 @@ def test_kv_benchmark_measures_every_side_on_the_same_work(tiny_model_dir, tiny_
     for c in ("1", "16"):
         assert sides["arena"][c]["tokens"] == sides["concat"][c]["tokens"] == sides["arena_grpc"][c]["tokens"]
         assert sides["arena"][c]["tokens"] == 16 * int(c)  # nobody stopped early: the same greedy work
+    # onnxruntime-genai runs wherever its environment exists (make test builds it): never skipped silently
+    assert result["genai"] == GENAI_PYTHON.exists() == (ROOT / ".venv-genai").is_dir()
     if result["genai"]:
         assert sides["genai"]["16"]["tokens"] == 16 * 16
     ratios = result["serving"]["16"]["ratios"]
