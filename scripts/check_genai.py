@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import onnxruntime_genai as og
 
-from attnserve.export.runtime import OrtDecoder
+from attnserve.runtime.ort_decoder import OrtDecoder
 
 PROMPTS = ["def main():", "The ", "import os\nimport sys\n", "x"]
 

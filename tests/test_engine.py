@@ -16,10 +16,10 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from attnserve.server import engine as engine_module
-from attnserve.server.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull
-from attnserve.server.engine import Engine, EngineLimits
-from attnserve.server.slot_runner import ModelSpec
+from attnserve.engine import engine as engine_module
+from attnserve.engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull
+from attnserve.engine.engine import Engine, EngineLimits
+from attnserve.engine.slot_runner import ModelSpec
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()

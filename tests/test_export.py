@@ -9,13 +9,13 @@ import numpy as np
 import onnx
 import pytest
 
-from attnserve.export import contract
 from attnserve.export.onnx_export import export_checkpoint
 from attnserve.export.parity import run_decoder_gate
 from attnserve.export.parity_arena import run_arena_gate
-from attnserve.export.runtime import OrtDecoder
 from attnserve.model.checkpoint import load_checkpoint
 from attnserve.model.generate import generate
+from attnserve.runtime import contract
+from attnserve.runtime.ort_decoder import OrtDecoder
 from attnserve.tokenizer.utf8 import encode
 
 

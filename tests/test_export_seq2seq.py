@@ -7,10 +7,10 @@ import numpy as np
 import onnx
 from test_export import perturb
 
-from attnserve.export import contract
 from attnserve.export.parity_seq2seq import run_seq2seq_arena_gate
-from attnserve.export.runtime import OrtSeq2Seq
 from attnserve.model.generate import generate_seq2seq
+from attnserve.runtime import contract
+from attnserve.runtime.ort_decoder import OrtSeq2Seq
 from attnserve.tokenizer.utf8 import encode
 
 SOURCES = ["4021", "7", "1000000", "98765"]

@@ -1,5 +1,6 @@
-"""The one-way flow of DESIGN.md, enforced on the source: model -> export -> server -> clients,
-with the torch-free tokenizer package below them all (training, export and serving share it).
+"""The one-way flow of DESIGN.md, enforced on the source: model -> export -> runtime <- engine <-
+server -> clients, with the torch-free tokenizer package below them all. The runtime implements
+the engine's seam (it may import engine/slot_runner.py and nothing else of the engine).
 
 Checked statically (every import statement of every file), and dynamically for the two
 promises users rely on: a serving host needs no torch, a client host needs only grpcio.
@@ -15,6 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # package folder -> top-level modules (or attnserve subpackages) it must never import
+NO_GRPC = {"grpc", "google.protobuf", "attnserve.protos", "attnserve.server", "attnserve.clients"}
 FORBIDDEN = {
     "ray_serve": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
     # load tests drive a server process from outside: gRPC, /metrics, /proc (and the leak switch's name)
@@ -24,48 +26,54 @@ FORBIDDEN = {
         "numpy",
         "onnx",
         "onnxruntime",
-        "grpc",
-        "google.protobuf",
+        *NO_GRPC,
         "attnserve.model",
         "attnserve.export",
-        "attnserve.server",
-        "attnserve.clients",
-        "attnserve.protos",
+        "attnserve.runtime",
+        "attnserve.engine",
     },
     "model": {
         "onnx",
         "onnxruntime",
         "onnxscript",
-        "grpc",
-        "google.protobuf",
+        *NO_GRPC,
         "attnserve.export",
-        "attnserve.server",
-        "attnserve.clients",
-        "attnserve.protos",
+        "attnserve.runtime",
+        "attnserve.engine",
     },
-    "export": {"grpc", "google.protobuf", "attnserve.server", "attnserve.clients", "attnserve.protos"},
+    "export": {*NO_GRPC, "attnserve.engine.engine", "attnserve.engine.sequence"},
+    # ONNX Runtime, numpy and the tokenizer; of the engine, only its seam (ModelSpec)
+    "runtime": {
+        "torch",
+        "onnx",
+        "onnxscript",
+        *NO_GRPC,
+        "attnserve.model",
+        "attnserve.export",
+        "attnserve.engine.engine",
+        "attnserve.engine.sequence",
+        "attnserve.engine.sampling",
+        "attnserve.engine.streaming",
+        "attnserve.engine.domain",
+    },
+    # scheduling sees a model only through its seam: numpy and the tokenizer
+    "engine": {"torch", "onnx", "onnxruntime", *NO_GRPC, "attnserve.model", "attnserve.export", "attnserve.runtime"},
     "server": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
-    "clients": {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export", "attnserve.server"},
+    "clients": {
+        "torch",
+        "numpy",
+        "onnx",
+        "onnxruntime",
+        "attnserve.model",
+        "attnserve.export",
+        "attnserve.runtime",
+        "attnserve.engine",
+        "attnserve.server",
+    },
     "protos": {"torch", "numpy", "onnxruntime", "attnserve.model", "attnserve.export", "attnserve.server"},
 }
-# The scheduler inside server/ sees a model only through slot_runner.py's seam (a ModelSpec and a
-# SlotRunner): numpy and the tokenizer, no runtime, no gRPC, no protobuf, none of the runners.
-ENGINE_MODULES = ["engine.py", "sequence.py", "sampling.py", "streaming.py", "slot_runner.py", "domain.py"]
-ENGINE_FORBIDDEN = {
-    "onnxruntime",
-    "grpc",
-    "google.protobuf",
-    "torch",
-    "attnserve.export",
-    "attnserve.protos",
-    "attnserve.server.model_runner",
-    "attnserve.server.arena_runner",
-    "attnserve.server.concat_runner",
-    "attnserve.server.runners",
-    "attnserve.server.kv_cache",
-}
-# what the server reads: the contract, the ONNX Runtime helpers, the KV arena and its drivers
-TORCH_FREE_EXPORT_MODULES = ["contract.py", "genai.py", "ort_session.py", "arena.py", "arena_decoder.py", "runtime.py"]
+# export's modules that a host without torch may import
+TORCH_FREE_EXPORT_MODULES = ["genai.py"]
 
 
 def imported_modules(path: Path, package: str) -> set[str]:
@@ -99,15 +107,9 @@ def test_package_imports_follow_the_flow(package):
 
 
 @pytest.mark.parametrize("module", TORCH_FREE_EXPORT_MODULES)
-def test_export_contract_is_torch_free(module):
+def test_export_torch_free_modules_stay_so(module):
     names = imported_modules(ROOT / "attnserve" / "export" / module, "export")
     assert not any(violates(n, {"torch", "onnx", "attnserve.model"}) for n in names), names
-
-
-@pytest.mark.parametrize("module", ENGINE_MODULES)
-def test_the_scheduler_sees_a_model_only_through_its_seam(module):
-    names = imported_modules(ROOT / "attnserve" / "server" / module, "server")
-    assert not [n for n in names if violates(n, ENGINE_FORBIDDEN)], names
 
 
 def assert_runs(code: str) -> None:
@@ -118,7 +120,7 @@ def assert_runs(code: str) -> None:
 
 def test_the_engine_imports_no_runtime_and_no_grpc():
     assert_runs(
-        "import sys, attnserve.server.engine\n"
+        "import sys, attnserve.engine.engine\n"
         "loaded = [m for m in ('onnxruntime', 'grpc', 'google.protobuf', 'torch') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
@@ -126,8 +128,9 @@ def test_the_engine_imports_no_runtime_and_no_grpc():
 
 def test_serving_imports_load_no_torch():
     assert_runs(
-        "import sys, importlib, pkgutil, attnserve.server as s, attnserve.export.contract\n"
-        "for m in pkgutil.iter_modules(s.__path__): importlib.import_module('attnserve.server.' + m.name)\n"
+        "import sys, importlib, pkgutil, attnserve.server, attnserve.runtime, attnserve.engine\n"
+        "for p in (attnserve.server, attnserve.runtime, attnserve.engine):\n"
+        "    for m in pkgutil.iter_modules(p.__path__): importlib.import_module(p.__name__ + '.' + m.name)\n"
         "import attnserve.cli\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )

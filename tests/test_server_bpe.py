@@ -23,7 +23,7 @@ def bpe_server(tiny_bpe_model_dir):
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_bpe_model_dir) -> BpeTokenizer:
-    from attnserve.export.contract import read_manifest
+    from attnserve.runtime.contract import read_manifest
 
     return from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir).tokenizer)
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+import time
 from dataclasses import MISSING, fields
 
 import pytest
 
 from attnserve.cli import build_parser, main
-from attnserve.server.config import TEST_LEAK_VARIABLE, ServerConfig, flag_name
-from attnserve.server.engine import Engine, EngineLimits
+from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
+from attnserve.server.app import SlowSteps
+from attnserve.server.config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig, flag_name
 
 FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]
 
@@ -30,7 +32,11 @@ def serve_actions() -> dict[str, argparse.Action]:
 
 def test_every_field_but_two_is_a_flag_with_its_default_and_help():
     """The two without a flag: warm-up (for code embedding a Server) and the test-only leak."""
-    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {"warmup", "test_leak_bytes"}
+    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {
+        "warmup",
+        "test_leak_bytes",
+        "test_step_delay_ms",
+    }
     actions = serve_actions()
     assert set(actions) - {"-h"} == {flag_name(f.name) for f in FLAG_FIELDS}
     for f in FLAG_FIELDS:
@@ -90,3 +96,22 @@ def test_the_test_only_leak_comes_from_the_environment_alone():
     assert ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4096"}).test_leak_bytes == 4096
     with pytest.raises(ValueError, match="ATTNSERVE_TEST_LEAK_BYTES must be a number of bytes, not '4k'"):
         ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4k"})
+
+
+def test_the_test_only_step_delay_comes_from_the_environment_and_slows_every_step():
+    args = build_parser().parse_args(["serve", "--model", "m"])
+    assert ServerConfig.from_args(args).test_step_delay_ms == 0
+    assert ServerConfig.from_args(args, {TEST_STEP_DELAY_VARIABLE: "5"}).test_step_delay_ms == 5
+    with pytest.raises(ValueError, match=re.escape("ATTNSERVE_TEST_STEP_DELAY_MS must be a number of ms, not '5.5'")):
+        ServerConfig.from_args(args, {TEST_STEP_DELAY_VARIABLE: "5.5"})
+    steps = []
+
+    class Steps(EngineObserver):
+        def on_step(self, batch_size, queue_depth):
+            steps.append(batch_size)
+
+    slow = SlowSteps(Steps(), 30)
+    slow.on_step(0, 0)  # an empty step does not sleep
+    t0 = time.perf_counter()
+    slow.on_step(2, 0)
+    assert steps == [0, 2] and time.perf_counter() - t0 >= 0.03  # a lower bound: the sleep happened

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from attnserve.server.kv_cache import KVCache
+from attnserve.runtime.kv_cache import KVCache
 
 H, D = 2, 4
 

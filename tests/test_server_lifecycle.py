@@ -158,7 +158,7 @@ from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 async def run():
     server = Server(ServerConfig(model=sys.argv[1], port=0, provider="cpu", threads=1))
     await server.start()
-    reply = await server.engine.submit(__import__("attnserve.server.domain", fromlist=["x"]).GenerationRequest(
+    reply = await server.engine.submit(__import__("attnserve.engine.domain", fromlist=["x"]).GenerationRequest(
         "t", (256, 104), 3)).next_events()
     await server.stop()
     return reply

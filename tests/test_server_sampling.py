@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from attnserve.engine.domain import SamplingParams
+from attnserve.engine.sampling import Sampler, apply_repetition_penalty, top_k_filter, top_p_filter
 from attnserve.model.generate import next_token
-from attnserve.server.domain import SamplingParams
-from attnserve.server.sampling import Sampler, apply_repetition_penalty, top_k_filter, top_p_filter
 
 V = 259
 

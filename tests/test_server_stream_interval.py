@@ -4,7 +4,7 @@ import grpc
 import pytest
 from fixtures_server import request, start_server
 
-from attnserve.server.domain import Delta, StreamInterval
+from attnserve.engine.domain import Delta, StreamInterval
 from attnserve.server.stream_pacing import StreamPacer
 
 TIMEOUT = 30  # far below the 60 s time bounds used here: a held-back end would run past it
@@ -126,7 +126,7 @@ def test_server_default_interval_applies_and_is_reported(tiny_model_dir):
 
 
 def test_pacer_step_sends_what_is_due_and_everything_with_the_end():
-    from attnserve.server.domain import Final, FinishReason, Timings, Usage
+    from attnserve.engine.domain import Final, FinishReason, Timings, Usage
 
     pacer = StreamPacer(StreamInterval(tokens=3), Clock())
     end = Final(FinishReason.LENGTH, "!", Usage(1, 4), Timings(0.0, 1.0, 2.0))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from attnserve.server.streaming import Detokenizer, TextStream, held_back
+from attnserve.engine.streaming import Detokenizer, TextStream, held_back
 from attnserve.tokenizer import ByteTokenizer
 from attnserve.tokenizer.bpe import train_bpe
 

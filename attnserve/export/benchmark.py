@@ -23,8 +23,8 @@ import torch
 
 from ..model.checkpoint import build_model, load_checkpoint, save_checkpoint
 from ..model.config import preset
+from ..runtime.ort_decoder import OrtDecoder
 from .onnx_export import export_checkpoint
-from .runtime import OrtDecoder
 
 
 @torch.no_grad()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import contract
+from ..runtime import contract
 
 
 def genai_io_names() -> tuple[dict[str, str], dict[str, str]]:

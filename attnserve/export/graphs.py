@@ -1,7 +1,7 @@
 """PyTorch modules with the exact signature of the exported graphs, and the export call itself.
 
 The KV cache is flattened into one tensor per name (past_key_values.{i}.key, ...), in the
-order of export/contract.py. Knows nothing of parity, manifests or serving.
+order of runtime/contract.py. Knows nothing of parity, manifests or serving.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from . import contract
+from ..runtime import contract
 from .gqa import InPlaceAttention
 
 

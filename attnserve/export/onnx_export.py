@@ -19,8 +19,9 @@ import torch
 
 from ..model.checkpoint import CheckpointError, build_model, load_state
 from ..model.config import ModelConfig
+from ..runtime import contract
+from ..runtime.ort_decoder import OrtDecoder, OrtSeq2Seq
 from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
-from . import contract
 from .genai import genai_config
 from .graphs import (
     ArenaDecoderGraph,
@@ -38,7 +39,6 @@ from .parity import ParityError, failure_message, format_report, run_decoder_gat
 from .parity_arena import run_arena_gate
 from .parity_seq2seq import run_seq2seq_arena_gate, run_seq2seq_gate
 from .quantize import int8_gate, quantize_int8
-from .runtime import OrtDecoder, OrtSeq2Seq
 
 TOKENIZER_FILE = "tokenizer.json"  # Hugging Face tokenizers' format (BPE models)
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its companion, read by onnxruntime-genai and transformers

@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from . import contract
+from ..runtime import contract
+from ..runtime.ort_decoder import OrtDecoder, OrtGraphs
+from ..runtime.ort_session import empty_past, io_names, left_pad
 from .graphs import flatten, pairs
-from .ort_session import empty_past, io_names, left_pad
-from .runtime import OrtDecoder, OrtGraphs
 
 # (case name, real length of each row, past length P, new tokens T)
 DECODER_CASES = [

@@ -1,6 +1,6 @@
 """The parity gate of an arena graph, driven the way the server drives it.
 
-Through export/arena_decoder.py's ArenaDecoder (the server's own driver): a ragged right-padded prefill,
+Through runtime/arena_decoder.py's ArenaDecoder (the server's own driver): a ragged right-padded prefill,
 decode steps over slots of different lengths, a prompt admitted into a free slot while the
 others hold state, a slot refilled by moving the last one into it, a long prompt prefilled in
 chunks, then greedy decoding in a continuous batch where requests arrive at different steps,
@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import contract
+from ..runtime import contract
+from ..runtime.ort_decoder import OrtDecoder
 from .parity import check_names, compare, gate_report, torch_greedy
-from .runtime import OrtDecoder
 
 PREFILL_LENGTHS = [13, 5, 1]  # slots 0-2, prefilled together, right-padded
 ADMITTED_LENGTH = 7  # into slot 3 while slots 0-2 hold state

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import contract
+from ..runtime import contract
+from ..runtime.ort_decoder import OrtSeq2Seq
+from ..runtime.ort_session import left_pad
 from .graphs import flatten
-from .ort_session import left_pad
 from .parity import check_names, compare, gate_report
 from .parity_arena import continuous_greedy
-from .runtime import OrtSeq2Seq
 
 # (case name, real source length of each row, target past length P, new target tokens T)
 SEQ2SEQ_CASES = [

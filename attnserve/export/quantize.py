@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .runtime import OrtDecoder
+from ..runtime.ort_decoder import OrtDecoder
 
 MAX_LOSS_RATIO = 1.02
 

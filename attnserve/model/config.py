@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, replace
 
 from ..tokenizer.utf8 import VOCAB_SIZE
 
-# The manifest spells them the same way (export/contract.py; tests/test_export.py checks they agree).
+# The manifest spells them the same way (runtime/contract.py; tests/test_export.py checks they agree).
 DECODER, ENCODER_DECODER = "decoder", "encoder-decoder"
 ARCHITECTURES = (DECODER, ENCODER_DECODER)
 POSITIONALS = ("sinusoidal", "learned")

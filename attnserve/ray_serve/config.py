@@ -9,10 +9,11 @@ one field each, its help in the metadata. No ray import here.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..server.config import ServerConfig, add_field_flags, flag
+from ..server.config import ServerConfig, add_field_flags, flag, read_test_switches
 
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
 REPLICA_FIELDS = (
@@ -74,8 +75,9 @@ class RayServeConfig:
         add_field_flags(parser, cls)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> RayServeConfig:
-        replica = ServerConfig(**{name: getattr(args, name) for name in REPLICA_FIELDS})
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RayServeConfig:
+        """From add_cli_args' namespace (and the replicas' test-only switches in `environ`)."""
+        replica = ServerConfig(**{name: getattr(args, name) for name in REPLICA_FIELDS}, **read_test_switches(environ))
         own = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
         return cls(replica=replica, **own)
 

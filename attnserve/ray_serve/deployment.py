@@ -21,12 +21,12 @@ from typing import Any, TypeVar, cast
 import grpc
 from ray import serve
 
+from ..engine.domain import QueueFull
+from ..engine.engine import EngineObserver
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.health.v1 import health_pb2
 from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
-from ..server.domain import QueueFull
-from ..server.engine import EngineObserver
 from ..server.health import SERVING
 from ..server.servicer import TextGenerationServicer
 from . import protos  # noqa: F401  (makes the messages picklable in the replica too)

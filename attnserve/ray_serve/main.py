@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -96,7 +97,7 @@ def main(args) -> int:
     """CLI entry of `attnserve ray-serve`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = RayServeConfig.from_args(args)
+        config = RayServeConfig.from_args(args, os.environ)
         config.check()
         if not Path(config.replica.model).is_dir():
             raise ValueError(f"--model {config.replica.model}: no such directory")

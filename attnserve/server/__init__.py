@@ -1,11 +1,9 @@
-"""The attnserve gRPC server: an exported model directory served on ONNX Runtime.
+"""The attnserve gRPC process: front doors over one engine, on an exported model directory.
 
 Reading order, outside in: app.py (start-up, health, drain) -> interceptors.py (status codes,
-auth) -> servicer.py (protobuf <-> domain) -> validation.py -> engine.py (continuous batching,
-over slot_runner.py's seam: a ModelSpec and a SlotRunner) -> sequence.py, sampling.py,
-streaming.py (one request's tokens and text) -> runners.py ->
-arena_runner.py (request keys in the slots of the in-place KV arena, export/arena_decoder.py)
--> model_runner.py (the sessions, on their provider). kv_benchmark.py measures the arena
-against concat_runner.py and kv_cache.py, the engine it replaced. A serving host needs no
-torch: nothing here imports it, and the model is read through the torch-free export contract.
+auth) -> servicer.py (attnserve.v1: protobuf <-> domain) and oip_servicer.py (the Open
+Inference Protocol) -> validation.py -> the engine (attnserve/engine/) over the runtime's arena
+runner (attnserve/runtime/). stream_pacing.py and slow_readers.py pace and guard the streams;
+config.py, health.py and metrics.py are the process's. kv_benchmark.py and serving_benchmark.py
+measure it. A serving host needs no torch: nothing here imports it.
 """

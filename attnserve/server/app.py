@@ -20,24 +20,24 @@ from pathlib import Path
 import grpc
 from google.protobuf.runtime_version import VersionError
 
-from ..export.contract import ModelDirError
+from ..engine.domain import Final, GenerationRequest, StreamInterval
+from ..engine.engine import Engine, EngineLimits, EngineObserver
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..protos.health.v1 import health_pb2_grpc
 from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
+from ..runtime.contract import ModelDirError
+from ..runtime.model_runner import ModelRunner, ProviderError
+from ..runtime.runners import arena_capacity, open_slot_runner
 from ..tokenizer import TokenizerError, from_model_dir
-from .config import TEST_LEAK_VARIABLE, ServerConfig
-from .domain import Final, GenerationRequest, StreamInterval
-from .engine import Engine, EngineLimits
+from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE
 from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
-from .model_runner import ModelRunner, ProviderError
 from .oip_servicer import SERVICE as OIP_SERVICE
 from .oip_servicer import InferenceServicer
 from .request_bytes import DecodeInterceptor
-from .runners import arena_capacity, open_slot_runner
 from .servicer import TextGenerationServicer, model_info
 from .slow_readers import WriteWatch
 from .validation import RequestLimits
@@ -103,6 +103,28 @@ def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
     return options
 
 
+class SlowSteps(EngineObserver):
+    """TEST ONLY ($ATTNSERVE_TEST_STEP_DELAY_MS): every engine step with a batch sleeps `ms` after
+    reporting to `inner`, so that a test outside the process finds generations still running."""
+
+    def __init__(self, inner: EngineObserver, ms: int):
+        self.inner, self.seconds = inner, ms / 1000.0
+
+    def on_step(self, batch_size: int, queue_depth: int) -> None:
+        self.inner.on_step(batch_size, queue_depth)
+        if batch_size:
+            time.sleep(self.seconds)
+
+    def on_first_token(self, seconds: float) -> None:
+        self.inner.on_first_token(seconds)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.inner.on_inter_token(seconds)
+
+    def on_finish(self, reason, seconds: float, completion_tokens: int) -> None:
+        self.inner.on_finish(reason, seconds, completion_tokens)
+
+
 class Server:
     """One attnserve server: model session, engine, gRPC services and metrics."""
 
@@ -145,11 +167,12 @@ class Server:
             self.runner.context_length,
             f"{self.slots.nbytes:,}",
         )
+        observer = SlowSteps(self.metrics, config.test_step_delay_ms) if config.test_step_delay_ms else self.metrics
         self.engine = Engine(
             self.slots,
             self.tokenizer,
             EngineLimits(self.max_batch, config.max_queue, config.stream_buffer_events),
-            self.metrics,
+            observer,
         )
         self.info = model_info(
             self.runner, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.slots.nbytes
@@ -162,6 +185,10 @@ class Server:
         self.watchdog: asyncio.Task | None = None
         if config.test_leak_bytes:
             log.warning("TEST ONLY: every call leaks %d bytes ($%s)", config.test_leak_bytes, TEST_LEAK_VARIABLE)
+        if config.test_step_delay_ms:
+            log.warning(
+                "TEST ONLY: every engine step sleeps %d ms ($%s)", config.test_step_delay_ms, TEST_STEP_DELAY_VARIABLE
+            )
         self.grpc: grpc.aio.Server | None = None
         self.port = self.metrics_port = 0
         self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady

@@ -14,13 +14,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, TypeVar
 
-from .domain import MAX_STREAM_INTERVAL_MS
+from ..engine.domain import MAX_STREAM_INTERVAL_MS
 
 T = TypeVar("T")
 
 PROVIDERS = ("auto", "cuda", "cpu")
 TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
+TEST_STEP_DELAY_VARIABLE = "ATTNSERVE_TEST_STEP_DELAY_MS"
+# Test-only settings, read from the environment at start-up (no flags): field -> (variable, unit)
+TEST_SWITCHES = {
+    "test_leak_bytes": (TEST_LEAK_VARIABLE, "bytes"),
+    "test_step_delay_ms": (TEST_STEP_DELAY_VARIABLE, "ms"),
+}
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
+
+
+def read_test_switches(environ: Mapping[str, str] | None) -> dict[str, Any]:
+    """The test-only settings in `environ` (TEST_SWITCHES), each a whole number; 0 where unset."""
+    values: dict[str, Any] = {}
+    for name, (variable, unit) in TEST_SWITCHES.items():
+        text = (environ or {}).get(variable, "0")
+        if not text.isdigit():
+            raise ValueError(f"${variable} must be a number of {unit}, not {text!r}")
+        values[name] = int(text)
+    return values
 
 
 def parse_bytes(text: str) -> int:
@@ -148,6 +165,9 @@ class ServerConfig:
     # Test-only: bytes kept forever per finished call, the soak test's negative control. No flag:
     # `attnserve serve` reads it from $ATTNSERVE_TEST_LEAK_BYTES (TEST_LEAK_VARIABLE) at start-up.
     test_leak_bytes: int = 0
+    # Test-only: milliseconds every engine step with a batch sleeps, so that a test outside the
+    # process finds generations still running ($ATTNSERVE_TEST_STEP_DELAY_MS; no flag).
+    test_step_delay_ms: int = 0
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -156,12 +176,9 @@ class ServerConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
-        """From add_cli_args' namespace (and, test-only, $ATTNSERVE_TEST_LEAK_BYTES in `environ`)."""
+        """From add_cli_args' namespace (and, test-only, TEST_SWITCHES' variables in `environ`)."""
         values = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
-        leak = (environ or {}).get(TEST_LEAK_VARIABLE, "0")
-        if not leak.isdigit():
-            raise ValueError(f"${TEST_LEAK_VARIABLE} must be a number of bytes, not {leak!r}")
-        return cls(**values, test_leak_bytes=int(leak))
+        return cls(**values, **read_test_switches(environ))
 
     def check(self) -> None:
         """Raise ValueError with a one-line reason for flags that cannot work together."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from .domain import (
+from ..engine.domain import (
     DeadlineExceeded,
     Draining,
     InvalidRequest,

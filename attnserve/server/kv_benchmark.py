@@ -33,12 +33,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..export.runtime import OrtDecoder
+from ..engine.engine import Engine, EngineLimits
+from ..runtime.concat_runner import ConcatRunner
+from ..runtime.model_runner import ModelRunner, default_threads
+from ..runtime.ort_decoder import OrtDecoder
 from .app import Server
-from .concat_runner import ConcatRunner
 from .config import ServerConfig
-from .engine import Engine, EngineLimits
-from .model_runner import ModelRunner, default_threads
 from .serving_benchmark import engine_stream, progress, report
 
 PASSAGE = (

@@ -11,8 +11,8 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-from .domain import FinishReason
-from .engine import EngineObserver
+from ..engine.domain import FinishReason
+from ..engine.engine import EngineObserver
 
 # Buckets in seconds: tokens of a small model take well under a millisecond on a GPU.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -17,11 +17,7 @@ from contextlib import aclosing
 
 import grpc
 
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.inference import grpc_service_pb2 as oip
-from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
-from ..tokenizer import Tokenizer
-from .domain import (
+from ..engine.domain import (
     Final,
     FinishReason,
     GenerationRequest,
@@ -30,7 +26,11 @@ from .domain import (
     StreamInterval,
     UnknownModel,
 )
-from .engine import Engine
+from ..engine.engine import Engine
+from ..protos.attnserve.v1 import generation_pb2 as pb
+from ..protos.inference import grpc_service_pb2 as oip
+from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
+from ..tokenizer import Tokenizer
 from .interceptors import ERROR_CODES
 from .oip_request import (
     FINISH_REASON,

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from .domain import Undecodable
+from ..engine.domain import Undecodable
 from .interceptors import stream_of, wrap_handler
 
 

@@ -14,12 +14,12 @@ from importlib import metadata
 
 import grpc
 
+from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
+from ..engine.engine import Engine
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from ..runtime.model_runner import ModelRunner
 from ..tokenizer import Tokenizer
-from .domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
-from .engine import Engine
-from .model_runner import ModelRunner
 from .stream_pacing import StreamPacer
 from .validation import RequestLimits, check_stream_interval, validate
 

@@ -32,14 +32,14 @@ from pathlib import Path
 
 import grpc
 
-from ..export.contract import ModelDirError
+from ..engine.domain import Final, GenerationRequest
+from ..engine.engine import Engine
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from ..runtime.contract import ModelDirError
+from ..runtime.model_runner import ProviderError
 from .app import Server, StartupError
 from .config import ServerConfig
-from .domain import Final, GenerationRequest
-from .engine import Engine
-from .model_runner import ProviderError
 
 # Prompts of 10 to 22 tokens (BOS included): a batch's prefill pads them to one length.
 PROMPTS = [

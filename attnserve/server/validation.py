@@ -10,8 +10,8 @@ import math
 import uuid
 from dataclasses import dataclass
 
+from ..engine.domain import MAX_STREAM_INTERVAL_MS, GenerationRequest, InvalidRequest, SamplingParams, StreamInterval
 from ..tokenizer import Tokenizer
-from .domain import MAX_STREAM_INTERVAL_MS, GenerationRequest, InvalidRequest, SamplingParams, StreamInterval
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 Torch-free: export writes the model directory through this module and the server reads it
 through this module, so neither hard-codes a name. The I/O names follow onnxruntime-genai
 and Hugging Face Optimum (past_key_values.{i}.key -> present.{i}.key). Knows nothing of ONNX
-Runtime (export/ort_session.py opens the graphs) or of onnxruntime-genai (export/genai.py).
+Runtime (runtime/ort_session.py opens the graphs) or of onnxruntime-genai (export/genai.py).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..export.ort_session import left_pad
 from .kv_cache import KVCache
 from .model_runner import ModelRunner
+from .ort_session import left_pad
 
 
 class ConcatRunner:

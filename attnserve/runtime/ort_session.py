@@ -1,6 +1,6 @@
 """ONNX Runtime, set up once for export and server: sessions, providers, dtypes, padded feeds.
 
-Torch-free, below both export/runtime.py (the parity gate's loop) and server/ (the serving
+Torch-free, below both runtime/ort_decoder.py (the parity gate's loop) and the runners (the serving
 engine), so that the gate opens and feeds a graph exactly as serving does. Knows nothing of
 batching, KV layouts or requests: a session, its options, and the arrays every run needs.
 """

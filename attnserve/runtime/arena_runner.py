@@ -1,6 +1,6 @@
 """The slot runner of an arena model directory: request keys in, logits out, the arena behind it.
 
-The decoding requests hold slots [0, n) of export/arena.py's in-place arena, in admission
+The decoding requests hold slots [0, n) of runtime/arena.py's in-place arena, in admission
 order; a finished request's slot is refilled by moving the last one into it, so every decode
 step runs over one contiguous block. Fresh prompts are prefilled together, right-padded, into
 the slots after the block (up to `chunk` tokens per run) and join it at once. A prompt longer
@@ -15,7 +15,7 @@ import logging
 
 import numpy as np
 
-from ..export.arena_decoder import ArenaDecoder
+from .arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
 
 log = logging.getLogger("attnserve.server")

@@ -2,7 +2,7 @@
 
 Reads the directory through the torch-free export contract (names, dims, sha256 check) and
 opens the decoder graph (and an encoder-decoder's encoder) on the provider asked for. The arena
-runner (arena_runner.py) drives these sessions through export/arena_decoder.py. `prefill` and
+runner (arena_runner.py) drives these sessions through runtime/arena_decoder.py. `prefill` and
 `run` are the concat layout's forward pass, (input_ids, attention_mask, position_ids, past) ->
 (logits, present), used only by concat_runner.py, the KV benchmark's baseline; on CUDA they use
 IO binding so that present stays on the device. Knows nothing of batching, sampling or gRPC.
@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ..export import contract
-from ..export.ort_session import CUDA, NP_DTYPES, ProviderError, create_session, empty_past, io_names
-from .slot_runner import ModelSpec
+from ..engine.slot_runner import ModelSpec
+from . import contract
+from .ort_session import CUDA, NP_DTYPES, ProviderError, create_session, empty_past, io_names
 
 __all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads"]
 

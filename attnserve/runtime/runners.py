@@ -7,9 +7,9 @@ benchmark's baseline).
 
 from __future__ import annotations
 
-from ..export import contract
-from ..export.arena import Device, KVArena
-from ..export.arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
+from . import contract
+from .arena import Device, KVArena
+from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
 from .model_runner import ModelRunner
 

@@ -1,0 +1,9 @@
+"""The engine: continuous batching over a slot runner. Requests, slots, token ids, logits,
+sampling and detokenizing; numpy and the tokenizer only, no ONNX Runtime, gRPC or protobuf.
+
+engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and
+mailbox) -> sampling.py (one request's sampler) and streaming.py (its text, with stop strings).
+slot_runner.py is the seam: what the engine may know of a model (ModelSpec) and what it asks of a
+runner (SlotRunner). domain.py holds the plain requests, events and errors the front doors share.
+tests/test_engine.py drives it over a fake runner in milliseconds.
+"""
