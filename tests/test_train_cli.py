@@ -33,6 +33,9 @@ CASES = [
 ]
 
 
+OUT = "<a folder of the case's own>"
+
+
 def error_cases(root):
     """name -> (extra arguments, expected text in the error line); builds the files they need."""
     (root / "empty.txt").write_bytes(b"")
@@ -42,7 +45,7 @@ def error_cases(root):
     (root / "a-file").write_text("a regular file")
     (root / "bad.tsv").write_text("12\ttwelve\nno tab on this line\n")
     (root / "long.tsv").write_text("12\ttwelve\n" + "9" * 80 + "\tnines\n")
-    out = ["--out", str(root / "run")]
+    out = ["--out", OUT]  # error_runs gives each case a folder of its own: they run at once
     return {
         "missing corpus": (["--corpus", str(root / "nope.txt"), *out], "corpus not found"),
         "empty corpus": (["--corpus", str(root / "empty.txt"), *out], "is empty"),
@@ -84,11 +87,13 @@ def error_cases(root):
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory):
     """Every error case, run concurrently: name -> ((exit code, stdout, stderr), expected text)."""
-    cases = error_cases(tmp_path_factory.mktemp("cli-errors"))
+    root = tmp_path_factory.mktemp("cli-errors")
+    cases = error_cases(root)
     assert sorted(cases) == sorted(CASES)
+    own_out = lambda i, args: [str(root / f"case{i}" / "run") if a == OUT else a for a in args]
     procs = {
-        name: subprocess.Popen([*TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for name, (args, _) in cases.items()
+        name: subprocess.Popen([*TRAIN, *own_out(i, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i, (name, (args, _)) in enumerate(cases.items())
     }
     outputs = {name: p.communicate(timeout=120) for name, p in procs.items()}
     return {name: ((procs[name].returncode, *outputs[name]), cases[name][1]) for name in cases}

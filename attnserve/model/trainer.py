@@ -9,6 +9,7 @@ train_seq2seq.py. Knows nothing of ONNX or gRPC.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -104,7 +105,7 @@ class Task(Protocol):
 def prepare_out(out_dir: str | Path, rank: int) -> Path:
     """Create the run folder and prove it writable now, not after minutes of training."""
     out = Path(out_dir)
-    probe = out / f".write-test-{rank}"
+    probe = out / f".write-test-{rank}-{os.getpid()}"  # two runs on one folder must not share a probe
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe.write_bytes(b"")
