@@ -61,7 +61,10 @@ class Handle:
         `timeout` seconds have passed without one (an event is never lost to the timeout)."""
         self.reading = True
         try:
-            events = [await asyncio.wait_for(self.events.get(), timeout)]
+            if timeout is None:  # the per-token path: no wait_for around the queue
+                events = [await self.events.get()]
+            else:
+                events = [await asyncio.wait_for(self.events.get(), timeout)]
         except asyncio.TimeoutError:
             return []
         finally:
