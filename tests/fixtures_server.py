@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from attnserve.engine.engine import EngineObserver
+from attnserve.engine.engine import EngineObserver, ForwardingObserver
 from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from attnserve.server.app import Server
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP_WAIT_S = 30.0  # the longest a paced engine step waits for a test (then it goes on, and the test fails)
 
 
-class Pacer(EngineObserver):
+class Pacer(ForwardingObserver):
     """Forwards to the server's metrics, and orders the engine's steps against a test's own actions,
     by events, so that a test means the same on a quiet machine and a busy one:
 
@@ -43,7 +43,8 @@ class Pacer(EngineObserver):
     - delay: seconds of sleep per step, for tests that want time between tokens."""
 
     def __init__(self, inner: EngineObserver, engine, loop: asyncio.AbstractEventLoop):
-        self.inner, self.engine, self.loop = inner, engine, loop
+        super().__init__(inner)
+        self.engine, self.loop = engine, loop
         self.delay = 0.0
         self.lockstep = False
         self.open = threading.Event()
@@ -88,15 +89,6 @@ class Pacer(EngineObserver):
         end = time.monotonic() + STEP_WAIT_S
         while time.monotonic() < end and not all((h.reading and h.events.empty()) or h.cancelled for h in handles):
             time.sleep(0.0005)
-
-    def on_first_token(self, seconds):
-        self.inner.on_first_token(seconds)
-
-    def on_inter_token(self, seconds):
-        self.inner.on_inter_token(seconds)
-
-    def on_finish(self, reason, seconds, completion_tokens):
-        self.inner.on_finish(reason, seconds, completion_tokens)
 
 
 class ServerThread:

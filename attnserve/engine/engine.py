@@ -51,6 +51,25 @@ class EngineObserver:
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None: ...
 
 
+class ForwardingObserver(EngineObserver):
+    """Passes every report on to `inner`; a subclass adds to the hooks it overrides."""
+
+    def __init__(self, inner: EngineObserver):
+        self.inner = inner
+
+    def on_step(self, batch_size: int, queue_depth: int) -> None:
+        self.inner.on_step(batch_size, queue_depth)
+
+    def on_first_token(self, seconds: float) -> None:
+        self.inner.on_first_token(seconds)
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.inner.on_inter_token(seconds)
+
+    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
+        self.inner.on_finish(reason, seconds, completion_tokens)
+
+
 class Engine:
     """Owns the slot runner and the queue; callers submit and await events."""
 

@@ -22,7 +22,7 @@ import grpc
 from ray import serve
 
 from ..engine.domain import QueueFull
-from ..engine.engine import EngineObserver
+from ..engine.engine import EngineObserver, ForwardingObserver
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.health.v1 import health_pb2
 from ..server.app import SERVICE, Server
@@ -44,25 +44,16 @@ def generator(stream: AsyncIterator[T]) -> AsyncGenerator[T, None]:
     return cast(AsyncGenerator[T, None], stream)
 
 
-class StepClock(EngineObserver):
+class StepClock(ForwardingObserver):
     """Forwards the engine's reports to the server's metrics and notes when it last stepped."""
 
     def __init__(self, inner: EngineObserver):
-        self.inner = inner
+        super().__init__(inner)
         self.last_step = time.monotonic()
 
     def on_step(self, batch_size: int, queue_depth: int) -> None:
         self.last_step = time.monotonic()
         self.inner.on_step(batch_size, queue_depth)
-
-    def on_first_token(self, seconds: float) -> None:
-        self.inner.on_first_token(seconds)
-
-    def on_inter_token(self, seconds: float) -> None:
-        self.inner.on_inter_token(seconds)
-
-    def on_finish(self, reason, seconds: float, completion_tokens: int) -> None:
-        self.inner.on_finish(reason, seconds, completion_tokens)
 
 
 class TextGeneration:

@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.runtime_version import VersionError
 
 from ..engine.domain import Final, GenerationRequest, StreamInterval
-from ..engine.engine import Engine, EngineLimits, EngineObserver
+from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
 from ..protos.attnserve.v1 import generation_pb2 as pb
 from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..protos.health.v1 import health_pb2_grpc
@@ -103,26 +103,18 @@ def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
     return options
 
 
-class SlowSteps(EngineObserver):
+class SlowSteps(ForwardingObserver):
     """TEST ONLY ($ATTNSERVE_TEST_STEP_DELAY_MS): every engine step with a batch sleeps `ms` after
     reporting to `inner`, so that a test outside the process finds generations still running."""
 
     def __init__(self, inner: EngineObserver, ms: int):
-        self.inner, self.seconds = inner, ms / 1000.0
+        super().__init__(inner)
+        self.seconds = ms / 1000.0
 
     def on_step(self, batch_size: int, queue_depth: int) -> None:
         self.inner.on_step(batch_size, queue_depth)
         if batch_size:
             time.sleep(self.seconds)
-
-    def on_first_token(self, seconds: float) -> None:
-        self.inner.on_first_token(seconds)
-
-    def on_inter_token(self, seconds: float) -> None:
-        self.inner.on_inter_token(seconds)
-
-    def on_finish(self, reason, seconds: float, completion_tokens: int) -> None:
-        self.inner.on_finish(reason, seconds, completion_tokens)
 
 
 class Server:
