@@ -19,11 +19,12 @@ from attnserve.protos.inference import grpc_service_pb2_grpc as oip_grpc
 
 TIMEOUT = 60
 BUFFER = 8  # --stream-buffer-events
-WRITE_TIMEOUT = 1.0  # --write-timeout, seconds
+WRITE_TIMEOUT = 3.0  # --write-timeout, seconds: past the second a stuck stream's slot is kept
 # A client that stops reading: HTTP/2 flow control then holds the server's writes once the client's
 # window (here about 1 KiB: no BDP probing to grow it) is full of unread messages.
 STALLED = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 LONG_ID = "x" * 100  # echoed in every message: the window fills within a few messages
+STALLED_STEP = 0.02  # seconds per token: a stalled 120-token request outlasts the cap's second by far
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_the_buffer_cap_cancels_a_request_its_caller_does_not_read():
 
     async def fill() -> list:
         generation = GenerationRequest("r", (1, 2), 10)
-        handle = Handle(generation, asyncio.get_running_loop(), max_buffered=3)
+        handle = Handle(generation, asyncio.get_running_loop(), max_buffered=3, patience_s=0)
         for token in range(5):
             handle.put(Delta((token,), "t"))
         handle.put(Final(FinishReason.CANCELLED, "", Usage(2, 5), Timings(0, 0, 0)))
@@ -92,13 +93,36 @@ def test_a_caller_waiting_for_events_is_never_behind_however_many_arrive_at_once
     assert [e.token_ids for e in events] == [(token,) for token in range(8)]
 
 
+def test_a_burst_delivered_while_the_caller_is_just_away_is_kept():
+    """A starved event loop runs many deliveries while the caller's write is pending, moments
+    before it completes: late, not stuck. The cap applies once the caller has been away a second."""
+
+    async def burst_then_stall() -> tuple[list, list]:
+        loop = asyncio.get_running_loop()
+        handle = Handle(GenerationRequest("r", (1, 2), 200), loop, max_buffered=3, patience_s=1.0)
+        for token in range(64):
+            handle.put(Delta((token,), "t"))
+        burst = await handle.next_events()
+        handle.away_since = loop.time() - 1.0  # the caller's next write has been held a second
+        for token in range(5):
+            handle.put(Delta((token,), "t"))
+        return burst, await handle.next_events()
+
+    burst, stalled = asyncio.run(burst_then_stall())
+    assert [e.token_ids for e in burst] == [(token,) for token in range(64)]
+    assert [type(e) for e in stalled] == [Delta, Delta, Delta, SlowReader]
+    assert "3 decoded events waited 1 s" in str(stalled[-1])
+
+
 def test_a_stalled_stream_frees_its_slot_then_ends_after_the_write_timeout(paced):
+    paced.pacer.delay = STALLED_STEP
     cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "GenerateStream")
     with grpc.insecure_channel(paced.target, options=STALLED) as channel:
         stream = pb_grpc.TextGenerationStub(channel).GenerateStream(
             request("The ", max_new_tokens=120, request_id=LONG_ID), timeout=TIMEOUT
         )
-        # Reading nothing: the slot is freed once BUFFER events wait, long before 120 tokens.
+        # Reading nothing: the slot is freed once BUFFER events wait behind a write held for a second,
+        # long before 120 tokens.
         wait_until(lambda: finished(paced, "cancelled") == cancelled + 1, TIMEOUT, "the request to be cancelled")
         assert idle(paced.engine)
         wait_until(lambda: cancelled_calls(paced, "GenerateStream") == calls + 1, TIMEOUT, "the write timeout")
@@ -108,11 +132,12 @@ def test_a_stalled_stream_frees_its_slot_then_ends_after_the_write_timeout(paced
             for message in stream:  # the client wakes up: what was sent, then the status
                 received.append(message)
     assert caught.value.code() == grpc.StatusCode.CANCELLED
-    assert "read nothing for 1 s (--write-timeout)" in caught.value.details()
+    assert f"read nothing for {WRITE_TIMEOUT:g} s (--write-timeout)" in caught.value.details()
     assert 0 < sum(len(m.token_ids) for m in received) < 120
 
 
 def test_a_stalled_protocol_stream_is_cut_the_same_way(paced):
+    paced.pacer.delay = STALLED_STEP
     model = paced.server.info.model_name
     cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "ModelStreamInfer")
     text = oip.ModelInferRequest.InferInputTensor(name="text_input", datatype="BYTES", shape=[1])

@@ -23,16 +23,27 @@ Event = Delta | Final | Exception
 class Handle:
     """The caller's end of a request: await its events; cancel() asks the engine to drop it.
 
-    At most `max_buffered` deltas wait here undelivered while the caller is busy elsewhere (writing
-    to a client that stopped reading): one more and it gets SlowReader in their place, and its
-    request is dropped. While the caller waits in next_events it is not behind, however many
-    deltas arrive before its turn comes (an event loop that was busy delivers several at once)."""
+    The caller is stuck (writing to a client that stopped reading) once it has been away from
+    next_events for `patience_s` seconds with `max_buffered` deltas waiting: the next delta becomes
+    SlowReader, and the request is dropped. Late is not stuck: an event loop starved by a busy machine
+    runs a burst of deliveries while the caller's write is pending, though that write is about to
+    complete (21 deltas 3 ms after the caller left, measured beside two CPU-burning processes; 64 once
+    cut a reading stream in CI), and a caller waiting in next_events is never behind."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, max_buffered: int = 0):
+    PATIENCE_S = 1.0
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        loop: asyncio.AbstractEventLoop,
+        max_buffered: int = 0,
+        patience_s: float = PATIENCE_S,
+    ):
         """`max_buffered`: 0 for no cap."""
         self.request = request
         self.loop = loop
-        self.max_buffered = max_buffered
+        self.max_buffered, self.patience_s = max_buffered, patience_s
+        self.away_since = loop.time()  # when the caller last left next_events
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = False  # set by the caller, read by the engine at the next step
         self.finished = False  # set once the Final (or an error) has been queued
@@ -45,16 +56,19 @@ class Handle:
         """Queue an event from the engine, unless the caller is gone or too far behind."""
         if self.finished:
             return  # after the caller's error, the engine's own end of the request is not news
-        behind = not self.reading and self.events.qsize() >= self.max_buffered
-        if self.max_buffered and isinstance(event, Delta) and behind:
+        if self.max_buffered and isinstance(event, Delta) and self.stuck():
             self.cancel()
             event = SlowReader(
-                f"{self.max_buffered} decoded events waited for a client that is not reading its stream "
-                "(--stream-buffer-events); the request is cancelled"
+                f"{self.max_buffered} decoded events waited {self.patience_s:g} s for a client that is not "
+                "reading its stream (--stream-buffer-events); the request is cancelled"
             )
         self.events.put_nowait(event)
         if isinstance(event, (Final, Exception)):
             self.finished = True
+
+    def stuck(self) -> bool:
+        waiting = self.events.qsize() >= self.max_buffered
+        return not self.reading and waiting and self.loop.time() - self.away_since >= self.patience_s
 
     async def next_events(self, timeout: float | None = None) -> list[Event]:
         """Everything delivered since the last call, in order: at least one event, or [] once
@@ -68,7 +82,7 @@ class Handle:
         except asyncio.TimeoutError:
             return []
         finally:
-            self.reading = False
+            self.reading, self.away_since = False, self.loop.time()
         while not self.events.empty():
             events.append(self.events.get_nowait())
         return events

@@ -122,8 +122,8 @@ class ServerConfig:
     stream_buffer_events: int = field(
         default=64,
         metadata=flag(
-            "decoded events a stream may leave unwritten (its client not reading) before its request is "
-            "cancelled, freeing its batch slot"
+            "decoded events a stream may leave unwritten (its client having read nothing for a second) before "
+            "its request is cancelled, freeing its batch slot"
         ),
     )
     write_timeout: float = field(
