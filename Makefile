@@ -62,15 +62,15 @@ $(KV_MODEL)/attnserve.json: $(KV_RUN)/checkpoint.pt
 	$(VENV)/bin/attnserve export $(KV_RUN)/checkpoint.pt --out $(KV_MODEL)-concat --kv-cache concat
 kv-bench: $(STAMP) $(GENAI_STAMP) $(KV_MODEL)/attnserve.json
 	mkdir -p reports
-	$(PY) -m attnserve.server.kv_benchmark --model $(KV_MODEL) --concat-model $(KV_MODEL)-concat \
+	$(PY) -m benchmarks.kv --model $(KV_MODEL) --concat-model $(KV_MODEL)-concat \
 		--new-tokens 256,512 --concurrency 1,4,16,64 --repeats 3 --out reports/kv.json --plot reports/kv.png
 
 bench: $(STAMP) kv-bench
 	mkdir -p reports
-	$(PY) -m attnserve.export.benchmark --tokens 64,128,256,512 --repeats 3 \
+	$(PY) -m benchmarks.decode --tokens 64,128,256,512 --repeats 3 \
 		--out reports/decode.json --plot reports/decode.png
 	@if [ -f $(BENCH_MODEL)/attnserve.json ]; then \
-		$(PY) -m attnserve.server.serving_benchmark --model $(BENCH_MODEL) --concurrency 1,2,4,8,16 \
+		$(PY) -m benchmarks.serving --model $(BENCH_MODEL) --concurrency 1,2,4,8,16 \
 			--new-tokens 96 --repeats 3 --out reports/serving.json --plot reports/serving.png; \
 	else echo "make bench: no $(BENCH_MODEL); run make demo first for the serving benchmark"; fi
 
@@ -79,10 +79,10 @@ bench: $(STAMP) kv-bench
 # 2048-id BPE models served side by side through attnserve bench (bytes/s). The README's tables.
 tokenizer-table: $(STAMP)
 	mkdir -p reports
-	$(PY) scripts/tokenizer_table.py --runs runs/tokenizers --out reports/tokenizers.json --plot reports/tokenizers.png
+	$(PY) benchmarks/tokenizer_table.py --runs runs/tokenizers --out reports/tokenizers.json --plot reports/tokenizers.png
 	$(VENV)/bin/attnserve export runs/tokenizers/bytes/checkpoint.pt --out models/tok-bytes
 	$(VENV)/bin/attnserve export runs/tokenizers/bpe-2048/checkpoint.pt --out models/tok-bpe
-	$(PY) scripts/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
+	$(PY) benchmarks/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
 		--out reports/tokenizer-serving.json --plot reports/tokenizer-serving.png
 
 # make genai-check MODEL=models/small: the same model directory, decoded by onnxruntime-genai
@@ -101,14 +101,14 @@ protos: $(STAMP)
 SOAK_ARGS ?=
 soak: $(STAMP)
 	mkdir -p reports
-	$(PY) -m attnserve.loadtest.soak --model $(BENCH_MODEL) --duration 600 --streams 64 $(SOAK_ARGS) \
+	$(PY) -m benchmarks.loadtest.soak --model $(BENCH_MODEL) --duration 600 --streams 64 $(SOAK_ARGS) \
 		--out reports/soak.json --plot reports/soak.png
 
 # Open-loop arrivals at 4x the server's capacity: queue bound, refusal latency, accepted TTFT against
 # its bound, health latency; exit 1 if a check fails. `make test` runs a 6-second version.
 overload: $(STAMP)
 	mkdir -p reports
-	$(PY) -m attnserve.loadtest.overload --model $(BENCH_MODEL) --factor 4 --duration 30 \
+	$(PY) -m benchmarks.loadtest.overload --model $(BENCH_MODEL) --factor 4 --duration 30 \
 		--out reports/overload.json --plot reports/overload.png
 
 clean:

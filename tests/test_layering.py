@@ -19,8 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NO_GRPC = {"grpc", "google.protobuf", "attnserve.protos", "attnserve.server", "attnserve.clients"}
 FORBIDDEN = {
     "ray_serve": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
-    # load tests drive a server process from outside: gRPC, /metrics, /proc (and the leak switch's name)
-    "loadtest": {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export"},
     "tokenizer": {
         "torch",
         "numpy",
@@ -74,9 +72,11 @@ FORBIDDEN = {
 }
 # export's modules that a host without torch may import
 TORCH_FREE_EXPORT_MODULES = ["genai.py"]
+# load drivers run a server process from outside: gRPC, /metrics, /proc (and the leak switch's name)
+LOAD_DRIVERS_NEVER = {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export"}
 
 
-def imported_modules(path: Path, package: str) -> set[str]:
+def imported_modules(path: Path) -> set[str]:
     """Absolute names of everything a file imports (relative imports resolved)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -84,7 +84,7 @@ def imported_modules(path: Path, package: str) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                parts = ["attnserve", package, *path.relative_to(ROOT / "attnserve" / package).parent.parts]
+                parts = path.relative_to(ROOT).parent.parts
                 base = ".".join(parts[: len(parts) - node.level + 1])
                 names.add(f"{base}.{node.module}" if node.module else base)
             else:
@@ -96,20 +96,35 @@ def violates(name: str, forbidden: set[str]) -> bool:
     return any(name == f or name.startswith(f + ".") for f in forbidden)
 
 
+def offences(folder: Path, forbidden: set[str]) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(folder.rglob("*.py"))
+        for name in sorted(imported_modules(path))
+        if violates(name, forbidden)
+    ]
+
+
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_imports_follow_the_flow(package):
-    problems = []
-    for path in sorted((ROOT / "attnserve" / package).rglob("*.py")):
-        for name in imported_modules(path, package):
-            if violates(name, FORBIDDEN[package]):
-                problems.append(f"{path.relative_to(ROOT)} imports {name}")
+    problems = offences(ROOT / "attnserve" / package, FORBIDDEN[package])
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("module", TORCH_FREE_EXPORT_MODULES)
 def test_export_torch_free_modules_stay_so(module):
-    names = imported_modules(ROOT / "attnserve" / "export" / module, "export")
+    names = imported_modules(ROOT / "attnserve" / "export" / module)
     assert not any(violates(n, {"torch", "onnx", "attnserve.model"}) for n in names), names
+
+
+def test_the_package_never_imports_the_benchmarks():
+    """benchmarks/ measures attnserve from outside and is left out of the wheel."""
+    assert not offences(ROOT / "attnserve", {"benchmarks"})
+
+
+def test_load_drivers_are_clients_of_a_server_process():
+    problems = offences(ROOT / "benchmarks" / "loadtest", LOAD_DRIVERS_NEVER)
+    assert not problems, "\n".join(problems)
 
 
 def assert_runs(code: str) -> None:

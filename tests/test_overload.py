@@ -7,12 +7,14 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
 STREAM_LIMIT = 8
+ROOT = Path(__file__).resolve().parents[1]  # benchmarks/ is run from the checkout's root
 
 
 @pytest.mark.slow
@@ -21,12 +23,11 @@ def test_four_times_capacity(tiny_model_dir, tmp_path):
     with 32-token ones it was 1,600 calls/s, more than the front end can refuse beside the engine on
     a busy 2-core machine (README, Overload): the test then measured that ceiling, not the queue."""
     out = tmp_path / "overload.json"
-    command = [sys.executable, "-m", "attnserve.loadtest.overload", "--model", str(tiny_model_dir)]
+    command = [sys.executable, "-m", "benchmarks.loadtest.overload", "--model", str(tiny_model_dir)]
     command += ["--factor", "4", "--duration", "6", "--capacity-seconds", "3", "--max-new-tokens", "96"]
     command += ["--serve-arg=--max-batch=4", "--serve-arg=--max-queue=8", "--serve-arg=--threads=1"]
-    done = subprocess.run(
-        [*command, "--out", str(out), "--plot", str(tmp_path / "o.png")], capture_output=True, text=True, timeout=240
-    )
+    command += ["--out", str(out), "--plot", str(tmp_path / "o.png")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.exists(), done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["checks"] == {

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from attnserve.runtime.kv_cache import KVCache
+from benchmarks.concat_cache import KVCache
 
 H, D = 2, 4
 

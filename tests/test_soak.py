@@ -7,16 +7,18 @@ must fail on RSS growth, so the check can fail."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]  # benchmarks/ is run from the checkout's root
 SHORT = ["--streams", "16", "--workers", "2", "--kill-every", "4", "--max-new-tokens", "32"]
 
 
 def soak(model_dir, tmp_path, *extra: str) -> tuple[int, dict]:
     out = tmp_path / "soak.json"
-    command = [sys.executable, "-m", "attnserve.loadtest.soak", "--model", str(model_dir), *SHORT, *extra]
-    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=240)
+    command = [sys.executable, "-m", "benchmarks.loadtest.soak", "--model", str(model_dir), *SHORT, *extra]
+    done = subprocess.run([*command, "--out", str(out)], capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert out.exists(), done.stderr[-3000:]
     return done.returncode, json.loads(out.read_text())
 

@@ -3,7 +3,7 @@ layouts or devices.
 
 The engine holds request keys, token ids and logits, and sees a model only through the seam in
 slot_runner.py: a ModelSpec and a SlotRunner, which holds every tensor (arena_runner.py serves;
-the KV benchmark also drives concat_runner.py; tests/test_engine.py a fake). Decoder-only and
+benchmarks/kv.py also drives benchmarks/concat_runner.py; tests/test_engine.py a fake). Decoder-only and
 encoder-decoder models run the same loop (an encoder-decoder's prompt is its source; its decoder
 starts from BOS).
 

@@ -6,7 +6,7 @@ contract.py (the manifest and I/O names export writes and everyone reads) -> ort
 arena_decoder.py (prefill and decode over it) -> model_runner.py (a directory's sessions) ->
 arena_runner.py (request keys in the arena's slots: the engine's SlotRunner; runners.py sizes and
 opens it). ort_decoder.py is the simplest correct greedy loop, which export's parity gate and the
-benchmarks drive; concat_runner.py and kv_cache.py are the engine the arena replaced, kept as the
-KV benchmark's baseline. Knows nothing of scheduling, sampling or gRPC; imports only the engine's
-seam (engine/slot_runner.py's ModelSpec).
+benchmarks drive (benchmarks/concat_runner.py, outside the package, keeps the engine the arena
+replaced as the KV benchmark's baseline). Knows nothing of scheduling, sampling or gRPC; imports
+only the engine's seam (engine/slot_runner.py's ModelSpec).
 """

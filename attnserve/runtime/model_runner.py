@@ -4,7 +4,7 @@ Reads the directory through the torch-free export contract (names, dims, sha256 
 opens the decoder graph (and an encoder-decoder's encoder) on the provider asked for. The arena
 runner (arena_runner.py) drives these sessions through runtime/arena_decoder.py. `prefill` and
 `run` are the concat layout's forward pass, (input_ids, attention_mask, position_ids, past) ->
-(logits, present), used only by concat_runner.py, the KV benchmark's baseline; on CUDA they use
+(logits, present), used only by benchmarks/concat_runner.py, the KV benchmark's baseline; on CUDA they use
 IO binding so that present stays on the device. Knows nothing of batching, sampling or gRPC.
 """
 

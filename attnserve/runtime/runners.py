@@ -1,7 +1,7 @@
 """The slot runner that serves a model directory: its in-place KV arena, sized at start-up.
 
 attnserve serve runs arena directories only; a directory exported with the concat cache is
-refused with the command that re-exports it (concat_runner.py keeps that engine as the KV
+refused with the command that re-exports it (benchmarks/concat_runner.py keeps that engine as the KV
 benchmark's baseline).
 """
 

@@ -4,6 +4,6 @@ Reading order, outside in: app.py (start-up, health, drain) -> interceptors.py (
 auth) -> servicer.py (attnserve.v1: protobuf <-> domain) and oip_servicer.py (the Open
 Inference Protocol) -> validation.py -> the engine (attnserve/engine/) over the runtime's arena
 runner (attnserve/runtime/). stream_pacing.py and slow_readers.py pace and guard the streams;
-config.py, health.py and metrics.py are the process's. kv_benchmark.py and serving_benchmark.py
-measure it. A serving host needs no torch: nothing here imports it.
+config.py, health.py and metrics.py are the process's. benchmarks/serving.py and benchmarks/kv.py
+(outside the package) measure it. A serving host needs no torch: nothing here imports it.
 """

@@ -1,7 +1,7 @@
 """Quick mode of the decode benchmark: the comparisons that matter, in one process, with wide
 sanity margins only (ratios, never wall-clock limits). `make bench` runs the full mode."""
 
-from attnserve.export.benchmark import print_table, run
+from benchmarks.decode import print_table, run
 
 
 def test_kv_cache_and_onnx_runtime_pay_off():

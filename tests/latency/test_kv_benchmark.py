@@ -7,7 +7,7 @@ mode on a 1024-token model)."""
 import json
 from pathlib import Path
 
-from attnserve.server.kv_benchmark import GENAI_PYTHON, main
+from benchmarks.kv import GENAI_PYTHON, main
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -4,7 +4,7 @@ margins on ratios only, never wall-clock limits; `make bench` runs the full mode
 
 import asyncio
 
-from attnserve.server.serving_benchmark import print_table, run
+from benchmarks.serving import print_table, run
 
 
 def test_batching_pays_off_and_grpc_streaming_costs_little_per_token(tiny_model_dir):

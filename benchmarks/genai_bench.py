@@ -5,7 +5,7 @@ Runs in .venv-genai (onnxruntime-genai brings its own onnxruntime). Decodes the 
 max_length, so EOS does not end a row early), and times it after loading the model and one
 warm-up. Prints one JSON object: tokens, seconds, tokens_per_s, and the tokens themselves.
 
-    .venv-genai/bin/python scripts/genai_bench.py models/NAME --prompts '[[256, 84, ...], ...]' --new-tokens 256
+    .venv-genai/bin/python benchmarks/genai_bench.py models/NAME --prompts '[[256, 84, ...], ...]' --new-tokens 256
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Every prompt is 16 tokens (BOS and 15 bytes), so no side pads. Sides alternate w
 medians over --repeats are reported with their min and max, and the load average before and
 after says whether the machine was busy. Prints a table, then one JSON object last. Torch-free.
 
-    python -m attnserve.server.kv_benchmark --model models/small-1k --concat-model models/small-1k-concat
+    python -m benchmarks.kv --model models/small-1k --concat-model models/small-1k-concat
         [--new-tokens 256,512] [--concurrency 1,4,16,64] [--repeats 3] [--out F.json] [--plot F.png]
 """
 
@@ -33,21 +33,21 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.engine import Engine, EngineLimits
-from ..runtime.concat_runner import ConcatRunner
-from ..runtime.model_runner import ModelRunner, default_threads
-from ..runtime.ort_decoder import OrtDecoder
-from .app import Server
-from .config import ServerConfig
-from .serving_benchmark import engine_stream, progress, report
+from attnserve.engine.engine import Engine, EngineLimits
+from attnserve.runtime.model_runner import ModelRunner, default_threads
+from attnserve.runtime.ort_decoder import OrtDecoder
+from attnserve.server.app import Server
+from attnserve.server.config import ServerConfig
+from benchmarks.concat_runner import ConcatRunner
+from benchmarks.serving import engine_stream, progress, report
 
 PASSAGE = (
     "The Python documentation describes the language, its standard library and the tools around it. "
     "Each module has a page of its own, with the functions, classes and constants it defines. "
 ) * 4
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: attnserve/server/kv_benchmark.py
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/kv.py
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"  # make test and make kv-bench build it
-GENAI_SCRIPT = ROOT / "scripts" / "genai_bench.py"
+GENAI_SCRIPT = ROOT / "benchmarks" / "genai_bench.py"
 GOALS = {"arena_16_vs_1_grpc_min": 5.0, "arena_16_vs_genai_16_min": 1.5, "arena_1_vs_genai_1_min": 2.0}
 
 

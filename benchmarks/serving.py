@@ -15,7 +15,7 @@ Leaves out: sampling (greedy only), TLS and auth, throughput through gRPC under 
 open-loop arrivals (`attnserve bench` drives any running server for those). Torch-free.
 Warms up, then takes medians over --repeats; prints a table, then one JSON object last.
 
-    python -m attnserve.server.serving_benchmark --model models/small [--concurrency 1,16]
+    python -m benchmarks.serving --model models/small [--concurrency 1,16]
         [--new-tokens 96] [--repeats 3] [--out reports/serving.json] [--plot reports/serving.png]
 """
 
@@ -32,14 +32,14 @@ from pathlib import Path
 
 import grpc
 
-from ..engine.domain import Final, GenerationRequest
-from ..engine.engine import Engine
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from ..runtime.contract import ModelDirError
-from ..runtime.model_runner import ProviderError
-from .app import Server, StartupError
-from .config import ServerConfig
+from attnserve.engine.domain import Final, GenerationRequest
+from attnserve.engine.engine import Engine
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.runtime.contract import ModelDirError
+from attnserve.runtime.model_runner import ProviderError
+from attnserve.server.app import Server, StartupError
+from attnserve.server.config import ServerConfig
 
 # Prompts of 10 to 22 tokens (BOS included): a batch's prefill pads them to one length.
 PROMPTS = [

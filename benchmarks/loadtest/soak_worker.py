@@ -1,6 +1,6 @@
 """One soak client process: K streams, each a loop of requests that behave well or badly.
 
-Run by soak.py (`python -m attnserve.loadtest.soak_worker`), which may SIGKILL it mid-stream.
+Run by soak.py (`python -m benchmarks.loadtest.soak_worker`), which may SIGKILL it mid-stream.
 Every request picks a behavior by weight; each behavior has the status codes it may end with, and
 anything else is unexpected. One JSON line per finished request goes to stdout. grpcio and the
 generated protos only.
@@ -17,8 +17,8 @@ import time
 
 import grpc
 
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 OK, CANCELLED, DEADLINE = "OK", "CANCELLED", "DEADLINE_EXCEEDED"
 # behavior -> (weight, the codes it may end with)

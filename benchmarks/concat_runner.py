@@ -3,16 +3,16 @@ logits-out interface as ArenaRunner over a concat directory (`attnserve export -
 and the left-padded KVCache.
 
 Each decode step feeds the whole cache as past and takes present back; a membership change
-rebuilds it through the host (kv_cache.py). attnserve serve does not run it.
+rebuilds it through the host (concat_cache.py). attnserve serve does not run it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .kv_cache import KVCache
-from .model_runner import ModelRunner
-from .ort_session import left_pad
+from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.ort_session import left_pad
+from benchmarks.concat_cache import KVCache
 
 
 class ConcatRunner:

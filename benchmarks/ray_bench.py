@@ -5,7 +5,7 @@ drives them in alternating rounds (the side that goes first swaps each round), a
 interval: one stream's time per output token and time to first token, and 16 streams' output
 tokens/s. Writes JSON (raw rounds, medians, spread, the command) and a PNG; prints the JSON last.
 
-    .venv/bin/python scripts/ray_bench.py --model models/small --rounds 3 --intervals 1,4,8,16 \\
+    .venv/bin/python benchmarks/ray_bench.py --model models/small --rounds 3 --intervals 1,4,8,16 \\
         --out reports/ray.json --plot reports/ray.png
 """
 
@@ -170,7 +170,7 @@ def main() -> int:
         targets = {"direct": f"127.0.0.1:{direct_port}", "ray": f"127.0.0.1:{ray_port}"}
         ray_idle = idle_cores(procs[1].pid)
         load_before = os.getloadavg()
-        rounds = []
+        rounds: list[dict[str, dict]] = []
         for r in range(a.rounds):
             order = SIDES if r % 2 == 0 else SIDES[::-1]
             rounds.append({side: {} for side in SIDES})

@@ -24,12 +24,12 @@ from typing import Any
 
 import grpc
 
-from ..clients.bench_report import distribution_ms, percentile
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from ..protos.health.v1 import health_pb2, health_pb2_grpc
-from .overload_report import write_plot
-from .server_process import ServerProcess
+from attnserve.clients.bench_report import distribution_ms, percentile
+from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
+from benchmarks.loadtest.overload_report import write_plot
+from benchmarks.loadtest.server_process import ServerProcess
 
 EXPECTED = ("OK", "RESOURCE_EXHAUSTED")
 TIMEOUT = 120.0

@@ -6,7 +6,7 @@ Starts `attnserve serve` twice (ports 0, each with the default configuration), r
 bench` in a process of its own against one, then the other, --rounds times, and reports medians
 with their range and the BPE / bytes ratios. Writes JSON and a PNG; prints a Markdown table.
 
-    python scripts/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
+    python benchmarks/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
         --out reports/tokenizer-serving.json --plot reports/tokenizer-serving.png
 """
 
@@ -31,6 +31,7 @@ def start(model: str) -> tuple[subprocess.Popen, int]:
         stderr=subprocess.DEVNULL,
         text=True,
     )
+    assert proc.stdout is not None
     for line in proc.stdout:
         found = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
         if found:
@@ -107,12 +108,12 @@ def main() -> int:
     plot(result, args.plot)
     print("| in flight | bytes: tok/s | bytes: B/s | BPE: tok/s | BPE: B/s | BPE / bytes, B/s |")
     print("|---:|---:|---:|---:|---:|---:|")
-    for c, row in result["levels"].items():
+    for level, row in result["levels"].items():
         cell = lambda side, key, row=row: (
             f"{row[side][key]['median']:,.0f} [{row[side][key]['min']:,.0f}-{row[side][key]['max']:,.0f}]"
         )
         print(
-            f"| {c} | {cell('bytes', 'output_tokens_per_s')} | {cell('bytes', 'output_bytes_per_s')} | "
+            f"| {level} | {cell('bytes', 'output_tokens_per_s')} | {cell('bytes', 'output_bytes_per_s')} | "
             f"{cell('bpe', 'output_tokens_per_s')} | {cell('bpe', 'output_bytes_per_s')} | "
             f"**{row['bpe_vs_bytes']['output_bytes_per_s']:.2f}x** |"
         )

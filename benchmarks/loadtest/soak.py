@@ -29,9 +29,9 @@ import time
 from array import array
 from typing import Any
 
-from ..server.config import TEST_LEAK_VARIABLE
-from .server_process import ServerProcess, by_label
-from .soak_report import summarize, write_plot
+from attnserve.server.config import TEST_LEAK_VARIABLE
+from benchmarks.loadtest.server_process import ServerProcess, by_label
+from benchmarks.loadtest.soak_report import summarize, write_plot
 
 
 class Workers:
@@ -47,7 +47,7 @@ class Workers:
         self.lock = threading.Lock()
 
     def spawn(self, streams: int) -> subprocess.Popen:
-        command = [sys.executable, "-m", "attnserve.loadtest.soak_worker", "--target", self.target]
+        command = [sys.executable, "-m", "benchmarks.loadtest.soak_worker", "--target", self.target]
         command += ["--streams", str(streams), "--seed", str(self.args.seed * 100 + self.started)]
         command += ["--max-new-tokens", str(self.args.max_new_tokens), "--until", str(self.until)]
         self.started += 1

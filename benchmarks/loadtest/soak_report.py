@@ -9,8 +9,8 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from ..clients.bench_report import distribution_ms
-from .soak_worker import expected
+from attnserve.clients.bench_report import distribution_ms
+from benchmarks.loadtest.soak_worker import expected
 
 MB = 2**20
 WINDOW = 10  # RSS samples whose median is one end of the growth

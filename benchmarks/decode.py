@@ -6,7 +6,7 @@
 Greedy generation from a 16-token prompt. Warms up first, then takes the median of --repeats
 runs; prints a table, then one JSON object last.
 
-    .venv/bin/python -m attnserve.export.benchmark [--checkpoint runs/small/checkpoint.pt] [--tokens 256,512]
+    .venv/bin/python -m benchmarks.decode [--checkpoint runs/small/checkpoint.pt] [--tokens 256,512]
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-from ..model.checkpoint import build_model, load_checkpoint, save_checkpoint
-from ..model.config import preset
-from ..runtime.ort_decoder import OrtDecoder
-from .onnx_export import export_checkpoint
+from attnserve.export.onnx_export import export_checkpoint
+from attnserve.model.checkpoint import build_model, load_checkpoint, save_checkpoint
+from attnserve.model.config import preset
+from attnserve.runtime.ort_decoder import OrtDecoder
 
 
 @torch.no_grad()

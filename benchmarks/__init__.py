@@ -1,0 +1,16 @@
+"""Benchmarks and load drivers: they measure attnserve and are not part of it (the wheel leaves
+them out; nothing under attnserve/ imports them). Run from the checkout's root, in its venv:
+
+    python -m benchmarks.decode     ONNX Runtime vs PyTorch decode speed (make bench)
+    python -m benchmarks.serving    the engine in-process vs through gRPC, by concurrency (make bench)
+    python -m benchmarks.kv         arena vs concat vs onnxruntime-genai on one directory (make kv-bench)
+    python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)
+    python -m benchmarks.loadtest.overload  open-loop arrivals above capacity (make overload)
+    python benchmarks/ray_bench.py          Ray Serve vs attnserve serve
+    python benchmarks/tokenizer_table.py    bytes vs BPE, trained for the same budget (make tokenizer-table)
+    python benchmarks/tokenizer_serving.py  the two tokenizers' models served side by side
+
+concat_runner.py and concat_cache.py are the engine the KV arena replaced, kept as kv's baseline;
+genai_bench.py is onnxruntime-genai's side, run in .venv-genai. `attnserve bench` is the user's
+tool and stays in the package (attnserve/clients/bench.py).
+"""
