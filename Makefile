@@ -93,7 +93,7 @@ demo: $(STAMP)
 	bash scripts/demo.sh
 
 protos: $(STAMP)
-	$(PY) attnserve/protos/generate.py
+	$(PY) protos/generate.py
 
 # Many streams for a long time with misbehaving clients (cancels, expiring deadlines, SIGKILLed
 # clients, malformed requests): statuses, RSS over time, latencies; exit 1 if a check fails.

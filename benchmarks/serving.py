@@ -34,12 +34,12 @@ import grpc
 
 from attnserve.engine.domain import Final, GenerationRequest
 from attnserve.engine.engine import Engine
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from attnserve.runtime.contract import ModelDirError
 from attnserve.runtime.model_runner import ProviderError
 from attnserve.server.app import Server, StartupError
 from attnserve.server.config import ServerConfig
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 # Prompts of 10 to 22 tokens (BOS included): a batch's prefill pads them to one length.
 PROMPTS = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 
-from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.health.v1 import health_pb2, health_pb2_grpc
 
 
 def build_parser() -> argparse.ArgumentParser:

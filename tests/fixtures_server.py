@@ -22,10 +22,10 @@ import grpc
 import pytest
 
 from attnserve.engine.engine import EngineObserver, ForwardingObserver
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from attnserve.server.app import Server
 from attnserve.server.config import ServerConfig
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_WAIT_S = 30.0  # the longest a paced engine step waits for a test (then it goes on, and the test fails)

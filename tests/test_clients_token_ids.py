@@ -7,7 +7,7 @@ import pytest
 
 from attnserve.clients import AsyncClient, Client, InvalidArgument
 from attnserve.clients.types import build_request
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2 as pb
 
 PROMPT = "def parse_args("
 

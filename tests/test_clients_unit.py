@@ -21,7 +21,7 @@ from attnserve.clients.types import (
     build_request,
     finish_reason_name,
 )
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2 as pb
 
 
 class StatusError(grpc.RpcError):

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_server_malformed import METHODS, call
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.inference import grpc_service_pb2 as oip
-from attnserve.protos.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.inference import grpc_service_pb2 as oip
+from attnserve.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.v1 import generation_pb2 as pb
 
 # A numeric warning in the engine (overflow, NaN) becomes an error there, so the request ends INTERNAL
 # and the case fails: a garbage token must not pass as an answer.

@@ -47,9 +47,9 @@ def test_onnxruntime_genai_tokenizes_and_generates_text_like_attnserve(tiny_bpe_
     text-out greedy decode equals the text the server sends."""
     from fixtures_server import start_server
 
-    from attnserve.protos.attnserve.v1 import generation_pb2 as pb
     from attnserve.runtime.contract import read_manifest
     from attnserve.tokenizer import from_model_dir
+    from attnserve.v1 import generation_pb2 as pb
 
     ours = from_model_dir(tiny_bpe_model_dir, read_manifest(tiny_bpe_model_dir).tokenizer)
     proc = subprocess.run(

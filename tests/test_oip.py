@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
-from attnserve.protos.inference import grpc_service_pb2 as oip
-from attnserve.protos.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.inference import grpc_service_pb2 as oip
+from attnserve.inference import grpc_service_pb2_grpc as oip_grpc
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is a dev dependency")
 from tritonclient.utils import InferenceServerException  # noqa: E402

@@ -24,12 +24,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.health.v1 import health_pb2, health_pb2_grpc
 from attnserve.ray_serve.config import RayServeConfig
 from attnserve.ray_serve.context import REPLICA_HEADER
 from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 try:
     import ray  # noqa: F401

@@ -16,9 +16,9 @@ import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
 from attnserve.model.generate import generate
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.runtime.arena import Device
 from attnserve.tokenizer.utf8 import encode
+from attnserve.v1 import generation_pb2 as pb
 
 TIMEOUT = 60
 PROMPTS = [

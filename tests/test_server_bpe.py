@@ -6,9 +6,9 @@ import pytest
 from fixtures_server import idle, start_server, wait_until
 
 from attnserve.model.generate import generate
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.tokenizer import from_model_dir
 from attnserve.tokenizer.bpe import BpeTokenizer
+from attnserve.v1 import generation_pb2 as pb
 
 TIMEOUT = 30
 PROMPTS = ["The return statement", "def f(x):\n    return", "Καλημέρα κόσμε", "日本語 😀"]

@@ -8,7 +8,7 @@ import pytest
 from fixtures_server import idle, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2 as pb
 
 TIMEOUT = 30
 NAN, INF = float("nan"), float("inf")

@@ -9,8 +9,8 @@ from fixtures_server import idle, request
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.model.generate import generate
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.tokenizer.utf8 import encode
+from attnserve.v1 import generation_pb2 as pb
 
 PROMPTS = [
     "The server",

@@ -15,8 +15,8 @@ import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 TIMEOUT = 30
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -153,7 +153,7 @@ except SystemExit:
     pass
 from attnserve.server.app import Server
 from attnserve.server.config import ServerConfig
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2 as pb
 
 async def run():
     server = Server(ServerConfig(model=sys.argv[1], port=0, provider="cpu", threads=1))

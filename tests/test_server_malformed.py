@@ -6,7 +6,7 @@ import grpc
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 TIMEOUT = 10
 IDENTITY = {"request_serializer": None, "response_deserializer": None}

@@ -9,7 +9,7 @@ from fixtures_server import idle, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 TIMEOUT = 30
 

@@ -11,8 +11,8 @@ from test_server_security import cuda_available
 
 from attnserve.clients import Client
 from attnserve.model.generate import generate_seq2seq
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
 from attnserve.tokenizer.utf8 import encode
+from attnserve.v1 import generation_pb2 as pb
 
 SOURCES = ["4021", "7", "1000000", "98765", "12", "300", "5555555", "86"]
 TIMEOUT = 30

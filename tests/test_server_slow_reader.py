@@ -13,9 +13,9 @@ from fixtures_server import idle, request, start_server, wait_until
 
 from attnserve.engine.domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
 from attnserve.engine.sequence import Handle
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from attnserve.protos.inference import grpc_service_pb2 as oip
-from attnserve.protos.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.inference import grpc_service_pb2 as oip
+from attnserve.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 TIMEOUT = 60
 BUFFER = 8  # --stream-buffer-events

@@ -110,7 +110,7 @@ def test_bad_intervals_are_invalid_argument_naming_the_field(stub, fields, messa
 
 
 def test_server_default_interval_applies_and_is_reported(tiny_model_dir):
-    from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+    from attnserve.v1 import generation_pb2 as pb
 
     running = start_server(tiny_model_dir, stream_interval_tokens=5, warmup=False)
     running.pacer.lockstep = True  # a step at a time, so that every step is a message without an interval

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.health.v1 import health_pb2
+from attnserve.health.v1 import health_pb2
+from attnserve.v1 import generation_pb2 as pb
 
 from .channel import ChannelConfig
 from .client import ClientBase

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1.generation_pb2_grpc import TextGenerationStub
-from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1.generation_pb2_grpc import TextGenerationStub
 
 from .channel import DEFAULT_TARGET, ChannelConfig, TlsConfig
 from .errors import Unknown, from_rpc_error, typed_errors

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2 as pb
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

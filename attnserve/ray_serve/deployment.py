@@ -23,13 +23,12 @@ from ray import serve
 
 from ..engine.domain import QueueFull
 from ..engine.engine import EngineObserver, ForwardingObserver
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.health.v1 import health_pb2
+from ..health.v1 import health_pb2
 from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
 from ..server.health import SERVING
 from ..server.servicer import TextGenerationServicer
-from . import protos  # noqa: F401  (makes the messages picklable in the replica too)
+from ..v1 import generation_pb2 as pb
 from .context import RayContext
 
 log = logging.getLogger("ray.serve")  # the logger Ray writes to each replica's log file

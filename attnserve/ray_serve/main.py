@@ -21,10 +21,12 @@ from pathlib import Path
 from .config import RayServeConfig
 
 PROG = "attnserve ray-serve"
-# Ray's proxy builds its gRPC services with these, imported by name in its own process (protos.py).
+# Ray's proxy builds its gRPC services with these, imported by name in its own process. It pickles
+# each request to hand it to a replica: the generated classes live in the modules whose names protoc
+# records in them (protos/generate.py), so pickle finds them by name.
 SERVICER_FUNCTIONS = [
-    "attnserve.ray_serve.protos.add_TextGenerationServicer_to_server",
-    "attnserve.ray_serve.protos.add_HealthServicer_to_server",
+    "attnserve.v1.generation_pb2_grpc.add_TextGenerationServicer_to_server",
+    "attnserve.health.v1.health_pb2_grpc.add_HealthServicer_to_server",
 ]
 DEPLOYMENT_NAME = "TextGeneration"
 

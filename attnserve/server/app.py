@@ -22,14 +22,14 @@ from google.protobuf.runtime_version import VersionError
 
 from ..engine.domain import Final, GenerationRequest, StreamInterval
 from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from ..protos.health.v1 import health_pb2_grpc
-from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
+from ..health.v1 import health_pb2_grpc
+from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import ModelRunner, ProviderError
 from ..runtime.runners import arena_capacity, open_slot_runner
 from ..tokenizer import TokenizerError, from_model_dir
+from ..v1 import generation_pb2 as pb
+from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE

@@ -1,6 +1,6 @@
 """grpc.health.v1 for the server: Check and Watch over a status per service name.
 
-Our own, on our generated code for the protocol (attnserve/protos/health), so that a serving
+Our own, on our generated code for the protocol (attnserve/health), so that a serving
 host does not need grpcio-health-checking, whose generated code works on one protobuf major
 version only. It behaves as that package's asyncio servicer does: Check answers NOT_FOUND for a
 service never set; Watch sends the current status (SERVICE_UNKNOWN for an unknown service) and
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from ..protos.health.v1 import health_pb2, health_pb2_grpc
+from ..health.v1 import health_pb2, health_pb2_grpc
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

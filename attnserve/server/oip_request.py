@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.domain import InvalidRequest
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.inference import grpc_service_pb2 as oip
+from ..inference import grpc_service_pb2 as oip
+from ..v1 import generation_pb2 as pb
 from .oip_tensors import BOOL, BYTES, UINT32, TensorSpec, parameter_value, read_inputs
 
 TEXT_INPUT, STREAM, SAMPLING = "text_input", "stream", "sampling_parameters"

@@ -27,10 +27,10 @@ from ..engine.domain import (
     UnknownModel,
 )
 from ..engine.engine import Engine
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.inference import grpc_service_pb2 as oip
-from ..protos.inference import grpc_service_pb2_grpc as oip_grpc
+from ..inference import grpc_service_pb2 as oip
+from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..tokenizer import Tokenizer
+from ..v1 import generation_pb2 as pb
 from .interceptors import ERROR_CODES
 from .oip_request import (
     FINISH_REASON,

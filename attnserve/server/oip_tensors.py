@@ -16,7 +16,7 @@ from math import prod
 from typing import Any
 
 from ..engine.domain import InvalidRequest
-from ..protos.inference import grpc_service_pb2 as oip
+from ..inference import grpc_service_pb2 as oip
 
 BYTES, BOOL, UINT32 = "BYTES", "BOOL", "UINT32"
 _LENGTH = struct.Struct("<I")

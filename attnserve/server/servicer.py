@@ -16,10 +16,10 @@ import grpc
 
 from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
 from ..engine.engine import Engine
-from ..protos.attnserve.v1 import generation_pb2 as pb
-from ..protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
 from ..runtime.model_runner import ModelRunner
 from ..tokenizer import Tokenizer
+from ..v1 import generation_pb2 as pb
+from ..v1 import generation_pb2_grpc as pb_grpc
 from .stream_pacing import StreamPacer
 from .validation import RequestLimits, check_stream_interval, validate
 

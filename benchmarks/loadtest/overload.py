@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 
 from attnserve.clients.bench_report import distribution_ms, percentile
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
-from attnserve.protos.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 from benchmarks.loadtest.overload_report import write_plot
 from benchmarks.loadtest.server_process import ServerProcess
 

@@ -17,8 +17,8 @@ import time
 
 import grpc
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as pb
-from attnserve.protos.attnserve.v1 import generation_pb2_grpc as pb_grpc
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 OK, CANCELLED, DEADLINE = "OK", "CANCELLED", "DEADLINE_EXCEEDED"
 # behavior -> (weight, the codes it may end with)

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from attnserve.protos.inference import grpc_service_pb2 as inference_dot_grpc__service__pb2
+from attnserve.inference import grpc_service_pb2 as attnserve_dot_inference_dot_grpc__service__pb2
 
 GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in inference/grpc_service_pb2_grpc.py depends on'
+        + ' but the generated code in attnserve/inference/grpc_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,38 +37,38 @@ class GRPCInferenceServiceStub(object):
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
         self.ModelStreamInfer = channel.stream_stream(
                 '/inference.GRPCInferenceService/ModelStreamInfer',
-                request_serializer=inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+                request_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
 
 
@@ -131,38 +131,38 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=inference_dot_grpc__service__pb2.ServerLiveRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=inference_dot_grpc__service__pb2.ServerReadyRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=inference_dot_grpc__service__pb2.ModelReadyRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=inference_dot_grpc__service__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=inference_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
             ),
             'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
                     servicer.ModelStreamInfer,
-                    request_deserializer=inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
-                    response_serializer=inference_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelInferRequest.FromString,
+                    response_serializer=attnserve_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -191,8 +191,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -218,8 +218,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -245,8 +245,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -272,8 +272,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -299,8 +299,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -326,8 +326,8 @@ class GRPCInferenceService(object):
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -353,8 +353,8 @@ class GRPCInferenceService(object):
             request_iterator,
             target,
             '/inference.GRPCInferenceService/ModelStreamInfer',
-            inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-            inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+            attnserve_dot_inference_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,

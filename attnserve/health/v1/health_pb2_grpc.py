@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from attnserve.protos.health.v1 import health_pb2 as health_dot_v1_dot_health__pb2
+from attnserve.health.v1 import health_pb2 as attnserve_dot_health_dot_v1_dot_health__pb2
 
 GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in health/v1/health_pb2_grpc.py depends on'
+        + ' but the generated code in attnserve/health/v1/health_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,13 +37,13 @@ class HealthStub(object):
         """
         self.Check = channel.unary_unary(
                 '/grpc.health.v1.Health/Check',
-                request_serializer=health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
+                request_serializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
                 _registered_method=True)
         self.Watch = channel.unary_stream(
                 '/grpc.health.v1.Health/Watch',
-                request_serializer=health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
+                request_serializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
+                response_deserializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
                 _registered_method=True)
 
 
@@ -70,13 +70,13 @@ def add_HealthServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Check': grpc.unary_unary_rpc_method_handler(
                     servicer.Check,
-                    request_deserializer=health_dot_v1_dot_health__pb2.HealthCheckRequest.FromString,
-                    response_serializer=health_dot_v1_dot_health__pb2.HealthCheckResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckRequest.FromString,
+                    response_serializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckResponse.SerializeToString,
             ),
             'Watch': grpc.unary_stream_rpc_method_handler(
                     servicer.Watch,
-                    request_deserializer=health_dot_v1_dot_health__pb2.HealthCheckRequest.FromString,
-                    response_serializer=health_dot_v1_dot_health__pb2.HealthCheckResponse.SerializeToString,
+                    request_deserializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckRequest.FromString,
+                    response_serializer=attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -105,8 +105,8 @@ class Health(object):
             request,
             target,
             '/grpc.health.v1.Health/Check',
-            health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
-            health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
+            attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
+            attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -132,8 +132,8 @@ class Health(object):
             request,
             target,
             '/grpc.health.v1.Health/Watch',
-            health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
-            health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
+            attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckRequest.SerializeToString,
+            attnserve_dot_health_dot_v1_dot_health__pb2.HealthCheckResponse.FromString,
             options,
             channel_credentials,
             insecure,

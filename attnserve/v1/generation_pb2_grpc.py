@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from attnserve.protos.attnserve.v1 import generation_pb2 as attnserve_dot_v1_dot_generation__pb2
+from attnserve.v1 import generation_pb2 as attnserve_dot_v1_dot_generation__pb2
 
 GRPC_GENERATED_VERSION = '1.80.1'
 GRPC_VERSION = grpc.__version__

@@ -1,0 +1,1 @@
+"""The Open Inference Protocol (package inference), generated from protos/attnserve/inference/ by `make protos`."""

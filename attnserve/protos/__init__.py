@@ -1,1 +1,0 @@
-"""Generated gRPC code of the attnserve protocol. Imports only protobuf and grpcio."""
