@@ -315,7 +315,12 @@ def test_cancelling_a_stream_frees_its_requests_slots(server, triton):
     first = next(call)
     assert first.infer_response.raw_output_contents
     wait_until(server.pacer.held.is_set, what="the engine to hold with the three requests running")
+    calls = server.server.metrics.registry.get_sample_value
+    labels = {"method": "ModelStreamInfer", "code": "CANCELLED"}
+    ended = calls("attnserve_requests_total", labels) or 0
     call.cancel()
+    # The server has seen the cancel before the engine goes on: else the requests may end by length.
+    wait_until(lambda: calls("attnserve_requests_total", labels) == ended + 1, what="the server to see the cancel")
     server.pacer.release()
     wait_until(lambda: idle(server.engine), what="the cancelled stream's requests to leave the engine")
     assert cancelled() == before + 3  # cancelled, not run to their end

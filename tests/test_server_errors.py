@@ -99,6 +99,11 @@ def finished(server, reason: str) -> float:
     return registry.get_sample_value("attnserve_generations_finished_total", {"reason": reason}) or 0
 
 
+def calls(server, method: str, code: str) -> float:
+    registry = server.server.metrics.registry
+    return registry.get_sample_value("attnserve_requests_total", {"method": method, "code": code}) or 0
+
+
 def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):
     hold_while_decoding(single)
     running = single.stub.Generate.future(long_request())
@@ -161,7 +166,11 @@ def test_cancelled_stream_frees_its_slot_for_a_queued_request(single):
     decoding_and_held(single)
     waiting = single.stub.Generate.future(request("waiting", max_new_tokens=3), timeout=TIMEOUT)
     wait_until(lambda: single.engine.stats()["queued"] == 1, what="the second request to queue")
+    ended = calls(single, "GenerateStream", "CANCELLED")
     stream.cancel()
+    # The server has seen the cancel before the engine goes on (once, on a busy machine, the engine
+    # decoded all 100 tokens before the cancel arrived, and the request ended by its length).
+    wait_until(lambda: calls(single, "GenerateStream", "CANCELLED") == ended + 1, what="the server to see the cancel")
     single.pacer.release()
     reply = waiting.result(timeout=TIMEOUT)
     assert finished(single, "cancelled") == cancelled + 1  # the long one left by its cancel, not its end
