@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from attnserve.export.onnx_export import export_checkpoint
-from attnserve.model.checkpoint import build_model, load_checkpoint, save_checkpoint
+from attnserve.model.checkpoint import LanguageModel, build_model, load_checkpoint, save_checkpoint
 from attnserve.model.config import preset
 from attnserve.runtime.ort_decoder import OrtDecoder
 
@@ -47,7 +47,7 @@ def median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def model_for(checkpoint: str | None, longest: int, workdir: Path) -> tuple[torch.nn.Module, Path]:
+def model_for(checkpoint: str | None, longest: int, workdir: Path) -> tuple[LanguageModel, Path]:
     """The checkpoint's model, or the `small` preset with random weights and a long enough context."""
     if checkpoint:
         model = load_checkpoint(checkpoint)

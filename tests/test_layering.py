@@ -1,4 +1,4 @@
-"""The one-way flow of DESIGN.md, enforced on the source: model -> export -> runtime <- engine <-
+"""The one-way flow of the README's picture, enforced on the source: model -> export -> runtime <- engine <-
 server -> clients, with the torch-free tokenizer package below them all. The runtime implements
 the engine's seam (it may import engine/slot_runner.py and nothing else of the engine).
 

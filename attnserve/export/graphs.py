@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+from ..model.lm import DecoderLM
+from ..model.seq2seq import EncoderDecoder
 from ..runtime import contract
 from .gqa import InPlaceAttention
 
@@ -33,7 +35,7 @@ def flatten(kv_pairs) -> list[torch.Tensor]:
 class DecoderGraph(nn.Module):
     """(input_ids, attention_mask, position_ids, *past) -> (logits, *present) of a DecoderLM."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: DecoderLM):
         super().__init__()
         self.model = model
 
@@ -46,7 +48,7 @@ class ArenaDecoderGraph(nn.Module):
     """DecoderGraph's signature over an in-place cache: past and present are one buffer
     (B, H, L, D) per name, right padding, per-row lengths from the attention mask's row sums."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: DecoderLM):
         super().__init__()
         self.model = model
 
@@ -59,7 +61,7 @@ class ArenaDecoderGraph(nn.Module):
 class Seq2SeqEncoderGraph(nn.Module):
     """(input_ids, attention_mask) of the source -> cross-attention keys/values of every decoder layer."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: EncoderDecoder):
         super().__init__()
         self.model = model
 
@@ -70,7 +72,7 @@ class Seq2SeqEncoderGraph(nn.Module):
 class Seq2SeqDecoderGraph(nn.Module):
     """One decoder step: (ids, mask, positions, source mask, *self past, *cross kv) -> (logits, *present)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: EncoderDecoder):
         super().__init__()
         self.model = model
 
@@ -86,7 +88,7 @@ class ArenaSeq2SeqDecoderGraph(nn.Module):
     """Seq2SeqDecoderGraph's signature over an in-place self-attention cache (B, H, L, D), right
     padding; the cross-attention keys/values are the arena's per-slot segment (B, H, S, D)."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: EncoderDecoder):
         super().__init__()
         self.model = model
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import torch
 
-from ..model.checkpoint import CheckpointError, build_model, load_state
+from ..model.checkpoint import CheckpointError, LanguageModel, build_model, load_state
 from ..model.config import ModelConfig
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtSeq2Seq
 from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
+from ..tokenizer.bpe import BpeTokenizer
 from .genai import genai_config
 from .graphs import (
     ArenaDecoderGraph,
@@ -77,7 +78,7 @@ def staging_dir(out: Path) -> Path:
 def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int) -> dict:
     """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json are written beside."""
     entry = manifest_entry(tokenizer)
-    if tokenizer.kind == "bpe":
+    if isinstance(tokenizer, BpeTokenizer):
         (staging / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
         config = tokenizer.tokenizer_config(context_length)
         (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -172,7 +173,7 @@ def run_gate(model, staging: Path, manifest: contract.Manifest, steps: int) -> d
     return (run_arena_gate if arena else run_decoder_gate)(model, OrtDecoder(staging, manifest=manifest), steps)
 
 
-def load_model(checkpoint: Path) -> tuple[torch.nn.Module, Tokenizer, dict]:
+def load_model(checkpoint: Path) -> tuple[LanguageModel, Tokenizer, dict]:
     """The checkpoint's model (eval mode), its tokenizer, and where it came from."""
     state = load_state(checkpoint)
     model = build_model(ModelConfig.from_dict(state["config"]))

@@ -11,16 +11,18 @@ from .config import DECODER, ModelConfig
 from .lm import DecoderLM
 from .seq2seq import EncoderDecoder
 
+LanguageModel = DecoderLM | EncoderDecoder  # what a checkpoint holds
+
 
 class CheckpointError(Exception):
     """A checkpoint is missing, unreadable or not an attnserve checkpoint."""
 
 
-def build_model(config: ModelConfig) -> torch.nn.Module:
+def build_model(config: ModelConfig) -> LanguageModel:
     return DecoderLM(config) if config.arch == DECODER else EncoderDecoder(config)
 
 
-def save_checkpoint(path: str | Path, model: torch.nn.Module, **extra) -> None:
+def save_checkpoint(path: str | Path, model: LanguageModel, **extra) -> None:
     """Write atomically: a crash mid-save never leaves a truncated checkpoint behind."""
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -42,7 +44,7 @@ def load_state(path: str | Path) -> dict:
     return state
 
 
-def load_checkpoint(path: str | Path) -> torch.nn.Module:
+def load_checkpoint(path: str | Path) -> LanguageModel:
     """The model of a checkpoint, in eval mode."""
     state = load_state(path)
     model = build_model(ModelConfig.from_dict(state["config"]))

@@ -67,5 +67,6 @@ class DecoderLayer(nn.Module):
         attn, present = self.self_attn(self.ln_1(x), mask, past)
         x = x + self.dropout(attn)
         if self.cross_attn is not None:
+            assert cross_kv is not None and self.ln_2 is not None, "cross-attention needs the source's keys, values"
             x = x + self.dropout(self.cross_attn.attend(self.ln_2(x), *cross_kv, cross_mask, keep_weights))
         return x + self.ffn(self.ln_3(x)), present

@@ -79,7 +79,7 @@ def sample_number(rng: random.Random) -> int:
 
 def number_pairs(count: int, heldout: bool, seed: int) -> list[tuple[str, str]]:
     """`count` (digits, words) pairs from the training or the held-out side of the split."""
-    rng, pairs = random.Random(seed), []
+    rng, pairs = random.Random(seed), list[tuple[str, str]]()
     while len(pairs) < count:
         n = sample_number(rng)
         if is_heldout(n) == heldout:

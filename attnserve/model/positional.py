@@ -24,6 +24,8 @@ def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
 class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sinusoidal encodings, added to the token embeddings."""
 
+    table: torch.Tensor  # (max_len, d_model), a buffer: moves with the module, not saved
+
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)

@@ -17,7 +17,8 @@ class ProgressBar:
     """tqdm over steps (total known only for a step budget); silent when disabled."""
 
     def __init__(self, cfg, step: int, enabled: bool = True, every: int = 5):
-        self.enabled, self.every, self.loss = enabled, every, None
+        self.enabled, self.every = enabled, every
+        self.loss: float | None = None
         total = cfg.max_steps if cfg.time_budget is None else None
         self.bar = (
             tqdm(

@@ -7,6 +7,8 @@ every decode step, as the ONNX decoder graph takes them.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -44,7 +46,11 @@ class EncoderDecoder(nn.Module):
 
     def cross_kv(self, memory: torch.Tensor) -> list[KV]:
         """Cross-attention keys and values of the encoder output, (B, H, S, D) per layer."""
-        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+        kv = []
+        for layer in cast("list[DecoderLayer]", self.layers):
+            assert layer.cross_attn is not None  # every decoder layer here is built with cross=True
+            kv.append(layer.cross_attn.project_kv(memory))
+        return kv
 
     def decode(
         self,

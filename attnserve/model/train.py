@@ -165,8 +165,8 @@ class LMTask:
             ).item()
             count += int(self.corpus.byte_lengths[y].sum())
         model.train()
-        total, count = distributed.sum_all([total, float(count)], self.device)
-        return total / count / math.log(2)
+        nats, nbytes = distributed.sum_all([total, float(count)], self.device)
+        return nats / nbytes / math.log(2)
 
     def describe(self, value: float) -> str:
         return f"{value:.3f} bits per byte"

@@ -23,6 +23,7 @@ from .config import ENCODER_DECODER, ModelConfig
 from .distributed import Ranks
 from .generate import generate_seq2seq, left_pad
 from .numbers import number_pairs, read_pairs
+from .seq2seq import EncoderDecoder
 from .trainer import Trainer, TrainerConfig, TrainError, setup
 
 
@@ -56,7 +57,7 @@ def batch_tensors(pairs: list[tuple[str, str]]):
 
 
 @torch.no_grad()
-def count_matches(model: torch.nn.Module, pairs: list[tuple[str, str]], batch: int = 100) -> int:
+def count_matches(model: EncoderDecoder, pairs: list[tuple[str, str]], batch: int = 100) -> int:
     """Sources whose greedy translation equals the target exactly."""
     hits = 0
     for i in range(0, len(pairs), batch):
@@ -68,7 +69,7 @@ def count_matches(model: torch.nn.Module, pairs: list[tuple[str, str]], batch: i
     return hits
 
 
-def exact_match(model: torch.nn.Module, pairs: list[tuple[str, str]]) -> float:
+def exact_match(model: EncoderDecoder, pairs: list[tuple[str, str]]) -> float:
     """Fraction of sources whose greedy translation equals the target exactly."""
     return count_matches(model, pairs) / len(pairs)
 
@@ -101,12 +102,18 @@ class Seq2SeqTask:
     def batch(self, step: int) -> tuple[torch.Tensor, ...]:
         return batch_tensors(self.source.batch(self.batch_size, step))
 
-    def loss(self, net: torch.nn.Module, batch: tuple[torch.Tensor, ...], dtype: torch.dtype | None) -> torch.Tensor:
+    def loss(
+        self,
+        net: torch.nn.Module,
+        batch: tuple[torch.Tensor, ...],
+        dtype: torch.dtype | None,  # noqa: ARG002 (the Task's signature: this step takes no autocast dtype)
+    ) -> torch.Tensor:
         src, src_mask, tgt_in, labels = batch
         logits = net(src, src_mask, tgt_in)  # (B, T, V)
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=PAD_ID)
 
     def evaluate(self, model: torch.nn.Module) -> float:
+        assert isinstance(model, EncoderDecoder)
         hits, count = distributed.sum_all([float(count_matches(model, self.heldout)), len(self.heldout)], self.device)
         return hits / count
 

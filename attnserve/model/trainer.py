@@ -187,7 +187,7 @@ class Trainer:
             self.restore(state)
         self.start_step, self.start_seconds = self.step, self.seconds
         self.evaluated_at: int | None = None  # the step of the latest evaluation
-        self.net = self.model
+        self.net: torch.nn.Module = self.model  # what the step runs: the model, or DDP around it
         if ranks.distributed:
             self.net = DistributedDataParallel(self.model, device_ids=[device.index] if device.type == "cuda" else None)
 

@@ -196,7 +196,7 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
     def nbytes(self) -> int:
         return self.arena.nbytes + self.cross.nbytes
 
-    def extend(self, slot: int, tokens: list[int]) -> np.ndarray:
+    def extend(self, slot: int, tokens: list[int]) -> np.ndarray:  # noqa: ARG002 (the decoder's signature)
         raise ValueError("an encoder-decoder's source is encoded whole; it is never prefilled in chunks")
 
     def clear(self, slot: int) -> None:

@@ -131,8 +131,8 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     ):
         """`in_flight(+1 or -1)` as a served call starts and ends; `writes` times streamed writes
         (--write-timeout); `leak_bytes`: test-only, see ServerConfig.test_leak_bytes."""
-        self.count = count or (lambda method, code: None)
-        self.in_flight = in_flight or (lambda change: None)
+        self.count = count or (lambda *_: None)
+        self.in_flight = in_flight or (lambda _: None)
         self.writes = writes
         self.draining = False
         self.leak_bytes = leak_bytes

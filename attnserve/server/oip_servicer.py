@@ -72,7 +72,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         tokenizer: Tokenizer,
         info: pb.ModelInfo,
         ready: Callable[[], bool],
-        count: Callable[[str, str], None] = lambda method, code: None,
+        count: Callable[[str, str], None] = lambda *_: None,
     ):
         self.engine, self.limits, self.tokenizer = engine, limits, tokenizer
         self.model_name, self.server_version = info.model_name, info.server_version
