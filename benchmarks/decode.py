@@ -24,17 +24,8 @@ import torch
 from attnserve.export.onnx_export import export_checkpoint
 from attnserve.model.checkpoint import LanguageModel, build_model, load_checkpoint, save_checkpoint
 from attnserve.model.config import preset
+from attnserve.model.generate import decode
 from attnserve.runtime.ort_decoder import OrtDecoder
-
-
-@torch.no_grad()
-def torch_greedy(model, prompt: list[int], steps: int) -> None:
-    logits, past = model(torch.tensor([prompt]))
-    mask = torch.ones(1, len(prompt), dtype=torch.long)
-    for i in range(steps):
-        token = logits[:, -1].argmax(-1, keepdim=True)
-        mask = torch.cat([mask, torch.ones_like(token)], 1)
-        logits, past = model(token, mask, torch.tensor([[len(prompt) + i]]), past)
 
 
 def median_seconds(fn, repeats: int) -> float:
@@ -62,17 +53,18 @@ def model_for(checkpoint: str | None, longest: int, workdir: Path) -> tuple[Lang
 
 def run(checkpoint: str | None, tokens: list[int], prompt_len: int, repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
-    prompt = [256] + list(range(65, 65 + prompt_len - 1))
     with tempfile.TemporaryDirectory() as tmp:
         model, ckpt = model_for(checkpoint, prompt_len + max(tokens), Path(tmp))
         print(f"exporting {model.num_parameters():,}-parameter model (parity gate included) ...", file=sys.stderr)
         export_checkpoint(ckpt, Path(tmp) / "model", parity_steps=16)
         runtime = OrtDecoder(Path(tmp) / "model", threads=threads)
+        prompt = [runtime.bos_id, *range(65, 65 + prompt_len - 1)]  # BOS, then ASCII letters' ids
+        argmax = lambda logits: logits.argmax(-1)
         rows = []
         for n in tokens:
             print(f"measuring {n} new tokens ...", file=sys.stderr)
             ort_kv = median_seconds(lambda n=n: runtime.greedy([prompt], n), repeats) / n
-            torch_kv = median_seconds(lambda n=n: torch_greedy(model, prompt, n), repeats) / n
+            torch_kv = median_seconds(lambda n=n: decode(model, [prompt], n, argmax, runtime.pad_id), repeats) / n
             recompute_once = lambda n=n: runtime.greedy([prompt], n, recompute=True)
             recompute = median_seconds(recompute_once, max(1, repeats // 2)) / n
             rows.append(

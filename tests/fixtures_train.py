@@ -9,8 +9,12 @@ import torch
 
 from attnserve.model.config import preset
 from attnserve.model.train import TrainConfig, train
+from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TINY_STEPS = 400
+# The byte tokenizer's special ids, which the reference loops (model/generate.py) take from the caller
+BYTE_IDS = {"eos_id": ByteTokenizer.eos_id, "pad_id": ByteTokenizer.pad_id}
+SEQ2SEQ_IDS = {"bos_id": ByteTokenizer.bos_id, **BYTE_IDS}  # encoder-decoders use the byte tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ from attnserve.model.checkpoint import load_checkpoint
 from attnserve.model.generate import generate
 from attnserve.runtime import contract
 from attnserve.runtime.ort_decoder import OrtDecoder
-from attnserve.tokenizer.utf8 import encode
+from attnserve.tokenizer.utf8 import PAD_ID, encode
 
 
 def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
@@ -95,7 +95,7 @@ def test_onnx_greedy_equals_pytorch_generate(tiny_model_dir, tiny_checkpoint):
     model = load_checkpoint(tiny_checkpoint)
     runtime = OrtDecoder(tiny_model_dir)
     prompts = [encode("def main():"), encode("The "), encode("import os\nimport sys\n")]
-    reference = generate(model, prompts, 40, eos_id=-1)
+    reference = generate(model, prompts, 40, eos_id=-1, pad_id=PAD_ID)
     assert runtime.greedy(prompts, 40).tolist() == reference
     assert runtime.greedy(prompts, 12, recompute=True).tolist() == [r[:12] for r in reference]
 

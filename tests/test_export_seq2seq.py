@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import onnx
+from fixtures_train import SEQ2SEQ_IDS
 from test_export import perturb
 
 from attnserve.export.parity_seq2seq import run_seq2seq_arena_gate
@@ -51,7 +52,7 @@ def test_onnx_greedy_on_a_padded_batch_equals_pytorch(tiny_seq2seq_model_dir, se
     runtime = OrtSeq2Seq(tiny_seq2seq_model_dir)
     sources = [encode(s) for s in SOURCES]
     got = runtime.greedy(sources, 40)
-    expected = generate_seq2seq(seq2seq_model, sources, 40, eos_id=-1)
+    expected = generate_seq2seq(seq2seq_model, sources, 40, **{**SEQ2SEQ_IDS, "eos_id": -1})
     assert got.tolist() == expected
     assert len({tuple(row) for row in expected}) == len(SOURCES)  # the model tells sources apart
 

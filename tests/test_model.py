@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from fixtures_train import BYTE_IDS, SEQ2SEQ_IDS
 
 from attnserve.model.checkpoint import CheckpointError, build_model, load_checkpoint, save_checkpoint
 from attnserve.model.config import preset
@@ -46,7 +47,7 @@ def test_cached_decoding_equals_full_forward(lm):
 
 @torch.no_grad()
 def test_seq2seq_cached_decoding_equals_full_decoding(seq2seq):
-    src, src_mask, _ = left_pad([[1, 2, 3, 4, 5], [7, 8]])
+    src, src_mask, _ = left_pad([[1, 2, 3, 4, 5], [7, 8]], BYTE_IDS["pad_id"])
     tgt = torch.randint(0, 256, (2, 9))
     full = seq2seq(src, src_mask, tgt)
     cross = seq2seq.cross_kv(seq2seq.encode(src, src_mask))
@@ -61,7 +62,7 @@ def test_seq2seq_cached_decoding_equals_full_decoding(seq2seq):
 @torch.no_grad()
 def test_left_padded_batch_equals_each_prompt_alone(lm):
     prompts = [encode("hello world"), encode("a"), encode("attention is all")]
-    ids, mask, positions = left_pad(prompts)
+    ids, mask, positions = left_pad(prompts, BYTE_IDS["pad_id"])
     batched, _ = lm(ids, mask, positions)
     for row, prompt in enumerate(prompts):
         alone, _ = lm(torch.tensor([prompt]))
@@ -72,22 +73,22 @@ def test_left_padded_batch_equals_each_prompt_alone(lm):
 @torch.no_grad()
 def test_seq2seq_source_padding_changes_nothing(seq2seq):
     sources = [list(b"4021"), list(b"7")]
-    together = generate_seq2seq(seq2seq, sources, 12)
-    assert together == [generate_seq2seq(seq2seq, [s], 12)[0] for s in sources]
+    together = generate_seq2seq(seq2seq, sources, 12, **SEQ2SEQ_IDS)
+    assert together == [generate_seq2seq(seq2seq, [s], 12, **SEQ2SEQ_IDS)[0] for s in sources]
 
 
 def test_batched_greedy_generation_equals_alone(lm):
     prompts = [encode("def f(x):"), encode("x"), encode("The quick brown fox")]
-    together = generate(lm, prompts, 20)
-    assert together == [generate(lm, [p], 20)[0] for p in prompts]
+    together = generate(lm, prompts, 20, **BYTE_IDS)
+    assert together == [generate(lm, [p], 20, **BYTE_IDS)[0] for p in prompts]
 
 
 def test_seeded_sampling_reproduces():
     torch.manual_seed(0)
     model = build_model(preset("tiny")).eval()
-    a = generate(model, [encode("hi")], 30, temperature=1.0, top_k=50, top_p=0.9, seed=7)
-    b = generate(model, [encode("hi")], 30, temperature=1.0, top_k=50, top_p=0.9, seed=7)
-    c = generate(model, [encode("hi")], 30, temperature=1.0, top_k=50, top_p=0.9, seed=8)
+    a = generate(model, [encode("hi")], 30, temperature=1.0, top_k=50, top_p=0.9, seed=7, **BYTE_IDS)
+    b = generate(model, [encode("hi")], 30, temperature=1.0, top_k=50, top_p=0.9, seed=7, **BYTE_IDS)
+    c = generate(model, [encode("hi")], 30, temperature=1.0, top_k=50, top_p=0.9, seed=8, **BYTE_IDS)
     assert a == b and a != c
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
+from fixtures_train import BYTE_IDS
 
 from attnserve.model.generate import generate
 from attnserve.runtime.arena import Device
@@ -79,7 +80,9 @@ def test_ragged_continuous_batch_arriving_at_different_steps_equals_pytorch_alon
     running.pacer.reset()
     wait_until(lambda: idle(running.engine), what="the arena server to go idle")
     for prompt, req, reply in zip(PROMPTS, reqs, replies):
-        assert list(reply.token_ids) == generate(reference_model, [encode(prompt)], req.max_new_tokens)[0], prompt
+        assert (
+            list(reply.token_ids) == generate(reference_model, [encode(prompt)], req.max_new_tokens, **BYTE_IDS)[0]
+        ), prompt
     assert max(running.server.metrics.step_batch._sum.get(), 0) > 0
     slot_bytes = arena.slot_bytes * len(arena.buffers)
     assert copies, "10 requests through 6 slots: some slot must have been refilled by a move"
@@ -109,7 +112,7 @@ def test_retiring_and_admitting_leave_a_running_request_untouched(arena_server, 
             [s.result() for s in shorts]
         got = long_reply.result()
     running.pacer.reset()
-    assert list(got.token_ids) == generate(reference_model, [encode("A long-running request")], 90)[0]
+    assert list(got.token_ids) == generate(reference_model, [encode("A long-running request")], 90, **BYTE_IDS)[0]
 
 
 def test_prompt_near_the_context_prefilled_in_chunks_equals_one_prefill(tiny_model_dir, arena_server, reference_model):
@@ -122,7 +125,7 @@ def test_prompt_near_the_context_prefilled_in_chunks_equals_one_prefill(tiny_mod
     finally:
         whole.stop()
     assert len(encode(prompt)) == 120
-    assert list(a.token_ids) == list(b.token_ids) == generate(reference_model, [encode(prompt)], 7)[0]
+    assert list(a.token_ids) == list(b.token_ids) == generate(reference_model, [encode(prompt)], 7, **BYTE_IDS)[0]
 
 
 def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step(arena_server):

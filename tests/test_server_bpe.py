@@ -47,7 +47,7 @@ def test_greedy_over_grpc_equals_pytorch(stub, tokenizer, tiny_bpe_checkpoint, p
 
     model = load_checkpoint(tiny_bpe_checkpoint)
     ids = tokenizer.encode_prompt(prompt)
-    expected = generate(model, [ids], max_new_tokens=40, eos_id=tokenizer.eos_id)[0]
+    expected = generate(model, [ids], max_new_tokens=40, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)[0]
     reply = stub.Generate(pb.GenerateRequest(prompt=prompt, max_new_tokens=40), timeout=TIMEOUT)
     assert list(reply.token_ids) == expected
     assert reply.text == tokenizer.decode(expected)

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 from fixtures_server import idle, request
+from fixtures_train import BYTE_IDS
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.model.generate import generate
@@ -49,7 +50,7 @@ def test_model_info_describes_model_provider_and_limits(stub, tiny_model_dir):
 @pytest.mark.parametrize("prompt", PROMPTS[:4])
 def test_greedy_over_grpc_equals_pytorch_generate(stub, reference_model, prompt):
     reply = stub.Generate(request(prompt, max_new_tokens=40), timeout=TIMEOUT)
-    expected = generate(reference_model, [encode(prompt)], max_new_tokens=40)[0]
+    expected = generate(reference_model, [encode(prompt)], max_new_tokens=40, **BYTE_IDS)[0]
     assert list(reply.token_ids) == expected
     assert reply.usage.prompt_tokens == len(encode(prompt))
     assert reply.usage.completion_tokens == len(expected)
@@ -62,7 +63,7 @@ def test_bare_request_decodes_greedily_up_to_the_context(stub, reference_model):
     reply = stub.Generate(request(prompt), timeout=TIMEOUT)
     room = 128 - len(encode(prompt))
     assert 0 < reply.usage.completion_tokens <= room
-    assert list(reply.token_ids) == generate(reference_model, [encode(prompt)], max_new_tokens=room)[0]
+    assert list(reply.token_ids) == generate(reference_model, [encode(prompt)], max_new_tokens=room, **BYTE_IDS)[0]
 
 
 def test_stream_concatenates_to_the_unary_text(stub):

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
+from fixtures_train import SEQ2SEQ_IDS
 from test_server_security import cuda_available
 
 from attnserve.clients import Client
@@ -37,7 +38,7 @@ def test_model_info_reports_the_encoder_decoder(stub):
 @pytest.mark.parametrize("source", SOURCES[:4])
 def test_greedy_over_grpc_equals_pytorch(stub, seq2seq_model, source):
     reply = stub.Generate(request(source, max_new_tokens=40), timeout=TIMEOUT)
-    expected = generate_seq2seq(seq2seq_model, [encode(source)], 40)[0]
+    expected = generate_seq2seq(seq2seq_model, [encode(source)], 40, **SEQ2SEQ_IDS)[0]
     assert list(reply.token_ids) == expected and len(expected) > 2
     assert reply.text == bytes(expected).decode("utf-8", errors="replace")
     assert reply.usage.prompt_tokens == len(encode(source))
@@ -81,7 +82,7 @@ def test_the_python_client_reaches_it(seq2seq_server, seq2seq_model):
         assert client.model_info().architecture == "encoder-decoder"
         result = client.generate("98765", max_new_tokens=30)
         streamed = "".join(chunk.text for chunk in client.stream("98765", max_new_tokens=30))
-    assert list(result.token_ids) == generate_seq2seq(seq2seq_model, [encode("98765")], 30)[0]
+    assert list(result.token_ids) == generate_seq2seq(seq2seq_model, [encode("98765")], 30, **SEQ2SEQ_IDS)[0]
     assert streamed == result.text
 
 
@@ -154,4 +155,4 @@ def test_sources_arriving_at_different_steps_through_fewer_slots_equal_pytorch(t
             got = list(pool.map(staggered, range(len(sources))))
     finally:
         running.stop()
-    assert [list(g) for g in got] == generate_seq2seq(seq2seq_model, [encode(s) for s in sources], 48)
+    assert [list(g) for g in got] == generate_seq2seq(seq2seq_model, [encode(s) for s in sources], 48, **SEQ2SEQ_IDS)

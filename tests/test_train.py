@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 import torch
-from fixtures_train import two_rank_run
+from fixtures_train import BYTE_IDS, two_rank_run
 
 from attnserve.model.checkpoint import build_model, load_checkpoint
 from attnserve.model.config import preset
@@ -143,7 +143,7 @@ def test_bpe_heldout_loss_is_per_byte_of_the_text_its_tokens_stand_for(tmp_path)
 def test_tiny_checkpoint_learned_text(tiny_checkpoint):
     state = torch.load(tiny_checkpoint, weights_only=True)
     assert state["heldout_bpb"] < 3.2, state["heldout_bpb"]  # untrained: about 8
-    out = bytes(generate(load_checkpoint(tiny_checkpoint), [encode("The ")], 64)[0])
+    out = bytes(generate(load_checkpoint(tiny_checkpoint), [encode("The ")], 64, **BYTE_IDS)[0])
     assert len(set(out)) >= 4 and b" " in out and out.count(b" ") < 40, out  # words, not one repeated byte
 
 

@@ -7,11 +7,13 @@ many steps. Every failure is collected; ParityError carries the report and the w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
+from ..model.generate import Pick, decode
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtGraphs
 from ..runtime.ort_session import empty_past, io_names, left_pad
@@ -96,21 +98,29 @@ def check_names(runtime: OrtGraphs) -> list[str]:
     return contract.io_name_problems(runtime.manifest.architecture, runtime.n_layers, graphs)
 
 
-@torch.no_grad()
-def torch_greedy(model, prompts: list[list[int]], steps: int, pad_id: int):
-    """(B, steps) greedy tokens of the PyTorch model and its top-2 logit margin at each step."""
-    ids, mask, positions = (torch.from_numpy(a) for a in left_pad(prompts, pad_id))
-    logits, past = model(ids, mask, positions)
-    tokens, margins = [], []
-    for _ in range(steps):
-        top2 = logits[:, -1].float().topk(2, dim=-1).values
-        token = logits[:, -1].argmax(-1)
-        tokens.append(token)
-        margins.append(top2[:, 0] - top2[:, 1])
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-        positions = positions[:, -1:] + 1
-        logits, past = model(token[:, None], mask, positions, past)
-    return torch.stack(tokens, 1).numpy(), torch.stack(margins, 1).numpy()
+class MarginPick:
+    """Greedy picks that remember each step's top-2 logit margin (B,): the gate excuses a
+    divergence from the reference only at a near-tie."""
+
+    def __init__(self) -> None:
+        self.margins: list[torch.Tensor] = []
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        top2 = logits.float().topk(2, dim=-1).values
+        self.margins.append(top2[:, 0] - top2[:, 1])
+        return logits.argmax(-1)
+
+
+def greedy_with_margins(run: Callable[[Pick], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+    """(B, steps) greedy tokens of a reference decode loop `run(pick)`, and their margins."""
+    pick = MarginPick()
+    tokens = run(pick)
+    return tokens.numpy(), torch.stack(pick.margins, 1).numpy()
+
+
+def torch_greedy(model, prompts: list[list[int]], steps: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The PyTorch model's greedy tokens (B, steps), EOS ignored, and its margin at each step."""
+    return greedy_with_margins(lambda pick: decode(model, prompts, steps, pick, pad_id))
 
 
 def greedy_agreement(reference: np.ndarray, margins: np.ndarray, got: np.ndarray, tie: float) -> dict:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from ..runtime import contract
-from ..runtime.ort_decoder import OrtDecoder
+from ..runtime.ort_decoder import OrtDecoder, continuous_greedy
 from .parity import check_names, compare, gate_report, torch_greedy
 
 PREFILL_LENGTHS = [13, 5, 1]  # slots 0-2, prefilled together, right-padded
@@ -73,33 +73,6 @@ def value_checks(model, runtime: OrtDecoder, rng: np.random.Generator, dtype: st
         got[4] = decoder.extend(4, chunked[start : start + CHUNK])
     checks += check_slots(model, decoder, f"chunked prefill {long_len} by {CHUNK}", {4: chunked}, got, dtype, names)
     return checks
-
-
-def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], steps: int) -> np.ndarray:
-    """(N, steps) greedy tokens with request i joining the batch at step arrivals[i] and leaving
-    after its `steps` tokens, its slot refilled by the last one (the server's policy). `decoder`:
-    an ArenaDecoder (prompts) or ArenaSeq2SeqDecoder (sources) of at least N slots."""
-    out: list[list[int]] = [[] for _ in prompts]
-    slot_of: list[int] = []  # request in each occupied slot
-    logits: dict[int, np.ndarray] = {}
-    for step in range(max(arrivals) + steps):
-        for i in [i for i, a in enumerate(arrivals) if a == step]:
-            slot_of.append(i)
-            logits[i] = decoder.prefill(len(slot_of) - 1, [prompts[i]])[0]
-        for i in slot_of:
-            out[i].append(int(logits[i].argmax()))
-        for i in [i for i in slot_of if len(out[i]) == steps]:  # done: the last slot moves into its place
-            slot, last = slot_of.index(i), len(slot_of) - 1
-            if slot != last:
-                decoder.move(last, slot)
-            else:
-                decoder.clear(slot)
-            slot_of[slot] = slot_of[last]
-            slot_of.pop()
-        if slot_of:
-            tokens = np.array([out[i][-1] for i in slot_of])
-            logits.update(zip(slot_of, decoder.decode(tokens)))
-    return np.array(out)
 
 
 def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -> dict:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..model.generate import decode_seq2seq
 from ..runtime import contract
-from ..runtime.ort_decoder import OrtSeq2Seq
+from ..runtime.ort_decoder import OrtSeq2Seq, continuous_greedy
 from ..runtime.ort_session import left_pad
 from .graphs import flatten
-from .parity import check_names, compare, gate_report
-from .parity_arena import continuous_greedy
+from .parity import check_names, compare, gate_report, greedy_with_margins
 
 # (case name, real source length of each row, target past length P, new target tokens T)
 SEQ2SEQ_CASES = [
@@ -47,20 +47,9 @@ def torch_case(model, src, src_mask, tgt, p: int):
     return _np(flatten(cross)), past_np, _np([logits, *flatten(present)])
 
 
-@torch.no_grad()
 def torch_greedy(model, sources: list[list[int]], steps: int, pad_id: int, bos_id: int):
-    src, src_mask, _ = (torch.from_numpy(a) for a in left_pad(sources, pad_id))
-    cross = model.cross_kv(model.encode(src, src_mask))
-    b = len(sources)
-    token, past, tokens, margins = torch.full((b, 1), bos_id), None, [], []
-    for step in range(steps):
-        mask = torch.ones(b, step + 1, dtype=torch.long)
-        logits, past = model.decode(token, mask, torch.full((b, 1), step), src_mask, cross, past)
-        top2 = logits[:, -1].float().topk(2, dim=-1).values
-        token = logits[:, -1].argmax(-1, keepdim=True)
-        tokens.append(token[:, 0])
-        margins.append(top2[:, 0] - top2[:, 1])
-    return torch.stack(tokens, 1).numpy(), torch.stack(margins, 1).numpy()
+    """The PyTorch model's greedy translations (B, steps) from BOS, EOS ignored, and its margins."""
+    return greedy_with_margins(lambda pick: decode_seq2seq(model, sources, steps, pick, pad_id, bos_id))
 
 
 def run_seq2seq_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..tokenizer.utf8 import BOS_ID, EOS_ID, encode
+from ..tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID, encode
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ENCODER_DECODER
 from .generate import generate_seq2seq
@@ -19,7 +19,8 @@ from .generate import generate_seq2seq
 def cross_attention(model, source: str, max_new_tokens: int = 128):
     """(output ids, weights (layers, heads, T, S)) of a greedy translation of `source`."""
     src_ids = encode(source)
-    output = generate_seq2seq(model, [src_ids], min(max_new_tokens, model.config.max_len - 1))[0]
+    steps = min(max_new_tokens, model.config.max_len - 1)
+    output = generate_seq2seq(model, [src_ids], steps, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)[0]
     src = torch.tensor([src_ids])
     src_mask = torch.ones_like(src)
     cross = model.cross_kv(model.encode(src, src_mask))

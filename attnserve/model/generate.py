@@ -1,17 +1,19 @@
 """Reference autoregressive generation in PyTorch, using the KV cache.
 
 The ground truth that exported graphs and the server are compared with: greedy decoding
-(temperature 0) is deterministic; sampling applies temperature, top-k and top-p.
+(temperature 0) is deterministic; sampling applies temperature, top-k and top-p. One decode loop
+per architecture (decode, decode_seq2seq), which export's parity gate and the decode benchmark
+drive too; special ids are always the caller's (its tokenizer's), never a default.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from ..tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID
 
-
-def left_pad(seqs: list[list[int]], pad_id: int = PAD_ID):
+def left_pad(seqs: list[list[int]], pad_id: int):
     """input_ids, attention_mask (1 = real) and position_ids (0 for padding), each (B, T)."""
     t = max(len(s) for s in seqs)
     ids = torch.tensor([[pad_id] * (t - len(s)) + list(s) for s in seqs], dtype=torch.long)
@@ -50,7 +52,63 @@ def _finish(tokens: torch.Tensor, eos_id: int) -> list[list[int]]:
     return out
 
 
+Pick = Callable[[torch.Tensor], torch.Tensor]  # the last position's logits (B, V) -> one token per row (B,)
+
+
 @torch.no_grad()
+def decode(model, prompts: list[list[int]], steps: int, pick: Pick, pad_id: int, eos_id: int | None = None):
+    """The reference decode loop of a decoder-only model, over its KV cache: the prompts left-padded
+    and prefilled together, then one token per row per step, `pick`ed from the last position's
+    logits. (B, n) tokens, n <= steps: it stops early once every row has produced `eos_id` (None:
+    never) or the context is full. Greedy, sampled, timed or gated, every PyTorch decode runs this."""
+    device = next(model.parameters()).device  # a model training on a GPU is measured there
+    ids, mask, positions = (t.to(device) for t in left_pad(prompts, pad_id))
+    logits, past = model(ids, mask, positions)
+    out, done = [], torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    for _ in range(steps):
+        token = pick(logits[:, -1])
+        out.append(token)
+        if eos_id is not None:
+            done |= token == eos_id
+        if bool(done.all()) or mask.size(1) >= model.config.max_len:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+        positions = positions[:, -1:] + 1
+        logits, past = model(token[:, None], mask, positions, past)
+    return torch.stack(out, dim=1)
+
+
+@torch.no_grad()
+def decode_seq2seq(
+    model, sources: list[list[int]], steps: int, pick: Pick, pad_id: int, bos_id: int, eos_id: int | None = None
+):
+    """decode() for an encoder-decoder: the sources encoded once, the decoder starting from BOS."""
+    device = next(model.parameters()).device
+    src, src_mask = (t.to(device) for t in left_pad(sources, pad_id)[:2])
+    cross = model.cross_kv(model.encode(src, src_mask))
+    b = len(sources)
+    token = torch.full((b,), bos_id, dtype=torch.long, device=device)
+    mask = torch.ones(b, 1, dtype=torch.long, device=device)
+    past, out, done = None, [], torch.zeros(b, dtype=torch.bool, device=device)
+    for step in range(steps):
+        positions = torch.full((b, 1), step, dtype=torch.long, device=device)
+        logits, past = model.decode(token[:, None], mask, positions, src_mask, cross, past)
+        token = pick(logits[:, -1])
+        out.append(token)
+        if eos_id is not None:
+            done |= token == eos_id
+        if bool(done.all()) or step + 1 >= model.config.max_len:
+            break
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return torch.stack(out, dim=1)
+
+
+def sampler(temperature: float, top_k: int, top_p: float, seed: int | None) -> Pick:
+    """next_token with these settings, on a generator of its own when seeded."""
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    return lambda logits: next_token(logits, temperature, top_k, top_p, generator)
+
+
 def generate(
     model,
     prompts: list[list[int]],
@@ -59,27 +117,17 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int | None = None,
-    eos_id: int = EOS_ID,
+    *,
+    eos_id: int,
+    pad_id: int,
 ) -> list[list[int]]:
-    """Continue each prompt (a decoder-only model; prompts may differ in length); EOS not included."""
+    """Continue each prompt (a decoder-only model; prompts may differ in length); EOS not included.
+    The special ids are the model's tokenizer's (`tokenizer.eos_id`, `tokenizer.pad_id`)."""
     model.eval()
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    ids, mask, positions = left_pad(prompts)
-    logits, past = model(ids, mask, positions)
-    out, done = [], torch.zeros(len(prompts), dtype=torch.bool)
-    for _ in range(max_new_tokens):
-        token = next_token(logits[:, -1], temperature, top_k, top_p, generator)
-        out.append(token)
-        done |= token == eos_id
-        if bool(done.all()) or mask.size(1) >= model.config.max_len:
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-        positions = positions[:, -1:] + 1
-        logits, past = model(token[:, None], mask, positions, past)
-    return _finish(torch.stack(out, dim=1), eos_id)
+    pick = sampler(temperature, top_k, top_p, seed)
+    return _finish(decode(model, prompts, max_new_tokens, pick, pad_id, eos_id), eos_id)
 
 
-@torch.no_grad()
 def generate_seq2seq(
     model,
     sources: list[list[int]],
@@ -88,25 +136,12 @@ def generate_seq2seq(
     top_k: int = 0,
     top_p: float = 1.0,
     seed: int | None = None,
-    eos_id: int = EOS_ID,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
 ) -> list[list[int]]:
     """Translate each source (an encoder-decoder model): the decoder starts from BOS."""
     model.eval()
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    device = next(model.parameters()).device  # a model training on a GPU is measured there
-    src, src_mask = (t.to(device) for t in left_pad(sources)[:2])
-    cross = model.cross_kv(model.encode(src, src_mask))
-    b = len(sources)
-    token = torch.full((b,), BOS_ID, dtype=torch.long, device=device)
-    mask = torch.ones(b, 1, dtype=torch.long, device=device)
-    past, out, done = None, [], torch.zeros(b, dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        positions = torch.full((b, 1), step, dtype=torch.long, device=device)
-        logits, past = model.decode(token[:, None], mask, positions, src_mask, cross, past)
-        token = next_token(logits[:, -1], temperature, top_k, top_p, generator)
-        out.append(token)
-        done |= token == eos_id
-        if bool(done.all()) or step + 1 >= model.config.max_len:
-            break
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-    return _finish(torch.stack(out, dim=1), eos_id)
+    pick = sampler(temperature, top_k, top_p, seed)
+    return _finish(decode_seq2seq(model, sources, max_new_tokens, pick, pad_id, bos_id, eos_id), eos_id)

@@ -48,7 +48,7 @@ class Seq2SeqTrainConfig(TrainerConfig):
 
 def batch_tensors(pairs: list[tuple[str, str]]):
     """Source (left-padded, BOS + bytes), decoder input (BOS + target) and labels (target + EOS, PAD ignored)."""
-    src, src_mask, _ = left_pad([encode(s) for s, _ in pairs])
+    src, src_mask, _ = left_pad([encode(s) for s, _ in pairs], PAD_ID)
     targets = [list(t.encode("utf-8")) for _, t in pairs]
     t = max(len(x) for x in targets) + 1
     tgt_in = torch.tensor([[BOS_ID, *x] + [PAD_ID] * (t - 1 - len(x)) for x in targets])
@@ -63,7 +63,8 @@ def count_matches(model: EncoderDecoder, pairs: list[tuple[str, str]], batch: in
     for i in range(0, len(pairs), batch):
         chunk = pairs[i : i + batch]
         longest = max(len(t.encode()) for _, t in chunk) + 2
-        outputs = generate_seq2seq(model, [encode(s) for s, _ in chunk], min(longest, model.config.max_len))
+        sources, steps = [encode(s) for s, _ in chunk], min(longest, model.config.max_len)
+        outputs = generate_seq2seq(model, sources, steps, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
         hits += sum(decode(o) == t for o, (_, t) in zip(outputs, chunk))
     model.train()
     return hits

@@ -1,8 +1,10 @@
 """Torch-free driver of an exported model directory on ONNX Runtime: sessions, feeds, greedy loop.
 
 Used by the parity gate and the benchmarks to decode exactly as a runtime would. The server
-has its own batching engine; this is the simplest correct loop, one batch at a time. Sessions,
-dtypes and padding come from ort_session.py, names and dims from the manifest (contract.py).
+has its own batching engine; continuous_greedy is the simplest correct loop over an arena (the
+gate's continuous-batching check, and greedy() on an arena directory), greedy() the concat
+layout's. Sessions, dtypes and padding come from ort_session.py, names and dims from the
+manifest (contract.py).
 """
 
 from __future__ import annotations
@@ -92,19 +94,19 @@ class OrtDecoder(OrtGraphs):
         return np.concatenate(out, 1)
 
     def arena_greedy(self, prompts: list[list[int]], steps: int, recompute: bool = False) -> np.ndarray:
-        """greedy() through the arena: the prompts prefilled together, then one token per step."""
+        """greedy() through the arena: continuous_greedy with every request arriving at once; or,
+        with `recompute`, the whole sequences prefilled again at every step (no cache reused)."""
         longest = max(len(p) for p in prompts) + steps
         decoder = self.arena(len(prompts), len(prompts) * longest)
+        if not recompute:
+            return continuous_greedy(decoder, prompts, [0] * len(prompts), steps)
         logits, out, seqs = decoder.prefill(0, prompts), [], [list(p) for p in prompts]
         for _ in range(steps):
             token = logits.argmax(-1)  # (B,)
             out.append(token[:, None])
-            if recompute:
-                seqs = [s + [int(t)] for s, t in zip(seqs, token)]
-                decoder.arena.lengths[:] = 0
-                logits = decoder.prefill(0, seqs)
-            else:
-                logits = decoder.decode(token)
+            seqs = [s + [int(t)] for s, t in zip(seqs, token)]
+            decoder.arena.lengths[:] = 0
+            logits = decoder.prefill(0, seqs)
         return np.concatenate(out, 1)
 
 
@@ -136,12 +138,7 @@ class OrtSeq2Seq(OrtGraphs):
     def greedy(self, sources: list[list[int]], steps: int) -> np.ndarray:
         """(B, steps) greedy target tokens from BOS, EOS ignored."""
         if self.arena_layout:
-            decoder = self.arena(len(sources))
-            logits, out = decoder.prefill(0, sources), []
-            for _ in range(steps):
-                out.append(logits.argmax(-1)[:, None])
-                logits = decoder.decode(out[-1][:, 0])
-            return np.concatenate(out, 1)
+            return continuous_greedy(self.arena(len(sources)), sources, [0] * len(sources), steps)
         src, src_mask, _ = left_pad(sources, self.pad_id)
         cross = self.encode(src, src_mask)
         b = len(sources)
@@ -153,3 +150,30 @@ class OrtSeq2Seq(OrtGraphs):
             token = logits[:, -1].argmax(-1)[:, None]
             out.append(token)
         return np.concatenate(out, 1)
+
+
+def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], steps: int) -> np.ndarray:
+    """(N, steps) greedy tokens with request i joining the batch at step arrivals[i] and leaving
+    after its `steps` tokens, its slot refilled by the last one (the server's policy). `decoder`:
+    an ArenaDecoder (prompts) or ArenaSeq2SeqDecoder (sources) of at least N slots."""
+    out: list[list[int]] = [[] for _ in prompts]
+    slot_of: list[int] = []  # request in each occupied slot
+    logits: dict[int, np.ndarray] = {}
+    for step in range(max(arrivals) + steps):
+        for i in [i for i, a in enumerate(arrivals) if a == step]:
+            slot_of.append(i)
+            logits[i] = decoder.prefill(len(slot_of) - 1, [prompts[i]])[0]
+        for i in slot_of:
+            out[i].append(int(logits[i].argmax()))
+        for i in [i for i in slot_of if len(out[i]) == steps]:  # done: the last slot moves into its place
+            slot, last = slot_of.index(i), len(slot_of) - 1
+            if slot != last:
+                decoder.move(last, slot)
+            else:
+                decoder.clear(slot)
+            slot_of[slot] = slot_of[last]
+            slot_of.pop()
+        if slot_of:
+            tokens = np.array([out[i][-1] for i in slot_of])
+            logits.update(zip(slot_of, decoder.decode(tokens)))
+    return np.array(out)
