@@ -112,15 +112,31 @@ def test_metrics_parse_and_move(stub, server):
     assert info and ("execution_provider", "CPUExecutionProvider") in info[0]
 
 
-def test_reflection_lists_the_services(tiny_model_dir):
+def test_reflection_lists_and_describes_every_service(tiny_model_dir):
+    """grpcurl's view: each listed service resolves to its methods, the Open Inference Protocol and
+    health included (their generated code builds its descriptors in pools of its own)."""
+    from google.protobuf.descriptor_pool import DescriptorPool
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
     running = start_server(tiny_model_dir, reflection=True)
     try:
-        services = set(ProtoReflectionDescriptorDatabase(running.channel).get_services())
+        database = ProtoReflectionDescriptorDatabase(running.channel)
+        services = set(database.get_services())
+        pool = DescriptorPool(database)
+        methods = {name: {m.name for m in pool.FindServiceByName(name).methods} for name in services}
+        request = pool.FindMessageTypeByName("inference.ModelInferRequest")
     finally:
         running.stop()
-    assert {"attnserve.v1.TextGeneration", "grpc.health.v1.Health"} <= services
+    assert services == {
+        "attnserve.v1.TextGeneration",
+        "inference.GRPCInferenceService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+    assert {"Generate", "GenerateStream", "GetModelInfo"} <= methods["attnserve.v1.TextGeneration"]
+    assert {"ModelInfer", "ModelStreamInfer", "ServerLive"} <= methods["inference.GRPCInferenceService"]
+    assert methods["grpc.health.v1.Health"] == {"Check", "Watch"}
+    assert "raw_input_contents" in request.fields_by_name
 
 
 def cuda_available() -> bool:

@@ -16,13 +16,16 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import grpc
+from google.protobuf import descriptor_pool
 from google.protobuf.runtime_version import VersionError
 
 from ..engine.domain import Final, GenerationRequest, StreamInterval
 from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
-from ..health.v1 import health_pb2_grpc
+from ..health.v1 import health_pb2, health_pb2_grpc
+from ..inference import grpc_service_pb2 as oip_pb
 from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import ModelRunner, ProviderError
@@ -83,8 +86,21 @@ def enable_reflection(server: grpc.aio.Server) -> None:
         from grpc_reflection.v1alpha import reflection
     except (ImportError, VersionError) as e:
         raise StartupError(f"--reflection needs grpcio-reflection, which does not import here: {e}") from None
+    from grpc_reflection.v1alpha import reflection_pb2
+
     names = (SERVICE, OIP_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
-    reflection.enable_server_reflection(names, server)
+    protocols = (pb, oip_pb, health_pb2, reflection_pb2)
+    reflection.enable_server_reflection(names, server, pool=descriptor_pool_of(protocols))
+
+
+def descriptor_pool_of(modules: tuple[ModuleType, ...]) -> descriptor_pool.DescriptorPool:
+    """One pool with every generated module's file, for reflection to describe each service it lists:
+    attnserve.v1 lives in protobuf's default pool, the Open Inference Protocol and health in pools of
+    their own (protos/generate.py says why), which the reflection servicer would not see."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in modules:
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pool
 
 
 def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
