@@ -9,6 +9,8 @@ import argparse
 import importlib
 import sys
 
+from . import __version__
+
 # subcommand -> (module, function taking the parsed args and returning an exit code)
 HANDLERS = {
     "train": ("attnserve.model.train_cli", "main"),
@@ -119,8 +121,8 @@ def add_export(sub) -> None:
         "--kv-cache",
         choices=["arena", "concat"],
         default=None,
-        help="decoder KV cache layout: arena (in place, GroupQueryAttention; the default for "
-        "decoder-only models) or concat (past + new; what encoder-decoders export)",
+        help="decoder KV cache layout: arena (in place, GroupQueryAttention; the default for both "
+        "architectures, the one attnserve serve runs) or concat (past + new; the KV benchmark's baseline)",
     )
 
 
@@ -283,6 +285,7 @@ def add_bench(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_train(sub)
     add_export(sub)

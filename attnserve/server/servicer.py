@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from importlib import metadata
 
 import grpc
 
+from .. import __version__
 from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
 from ..engine.engine import Engine
 from ..runtime.model_runner import ModelRunner
@@ -188,12 +188,5 @@ def model_info(
             vocab_size=tokenizer.vocab_size,
             bos_prepended=tokenizer.add_bos,
         ),
-        server_version=server_version(),
+        server_version=__version__,
     )
-
-
-def server_version() -> str:
-    try:
-        return metadata.version("attnserve")
-    except metadata.PackageNotFoundError:
-        return "unknown"
