@@ -1,5 +1,6 @@
 """TLS, mutual TLS and bearer-token auth accept the right client and reject the others; metrics
-parse and move; reflection lists the services; on CUDA the session and the KV cache live on the GPU."""
+parse, move, and leave the start-up warm-up out; calls before SERVING get UNAVAILABLE; reflection
+lists and describes the services; on CUDA the session and the KV cache live on the GPU."""
 
 import urllib.request
 
@@ -110,6 +111,51 @@ def test_metrics_parse_and_move(stub, server):
     assert scrape(port)[("attnserve_batch_size", ())] == 0  # an empty batch reads 0, not its last size
     info = [labels for (name, labels) in after if name == "attnserve_model_info"]
     assert info and ("execution_provider", "CPUExecutionProvider") in info[0]
+
+
+TRAFFIC = (
+    "attnserve_generated_tokens_total",
+    "attnserve_time_to_first_token_seconds_count",
+    "attnserve_inter_token_latency_seconds_count",
+    "attnserve_request_latency_seconds_count",
+    "attnserve_step_batch_size_count",
+)
+
+
+def test_the_start_up_warm_up_is_not_traffic(tiny_model_dir):
+    """A fresh server (its warm-up generation run) shows no generation in its metrics; the first call does."""
+    running = start_server(tiny_model_dir, metrics_port=0)
+    try:
+        fresh = scrape(running.server.metrics_port)
+        running.stub.Generate(request("the first", max_new_tokens=3), timeout=TIMEOUT)
+        wait_until(lambda: idle(running.engine), what="the engine to go idle")
+        after = scrape(running.server.metrics_port)
+    finally:
+        running.stop()
+    finished = lambda samples: sum(
+        v for (name, _), v in samples.items() if name == "attnserve_generations_finished_total"
+    )
+    assert finished(fresh) == 0 and all(fresh.get((name, ()), 0) == 0 for name in TRAFFIC)
+    assert finished(after) == 1 and all(after[(name, ())] > 0 for name in TRAFFIC)
+
+
+def test_calls_while_starting_get_unavailable_and_health_still_answers(server):
+    from attnserve.inference import grpc_service_pb2 as oip
+    from attnserve.inference import grpc_service_pb2_grpc as oip_grpc
+    from attnserve.server.app import STARTING
+
+    server.server.boundary.refusal = STARTING  # as during start(), until the warm-up has passed
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            server.stub.Generate(request("too early", max_new_tokens=2), timeout=TIMEOUT)
+        health = health_pb2_grpc.HealthStub(server.channel).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT)
+        live = oip_grpc.GRPCInferenceServiceStub(server.channel).ServerLive(oip.ServerLiveRequest(), timeout=TIMEOUT)
+    finally:
+        server.server.boundary.refusal = None
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert refused.value.details() == STARTING
+    assert health.status == health_pb2.HealthCheckResponse.SERVING and live.live
+    server.stub.Generate(request("now", max_new_tokens=2), timeout=TIMEOUT)  # served again
 
 
 def test_reflection_lists_and_describes_every_service(tiny_model_dir):

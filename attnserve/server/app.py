@@ -50,6 +50,9 @@ log = logging.getLogger("attnserve.server")
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
 WARMUP_TIMEOUT_S = 120.0
+# Why attnserve.v1 and Open Inference Protocol calls get UNAVAILABLE (health says NOT_SERVING then)
+STARTING = "the server is starting (its warm-up generation runs); retry once its health says SERVING"
+DRAINING = "the server is draining (shutting down); retry on another replica"
 # While a connection has calls open, the server pings its client every KEEPALIVE_S and closes it when
 # no answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
@@ -221,6 +224,7 @@ class Server:
         if self.config.reflection:
             enable_reflection(server)
         self.port = self._bind(server)
+        self.boundary.refusal = STARTING
         await server.start()
         self.engine.start()
         self.watchdog = asyncio.create_task(self.writes.run())
@@ -232,9 +236,14 @@ class Server:
                     f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}: {e.strerror}"
                 ) from None
         if self.config.warmup:
-            await self.warm_up()
+            self.metrics.counting = False  # the warm-up is not traffic: calls are refused until it ends
+            try:
+                await self.warm_up()
+            finally:
+                self.metrics.counting = True
         for service in HEALTH_SERVICES:
             await self.health.set(service, SERVING)
+        self.boundary.refusal = None
         self.serving = True
 
     def _bind(self, server: grpc.aio.Server) -> int:
@@ -272,7 +281,7 @@ class Server:
         """Stop taking calls, let in-flight ones finish within --drain-timeout, then stop."""
         await self.health.enter_graceful_shutdown()
         self.serving = False
-        self.boundary.draining = True
+        self.boundary.refusal = DRAINING
         self.engine.close()
         log.info("draining: %(active)d active and %(queued)d queued requests to finish", self.engine.stats())
         deadline = time.monotonic() + self.config.drain_timeout

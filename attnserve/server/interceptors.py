@@ -3,7 +3,7 @@
 BoundaryInterceptor wraps every method: domain errors (ServeError subclasses) map to their
 status codes, anything unexpected becomes INTERNAL with a request id (the detail is logged,
 never sent), and every call is counted by status; calls of attnserve.v1 and the inference
-protocol are also counted in flight, and new ones get UNAVAILABLE while the server drains; the
+protocol are also counted in flight, and new ones get UNAVAILABLE while the server starts or drains; the
 responses of streaming calls are written through a WriteWatch (--write-timeout).
 AuthInterceptor checks `authorization: Bearer <token>` in constant time on every service except
 grpc.health.v1, so load balancers can probe without the token.
@@ -36,10 +36,10 @@ from .slow_readers import WriteWatch
 
 log = logging.getLogger("attnserve.server")
 
-# The services whose calls are counted, mapped and refused while draining: attnserve.v1 and the
-# Open Inference Protocol. The protocol's own health calls still answer while draining (ready: false).
+# The services whose calls are counted, mapped and refused while starting or draining: attnserve.v1
+# and the Open Inference Protocol. The protocol's own health calls always answer (ready: false then).
 SERVICE_PREFIXES = ("/attnserve.v1.", "/inference.GRPCInferenceService/")
-ANSWER_WHILE_DRAINING = frozenset({"ServerLive", "ServerReady", "ModelReady"})
+ALWAYS_ANSWERED = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
     InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
@@ -120,7 +120,8 @@ async def stream_of(behavior, request, context):
 
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
     """Maps errors to status codes and counts calls by status, on every method; on attnserve.v1 and
-    the inference protocol, also tracks calls in flight and refuses new ones while draining."""
+    the inference protocol, also tracks calls in flight and refuses new ones while the server starts
+    or drains (`refusal`)."""
 
     def __init__(
         self,
@@ -134,7 +135,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         self.count = count or (lambda *_: None)
         self.in_flight = in_flight or (lambda _: None)
         self.writes = writes
-        self.draining = False
+        self.refusal: str | None = None  # why new calls get UNAVAILABLE now (starting, draining); None: serving
         self.leak_bytes = leak_bytes
         self.leaked: list[bytes] = []
 
@@ -187,11 +188,10 @@ class _Boundary:
         self.aborts = aborts
 
     async def __aenter__(self):
-        if self.served and self.owner.draining and self.method not in ANSWER_WHILE_DRAINING:
+        refusal = self.owner.refusal
+        if self.served and refusal and self.method not in ALWAYS_ANSWERED:
             self.owner.count(self.method, grpc.StatusCode.UNAVAILABLE.name)
-            await self.context.abort(
-                grpc.StatusCode.UNAVAILABLE, "the server is draining (shutting down); retry on another replica"
-            )
+            await self.context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         if self.served:
             self.owner.in_flight(+1)
         return self

@@ -23,6 +23,7 @@ class Metrics(EngineObserver):
     """The server's metrics; pass it to the Engine as its observer."""
 
     def __init__(self) -> None:
+        self.counting = True  # the engine's reports count as traffic (off for the start-up warm-up)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -86,20 +87,26 @@ class Metrics(EngineObserver):
             self.http.server_close()
             self.http = None
 
-    # ---- EngineObserver ---------------------------------------------------------------
+    # ---- EngineObserver: traffic only (`counting` is off during the start-up warm-up) --
     def on_step(self, batch_size: int, queue_depth: int) -> None:
+        if not self.counting:
+            return
         self.batch_size.set(batch_size)
         self.queue_depth.set(queue_depth)
         if batch_size:
             self.step_batch.observe(batch_size)
 
     def on_first_token(self, seconds: float) -> None:
-        self.ttft.observe(seconds)
+        if self.counting:
+            self.ttft.observe(seconds)
 
     def on_inter_token(self, seconds: float) -> None:
-        self.itl.observe(seconds)
+        if self.counting:
+            self.itl.observe(seconds)
 
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
+        if not self.counting:
+            return
         self.finished.labels(reason=reason.value).inc()
         self.e2e.observe(seconds)
         self.tokens.inc(completion_tokens)
