@@ -183,6 +183,27 @@ def test_refusals_exit_with_one_line(live, capsys):
     assert status == 1 and err.startswith("attnserve bench: error: UNAVAILABLE")
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--stream-interval-tokens", "0"), "--stream-interval-tokens must be at least 1, got 0"),
+        (("--stream-interval-ms", "-5"), "--stream-interval-ms must not be negative, got -5"),
+        (("--plot", "report.txt"), "--plot report.txt: matplotlib writes "),
+    ],
+)
+def test_bad_flags_are_refused_before_connecting(capsys, flags, message):
+    """Checked before anything is sent: the target does not even answer (it would be UNAVAILABLE, exit 1)."""
+    status, out, err = bench(capsys, "--target", "127.0.0.1:1", "--timeout", "0.5", *flags)
+    assert (status, out) == (2, "")
+    assert err.startswith(f"attnserve bench: error: {message}") and len(err.strip().splitlines()) == 1
+
+
+def test_a_stream_interval_over_the_servers_cap_is_refused_before_the_run(live, capsys):
+    status, out, err = bench(capsys, "--target", live.target, "--stream-interval-tokens", "100000")
+    assert (status, out) == (2, "")
+    assert "--stream-interval-tokens 100000 is over the server's max_new_tokens cap" in err
+
+
 def test_plot_without_matplotlib_is_refused_before_the_run(live, capsys, monkeypatch, tmp_path):
     import sys
 

@@ -86,6 +86,10 @@ class BenchConfig:
             raise ValueError("--prompt-tokens must be at least 1, or 2 with --prompt-text (BOS and one byte)")
         if self.warmup < 0:
             raise ValueError("--warmup must not be negative")
+        if self.stream_interval_tokens is not None and self.stream_interval_tokens < 1:
+            raise ValueError(f"--stream-interval-tokens must be at least 1, got {self.stream_interval_tokens}")
+        if self.stream_interval_ms is not None and self.stream_interval_ms < 0:
+            raise ValueError(f"--stream-interval-ms must not be negative, got {self.stream_interval_ms}")
 
     def params(self) -> GenerationParams:
         """What every request of the run decodes with: greedy, max_new_tokens each, the stream interval."""
@@ -281,6 +285,12 @@ def check_fits(config: BenchConfig, info: ModelInfo) -> None:
         raise InvalidArgument(
             f"--max-new-tokens {config.max_new_tokens} is over the server's cap of {info.limits.max_new_tokens}"
         )
+    interval = config.stream_interval_tokens
+    if interval is not None and interval > info.limits.max_new_tokens:
+        raise InvalidArgument(
+            f"--stream-interval-tokens {interval} is over the server's max_new_tokens cap of "
+            f"{info.limits.max_new_tokens}"
+        )
     if config.prompt_tokens > info.limits.max_prompt_tokens:
         raise InvalidArgument(
             f"--prompt-tokens {config.prompt_tokens} is over the server's limit of {info.limits.max_prompt_tokens}"
@@ -316,12 +326,19 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     return config
 
 
-def check_plotting() -> None:
-    """--plot needs matplotlib, which a client-only install lacks: say so before the run."""
+def check_plotting(path: str) -> None:
+    """--plot needs matplotlib, which a client-only install lacks, and a file type it writes: say so
+    before the run, not after it."""
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib  # noqa: F401  (the package itself: its submodules may be imported already)
+        from matplotlib.figure import Figure
+
+        kinds = Figure().canvas.get_supported_filetypes()
     except ImportError:
         raise ValueError("--plot needs matplotlib (pip install matplotlib), which is not installed") from None
+    kind = Path(path).suffix.lstrip(".").lower()
+    if kind not in kinds:
+        raise ValueError(f"--plot {path}: matplotlib writes {', '.join(sorted(kinds))} files, not {kind or 'none'}")
 
 
 def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> None:
@@ -343,7 +360,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
         if args.plot:
-            check_plotting()
+            check_plotting(args.plot)
         report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))
         write_outputs(report, args.out, args.plot)
     except KeyboardInterrupt:
