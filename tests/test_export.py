@@ -172,6 +172,8 @@ def test_cli_errors_are_one_line(tmp_path, tiny_checkpoint):
         ((corrupt, "--out", tmp_path / "m"), "corrupt or unreadable"),
         ((tiny_checkpoint, "--out", blocker / "m"), "cannot write --out"),
         ((tiny_checkpoint, "--out", precious), "refusing to replace it"),
+        ((tiny_checkpoint, "--out", tmp_path / "m", "--parity-steps", "0"), "--parity-steps must be at least 1, got 0"),
+        ((tiny_checkpoint, "--out", tmp_path / "m", "--parity-steps", "-3"), "--parity-steps must be at least 1"),
     ]:
         proc = run_cli(*args)
         assert proc.returncode == 2, proc.stderr

@@ -85,6 +85,24 @@ def test_bad_values_are_refused_in_one_line_naming_the_flag(capsys, flags, messa
     assert last.startswith("attnserve serve: error: " + message), last
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"port": 70000}, "--port must be 0 to 65535, got 70000"),
+        ({"port": -1}, "--port must be 0 to 65535, got -1"),
+        ({"threads": -1}, "--threads must not be negative (0: all cores but one), got -1"),
+        ({"tls_cert": "c.pem"}, "--tls-cert and --tls-key go together"),
+        ({"drain_timeout": -1.0}, "--drain-timeout must not be negative"),
+        ({"max_queue": 0}, "--max-queue must be at least 1"),
+    ],
+)
+def test_out_of_range_values_are_refused_naming_the_flag(fields, message):
+    """gRPC would take port 70000 modulo 65536 and listen elsewhere; ONNX Runtime, -1 threads."""
+    with pytest.raises(ValueError) as refused:
+        ServerConfig(model="m", **fields).check()
+    assert str(refused.value) == message
+
+
 def test_the_engine_takes_its_limits_from_the_config_only():
     assert all(f.default is MISSING for f in fields(EngineLimits))
     assert inspect.signature(Engine).parameters["limits"].default is inspect.Parameter.empty

@@ -201,10 +201,18 @@ def test_ddp_two_processes_keep_identical_weights(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "field, value", [("batch_size", 0), ("max_steps", -1), ("time_budget", 0.0), ("precision", "fp8")]
+    "field, value, named",
+    [
+        ("batch_size", 0, "--batch-size"),
+        ("max_steps", -1, "--max-steps"),
+        ("time_budget", 0.0, "--time-budget"),
+        ("precision", "fp8", "--precision"),
+        ("lr", -1.0, "--lr"),
+        ("eval_windows", 0, "eval_windows"),  # not a flag: the field's own name
+    ],
 )
-def test_bad_train_options_are_refused_before_training(field, value):
-    with pytest.raises(TrainError, match=field):
+def test_bad_train_options_are_refused_before_training_naming_the_flag(field, value, named):
+    with pytest.raises(TrainError, match=f"^{named} "):
         TrainConfig(**{field: value})
 
 

@@ -30,6 +30,10 @@ CASES = [
     "BPE vocabulary below the bytes",
     "vocabulary size for the byte tokenizer",
     "BPE for an encoder-decoder",
+    "negative learning rate",
+    "negative max steps",
+    "zero time budget",
+    "zero batch size",
 ]
 
 
@@ -81,6 +85,10 @@ def error_cases(root):
             ["--preset", "numbers", "--tokenizer", "bpe", *out],
             "--tokenizer bpe is for decoder-only models",
         ),
+        "negative learning rate": (["--lr", "-1", *out], "--lr must be positive, got -1.0"),
+        "negative max steps": (["--max-steps", "-2", *out], "--max-steps must not be negative, got -2"),
+        "zero time budget": (["--time-budget", "0", *out], "--time-budget must be positive, got 0.0"),
+        "zero batch size": (["--batch-size", "0", *out], "--batch-size must be at least 1, got 0"),
     }
 
 

@@ -126,7 +126,10 @@ def test_cuda_trains_on_the_gpu_and_the_checkpoint_loads_on_the_cpu(tmp_path):
         assert torch.equal(tensor.cpu(), loaded.state_dict()[name]), name
 
 
-@pytest.mark.parametrize("field, value", [("eval_pairs", 0), ("batch_size", 0), ("precision", "fp8")])
-def test_bad_options_are_refused_before_training(field, value):
-    with pytest.raises(TrainError, match=field):
+@pytest.mark.parametrize(
+    "field, value, named",
+    [("eval_pairs", 0, "eval_pairs"), ("batch_size", 0, "--batch-size"), ("precision", "fp8", "--precision")],
+)
+def test_bad_options_are_refused_before_training(field, value, named):
+    with pytest.raises(TrainError, match=f"^{named} "):
         Seq2SeqTrainConfig(**{field: value})

@@ -200,6 +200,8 @@ def export_checkpoint(
 ) -> contract.Manifest:
     """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError."""
     checkpoint, out = Path(checkpoint), Path(out)
+    if parity_steps < 1:
+        raise ExportError(f"--parity-steps must be at least 1, got {parity_steps}")
     if quantize and dtype != "float32":
         raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
     model, tokenizer, source = load_model(checkpoint)
@@ -323,6 +325,13 @@ def main(args) -> int:
     except ParityError as e:
         print(f"attnserve export: {e}", file=sys.stderr)
         return 1
+    compared = manifest.parity["greedy"]["steps"]
+    if compared < args.parity_steps:
+        print(
+            f"attnserve export: --parity-steps {args.parity_steps}: the model's context leaves room for "
+            f"{compared} greedy steps after the gate's prompts; {compared} were compared",
+            file=sys.stderr,
+        )
     print(
         f"wrote {args.out} ({manifest.dtype}{', int8' if manifest.quantization else ''}, "
         f"{manifest.kv_cache} KV cache, parity passed)"

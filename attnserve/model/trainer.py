@@ -62,17 +62,24 @@ class TrainerConfig:
     progress: bool = True  # progress bar on rank 0
 
     def __post_init__(self) -> None:
+        """Refuse what cannot train, naming the `attnserve train` flag (the field's name, dashed)."""
         for name in ("batch_size", "eval_interval"):
             if getattr(self, name) < 1:
-                raise TrainError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise TrainError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
-            raise TrainError(f"threads must be at least 1, got {self.threads}")
+            raise TrainError(f"--threads must be at least 1, got {self.threads}")
         if self.max_steps is not None and self.max_steps < 0:
-            raise TrainError(f"max_steps must be >= 0, got {self.max_steps}")
+            raise TrainError(f"--max-steps must not be negative, got {self.max_steps}")
         if self.precision not in ("auto", "bf16", "fp32"):
-            raise TrainError(f"precision must be auto, bf16 or fp32, got {self.precision!r}")
+            raise TrainError(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
         if self.time_budget is not None and self.time_budget <= 0:
-            raise TrainError(f"time_budget must be positive, got {self.time_budget}")
+            raise TrainError(f"--time-budget must be positive, got {self.time_budget}")
+        if not self.lr > 0:  # also refuses NaN
+            raise TrainError(f"--lr must be positive, got {self.lr}")
+
+
+def flag(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
 
 
 class Task(Protocol):

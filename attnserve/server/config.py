@@ -19,6 +19,7 @@ from ..engine.domain import MAX_STREAM_INTERVAL_MS
 T = TypeVar("T")
 
 PROVIDERS = ("auto", "cuda", "cpu")
+MAX_PORT = 65535
 TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
 TEST_STEP_DELAY_VARIABLE = "ATTNSERVE_TEST_STEP_DELAY_MS"
 # Test-only settings, read from the environment at start-up (no flags): field -> (variable, unit)
@@ -181,30 +182,35 @@ class ServerConfig:
         return cls(**values, **read_test_switches(environ))
 
     def check(self) -> None:
-        """Raise ValueError with a one-line reason for flags that cannot work together."""
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("--tls-cert and --tls-key go together")
-        if self.tls_client_ca and not self.tls_cert:
-            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key")
-        if self.provider not in PROVIDERS:
-            known = f"{', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]}"
-            raise ValueError(f"--provider must be {known}, not {self.provider!r}")
-        if self.max_batch < 0:
-            raise ValueError("--max-batch must be at least 1, or auto")
-        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
-            raise ValueError("--kv-cache-memory must be a positive number of bytes")
-        if not 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS:
-            raise ValueError(f"--stream-interval-ms must be 0 to {MAX_STREAM_INTERVAL_MS}")
-        if self.write_timeout <= 0:
-            raise ValueError("--write-timeout must be positive")
-        if self.max_connection_age is not None and self.max_connection_age <= 0:
-            raise ValueError("--max-connection-age must be positive")
+        """Raise ValueError with a one-line reason naming the first flag that cannot work."""
+        known = f"{', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]}"
+        rules = [
+            ((self.tls_cert is None) == (self.tls_key is None), "--tls-cert and --tls-key go together"),
+            (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
+            (self.provider in PROVIDERS, f"--provider must be {known}, not {self.provider!r}"),
+            (0 <= self.port <= MAX_PORT, f"--port must be 0 to {MAX_PORT}, got {self.port}"),
+            (self.threads >= 0, f"--threads must not be negative (0: all cores but one), got {self.threads}"),
+            (self.max_batch >= 0, "--max-batch must be at least 1, or auto"),
+            (
+                self.kv_cache_memory is None or self.kv_cache_memory >= 1,
+                "--kv-cache-memory must be a positive number of bytes",
+            ),
+            (
+                0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS,
+                f"--stream-interval-ms must be 0 to {MAX_STREAM_INTERVAL_MS}",
+            ),
+            (self.write_timeout > 0, "--write-timeout must be positive"),
+            (self.max_connection_age is None or self.max_connection_age > 0, "--max-connection-age must be positive"),
+            (self.drain_timeout >= 0, "--drain-timeout must not be negative"),
+        ]
         counts = ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens", "stream_buffer_events")
-        for name in (*counts, "max_concurrent_streams"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{flag_name(name)} must be at least 1")
-        if self.drain_timeout < 0:
-            raise ValueError("--drain-timeout must not be negative")
+        rules += [
+            (getattr(self, name) >= 1, f"{flag_name(name)} must be at least 1")
+            for name in (*counts, "max_concurrent_streams")
+        ]
+        for ok, reason in rules:
+            if not ok:
+                raise ValueError(reason)
 
 
 def add_field_flags(parser: argparse.ArgumentParser, config_class: type, only: tuple[str, ...] | None = None) -> None:
