@@ -158,6 +158,27 @@ def test_refused_calls_are_freed_at_once_not_by_the_cycle_collector(single):
         gc.enable()
 
 
+def test_calls_refused_while_draining_are_freed_at_once_too(single):
+    """The start-up and drain refusals end a call the same way as a mapped error, not with abort()."""
+    from attnserve.server.app import DRAINING
+
+    gc.disable()
+    single.server.boundary.refusal = DRAINING
+    try:
+        before = live_call_contexts()
+        stream = lambda message, timeout: list(single.stub.GenerateStream(message, timeout=timeout))
+        for _ in range(10):
+            for call in (single.stub.Generate, stream):
+                with pytest.raises(grpc.RpcError) as info:
+                    call(request("too late", max_new_tokens=2), timeout=TIMEOUT)
+                assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, DRAINING)
+        wait_until(lambda: live_call_contexts() <= before, what=f"the 20 refused calls freed (alive: {before} before)")
+        assert calls(single, "GenerateStream", "UNAVAILABLE") >= 10
+    finally:
+        single.server.boundary.refusal = None
+        gc.enable()
+
+
 def test_cancelled_stream_frees_its_slot_for_a_queued_request(single):
     cancelled = finished(single, "cancelled")
     hold_while_decoding(single)

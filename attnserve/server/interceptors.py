@@ -148,19 +148,19 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         writes = self.writes
 
         async def unary(behavior, request, context):
-            async with _Boundary(self, method, served, request, context):
-                return await behavior(request, context)
+            async with _Boundary(self, method, served, request, context) as call:
+                return await call.admit(behavior)(request, context)
 
         async def stream(behavior, request, context):
-            async with _Boundary(self, method, served, request, context):
-                async for response in stream_of(behavior, request, context):
+            async with _Boundary(self, method, served, request, context) as call:
+                async for response in stream_of(call.admit(behavior), request, context):
                     yield response
 
         async def stream_written(behavior, request, context):
             assert writes is not None
             async with (
-                _Boundary(self, method, served, request, context),
-                aclosing(stream_of(behavior, request, context)) as responses,
+                _Boundary(self, method, served, request, context) as call,
+                aclosing(stream_of(call.admit(behavior), request, context)) as responses,
             ):
                 async for response in responses:
                     await writes.write(context, response)
@@ -186,18 +186,29 @@ class _Boundary:
     def __init__(self, owner: BoundaryInterceptor, method: str, served: bool, request, context, aborts: bool = False):
         self.owner, self.method, self.served, self.request, self.context = owner, method, served, request, context
         self.aborts = aborts
+        # Why this call is refused (the server starts or drains), taken once as it arrives; None: served
+        self.refusal = owner.refusal if served and method not in ALWAYS_ANSWERED else None
+        self.tracked = served and self.refusal is None  # counted in flight
+
+    def admit(self, behavior: Callable) -> Callable:
+        """The call's behavior, or, while it is refused, one that raises Draining: the refusal then
+        ends the call like any mapped error (set on the context, never context.abort())."""
+        if self.refusal is None:
+            return behavior
+        refusal = self.refusal
+
+        async def refuse(*_):  # a behavior's (request, context)
+            raise Draining(refusal)
+
+        return refuse
 
     async def __aenter__(self):
-        refusal = self.owner.refusal
-        if self.served and refusal and self.method not in ALWAYS_ANSWERED:
-            self.owner.count(self.method, grpc.StatusCode.UNAVAILABLE.name)
-            await self.context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
-        if self.served:
+        if self.tracked:
             self.owner.in_flight(+1)
         return self
 
     async def __aexit__(self, kind, error, traceback) -> bool:
-        if self.served:
+        if self.tracked:
             self.owner.in_flight(-1)
             if self.owner.leak_bytes:
                 self.owner.leaked.append(b"\xa5" * self.owner.leak_bytes)
