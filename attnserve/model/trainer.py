@@ -63,9 +63,9 @@ class TrainerConfig:
 
     def __post_init__(self) -> None:
         """Refuse what cannot train, naming the `attnserve train` flag (the field's name, dashed)."""
-        for name in ("batch_size", "eval_interval"):
-            if getattr(self, name) < 1:
-                raise TrainError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        for name, value in (("--batch-size", self.batch_size), ("--eval-interval", self.eval_interval)):
+            if value < 1:
+                raise TrainError(f"{name} must be at least 1, got {value}")
         if self.threads is not None and self.threads < 1:
             raise TrainError(f"--threads must be at least 1, got {self.threads}")
         if self.max_steps is not None and self.max_steps < 0:
@@ -76,10 +76,6 @@ class TrainerConfig:
             raise TrainError(f"--time-budget must be positive, got {self.time_budget}")
         if not self.lr > 0:  # also refuses NaN
             raise TrainError(f"--lr must be positive, got {self.lr}")
-
-
-def flag(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
 
 
 class Task(Protocol):

@@ -86,11 +86,9 @@ def enable_reflection(server: grpc.aio.Server) -> None:
     """--reflection: grpcio-reflection, imported only here, so that a host whose copy cannot import
     (its generated code follows one protobuf major version) serves without it."""
     try:
-        from grpc_reflection.v1alpha import reflection
+        from grpc_reflection.v1alpha import reflection, reflection_pb2
     except (ImportError, VersionError) as e:
         raise StartupError(f"--reflection needs grpcio-reflection, which does not import here: {e}") from None
-    from grpc_reflection.v1alpha import reflection_pb2
-
     names = (SERVICE, OIP_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
     protocols = (pb, oip_pb, health_pb2, reflection_pb2)
     reflection.enable_server_reflection(names, server, pool=descriptor_pool_of(protocols))
