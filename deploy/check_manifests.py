@@ -47,14 +47,7 @@ def load(path: Path) -> list:
     return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
 
 
-def serve_parser() -> argparse.ArgumentParser:
-    """`attnserve serve`'s parser, built by the CLI's own add_serve."""
-    subparsers = argparse.ArgumentParser(prog="attnserve").add_subparsers()
-    cli.add_serve(subparsers)
-    return subparsers.choices["serve"]
-
-
-SERVE = serve_parser()
+SERVE = cli.subcommand_parser("serve")  # `attnserve serve`'s parser, built by the CLI itself
 SERVE_FLAGS = set(re.findall(r"--[a-z][a-z0-9-]*", SERVE.format_usage()))  # what `attnserve serve --help` lists
 METRICS = {m.name for m in Metrics().registry.collect()}
 

@@ -1,12 +1,24 @@
 """The `attnserve` command itself: its version, written once (attnserve/__init__.py) and the same
 in the installed package's metadata and `--version` (tests/test_oip.py checks that GetModelInfo's
-server_version is the metadata's)."""
+server_version is the metadata's); and every default written once, in the config each subcommand's
+flags are built from."""
 
 import subprocess
 import sys
+from dataclasses import fields
 from importlib import metadata
 
+import pytest
+
 import attnserve
+from attnserve.cli import subcommand_parser
+from attnserve.clients.bench import BenchConfig
+from attnserve.clients.client import DEFAULT_TIMEOUT
+from attnserve.clients.types import GenerationParams
+from attnserve.flags import flag_name
+from attnserve.model.train import DEFAULT_BPE_VOCAB, TrainConfig
+from attnserve.model.train_seq2seq import Seq2SeqTrainConfig
+from attnserve.model.trainer import TrainerConfig
 
 
 def test_version_is_written_once():
@@ -14,3 +26,42 @@ def test_version_is_written_once():
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"attnserve {attnserve.__version__}"
     assert metadata.version("attnserve") == attnserve.__version__  # pyproject.toml reads it (dynamic)
+
+
+@pytest.mark.parametrize(("command", "config"), [("generate", GenerationParams), ("bench", BenchConfig)])
+def test_client_flags_are_built_from_their_config_fields(command, config):
+    """Each field with help is a flag whose default is the field's, shown in its help: nowhere else."""
+    actions = {a.dest: a for a in subcommand_parser(command)._actions}
+    flagged = [f for f in fields(config) if "help" in f.metadata]
+    assert flagged
+    for f in flagged:
+        action = actions[f.name]
+        assert action.option_strings == [flag_name(f.name)], f.name
+        assert action.default == f.default, f.name
+        assert action.help.startswith(f.metadata["help"]) and "(default: " in action.help, f.name
+    assert actions["timeout"].default == (DEFAULT_TIMEOUT if command == "generate" else BenchConfig.timeout)
+
+
+def test_train_help_shows_each_architectures_defaults():
+    """train's flags left out keep the preset's architecture's default; the help shows both configs'."""
+    actions = {a.dest: a for a in subcommand_parser("train")._actions}
+    for name in ("lr", "batch_size", "max_steps"):
+        assert actions[name].default is None, name
+    assert f"{TrainConfig.lr:g}; encoder-decoders {Seq2SeqTrainConfig.lr:g}" in actions["lr"].help
+    assert f"{TrainConfig.batch_size}; encoder-decoders {Seq2SeqTrainConfig.batch_size}" in actions["batch_size"].help
+    assert f"none; encoder-decoders {Seq2SeqTrainConfig.max_steps}" in actions["max_steps"].help
+    assert actions["precision"].default == TrainerConfig.precision
+    assert f"(default: {DEFAULT_BPE_VOCAB})" in actions["vocab_size"].help
+
+
+def test_only_the_subcommand_asked_for_is_imported():
+    """`attnserve serve --help` builds serve's flags without importing torch, grpc or the clients;
+    `attnserve --help` imports no subcommand at all."""
+    probe = (
+        "import sys; from attnserve import cli; cli.build_parser({!r}); "
+        "print(sorted(m for m in ('torch', 'grpc', 'onnxruntime', 'attnserve.clients', 'attnserve.model') "
+        "if m in sys.modules))"
+    )
+    for command, expected in ((None, "[]"), ("serve", "[]"), ("generate", "['attnserve.clients', 'grpc']")):
+        done = subprocess.run([sys.executable, "-c", probe.format(command)], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout.strip() == expected, (command, done.stdout, done.stderr)

@@ -229,5 +229,5 @@ def test_ctrl_c_cancels_the_stream_on_the_server_and_exits_130(live):
 
 
 def test_stop_takes_one_string_per_flag_so_the_prompt_may_follow_it():
-    args = build_parser().parse_args(["generate", "--stop", ".", "--stop", "\n\n", "The list"])
+    args = build_parser("generate").parse_args(["generate", "--stop", ".", "--stop", "\n\n", "The list"])
     assert (args.prompt, args.stop) == ("The list", [".", "\n\n"])

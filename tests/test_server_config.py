@@ -15,19 +15,18 @@ from dataclasses import MISSING, fields
 
 import pytest
 
-from attnserve.cli import build_parser, main
+from attnserve.cli import build_parser, main, subcommand_parser
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
+from attnserve.flags import flag_name
 from attnserve.server.app import SlowSteps
-from attnserve.server.config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig, flag_name
+from attnserve.server.config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
 
 FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]
 
 
 def serve_actions() -> dict[str, argparse.Action]:
     """`attnserve serve`'s argparse actions by flag."""
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {a.option_strings[0]: a for a in subparsers.choices["serve"]._actions if a.option_strings}
+    return {a.option_strings[0]: a for a in subcommand_parser("serve")._actions if a.option_strings}
 
 
 def test_every_field_but_two_is_a_flag_with_its_default_and_help():
@@ -61,7 +60,7 @@ def test_help_lists_every_flag_with_its_default(monkeypatch, capsys):
 
 
 def test_parsed_flags_give_back_the_config():
-    parse = lambda *flags: ServerConfig.from_args(build_parser().parse_args(["serve", "--model", "m", *flags]))
+    parse = lambda *flags: ServerConfig.from_args(build_parser("serve").parse_args(["serve", "--model", "m", *flags]))
     assert parse() == ServerConfig(model="m")
     assert parse(
         "--port", "0", "--max-batch", "auto", "--kv-cache-memory", "512Mi", "--reflection", "--drain-timeout", "2.5"
@@ -109,7 +108,7 @@ def test_the_engine_takes_its_limits_from_the_config_only():
 
 
 def test_the_test_only_leak_comes_from_the_environment_alone():
-    args = build_parser().parse_args(["serve", "--model", "m"])
+    args = build_parser("serve").parse_args(["serve", "--model", "m"])
     assert ServerConfig.from_args(args).test_leak_bytes == 0
     assert ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4096"}).test_leak_bytes == 4096
     with pytest.raises(ValueError, match="ATTNSERVE_TEST_LEAK_BYTES must be a number of bytes, not '4k'"):
@@ -117,7 +116,7 @@ def test_the_test_only_leak_comes_from_the_environment_alone():
 
 
 def test_the_test_only_step_delay_comes_from_the_environment_and_slows_every_step():
-    args = build_parser().parse_args(["serve", "--model", "m"])
+    args = build_parser("serve").parse_args(["serve", "--model", "m"])
     assert ServerConfig.from_args(args).test_step_delay_ms == 0
     assert ServerConfig.from_args(args, {TEST_STEP_DELAY_VARIABLE: "5"}).test_step_delay_ms == 5
     with pytest.raises(ValueError, match=re.escape("ATTNSERVE_TEST_STEP_DELAY_MS must be a number of ms, not '5.5'")):

@@ -14,27 +14,24 @@ bytes; a BPE tokenizer makes fewer tokens of it, which the server's usage counts
 
 Output: progress on stderr; the table, then the JSON report as one line (always the last line
 of stdout), on stdout; --out writes the same JSON to a file, --plot a PNG. Statistics, table
-and plot live in bench_report.py.
+and plot live in bench_report.py, the flags and outputs in bench_cli.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import random
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, TextIO
 
+from ..flags import flag
 from .aio import AsyncClient
-from .bench_report import RequestRecord, format_table, summarize_level, write_plot
+from .bench_report import RequestRecord, summarize_level
 from .channel import DEFAULT_TARGET, TlsConfig
-from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
 from .errors import AttnserveError, InvalidArgument
 from .retry import NO_RETRY
 from .types import GenerationParams, ModelInfo, Prompt, TokenizerInfo
@@ -58,19 +55,26 @@ PASSAGE = (
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One benchmark run, as the command line describes it."""
+    """One benchmark run, as the command line describes it; fields with help are `attnserve bench` flags."""
 
     target: str = DEFAULT_TARGET
-    concurrency: tuple[int, ...] = (1, 4, 16)  # closed-loop levels
+    concurrency: tuple[int, ...] = (1, 4, 16)  # closed-loop levels (without --concurrency, none with --rate)
     rates: tuple[float, ...] = ()  # open-loop levels, requests per second
-    requests: int = 32  # requests per level
-    prompt_tokens: int = 32  # ids, or BOS + prompt_tokens - 1 bytes of text
+    requests: int = field(default=32, metadata=flag("requests per level"))
+    prompt_tokens: int = field(
+        default=32,
+        metadata=flag(
+            "prompt length in tokens: exact token ids; with --prompt-text, text of N - 1 ASCII bytes, N tokens "
+            "with the byte tokenizer's BOS, fewer with BPE (the report's prompt_tokens counts them)",
+            metavar="N",
+        ),
+    )
     prompt_ids: bool = True  # prompts as random token ids; False: text (--prompt-text)
-    max_new_tokens: int = 64
-    warmup: int = 2  # unmeasured requests before the first level
-    seed: int = 0  # prompts and arrival times
-    timeout: float = 300.0  # deadline of each request, seconds
-    stream_interval_tokens: int | None = None  # None: the server's
+    max_new_tokens: int = field(default=64, metadata=flag("tokens to generate per request", metavar="N"))
+    warmup: int = field(default=2, metadata=flag("warm-up requests before measuring", metavar="N"))
+    seed: int = field(default=0, metadata=flag("seed of the prompts and the arrival times"))
+    timeout: float = 300.0  # deadline of each request, seconds (--timeout)
+    stream_interval_tokens: int | None = None  # None: the server's (GenerationParams' flags)
     stream_interval_ms: int | None = None
 
     def check(self) -> None:
@@ -300,71 +304,3 @@ def check_fits(config: BenchConfig, info: ModelInfo) -> None:
             f"--prompt-tokens {config.prompt_tokens} + --max-new-tokens "
             f"{config.max_new_tokens} exceed the context length {info.context_length}"
         )
-
-
-def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """BenchConfig from the command line: without --concurrency, 1,4,16 unless --rate is given."""
-    rates = parse_numbers(args.rate, float, "--rate")
-    concurrency = parse_numbers(args.concurrency, int, "--concurrency")
-    if args.concurrency is None:
-        concurrency = () if rates else BenchConfig.concurrency
-    config = BenchConfig(
-        target=args.target,
-        concurrency=concurrency,
-        rates=rates,
-        requests=args.requests,
-        prompt_tokens=args.prompt_tokens,
-        prompt_ids=args.prompt_ids,
-        max_new_tokens=args.max_new_tokens,
-        warmup=args.warmup,
-        seed=args.seed,
-        timeout=BenchConfig.timeout if args.timeout is None else args.timeout,
-        stream_interval_tokens=args.stream_interval_tokens,
-        stream_interval_ms=args.stream_interval_ms,
-    )
-    config.check()
-    return config
-
-
-def check_plotting(path: str) -> None:
-    """--plot needs matplotlib, which a client-only install lacks, and a file type it writes: say so
-    before the run, not after it."""
-    try:
-        import matplotlib  # noqa: F401  (the package itself: its submodules may be imported already)
-        from matplotlib.figure import Figure
-
-        kinds = Figure().canvas.get_supported_filetypes()
-    except ImportError:
-        raise ValueError("--plot needs matplotlib (pip install matplotlib), which is not installed") from None
-    kind = Path(path).suffix.lstrip(".").lower()
-    if kind not in kinds:
-        raise ValueError(f"--plot {path}: matplotlib writes {', '.join(sorted(kinds))} files, not {kind or 'none'}")
-
-
-def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> None:
-    """The table, the files asked for, and the JSON report as the last line of stdout."""
-    print(format_table(report["levels"]), flush=True)
-    for path, write in (
-        (out, lambda p: Path(p).write_text(json.dumps(report, indent=2) + "\n")),
-        (plot, lambda p: write_plot(report, p)),
-    ):
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write(path)
-            print(f"[{PROG}] wrote {path}", file=sys.stderr)
-    print(json.dumps(report), flush=True)
-
-
-def main(args: argparse.Namespace) -> int:
-    """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
-    try:
-        config = config_from_args(args)
-        if args.plot:
-            check_plotting(args.plot)
-        report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))
-        write_outputs(report, args.out, args.plot)
-    except KeyboardInterrupt:
-        return interrupted(PROG)
-    except (AttnserveError, OSError, ValueError) as error:  # OSError, ValueError: files, flags
-        return fail(PROG, error)
-    return 0 if any(level["completed"] for level in report["levels"]) else 1

@@ -1,7 +1,5 @@
-"""What the client subcommands (generate, bench) share: connection flags, number lists, errors.
-
-The flags themselves are declared in attnserve/cli.py (`add_client_flags`).
-"""
+"""What the client subcommands (generate, bench) share: connection and stream-interval flags,
+number lists, errors."""
 
 from __future__ import annotations
 
@@ -9,10 +7,36 @@ import argparse
 import os
 import sys
 
-from .channel import TlsConfig, read_token_file
+from ..flags import add_field_flags
+from .channel import DEFAULT_TARGET, TlsConfig, read_token_file
 from .errors import AttnserveError, exit_status
+from .types import GenerationParams
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
+
+STREAM_INTERVAL = ("stream_interval_tokens", "stream_interval_ms")
+
+
+def add_client_flags(p: argparse.ArgumentParser, timeout: float) -> None:
+    """The connection flags; `timeout` is the subcommand's default deadline per call, in seconds."""
+    p.add_argument(
+        "--target",
+        default=DEFAULT_TARGET,
+        help=f"server HOST:PORT, or several comma-separated (round_robin) (default: {DEFAULT_TARGET})",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=timeout, help=f"deadline of each call in seconds (default: {timeout})"
+    )
+    p.add_argument("--tls-ca", default=None, help="PEM CA bundle that signed the server's certificate (enables TLS)")
+    p.add_argument("--tls-cert", default=None, help="PEM client certificate for mutual TLS (with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM client private key for mutual TLS")
+    p.add_argument("--tls-server-name", default=None, help="name to verify in the server's certificate")
+    p.add_argument("--token-file", default=None, help="file with the bearer token the server expects")
+
+
+def add_stream_interval_flags(p: argparse.ArgumentParser) -> None:
+    """The request's stream interval, GenerationParams' fields; left out, the server's --stream-interval-* apply."""
+    add_field_flags(p, GenerationParams, only=STREAM_INTERVAL)
 
 
 def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:

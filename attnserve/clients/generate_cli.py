@@ -4,7 +4,7 @@ The prompt is the positional text ('-' reads stdin) or --prompt-token-ids 256,10
 the server uses as given; exactly one of them. Ctrl-C cancels the call on the server (its batch
 slot frees at the next step) and exits 130. A failed call prints one line, "attnserve generate:
 error: STATUS: details", and exits 2 for a request the caller must fix (INVALID_ARGUMENT, or
-bad flags) or 1 otherwise; no traceback. The flags are declared in attnserve/cli.py.
+bad flags) or 1 otherwise; no traceback. The sampling flags are GenerationParams' fields.
 """
 
 from __future__ import annotations
@@ -16,19 +16,68 @@ import sys
 from dataclasses import fields
 from typing import TextIO
 
-from .cli_common import fail, interrupted, parse_numbers, tls_from_args, token_from_args
+from ..flags import add_field_flags
+from .cli_common import (
+    STREAM_INTERVAL,
+    add_client_flags,
+    add_stream_interval_flags,
+    fail,
+    interrupted,
+    parse_numbers,
+    tls_from_args,
+    token_from_args,
+)
 from .client import DEFAULT_TIMEOUT, Client
 from .errors import AttnserveError
 from .types import GenerationParams, GenerationResult, Prompt
 
 PROG = "attnserve generate"
+SAMPLING = tuple(f.name for f in fields(GenerationParams) if "help" in f.metadata and f.name not in STREAM_INTERVAL)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`attnserve generate`'s flags: the prompt, GenerationParams' fields, output and connection."""
+    p.description = (
+        "Stream a completion to the terminal; Ctrl-C cancels it on the server (exit 130). The prompt is "
+        "text or, with --prompt-token-ids, token ids. Errors print one line and exit 2 (bad request) or 1."
+    )
+    p.add_argument(
+        "prompt",
+        nargs="?",
+        default=None,
+        help="text to continue ('-' reads it from stdin); leave it out with --prompt-token-ids",
+    )
+    p.add_argument(
+        "--prompt-token-ids",
+        default=None,
+        metavar="ID,ID,...",
+        help="the prompt as comma-separated token ids, sent as given (nothing prepended), "
+        "e.g. 256,105,109; instead of the text prompt",
+    )
+    add_field_flags(p, GenerationParams, only=SAMPLING)
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop when the text contains TEXT (repeat the flag for several)",
+    )
+    add_stream_interval_flags(p)
+    p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
+    p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: text, token_ids, finish_reason, usage, timings, request_id",
+    )
+    add_client_flags(p, timeout=DEFAULT_TIMEOUT)
 
 
 def client_from_args(args: argparse.Namespace) -> Client:
     """A Client from the shared connection flags (--target, --timeout, --tls-*, --token-file)."""
     return Client(
         args.target,
-        timeout=DEFAULT_TIMEOUT if args.timeout is None else args.timeout,
+        timeout=args.timeout,
         token=token_from_args(args),
         tls=tls_from_args(args),
     )

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from attnserve.v1 import generation_pb2 as pb
 
+from ..flags import flag
+
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
@@ -41,19 +43,37 @@ class ParamFields(TypedDict, total=False):
 
 @dataclass(frozen=True)
 class GenerationParams:
-    """How to decode a request: built once (by the caller, `generate` or bench) and sent whole."""
+    """How to decode a request: built once (by the caller, `generate` or bench) and sent whole.
 
-    max_new_tokens: int | None = None  # None: the server's cap
-    temperature: float = 0.0  # 0: greedy decoding
-    top_k: int = 0  # sample among the k most likely tokens; 0: all of them
-    top_p: float | None = None  # nucleus threshold in (0, 1]; None: off
-    repetition_penalty: float | None = None  # > 1 discourages repeats; None: off (1)
-    seed: int | None = None  # this request's sampler seed; None: the server draws one
-    stop: Sequence[str] = ()  # stop once the text contains one of these ("\n" alone is one)
-    # Streams only: a message once this many tokens wait, or once stream_interval_ms have passed
-    # (0: no time bound), whichever first; the first delta and the end are never held. None: the server's.
-    stream_interval_tokens: int | None = None
-    stream_interval_ms: int | None = None
+    Fields with help are `attnserve generate` flags (the stream interval's are `bench`'s too).
+    """
+
+    max_new_tokens: int | None = field(
+        default=None, metadata=flag("most tokens to generate", unset="the server's cap", metavar="N")
+    )
+    temperature: float = field(default=0.0, metadata=flag("0 is greedy decoding; above 0 samples"))
+    top_k: int = field(default=0, metadata=flag("sample from the k most likely tokens; 0: all of them", metavar="K"))
+    top_p: float | None = field(default=None, metadata=flag("nucleus sampling threshold in (0, 1]", unset="off"))
+    repetition_penalty: float | None = field(
+        default=None, metadata=flag("> 1 discourages repeats (1: off)", unset="off")
+    )
+    seed: int | None = field(
+        default=None, metadata=flag("seed of this request's sampler", unset="the server draws one")
+    )
+    stop: Sequence[str] = ()  # stop once the text contains one of these ("\n" alone is one); --stop, repeated
+    # Streams only: the first delta and the end are never held. None: the server's.
+    stream_interval_tokens: int | None = field(
+        default=None,
+        metadata=flag("stream a message once N tokens wait (the first at once)", unset="the server's", metavar="N"),
+    )
+    stream_interval_ms: int | None = field(
+        default=None,
+        metadata=flag(
+            "... or once MS milliseconds have passed, whichever first (0: no time bound)",
+            unset="the server's",
+            metavar="MS",
+        ),
+    )
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)

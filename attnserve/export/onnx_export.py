@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..model.checkpoint import CheckpointError, LanguageModel, build_model, load_state
+from ..model.checkpoint import LanguageModel, build_model, load_state
 from ..model.config import ModelConfig
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtSeq2Seq
@@ -43,6 +43,7 @@ from .quantize import int8_gate, quantize_int8
 
 TOKENIZER_FILE = "tokenizer.json"  # Hugging Face tokenizers' format (BPE models)
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its companion, read by onnxruntime-genai and transformers
+DEFAULT_PARITY_STEPS = 64  # greedy decode steps the gate compares
 
 
 class ExportError(Exception):
@@ -192,9 +193,9 @@ def load_model(checkpoint: Path) -> tuple[LanguageModel, Tokenizer, dict]:
 def export_checkpoint(
     checkpoint: str | Path,
     out: str | Path,
-    dtype: str = "float32",
+    dtype: str = contract.DTYPES[0],
     quantize: str | None = None,
-    parity_steps: int = 64,
+    parity_steps: int = DEFAULT_PARITY_STEPS,
     heldout: bytes | None = None,
     kv_cache: str | None = None,
 ) -> contract.Manifest:
@@ -311,29 +312,3 @@ def default_heldout() -> bytes:
     from ..model.data import default_heldout_bytes
 
     return default_heldout_bytes()
-
-
-def main(args) -> int:
-    """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
-    try:
-        manifest = export_checkpoint(
-            args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps, kv_cache=args.kv_cache
-        )
-    except (ExportError, CheckpointError) as e:
-        print(f"attnserve export: error: {e}", file=sys.stderr)
-        return 2
-    except ParityError as e:
-        print(f"attnserve export: {e}", file=sys.stderr)
-        return 1
-    compared = manifest.parity["greedy"]["steps"]
-    if compared < args.parity_steps:
-        print(
-            f"attnserve export: --parity-steps {args.parity_steps}: the model's context leaves room for "
-            f"{compared} greedy steps after the gate's prompts; {compared} were compared",
-            file=sys.stderr,
-        )
-    print(
-        f"wrote {args.out} ({manifest.dtype}{', int8' if manifest.quantization else ''}, "
-        f"{manifest.kv_cache} KV cache, parity passed)"
-    )
-    return 0

@@ -57,6 +57,15 @@ def plot(weights: torch.Tensor, rows: list[str], cols: list[str], title: str, ou
     plt.close(fig)
 
 
+def add_arguments(p) -> None:
+    """`attnserve attention-map`'s flags."""
+    p.add_argument("checkpoint", help="an encoder-decoder checkpoint, e.g. runs/numbers/checkpoint.pt")
+    p.add_argument("source", help="source text to translate, e.g. 4021")
+    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--per-head", action="store_true", help="one panel per head of --layer instead of per layer")
+    p.add_argument("--layer", type=int, default=0, help="layer shown with --per-head (default: 0)")
+
+
 def main(args) -> int:
     """CLI entry: averaged over heads per layer, or every head of --layer with --per-head."""
     try:

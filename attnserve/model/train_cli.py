@@ -7,19 +7,125 @@ train_seq2seq.py): it picks which one the preset asks for.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import replace
 
+from ..tokenizer import KINDS as TOKENIZERS
 from . import distributed
-from .config import ENCODER_DECODER, ModelConfig, preset
+from .config import ENCODER_DECODER, PRESETS, ModelConfig, preset
 from .data import DataError
 from .distributed import DeviceError
-from .train import TrainConfig, train
+from .train import DEFAULT_BPE_VOCAB, DEFAULT_TOKENIZER, TrainConfig, train
 from .train_seq2seq import Seq2SeqTrainConfig, train_seq2seq
-from .trainer import MODEL_FLAGS, TrainerConfig, TrainError, flag_of
+from .trainer import MODEL_FLAGS, PRECISIONS, TrainerConfig, TrainError, flag_of
 
 MIN_CONTEXT = 8  # BOS plus a few bytes per window
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention needs head_size % 8 == 0
+DEFAULT_PRESET = "small"
+
+
+def shown(name: str) -> str:
+    """A config field's default as help shows it: the decoder's, then the encoder-decoder's if it differs."""
+    lm, seq2seq = (getattr(config, name) for config in (TrainConfig, Seq2SeqTrainConfig))
+    show = lambda value: "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+    return show(lm) if lm == seq2seq else f"{show(lm)}; encoder-decoders {show(seq2seq)}"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`attnserve train`'s flags. A flag left out (None) keeps the default of the preset's architecture:
+    TrainConfig's or Seq2SeqTrainConfig's, which the help shows."""
+    p.epilog = "data-parallel: torchrun --nproc_per_node=N -m attnserve.cli train ..."
+    p.add_argument(
+        "--preset", default=DEFAULT_PRESET, help=f"model preset: {', '.join(PRESETS)} (default: {DEFAULT_PRESET})"
+    )
+    p.add_argument(
+        "--corpus",
+        default=None,
+        help="text file or folder of .txt files (default: CPython's pydoc topics); for an encoder-decoder "
+        "preset, a file of source<TAB>target lines (default: numbers into words)",
+    )
+    p.add_argument("--out", default=None, help="run folder (default: runs/PRESET)")
+    p.add_argument(
+        "--tokenizer",
+        choices=TOKENIZERS,
+        default=None,
+        help=f"bpe: a byte-level BPE trained on the training split in seconds; bytes: UTF-8 bytes, BOS first "
+        f"(default: {DEFAULT_TOKENIZER}; --resume keeps the checkpoint's)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"BPE ids in all, 259 (3 special + 256 bytes) and up (default: {DEFAULT_BPE_VOCAB})",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help=f"stop after N optimizer steps in all (default: {shown('max_steps')})",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help=f"stop after this many seconds of training in all, eval excluded (default: {shown('time_budget')}; "
+        "none once --max-steps is given)",
+    )
+    p.add_argument(
+        "--device", choices=["cpu", "cuda"], default=TrainerConfig.device, help=f"(default: {TrainerConfig.device})"
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=TrainerConfig.precision,
+        help=f"bf16 autocast, fp32, or auto: bf16 where the hardware has it (default: {TrainerConfig.precision})",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=TrainerConfig.seed,
+        help=f"seed of the initialisation and the batches (default: {TrainerConfig.seed})",
+    )
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (step, optimizer)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"windows (pairs) per step per process (default: {shown('batch_size')})",
+    )
+    p.add_argument("--lr", type=float, default=None, help=f"peak learning rate (default: {shown('lr')})")
+    p.add_argument(
+        "--eval-interval",
+        type=int,
+        default=None,
+        help=f"steps between held-out evaluations (default: {shown('eval_interval')})",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads per process (default: the cores shared among local processes)",
+    )
+    size = p.add_argument_group("model size (each overrides the preset's value)")
+    size.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"tokens per window, the model's max_len (at least {MIN_CONTEXT})",
+    )
+    size.add_argument("--d-model", type=int, default=None, metavar="N", help="width of the residual stream")
+    size.add_argument("--n-layers", type=int, default=None, metavar="N", help="decoder layers")
+    size.add_argument(
+        "--n-heads",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"attention heads; d-model / n-heads must be a multiple of {HEAD_DIM_MULTIPLE}",
+    )
+    size.add_argument("--d-ff", type=int, default=None, metavar="N", help="hidden width of the feed-forward")
 
 
 def model_overrides(args) -> dict:

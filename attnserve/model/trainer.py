@@ -27,6 +27,7 @@ from .progress import ProgressBar
 from .schedule import budget_progress, budget_spent, learning_rate
 
 CHECKPOINT = "checkpoint.pt"
+PRECISIONS = ("auto", "bf16", "fp32")  # "bf16" autocast, "fp32", or "auto": bf16 where the hardware has it
 # `attnserve train` model-size flags (argparse dest) -> the ModelConfig field each overrides
 MODEL_FLAGS = {
     "context_length": "max_len",
@@ -70,8 +71,8 @@ class TrainerConfig:
             raise TrainError(f"--threads must be at least 1, got {self.threads}")
         if self.max_steps is not None and self.max_steps < 0:
             raise TrainError(f"--max-steps must not be negative, got {self.max_steps}")
-        if self.precision not in ("auto", "bf16", "fp32"):
-            raise TrainError(f"--precision must be auto, bf16 or fp32, got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise TrainError(f"--precision must be {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.time_budget is not None and self.time_budget <= 0:
             raise TrainError(f"--time-budget must be positive, got {self.time_budget}")
         if not self.lr > 0:  # also refuses NaN

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..server.config import ServerConfig, add_field_flags, flag, read_test_switches
+from ..flags import add_field_flags, flag
+from ..server.config import ServerConfig, read_test_switches
 
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
 REPLICA_FIELDS = (

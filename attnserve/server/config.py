@@ -9,14 +9,12 @@ from_args builds the config back; nothing else writes a server default. No gRPC,
 from __future__ import annotations
 
 import argparse
-import typing
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from ..engine.domain import MAX_STREAM_INTERVAL_MS
-
-T = TypeVar("T")
+from ..flags import add_field_flags, flag, flag_name
 
 PROVIDERS = ("auto", "cuda", "cpu")
 MAX_PORT = 65535
@@ -61,11 +59,6 @@ def parse_max_batch(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError(f"{text!r}: give a number of requests (at least 1) or auto")
     return int(text)
-
-
-def flag(help: str, *, unset: str = "none", **argparse_keywords: Any) -> dict[str, Any]:
-    """A field's flag: its help, what a None default means (`unset`), and argparse keywords the type cannot say."""
-    return {"help": help, "unset": unset, **argparse_keywords}
 
 
 @dataclass(frozen=True)
@@ -211,56 +204,3 @@ class ServerConfig:
         for ok, reason in rules:
             if not ok:
                 raise ValueError(reason)
-
-
-def add_field_flags(parser: argparse.ArgumentParser, config_class: type, only: tuple[str, ...] | None = None) -> None:
-    """A flag for each field of `config_class` that has help (each named in `only`, if given)."""
-    hints = typing.get_type_hints(config_class)
-    for f in fields(config_class):
-        if "help" in f.metadata and (only is None or f.name in only):
-            parser.add_argument(flag_name(f.name), **argparse_keywords(f, hints[f.name]))
-
-
-def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
-def argparse_keywords(f: Field[Any], hint: Any) -> dict[str, Any]:
-    """add_argument's keywords for one field: the type from its annotation, the default shown in its help."""
-    keywords = {k: v for k, v in f.metadata.items() if k != "unset"}
-    if f.default is MISSING:
-        return {"required": True, **keywords}
-    keywords["default"] = f.default
-    keywords["help"] += f" (default: {shown_default(f.default, f.metadata['unset'])})"
-    if hint is bool:
-        assert f.default is False, f"{f.name}: a store_true flag turns on what is off by default"
-        return {"action": "store_true", **keywords}
-    keywords["type"] = argparse_type(keywords["type"]) if "type" in keywords else value_type(hint)
-    return keywords
-
-
-def shown_default(default: object, unset: str) -> str:
-    if default is None:
-        return unset
-    if isinstance(default, bool):
-        return "on" if default else "off"
-    return str(default)
-
-
-def value_type(hint: Any) -> type:
-    """`int | None` -> int: the type a flag's text is converted with."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    return args[0] if args else hint
-
-
-def argparse_type(parse: Callable[[str], T]) -> Callable[[str], T]:
-    """`parse` whose ValueError argparse prints as one line naming the flag: 'argument --x: <why>'."""
-
-    def convert(text: str) -> T:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    convert.__name__ = parse.__name__
-    return convert

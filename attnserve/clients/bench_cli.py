@@ -1,0 +1,122 @@
+"""`attnserve bench` on the command line: its flags (most from BenchConfig's fields), the config
+built back from them and checked before anything is sent, and the outputs (table, JSON, PNG).
+
+What a run does is in bench.py; statistics, table and plot in bench_report.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from ..flags import add_field_flags
+from .bench import PROG, BenchConfig, run_bench
+from .bench_report import format_table, write_plot
+from .cli_common import (
+    add_client_flags,
+    add_stream_interval_flags,
+    fail,
+    interrupted,
+    parse_numbers,
+    tls_from_args,
+    token_from_args,
+)
+from .errors import AttnserveError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`attnserve bench`'s flags; the defaults are BenchConfig's."""
+    p.description = (
+        "Warm up, then a closed-loop concurrency sweep (and open-loop Poisson arrivals with --rate) over "
+        "streamed requests; throughput in output tokens/s and bytes/s (the fair figure across tokenizers). "
+        "Progress goes to stderr; the table, then the JSON report as one line (always last), to stdout."
+    )
+    levels = ",".join(map(str, BenchConfig.concurrency))
+    p.add_argument(
+        "--concurrency",
+        default=None,
+        help=f"comma-separated requests in flight per level (default: {levels}; none with --rate alone)",
+    )
+    p.add_argument("--rate", default=None, help="comma-separated open-loop request rates per second (Poisson)")
+    add_field_flags(p, BenchConfig, only=("requests", "prompt_tokens"))
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument(
+        "--prompt-ids",
+        dest="prompt_ids",
+        action="store_true",
+        default=BenchConfig.prompt_ids,
+        help="the default: prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
+        "so every tokenizer gets exactly --prompt-tokens",
+    )
+    prompts.add_argument(
+        "--prompt-text",
+        dest="prompt_ids",
+        action="store_false",
+        help="prompts as ASCII text cut from one English passage (exact lengths with the byte tokenizer only)",
+    )
+    add_field_flags(p, BenchConfig, only=("max_new_tokens", "warmup", "seed"))
+    add_stream_interval_flags(p)
+    p.add_argument("--out", default=None, help="write the JSON report to this file")
+    p.add_argument("--plot", default=None, help="write throughput and latency plots to this PNG")
+    add_client_flags(p, timeout=BenchConfig.timeout)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """BenchConfig from the command line: without --concurrency, 1,4,16 unless --rate is given."""
+    rates = parse_numbers(args.rate, float, "--rate")
+    concurrency = parse_numbers(args.concurrency, int, "--concurrency")
+    if args.concurrency is None:
+        concurrency = () if rates else BenchConfig.concurrency
+    given = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if f.name not in ("concurrency", "rates")}
+    config = BenchConfig(**given, concurrency=concurrency, rates=rates)
+    config.check()
+    return config
+
+
+def check_plotting(path: str) -> None:
+    """--plot needs matplotlib, which a client-only install lacks, and a file type it writes: say so
+    before the run, not after it."""
+    try:
+        import matplotlib  # noqa: F401  (the package itself: its submodules may be imported already)
+        from matplotlib.figure import Figure
+
+        kinds = Figure().canvas.get_supported_filetypes()
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib), which is not installed") from None
+    kind = Path(path).suffix.lstrip(".").lower()
+    if kind not in kinds:
+        raise ValueError(f"--plot {path}: matplotlib writes {', '.join(sorted(kinds))} files, not {kind or 'none'}")
+
+
+def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> None:
+    """The table, the files asked for, and the JSON report as the last line of stdout."""
+    print(format_table(report["levels"]), flush=True)
+    for path, write in (
+        (out, lambda p: Path(p).write_text(json.dumps(report, indent=2) + "\n")),
+        (plot, lambda p: write_plot(report, p)),
+    ):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write(path)
+            print(f"[{PROG}] wrote {path}", file=sys.stderr)
+    print(json.dumps(report), flush=True)
+
+
+def main(args: argparse.Namespace) -> int:
+    """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
+    try:
+        config = config_from_args(args)
+        if args.plot:
+            check_plotting(args.plot)
+        report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))
+        write_outputs(report, args.out, args.plot)
+    except KeyboardInterrupt:
+        return interrupted(PROG)
+    except (AttnserveError, OSError, ValueError) as error:  # OSError, ValueError: files, flags
+        return fail(PROG, error)
+    return 0 if any(level["completed"] for level in report["levels"]) else 1

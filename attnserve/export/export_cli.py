@@ -1,0 +1,66 @@
+"""`attnserve export` on the command line: its flags, the export run, one-line errors.
+
+What an export does is in onnx_export.py; the defaults are its and the contract's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..model.checkpoint import CheckpointError
+from ..runtime import contract
+from .onnx_export import DEFAULT_PARITY_STEPS, ExportError, export_checkpoint
+from .parity import ParityError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`attnserve export`'s flags."""
+    p.add_argument("checkpoint", help="runs/NAME/checkpoint.pt")
+    p.add_argument("--out", required=True, help="model directory to write, e.g. models/NAME")
+    p.add_argument(
+        "--dtype",
+        choices=contract.DTYPES,
+        default=contract.DTYPES[0],
+        help=f"float16 is for the CUDA provider (default: {contract.DTYPES[0]})",
+    )
+    p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 for the CPU provider")
+    p.add_argument(
+        "--parity-steps",
+        type=int,
+        default=DEFAULT_PARITY_STEPS,
+        help=f"greedy decode steps compared (default: {DEFAULT_PARITY_STEPS})",
+    )
+    p.add_argument(
+        "--kv-cache",
+        choices=contract.KV_LAYOUTS,
+        default=contract.KV_ARENA,
+        help=f"decoder KV cache layout: {contract.KV_ARENA} (in place, GroupQueryAttention; the one attnserve "
+        f"serve runs) or {contract.KV_CONCAT} (past + new; the KV benchmark's baseline) (default: {contract.KV_ARENA})",
+    )
+
+
+def main(args) -> int:
+    """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
+    try:
+        manifest = export_checkpoint(
+            args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps, kv_cache=args.kv_cache
+        )
+    except (ExportError, CheckpointError) as e:
+        print(f"attnserve export: error: {e}", file=sys.stderr)
+        return 2
+    except ParityError as e:
+        print(f"attnserve export: {e}", file=sys.stderr)
+        return 1
+    compared = manifest.parity["greedy"]["steps"]
+    if compared < args.parity_steps:
+        print(
+            f"attnserve export: --parity-steps {args.parity_steps}: the model's context leaves room for "
+            f"{compared} greedy steps after the gate's prompts; {compared} were compared",
+            file=sys.stderr,
+        )
+    print(
+        f"wrote {args.out} ({manifest.dtype}{', int8' if manifest.quantization else ''}, "
+        f"{manifest.kv_cache} KV cache, parity passed)"
+    )
+    return 0
