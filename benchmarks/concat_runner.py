@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnserve.engine.slot_runner import Logits
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -38,7 +39,7 @@ class ConcatRunner:
     def start(self, key: int, prompt: tuple[int, ...]) -> None:
         self.waiting.append((key, list(prompt)))
 
-    def prefill(self) -> dict[int, np.ndarray]:
+    def prefill(self) -> Logits:
         """Every waiting prompt at once (an encoder-decoder's prompt is its source)."""
         self.cache.compact()
         keys, prompts = zip(*self.waiting)
@@ -46,16 +47,16 @@ class ConcatRunner:
         logits, rows = self.model.prefill(*left_pad(list(prompts), self.pad_id))  # (b, V)
         for key, slot in zip(keys, self.cache.admit(rows.present, rows.mask, rows.cross, rows.cross_mask)):
             self.slot_of[key], self.key_of[slot] = slot, key
-        return dict(zip(keys, logits))
+        return Logits(list(keys), np.asarray(logits, np.float32))
 
-    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]:
+    def decode(self, next_ids: dict[int, int]) -> Logits:
         self.cache.compact()
         keys = [self.key_of[slot] for slot in self.cache.slots]
         ids = np.array([[next_ids[key]] for key in keys], dtype=np.int64)  # (B, 1)
         mask, positions, past = self.cache.step_inputs()
         logits, present = self.model.run(ids, mask, positions, past, self.cache.cross_mask, self.cache.cross)
         self.cache.append(present, mask)
-        return dict(zip(keys, logits[:, -1]))
+        return Logits(keys, np.asarray(logits[:, -1], np.float32))
 
     def release(self, key: int) -> None:
         if key in self.slot_of:

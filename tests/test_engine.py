@@ -19,7 +19,7 @@ import pytest
 from attnserve.engine import engine as engine_module
 from attnserve.engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull
 from attnserve.engine.engine import Engine, EngineLimits
-from attnserve.engine.slot_runner import ModelSpec
+from attnserve.engine.slot_runner import Logits, ModelSpec
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -67,7 +67,7 @@ class FakeRunner:
         self.log.append(("start", key, prompt))
         self.waiting.append((key, list(prompt)))
 
-    def prefill(self) -> dict[int, np.ndarray]:
+    def prefill(self) -> Logits:
         short = [item for item in self.waiting if len(item[1]) <= self.chunk]
         done = {key: self._take(key, prompt) for key, prompt in short}
         self.waiting = [item for item in self.waiting if item not in short]
@@ -80,7 +80,7 @@ class FakeRunner:
             self.chunking = (key, prompt, n + self.chunk) if n + self.chunk < len(prompt) else None
             if self.chunking is None:
                 done[key] = self._take(key, prompt)
-        return done
+        return Logits.of(done)
 
     def _take(self, key: int, prompt: list[int]) -> np.ndarray:
         self.rows[key] = list(prompt)
@@ -91,7 +91,7 @@ class FakeRunner:
         row[next_id(self.rows[key])] = 1.0
         return row
 
-    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]:
+    def decode(self, next_ids: dict[int, int]) -> Logits:
         if not self.gate.is_set():
             self.at_gate.set()
             self.gate.wait(WAIT_S)
@@ -101,7 +101,7 @@ class FakeRunner:
             raise RuntimeError("the fake run failed")
         for key, token in next_ids.items():
             self.rows[key].append(token)
-        return {key: self._logits(key) for key in next_ids}
+        return Logits.of({key: self._logits(key) for key in next_ids})
 
     def release(self, key: int) -> None:
         self.log.append(("release", key))

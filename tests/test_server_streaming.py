@@ -1,5 +1,7 @@
 """Token ids -> text: UTF-8 characters split across tokens are emitted whole; stop strings are cut."""
 
+import random
+
 import pytest
 
 from attnserve.engine.streaming import Detokenizer, TextStream, held_back
@@ -103,3 +105,18 @@ def test_nothing_is_emitted_after_a_stop():
 )
 def test_held_back_is_the_longest_stop_prefix_at_the_tail(text, stops, expected):
     assert held_back(text, stops) == expected
+
+
+def test_the_native_incremental_decoder_gives_the_deltas_of_decoding_slices():
+    """BPE's decode_stream (Hugging Face's DecodeStream) against this module's own slice decoding, over
+    ids that cut characters, hold special ids and invalid bytes: the same delta at every step, the same end."""
+    bpe = train_bpe("ab " * 50 + TEXT[:6], 300)
+    rng = random.Random(0)
+    for trial in range(20):
+        ids = bpe.encode(TEXT) + [rng.randrange(bpe.vocab_size) for _ in range(40)]
+        if trial % 2:
+            rng.shuffle(ids)
+        native, sliced = Detokenizer(bpe), Detokenizer(bpe, native=False)
+        assert native.step is not None and sliced.step is None
+        assert [native.push(i) for i in ids] == [sliced.push(i) for i in ids], trial
+        assert native.flush() == sliced.flush()

@@ -9,8 +9,9 @@ starts from BOS).
 
 One engine thread owns the runner. At every step boundary it drops cancelled and expired
 requests, starts queued ones in the runner's free slots, runs one round of prefill (fresh
-prompts together, one chunk of a long one), runs one decode step for the whole batch, samples
-each request's token with its own parameters, and hands the events to each caller's event loop
+prompts together, one chunk of a long one), runs one decode step for the whole batch, picks
+every greedy row's token with one argmax over the batch and every other row's with its own
+sampler, and hands the events to each caller's event loop
 with one call_soon_threadsafe per step. ONNX Runtime releases the GIL while it runs.
 """
 
@@ -25,10 +26,12 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..tokenizer import Tokenizer
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
 from .sequence import Event, Handle, Sequence, deliver
-from .slot_runner import SlotRunner
+from .slot_runner import Logits, SlotRunner
 
 log = logging.getLogger("attnserve.server")
 
@@ -68,6 +71,15 @@ class ForwardingObserver(EngineObserver):
 
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
         self.inner.on_finish(reason, seconds, completion_tokens)
+
+
+def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
+    """Each row's next token: one argmax over the batch for plain greedy rows, each other row by its
+    own sampler (its seed stream is its own, whatever shares the batch)."""
+    samplers = [sequence.sampler for sequence in sequences]
+    if all(sampler.plain_greedy for sampler in samplers):
+        return rows.argmax(axis=1).tolist()
+    return [int(row.argmax()) if s.plain_greedy else s(row) for s, row in zip(samplers, rows)]
 
 
 class Engine:
@@ -216,11 +228,12 @@ class Engine:
                 self._prefilling[key] = sequence
 
     def _prefill(self) -> None:
-        """One round of prefill; every request whose prompt completed samples its first token."""
-        for key, logits in self.slots.prefill().items():
-            with self._cond:
-                sequence = self._active[key] = self._prefilling.pop(key)
-            self._emit(sequence, sequence.step(logits))
+        """One round of prefill; every request whose prompt completed takes its first token."""
+        logits = self.slots.prefill()
+        with self._cond:
+            sequences = [self._prefilling.pop(key) for key in logits.keys]
+            self._active.update(zip(logits.keys, sequences))
+        for key, sequence in self._advance(logits, sequences):
             self.observer.on_first_token(sequence.token_gap)
             if sequence.done:
                 self._free(key)
@@ -230,12 +243,19 @@ class Engine:
         next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
         logits = self.slots.decode(next_ids)
-        for key, row in logits.items():
-            sequence = self._active[key]
-            self._emit(sequence, sequence.step(row))
+        for key, sequence in self._advance(logits, [self._active[key] for key in logits.keys]):
             self.observer.on_inter_token(sequence.token_gap)
             if sequence.done:
                 self._free(key)
+
+    def _advance(self, logits: Logits, sequences: list[Sequence]) -> list[tuple[int, Sequence]]:
+        """Every row's token, picked and taken by its sequence (their events emitted); (key, sequence) pairs."""
+        if not sequences:
+            return []
+        now = time.perf_counter()
+        for sequence, token in zip(sequences, pick_tokens(logits.rows, sequences)):
+            self._emit(sequence, sequence.advance(token, now))
+        return list(zip(logits.keys, sequences))
 
     def _retire(self, key: int, sequence: Sequence, reason: FinishReason) -> None:
         self._emit(sequence, [sequence.finish(reason)])

@@ -2,7 +2,8 @@
 
 Each request in a batch has its own Sampler and its own numpy Generator, so a seeded request
 gives the same tokens whatever else shares its batch. Greedy is np.argmax on the float32
-logits, which picks the first maximum exactly as torch.argmax does. Knows nothing of batching.
+logits, which picks the first maximum exactly as torch.argmax does. Knows nothing of batching:
+the engine takes plain greedy rows' argmax over the whole batch itself (pick_tokens).
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
         self.seen = np.zeros(vocab_size, dtype=bool)  # tokens of prompt and completion
         self.seen[[i for i in prompt_ids if 0 <= i < vocab_size]] = True
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with no penalty: the token is the row's argmax, which the engine takes for the whole
+        batch at once (`seen` then matters to nobody)."""
+        return self.params.greedy and self.params.repetition_penalty == 1.0
 
     def __call__(self, logits: np.ndarray) -> int:
         """The next token from this request's logits (V,); remembers it for the penalty."""

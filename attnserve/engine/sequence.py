@@ -1,7 +1,7 @@
 """One request's life inside the engine (Sequence) and its asyncio-side mailbox (Handle).
 
-The engine thread owns every Sequence: it samples the next token from the request's row of
-logits, turns it into a text delta, and decides when the request is finished. Events reach the
+The engine thread owns every Sequence: it takes the token picked from the request's row of
+logits (engine.pick_tokens), turns it into a text delta, and decides when the request is finished. Events reach the
 caller through the Handle's asyncio.Queue, filled on the caller's event loop. No gRPC here.
 """
 
@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-
-import numpy as np
 
 from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
@@ -129,10 +127,9 @@ class Sequence:
     def expired(self, now_monotonic: float) -> bool:
         return self.request.deadline is not None and now_monotonic > self.request.deadline
 
-    def step(self, logits: np.ndarray) -> list[Event]:
-        """Sample from this request's logits (V,); the resulting delta and, if it ends, the Final."""
-        token = self.sampler(logits)
-        now = time.perf_counter()
+    def advance(self, token: int, now: float) -> list[Event]:
+        """Take the token picked for this request at `now` (perf_counter); the resulting delta and,
+        if it ends, the Final."""
         self.token_gap = now - (self.arrival if self.last_token is None else self.last_token)
         self.first_token = self.first_token or now
         self.last_token = now

@@ -9,6 +9,7 @@ deterministic logits.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +26,24 @@ class ModelSpec:
     encoder_decoder: bool = False  # True: a prompt is a source to encode, not the decoder's prefix
 
 
+@dataclass(frozen=True)
+class Logits:
+    """One run's rows of logits by request key: `keys[i]`'s row is `rows[i]`, rows (n, V) float32.
+
+    One array for the batch, so that the engine picks every greedy row's token with one argmax. The
+    rows may be a view of the runner's output buffer: valid until the runner's next call."""
+
+    keys: list[int]
+    rows: np.ndarray
+
+    @classmethod
+    def of(cls, rows: Mapping[int, np.ndarray]) -> Logits:
+        """From rows (V,) by key (stacked: a copy)."""
+        keys = list(rows)
+        width = next(iter(rows.values())).shape[-1] if rows else 0
+        return cls(keys, np.stack([rows[k] for k in keys]) if keys else np.empty((0, width), np.float32))
+
+
 class SlotRunner(Protocol):
     """Requests by key in a fixed number of slots: prompts in, rows of logits (V,) out.
 
@@ -38,7 +57,7 @@ class SlotRunner(Protocol):
 
     def free_slots(self) -> int: ...
     def start(self, key: int, prompt: tuple[int, ...]) -> None: ...
-    def prefill(self) -> dict[int, np.ndarray]: ...
-    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]: ...
+    def prefill(self) -> Logits: ...
+    def decode(self, next_ids: dict[int, int]) -> Logits: ...
     def release(self, key: int) -> None: ...
     def reset(self) -> None: ...

@@ -1,7 +1,9 @@
 """Token ids -> text, incrementally: UTF-8-safe deltas that never rewrite sent text, and stop strings.
 
-Knows nothing of the engine or gRPC, and nothing of how a tokenizer maps ids to text: it only
-calls `decode`. Detokenization keeps two offsets into the generated ids, as vLLM and TGI do:
+Knows nothing of the engine or gRPC, and nothing of how a tokenizer maps ids to text: it calls
+`decode`, or the tokenizer's own incremental decoder where it has one (`decode_stream`: Hugging
+Face's DecodeStream, the same rule in Rust). Detokenization keeps two offsets into the generated
+ids, as vLLM and TGI do:
 text is decoded from `prefix` (a token already sent, so a tokenizer that decodes a token
 differently after another, like SentencePiece's leading space, gets its context) and only what
 lies beyond the text up to `read` is new. New text ending in U+FFFD is a character still cut
@@ -19,8 +21,10 @@ REPLACEMENT = "\ufffd"
 class Detokenizer:
     """One request's generated ids -> text deltas; their concatenation is decode(all ids)."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, native: bool = True) -> None:
+        """`native`: use the tokenizer's decode_stream if it has one (False: always decode slices here)."""
         self.decode = tokenizer.decode
+        self.step = tokenizer.decode_stream() if native else None
         self.ids: list[int] = []
         self.prefix = 0  # ids[prefix:read] decode to text already emitted
         self.read = 0  # ids before read have all been emitted
@@ -32,11 +36,22 @@ class Detokenizer:
     def push(self, token_id: int) -> str:
         """The text this token completes ("" while a character is still cut)."""
         self.ids.append(token_id)
-        before, now = self._new_text()
-        if len(now) <= len(before) or now.endswith(REPLACEMENT):
+        new = self._native(token_id) if self.step is not None else self._sliced()
+        if not new:
             return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return now[len(before) :]
+        self.prefix, self.read = self.read, len(self.ids)  # as the native decoder's offsets move
+        return new
+
+    def _native(self, token_id: int) -> str | None:
+        try:
+            return self.step(token_id) if self.step is not None else None
+        except Exception:  # noqa: BLE001 (its text was not prefix-stable): decode slices from here on
+            self.step = None
+            return self._sliced()
+
+    def _sliced(self) -> str | None:
+        before, now = self._new_text()
+        return None if len(now) <= len(before) or now.endswith(REPLACEMENT) else now[len(before) :]
 
     def flush(self) -> str:
         """Whatever is left at the end, a cut character as U+FFFD."""
@@ -81,6 +96,8 @@ class TextStream:
         return self._release(final=True)
 
     def _release(self, final: bool) -> str:
+        if not self.stops:
+            return self._emit(self._pending, stopped=False)
         # Emitted text never holds the start of a stop string (see held_back), so searching
         # the pending text is enough.
         cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)

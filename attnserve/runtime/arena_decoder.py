@@ -122,14 +122,15 @@ class ArenaDecoder:
         return logits[0, -1].astype(np.float32)
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
-        """One new token for each of slots [0, B); logits (B, V)."""
+        """One new token for each of slots [0, B); logits (B, V) float32: for a float32 model a view of
+        the output buffer, valid until the next run (a decode step's logits are read before it)."""
         b = len(tokens)
         held = self.arena.lengths[:b]
         width = int(held.max()) + 1
         mask = (np.arange(width)[None, :] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
         logits = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1))
         self.arena.lengths[:b] += 1
-        return logits[:, 0].astype(np.float32)
+        return logits[:, 0].astype(np.float32, copy=False)
 
     @property
     def nbytes(self) -> int:

@@ -15,6 +15,7 @@ import logging
 
 import numpy as np
 
+from ..engine.slot_runner import Logits
 from .arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
 
@@ -52,9 +53,9 @@ class ArenaRunner:
             raise RuntimeError("no free slot")  # the engine admits only up to free_slots()
         self.waiting.append((key, list(prompt)))
 
-    def prefill(self) -> dict[int, np.ndarray]:
+    def prefill(self) -> Logits:
         """One round of prefill: the fresh short prompts together, then one chunk of a long one.
-        Returns the last-token logits (V,) of every request whose prompt is now complete."""
+        Returns the last-token logits of every request whose prompt is now complete."""
         done = self._prefill_short()
         if self.chunking is None:
             long = next((item for item in self.waiting if len(item[1]) > self.chunk), None)
@@ -63,7 +64,7 @@ class ArenaRunner:
                 self.chunking = (*long, 0)
         if self.chunking is not None:
             done.update(self._prefill_chunk())
-        return done
+        return Logits.of(done)
 
     def _prefill_short(self) -> dict[int, np.ndarray]:
         """Short prompts, longest first, as many as fit `chunk` tokens padded, into the slots after the block."""
@@ -95,11 +96,10 @@ class ArenaRunner:
         self.decoding.append(key)
         return {key: logits}
 
-    def decode(self, next_ids: dict[int, int]) -> dict[int, np.ndarray]:
-        """One token for every decoding request; logits (V,) by key."""
+    def decode(self, next_ids: dict[int, int]) -> Logits:
+        """One token for every decoding request; their logits (B, V), a view valid until the next run."""
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
-        logits = self.decoder.decode(tokens)  # (B, V)
-        return dict(zip(self.decoding, logits))
+        return Logits(list(self.decoding), self.decoder.decode(tokens))
 
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""

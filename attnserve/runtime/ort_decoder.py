@@ -158,13 +158,13 @@ def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], st
     an ArenaDecoder (prompts) or ArenaSeq2SeqDecoder (sources) of at least N slots."""
     out: list[list[int]] = [[] for _ in prompts]
     slot_of: list[int] = []  # request in each occupied slot
-    logits: dict[int, np.ndarray] = {}
+    picked: dict[int, int] = {}  # each request's next token, picked as soon as its logits come
     for step in range(max(arrivals) + steps):
         for i in [i for i, a in enumerate(arrivals) if a == step]:
             slot_of.append(i)
-            logits[i] = decoder.prefill(len(slot_of) - 1, [prompts[i]])[0]
+            picked[i] = int(decoder.prefill(len(slot_of) - 1, [prompts[i]])[0].argmax())
         for i in slot_of:
-            out[i].append(int(logits[i].argmax()))
+            out[i].append(picked[i])
         for i in [i for i in slot_of if len(out[i]) == steps]:  # done: the last slot moves into its place
             slot, last = slot_of.index(i), len(slot_of) - 1
             if slot != last:
@@ -175,5 +175,5 @@ def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], st
             slot_of.pop()
         if slot_of:
             tokens = np.array([out[i][-1] for i in slot_of])
-            logits.update(zip(slot_of, decoder.decode(tokens)))
+            picked.update(zip(slot_of, decoder.decode(tokens).argmax(axis=1).tolist()))
     return np.array(out)

@@ -8,7 +8,7 @@ tokenizer answers the same few questions (see `Tokenizer`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -34,6 +34,11 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`: special ids dropped, invalid UTF-8 replaced by U+FFFD."""
+
+    def decode_stream(self) -> Callable[[int], str | None] | None:
+        """A fresh incremental decoder, if the tokenizer has a native one: fed one id at a time, it
+        returns the new text, or None while a character is still cut (engine/streaming.py's rule).
+        None: the caller decodes slices of the ids itself."""
 
     def byte_lengths(self) -> list[int]:
         """UTF-8 bytes each id stands for (0 for special ids): bits per byte from bits per token."""

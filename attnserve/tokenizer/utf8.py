@@ -40,6 +40,10 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return decode(ids)
 
+    def decode_stream(self) -> None:
+        """None: decoding a slice of byte ids is already cheap (engine/streaming.py does it)."""
+        return None
+
     def byte_lengths(self) -> list[int]:
         return [1] * 256 + [0] * (VOCAB_SIZE - 256)
 

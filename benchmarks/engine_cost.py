@@ -1,0 +1,158 @@
+"""What the engine itself costs: the Engine in-process against a plain Python loop over the same
+arena driver, on one model directory, in one run, reported as ratios (issue 22's middle rows).
+
+  loop     ArenaDecoder.prefill of the prompts together, then --new-tokens decode steps, each one
+           np.argmax over the batch: the least Python that can drive the graph
+  engine   Engine.submit of the same prompts (greedy, max_new_tokens = --new-tokens) all at once,
+           each stream read as the gRPC servicer reads it (Handle.next_events), no gRPC
+
+Both sides run the same ONNX Runtime session (one ModelRunner, --threads), each over an arena of
+its own, so the ratio is the engine's own cost: scheduling, sampling, detokenizing, timing,
+metrics hooks and the hand-off of events to the event loop. A request may end early at EOS; tokens
+are counted as produced. Sides alternate within each round (the order flips every round); medians
+over --repeats with min and max; the load average before and after says whether the machine was
+busy. Prints a table, then one JSON object last. Torch-free.
+
+    python -m benchmarks.engine_cost --model models/small-1k-bpe [--concurrency 1,16]
+        [--new-tokens 256] [--repeats 5] [--threads 1] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+
+import numpy as np
+
+from attnserve.engine.domain import Final, GenerationRequest
+from attnserve.engine.engine import Engine, EngineLimits
+from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.runners import open_slot_runner
+from attnserve.tokenizer import from_model_dir
+from benchmarks.serving import progress, report
+
+PROMPT_TOKENS = 16
+SIDES = ("loop", "engine")
+
+
+def prompts(vocab_size: int, specials: set[int], count: int) -> list[list[int]]:
+    """`count` different prompts of PROMPT_TOKENS ids, special ids left out (seeded: the same every run)."""
+    rng = np.random.default_rng(0)
+    allowed = np.array([i for i in range(vocab_size) if i not in specials])
+    return [rng.choice(allowed, PROMPT_TOKENS).tolist() for _ in range(count)]
+
+
+def run_loop(model: ModelRunner, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
+    """Prefill all, then greedy decode steps with one argmax over the batch; tokens/s."""
+    decoder = open_slot_runner(model, len(batch), PROMPT_TOKENS * len(batch)).decoder
+    start = time.perf_counter()
+    tokens = decoder.prefill(0, batch).argmax(axis=1)
+    for _ in range(new_tokens - 1):
+        tokens = decoder.decode(tokens).argmax(axis=1)
+    seconds = time.perf_counter() - start
+    return {"tokens": new_tokens * len(batch), "seconds": seconds, "tokens_per_s": new_tokens * len(batch) / seconds}
+
+
+async def read(engine: Engine, prompt: list[int], new_tokens: int) -> int:
+    """One request's stream, read as the servicer reads it; the number of tokens it produced."""
+    handle = engine.submit(GenerationRequest("bench", tuple(prompt), new_tokens))
+    tokens = 0
+    while True:
+        events = await handle.next_events()
+        for event in events:
+            if isinstance(event, Exception):
+                raise event
+            tokens += len(getattr(event, "token_ids", ()))
+        if isinstance(events[-1], Final):
+            return tokens
+
+
+async def run_engine(engine: Engine, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
+    start = time.perf_counter()
+    tokens = sum(await asyncio.gather(*(read(engine, prompt, new_tokens) for prompt in batch)))
+    seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    rates = [r["tokens_per_s"] for r in runs]
+    return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": len(rates)}
+
+
+async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+    tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
+    specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
+    limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0)
+    engine = Engine(open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels)), tokenizer, limits)
+    engine.start()
+    rows = []
+    try:
+        for level in levels:
+            batch = prompts(model.spec.vocab_size, specials, level)
+            sides = {
+                "loop": lambda b=batch: asyncio.to_thread(run_loop, model, b, new_tokens),
+                "engine": lambda b=batch: run_engine(engine, b, new_tokens),
+            }
+            for run in sides.values():  # warm-up: bindings, allocations, caches
+                await run()
+            runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+            for r in range(repeats):
+                progress(f"{level} streams, round {r + 1}/{repeats}")
+                for side in SIDES if r % 2 == 0 else reversed(SIDES):
+                    runs[side].append(await sides[side]())
+            row = {"concurrency": level, **{side: summary(runs[side]) for side in SIDES}}
+            ratios = [e["tokens_per_s"] / lp["tokens_per_s"] for e, lp in zip(runs["engine"], runs["loop"])]
+            row["engine_vs_loop"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+            rows.append(row)
+    finally:
+        engine.stop()
+    return rows
+
+
+def print_table(result: dict) -> None:
+    print(f"{'streams':>8} {'loop tok/s':>12} {'engine tok/s':>13} {'engine/loop':>12} {'(min-max)':>12}")
+    for row in result["rows"]:
+        ratio = row["engine_vs_loop"]
+        print(
+            f"{row['concurrency']:>8} {row['loop']['tokens_per_s']:>12,.0f} {row['engine']['tokens_per_s']:>13,.0f} "
+            f"{ratio['median']:>11.2f}x {ratio['min']:>5.2f}-{ratio['max']:.2f}"
+        )
+    print(f"load average before {result['load_before']}, after {result['load_after']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
+    p.add_argument("--concurrency", default="1,16", help="comma-separated streams decoded together")
+    p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per request")
+    p.add_argument("--repeats", type=int, default=5, help="rounds, sides alternating; medians reported")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (both sides)")
+    p.add_argument("--out", help="write the JSON result here")
+    args = p.parse_args(argv)
+    levels = [int(c) for c in args.concurrency.split(",")]
+    model = ModelRunner(args.model, provider="cpu", threads=args.threads)
+    if PROMPT_TOKENS + args.new_tokens > model.context_length:
+        p.error(
+            f"--new-tokens {args.new_tokens} + {PROMPT_TOKENS} prompt tokens exceed the context {model.context_length}"
+        )
+    load_before = os.getloadavg()
+    rows = asyncio.run(measure(model, levels, args.new_tokens, args.repeats))
+    result = {
+        "model": args.model,
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": PROMPT_TOKENS,
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "rows": rows,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    report(result, args.out, None, print_table, lambda *_: None)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
