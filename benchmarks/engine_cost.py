@@ -1,14 +1,20 @@
-"""What the engine itself costs: the Engine in-process against a plain Python loop over the same
-arena driver, on one model directory, in one run, reported as ratios (issue 22's middle rows).
+"""What the engine itself costs: the engine in this process and the engine core in a process of
+its own, each against a plain Python loop over the same arena driver, on one model directory, in
+one run, reported as ratios (issue 22's middle rows).
 
   loop     ArenaDecoder.prefill of the prompts together, then --new-tokens decode steps, each one
            np.argmax over the batch: the least Python that can drive the graph
   engine   Engine.submit of the same prompts (greedy, max_new_tokens = --new-tokens) all at once,
-           each stream read as the gRPC servicer reads it (Handle.next_events), no gRPC
+           each stream read as the gRPC servicer reads it (Handle.next_events), no gRPC: the
+           engine thread shares this process's GIL with the event loop that reads the streams
+           (`attnserve serve --engine-core thread`)
+  core     the same through EngineClient: the engine core in a process of its own, one ZeroMQ
+           message per step back to this process's event loop (`--engine-core process`, the default)
 
-Both sides run the same ONNX Runtime session (one ModelRunner, --threads), each over an arena of
-its own, so the ratio is the engine's own cost: scheduling, sampling, detokenizing, timing,
-metrics hooks and the hand-off of events to the event loop. A request may end early at EOS; tokens
+The loop and the engine run the same ONNX Runtime session (one ModelRunner, --threads), each over
+an arena of its own; the core opens its own session of the same directory with the same threads.
+The ratios are each engine's own cost: scheduling, sampling, detokenizing, timing, metrics hooks
+and the hand-off of events to the event loop. A request may end early at EOS; tokens
 are counted as produced. Sides alternate within each round (the order flips every round); medians
 over --repeats with min and max; the load average before and after says whether the machine was
 busy. Prints a table, then one JSON object last. Torch-free.
@@ -28,14 +34,16 @@ import time
 import numpy as np
 
 from attnserve.engine.domain import Final, GenerationRequest
-from attnserve.engine.engine import Engine, EngineLimits
+from attnserve.engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
+from attnserve.server.config import ServerConfig
+from attnserve.server.engine_client import EngineClient
 from attnserve.tokenizer import from_model_dir
 from benchmarks.serving import progress, report
 
 PROMPT_TOKENS = 16
-SIDES = ("loop", "engine")
+SIDES = ("loop", "engine", "core")
 
 
 def prompts(vocab_size: int, specials: set[int], count: int) -> list[list[int]]:
@@ -56,7 +64,7 @@ def run_loop(model: ModelRunner, batch: list[list[int]], new_tokens: int) -> dic
     return {"tokens": new_tokens * len(batch), "seconds": seconds, "tokens_per_s": new_tokens * len(batch) / seconds}
 
 
-async def read(engine: Engine, prompt: list[int], new_tokens: int) -> int:
+async def read(engine: EngineCalls, prompt: list[int], new_tokens: int) -> int:
     """One request's stream, read as the servicer reads it; the number of tokens it produced."""
     handle = engine.submit(GenerationRequest("bench", tuple(prompt), new_tokens))
     tokens = 0
@@ -70,7 +78,7 @@ async def read(engine: Engine, prompt: list[int], new_tokens: int) -> int:
             return tokens
 
 
-async def run_engine(engine: Engine, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
+async def run_engine(engine: EngineCalls, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
     start = time.perf_counter()
     tokens = sum(await asyncio.gather(*(read(engine, prompt, new_tokens) for prompt in batch)))
     seconds = time.perf_counter() - start
@@ -82,12 +90,23 @@ def summary(runs: list[dict[str, float]]) -> dict[str, float]:
     return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": len(rates)}
 
 
-async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeats: int, threads: int) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
     limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0)
     engine = Engine(open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels)), tokenizer, limits)
     engine.start()
+    config = ServerConfig(
+        model=str(model.model_dir),
+        provider="cpu",
+        threads=threads,
+        max_batch=max(levels),
+        max_queue=max(levels),
+        prefill_chunk=PROMPT_TOKENS * max(levels),
+        engine_core="process",
+    )
+    core = EngineClient(config, model.spec, EngineObserver())
+    core.start()
     rows = []
     try:
         for level in levels:
@@ -95,6 +114,7 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
             sides = {
                 "loop": lambda b=batch: asyncio.to_thread(run_loop, model, b, new_tokens),
                 "engine": lambda b=batch: run_engine(engine, b, new_tokens),
+                "core": lambda b=batch: run_engine(core, b, new_tokens),
             }
             for run in sides.values():  # warm-up: bindings, allocations, caches
                 await run()
@@ -104,21 +124,25 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
                 for side in SIDES if r % 2 == 0 else reversed(SIDES):
                     runs[side].append(await sides[side]())
             row = {"concurrency": level, **{side: summary(runs[side]) for side in SIDES}}
-            ratios = [e["tokens_per_s"] / lp["tokens_per_s"] for e, lp in zip(runs["engine"], runs["loop"])]
-            row["engine_vs_loop"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+            for side in ("engine", "core"):
+                ratios = [e["tokens_per_s"] / lp["tokens_per_s"] for e, lp in zip(runs[side], runs["loop"])]
+                row[f"{side}_vs_loop"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
             rows.append(row)
     finally:
         engine.stop()
+        core.stop()
     return rows
 
 
 def print_table(result: dict) -> None:
-    print(f"{'streams':>8} {'loop tok/s':>12} {'engine tok/s':>13} {'engine/loop':>12} {'(min-max)':>12}")
+    head = ("streams", "loop tok/s", "engine", "core", "engine/loop (min-max)", "core/loop (min-max)")
+    print("{:>8} {:>11} {:>8} {:>8} {:>22} {:>21}".format(*head))
     for row in result["rows"]:
-        ratio = row["engine_vs_loop"]
+        e, c = row["engine_vs_loop"], row["core_vs_loop"]
         print(
-            f"{row['concurrency']:>8} {row['loop']['tokens_per_s']:>12,.0f} {row['engine']['tokens_per_s']:>13,.0f} "
-            f"{ratio['median']:>11.2f}x {ratio['min']:>5.2f}-{ratio['max']:.2f}"
+            f"{row['concurrency']:>8} {row['loop']['tokens_per_s']:>11,.0f} {row['engine']['tokens_per_s']:>8,.0f} "
+            f"{row['core']['tokens_per_s']:>8,.0f} {e['median']:>9.2f}x {e['min']:.2f}-{e['max']:.2f}"
+            f" {c['median']:>9.2f}x {c['min']:.2f}-{c['max']:.2f}"
         )
     print(f"load average before {result['load_before']}, after {result['load_after']}")
 
@@ -139,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--new-tokens {args.new_tokens} + {PROMPT_TOKENS} prompt tokens exceed the context {model.context_length}"
         )
     load_before = os.getloadavg()
-    rows = asyncio.run(measure(model, levels, args.new_tokens, args.repeats))
+    rows = asyncio.run(measure(model, levels, args.new_tokens, args.repeats, args.threads))
     result = {
         "model": args.model,
         "new_tokens": args.new_tokens,

@@ -147,8 +147,8 @@ async def serving(
 ) -> dict:
     """Tokens/s per side and concurrency, sides alternating inside every round."""
     sides = {
-        "arena": lambda p, n: engine_stream(arena.engine, p, n),
-        "concat": lambda p, n: engine_stream(concat, p, n),
+        "arena": lambda p, n: engine_stream(arena.engine, arena.tokenizer, p, n),
+        "concat": lambda p, n: engine_stream(concat, concat.tokenizer, p, n),
     }
     for stream in sides.values():  # warm-up
         await wave(stream, prompts(max(levels)), 8)
@@ -229,6 +229,7 @@ async def run(args) -> dict:
         max_batch=max(levels),
         max_queue=4 * max(levels),
         max_new_tokens_cap=max(args.new_tokens),
+        engine_core="thread",  # the arena's runner is read below; the concat engine runs in this process too
     )
     arena = Server(ServerConfig(model=args.model, **common))
     concat = concat_engine(args.concat_model, args.threads, max(levels), arena.tokenizer)

@@ -33,11 +33,12 @@ from pathlib import Path
 import grpc
 
 from attnserve.engine.domain import Final, GenerationRequest
-from attnserve.engine.engine import Engine
+from attnserve.engine.engine import EngineCalls
 from attnserve.runtime.contract import ModelDirError
 from attnserve.runtime.model_runner import ProviderError
 from attnserve.server.app import Server, StartupError
 from attnserve.server.config import ServerConfig
+from attnserve.tokenizer import Tokenizer
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -76,9 +77,9 @@ async def grpc_stream(stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens:
     return stream_stats(arrivals, start)
 
 
-async def engine_stream(engine: Engine, prompt: str, new_tokens: int) -> dict[str, float]:
+async def engine_stream(engine: EngineCalls, tokenizer: Tokenizer, prompt: str, new_tokens: int) -> dict[str, float]:
     """The same request handed to the engine directly: no protobuf, no socket, no servicer."""
-    request = GenerationRequest("bench", tuple(engine.tokenizer.encode_prompt(prompt)), new_tokens)
+    request = GenerationRequest("bench", tuple(tokenizer.encode_prompt(prompt)), new_tokens)
     start, arrivals = time.perf_counter(), []
     handle = engine.submit(request)
     while True:
@@ -164,7 +165,7 @@ async def measure(server: Server, levels: list[int], new_tokens: int, repeats: i
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
         stub = pb_grpc.TextGenerationStub(channel)
         sides: dict[str, Stream] = {
-            "in_process": lambda p, n: engine_stream(server.engine, p, n),
+            "in_process": lambda p, n: engine_stream(server.engine, server.tokenizer, p, n),
             "grpc": lambda p, n: grpc_stream(stub, p, n),
         }
         progress("warming up")
@@ -185,11 +186,11 @@ async def measure(server: Server, levels: list[int], new_tokens: int, repeats: i
 def check_fits(server: Server, new_tokens: int) -> None:
     """Every prompt plus `new_tokens` must fit in the model's context (the server would refuse it)."""
     longest = max(len(server.tokenizer.encode_prompt(p)) for p in PROMPTS)
-    room = min(server.runner.context_length - longest, server.limits.max_new_tokens)
+    room = min(server.info.context_length - longest, server.limits.max_new_tokens)
     if not 1 <= new_tokens <= room:
         raise ValueError(
             f"--new-tokens {new_tokens}: prompts of up to {longest} tokens leave room for 1 to "
-            f"{room} (context_length {server.runner.context_length})"
+            f"{room} (context_length {server.info.context_length})"
         )
 
 
@@ -210,7 +211,7 @@ async def run(
         await server.stop()
     return {
         "model": Path(model).resolve().name,
-        "provider": server.runner.provider,
+        "provider": server.facts.provider,
         "threads": threads,
         "new_tokens": new_tokens,
         "prompts": len(PROMPTS),

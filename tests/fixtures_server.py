@@ -133,6 +133,7 @@ def start_server(model_dir, **overrides) -> ServerThread:
         "max_batch": 8,
         "max_queue": 64,
         "drain_timeout": 5.0,
+        "engine_core": "thread",  # the tests look at the engine and pace its steps (test_engine_core.py: a process)
     }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})
     return ServerThread(config)

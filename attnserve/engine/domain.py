@@ -124,6 +124,10 @@ class Draining(ServeError):
     """The server is shutting down and takes no new requests: UNAVAILABLE."""
 
 
+class EngineUnavailable(ServeError):
+    """The engine core's process died: what was in flight ends, new calls are refused: UNAVAILABLE."""
+
+
 class Unauthenticated(ServeError):
     """The call carries no bearer token or the wrong one: UNAUTHENTICATED."""
 

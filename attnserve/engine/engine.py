@@ -25,12 +25,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from ..tokenizer import Tokenizer
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
-from .sequence import Event, Handle, Sequence, deliver
+from .sequence import Caller, Event, Handle, Sequence, deliver
 from .slot_runner import Logits, SlotRunner
 
 log = logging.getLogger("attnserve.server")
@@ -82,6 +83,21 @@ def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
     return [int(row.argmax()) if s.plain_greedy else s(row) for s, row in zip(samplers, rows)]
 
 
+class EngineCalls(Protocol):
+    """What the front doors and the server call of an engine: the Engine here, in the server's process,
+    or server/engine_client.py's EngineClient, whose engine core runs in a process of its own."""
+
+    observer: EngineObserver  # where its steps, tokens and finishes are reported
+
+    def start(self) -> None: ...
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle: ...
+    def release(self, handle: Handle) -> None: ...
+    def stats(self) -> dict[str, int]: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+    def stop(self, timeout: float = 10.0) -> None: ...
+
+
 class Engine:
     """Owns the slot runner and the queue; callers submit and await events."""
 
@@ -96,7 +112,7 @@ class Engine:
         self._active: dict[int, Sequence] = {}  # request key -> decoding sequence
         self._prefilling: dict[int, Sequence] = {}  # request key -> sequence whose prompt is being prefilled
         self._cond = threading.Condition()
-        self._outbox: list[tuple[Handle, Event]] = []
+        self._outbox: list[tuple[Caller, Event]] = []
         self._accepting, self._running, self._abort = True, False, False
         self._thread = threading.Thread(target=self._run, name="attnserve-engine", daemon=True)
 
@@ -111,9 +127,17 @@ class Engine:
         with self._cond:
             self._check_room()
         handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
+        self.enqueue(handle)
+        return handle
+
+    def enqueue(self, caller: Caller) -> None:
+        """Queue `caller.request`; its events go to `caller` (a Handle here; a subclass that
+        delivers elsewhere overrides _flush). Raises QueueFull, Draining, or ValueError when the
+        prompt leaves no room in the context."""
+        request = caller.request
         decoder_prompt = (self.spec.bos_id,) if self.spec.encoder_decoder else request.prompt_ids
         sequence = Sequence(
-            request, handle, self.tokenizer, self.spec.vocab_size, self.spec.context_length, decoder_prompt
+            request, caller, self.tokenizer, self.spec.vocab_size, self.spec.context_length, decoder_prompt
         )
         if sequence.budget < 1:
             raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
@@ -121,7 +145,6 @@ class Engine:
             self._check_room()
             self._queue.append(sequence)
             self._cond.notify()
-        return handle
 
     def _check_room(self) -> None:
         """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
@@ -130,7 +153,7 @@ class Engine:
         if len(self._queue) >= self.limits.max_queue:
             raise QueueFull(f"the queue is full ({self.limits.max_queue} requests waiting, --max-queue); retry later")
 
-    def release(self, handle: Handle) -> None:
+    def release(self, handle: Caller) -> None:
         """The caller is gone: drop its request now if queued, else at the next step."""
         if handle.finished:
             return
@@ -283,9 +306,11 @@ class Engine:
             self.observer.on_finish(final.reason, final.timings.total_ms / 1000.0, final.usage.completion_tokens)
 
     def _flush(self) -> None:
-        """Hand this step's events to the callers' event loops, one call per loop."""
+        """Hand this step's events to the callers' event loops, one call per loop (a subclass whose
+        callers are not Handles delivers them its own way)."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
         for handle, event in self._outbox:
+            assert isinstance(handle, Handle), "Engine's own callers are the Handles submit made"
             by_loop.setdefault(handle.loop, []).append((handle, event))
         self._outbox = []
         for loop, batch in by_loop.items():

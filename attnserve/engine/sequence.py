@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
@@ -16,6 +17,16 @@ from .sampling import Sampler
 from .streaming import TextStream
 
 Event = Delta | Final | Exception
+
+
+class Caller(Protocol):
+    """The engine's view of whoever waits for a request: the request, and whether it is still wanted."""
+
+    request: GenerationRequest
+    cancelled: bool  # set by the caller's side, read by the engine at the next step
+    finished: bool
+
+    def cancel(self) -> None: ...
 
 
 class Handle:
@@ -98,7 +109,7 @@ class Sequence:
     def __init__(
         self,
         request: GenerationRequest,
-        handle: Handle,
+        handle: Caller,
         tokenizer: Tokenizer,
         vocab_size: int,
         context_length: int,

@@ -78,7 +78,11 @@ class RayServeConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RayServeConfig:
         """From add_cli_args' namespace (and the replicas' test-only switches in `environ`)."""
-        replica = ServerConfig(**{name: getattr(args, name) for name in REPLICA_FIELDS}, **read_test_switches(environ))
+        replica = ServerConfig(
+            **{name: getattr(args, name) for name in REPLICA_FIELDS},
+            **read_test_switches(environ),
+            engine_core="thread",  # a replica is a Ray actor process: its engine runs in a thread of it
+        )
         own = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
         return cls(replica=replica, **own)
 

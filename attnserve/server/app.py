@@ -23,17 +23,20 @@ from google.protobuf import descriptor_pool
 from google.protobuf.runtime_version import VersionError
 
 from ..engine.domain import Final, GenerationRequest, StreamInterval
-from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
+from ..engine.engine import Engine, EngineCalls, EngineLimits
+from ..engine.slot_runner import ModelSpec
 from ..health.v1 import health_pb2, health_pb2_grpc
 from ..inference import grpc_service_pb2 as oip_pb
 from ..inference import grpc_service_pb2_grpc as oip_grpc
+from ..runtime import contract
 from ..runtime.contract import ModelDirError
-from ..runtime.model_runner import ModelRunner, ProviderError
-from ..runtime.runners import arena_capacity, open_slot_runner
-from ..tokenizer import TokenizerError, from_model_dir
+from ..runtime.ort_session import ProviderError
+from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
+from .core import SlowSteps, StartupError, load_model
+from .engine_client import EngineClient
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE
 from .interceptors import AuthInterceptor, BoundaryInterceptor
@@ -41,7 +44,7 @@ from .metrics import Metrics
 from .oip_servicer import SERVICE as OIP_SERVICE
 from .oip_servicer import InferenceServicer
 from .request_bytes import DecodeInterceptor
-from .servicer import TextGenerationServicer, model_info
+from .servicer import ModelFacts, TextGenerationServicer, model_info
 from .slow_readers import WriteWatch
 from .validation import RequestLimits
 
@@ -56,10 +59,6 @@ DRAINING = "the server is draining (shutting down); retry on another replica"
 # While a connection has calls open, the server pings its client every KEEPALIVE_S and closes it when
 # no answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
-
-
-class StartupError(Exception):
-    """The server cannot start; the message is the one-line reason."""
 
 
 def read_token(path: str) -> str:
@@ -120,20 +119,6 @@ def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
     return options
 
 
-class SlowSteps(ForwardingObserver):
-    """TEST ONLY ($ATTNSERVE_TEST_STEP_DELAY_MS): every engine step with a batch sleeps `ms` after
-    reporting to `inner`, so that a test outside the process finds generations still running."""
-
-    def __init__(self, inner: EngineObserver, ms: int):
-        super().__init__(inner)
-        self.seconds = ms / 1000.0
-
-    def on_step(self, batch_size: int, queue_depth: int) -> None:
-        self.inner.on_step(batch_size, queue_depth)
-        if batch_size:
-            time.sleep(self.seconds)
-
-
 class Server:
     """One attnserve server: model session, engine, gRPC services and metrics."""
 
@@ -141,50 +126,37 @@ class Server:
         """Load the model; raises ModelDirError, ProviderError or StartupError."""
         self.config = config
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
-        self.runner = ModelRunner(config.model, config.provider, config.threads)
-        try:
-            self.tokenizer = from_model_dir(self.runner.model_dir, self.runner.manifest.tokenizer)
-        except TokenizerError as e:
-            raise StartupError(f"{self.runner.model_dir}: {e}") from None
-        cap = min(config.max_new_tokens_cap, self.runner.context_length - 1)
+        self.metrics = Metrics()
+        self.died: str | None = None  # why the engine core's process is gone
+        self.engine: EngineCalls
+        if config.engine_core == "process":
+            facts, self.tokenizer = self._start_core()
+        else:
+            facts, self.tokenizer = self._load_here()
+        self.facts = facts
+        m = facts.manifest
+        cap = min(config.max_new_tokens_cap, m.context_length - 1)
         self.limits = RequestLimits(
-            self.runner.context_length,
-            self.runner.vocab_size,
+            m.context_length,
+            m.vocab_size,
             cap,
-            encoder_decoder=self.runner.seq2seq,
+            encoder_decoder=m.seq2seq,
             max_token_bytes=max(self.tokenizer.byte_lengths()),
             bos_prepended=self.tokenizer.add_bos,
             stream_interval=StreamInterval(config.stream_interval_tokens, config.stream_interval_ms),
         )
-        self.metrics = Metrics()
-        self.metrics.describe_model(
-            self.runner.model_dir.resolve().name,
-            self.runner.provider,
-            self.runner.manifest.dtype,
-            self.runner.manifest.quantization or "",
-        )
-        try:
-            self.max_batch = arena_capacity(self.runner, config.max_batch, config.kv_cache_memory)
-        except ValueError as e:
-            raise StartupError(str(e)) from None
-        self.slots = open_slot_runner(self.runner, self.max_batch, config.prefill_chunk)
-        self.metrics.kv_cache_bytes.set(self.slots.nbytes)
+        self.metrics.describe_model(facts.model_dir.resolve().name, facts.provider, m.dtype, m.quantization or "")
+        self.metrics.kv_cache_bytes.set(self.kv_cache_bytes)
         log.info(
-            "KV cache: %s, %d slots of %d positions, %s bytes",
-            self.runner.manifest.kv_cache,
+            "KV cache: %s, %d slots of %d positions, %s bytes; engine core in a %s",
+            m.kv_cache,
             self.max_batch,
-            self.runner.context_length,
-            f"{self.slots.nbytes:,}",
-        )
-        observer = SlowSteps(self.metrics, config.test_step_delay_ms) if config.test_step_delay_ms else self.metrics
-        self.engine = Engine(
-            self.slots,
-            self.tokenizer,
-            EngineLimits(self.max_batch, config.max_queue, config.stream_buffer_events),
-            observer,
+            m.context_length,
+            f"{self.kv_cache_bytes:,}",
+            config.engine_core,
         )
         self.info = model_info(
-            self.runner, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.slots.nbytes
+            facts, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.kv_cache_bytes
         )
         self.health = HealthServicer()
         self.writes = WriteWatch(config.write_timeout)
@@ -199,11 +171,48 @@ class Server:
                 "TEST ONLY: every engine step sleeps %d ms ($%s)", config.test_step_delay_ms, TEST_STEP_DELAY_VARIABLE
             )
         self.grpc: grpc.aio.Server | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stopped = asyncio.Event()  # SIGTERM or SIGINT (serve() sets it), or the engine core died
         self.port = self.metrics_port = 0
         self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady
 
+    def _load_here(self) -> tuple[ModelFacts, Tokenizer]:
+        """--engine-core thread: the session, the arena and the Engine in this process."""
+        loaded = load_model(self.config)
+        self.runner, self.slots = loaded.runner, loaded.slots
+        delay = self.config.test_step_delay_ms
+        self.engine = Engine(
+            loaded.slots,
+            loaded.tokenizer,
+            EngineLimits(loaded.capacity, self.config.max_queue, self.config.stream_buffer_events),
+            SlowSteps(self.metrics, delay) if delay else self.metrics,
+        )
+        self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
+        return ModelFacts(loaded.runner.model_dir, loaded.runner.manifest, loaded.runner.provider), loaded.tokenizer
+
+    def _start_core(self) -> tuple[ModelFacts, Tokenizer]:
+        """--engine-core process: the manifest and tokenizer here, the session and arena in the core."""
+        model_dir = Path(self.config.model)
+        manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
+        try:
+            tokenizer = from_model_dir(model_dir, manifest.tokenizer)
+        except TokenizerError as e:
+            raise StartupError(f"{model_dir}: {e}") from None
+        spec = ModelSpec(manifest.vocab_size, manifest.context_length, manifest.bos_id, manifest.seq2seq)
+        client = EngineClient(self.config, spec, self.metrics, self._core_died)
+        self.engine = client
+        self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
+        return ModelFacts(model_dir, manifest, client.ready.provider), tokenizer
+
+    def _core_died(self, why: str) -> None:
+        """The engine core's process is gone (the client's receiver thread): stop serving; serve() exits 1."""
+        self.died = why
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.stopped.set)
+
     async def start(self) -> None:
         """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
+        self.loop = asyncio.get_running_loop()
         auth = [AuthInterceptor(self.token)] if self.token else []
         interceptors = [self.boundary, *auth, DecodeInterceptor()]  # the outermost first
         self.grpc = server = grpc.aio.server(interceptors=interceptors, options=channel_options(self.config))
@@ -320,24 +329,27 @@ async def serve(config: ServerConfig) -> int:
             await server.stop()
         print(f"attnserve serve: error: {e}", file=sys.stderr, flush=True)
         return 2
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, server.stopped.set)
     scheme = "grpcs" if config.tls_cert else "grpc"
     print(
         f"attnserve serve: listening on {config.host}:{server.port} ({scheme}), model "
-        f"{server.info.model_name}, provider {server.runner.provider}",
+        f"{server.info.model_name}, provider {server.facts.provider}, engine core in a {config.engine_core}",
         flush=True,
     )
     print(
         f"attnserve serve: KV cache {server.info.kv_cache}, {server.max_batch} slots of "
-        f"{server.runner.context_length} positions, {server.slots.nbytes / 2**20:.1f} MiB",
+        f"{server.info.context_length} positions, {server.kv_cache_bytes / 2**20:.1f} MiB",
         flush=True,
     )
     if server.metrics_port:
         print(f"attnserve serve: metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
-    await stop.wait()
+    await server.stopped.wait()
+    if server.died is not None:
+        await server.stop()
+        print(f"attnserve serve: error: {server.died}", file=sys.stderr, flush=True)
+        return 1
     log.info("SIGTERM or SIGINT: draining (up to %.1f s)", config.drain_timeout)
     await server.drain()
     print("attnserve serve: drained, exiting", flush=True)

@@ -17,6 +17,7 @@ from ..engine.domain import MAX_STREAM_INTERVAL_MS
 from ..flags import add_field_flags, flag, flag_name
 
 PROVIDERS = ("auto", "cuda", "cpu")
+ENGINE_CORES = ("thread", "process")
 MAX_PORT = 65535
 TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
 TEST_STEP_DELAY_VARIABLE = "ATTNSERVE_TEST_STEP_DELAY_MS"
@@ -76,6 +77,14 @@ class ServerConfig:
     )
     threads: int = field(
         default=0, metadata=flag("ONNX Runtime intra-op threads; 0: all cores but one, left to the gRPC event loop")
+    )
+    engine_core: str = field(
+        default="process",
+        metadata=flag(
+            "where the engine runs: process (a process of its own beside the gRPC front end: neither waits "
+            "for the other's GIL) or thread (in the server's process)",
+            choices=ENGINE_CORES,
+        ),
     )
     max_batch: int = field(
         default=16,
@@ -181,6 +190,7 @@ class ServerConfig:
             ((self.tls_cert is None) == (self.tls_key is None), "--tls-cert and --tls-key go together"),
             (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
             (self.provider in PROVIDERS, f"--provider must be {known}, not {self.provider!r}"),
+            (self.engine_core in ENGINE_CORES, f"--engine-core must be thread or process, not {self.engine_core!r}"),
             (0 <= self.port <= MAX_PORT, f"--port must be 0 to {MAX_PORT}, got {self.port}"),
             (self.threads >= 0, f"--threads must not be negative (0: all cores but one), got {self.threads}"),
             (self.max_batch >= 0, "--max-batch must be at least 1, or auto"),

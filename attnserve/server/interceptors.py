@@ -24,6 +24,7 @@ import grpc
 from ..engine.domain import (
     DeadlineExceeded,
     Draining,
+    EngineUnavailable,
     InvalidRequest,
     QueueFull,
     ServeError,
@@ -46,6 +47,7 @@ ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
     Undecodable: grpc.StatusCode.INVALID_ARGUMENT,
     QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     Draining: grpc.StatusCode.UNAVAILABLE,
+    EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
     DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
     UnknownModel: grpc.StatusCode.NOT_FOUND,
     SlowReader: grpc.StatusCode.CANCELLED,

@@ -26,7 +26,7 @@ from ..engine.domain import (
     StreamInterval,
     UnknownModel,
 )
-from ..engine.engine import Engine
+from ..engine.engine import EngineCalls
 from ..inference import grpc_service_pb2 as oip
 from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..tokenizer import Tokenizer
@@ -67,7 +67,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineCalls,
         limits: RequestLimits,
         tokenizer: Tokenizer,
         info: pb.ModelInfo,

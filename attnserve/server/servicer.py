@@ -10,13 +10,15 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 
 from .. import __version__
 from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
-from ..engine.engine import Engine
-from ..runtime.model_runner import ModelRunner
+from ..engine.engine import EngineCalls
+from ..runtime.contract import Manifest
 from ..tokenizer import Tokenizer
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
@@ -35,7 +37,7 @@ FINISH_REASONS = {
 class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     """attnserve.v1.TextGeneration over one Engine."""
 
-    def __init__(self, engine: Engine, limits: RequestLimits, tokenizer: Tokenizer, info: pb.ModelInfo):
+    def __init__(self, engine: EngineCalls, limits: RequestLimits, tokenizer: Tokenizer, info: pb.ModelInfo):
         self.engine, self.limits, self.tokenizer, self.info = engine, limits, tokenizer, info
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
@@ -79,7 +81,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
 
 
 async def generation_events(
-    engine: Engine,
+    engine: EngineCalls,
     generation: GenerationRequest,
     context: grpc.aio.ServicerContext,
     announce: bool = False,
@@ -113,7 +115,7 @@ async def generation_events(
 
 
 async def completion(
-    engine: Engine, generation: GenerationRequest, context: grpc.aio.ServicerContext
+    engine: EngineCalls, generation: GenerationRequest, context: grpc.aio.ServicerContext
 ) -> tuple[str, list[int], Final]:
     """The whole completion: its text, its token ids and the Final event (errors are raised)."""
     text: list[str] = []
@@ -146,8 +148,17 @@ def final_response(message_type, request_id: str, text: str, token_ids: list[int
     )
 
 
+@dataclass(frozen=True)
+class ModelFacts:
+    """What GetModelInfo tells of the model: its directory, its manifest, the provider its session got."""
+
+    model_dir: Path
+    manifest: Manifest
+    provider: str
+
+
 def model_info(
-    runner: ModelRunner,
+    facts: ModelFacts,
     tokenizer: Tokenizer,
     limits: RequestLimits,
     max_batch: int,
@@ -155,20 +166,21 @@ def model_info(
     kv_cache_bytes: int,
 ) -> pb.ModelInfo:
     """GetModelInfo's answer, built once at start-up."""
+    m = facts.manifest
     return pb.ModelInfo(
-        model_name=runner.model_dir.resolve().name,
-        architecture=runner.manifest.architecture,
-        vocab_size=runner.vocab_size,
-        d_model=runner.manifest.d_model,
-        n_heads=runner.n_heads,
-        n_layers=runner.n_layers,
-        n_encoder_layers=runner.manifest.n_encoder_layers,
-        head_dim=runner.head_dim,
-        context_length=runner.context_length,
-        dtype=runner.manifest.dtype,
-        quantization=runner.manifest.quantization or "",
-        execution_provider=runner.provider,
-        kv_cache=runner.manifest.kv_cache,
+        model_name=facts.model_dir.resolve().name,
+        architecture=m.architecture,
+        vocab_size=m.vocab_size,
+        d_model=m.d_model,
+        n_heads=m.n_heads,
+        n_layers=m.n_layers,
+        n_encoder_layers=m.n_encoder_layers,
+        head_dim=m.head_dim,
+        context_length=m.context_length,
+        dtype=m.dtype,
+        quantization=m.quantization or "",
+        execution_provider=facts.provider,
+        kv_cache=m.kv_cache,
         kv_cache_bytes=kv_cache_bytes,
         limits=pb.Limits(
             max_new_tokens=limits.max_new_tokens,

@@ -1,0 +1,224 @@
+"""The engine core: the model's session, its KV arena, the scheduler and sampling, loaded once.
+
+`load_model` builds what an engine runs on from a ServerConfig; the Server runs it in a thread
+of its own process (`--engine-core thread`) or `run_core` runs it in a process of its own
+(`--engine-core process`, started by engine_client.py). There the engine thread steps as
+always, but hands each step's events to the front end as one ZeroMQ message (core_protocol.py),
+so no event loop in this process wakes per token and none shares its GIL; the main thread only
+receives requests, cancels, aborts and the stop. Metrics live in the front end: the core records
+the engine's observations and sends them with the step. No gRPC here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from ..engine.domain import Draining, Final, FinishReason, QueueFull
+from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
+from ..engine.sequence import Event
+from ..runtime.arena_runner import ArenaRunner
+from ..runtime.contract import ModelDirError
+from ..runtime.model_runner import ModelRunner, ProviderError
+from ..runtime.runners import arena_capacity, open_slot_runner
+from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
+from .config import ServerConfig
+from .core_protocol import (
+    ENCODER,
+    INBOUND_DECODER,
+    Abort,
+    Cancel,
+    Failed,
+    Ready,
+    Step,
+    Stop,
+    Submit,
+    to_wire,
+)
+
+log = logging.getLogger("attnserve.core")
+
+PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
+
+
+class StartupError(Exception):
+    """The server cannot start; the message is the one-line reason."""
+
+
+@dataclass
+class LoadedModel:
+    runner: ModelRunner
+    tokenizer: Tokenizer
+    capacity: int  # KV arena slots
+    slots: ArenaRunner
+
+
+def load_model(config: ServerConfig) -> LoadedModel:
+    """The session, tokenizer and arena of config.model; raises ModelDirError, ProviderError or StartupError."""
+    runner = ModelRunner(config.model, config.provider, config.threads)
+    try:
+        tokenizer = from_model_dir(runner.model_dir, runner.manifest.tokenizer)
+        capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)
+    except TokenizerError as e:
+        raise StartupError(f"{runner.model_dir}: {e}") from None
+    except ValueError as e:
+        raise StartupError(str(e)) from None
+    return LoadedModel(runner, tokenizer, capacity, open_slot_runner(runner, capacity, config.prefill_chunk))
+
+
+class SlowSteps(ForwardingObserver):
+    """TEST ONLY ($ATTNSERVE_TEST_STEP_DELAY_MS): every engine step with a batch sleeps `ms` after
+    reporting to `inner`, so that a test outside the process finds generations still running."""
+
+    def __init__(self, inner: EngineObserver, ms: int):
+        super().__init__(inner)
+        self.seconds = ms / 1000.0
+
+    def on_step(self, batch_size: int, queue_depth: int) -> None:
+        self.inner.on_step(batch_size, queue_depth)
+        if batch_size:
+            time.sleep(self.seconds)
+
+
+class Recorder(EngineObserver):
+    """The engine's observations since the last Step message: (hook name, arguments)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, tuple[Any, ...]]] = []
+
+    def on_step(self, batch_size: int, queue_depth: int) -> None:
+        self.seen.append(("on_step", (batch_size, queue_depth)))
+
+    def on_first_token(self, seconds: float) -> None:
+        self.seen.append(("on_first_token", (seconds,)))
+
+    def on_inter_token(self, seconds: float) -> None:
+        self.seen.append(("on_inter_token", (seconds,)))
+
+    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
+        self.seen.append(("on_finish", (reason.value, seconds, completion_tokens)))
+
+    def take(self) -> list[tuple[str, tuple[Any, ...]]]:
+        seen, self.seen = self.seen, []
+        return seen
+
+
+class RemoteCaller:
+    """A request of the front end's, known here by its key."""
+
+    __slots__ = ("cancelled", "finished", "key", "request")
+
+    def __init__(self, key: int, request: Any):
+        self.key, self.request = key, request
+        self.cancelled = self.finished = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class CoreEngine(Engine):
+    """The Engine, delivering each step's events as one Step message on `socket` (the engine thread's own)."""
+
+    def __init__(self, loaded: LoadedModel, config: ServerConfig, socket: zmq.Socket):
+        self.recorder = Recorder()
+        delay = config.test_step_delay_ms
+        observer = SlowSteps(self.recorder, delay) if delay else self.recorder
+        # The front end keeps the queue's bound (requests in flight <= slots + --max-queue): here the queue
+        # may also hold what it accepted before this engine admitted the requests ahead of them.
+        # Slow readers are the front end's too.
+        limits = EngineLimits(loaded.capacity, config.max_queue + loaded.capacity, max_buffered=0)
+        super().__init__(loaded.slots, loaded.tokenizer, limits, observer)
+        self.socket = socket
+        self._sending = threading.Lock()
+        self.callers: dict[int, RemoteCaller] = {}  # key -> request not yet finished
+
+    def take(self, key: int, request: Any) -> None:
+        """A Submit (main thread): queue it, or answer at once with the refusal (QueueFull, Draining,
+        no room in the context)."""
+        caller = self.callers[key] = RemoteCaller(key, request)
+        try:
+            self.enqueue(caller)
+        except (QueueFull, Draining, ValueError) as e:
+            with self._sending:
+                self._outbox.append((caller, e))
+                self._send()
+
+    def cancel(self, key: int) -> None:
+        caller = self.callers.get(key)
+        if caller is not None:
+            self.release(caller)
+
+    def _flush(self) -> None:
+        with self._sending:
+            self._send()
+
+    def _send(self) -> None:
+        """This step's events and observations as one Step message (hold _sending: the socket is not thread-safe)."""
+        events = [(self._key(caller, event), to_wire(event)) for caller, event in self._outbox]
+        self._outbox = []
+        observations = self.recorder.take()
+        if events or observations:
+            stats = self.stats()
+            self.socket.send(ENCODER.encode(Step(events, observations, stats["active"], stats["queued"])))
+
+    def _key(self, caller: Any, event: Event) -> int:
+        """The caller's key; a request whose last event this is leaves `callers`."""
+        if isinstance(event, (Final, Exception)):
+            caller.finished = True
+            self.callers.pop(caller.key, None)
+        return caller.key
+
+
+def run_core(config: ServerConfig, inbound: str, outbound: str) -> None:
+    """The engine core process's main: load, say Ready (or Failed), then serve messages until Stop.
+
+    SIGINT and SIGTERM are ignored: a terminal's Ctrl-C and systemd's stop reach every process of the
+    group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    context = zmq.Context()
+    out, into = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    out.connect(outbound)
+    into.connect(inbound)
+    try:
+        loaded = load_model(config)
+    except (ModelDirError, ProviderError, StartupError) as e:
+        out.send(ENCODER.encode(Failed(type(e).__name__, str(e))))
+        out.close(linger=5000)
+        return
+    engine = CoreEngine(loaded, config, out)
+    out.send(ENCODER.encode(Ready(loaded.runner.provider, loaded.capacity, loaded.slots.nbytes)))
+    engine.start()
+    try:
+        serve_messages(engine, into)
+    finally:
+        engine.stop()
+        context.destroy(linger=1000)
+
+
+def serve_messages(engine: CoreEngine, into: zmq.Socket) -> None:
+    """Until Stop (or the front end is gone): submits, cancels and aborts, as they come."""
+    parent = os.getppid()
+    while True:
+        if not into.poll(PARENT_CHECK_MS):
+            if os.getppid() != parent:
+                log.warning("the front end is gone; the engine core stops")
+                return
+            continue
+        message = INBOUND_DECODER.decode(into.recv())
+        if isinstance(message, Submit):
+            engine.take(message.key, message.request)
+        elif isinstance(message, Cancel):
+            engine.cancel(message.key)
+        elif isinstance(message, Abort):
+            engine.abort()
+        elif isinstance(message, Stop):
+            return

@@ -1,0 +1,126 @@
+"""What the front end and the engine core say to each other: msgpack messages (msgspec Structs).
+
+Front end -> core (one PUSH socket): Submit a request under the front end's key, Cancel a key
+(the caller went away, a slow reader was cut), Abort everything (drain timeout), Stop.
+Core -> front end (one PUSH socket): Ready once the model is loaded (or Failed, with the error's
+kind and its one-line message), then one Step message per engine step that produced anything:
+every request's events of that step, the step's metric observations, and the core's counts.
+
+The domain's dataclasses travel as themselves where msgspec can type them (GenerationRequest);
+events are tagged Structs here, so that one union decodes them. No gRPC, no ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull, Timings, Usage
+
+
+class Submit(msgspec.Struct, tag=True):
+    key: int
+    request: GenerationRequest
+
+
+class Cancel(msgspec.Struct, tag=True):
+    key: int
+
+
+class Abort(msgspec.Struct, tag=True):
+    pass
+
+
+class Stop(msgspec.Struct, tag=True):
+    pass
+
+
+Inbound = Submit | Cancel | Abort | Stop
+
+
+class Ready(msgspec.Struct, tag=True):
+    """The core has its session and arena: the facts the front end cannot read from the directory."""
+
+    provider: str  # the execution provider the session really got
+    capacity: int  # KV arena slots (--max-batch, or what auto found)
+    kv_cache_bytes: int
+
+
+class Failed(msgspec.Struct, tag=True):
+    """Start-up failed: `kind` names the error class (ModelDirError, ProviderError, StartupError)."""
+
+    kind: str
+    message: str
+
+
+class DeltaEvent(msgspec.Struct, tag=True, array_like=True):
+    token_ids: tuple[int, ...]
+    text: str
+
+
+class FinalEvent(msgspec.Struct, tag=True, array_like=True):
+    reason: str
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    queue_ms: float
+    time_to_first_token_ms: float
+    total_ms: float
+
+
+class ErrorEvent(msgspec.Struct, tag=True, array_like=True):
+    """The request was refused (QueueFull, Draining) or a run failed under it (an internal error)."""
+
+    kind: str  # the exception's class name
+    message: str
+
+
+WireEvent = DeltaEvent | FinalEvent | ErrorEvent
+
+
+class Step(msgspec.Struct, tag=True):
+    events: list[tuple[int, WireEvent]]  # (key, event), in the order the engine emitted them
+    observations: list[tuple[str, tuple[Any, ...]]]  # (EngineObserver hook, its arguments)
+    active: int  # requests in the batch or its prefill
+    queued: int
+
+
+Outbound = Ready | Failed | Step
+
+
+def to_wire(event: Delta | Final | Exception) -> WireEvent:
+    if isinstance(event, Delta):
+        return DeltaEvent(event.token_ids, event.text)
+    if isinstance(event, Final):
+        usage, t = event.usage, event.timings
+        return FinalEvent(
+            event.reason.value,
+            event.text,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            t.queue_ms,
+            t.time_to_first_token_ms,
+            t.total_ms,
+        )
+    return ErrorEvent(type(event).__name__, str(event))
+
+
+def from_wire(event: WireEvent) -> Delta | Final | Exception:
+    if isinstance(event, DeltaEvent):
+        return Delta(tuple(event.token_ids), event.text)
+    if isinstance(event, FinalEvent):
+        return Final(
+            FinishReason(event.reason),
+            event.text,
+            Usage(event.prompt_tokens, event.completion_tokens),
+            Timings(event.queue_ms, event.time_to_first_token_ms, event.total_ms),
+        )
+    refusal = REFUSALS.get(event.kind)
+    return refusal(event.message) if refusal else RuntimeError(f"{event.kind}: {event.message}")
+
+
+REFUSALS = {"QueueFull": QueueFull, "Draining": Draining}
+INBOUND_DECODER = msgspec.msgpack.Decoder(Inbound)
+OUTBOUND_DECODER = msgspec.msgpack.Decoder(Outbound)
+ENCODER = msgspec.msgpack.Encoder()

@@ -1,0 +1,249 @@
+"""The front end's engine when the engine core runs in a process of its own (`--engine-core process`).
+
+EngineClient answers the calls the servicers and the Server make of an Engine (submit, release,
+stats, close, abort, start, stop) by talking to core.run_core over two ZeroMQ sockets
+(core_protocol.py). The core is started with multiprocessing's spawn (a fork would copy gRPC's
+threads). A receiver thread takes one Step message per engine step and hands its events to the
+callers' event loops with one call per loop, as the in-process engine does; the engine's
+observations go to the front end's metrics there too.
+
+What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
+QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
+readers (its Handles), and a prompt that leaves no room in the context. When the core dies,
+every request in flight ends at once with EngineUnavailable (UNAVAILABLE), new ones are refused
+the same way, and `on_death` is called: the Server then exits non-zero for its supervisor to
+restart it (Kubernetes, systemd), the way vLLM's front end ends with its engine core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import multiprocessing
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from ..engine.domain import Draining, EngineUnavailable, Final, FinishReason, GenerationRequest, QueueFull
+from ..engine.engine import EngineObserver
+from ..engine.sequence import Event, Handle, deliver
+from ..engine.slot_runner import ModelSpec
+from ..runtime.contract import ModelDirError
+from ..runtime.ort_session import ProviderError
+from .config import ServerConfig
+from .core import StartupError, run_core
+from .core_protocol import (
+    ENCODER,
+    OUTBOUND_DECODER,
+    Abort,
+    Cancel,
+    Failed,
+    Ready,
+    Step,
+    Stop,
+    Submit,
+    from_wire,
+)
+
+log = logging.getLogger("attnserve.server")
+
+START_TIMEOUT_S = 600.0  # loading a model: sha256 of its files, session creation, the arena
+POLL_MS = 100  # how often the receiver looks at the core's process while no message comes
+STOP_TIMEOUT_S = 10.0
+START_ERRORS: dict[str, type[Exception]] = {
+    "ModelDirError": ModelDirError,
+    "ProviderError": ProviderError,
+    "StartupError": StartupError,
+}
+
+
+class RemoteHandle(Handle):
+    """A Handle whose cancel() also tells the core (once), so that the slot frees at its next step."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, max_buffered: int, tell):
+        super().__init__(request, loop, max_buffered)
+        self._tell = tell
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._tell()
+
+
+class EngineClient:
+    """An Engine's calls, served by an engine core process; raises StartupError (and the model's
+    ModelDirError or ProviderError) when the core cannot start."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        spec: ModelSpec,
+        observer: EngineObserver,
+        on_death: Callable[[str], None] | None = None,
+    ):
+        self.config, self.spec, self.observer, self.on_death = config, spec, observer, on_death
+        self.handles: dict[int, Handle] = {}  # key -> request in flight
+        self._keys = itertools.count()
+        self._lock = threading.Lock()  # the handles, and the inbound socket (not thread-safe)
+        self._accepting, self._stopping = True, False
+        self.died: str | None = None  # why the core is gone
+        self._active = self._queued = 0  # the core's counts, as of its last Step
+        self._folder = tempfile.mkdtemp(prefix="attnserve-core-")
+        self._context = zmq.Context()
+        self._into, self._from = self._context.socket(zmq.PUSH), self._context.socket(zmq.PULL)
+        inbound, outbound = (f"ipc://{Path(self._folder) / name}" for name in ("in", "out"))
+        self._into.bind(inbound)
+        self._from.bind(outbound)
+        spawn = multiprocessing.get_context("spawn")
+        self.process = spawn.Process(
+            target=run_core, args=(config, inbound, outbound), name="attnserve-engine-core", daemon=True
+        )
+        self.process.start()
+        try:
+            self.ready = self._wait_ready()
+        except BaseException:
+            self._shut()
+            raise
+        self.capacity = self.ready.capacity
+        log.info("engine core ready in process %d", self.process.pid)
+        self._receiver = threading.Thread(target=self._receive, name="attnserve-core-receiver", daemon=True)
+
+    def _wait_ready(self) -> Ready:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self._from.poll(POLL_MS):
+                message = OUTBOUND_DECODER.decode(self._from.recv())
+                if isinstance(message, Failed):
+                    raise START_ERRORS.get(message.kind, StartupError)(message.message)
+                assert isinstance(message, Ready), "the core's first message is Ready or Failed"
+                return message
+            if not self.process.is_alive():
+                raise StartupError(f"the engine core exited during start-up (exit code {self.process.exitcode})")
+        raise StartupError(f"the engine core did not start within {START_TIMEOUT_S:.0f} s")
+
+    # ---- the Engine's calls (the event loop's thread) -----------------------------------
+    def start(self) -> None:
+        self._receiver.start()
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
+        """Send a validated request to the core; raises EngineUnavailable, Draining or QueueFull."""
+        decoder_prompt = 1 if self.spec.encoder_decoder else len(request.prompt_ids)
+        if min(request.max_new_tokens, self.spec.context_length - decoder_prompt) < 1:
+            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
+        key = next(self._keys)
+        handle = RemoteHandle(
+            request,
+            loop or asyncio.get_running_loop(),
+            self.config.stream_buffer_events,
+            lambda: self._send(Cancel(key)),
+        )
+        with self._lock:
+            self._check_room()
+            self.handles[key] = handle
+            self._into.send(ENCODER.encode(Submit(key, request)))
+        return handle
+
+    def _check_room(self) -> None:
+        if self.died is not None:
+            raise EngineUnavailable(self.died)
+        if not self._accepting:
+            raise Draining("the server is shutting down and takes no new requests")
+        if len(self.handles) >= self.capacity + self.config.max_queue:
+            raise QueueFull(f"the queue is full ({self.config.max_queue} requests waiting, --max-queue); retry later")
+
+    def release(self, handle: Handle) -> None:
+        """The caller is gone: the core drops its request at its next step."""
+        if not handle.finished:
+            handle.cancel()
+
+    def stats(self) -> dict[str, int]:
+        """Requests in the core's batch or its prefill, and the rest of those in flight."""
+        in_flight = len(self.handles)
+        active = min(self._active, in_flight)
+        return {"active": active, "queued": in_flight - active}
+
+    def close(self) -> None:
+        self._accepting = False
+
+    def abort(self) -> None:
+        self._send(Abort())
+
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Stop the core (it aborts what runs) and the receiver."""
+        self._accepting = False
+        if self.process.is_alive():
+            self._send(Stop())
+            self.process.join(timeout)
+        self._shut()
+
+    def _shut(self) -> None:
+        self._stopping = True
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+        if self._receiver_started():
+            self._receiver.join(STOP_TIMEOUT_S)
+        self._context.destroy(linger=0)
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _receiver_started(self) -> bool:
+        receiver = getattr(self, "_receiver", None)
+        return receiver is not None and receiver.ident is not None and receiver is not threading.current_thread()
+
+    def _send(self, message: Submit | Cancel | Abort | Stop) -> None:
+        with self._lock, contextlib.suppress(zmq.ZMQError):
+            self._into.send(ENCODER.encode(message))
+
+    # ---- the receiver thread --------------------------------------------------------------
+    def _receive(self) -> None:
+        while not self._stopping:
+            if self._from.poll(POLL_MS):
+                message = OUTBOUND_DECODER.decode(self._from.recv())
+                if isinstance(message, Step):
+                    self._take(message)
+            elif not self.process.is_alive() and not self._stopping:
+                self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
+                return
+
+    def _take(self, step: Step) -> None:
+        """One engine step: events to their callers' loops (one call per loop), observations to metrics."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+        with self._lock:
+            for key, wire in step.events:
+                event = from_wire(wire)
+                last = isinstance(event, (Final, Exception))
+                handle = self.handles.pop(key, None) if last else self.handles.get(key)
+                if handle is not None:
+                    by_loop.setdefault(handle.loop, []).append((handle, event))
+            self._active, self._queued = step.active, step.queued
+        for hook, arguments in step.observations:  # before the events: a caller that sees its end sees it counted
+            if hook == "on_finish":
+                reason, seconds, tokens = arguments
+                self.observer.on_finish(FinishReason(reason), seconds, tokens)
+            else:
+                getattr(self.observer, hook)(*arguments)
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
+                loop.call_soon_threadsafe(deliver, batch)
+
+    def _core_died(self, why: str) -> None:
+        """Every request in flight ends now with EngineUnavailable; new ones are refused; on_death."""
+        log.error("%s", why)
+        self.died = why
+        with self._lock:
+            handles, self.handles = list(self.handles.values()), {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+        for handle in handles:
+            by_loop.setdefault(handle.loop, []).append((handle, EngineUnavailable(why)))
+        for loop, batch in by_loop.items():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(deliver, batch)
+        if self.on_death is not None:
+            self.on_death(why)

@@ -1,0 +1,132 @@
+"""The engine core in a process of its own (`--engine-core process`, serve's default): the tokens of
+the engine in the server's process, cancels and refusals across the boundary, and a killed core
+ending what was in flight with UNAVAILABLE and the server with exit code 1 (its supervisor
+restarts it). The rest of the suite drives `attnserve serve` subprocesses in this mode too
+(start-up errors, drain on SIGTERM, TLS, the protobuf hosts)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+
+import grpc
+import pytest
+from fixtures_server import ServeProcess, request, start_server, wait_until
+
+from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
+from attnserve.v1 import generation_pb2 as pb
+from attnserve.v1 import generation_pb2_grpc as pb_grpc
+
+PROMPTS = ["The list", "def parse(", "Return the", "x"]
+SAMPLED = {"temperature": 0.9, "top_k": 40, "top_p": 0.95, "repetition_penalty": 1.1}
+SLOW_STEP_MS = 30  # per engine step with a batch: a 100-token generation outlives the test's next moves
+
+
+@pytest.fixture(scope="module")
+def core(tiny_model_dir):
+    running = start_server(tiny_model_dir, engine_core="process")
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def slow_core(tiny_model_dir):
+    """A core of one slot and a queue of one, each step slowed to SLOW_STEP_MS."""
+    running = start_server(
+        tiny_model_dir, engine_core="process", max_batch=1, max_queue=1, test_step_delay_ms=SLOW_STEP_MS
+    )
+    yield running
+    running.stop()
+
+
+def generate(stub, prompt: str, **fields) -> pb.GenerateResponse:
+    return stub.Generate(request(prompt, max_new_tokens=24, **fields), timeout=60)
+
+
+def test_the_core_process_decodes_the_tokens_of_the_engine_in_the_servers_process(core, server):
+    """Greedy and seeded sampling, unary and streamed: the same tokens and text in both modes."""
+    assert core.server.engine.process.is_alive() and core.server.info.execution_provider == "CPUExecutionProvider"
+    for prompt in PROMPTS:
+        for fields in ({}, {**SAMPLED, "seed": 7}):
+            here, there = generate(server.stub, prompt, **fields), generate(core.stub, prompt, **fields)
+            assert there.token_ids == here.token_ids and there.text == here.text, (prompt, fields)
+            streamed = list(core.stub.GenerateStream(request(prompt, max_new_tokens=24, **fields), timeout=60))
+            assert [t for m in streamed for t in m.token_ids] == list(here.token_ids)
+            assert "".join(m.text for m in streamed) == here.text
+
+
+def test_seeded_requests_decode_alike_alone_and_in_a_batch_across_the_boundary(core):
+    alone = {seed: generate(core.stub, "The list", **SAMPLED, seed=seed).token_ids for seed in range(4)}
+    together: dict[int, list[int]] = {}
+
+    def run(seed: int) -> None:
+        together[seed] = generate(core.stub, "The list", **SAMPLED, seed=seed).token_ids
+
+    threads = [threading.Thread(target=run, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert together == alone
+
+
+def finished(running, reason: str) -> float:
+    value = running.server.metrics.registry.get_sample_value("attnserve_generations_finished_total", {"reason": reason})
+    return value or 0.0
+
+
+def test_a_cancelled_stream_frees_its_slot_in_the_core(slow_core):
+    """One slot: a cancelled 100-token stream ends CANCELLED in the core, and the next request gets
+    the slot and all its tokens."""
+    stream = slow_core.stub.GenerateStream(request("The list", max_new_tokens=100), timeout=60)
+    assert next(stream).token_ids
+    stream.cancel()
+    wait_until(lambda: finished(slow_core, "cancelled") == 1, what="the core to end the cancelled request")
+    wait_until(lambda: slow_core.engine.stats() == {"active": 0, "queued": 0}, what="the slot to free")
+    after = slow_core.stub.Generate(request("The list", max_new_tokens=5), timeout=60)
+    assert len(after.token_ids) == 5 and after.finish_reason == pb.FINISH_REASON_LENGTH
+
+
+def test_a_full_queue_is_refused_by_the_front_end(slow_core):
+    """One slot and a queue of one: the third request in flight gets RESOURCE_EXHAUSTED. (The two
+    streams may reach the server in either order: gRPC gives no order between calls.)"""
+    running = [slow_core.stub.GenerateStream(request("The list", max_new_tokens=100), timeout=60) for _ in range(2)]
+    for call in running:  # whichever the server took first decodes, the other waits in the queue
+        assert call.initial_metadata()  # sent once its request is in the engine
+    with pytest.raises(grpc.RpcError) as refused:
+        slow_core.stub.Generate(request("x", max_new_tokens=4), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-queue" in refused.value.details()
+    for call in running:
+        call.cancel()
+
+
+def core_pid(lines: list[str]) -> int:
+    """The engine core's process, as the server logs it at start-up."""
+    (pid,) = [int(m.group(1)) for line in lines if (m := re.search(r"engine core ready in process (\d+)", line))]
+    return pid
+
+
+def test_a_killed_core_ends_every_stream_with_unavailable_and_the_server_exits_1(tiny_model_dir, monkeypatch):
+    monkeypatch.setenv(TEST_STEP_DELAY_VARIABLE, str(SLOW_STEP_MS))
+    served = ServeProcess("--model", str(tiny_model_dir), "--port", "0", "--provider", "cpu", "--threads", "1")
+    try:
+        assert served.port, "".join(served.lines)
+        with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stub = pb_grpc.TextGenerationStub(channel)
+            streams = [stub.GenerateStream(request(p, max_new_tokens=100), timeout=60) for p in PROMPTS[:2]]
+            for stream in streams:
+                assert next(stream).token_ids
+            os.kill(core_pid(served.lines), signal.SIGKILL)
+            for stream in streams:
+                with pytest.raises(grpc.RpcError) as ended:
+                    list(stream)
+                assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+                assert "the engine core died" in ended.value.details()
+        code, output = served.wait()
+    finally:
+        served.kill()
+    assert code == 1, output
+    assert "attnserve serve: error: the engine core died (exit code -9)" in output
