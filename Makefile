@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test lint format demo protos bench kv-bench tokenizer-table genai-check soak overload clean
+.PHONY: test lint format demo protos bench kv-bench perf tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,6 +64,21 @@ kv-bench: $(STAMP) $(GENAI_STAMP) $(KV_MODEL)/attnserve.json
 	mkdir -p reports
 	$(PY) -m benchmarks.kv --model $(KV_MODEL) --concat-model $(KV_MODEL)-concat \
 		--new-tokens 256,512 --concurrency 1,4,16,64 --repeats 3 --out reports/kv.json --plot reports/kv.png
+
+# Where the engine's time goes (issue 22): the engine in this process and the engine core in its own
+# against a plain loop over the same arena driver, then `attnserve serve --engine-core process` against
+# `thread` through gRPC. A small BPE model with a 1024-token context, trained once for 60 s.
+PERF_RUN   := runs/small-1k-bpe
+PERF_MODEL := models/small-1k-bpe
+$(PERF_RUN)/checkpoint.pt: | $(STAMP)
+	$(VENV)/bin/attnserve train --preset small --context-length 1024 --batch-size 8 --time-budget 60 --out $(PERF_RUN)
+$(PERF_MODEL)/attnserve.json: $(PERF_RUN)/checkpoint.pt
+	$(VENV)/bin/attnserve export $(PERF_RUN)/checkpoint.pt --out $(PERF_MODEL)
+perf: $(STAMP) $(PERF_MODEL)/attnserve.json
+	mkdir -p reports
+	$(PY) -m benchmarks.engine_cost --model $(PERF_MODEL) --new-tokens 256 --repeats 5 --out reports/engine-cost.json
+	$(PY) -m benchmarks.engine_core --model $(PERF_MODEL) --repeats 3 \
+		--out reports/engine-core.json --plot reports/engine-core.png
 
 bench: $(STAMP) kv-bench
 	mkdir -p reports

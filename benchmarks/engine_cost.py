@@ -30,6 +30,7 @@ import asyncio
 import os
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -85,9 +86,11 @@ async def run_engine(engine: EngineCalls, batch: list[list[int]], new_tokens: in
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
 
-def summary(runs: list[dict[str, float]]) -> dict[str, float]:
+def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+    """Median tokens/s with min and max; the tokens of every run (greedy: the same each run)."""
     rates = [r["tokens_per_s"] for r in runs]
-    return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates), "runs": len(rates)}
+    tokens = sorted({r["tokens"] for r in runs})
+    return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates), "tokens": tokens}
 
 
 async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeats: int, threads: int) -> list[dict]:

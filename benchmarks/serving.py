@@ -195,12 +195,26 @@ def check_fits(server: Server, new_tokens: int) -> None:
 
 
 async def run(
-    model: str, levels: list[int], new_tokens: int = 96, repeats: int = 3, threads: int = 0, provider: str = "cpu"
+    model: str,
+    levels: list[int],
+    new_tokens: int = 96,
+    repeats: int = 3,
+    threads: int = 0,
+    provider: str = "cpu",
+    engine_core: str = "thread",
 ) -> dict:
-    """Start a Server over `model` on 127.0.0.1 (any free port), measure both comparisons, stop it."""
+    """Start a Server over `model` on 127.0.0.1 (any free port), measure both comparisons, stop it.
+    `engine_core`: thread (the engine in this process, as the README's figures were measured), or
+    process (its own; "in-process" then means EngineClient, without gRPC)."""
     progress(f"loading {model}")
     config = ServerConfig(
-        model=model, port=0, provider=provider, threads=threads, max_batch=max(levels), max_queue=4 * max(levels)
+        model=model,
+        port=0,
+        provider=provider,
+        threads=threads,
+        max_batch=max(levels),
+        max_queue=4 * max(levels),
+        engine_core=engine_core,
     )
     server = Server(config)
     try:
@@ -298,12 +312,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="rounds; medians are reported")
     p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads (0: the server's default)")
     p.add_argument("--provider", default="cpu", choices=("auto", "cuda", "cpu"))
+    p.add_argument(
+        "--engine-core",
+        default="thread",
+        choices=("thread", "process"),
+        help="where the server's engine runs (default thread; benchmarks.engine_core compares the two)",
+    )
     p.add_argument("--out", help="write the JSON result here")
     p.add_argument("--plot", help="write a PNG here")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     try:
-        result = asyncio.run(run(args.model, levels, args.new_tokens, args.repeats, args.threads, args.provider))
+        result = asyncio.run(
+            run(args.model, levels, args.new_tokens, args.repeats, args.threads, args.provider, args.engine_core)
+        )
     except grpc.aio.AioRpcError as e:
         sys.exit(f"serving benchmark: {e.code().name}: {e.details()}")
     except (ModelDirError, ProviderError, StartupError, ValueError) as e:

@@ -1,0 +1,140 @@
+"""Where the engine runs, measured end to end: `attnserve serve --engine-core process` (the default)
+against `--engine-core thread`, both driven by `attnserve bench` through gRPC, in one run.
+
+Two servers over one model directory (same flags but the engine core) run side by side on
+127.0.0.1; each round benches one, then the other (the order flips every round), at every
+concurrency and stream interval asked for, with greedy requests of --prompt-tokens ids and
+--new-tokens output tokens. Medians over --repeats with min and max of output tokens/s, p50
+inter-token and time-to-first-token latency, and the process/thread ratio per round; the load
+average before and after says whether the machine was busy. Prints a table, then one JSON object
+last. Torch-free.
+
+    python -m benchmarks.engine_core --model models/small-1k-bpe [--concurrency 1,16]
+        [--stream-interval 1,8] [--new-tokens 256] [--repeats 3] [--out F.json] [--plot F.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+from benchmarks.loadtest.server_process import ServerProcess
+from benchmarks.serving import progress, report
+
+MODES = ("thread", "process")
+
+
+def bench(target: str, concurrency: int, interval: int, new_tokens: int, prompt_tokens: int) -> dict:
+    """One `attnserve bench` level: its report's row (throughput and latency)."""
+    requests = max(2 * concurrency, 8)
+    command = [sys.executable, "-m", "attnserve.cli", "bench", "--target", target, "--concurrency", str(concurrency)]
+    command += ["--requests", str(requests), "--max-new-tokens", str(new_tokens), "--prompt-tokens", str(prompt_tokens)]
+    command += ["--stream-interval-tokens", str(interval), "--warmup", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+    (level,) = json.loads(done.stdout.strip().splitlines()[-1])["levels"]
+    return {
+        "tokens_per_s": level["output_tokens_per_s"],
+        "itl_p50_ms": level["itl_ms"]["p50"],
+        "ttft_p50_ms": level["ttft_ms"]["p50"],
+        "errors": level["requests"] - level["completed"],
+    }
+
+
+def median_of(runs: list[dict], key: str) -> dict[str, float]:
+    values = [r[key] for r in runs]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(args, servers: dict[str, ServerProcess]) -> list[dict]:
+    rows = []
+    for interval in [int(i) for i in args.stream_interval.split(",")]:
+        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+            runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
+            for r in range(args.repeats):
+                progress(f"stream interval {interval}, {concurrency} streams, round {r + 1}/{args.repeats}")
+                for mode in MODES if r % 2 == 0 else reversed(MODES):
+                    target = servers[mode].target
+                    runs[mode].append(bench(target, concurrency, interval, args.new_tokens, args.prompt_tokens))
+            ratios = [p["tokens_per_s"] / t["tokens_per_s"] for p, t in zip(runs["process"], runs["thread"])]
+            row: dict[str, Any] = {"stream_interval": interval, "concurrency": concurrency}
+            for mode in MODES:
+                row[mode] = {key: median_of(runs[mode], key) for key in ("tokens_per_s", "itl_p50_ms", "ttft_p50_ms")}
+                row[mode]["errors"] = sum(r["errors"] for r in runs[mode])
+            row["process_vs_thread"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+            rows.append(row)
+    return rows
+
+
+def print_table(result: dict) -> None:
+    head = ("interval", "streams", "thread tok/s", "process tok/s", "process/thread (min-max)", "ITL p50 ms t/p")
+    print("{:>8} {:>8} {:>13} {:>14} {:>25} {:>15}".format(*head))
+    for row in result["rows"]:
+        t, p, ratio = row["thread"], row["process"], row["process_vs_thread"]
+        print(
+            f"{row['stream_interval']:>8} {row['concurrency']:>8} {t['tokens_per_s']['median']:>13,.0f} "
+            f"{p['tokens_per_s']['median']:>14,.0f} {ratio['median']:>14.2f}x {ratio['min']:.2f}-{ratio['max']:.2f} "
+            f"{t['itl_p50_ms']['median']:>7.2f}/{p['itl_p50_ms']['median']:.2f}"
+        )
+    print(f"load average before {result['load_before']}, after {result['load_after']}")
+
+
+def write_plot(result: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['concurrency']} streams\ninterval {r['stream_interval']}" for r in result["rows"]]
+    xs = range(len(labels))
+    for offset, mode in ((-0.2, "thread"), (0.2, "process")):
+        values = [r[mode]["tokens_per_s"]["median"] for r in result["rows"]]
+        ax.bar([x + offset for x in xs], values, width=0.4, label=f"--engine-core {mode}")
+    ax.set_xticks(list(xs), labels)
+    ax.set_ylabel("output tokens/s (gRPC, attnserve bench)")
+    ax.set_title(f"{result['model']}: the engine core in a process vs a thread")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
+    p.add_argument("--concurrency", default="1,16", help="comma-separated streams in flight")
+    p.add_argument("--stream-interval", default="1,8", help="comma-separated --stream-interval-tokens")
+    p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per request")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt token ids per request")
+    p.add_argument("--repeats", type=int, default=3, help="rounds, the servers alternating; medians reported")
+    p.add_argument("--out", help="write the JSON result here")
+    p.add_argument("--plot", help="write a PNG bar chart here")
+    args = p.parse_args(argv)
+    load_before = os.getloadavg()
+    flags = ["--provider", "cpu", "--max-batch", "64", "--max-queue", "256"]
+    flags += ["--max-new-tokens-cap", str(args.new_tokens)]
+    servers = {mode: ServerProcess(args.model, *flags, "--engine-core", mode) for mode in MODES}
+    try:
+        rows = measure(args, servers)
+    finally:
+        for server in servers.values():
+            server.stop()
+    result = {
+        "model": args.model,
+        "new_tokens": args.new_tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "repeats": args.repeats,
+        "rows": rows,
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+    report(result, args.out, args.plot, print_table, write_plot)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
