@@ -89,6 +89,21 @@ def test_a_cancelled_stream_frees_its_slot_in_the_core(slow_core):
     assert len(after.token_ids) == 5 and after.finish_reason == pb.FINISH_REASON_LENGTH
 
 
+def test_a_cancelled_queued_request_leaves_nothing_in_flight(slow_core):
+    """One slot: the second stream waits in the core's queue; cancelled there, it still ends in the
+    front end's count (the core answers CANCELLED at once), so that the server goes idle and the
+    queue's bound stays right."""
+    running = slow_core.stub.GenerateStream(request("The list", max_new_tokens=100), timeout=60)
+    assert next(running).token_ids  # it holds the one slot
+    waiting = slow_core.stub.GenerateStream(request("x", max_new_tokens=100), timeout=60)
+    assert waiting.initial_metadata()  # in the engine: queued behind the running one
+    waiting.cancel()
+    wait_until(lambda: finished(slow_core, "cancelled") == 1, what="the queued request to end CANCELLED")
+    assert slow_core.engine.stats() == {"active": 1, "queued": 0}
+    running.cancel()
+    wait_until(lambda: slow_core.engine.stats() == {"active": 0, "queued": 0}, what="the server to go idle")
+
+
 def test_a_full_queue_is_refused_by_the_front_end(slow_core):
     """One slot and a queue of one: the third request in flight gets RESOURCE_EXHAUSTED. (The two
     streams may reach the server in either order: gRPC gives no order between calls.)"""

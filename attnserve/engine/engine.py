@@ -194,9 +194,7 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while (
-                    self._running and not self._queue and not self._active and not self._prefilling and not self._abort
-                ):
+                while self._running and self._idle():
                     self._cond.wait()
                 if not self._running and not self._active and not self._prefilling and not self._queue:
                     break
@@ -206,6 +204,10 @@ class Engine:
                 log.exception("engine step failed; failing %d active requests", len(self._active))
                 self._fail_active(e)
             self._flush()
+
+    def _idle(self) -> bool:
+        """Nothing to do until a caller acts (hold the lock)."""
+        return not self._queue and not self._active and not self._prefilling and not self._abort
 
     def _step(self) -> None:
         """One step boundary: drop finished callers, admit, prefill, then decode the batch once."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ import zmq
 
 from ..engine.domain import Draining, Final, FinishReason, QueueFull
 from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
-from ..engine.sequence import Event
+from ..engine.sequence import Event, Sequence
 from ..runtime.arena_runner import ArenaRunner
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import ModelRunner, ProviderError
@@ -135,32 +134,54 @@ class CoreEngine(Engine):
         # Slow readers are the front end's too.
         limits = EngineLimits(loaded.capacity, config.max_queue + loaded.capacity, max_buffered=0)
         super().__init__(loaded.slots, loaded.tokenizer, limits, observer)
-        self.socket = socket
-        self._sending = threading.Lock()
+        self.socket = socket  # the engine thread's alone
         self.callers: dict[int, RemoteCaller] = {}  # key -> request not yet finished
+        self._pending: list[Sequence | tuple[RemoteCaller, Exception]] = []  # endings from the main thread
 
     def take(self, key: int, request: Any) -> None:
-        """A Submit (main thread): queue it, or answer at once with the refusal (QueueFull, Draining,
-        no room in the context)."""
+        """A Submit (main thread): queue it, or have the engine thread answer with the refusal
+        (QueueFull, Draining, no room in the context)."""
         caller = self.callers[key] = RemoteCaller(key, request)
         try:
             self.enqueue(caller)
         except (QueueFull, Draining, ValueError) as e:
-            with self._sending:
-                self._outbox.append((caller, e))
-                self._send()
+            self._hand_over((caller, e))
 
     def cancel(self, key: int) -> None:
+        """A Cancel (main thread): a queued request ends CANCELLED at once, a running one at the next step.
+        Every request the front end sent ends with an event: its count of requests in flight stays exact."""
         caller = self.callers.get(key)
-        if caller is not None:
-            self.release(caller)
+        if caller is None:
+            return  # already finished
+        with self._cond:
+            queued = next((s for s in self._queue if s.handle is caller), None)
+            if queued is None:
+                caller.cancel()  # in the batch or its prefill: dropped (CANCELLED) at the next step boundary
+                return
+            self._queue.remove(queued)
+        self._hand_over(queued)
+
+    def _hand_over(self, item: Sequence | tuple[RemoteCaller, Exception]) -> None:
+        """An ending for the engine thread to send (it alone touches the outbox and the socket)."""
+        with self._cond:
+            self._pending.append(item)
+            self._cond.notify()
+
+    def _idle(self) -> bool:
+        return super()._idle() and not self._pending
+
+    def _step(self) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for item in pending:
+            if isinstance(item, Sequence):
+                self._emit(item, [item.finish(FinishReason.CANCELLED)])
+            else:
+                self._outbox.append(item)
+        super()._step()
 
     def _flush(self) -> None:
-        with self._sending:
-            self._send()
-
-    def _send(self) -> None:
-        """This step's events and observations as one Step message (hold _sending: the socket is not thread-safe)."""
+        """This step's events and observations as one Step message."""
         events = [(self._key(caller, event), to_wire(event)) for caller, event in self._outbox]
         self._outbox = []
         observations = self.recorder.take()
