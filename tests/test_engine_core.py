@@ -16,6 +16,7 @@ import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 
 from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
+from attnserve.server.metrics import resident_bytes
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -55,6 +56,16 @@ def test_the_core_process_decodes_the_tokens_of_the_engine_in_the_servers_proces
             streamed = list(core.stub.GenerateStream(request(prompt, max_new_tokens=24, **fields), timeout=60))
             assert [t for m in streamed for t in m.token_ids] == list(here.token_ids)
             assert "".join(m.text for m in streamed) == here.text
+
+
+def test_the_metrics_report_the_core_process_memory(core, server):
+    """The core's resident memory is its own process's (a session and an arena: tens of MB), not the
+    front end's; with the engine in a thread it is the server's process."""
+    memory = lambda running: running.server.metrics.registry.get_sample_value("attnserve_engine_core_resident_bytes")
+    core_pid = core.server.engine.pid
+    assert abs(memory(core) - resident_bytes(core_pid)) < 2**20
+    assert memory(core) > 10 * 2**20 and core_pid != os.getpid()
+    assert abs(memory(server) - resident_bytes(os.getpid())) < 8 * 2**20
 
 
 def test_seeded_requests_decode_alike_alone_and_in_a_batch_across_the_boundary(core):

@@ -188,6 +188,7 @@ class Server:
             SlowSteps(self.metrics, delay) if delay else self.metrics,
         )
         self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
+        self.metrics.watch_core(os.getpid())
         return ModelFacts(loaded.runner.model_dir, loaded.runner.manifest, loaded.runner.provider), loaded.tokenizer
 
     def _start_core(self) -> tuple[ModelFacts, Tokenizer]:
@@ -202,6 +203,7 @@ class Server:
         client = EngineClient(self.config, spec, self.metrics, self._core_died)
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
+        self.metrics.watch_core(client.pid)
         return ModelFacts(model_dir, manifest, client.ready.provider), tokenizer
 
     def _core_died(self, why: str) -> None:

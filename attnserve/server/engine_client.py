@@ -112,7 +112,9 @@ class EngineClient:
             self._shut()
             raise
         self.capacity = self.ready.capacity
-        log.info("engine core ready in process %d", self.process.pid)
+        assert self.process.pid is not None, "a started process has a pid"
+        self.pid: int = self.process.pid
+        log.info("engine core ready in process %d", self.pid)
         self._receiver = threading.Thread(target=self._receive, name="attnserve-core-receiver", daemon=True)
 
     def _wait_ready(self) -> Ready:

@@ -7,6 +7,8 @@ boundary counts requests by method and status code.
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
@@ -62,8 +64,17 @@ class Metrics(EngineObserver):
         self.step_batch = Histogram(
             "attnserve_step_batch_size", "Batch size of each decode step", buckets=BATCH_BUCKETS, registry=r
         )
+        self.core_memory = Gauge(
+            "attnserve_engine_core_resident_bytes",
+            "Resident memory of the engine core's process (the server's own with --engine-core thread)",
+            registry=r,
+        )
         self.model = Info("attnserve_model", "The served model and the execution provider it runs on", registry=r)
         self.http: WSGIServer | None = None  # the /metrics endpoint, once serve() has started it
+
+    def watch_core(self, pid: int) -> None:
+        """Report the resident memory of process `pid` (the engine core's) at every scrape."""
+        self.core_memory.set_function(lambda: resident_bytes(pid))
 
     def describe_model(self, name: str, provider: str, dtype: str, quantization: str) -> None:
         self.model.info(
@@ -110,3 +121,11 @@ class Metrics(EngineObserver):
         self.finished.labels(reason=reason.value).inc()
         self.e2e.observe(seconds)
         self.tokens.inc(completion_tokens)
+
+
+def resident_bytes(pid: int) -> float:
+    """Resident memory of `pid` from /proc (Linux); 0 once it is gone, or without /proc."""
+    try:
+        return float(int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    except (OSError, IndexError, ValueError):
+        return 0.0
