@@ -180,6 +180,7 @@ class EngineClient:
     def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
         """Stop the core (it aborts what runs) and the receiver."""
         self._accepting = False
+        self._stopping = True  # the core's exit from here on is the stop, not a death
         if self.process.is_alive():
             self._send(Stop())
             self.process.join(timeout)
