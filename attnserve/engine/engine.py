@@ -19,22 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
 from ..tokenizer import Tokenizer
 from .domain import Draining, FinishReason, GenerationRequest, QueueFull
-from .sequence import Caller, Event, Handle, Sequence, deliver
+from .sequence import Caller, Event, Handle, Sequence, check_budget, post
 from .slot_runner import Logits, SlotRunner
 
 log = logging.getLogger("attnserve.server")
+
+DRAINING = "the server is shutting down and takes no new requests"
+
+
+def queue_full(max_queue: int) -> QueueFull:
+    return QueueFull(f"the queue is full ({max_queue} requests waiting, --max-queue); retry later")
 
 
 @dataclass(frozen=True)
@@ -134,13 +139,8 @@ class Engine:
         """Queue `caller.request`; its events go to `caller` (a Handle here; a subclass that
         delivers elsewhere overrides _flush). Raises QueueFull, Draining, or ValueError when the
         prompt leaves no room in the context."""
-        request = caller.request
-        decoder_prompt = (self.spec.bos_id,) if self.spec.encoder_decoder else request.prompt_ids
-        sequence = Sequence(
-            request, caller, self.tokenizer, self.spec.vocab_size, self.spec.context_length, decoder_prompt
-        )
-        if sequence.budget < 1:
-            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
+        check_budget(caller.request, self.spec)
+        sequence = Sequence(caller.request, caller, self.tokenizer, self.spec)
         with self._cond:
             self._check_room()
             self._queue.append(sequence)
@@ -149,9 +149,9 @@ class Engine:
     def _check_room(self) -> None:
         """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
         if not self._accepting:
-            raise Draining("the server is shutting down and takes no new requests")
+            raise Draining(DRAINING)
         if len(self._queue) >= self.limits.max_queue:
-            raise QueueFull(f"the queue is full ({self.limits.max_queue} requests waiting, --max-queue); retry later")
+            raise queue_full(self.limits.max_queue)
 
     def release(self, handle: Caller) -> None:
         """The caller is gone: drop its request now if queued, else at the next step."""
@@ -310,11 +310,6 @@ class Engine:
     def _flush(self) -> None:
         """Hand this step's events to the callers' event loops, one call per loop (a subclass whose
         callers are not Handles delivers them its own way)."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
-        for handle, event in self._outbox:
-            assert isinstance(handle, Handle), "Engine's own callers are the Handles submit made"
-            by_loop.setdefault(handle.loop, []).append((handle, event))
-        self._outbox = []
-        for loop, batch in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
-                loop.call_soon_threadsafe(deliver, batch)
+        outbox, self._outbox = self._outbox, []
+        assert all(isinstance(handle, Handle) for handle, _ in outbox), "Engine's own callers are submit's Handles"
+        post(cast(list[tuple[Handle, Event]], outbox))

@@ -8,12 +8,15 @@ caller through the Handle's asyncio.Queue, filled on the caller's event loop. No
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterable
 from typing import Protocol
 
 from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
 from .sampling import Sampler
+from .slot_runner import ModelSpec
 from .streaming import TextStream
 
 Event = Delta | Final | Exception
@@ -103,6 +106,27 @@ def deliver(batch: list[tuple[Handle, Event]]) -> None:
         handle.put(event)
 
 
+def post(pairs: Iterable[tuple[Handle, Event]]) -> None:
+    """Hand events to their handles' event loops, one call per loop (from any thread)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+    for handle, event in pairs:
+        by_loop.setdefault(handle.loop, []).append((handle, event))
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
+            loop.call_soon_threadsafe(deliver, batch)
+
+
+def token_budget(request: GenerationRequest, spec: ModelSpec) -> int:
+    """Tokens `request` may generate: max_new_tokens, or fewer where its decoder prompt fills the context."""
+    return min(request.max_new_tokens, spec.context_length - len(spec.decoder_prompt(request.prompt_ids)))
+
+
+def check_budget(request: GenerationRequest, spec: ModelSpec) -> None:
+    """Raise ValueError when the request's prompt leaves no room in the context for a token."""
+    if token_budget(request, spec) < 1:
+        raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
+
+
 class Sequence:
     """A request being decoded: its sampler, its text, its pending token and its timings."""
 
@@ -111,17 +135,15 @@ class Sequence:
         request: GenerationRequest,
         handle: Caller,
         tokenizer: Tokenizer,
-        vocab_size: int,
-        context_length: int,
-        decoder_prompt: tuple[int, ...],
+        spec: ModelSpec,
     ):
-        """`decoder_prompt`: the tokens the decoder starts from (the prompt, or an encoder-decoder's
-        BOS); they count against the context and for the repetition penalty."""
+        """The decoder's prompt (spec.decoder_prompt) counts against the context and for the
+        repetition penalty."""
         self.request, self.handle = request, handle
         self.eos_id = tokenizer.eos_id
-        self.sampler = Sampler(request.sampling, vocab_size, decoder_prompt)
+        self.sampler = Sampler(request.sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
         self.stream = TextStream(tokenizer, request.stop)
-        self.budget = min(request.max_new_tokens, context_length - len(decoder_prompt))
+        self.budget = token_budget(request, spec)
         self.generated: list[int] = []
         self.next_token: int | None = None  # sampled, not yet fed to the model
         self.arrival = time.perf_counter()

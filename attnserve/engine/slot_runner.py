@@ -25,6 +25,10 @@ class ModelSpec:
     bos_id: int  # an encoder-decoder's decoder starts from it
     encoder_decoder: bool = False  # True: a prompt is a source to encode, not the decoder's prefix
 
+    def decoder_prompt(self, prompt_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """The tokens the decoder starts from: the prompt, or an encoder-decoder's BOS."""
+        return (self.bos_id,) if self.encoder_decoder else prompt_ids
+
 
 @dataclass(frozen=True)
 class Logits:

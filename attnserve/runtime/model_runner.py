@@ -23,7 +23,7 @@ from ..engine.slot_runner import ModelSpec
 from . import contract
 from .ort_session import CUDA, NP_DTYPES, ProviderError, create_session, empty_past, io_names
 
-__all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads"]
+__all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads", "model_spec"]
 
 
 def default_threads() -> int:
@@ -32,6 +32,11 @@ def default_threads() -> int:
     25-35%, and end-to-end tokens/s rises 15-35% at one stream)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
+
+
+def model_spec(manifest: contract.Manifest) -> ModelSpec:
+    """What the engine may know of the model a manifest describes."""
+    return ModelSpec(manifest.vocab_size, manifest.context_length, manifest.bos_id, manifest.seq2seq)
 
 
 @dataclass
@@ -68,7 +73,7 @@ class ModelRunner:
             encoder = m.graphs[contract.ENCODER].file
             self.encoder = create_session(self.model_dir / encoder, "cuda" if self.on_device else "cpu", threads)
         self._check_names()
-        self.spec = ModelSpec(self.vocab_size, self.context_length, self.bos_id, encoder_decoder=self.seq2seq)
+        self.spec = model_spec(m)
 
     def _check_names(self) -> None:
         """The graphs must have the contract's I/O names: the runner feeds them by those names."""

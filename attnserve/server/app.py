@@ -24,18 +24,17 @@ from google.protobuf.runtime_version import VersionError
 
 from ..engine.domain import Final, GenerationRequest, StreamInterval
 from ..engine.engine import Engine, EngineCalls, EngineLimits
-from ..engine.slot_runner import ModelSpec
 from ..health.v1 import health_pb2, health_pb2_grpc
 from ..inference import grpc_service_pb2 as oip_pb
 from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime import contract
 from ..runtime.contract import ModelDirError
-from ..runtime.ort_session import ProviderError
-from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
+from ..runtime.model_runner import ProviderError, model_spec
+from ..tokenizer import Tokenizer
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
-from .core import SlowSteps, StartupError, load_model
+from .core import SlowSteps, StartupError, load_model, load_tokenizer
 from .engine_client import EngineClient
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE
@@ -195,11 +194,8 @@ class Server:
         """--engine-core process: the manifest and tokenizer here, the session and arena in the core."""
         model_dir = Path(self.config.model)
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
-        try:
-            tokenizer = from_model_dir(model_dir, manifest.tokenizer)
-        except TokenizerError as e:
-            raise StartupError(f"{model_dir}: {e}") from None
-        spec = ModelSpec(manifest.vocab_size, manifest.context_length, manifest.bos_id, manifest.seq2seq)
+        tokenizer = load_tokenizer(model_dir, manifest)
+        spec = model_spec(manifest)
         client = EngineClient(self.config, spec, self.metrics, self._core_died)
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -24,7 +25,7 @@ from ..engine.domain import Draining, Final, FinishReason, QueueFull
 from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
 from ..engine.sequence import Event, Sequence
 from ..runtime.arena_runner import ArenaRunner
-from ..runtime.contract import ModelDirError
+from ..runtime.contract import Manifest, ModelDirError
 from ..runtime.model_runner import ModelRunner, ProviderError
 from ..runtime.runners import arena_capacity, open_slot_runner
 from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
@@ -59,14 +60,20 @@ class LoadedModel:
     slots: ArenaRunner
 
 
+def load_tokenizer(model_dir: Path, manifest: Manifest) -> Tokenizer:
+    """The model directory's tokenizer; raises StartupError naming the directory."""
+    try:
+        return from_model_dir(model_dir, manifest.tokenizer)
+    except TokenizerError as e:
+        raise StartupError(f"{model_dir}: {e}") from None
+
+
 def load_model(config: ServerConfig) -> LoadedModel:
     """The session, tokenizer and arena of config.model; raises ModelDirError, ProviderError or StartupError."""
     runner = ModelRunner(config.model, config.provider, config.threads)
+    tokenizer = load_tokenizer(runner.model_dir, runner.manifest)
     try:
-        tokenizer = from_model_dir(runner.model_dir, runner.manifest.tokenizer)
         capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)
-    except TokenizerError as e:
-        raise StartupError(f"{runner.model_dir}: {e}") from None
     except ValueError as e:
         raise StartupError(str(e)) from None
     return LoadedModel(runner, tokenizer, capacity, open_slot_runner(runner, capacity, config.prefill_chunk))
@@ -186,8 +193,7 @@ class CoreEngine(Engine):
         self._outbox = []
         observations = self.recorder.take()
         if events or observations:
-            stats = self.stats()
-            self.socket.send(ENCODER.encode(Step(events, observations, stats["active"], stats["queued"])))
+            self.socket.send(ENCODER.encode(Step(events, observations, self.stats()["active"])))
 
     def _key(self, caller: Any, event: Event) -> int:
         """The caller's key; a request whose last event this is leaves `callers`."""

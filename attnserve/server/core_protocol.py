@@ -4,7 +4,7 @@ Front end -> core (one PUSH socket): Submit a request under the front end's key,
 (the caller went away, a slow reader was cut), Abort everything (drain timeout), Stop.
 Core -> front end (one PUSH socket): Ready once the model is loaded (or Failed, with the error's
 kind and its one-line message), then one Step message per engine step that produced anything:
-every request's events of that step, the step's metric observations, and the core's counts.
+every request's events of that step, the step's metric observations, and the core's active count.
 
 The domain's dataclasses travel as themselves where msgspec can type them (GenerationRequest);
 events are tagged Structs here, so that one union decodes them. No gRPC, no ONNX Runtime.
@@ -82,8 +82,7 @@ WireEvent = DeltaEvent | FinalEvent | ErrorEvent
 class Step(msgspec.Struct, tag=True):
     events: list[tuple[int, WireEvent]]  # (key, event), in the order the engine emitted them
     observations: list[tuple[str, tuple[Any, ...]]]  # (EngineObserver hook, its arguments)
-    active: int  # requests in the batch or its prefill
-    queued: int
+    active: int  # requests in the batch or its prefill (the front end counts the rest in flight itself)
 
 
 Outbound = Ready | Failed | Step

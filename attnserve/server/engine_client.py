@@ -31,9 +31,9 @@ from pathlib import Path
 
 import zmq
 
-from ..engine.domain import Draining, EngineUnavailable, Final, FinishReason, GenerationRequest, QueueFull
-from ..engine.engine import EngineObserver
-from ..engine.sequence import Event, Handle, deliver
+from ..engine.domain import Draining, EngineUnavailable, Final, FinishReason, GenerationRequest
+from ..engine.engine import DRAINING, EngineObserver, queue_full
+from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
 from ..runtime.contract import ModelDirError
 from ..runtime.ort_session import ProviderError
@@ -94,7 +94,7 @@ class EngineClient:
         self._lock = threading.Lock()  # the handles, and the inbound socket (not thread-safe)
         self._accepting, self._stopping = True, False
         self.died: str | None = None  # why the core is gone
-        self._active = self._queued = 0  # the core's counts, as of its last Step
+        self._active = 0  # requests in the core's batch or its prefill, as of its last Step
         self._folder = tempfile.mkdtemp(prefix="attnserve-core-")
         self._context = zmq.Context()
         self._into, self._from = self._context.socket(zmq.PUSH), self._context.socket(zmq.PULL)
@@ -136,9 +136,7 @@ class EngineClient:
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Send a validated request to the core; raises EngineUnavailable, Draining or QueueFull."""
-        decoder_prompt = 1 if self.spec.encoder_decoder else len(request.prompt_ids)
-        if min(request.max_new_tokens, self.spec.context_length - decoder_prompt) < 1:
-            raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
+        check_budget(request, self.spec)
         key = next(self._keys)
         handle = RemoteHandle(
             request,
@@ -156,9 +154,9 @@ class EngineClient:
         if self.died is not None:
             raise EngineUnavailable(self.died)
         if not self._accepting:
-            raise Draining("the server is shutting down and takes no new requests")
+            raise Draining(DRAINING)
         if len(self.handles) >= self.capacity + self.config.max_queue:
-            raise QueueFull(f"the queue is full ({self.config.max_queue} requests waiting, --max-queue); retry later")
+            raise queue_full(self.config.max_queue)
 
     def release(self, handle: Handle) -> None:
         """The caller is gone: the core drops its request at its next step."""
@@ -217,24 +215,22 @@ class EngineClient:
 
     def _take(self, step: Step) -> None:
         """One engine step: events to their callers' loops (one call per loop), observations to metrics."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
+        ready: list[tuple[Handle, Event]] = []
         with self._lock:
             for key, wire in step.events:
                 event = from_wire(wire)
                 last = isinstance(event, (Final, Exception))
                 handle = self.handles.pop(key, None) if last else self.handles.get(key)
                 if handle is not None:
-                    by_loop.setdefault(handle.loop, []).append((handle, event))
-            self._active, self._queued = step.active, step.queued
+                    ready.append((handle, event))
+            self._active = step.active
         for hook, arguments in step.observations:  # before the events: a caller that sees its end sees it counted
             if hook == "on_finish":
                 reason, seconds, tokens = arguments
                 self.observer.on_finish(FinishReason(reason), seconds, tokens)
             else:
                 getattr(self.observer, hook)(*arguments)
-        for loop, batch in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
-                loop.call_soon_threadsafe(deliver, batch)
+        post(ready)
 
     def _core_died(self, why: str) -> None:
         """Every request in flight ends now with EngineUnavailable; new ones are refused; on_death."""
@@ -242,11 +238,6 @@ class EngineClient:
         self.died = why
         with self._lock:
             handles, self.handles = list(self.handles.values()), {}
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
-        for handle in handles:
-            by_loop.setdefault(handle.loop, []).append((handle, EngineUnavailable(why)))
-        for loop, batch in by_loop.items():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(deliver, batch)
+        post((handle, EngineUnavailable(why)) for handle in handles)
         if self.on_death is not None:
             self.on_death(why)
