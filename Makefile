@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test lint format demo protos bench kv-bench perf tokenizer-table genai-check soak overload clean
+.PHONY: test lint format demo protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,14 @@ perf: $(STAMP) $(PERF_MODEL)/attnserve.json
 	$(PY) -m benchmarks.engine_cost --model $(PERF_MODEL) --new-tokens 256 --repeats 5 --out reports/engine-cost.json
 	$(PY) -m benchmarks.engine_core --model $(PERF_MODEL) --repeats 3 \
 		--out reports/engine-core.json --plot reports/engine-core.png
+
+# The CUDA path on a CUDA host (issue 23): train on the GPU, export float16 and bfloat16 (gated on
+# CUDA), pytest -m gpu, then ONNX Runtime CUDA vs PyTorch CUDA per token and gRPC at 1, 16, 64 streams;
+# one table, JSON in reports/gpu-check.json. Runs with the Python it finds (GPU_PYTHON), not .venv: a
+# CUDA host brings its own torch and onnxruntime-gpu. Without CUDA it says what it would run and exits 0.
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_check --out reports/gpu-check.json
 
 bench: $(STAMP) kv-bench
 	mkdir -p reports

@@ -130,15 +130,6 @@ def test_port_in_use_is_refused_in_one_line(tiny_model_dir):
     assert line.startswith("attnserve serve: error:") and "in use" in line
 
 
-def test_cuda_provider_without_cuda_is_refused_in_one_line(tiny_model_dir):
-    import onnxruntime
-
-    if "CUDAExecutionProvider" in onnxruntime.get_available_providers():
-        pytest.skip("this onnxruntime has CUDA")
-    line = refused("--model", str(tiny_model_dir), "--port", "0", "--provider", "cuda")
-    assert line.startswith("attnserve serve: error:") and "CUDAExecutionProvider" in line
-
-
 def test_bad_flag_combination_is_refused(tiny_model_dir):
     line = refused("--model", str(tiny_model_dir), "--tls-cert", "cert.pem")
     assert "--tls-cert and --tls-key go together" in line

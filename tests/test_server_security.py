@@ -183,30 +183,3 @@ def test_reflection_lists_and_describes_every_service(tiny_model_dir):
     assert {"ModelInfer", "ModelStreamInfer", "ServerLive"} <= methods["inference.GRPCInferenceService"]
     assert methods["grpc.health.v1.Health"] == {"Check", "Watch"}
     assert "raw_input_contents" in request.fields_by_name
-
-
-def cuda_available() -> bool:
-    import onnxruntime
-
-    return "CUDAExecutionProvider" in onnxruntime.get_available_providers()
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
-@pytest.mark.parametrize("provider", ["cuda", "auto"])
-def test_cuda_session_keeps_the_kv_arena_on_the_device(tiny_model_dir, provider):
-    import onnxruntime
-
-    running = start_server(tiny_model_dir, provider=provider)
-    try:
-        assert running.server.runner.provider == "CUDAExecutionProvider"
-        running.pacer.delay = 0.01
-        stream = running.stub.GenerateStream(request("on the GPU", max_new_tokens=50), timeout=TIMEOUT)
-        next(stream)
-        arena = running.engine.slots.decoder.arena  # bound by pointer as past and present
-        assert arena.device.kind == "cuda"
-        assert all(isinstance(b, onnxruntime.OrtValue) and b.device_name().lower() == "cuda" for b in arena.buffers)
-        running.pacer.reset()
-        assert list(stream)[-1].usage.completion_tokens > 0
-    finally:
-        running.stop()

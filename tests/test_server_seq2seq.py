@@ -8,7 +8,6 @@ import grpc
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 from fixtures_train import SEQ2SEQ_IDS
-from test_server_security import cuda_available
 
 from attnserve.clients import Client
 from attnserve.model.generate import generate_seq2seq
@@ -113,28 +112,6 @@ def test_bench_drives_it(seq2seq_server, capsys):
     for level in report["levels"]:
         assert (level["completed"], level["errors"]) == (4, {})
         assert level["output_tokens"] == level["reported_completion_tokens"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device")
-def test_cuda_keeps_both_arenas_on_the_device(tiny_seq2seq_model_dir, seq2seq_model):
-    import onnxruntime
-
-    running = start_server(tiny_seq2seq_model_dir, provider="cuda")
-    try:
-        running.pacer.delay = 0.01
-        stream = running.stub.GenerateStream(request("98765", max_new_tokens=40), timeout=TIMEOUT)
-        next(stream)
-        decoder = running.engine.slots.decoder  # self-attention arena and cross segment
-        on_gpu = lambda arrays: (
-            arrays and all(isinstance(a, onnxruntime.OrtValue) and a.device_name().lower() == "cuda" for a in arrays)
-        )
-        assert on_gpu(decoder.arena.buffers) and on_gpu(decoder.cross.buffers)
-        running.pacer.reset()
-        messages = [m for m in stream]
-        assert messages[-1].finish_reason != pb.FINISH_REASON_UNSPECIFIED
-    finally:
-        running.stop()
 
 
 def test_sources_arriving_at_different_steps_through_fewer_slots_equal_pytorch(tiny_seq2seq_model_dir, seq2seq_model):

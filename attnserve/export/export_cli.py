@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dtype",
         choices=contract.DTYPES,
         default=contract.DTYPES[0],
-        help=f"float16 is for the CUDA provider (default: {contract.DTYPES[0]})",
+        help="of the weights, KV cache and logits: float32 runs on the CPU provider, float16 on CUDA and the "
+        f"CPU, bfloat16 on CUDA only (default: {contract.DTYPES[0]})",
     )
     p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 for the CPU provider")
     p.add_argument(

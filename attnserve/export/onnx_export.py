@@ -21,6 +21,7 @@ from ..model.checkpoint import LanguageModel, build_model, load_state
 from ..model.config import ModelConfig
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtSeq2Seq
+from ..runtime.ort_session import cuda_available
 from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
 from ..tokenizer.bpe import BpeTokenizer
 from .genai import genai_config
@@ -44,6 +45,7 @@ from .quantize import int8_gate, quantize_int8
 TOKENIZER_FILE = "tokenizer.json"  # Hugging Face tokenizers' format (BPE models)
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its companion, read by onnxruntime-genai and transformers
 DEFAULT_PARITY_STEPS = 64  # greedy decode steps the gate compares
+TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class ExportError(Exception):
@@ -103,8 +105,8 @@ def publish(staging: Path, manifest: contract.Manifest, tokenizer: Tokenizer) ->
 def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
     """Every graph of the model's architecture, in `dtype`, with the decoder's KV cache layout."""
     cfg, n = model.config, model.config.n_layers
-    torch_dtype = torch.float16 if dtype == "float16" else torch.float32
-    model = copy.deepcopy(model).half() if dtype == "float16" else model
+    torch_dtype = TORCH_DTYPES[dtype]
+    model = copy.deepcopy(model).to(torch_dtype) if dtype != "float32" else model
     if kv_cache == contract.KV_ARENA and cfg.arch == contract.DECODER_ONLY:
         # past/present are the (B, H, L, D) buffers; a mask wider than the new tokens and a buffer
         # longer than both, so that torch.export ties none of the three lengths together
@@ -165,13 +167,31 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
     )
 
 
+def gate_provider(dtype: str, kv_cache: str) -> str:
+    """Where the gate runs the graphs: on CUDA where they may run there and this onnxruntime has it
+    (a CUDA export is proven on the device that serves it), otherwise on the CPU."""
+    suits = contract.providers_for(dtype, kv_cache)
+    if contract.CUDA_PROVIDER in suits and cuda_available():
+        return contract.CUDA_PROVIDER
+    if contract.CPU_PROVIDER not in suits:
+        raise ExportError(
+            f"--dtype {dtype} runs only on ONNX Runtime's CUDA provider, which this onnxruntime lacks, so its "
+            "parity gate cannot run here (install onnxruntime-gpu on a CUDA host; float16 runs on both)"
+        )
+    return contract.CPU_PROVIDER
+
+
 def run_gate(model, staging: Path, manifest: contract.Manifest, steps: int) -> dict:
     """The gate of the manifest's architecture and KV cache layout, over the graphs in `staging`."""
     arena = manifest.kv_cache == contract.KV_ARENA
+    provider = gate_provider(manifest.dtype, manifest.kv_cache)
     if manifest.seq2seq:
-        runtime = OrtSeq2Seq(staging, manifest=manifest)
-        return (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, runtime, steps)
-    return (run_arena_gate if arena else run_decoder_gate)(model, OrtDecoder(staging, manifest=manifest), steps)
+        runtime = OrtSeq2Seq(staging, manifest=manifest, provider=provider)
+        report = (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, runtime, steps)
+    else:
+        decoder = OrtDecoder(staging, manifest=manifest, provider=provider)
+        report = (run_arena_gate if arena else run_decoder_gate)(model, decoder, steps)
+    return {**report, "provider": runtime.provider if manifest.seq2seq else decoder.provider}
 
 
 def load_model(checkpoint: Path) -> tuple[LanguageModel, Tokenizer, dict]:
@@ -204,11 +224,14 @@ def export_checkpoint(
     if parity_steps < 1:
         raise ExportError(f"--parity-steps must be at least 1, got {parity_steps}")
     if quantize and dtype != "float32":
-        raise ExportError("--quantize int8 starts from float32 weights; drop --dtype float16")
+        raise ExportError(f"--quantize int8 starts from float32 weights; drop --dtype {dtype}")
+    kv_cache = kv_cache or contract.KV_ARENA
+    if dtype == "bfloat16" and kv_cache != contract.KV_ARENA:
+        raise ExportError("--dtype bfloat16 is for the arena KV cache (CUDA); drop --kv-cache concat")
+    gate_provider(dtype, kv_cache)  # refuses before the work if the gate cannot run here
     model, tokenizer, source = load_model(checkpoint)
     if quantize and model.config.arch != contract.DECODER_ONLY:
         raise ExportError("--quantize int8 is for decoder-only models")
-    kv_cache = kv_cache or contract.KV_ARENA
     if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
         raise ExportError(
             f"head dim {model.config.d_k} (d_model / n_heads) is not a multiple of 8, which "
@@ -243,7 +266,10 @@ def build_in(
         f"opset {contract.OPSET}, {dtype}, {kv_cache} KV cache ..."
     )
     export_graphs(model, staging, dtype, kv_cache)
-    say(f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) ...")
+    say(
+        f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) "
+        f"on the {gate_provider(dtype, kv_cache).upper()} provider ..."
+    )
     entry = write_tokenizer(staging, tokenizer, model.config.max_len)
     manifest = contract.build_manifest(model.config.to_dict(), entry, dtype, kv_cache, source)
     report = run_gate(model, staging, manifest, steps)

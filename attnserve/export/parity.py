@@ -57,8 +57,11 @@ class Check:
 
 def tolerance_for(dtype: str, reference: np.ndarray) -> float:
     """float32: 1e-4 absolute. float16: 1% of the output's scale (11-bit mantissa, errors
-    accumulate over the layers' dot products; measured ~0.2% on trained models)."""
-    return 1e-4 if dtype == "float32" else 1e-2 * max(1.0, float(np.abs(reference).max()))
+    accumulate over the layers' dot products; measured ~0.2% on trained models). bfloat16: 8% (an
+    8-bit mantissa rounds 8x coarser than float16's; greedy agreement is the gate that matters)."""
+    if dtype == "float32":
+        return 1e-4
+    return (8e-2 if dtype == "bfloat16" else 1e-2) * max(1.0, float(np.abs(reference).max()))
 
 
 @torch.no_grad()

@@ -23,10 +23,11 @@ def default_positions(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
     return positions.clamp(min=0)[:, -t:]  # (B, T)
 
 
-def empty_past(config: ModelConfig, batch: int, dtype=torch.float32) -> list[KV]:
-    """A zero-length cache: the prefill's past."""
+def empty_past(config: ModelConfig, batch: int, dtype=torch.float32, device=None) -> list[KV]:
+    """A zero-length cache: the prefill's past (on the model's device)."""
     shape = (batch, config.n_heads, 0, config.d_k)  # (B, H, 0, D)
-    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(config.n_layers)]
+    zeros = lambda: torch.zeros(shape, dtype=dtype, device=device)
+    return [(zeros(), zeros()) for _ in range(config.n_layers)]
 
 
 class TokenEmbedding(nn.Module):
@@ -69,9 +70,10 @@ class DecoderLM(nn.Module):
         """Logits (B, T, V) of the T new tokens, and the present cache (B, H, P+T, D) per layer."""
         b, t = input_ids.shape
         if past is None:
-            past = empty_past(self.config, b, self.embedding.embed.weight.dtype)
+            weight = self.embedding.embed.weight
+            past = empty_past(self.config, b, weight.dtype, weight.device)
         if attention_mask is None:
-            attention_mask = torch.ones(b, past[0][0].size(2) + t, dtype=torch.long)
+            attention_mask = torch.ones(b, past[0][0].size(2) + t, dtype=torch.long, device=input_ids.device)
         if position_ids is None:
             position_ids = default_positions(attention_mask, t)
         x = self.embedding(input_ids, position_ids)  # (B, T, d_model)

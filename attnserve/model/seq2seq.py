@@ -65,9 +65,10 @@ class EncoderDecoder(nn.Module):
         """Logits (B, T, V) of the new target tokens and the present self-attention cache."""
         b, t = input_ids.shape
         if past is None:
-            past = empty_past(self.config, b, self.embedding.embed.weight.dtype)
+            weight = self.embedding.embed.weight
+            past = empty_past(self.config, b, weight.dtype, weight.device)
         if attention_mask is None:
-            attention_mask = torch.ones(b, past[0][0].size(2) + t, dtype=torch.long)
+            attention_mask = torch.ones(b, past[0][0].size(2) + t, dtype=torch.long, device=input_ids.device)
         if position_ids is None:
             position_ids = default_positions(attention_mask, t)
         x = self.embedding(input_ids, position_ids)

@@ -18,25 +18,47 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .ort_session import NP_DTYPES
+from .cuda_runtime import cuda_runtime
+from .ort_session import ELEMENT_TYPES, HOST_DTYPES, compute_stream, to_float32
 
 
 @dataclass(frozen=True)
 class Device:
-    """Where the arena lives: "cpu" or "cuda" (with its id), and how bytes move there."""
+    """Where the arena and the run inputs live: "cpu" or "cuda" (with its id), and how bytes move there.
+
+    On CUDA every copy is queued on `stream`, the stream the session computes on (ort_session.
+    create_session makes the session use one of ours), so a copy queued between two runs cannot
+    race either: it starts after the kernels queued before it and ends before those after it."""
 
     kind: str = "cpu"
     id: int = 0
+    stream: int = 0  # CUDA only
 
-    def allocate(self, shape: tuple[int, ...], dtype) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, self.kind, self.id)
+    def allocate(self, shape: tuple[int, ...], element_type) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), element_type, self.kind, self.id)
 
-    def copy(self, dst: int, src: int, nbytes: int) -> None:
-        """Copy `nbytes` between two addresses of this device."""
+    def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
+        """`rows` runs of `width` bytes, `*_pitch` bytes apart, between two places on this device: one copy."""
         if self.kind == "cpu":
-            ctypes.memmove(dst, src, nbytes)
+            host_rows(dst, dst_pitch, width, rows)[...] = host_rows(src, src_pitch, width, rows)
         else:
-            cuda_runtime().copy_device_to_device(dst, src, nbytes)
+            cuda_runtime().copy_rows(dst, dst_pitch, src, src_pitch, width, rows, self.stream)
+
+    def upload(self, address: int, values: np.ndarray) -> None:
+        """A contiguous host array's bytes to `address` (a run's inputs)."""
+        if self.kind == "cpu":
+            ctypes.memmove(address, values.ctypes.data, values.nbytes)
+        else:
+            cuda_runtime().upload(address, values.ctypes.data, values.nbytes, self.stream)
+
+    def download(self, address: int, nbytes: int) -> np.ndarray:
+        """`nbytes` at `address` as host bytes (the parity gate's and tests' reads; never on a serving path)."""
+        out = np.empty(nbytes, np.uint8)
+        if self.kind == "cpu":
+            ctypes.memmove(out.ctypes.data, address, nbytes)
+        else:
+            cuda_runtime().download(out.ctypes.data, address, nbytes, self.stream)
+        return out
 
     def zero(self, address: int, nbytes: int) -> None:
         """Fill `nbytes` at `address` with zeros (once, at allocation: no buffer ever holds garbage)."""
@@ -46,46 +68,17 @@ class Device:
             cuda_runtime().zero(address, nbytes)
 
 
-class _CudaRuntime:
-    """cudaMemcpy from the CUDA runtime that onnxruntime-gpu loads (device-to-device rows)."""
-
-    def __init__(self):
-        self.lib = self.load()
-        self.lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        self.lib.cudaMemset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
-
-    @staticmethod
-    def load() -> ctypes.CDLL:
-        """The first libcudart that loads (its name differs by CUDA version and OS)."""
-        for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so", "cudart64_12.dll"):
-            try:
-                return ctypes.CDLL(name)
-            except OSError:
-                continue
-        raise RuntimeError(
-            "the CUDA runtime (libcudart) cannot be loaded; it comes with onnxruntime-gpu's CUDA dependencies"
-        )
-
-    def copy_device_to_device(self, dst: int, src: int, nbytes: int) -> None:
-        self.check("cudaMemcpy", self.lib.cudaMemcpy(dst, src, nbytes, 3))  # 3: cudaMemcpyDeviceToDevice
-
-    def zero(self, address: int, nbytes: int) -> None:
-        self.check("cudaMemset", self.lib.cudaMemset(address, 0, nbytes))
-
-    @staticmethod
-    def check(call: str, status: int) -> None:
-        if status != 0:
-            raise RuntimeError(f"{call} failed with CUDA error {status}")
+def host_rows(address: int, pitch: int, width: int, rows: int) -> np.ndarray:
+    """A (rows, width) byte view of host memory whose rows start `pitch` bytes apart."""
+    span = (rows - 1) * pitch + width
+    flat = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(address))
+    return np.lib.stride_tricks.as_strided(flat, (rows, width), (pitch, 1))
 
 
-_cuda: _CudaRuntime | None = None
-
-
-def cuda_runtime() -> _CudaRuntime:
-    global _cuda
-    if _cuda is None:
-        _cuda = _CudaRuntime()
-    return _cuda
+def device_of(session: ort.InferenceSession) -> Device:
+    """The device a session runs on, with the stream it computes on."""
+    stream = compute_stream(session)
+    return Device("cuda", 0, stream) if stream else Device()
 
 
 class KVArena:
@@ -110,11 +103,11 @@ class KVArena:
         self.inputs = inputs or contract.past_names(n_layers)
         self.outputs = outputs if outputs is not None else contract.present_names(n_layers)
         self.context, self.capacity, self.device = context, capacity, device
-        self.dtype = NP_DTYPES[dtype]
+        self.dtype_name, self.dtype = dtype, ELEMENT_TYPES[dtype]  # the manifest's name, IO binding's type
         self.shape = (capacity, n_heads, context, head_dim)  # (B, H, L, D)
         self.buffers = [device.allocate(self.shape, self.dtype) for _ in range(2 * n_layers)]
         self.lengths = np.zeros(capacity, np.int64)  # positions held per slot
-        self.itemsize = np.dtype(self.dtype).itemsize
+        self.itemsize = np.dtype(HOST_DTYPES[dtype]).itemsize
         self.slot_bytes = n_heads * context * head_dim * self.itemsize  # one slot of one buffer
         for buffer in self.buffers:  # attention masks rows it must not see; they must be finite
             device.zero(buffer.data_ptr(), capacity * self.slot_bytes)
@@ -122,7 +115,7 @@ class KVArena:
     @staticmethod
     def bytes_needed(n_layers: int, n_heads: int, head_dim: int, context: int, capacity: int, dtype: str) -> int:
         """The arena's size before it is allocated (for --kv-cache-memory and --max-batch auto)."""
-        return 2 * n_layers * capacity * n_heads * context * head_dim * np.dtype(NP_DTYPES[dtype]).itemsize
+        return 2 * n_layers * capacity * n_heads * context * head_dim * np.dtype(HOST_DTYPES[dtype]).itemsize
 
     @property
     def nbytes(self) -> int:
@@ -138,30 +131,35 @@ class KVArena:
                 binding.bind_output(self.outputs[i], self.device.kind, self.device.id, self.dtype, shape, address)
 
     def write(self, slot: int, rows: list[ort.OrtValue], row: int, length: int) -> None:
-        """Row `row` of graph outputs (b, H, S, D) on this device, its first `length` positions, into `slot`."""
+        """Row `row` of graph outputs (b, H, S, D) on this device, its first `length` positions, into
+        `slot`: one strided copy per buffer (a head's positions are contiguous in both)."""
         head = self.context * self.head_dim * self.itemsize
         for buffer, value in zip(self.buffers, rows):
             s = value.shape()[2]
-            src, dst = value.data_ptr() + row * self.n_heads * s * self.head_dim * self.itemsize, buffer.data_ptr()
-            for h in range(self.n_heads):
-                self.device.copy(
-                    dst + slot * self.slot_bytes + h * head,
-                    src + h * s * self.head_dim * self.itemsize,
-                    length * self.head_dim * self.itemsize,
-                )
+            src = value.data_ptr() + row * self.n_heads * s * self.head_dim * self.itemsize
+            dst = buffer.data_ptr() + slot * self.slot_bytes
+            width = length * self.head_dim * self.itemsize
+            self.device.copy_rows(dst, head, src, s * self.head_dim * self.itemsize, width, self.n_heads)
         self.lengths[slot] = length
 
     def move(self, src: int, dst: int) -> None:
-        """Slot `src`'s keys and values into slot `dst` (its used positions only); src becomes empty."""
+        """Slot `src`'s keys and values into slot `dst`, its used positions only, one strided copy per
+        buffer (n_heads rows of the used bytes); src becomes empty."""
         used = int(self.lengths[src]) * self.head_dim * self.itemsize  # bytes per head
         head = self.context * self.head_dim * self.itemsize
-        for buffer in self.buffers:
-            base = buffer.data_ptr()
-            for h in range(self.n_heads):
-                self.device.copy(base + dst * self.slot_bytes + h * head, base + src * self.slot_bytes + h * head, used)
+        if used:
+            for buffer in self.buffers:
+                base = buffer.data_ptr()
+                to, start = base + dst * self.slot_bytes, base + src * self.slot_bytes
+                self.device.copy_rows(to, head, start, head, used, self.n_heads)
         self.lengths[dst], self.lengths[src] = self.lengths[src], 0
 
     def read(self, slot: int) -> list[np.ndarray]:
-        """One slot's used positions, (H, n, D) per buffer, on the host (the parity gate's view; CPU only)."""
+        """One slot's used positions, (H, n, D) float32 per buffer, on the host (the parity gate's view)."""
         n = int(self.lengths[slot])
-        return [b.numpy()[slot, :, :n].astype(np.float32) for b in self.buffers]
+        host = HOST_DTYPES[self.dtype_name]
+        out = []
+        for buffer in self.buffers:
+            raw = self.device.download(buffer.data_ptr() + slot * self.slot_bytes, self.slot_bytes).view(host)
+            out.append(to_float32(raw.reshape(self.n_heads, self.context, self.head_dim)[:, :n], self.dtype_name))
+        return out

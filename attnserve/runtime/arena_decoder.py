@@ -3,8 +3,10 @@
 ArenaDecoder drives a decoder-only graph: fresh prompts prefilled together (right-padded) into
 empty slots, one slot extended by a chunk, one token decoded for slots [0, B). ArenaSeq2SeqDecoder
 drives an encoder-decoder: the encoder runs once per request at admission and its cross-attention
-keys/values are written into the slot's cross segment, then the decoder starts from BOS. Logits
-land in one preallocated host buffer. Torch-free; knows nothing of requests or scheduling.
+keys/values are written into the slot's cross segment, then the decoder starts from BOS. Inputs
+are written into buffers preallocated on the device (step_inputs.py) and logits land in one
+preallocated host buffer: a run allocates nothing. The device is the session's (arena.device_of).
+Torch-free; knows nothing of requests or scheduling.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .arena import Device, KVArena
+from .arena import Device, KVArena, device_of
+from .ort_session import HOST_DTYPES, to_float32
+from .step_inputs import StepInputs
 
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -38,11 +42,11 @@ class ArenaDecoder:
         manifest: contract.Manifest,
         capacity: int,
         max_tokens: int,
-        device: Device = Device(),
+        device: Device | None = None,
     ):
         self.session, self.pad_id = session, manifest.pad_id
         self.context, self.vocab_size = manifest.context_length, manifest.vocab_size
-        self.n_layers, self.device = manifest.n_layers, device
+        self.n_layers, self.device, self.dtype = manifest.n_layers, device or device_of(session), manifest.dtype
         self.arena = self.make_arena(
             manifest,
             capacity,
@@ -50,10 +54,17 @@ class ArenaDecoder:
             contract.present_names(self.n_layers, self.part),
         )
         self.max_tokens = max(max_tokens, capacity)
-        self.logits = np.empty(self.max_tokens * self.vocab_size, self.arena.dtype)
+        self.logits = np.empty(self.max_tokens * self.vocab_size, HOST_DTYPES[self.dtype])
+        widest = max(self.max_tokens, capacity * self.context)  # a decode step's mask is (B, longest + 1)
+        sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
+        self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
         self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}  # (first slot, B, T) -> binding
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
+
+    def extra_inputs(self, capacity: int) -> dict[str, int]:  # noqa: ARG002 (an encoder-decoder's use it)
+        """Inputs besides ids, mask and positions, and their largest size (none for a decoder-only graph)."""
+        return {}
 
     def make_arena(self, manifest: contract.Manifest, capacity: int, inputs: list[str], outputs: list[str]) -> KVArena:
         return KVArena(
@@ -76,7 +87,8 @@ class ArenaDecoder:
         """Inputs that change with every run besides the tokens (none for a decoder-only graph)."""
 
     def run(self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """One run over slots [first, first + B): logits (B, T, V), a view of the host buffer."""
+        """One run over slots [first, first + B): logits (B, T, V) in the graph's dtype (bfloat16 as
+        uint16 bits), a view of the host buffer."""
         b, t = ids.shape
         if b * t > self.max_tokens:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
@@ -90,12 +102,9 @@ class ArenaDecoder:
             )
             if t == 1:  # decode steps repeat these shapes: keep their cache bindings
                 self._bindings[(first, b, t)] = binding
-        for name, value in (
-            (contract.INPUT_IDS, ids),
-            (contract.ATTENTION_MASK, mask),
-            (contract.POSITION_IDS, positions),
-        ):
-            binding.bind_cpu_input(name, np.ascontiguousarray(value, np.int64))
+        self.inputs.bind(binding, contract.INPUT_IDS, ids)
+        self.inputs.bind(binding, contract.ATTENTION_MASK, mask)
+        self.inputs.bind(binding, contract.POSITION_IDS, positions)
         self.bind_inputs(binding, first, b)
         self.session.run_with_iobinding(binding)
         return logits
@@ -108,7 +117,7 @@ class ArenaDecoder:
         positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
         logits = self.run(first, ids, mask, positions)
         self.arena.lengths[first : first + len(prompts)] = lengths
-        return logits[np.arange(len(prompts)), lengths - 1].astype(np.float32)
+        return to_float32(logits[np.arange(len(prompts)), lengths - 1], self.dtype)
 
     def extend(self, slot: int, tokens: list[int]) -> np.ndarray:
         """Append a chunk of tokens to one slot that holds state (batch 1); last-token logits (V,)."""
@@ -119,7 +128,7 @@ class ArenaDecoder:
         ids = np.array([tokens], np.int64)
         logits = self.run(slot, ids, np.ones((1, total), np.int64), np.arange(held, total)[None])
         self.arena.lengths[slot] = total
-        return logits[0, -1].astype(np.float32)
+        return to_float32(logits[0, -1], self.dtype)
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         """One new token for each of slots [0, B); logits (B, V) float32: for a float32 model a view of
@@ -130,7 +139,7 @@ class ArenaDecoder:
         mask = (np.arange(width)[None, :] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
         logits = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1))
         self.arena.lengths[:b] += 1
-        return logits[:, 0].astype(np.float32, copy=False)
+        return to_float32(logits[:, 0], self.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -155,11 +164,14 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
         decoder: ort.InferenceSession,
         manifest: contract.Manifest,
         capacity: int,
-        device: Device = Device(),
+        device: Device | None = None,
     ):
         super().__init__(decoder, manifest, capacity, capacity, device)
         self.encoder, self.bos_id = encoder, manifest.bos_id
         self.cross = self.make_arena(manifest, capacity, contract.past_names(self.n_layers, "encoder"), [])
+
+    def extra_inputs(self, capacity: int) -> dict[str, int]:
+        return {contract.ENCODER_ATTENTION_MASK: capacity * self.context}
 
     def bind_fixed(self, binding: ort.IOBinding, first: int, count: int) -> None:
         self.arena.bind(binding, first, count)
@@ -168,7 +180,7 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
     def bind_inputs(self, binding: ort.IOBinding, first: int, count: int) -> None:
         held = self.cross.lengths[first : first + count]
         source_mask = (np.arange(self.context)[None, :] < held[:, None]).astype(np.int64)  # (B, L)
-        binding.bind_cpu_input(contract.ENCODER_ATTENTION_MASK, source_mask)
+        self.inputs.bind(binding, contract.ENCODER_ATTENTION_MASK, source_mask)
 
     def encode(self, first: int, sources: list[list[int]]) -> None:
         """Run the encoder once and write each source's cross keys/values into its slot."""
@@ -191,7 +203,7 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
         ones = np.ones((b, 1), np.int64)
         logits = self.run(first, ones * self.bos_id, ones, ones * 0)
         self.arena.lengths[first : first + b] = 1
-        return logits[:, 0].astype(np.float32)
+        return to_float32(logits[:, 0], self.dtype)
 
     @property
     def nbytes(self) -> int:

@@ -37,7 +37,21 @@ CACHE = "max_sequence"  # the arena's buffer length: past and present are one bu
 KV_ARENA = "arena"  # GroupQueryAttention, past and present one in-place buffer, right padding
 KV_CONCAT = "concat"  # present = concat(past, new), left padding (directories older than the arena)
 KV_LAYOUTS = (KV_ARENA, KV_CONCAT)
-DTYPES = ("float32", "float16")  # of the KV cache and logits
+DTYPES = ("float32", "float16", "bfloat16")  # of the KV cache and logits
+CPU_PROVIDER, CUDA_PROVIDER = "cpu", "cuda"  # the manifest's "providers" (--provider's names)
+
+
+def providers_for(dtype: str, kv_cache: str) -> tuple[str, ...]:
+    """The ONNX Runtime providers that run a graph of this dtype and KV layout, best first.
+
+    CUDA's GroupQueryAttention is registered for float16 and bfloat16 only: a float32 arena node
+    would fall back to the CPU with copies at its boundary, reading a stale host copy of the cache.
+    The CPU has no bfloat16 kernels for it (nor for MatMul); float16 runs on both."""
+    if dtype == "bfloat16":
+        return (CUDA_PROVIDER,)
+    if dtype == "float32" and kv_cache == KV_ARENA:
+        return (CPU_PROVIDER,)
+    return (CUDA_PROVIDER, CPU_PROVIDER)
 
 
 class ModelDirError(Exception):
@@ -193,6 +207,7 @@ class Manifest:
     source_checkpoint: dict[str, Any] = field(default_factory=dict)  # path and sha256
     opset: int = OPSET
     exporter: str = EXPORTER
+    providers: tuple[str, ...] = ()  # providers_for(dtype, kv_cache): where these graphs may run
 
     @property
     def n_layers(self) -> int:
@@ -246,6 +261,7 @@ class Manifest:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
         values.setdefault("kv_cache", KV_CONCAT)  # directories exported before the arena
+        values["providers"] = tuple(values.get("providers") or providers_for(values["dtype"], values["kv_cache"]))
         values["graphs"] = {
             role: GraphSpec(g["file"], tuple(g["inputs"]), tuple(g["outputs"])) for role, g in raw["graphs"].items()
         }
@@ -281,6 +297,7 @@ def build_manifest(
         graphs=graph_specs(config["arch"], config["n_layers"]),
         parity={"passed": None},
         source_checkpoint=source_checkpoint,
+        providers=providers_for(dtype, kv_cache),
     )
 
 

@@ -10,6 +10,7 @@ IO binding so that present stays on the device. Knows nothing of batching, sampl
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,19 @@ import onnxruntime as ort
 
 from ..engine.slot_runner import ModelSpec
 from . import contract
-from .ort_session import CUDA, NP_DTYPES, ProviderError, create_session, empty_past, io_names
+from .ort_session import (
+    CUDA,
+    NP_DTYPES,
+    ProviderError,
+    compute_stream,
+    create_session,
+    cuda_available,
+    empty_past,
+    io_names,
+    resolve_provider,
+)
+
+log = logging.getLogger("attnserve.server")
 
 __all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads", "model_spec"]
 
@@ -61,19 +74,31 @@ class ModelRunner:
         m = self.manifest
         self.seq2seq, self.n_layers, self.n_heads, self.head_dim = m.seq2seq, m.n_layers, m.n_heads, m.head_dim
         self.vocab_size, self.context_length, self.bos_id = m.vocab_size, m.context_length, m.bos_id
-        self.dtype = NP_DTYPES[m.dtype]
+        self.dtype = NP_DTYPES.get(m.dtype)  # the concat layout's (float32, float16)
         decoder = m.graphs[contract.DECODER]
         self.input_names, self.output_names = list(decoder.inputs), list(decoder.outputs)
         threads = threads or default_threads()
+        provider, self.provider_note = resolve_provider(provider, m.providers, *self.describe(), cuda_available())
+        if self.provider_note:
+            log.warning("--provider auto: %s", self.provider_note)
         self.session = create_session(self.model_dir / decoder.file, provider, threads)
         self.provider = self.session.get_providers()[0]
         self.on_device = self.provider == CUDA
         self.encoder: ort.InferenceSession | None = None
         if self.seq2seq:
             encoder = m.graphs[contract.ENCODER].file
-            self.encoder = create_session(self.model_dir / encoder, "cuda" if self.on_device else "cpu", threads)
+            on = "cuda" if self.on_device else "cpu"
+            self.encoder = create_session(self.model_dir / encoder, on, threads, compute_stream(self.session))
         self._check_names()
         self.spec = model_spec(m)
+
+    def describe(self) -> tuple[str, str]:
+        """What this export is, and the command that exports it for the other provider (for messages)."""
+        m = self.manifest
+        what = f"{self.model_dir} is a {m.dtype} {m.kv_cache} export"
+        checkpoint = m.source_checkpoint.get("path", "CHECKPOINT")
+        dtype = "float32" if m.dtype == "bfloat16" else "float16"
+        return what, f"export it again: attnserve export {checkpoint} --out {self.model_dir}-{dtype} --dtype {dtype}"
 
     def _check_names(self) -> None:
         """The graphs must have the contract's I/O names: the runner feeds them by those names."""

@@ -16,24 +16,32 @@ import onnxruntime as ort
 
 from . import contract
 from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
-from .ort_session import NP_DTYPES, create_session, empty_past, left_pad
+from .ort_session import NP_DTYPES, compute_stream, create_session, empty_past, left_pad
 
 
 class OrtGraphs:
-    """The graphs of a model directory on the CPU, and the manifest that describes them."""
+    """The graphs of a model directory on one provider (the CPU unless asked), and the manifest that
+    describes them."""
 
     def __init__(
-        self, model_dir: str | Path, threads: int = 0, verify: bool = True, manifest: contract.Manifest | None = None
+        self,
+        model_dir: str | Path,
+        threads: int = 0,
+        verify: bool = True,
+        manifest: contract.Manifest | None = None,
+        provider: str = "cpu",
     ):
-        """`manifest`: one not yet written (export's, before its gate); otherwise model_dir's is read."""
+        """`manifest`: one not yet written (export's, before its gate); otherwise model_dir's is read.
+        `provider` "cuda" puts every graph on one CUDA stream (raises ProviderError without CUDA)."""
         self.manifest = manifest or contract.read_manifest(model_dir, verify=verify)
-        self.sessions = {
-            role: create_session(Path(model_dir) / graph.file, "cpu", threads)
-            for role, graph in self.manifest.graphs.items()
-        }
+        self.sessions: dict[str, ort.InferenceSession] = {}
+        for role, graph in self.manifest.graphs.items():
+            stream = compute_stream(next(iter(self.sessions.values()))) if self.sessions else 0
+            self.sessions[role] = create_session(Path(model_dir) / graph.file, provider, threads, stream)
+        self.provider = next(iter(self.sessions.values())).get_providers()[0]
         m = self.manifest
         self.n_layers, self.n_heads, self.head_dim, self.context = m.n_layers, m.n_heads, m.head_dim, m.context_length
-        self.dtype, self.pad_id, self.bos_id = NP_DTYPES[m.dtype], m.pad_id, m.bos_id
+        self.dtype, self.pad_id, self.bos_id = NP_DTYPES.get(m.dtype), m.pad_id, m.bos_id
         self.arena_layout = m.kv_cache == contract.KV_ARENA
 
     def empty_past(self, batch: int) -> list[np.ndarray]:

@@ -13,10 +13,15 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from .cuda_runtime import cuda_runtime, preload_cuda_libraries
+
 log = logging.getLogger(__name__)
 
 CPU, CUDA = "CPUExecutionProvider", "CUDAExecutionProvider"
-NP_DTYPES = {"float32": np.float32, "float16": np.float16}  # the manifest's dtype -> numpy's
+NP_DTYPES = {"float32": np.float32, "float16": np.float16}  # the manifest's dtype -> numpy's (concat layout)
+BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16: numpy has no bfloat16, ONNX Runtime takes the ONNX type's number
+ELEMENT_TYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": BFLOAT16}  # what IO binding takes
+HOST_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # host buffers of each
 
 
 class ProviderError(Exception):
@@ -35,8 +40,50 @@ def session_options(
     return options
 
 
-def create_session(path: str | Path, provider: str = "cpu", threads: int = 0) -> ort.InferenceSession:
-    """A session on `provider` (auto|cuda|cpu); auto keeps CUDA only if the session really runs on it."""
+def to_float32(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Host values of a graph's `dtype` as float32 (bfloat16 is the top half of a float32's bits)."""
+    if dtype == "bfloat16":
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values.astype(np.float32, copy=False)
+
+
+def cuda_available() -> bool:
+    return CUDA in ort.get_available_providers()
+
+
+def resolve_provider(asked: str, suits: tuple[str, ...], what: str, export_hint: str, cuda: bool) -> tuple[str, str]:
+    """The provider to open a model's graphs on, and why when it is not the one asked for.
+
+    `suits`: the manifest's providers (which ones run these graphs); `what`: the model, for
+    messages ("models/x is a float32 arena export"); `export_hint`: the command that re-exports
+    it; `cuda`: whether this onnxruntime has the CUDA provider. auto means CUDA where it may run.
+    Raises ProviderError (one line) where the model cannot run on what was asked."""
+    if asked == "cpu" and "cpu" not in suits:
+        raise ProviderError(f"--provider cpu: {what}, which only ONNX Runtime's CUDA provider runs; {export_hint}")
+    if asked == "cuda" and "cuda" not in suits:
+        raise ProviderError(
+            f"--provider cuda: {what}, which ONNX Runtime's CUDA provider cannot run (its GroupQueryAttention "
+            f"is float16/bfloat16 only); {export_hint}"
+        )
+    if asked != "auto":
+        return asked, ""
+    if "cuda" in suits and cuda:
+        return "auto", ""
+    if "cpu" not in suits:
+        raise ProviderError(
+            f"--provider auto: {what}, which only ONNX Runtime's CUDA provider runs, and this onnxruntime "
+            "has none (install onnxruntime-gpu on a CUDA host)"
+        )
+    if cuda:
+        return "cpu", f"{what}, which CUDA cannot run; serving on the CPU ({export_hint})"
+    return "cpu", ""
+
+
+def create_session(path: str | Path, provider: str = "cpu", threads: int = 0, stream: int = 0) -> ort.InferenceSession:
+    """A session on `provider` (auto|cuda|cpu); auto keeps CUDA only if the session really runs on it.
+
+    On CUDA the session computes on a stream of ours (`stream`, or a new one): the arena's copies
+    are queued on it too, so they are ordered with ONNX Runtime's kernels (arena.Device)."""
     if provider == "cpu":
         return ort.InferenceSession(str(path), session_options(threads), providers=[CPU])
     if CUDA not in ort.get_available_providers():
@@ -45,9 +92,11 @@ def create_session(path: str | Path, provider: str = "cpu", threads: int = 0) ->
                 "--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
             )
         return create_session(path, "cpu", threads)
+    preload_cuda_libraries()
     session: ort.InferenceSession | None
     try:
-        session = ort.InferenceSession(str(path), session_options(threads), providers=[CUDA, CPU])
+        options = {"device_id": "0", "user_compute_stream": str(stream or new_cuda_stream())}
+        session = ort.InferenceSession(str(path), session_options(threads), providers=[(CUDA, options), CPU])
     except Exception as e:  # noqa: BLE001 - ORT raises several types when CUDA fails to start
         session, reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     else:
@@ -58,6 +107,18 @@ def create_session(path: str | Path, provider: str = "cpu", threads: int = 0) ->
         raise ProviderError(f"--provider cuda: {reason}")
     log.warning("--provider auto: CUDA unavailable (%s); using the CPU", reason)
     return create_session(path, "cpu", threads)
+
+
+def new_cuda_stream() -> int:
+    """A CUDA stream for a session to compute on (the arena's CUDA runtime creates it)."""
+    return cuda_runtime().create_stream()
+
+
+def compute_stream(session: ort.InferenceSession) -> int:
+    """The CUDA stream a session computes on (0 on the CPU)."""
+    if session.get_providers()[0] != CUDA:
+        return 0
+    return int(session.get_provider_options()[CUDA].get("user_compute_stream", 0))
 
 
 def io_names(session: ort.InferenceSession) -> tuple[list[str], list[str]]:

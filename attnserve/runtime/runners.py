@@ -8,7 +8,7 @@ benchmark's baseline).
 from __future__ import annotations
 
 from . import contract
-from .arena import Device, KVArena
+from .arena import KVArena, device_of
 from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
 from .model_runner import ModelRunner
@@ -54,7 +54,7 @@ def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | No
 
 def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> ArenaRunner:
     """The arena runner of an arena directory (checked by arena_capacity), on the model's device."""
-    device = Device("cuda", 0) if model.on_device else Device("cpu")
+    device = device_of(model.session)
     if model.seq2seq:  # a source is encoded whole: never in chunks
         decoder: ArenaDecoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
         return ArenaRunner(model, decoder, model.context_length)

@@ -188,7 +188,8 @@ class Server:
         )
         self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
         self.metrics.watch_core(os.getpid())
-        return ModelFacts(loaded.runner.model_dir, loaded.runner.manifest, loaded.runner.provider), loaded.tokenizer
+        runner = loaded.runner
+        return ModelFacts(runner.model_dir, runner.manifest, runner.provider, runner.provider_note), loaded.tokenizer
 
     def _start_core(self) -> tuple[ModelFacts, Tokenizer]:
         """--engine-core process: the manifest and tokenizer here, the session and arena in the core."""
@@ -200,7 +201,7 @@ class Server:
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
         self.metrics.watch_core(client.pid)
-        return ModelFacts(model_dir, manifest, client.ready.provider), tokenizer
+        return ModelFacts(model_dir, manifest, client.ready.provider, client.ready.provider_note), tokenizer
 
     def _core_died(self, why: str) -> None:
         """The engine core's process is gone (the client's receiver thread): stop serving; serve() exits 1."""

@@ -222,7 +222,9 @@ def run_core(config: ServerConfig, inbound: str, outbound: str) -> None:
         out.close(linger=5000)
         return
     engine = CoreEngine(loaded, config, out)
-    out.send(ENCODER.encode(Ready(loaded.runner.provider, loaded.capacity, loaded.slots.nbytes)))
+    out.send(
+        ENCODER.encode(Ready(loaded.runner.provider, loaded.capacity, loaded.slots.nbytes, loaded.runner.provider_note))
+    )
     engine.start()
     try:
         serve_messages(engine, into)

@@ -45,6 +45,7 @@ class Ready(msgspec.Struct, tag=True):
     provider: str  # the execution provider the session really got
     capacity: int  # KV arena slots (--max-batch, or what auto found)
     kv_cache_bytes: int
+    provider_note: str = ""  # why it is not the one asked for
 
 
 class Failed(msgspec.Struct, tag=True):

@@ -155,6 +155,7 @@ class ModelFacts:
     model_dir: Path
     manifest: Manifest
     provider: str
+    provider_note: str = ""  # why the session is not on the provider asked for (--provider auto's fallback)
 
 
 def model_info(
@@ -179,7 +180,7 @@ def model_info(
         context_length=m.context_length,
         dtype=m.dtype,
         quantization=m.quantization or "",
-        execution_provider=facts.provider,
+        execution_provider=f"{facts.provider} ({facts.provider_note})" if facts.provider_note else facts.provider,
         kv_cache=m.kv_cache,
         kv_cache_bytes=kv_cache_bytes,
         limits=pb.Limits(

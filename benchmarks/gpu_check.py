@@ -1,0 +1,293 @@
+"""`make gpu-check`: the CUDA path proven and measured on a CUDA host, in one command (issue 23).
+
+  1. train   a small BPE model (the `small` preset, 1024-token context) on the GPU for
+             --train-seconds, unless --checkpoint names one
+  2. export  it in float16 and bfloat16; each parity gate runs on CUDAExecutionProvider
+  3. tests   pytest -m gpu (tests/test_gpu.py and the other GPU-marked tests): the session on CUDA,
+             the arena and the run inputs on the device, no Memcpy node in ONNX Runtime's profile
+             of prefill and decode, no host read of the cache, greedy identity served end to end
+  4. latency per token at one stream, ONNX Runtime CUDA (the server's ArenaDecoder, one argmax
+             per step) vs PyTorch eager CUDA (attnserve.model.generate.decode, the same weights in
+             the same dtype), alternating in --repeats rounds, medians with min and max
+  5. serving output tokens/s through gRPC (`attnserve serve --provider cuda`, engine core in a
+             process of its own) at --concurrency streams, float16
+
+Prints one table last, with the JSON written to --out. Works on an offline host whose Python has
+torch but only the CPU build of onnxruntime once onnxruntime-gpu is on PYTHONPATH (GPU.md); on a
+host without CUDA it says in one line what it would run and exits 0.
+
+    python -m benchmarks.gpu_check [--train-seconds 60] [--checkpoint runs/x/checkpoint.pt]
+        [--concurrency 1,16,64] [--new-tokens 256] [--repeats 3] [--out reports/gpu-check.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PLAN = (
+    "trains a small model on the GPU, exports it in float16 and bfloat16 (gates on CUDA), runs pytest -m gpu, "
+    "and times ONNX Runtime CUDA against PyTorch CUDA per token and gRPC at 1, 16 and 64 streams"
+)
+PROMPT_TOKENS = 16
+
+
+def say(message: str) -> None:
+    print(f"[gpu-check] {message}", file=sys.stderr, flush=True)
+
+
+def cuda_here() -> str:
+    """Why this host cannot run the check ("" when it can)."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    import onnxruntime as ort
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (install onnxruntime-gpu)"
+    return ""
+
+
+def attnserve(*args: str) -> None:
+    """An attnserve command in a subprocess (this Python, this tree), failing the check if it fails."""
+    command = [sys.executable, "-m", "attnserve.cli", *args]
+    say(" ".join(["attnserve", *args]))
+    subprocess.run(command, check=True)
+
+
+def train(run_dir: Path, seconds: int) -> Path:
+    checkpoint = run_dir / "checkpoint.pt"
+    if not checkpoint.is_file():
+        attnserve(
+            "train",
+            "--preset",
+            "small",
+            "--context-length",
+            "1024",
+            "--batch-size",
+            "16",
+            "--time-budget",
+            str(seconds),
+            "--device",
+            "cuda",
+            "--out",
+            str(run_dir),
+        )
+    return checkpoint
+
+
+def export(checkpoint: Path, out: Path, dtype: str) -> dict:
+    """The export's gate, as its manifest records it."""
+    attnserve("export", str(checkpoint), "--out", str(out), "--dtype", dtype)
+    manifest = json.loads((out / "attnserve.json").read_text())
+    parity = manifest["parity"]
+    worst = max(parity["checks"], key=lambda c: c["max_abs_diff"] / c["tolerance"])
+    rows = parity["greedy"]["rows"]
+    return {
+        "dir": str(out),
+        "dtype": dtype,
+        "gate_provider": parity.get("provider"),
+        "passed": parity["passed"],
+        "worst_check": {k: worst[k] for k in ("case", "output", "max_abs_diff", "tolerance")},
+        "greedy_steps": parity["greedy"]["steps"],
+        "greedy_rows_identical": sum(r["first_divergence"] is None for r in rows),
+        "greedy_rows": len(rows),
+    }
+
+
+def gpu_tests() -> dict:
+    """pytest -m gpu over the GPU-marked test files; the summary line's counts."""
+    files = ["tests/test_gpu.py", "tests/test_train_seq2seq.py"]
+    say(f"pytest -m gpu {' '.join(files)}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *files],
+        capture_output=True,
+        text=True,
+    )
+    print(done.stdout[-6000:], file=sys.stderr)
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", done.stdout)}
+    return {"returncode": done.returncode, **counts}
+
+
+def per_token(model_dir: Path, checkpoint: Path, dtype: str, new_tokens: int, repeats: int) -> dict:
+    """Milliseconds per token at one stream (a 16-token prompt, then `new_tokens` greedy steps):
+    ONNX Runtime CUDA vs PyTorch eager CUDA, alternating, medians."""
+    import numpy as np
+    import torch
+
+    from attnserve.export.onnx_export import TORCH_DTYPES, load_model
+    from attnserve.model.generate import decode
+    from attnserve.runtime.ort_decoder import OrtDecoder
+
+    runtime = OrtDecoder(model_dir, threads=1, provider="cuda")
+    decoder = runtime.arena(1, PROMPT_TOKENS)
+    model = load_model(checkpoint)[0].to("cuda", TORCH_DTYPES[dtype])
+    prompt = list(range(100, 100 + PROMPT_TOKENS))
+
+    def ort_side() -> list[int]:
+        decoder.arena.lengths[:] = 0
+        logits, out = decoder.prefill(0, [prompt]), []
+        for _ in range(new_tokens):
+            out.append(int(logits[0].argmax()))
+            logits = decoder.decode(np.array(out[-1:]))
+        return out
+
+    def torch_side() -> list[int]:
+        tokens = decode(model, [prompt], new_tokens + 1, lambda logits: logits.argmax(-1), runtime.pad_id)
+        return tokens[0, :new_tokens].tolist()  # the same work: the prefill and `new_tokens` steps
+
+    def timed(side) -> tuple[float, list[int]]:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        tokens = side()
+        torch.cuda.synchronize()
+        return 1000 * (time.perf_counter() - start) / new_tokens, tokens
+
+    sides = {"onnxruntime_cuda": ort_side, "pytorch_cuda": torch_side}
+    for side in sides.values():
+        side()  # warm-up: kernels, allocator, cuBLAS handles
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    tokens: dict[str, list[int]] = {}
+    for r in range(repeats):
+        for name in list(sides)[:: 1 if r % 2 == 0 else -1]:
+            ms, tokens[name] = timed(sides[name])
+            times[name].append(ms)
+    agree = next((i for i, (a, b) in enumerate(zip(*tokens.values())) if a != b), new_tokens)
+    result = {name: spread(values) for name, values in times.items()}
+    ratio = result["pytorch_cuda"]["median"] / result["onnxruntime_cuda"]["median"]
+    return {
+        "dtype": dtype,
+        "new_tokens": new_tokens,
+        "ms_per_token": result,
+        "ort_speedup": ratio,
+        "greedy_tokens_identical_before_divergence": agree,
+    }
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
+
+
+def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+    """Output tokens/s through gRPC at each concurrency, the engine core in a process of its own."""
+    import grpc
+
+    from attnserve.server.app import Server
+    from attnserve.server.config import ServerConfig
+    from attnserve.v1 import generation_pb2_grpc as pb_grpc
+    from benchmarks.serving import closed_loop, grpc_stream
+
+    config = ServerConfig(
+        model=str(model_dir), port=0, provider="cuda", max_batch=max(levels), max_queue=4 * max(levels)
+    )
+
+    async def measure() -> list[dict]:
+        server = Server(config)
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = pb_grpc.TextGenerationStub(channel)
+                stream = lambda p, n: grpc_stream(stub, p, n)
+                await closed_loop(stream, max(levels), max(levels), new_tokens)  # warm-up
+                rows = []
+                for level in levels:
+                    runs = [await closed_loop(stream, level, 2 * level, new_tokens) for _ in range(repeats)]
+                    rates = [run["tokens_per_s"] for run in runs]
+                    rows.append(
+                        {"concurrency": level, "output_tokens_per_s": spread(rates), "provider": server.facts.provider}
+                    )
+                    say(f"gRPC {level} streams: {statistics.median(rates):,.0f} tokens/s")
+                return rows
+        finally:
+            await server.stop()
+
+    return asyncio.run(measure())
+
+
+def machine() -> dict:
+    import onnxruntime as ort
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name(0),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "onnxruntime": ort.__version__,
+        "cuda": torch.version.cuda,
+    }
+
+
+def print_table(result: dict) -> None:
+    print(
+        f"gpu-check on {result['machine']['gpu']} (onnxruntime {result['machine']['onnxruntime']}, "
+        f"torch {result['machine']['torch']})"
+    )
+    for e in result["exports"]:
+        w = e["worst_check"]
+        print(
+            f"  export {e['dtype']:<9} gate on {e['gate_provider']}: {'passed' if e['passed'] else 'FAILED'}; "
+            f"worst {w['output']} diff {w['max_abs_diff']:.4g} (tolerance {w['tolerance']:.4g}); greedy "
+            f"{e['greedy_rows_identical']}/{e['greedy_rows']} rows identical over {e['greedy_steps']} steps"
+        )
+    t = result["tests"]
+    print(f"  pytest -m gpu: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped")
+    for p in result["per_token"]:
+        o, q = p["ms_per_token"]["onnxruntime_cuda"], p["ms_per_token"]["pytorch_cuda"]
+        print(
+            f"  per token, 1 stream, {p['dtype']}: onnxruntime CUDA {o['median']:.3f} ms "
+            f"({o['min']:.3f}-{o['max']:.3f}), PyTorch eager CUDA {q['median']:.3f} ms "
+            f"({q['min']:.3f}-{q['max']:.3f}): {p['ort_speedup']:.2f}x"
+        )
+    for row in result["serving"]:
+        s = row["output_tokens_per_s"]
+        print(
+            f"  gRPC, {row['concurrency']:>3} streams, float16: {s['median']:,.0f} output tokens/s "
+            f"({s['min']:,.0f}-{s['max']:,.0f})"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--train-seconds", type=int, default=60, help="training budget on the GPU (default: 60)")
+    p.add_argument("--checkpoint", type=Path, help="export this checkpoint instead of training one")
+    p.add_argument("--work", type=Path, default=Path("gpu-check"), help="where runs and models go (default: gpu-check)")
+    p.add_argument("--concurrency", default="1,16,64", help="gRPC streams (default: 1,16,64)")
+    p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per request (default: 256)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; medians (default: 3)")
+    p.add_argument("--skip-tests", action="store_true", help="only the exports and the figures")
+    p.add_argument("--out", type=Path, default=Path("reports/gpu-check.json"))
+    args = p.parse_args(argv)
+    why = cuda_here()
+    if why:
+        print(f"gpu-check: no CUDA here ({why}); on a CUDA host it {PLAN}")
+        return 0
+    checkpoint = args.checkpoint or train(args.work / "run", args.train_seconds)
+    dirs = {dtype: args.work / f"model-{dtype}" for dtype in ("float16", "bfloat16")}
+    result: dict = {"machine": machine(), "exports": [export(checkpoint, d, dtype) for dtype, d in dirs.items()]}
+    result["tests"] = {} if args.skip_tests else gpu_tests()
+    result["per_token"] = [per_token(d, checkpoint, dtype, args.new_tokens, args.repeats) for dtype, d in dirs.items()]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    result["serving"] = serving(dirs["float16"], levels, min(args.new_tokens, 128), args.repeats)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(json.dumps(result))
+    failed = result["tests"].get("returncode", 0) != 0 or not all(e["passed"] for e in result["exports"])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

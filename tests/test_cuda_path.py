@@ -1,0 +1,222 @@
+"""The CUDA path's rules, proven where they can be without a GPU (issue 23): which provider runs
+which export, the refusal and the auto fallback with their exact lines, a run's inputs written in
+place, bfloat16's host view, and a float16 directory served end to end. tests/test_gpu.py proves
+the rest on a CUDA host (`make gpu-check`)."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from fixtures_server import start_server
+from fixtures_train import BYTE_IDS
+
+from attnserve.export.onnx_export import ExportError, export_checkpoint
+from attnserve.runtime import contract, model_runner
+from attnserve.runtime.arena import Device
+from attnserve.runtime.arena_decoder import ArenaDecoder
+from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.ort_decoder import OrtDecoder
+from attnserve.runtime.ort_session import ProviderError, cuda_available, resolve_provider, to_float32
+from attnserve.tokenizer.utf8 import encode
+from attnserve.v1 import generation_pb2 as pb
+
+FLOAT32_ARENA = "models/x is a float32 arena export"
+HINT = "export it again: attnserve export runs/x/checkpoint.pt --out models/x-float16 --dtype float16"
+
+
+def test_each_export_names_the_providers_that_run_it():
+    assert contract.providers_for("float32", contract.KV_ARENA) == ("cpu",)  # CUDA's GQA has no float32
+    assert contract.providers_for("float16", contract.KV_ARENA) == ("cuda", "cpu")
+    assert contract.providers_for("bfloat16", contract.KV_ARENA) == ("cuda",)  # no bfloat16 kernels on the CPU
+    assert contract.providers_for("float32", contract.KV_CONCAT) == ("cuda", "cpu")  # no GQA in the concat graph
+
+
+def test_the_manifest_records_them_and_older_manifests_get_them(tiny_model_dir):
+    manifest = contract.read_manifest(tiny_model_dir)
+    assert manifest.providers == ("cpu",)
+    raw = json.loads((tiny_model_dir / contract.MANIFEST_FILE).read_text())
+    assert raw["providers"] == ["cpu"]
+    del raw["providers"]  # a directory exported before the field
+    assert contract.Manifest.from_dict(raw).providers == ("cpu",)
+
+
+@pytest.mark.parametrize(
+    ("asked", "suits", "cuda", "expected"),
+    [
+        ("auto", ("cpu",), False, ("cpu", "")),
+        ("auto", ("cpu",), True, ("cpu", f"{FLOAT32_ARENA}, which CUDA cannot run; serving on the CPU ({HINT})")),
+        ("auto", ("cuda", "cpu"), True, ("auto", "")),  # create_session still falls back if CUDA fails to start
+        ("auto", ("cuda", "cpu"), False, ("cpu", "")),
+        ("cpu", ("cuda", "cpu"), True, ("cpu", "")),
+        ("cuda", ("cuda", "cpu"), False, ("cuda", "")),  # create_session says this onnxruntime has no CUDA
+    ],
+)
+def test_the_provider_each_request_gets(asked, suits, cuda, expected):
+    assert resolve_provider(asked, suits, FLOAT32_ARENA, HINT, cuda) == expected
+
+
+@pytest.mark.parametrize(
+    ("asked", "suits", "cuda", "message"),
+    [
+        (
+            "cuda",
+            ("cpu",),
+            True,
+            f"--provider cuda: {FLOAT32_ARENA}, which ONNX Runtime's CUDA provider cannot run (its "
+            f"GroupQueryAttention is float16/bfloat16 only); {HINT}",
+        ),
+        (
+            "cpu",
+            ("cuda",),
+            True,
+            f"--provider cpu: {FLOAT32_ARENA}, which only ONNX Runtime's CUDA provider runs; {HINT}",
+        ),
+        (
+            "auto",
+            ("cuda",),
+            False,
+            f"--provider auto: {FLOAT32_ARENA}, which only ONNX Runtime's CUDA provider runs, and this onnxruntime "
+            "has none (install onnxruntime-gpu on a CUDA host)",
+        ),
+    ],
+)
+def test_a_provider_that_cannot_run_the_export_is_refused(asked, suits, cuda, message):
+    with pytest.raises(ProviderError) as refused:
+        resolve_provider(asked, suits, FLOAT32_ARENA, HINT, cuda)
+    assert str(refused.value) == message
+
+
+def test_serve_refuses_cuda_for_a_float32_arena_in_one_line_naming_the_export(tiny_model_dir):
+    done = subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_model_dir), "--provider", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    checkpoint = contract.read_manifest(tiny_model_dir).source_checkpoint["path"]
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        f"attnserve serve: error: --provider cuda: {tiny_model_dir} is a float32 arena export, which ONNX "
+        "Runtime's CUDA provider cannot run (its GroupQueryAttention is float16/bfloat16 only); export it again: "
+        f"attnserve export {checkpoint} --out {tiny_model_dir}-float16 --dtype float16"
+    ]
+
+
+def test_auto_on_a_cuda_host_serves_a_float32_arena_on_the_cpu_and_says_why(tiny_model_dir, monkeypatch, caplog):
+    """This onnxruntime is told it has CUDA: auto must not open the float32 arena there."""
+    monkeypatch.setattr(model_runner, "cuda_available", lambda: True)
+    runner = ModelRunner(tiny_model_dir, "auto", threads=1)
+    assert runner.provider == "CPUExecutionProvider"
+    note = runner.provider_note
+    assert note.startswith(f"{tiny_model_dir} is a float32 arena export, which CUDA cannot run; serving on the CPU")
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [f"--provider auto: {note}"]
+    running = start_server(tiny_model_dir, provider="auto")
+    try:
+        info = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        assert info.execution_provider == f"CPUExecutionProvider ({note})"
+    finally:
+        running.stop()
+
+
+@pytest.mark.skipif(cuda_available(), reason="a CUDA host exports bfloat16 (tests/test_gpu.py)")
+def test_bfloat16_export_without_cuda_is_refused_before_any_work(tiny_checkpoint, tmp_path):
+    with pytest.raises(ExportError) as refused:
+        export_checkpoint(tiny_checkpoint, tmp_path / "bf16", dtype="bfloat16")
+    assert str(refused.value) == (
+        "--dtype bfloat16 runs only on ONNX Runtime's CUDA provider, which this onnxruntime lacks, so its parity "
+        "gate cannot run here (install onnxruntime-gpu on a CUDA host; float16 runs on both)"
+    )
+    assert not (tmp_path / "bf16").exists()
+
+
+def test_bfloat16_host_values_are_read_as_pytorch_reads_them():
+    values = torch.tensor([0.0, -1.5, 3.140625, 1e-3, -65280.0, float("inf")]).bfloat16()
+    bits = values.view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(to_float32(bits, "bfloat16"), values.float().numpy())
+
+
+class NoPerRunCopies:
+    """IO binding without bind_cpu_input: a run that allocates and copies an input fails."""
+
+    def __init__(self, monkeypatch):
+        monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", self.refuse)
+
+    @staticmethod
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a run bound a host array (an allocation and a copy per bind)")
+
+
+def test_a_runs_inputs_are_written_into_buffers_allocated_once(tiny_model_dir, monkeypatch):
+    """Prefill, chunked extension and decode steps bind the same preallocated buffers each run,
+    and decode exactly as the arena's own greedy loop with nothing preallocated."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    prompts = [[72, 101, 108, 108, 111], [87, 111], [65] * 20]
+    want = runtime.greedy(prompts, 24)
+    decoder = ArenaDecoder(runtime.session, runtime.manifest, capacity=4, max_tokens=64, device=Device())
+    addresses = {name: buffer.data_ptr() for name, buffer in decoder.inputs.buffers.items()}
+    NoPerRunCopies(monkeypatch)
+    logits = decoder.prefill(0, prompts[:2])
+    decoder.extend(2, prompts[2][:16])
+    logits = np.concatenate([logits, decoder.extend(2, prompts[2][16:])[None]])
+    got = []
+    for _ in range(24):
+        tokens = logits.argmax(-1)
+        got.append(tokens)
+        logits = decoder.decode(tokens)
+    assert np.array_equal(np.stack(got, 1), want)
+    assert {name: buffer.data_ptr() for name, buffer in decoder.inputs.buffers.items()} == addresses
+    last = decoder.inputs.buffers[contract.INPUT_IDS].numpy()[:3]
+    assert np.array_equal(last, got[-1])  # the last step's ids, written in place
+
+
+def test_a_run_larger_than_its_buffer_is_refused(tiny_model_dir):
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    decoder = ArenaDecoder(runtime.session, runtime.manifest, capacity=2, max_tokens=8)
+    with pytest.raises(ValueError, match="exceeds the logits buffer"):
+        decoder.prefill(0, [[1] * 9])
+
+
+@pytest.fixture(scope="module")
+def float16_dir(tiny_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "tiny-float16"
+    export_checkpoint(tiny_checkpoint, out, dtype="float16")
+    return out
+
+
+@pytest.mark.skipif(cuda_available(), reason="this onnxruntime has CUDA")
+def test_cuda_without_a_cuda_onnxruntime_is_refused_in_one_line(float16_dir):
+    """A float16 export may run on CUDA: what stops it here is this onnxruntime."""
+    done = subprocess.run(
+        [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(float16_dir), "--provider", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "attnserve serve: error: --provider cuda: this onnxruntime has no CUDAExecutionProvider "
+        "(install onnxruntime-gpu)"
+    ]
+
+
+def test_a_float16_directory_is_served_end_to_end_on_the_cpu(float16_dir):
+    manifest = contract.read_manifest(float16_dir)
+    assert manifest.providers == ("cuda", "cpu") and manifest.parity["provider"] == "CPUExecutionProvider"
+    prompts = ["def main(", "The quick brown fox"]
+    want = OrtDecoder(float16_dir, threads=1).greedy([encode(p) for p in prompts], 40)  # EOS ignored
+    running = start_server(float16_dir, provider="cpu")
+    try:
+        info = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        assert (info.dtype, info.execution_provider) == ("float16", "CPUExecutionProvider")
+        for prompt, tokens in zip(prompts, want.tolist()):
+            got = list(
+                running.stub.Generate(pb.GenerateRequest(prompt=prompt, max_new_tokens=40), timeout=60).token_ids
+            )
+            assert got == tokens[: len(got)] and (len(got) == 40 or tokens[len(got)] == BYTE_IDS["eos_id"])
+            assert len(got) > 1
+    finally:
+        running.stop()

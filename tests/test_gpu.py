@@ -1,0 +1,151 @@
+"""The CUDA path on a CUDA host (issue 23; `make gpu-check` runs these): the session really on
+CUDAExecutionProvider, the arena and a run's inputs on the device and staying there, no Memcpy
+node in ONNX Runtime's profile of prefill and decode, float16 and bfloat16 exports gated on the
+GPU, and a float16 directory served through gRPC decoding what the arena's own greedy loop
+decodes. Skipped without onnxruntime-gpu and a device; tests/test_cuda_path.py proves on the CPU
+what can be proven there."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from fixtures_server import request, start_server
+
+from attnserve.export.onnx_export import export_checkpoint
+from attnserve.runtime import contract
+from attnserve.runtime.arena import Device
+from attnserve.runtime.arena_decoder import ArenaDecoder
+from attnserve.runtime.cuda_runtime import CudaRuntime
+from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.ort_decoder import OrtDecoder
+from attnserve.runtime.ort_session import CUDA, cuda_available, session_options
+from attnserve.v1 import generation_pb2 as pb
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device"),
+]
+TIMEOUT = 120
+COMPUTE_OPS = ("GroupQueryAttention", "MatMul", "Gemm", "Softmax", "LayerNormalization", "Gelu", "Add", "Mul")
+
+
+@pytest.fixture(scope="module")
+def float16_dir(tiny_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "tiny-float16"
+    export_checkpoint(tiny_checkpoint, out, dtype="float16")
+    return out
+
+
+@pytest.fixture(scope="module")
+def bfloat16_dir(tiny_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu") / "tiny-bfloat16"
+    export_checkpoint(tiny_checkpoint, out, dtype="bfloat16")
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_exports_pass_their_gate_on_the_gpu(dtype, float16_dir, bfloat16_dir):
+    manifest = contract.read_manifest(float16_dir if dtype == "float16" else bfloat16_dir)
+    report = manifest.parity
+    assert (manifest.dtype, report["provider"], report["passed"]) == (dtype, CUDA, True)
+    assert all(row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in report["greedy"]["rows"])
+
+
+@pytest.mark.parametrize("provider", ["cuda", "auto"])
+def test_the_session_really_runs_on_cuda(float16_dir, provider):
+    runner = ModelRunner(float16_dir, provider, threads=1)
+    assert (runner.provider, runner.provider_note) == (CUDA, "")
+
+
+def test_a_float32_arena_never_runs_on_cuda(tiny_model_dir):
+    runner = ModelRunner(tiny_model_dir, "auto", threads=1)
+    assert runner.provider == "CPUExecutionProvider"
+    assert "float32 arena export, which CUDA cannot run" in runner.provider_note
+
+
+def profiled_decoder(model_dir, tmp_path):
+    """An ArenaDecoder over a CUDA session that writes ONNX Runtime's profile."""
+    runtime = OrtDecoder(model_dir, provider="cuda")
+    options = session_options(1)
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    stream = CudaRuntime().create_stream()
+    session = ort.InferenceSession(
+        str(model_dir / contract.MODEL_FILE),
+        options,
+        providers=[(CUDA, {"device_id": "0", "user_compute_stream": str(stream)}), "CPUExecutionProvider"],
+    )
+    return session, ArenaDecoder(session, runtime.manifest, capacity=4, max_tokens=64), runtime
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_prefill_and_decode_run_every_node_with_no_memcpy(dtype, float16_dir, bfloat16_dir, tmp_path):
+    model_dir = float16_dir if dtype == "float16" else bfloat16_dir
+    session, decoder, runtime = profiled_decoder(model_dir, tmp_path)
+    prompts = [[72, 101, 108, 108, 111], [87, 111, 114]]
+    logits = decoder.prefill(0, prompts)
+    got = []
+    for _ in range(16):
+        tokens = logits.argmax(-1)
+        got.append(tokens)
+        logits = decoder.decode(tokens)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    assert nodes, "the profile recorded no node"
+    copies = sorted({e["name"] for e in nodes if "Memcpy" in e["name"] or "Memcpy" in e["args"].get("op_name", "")})
+    assert copies == [], f"Memcpy nodes on the decode path: {copies}"
+    on_cpu = sorted({e["args"]["op_name"] for e in nodes if e["args"].get("provider") == "CPUExecutionProvider"})
+    heavy = [op for op in on_cpu if op in COMPUTE_OPS]
+    assert heavy == [], f"compute placed on the CPU: {on_cpu}"
+    assert np.array_equal(np.stack(got, 1), runtime.greedy(prompts, 16))
+
+
+class DownloadSpy:
+    """Counts every device-to-host read the arena makes (Device.download is its only one)."""
+
+    def __init__(self, monkeypatch):
+        self.reads = 0
+        original = Device.download
+
+        def counting(device, address, nbytes):
+            self.reads += 1
+            return original(device, address, nbytes)
+
+        monkeypatch.setattr(Device, "download", counting)
+
+
+def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(float16_dir, monkeypatch):
+    spy = DownloadSpy(monkeypatch)
+    prompts = ["def main(", "The quick brown fox", "import os"]
+    running = start_server(float16_dir, provider="cuda", max_batch=2)  # three requests through two slots: a move
+    try:
+        slots = running.engine.slots
+        arena = slots.decoder.arena
+        assert arena.device.kind == "cuda" and arena.device.stream
+        on_gpu = lambda values: all(v.device_name().lower() == "cuda" for v in values)
+        assert on_gpu(arena.buffers) and on_gpu(slots.decoder.inputs.buffers.values())
+        info = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT)
+        assert (info.execution_provider, info.dtype) == (CUDA, "float16")
+        replies = [running.stub.Generate.future(request(p, max_new_tokens=64), timeout=TIMEOUT) for p in prompts]
+        got = [list(r.result().token_ids) for r in replies]
+    finally:
+        running.stop()
+    assert spy.reads == 0, "the server read the cache back to the host"
+    want = OrtDecoder(float16_dir, provider="cuda").greedy([list(p.encode()) for p in prompts], 64).tolist()
+    for tokens, reference in zip(got, want):
+        assert tokens == reference[: len(tokens)] and len(tokens) > 1
+
+
+def test_an_encoder_decoder_keeps_both_arenas_on_the_device(tiny_seq2seq_checkpoint, tmp_path):
+    export_checkpoint(tiny_seq2seq_checkpoint, tmp_path / "s2s", dtype="float16")
+    running = start_server(tmp_path / "s2s", provider="cuda")
+    try:
+        decoder = running.engine.slots.decoder  # self-attention arena and cross segment
+        on_gpu = lambda values: values and all(v.device_name().lower() == "cuda" for v in values)
+        assert on_gpu(decoder.arena.buffers) and on_gpu(decoder.cross.buffers)
+        reply = running.stub.Generate(request("98765", max_new_tokens=20), timeout=TIMEOUT)
+        assert reply.finish_reason != pb.FINISH_REASON_UNSPECIFIED and reply.usage.completion_tokens > 0
+    finally:
+        running.stop()
