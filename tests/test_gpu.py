@@ -21,6 +21,7 @@ from attnserve.runtime.cuda_runtime import CudaRuntime
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.ort_decoder import OrtDecoder
 from attnserve.runtime.ort_session import CUDA, cuda_available, session_options
+from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
 
 pytestmark = [
@@ -133,7 +134,7 @@ def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(float1
     finally:
         running.stop()
     assert spy.reads == 0, "the server read the cache back to the host"
-    want = OrtDecoder(float16_dir, provider="cuda").greedy([list(p.encode()) for p in prompts], 64).tolist()
+    want = OrtDecoder(float16_dir, provider="cuda").greedy([encode(p) for p in prompts], 64).tolist()
     for tokens, reference in zip(got, want):
         assert tokens == reference[: len(tokens)] and len(tokens) > 1
 
