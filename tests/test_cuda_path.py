@@ -139,38 +139,47 @@ def test_bfloat16_host_values_are_read_as_pytorch_reads_them():
     assert np.array_equal(to_float32(bits, "bfloat16"), values.float().numpy())
 
 
-class NoPerRunCopies:
-    """IO binding without bind_cpu_input: a run that allocates and copies an input fails."""
+class BoundArrays:
+    """A spy on IO binding's host inputs: every array bound must lie in the decoder's own buffers."""
 
-    def __init__(self, monkeypatch):
-        monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", self.refuse)
+    def __init__(self, monkeypatch, decoder: ArenaDecoder):
+        self.bound: list[str] = []
+        original = ort.IOBinding.bind_cpu_input
 
-    @staticmethod
-    def refuse(*_args, **_kwargs):
-        raise AssertionError("a run bound a host array (an allocation and a copy per bind)")
+        def checked(binding, name, array):
+            assert np.shares_memory(array, decoder.inputs.host[name]), f"{name}: a fresh array bound"
+            self.bound.append(name)
+            original(binding, name, array)
+
+        monkeypatch.setattr(ort.IOBinding, "bind_cpu_input", checked)
 
 
 def test_a_runs_inputs_are_written_into_buffers_allocated_once(tiny_model_dir, monkeypatch):
-    """Prefill, chunked extension and decode steps bind the same preallocated buffers each run,
-    and decode exactly as the arena's own greedy loop with nothing preallocated."""
+    """Prefill, chunked extension and decode steps bind views of buffers allocated once (a decode
+    step rebinds only the mask, whose width grows), and decode exactly as the arena's own greedy
+    loop does."""
     runtime = OrtDecoder(tiny_model_dir, threads=1)
     prompts = [[72, 101, 108, 108, 111], [87, 111], [65] * 20]
     want = runtime.greedy(prompts, 24)
     decoder = ArenaDecoder(runtime.session, runtime.manifest, capacity=4, max_tokens=64, device=Device())
-    addresses = {name: buffer.data_ptr() for name, buffer in decoder.inputs.buffers.items()}
-    NoPerRunCopies(monkeypatch)
+    addresses = {name: decoder.inputs.address(name) for name in decoder.inputs.sizes}
+    spy = BoundArrays(monkeypatch, decoder)
     logits = decoder.prefill(0, prompts[:2])
     decoder.extend(2, prompts[2][:16])
     logits = np.concatenate([logits, decoder.extend(2, prompts[2][16:])[None]])
+    spy.bound.clear()
     got = []
     for _ in range(24):
         tokens = logits.argmax(-1)
         got.append(tokens)
         logits = decoder.decode(tokens)
     assert np.array_equal(np.stack(got, 1), want)
-    assert {name: buffer.data_ptr() for name, buffer in decoder.inputs.buffers.items()} == addresses
-    last = decoder.inputs.buffers[contract.INPUT_IDS].numpy()[:3]
-    assert np.array_equal(last, got[-1])  # the last step's ids, written in place
+    assert {name: decoder.inputs.address(name) for name in decoder.inputs.sizes} == addresses
+    assert (
+        spy.bound
+        == [contract.INPUT_IDS, contract.ATTENTION_MASK, contract.POSITION_IDS] + [contract.ATTENTION_MASK] * 23
+    )
+    assert np.array_equal(decoder.inputs.host[contract.INPUT_IDS][:3], got[-1])  # the last step's ids, in place
 
 
 def test_a_run_larger_than_its_buffer_is_refused(tiny_model_dir):

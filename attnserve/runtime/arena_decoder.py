@@ -94,6 +94,7 @@ class ArenaDecoder:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
         logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
         binding = self._bindings.get((first, b, t))
+        cached = binding is not None  # a decode step's: ids and positions are bound (B, 1) already
         if binding is None:
             binding = self.session.io_binding()
             self.bind_fixed(binding, first, b)
@@ -102,9 +103,9 @@ class ArenaDecoder:
             )
             if t == 1:  # decode steps repeat these shapes: keep their cache bindings
                 self._bindings[(first, b, t)] = binding
-        self.inputs.bind(binding, contract.INPUT_IDS, ids)
-        self.inputs.bind(binding, contract.ATTENTION_MASK, mask)
-        self.inputs.bind(binding, contract.POSITION_IDS, positions)
+        self.inputs.bind(binding, contract.INPUT_IDS, ids, bound=cached)
+        self.inputs.bind(binding, contract.ATTENTION_MASK, mask)  # its width changes every step
+        self.inputs.bind(binding, contract.POSITION_IDS, positions, bound=cached)
         self.bind_inputs(binding, first, b)
         self.session.run_with_iobinding(binding)
         return logits
