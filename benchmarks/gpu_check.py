@@ -10,7 +10,8 @@
              per step) vs PyTorch eager CUDA (attnserve.model.generate.decode, the same weights in
              the same dtype), alternating in --repeats rounds, medians with min and max
   5. serving output tokens/s through gRPC (`attnserve serve --provider cuda`, engine core in a
-             process of its own) at --concurrency streams, float16
+             process of its own) at --concurrency streams, float16, decode steps replayed as CUDA
+             graphs against --no-cuda-graphs, alternating
 
 Prints one table last, with the JSON written to --out. Works on an offline host whose Python has
 torch but only the CPU build of onnxruntime once onnxruntime-gpu is on PYTHONPATH (GPU.md); on a
@@ -123,20 +124,23 @@ def gpu_tests() -> dict:
 
 def per_token(model_dir: Path, checkpoint: Path, dtype: str, new_tokens: int, repeats: int) -> dict:
     """Milliseconds per token at one stream (a 16-token prompt, then `new_tokens` greedy steps):
-    ONNX Runtime CUDA vs PyTorch eager CUDA, alternating, medians."""
+    ONNX Runtime CUDA, decode steps launched node by node (the parity gate's driver) and replayed as
+    CUDA graphs (the server's), vs PyTorch eager CUDA, alternating, medians."""
     import numpy as np
     import torch
 
     from attnserve.export.onnx_export import TORCH_DTYPES, load_model
     from attnserve.model.generate import decode
+    from attnserve.runtime.model_runner import ModelRunner
     from attnserve.runtime.ort_decoder import OrtDecoder
+    from attnserve.runtime.runners import open_slot_runner
 
     runtime = OrtDecoder(model_dir, threads=1, provider="cuda")
-    decoder = runtime.arena(1, PROMPT_TOKENS)
+    served = open_slot_runner(ModelRunner(model_dir, "cuda", 1), 1, PROMPT_TOKENS).decoder
     model = load_model(checkpoint)[0].to("cuda", TORCH_DTYPES[dtype])
     prompt = list(range(100, 100 + PROMPT_TOKENS))
 
-    def ort_side() -> list[int]:
+    def ort_side(decoder) -> list[int]:
         decoder.arena.lengths[:] = 0
         logits, out = decoder.prefill(0, [prompt]), []
         for _ in range(new_tokens):
@@ -155,7 +159,11 @@ def per_token(model_dir: Path, checkpoint: Path, dtype: str, new_tokens: int, re
         torch.cuda.synchronize()
         return 1000 * (time.perf_counter() - start) / new_tokens, tokens
 
-    sides = {"onnxruntime_cuda": ort_side, "pytorch_cuda": torch_side}
+    sides = {
+        "onnxruntime_cuda": lambda: ort_side(runtime.arena(1, PROMPT_TOKENS)),
+        "onnxruntime_cuda_graphs": lambda: ort_side(served),
+        "pytorch_cuda": torch_side,
+    }
     for side in sides.values():
         side()  # warm-up: kernels, allocator, cuBLAS handles
     times: dict[str, list[float]] = {name: [] for name in sides}
@@ -164,9 +172,10 @@ def per_token(model_dir: Path, checkpoint: Path, dtype: str, new_tokens: int, re
         for name in list(sides)[:: 1 if r % 2 == 0 else -1]:
             ms, tokens[name] = timed(sides[name])
             times[name].append(ms)
-    agree = next((i for i, (a, b) in enumerate(zip(*tokens.values())) if a != b), new_tokens)
+    ours, theirs = tokens["onnxruntime_cuda_graphs"], tokens["pytorch_cuda"]
+    agree = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), new_tokens)
     result = {name: spread(values) for name, values in times.items()}
-    ratio = result["pytorch_cuda"]["median"] / result["onnxruntime_cuda"]["median"]
+    ratio = result["pytorch_cuda"]["median"] / result["onnxruntime_cuda_graphs"]["median"]
     return {
         "dtype": dtype,
         "new_tokens": new_tokens,
@@ -181,7 +190,10 @@ def spread(values: list[float]) -> dict:
 
 
 def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
-    """Output tokens/s through gRPC at each concurrency, the engine core in a process of its own."""
+    """Output tokens/s through gRPC at each concurrency (the engine core in a process of its own),
+    decode steps replayed as CUDA graphs (the default) and launched node by node (--no-cuda-graphs):
+    both servers up side by side, measured in alternating rounds after a warm-up at every level
+    (which also captures the graphs of the batch sizes it reaches)."""
     import grpc
 
     from attnserve.server.app import Server
@@ -189,31 +201,48 @@ def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -
     from attnserve.v1 import generation_pb2_grpc as pb_grpc
     from benchmarks.serving import closed_loop, grpc_stream
 
-    config = ServerConfig(
-        model=str(model_dir), port=0, provider="cuda", max_batch=max(levels), max_queue=4 * max(levels)
-    )
+    modes = {"cuda_graphs": False, "no_cuda_graphs": True}  # -> no_cuda_graphs
 
     async def measure() -> list[dict]:
-        server = Server(config)
-        await server.start()
+        servers: dict = {}
+        channels: dict = {}
         try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-                stub = pb_grpc.TextGenerationStub(channel)
-                stream = lambda p, n: grpc_stream(stub, p, n)
-                await closed_loop(stream, max(levels), max(levels), new_tokens)  # warm-up
-                rows = []
+            for mode, off in modes.items():
+                config = ServerConfig(
+                    model=str(model_dir), port=0, provider="cuda", max_batch=max(levels),
+                    max_queue=4 * max(levels), no_cuda_graphs=off,
+                )  # fmt: skip
+                servers[mode] = Server(config)
+                await servers[mode].start()
+                channels[mode] = grpc.aio.insecure_channel(f"127.0.0.1:{servers[mode].port}")
+            streams = {m: stub_stream(pb_grpc.TextGenerationStub(c), grpc_stream) for m, c in channels.items()}
+            for stream in streams.values():
                 for level in levels:
-                    runs = [await closed_loop(stream, level, 2 * level, new_tokens) for _ in range(repeats)]
-                    rates = [run["tokens_per_s"] for run in runs]
-                    rows.append(
-                        {"concurrency": level, "output_tokens_per_s": spread(rates), "provider": server.facts.provider}
-                    )
-                    say(f"gRPC {level} streams: {statistics.median(rates):,.0f} tokens/s")
-                return rows
+                    await closed_loop(stream, level, level, new_tokens)
+            rates: dict = {(m, level): [] for m in modes for level in levels}
+            for r in range(repeats):
+                for mode in list(modes)[:: 1 if r % 2 == 0 else -1]:
+                    for level in levels:
+                        run = await closed_loop(streams[mode], level, 2 * level, new_tokens)
+                        rates[mode, level].append(run["tokens_per_s"])
+            rows = []
+            for level in levels:
+                row: dict = {"concurrency": level, **{m: spread(rates[m, level]) for m in modes}}
+                row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
+                rows.append(row)
+                say(f"gRPC {level} streams: {row['cuda_graphs']['median']:,.0f} tokens/s with CUDA graphs")
+            return rows
         finally:
-            await server.stop()
+            for channel in channels.values():
+                await channel.close()
+            for server in servers.values():
+                await server.stop()
 
     return asyncio.run(measure())
+
+
+def stub_stream(stub, grpc_stream):
+    return lambda prompt, n: grpc_stream(stub, prompt, n)
 
 
 def machine() -> dict:
@@ -245,17 +274,19 @@ def print_table(result: dict) -> None:
     t = result["tests"]
     print(f"  pytest -m gpu: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped")
     for p in result["per_token"]:
-        o, q = p["ms_per_token"]["onnxruntime_cuda"], p["ms_per_token"]["pytorch_cuda"]
+        ms = p["ms_per_token"]
+        g, o, q = ms["onnxruntime_cuda_graphs"], ms["onnxruntime_cuda"], ms["pytorch_cuda"]
         print(
-            f"  per token, 1 stream, {p['dtype']}: onnxruntime CUDA {o['median']:.3f} ms "
-            f"({o['min']:.3f}-{o['max']:.3f}), PyTorch eager CUDA {q['median']:.3f} ms "
-            f"({q['min']:.3f}-{q['max']:.3f}): {p['ort_speedup']:.2f}x"
+            f"  per token, 1 stream, {p['dtype']}: onnxruntime CUDA graphs {g['median']:.3f} ms "
+            f"({g['min']:.3f}-{g['max']:.3f}), node by node {o['median']:.3f} ms, PyTorch eager CUDA "
+            f"{q['median']:.3f} ms ({q['min']:.3f}-{q['max']:.3f}): {p['ort_speedup']:.2f}x PyTorch's speed"
         )
     for row in result["serving"]:
-        s = row["output_tokens_per_s"]
+        g, n = row["cuda_graphs"], row["no_cuda_graphs"]
         print(
-            f"  gRPC, {row['concurrency']:>3} streams, float16: {s['median']:,.0f} output tokens/s "
-            f"({s['min']:,.0f}-{s['max']:,.0f})"
+            f"  gRPC, {row['concurrency']:>3} streams, float16: {g['median']:,.0f} output tokens/s with CUDA graphs "
+            f"({g['min']:,.0f}-{g['max']:,.0f}), {n['median']:,.0f} without ({n['min']:,.0f}-{n['max']:,.0f}): "
+            f"{row['cuda_graphs_speedup']:.2f}x"
         )
 
 

@@ -19,7 +19,7 @@ from attnserve.runtime import contract, model_runner
 from attnserve.runtime.arena import Device
 from attnserve.runtime.arena_decoder import ArenaDecoder
 from attnserve.runtime.model_runner import ModelRunner
-from attnserve.runtime.ort_decoder import OrtDecoder
+from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import ProviderError, cuda_available, resolve_provider, to_float32
 from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
@@ -180,6 +180,18 @@ def test_a_runs_inputs_are_written_into_buffers_allocated_once(tiny_model_dir, m
         == [contract.INPUT_IDS, contract.ATTENTION_MASK, contract.POSITION_IDS] + [contract.ATTENTION_MASK] * 23
     )
     assert np.array_equal(decoder.inputs.host[contract.INPUT_IDS][:3], got[-1])  # the last step's ids, in place
+
+
+def test_fixed_shape_decode_steps_decode_what_the_plain_steps_decode(tiny_model_dir):
+    """The CUDA-graph path's steps (fixed_steps.py: a context-wide mask, logits read back from a
+    device buffer), driven on the CPU provider through a continuous batch with moves."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick", "x = 1", "for i in")]
+    arrivals = [0, 0, 2, 5, 9]
+    want = continuous_greedy(runtime.arena(5, 64), prompts, arrivals, 40)
+    fixed = ArenaDecoder(runtime.session, runtime.manifest, 5, 64, graph_session=runtime.session)
+    assert np.array_equal(continuous_greedy(fixed, prompts, arrivals, 40), want)
+    assert sorted(fixed.fixed.bindings) == [1, 2, 3, 4, 5]  # one binding (one graph on CUDA) per batch size
 
 
 def test_a_run_larger_than_its_buffer_is_refused(tiny_model_dir):

@@ -19,7 +19,7 @@ from attnserve.runtime.arena import Device
 from attnserve.runtime.arena_decoder import ArenaDecoder
 from attnserve.runtime.cuda_runtime import CudaRuntime
 from attnserve.runtime.model_runner import ModelRunner
-from attnserve.runtime.ort_decoder import OrtDecoder
+from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import CUDA, cuda_available, session_options
 from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
@@ -103,27 +103,37 @@ def test_prefill_and_decode_run_every_node_with_no_memcpy(dtype, float16_dir, bf
     assert np.array_equal(np.stack(got, 1), runtime.greedy(prompts, 16))
 
 
-class DownloadSpy:
-    """Counts every device-to-host read the arena makes (Device.download is its only one)."""
+class CacheReadSpy:
+    """Counts device-to-host reads (Device.read is the only one) of addresses inside the arenas'
+    buffers; a CUDA-graph step's logits are read too, and are not the cache."""
 
     def __init__(self, monkeypatch):
-        self.reads = 0
-        original = Device.download
+        self.arenas: list = []
+        self.cache_reads = self.other_reads = 0
+        original = Device.read
 
-        def counting(device, address, nbytes):
-            self.reads += 1
-            return original(device, address, nbytes)
+        def counting(device, address, out):
+            inside = any(
+                b.data_ptr() <= address < b.data_ptr() + a.capacity * a.slot_bytes
+                for a in self.arenas
+                for b in a.buffers
+            )
+            self.cache_reads += inside
+            self.other_reads += not inside
+            return original(device, address, out)
 
-        monkeypatch.setattr(Device, "download", counting)
+        monkeypatch.setattr(Device, "read", counting)
 
 
 def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(float16_dir, monkeypatch):
-    spy = DownloadSpy(monkeypatch)
+    spy = CacheReadSpy(monkeypatch)
     prompts = ["def main(", "The quick brown fox", "import os"]
     running = start_server(float16_dir, provider="cuda", max_batch=2)  # three requests through two slots: a move
     try:
         slots = running.engine.slots
         arena = slots.decoder.arena
+        spy.arenas.append(arena)
+        assert slots.decoder.fixed is not None, "decode steps replayed as CUDA graphs by default"
         assert arena.device.kind == "cuda" and arena.device.stream
         on_gpu = lambda values: all(v.device_name().lower() == "cuda" for v in values)
         assert on_gpu(arena.buffers) and on_gpu(slots.decoder.inputs.buffers.values())
@@ -133,7 +143,7 @@ def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(float1
         got = [list(r.result().token_ids) for r in replies]
     finally:
         running.stop()
-    assert spy.reads == 0, "the server read the cache back to the host"
+    assert spy.cache_reads == 0 and spy.other_reads > 0, "the server read the cache back to the host"
     want = OrtDecoder(float16_dir, provider="cuda").greedy([encode(p) for p in prompts], 64).tolist()
     for tokens, reference in zip(got, want):
         assert tokens == reference[: len(tokens)] and len(tokens) > 1
@@ -150,3 +160,17 @@ def test_an_encoder_decoder_keeps_both_arenas_on_the_device(tiny_seq2seq_checkpo
         assert reply.finish_reason != pb.FINISH_REASON_UNSPECIFIED and reply.usage.completion_tokens > 0
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode(float16_dir, graphs):
+    """Requests joining and leaving a continuous batch (every batch size its own graph, slots refilled
+    by moves): the tokens of the plain decode path, with --no-cuda-graphs as the control."""
+    runner = ModelRunner(float16_dir, "cuda", threads=1, cuda_graphs=graphs)
+    assert (runner.graph_session is not None) == graphs
+    decoder = ArenaDecoder(runner.session, runner.manifest, 6, 64, graph_session=runner.graph_session)
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick", "x = 1", "for i in", "class A:")]
+    arrivals = [0, 0, 2, 5, 9, 9]
+    plain = OrtDecoder(float16_dir, provider="cuda")
+    want = continuous_greedy(plain.arena(6, 64), prompts, arrivals, 48)
+    assert np.array_equal(continuous_greedy(decoder, prompts, arrivals, 48), want)

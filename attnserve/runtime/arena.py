@@ -51,13 +51,13 @@ class Device:
         else:
             cuda_runtime().upload(address, values.ctypes.data, values.nbytes, self.stream)
 
-    def download(self, address: int, nbytes: int) -> np.ndarray:
-        """`nbytes` at `address` as host bytes (the parity gate's and tests' reads; never on a serving path)."""
-        out = np.empty(nbytes, np.uint8)
+    def read(self, address: int, out: np.ndarray) -> np.ndarray:
+        """The bytes at `address` into the contiguous host array `out` (a step's logits under CUDA
+        graphs; the cache only in the parity gate's and the tests' reads), after all queued work."""
         if self.kind == "cpu":
-            ctypes.memmove(out.ctypes.data, address, nbytes)
+            ctypes.memmove(out.ctypes.data, address, out.nbytes)
         else:
-            cuda_runtime().download(out.ctypes.data, address, nbytes, self.stream)
+            cuda_runtime().download(out.ctypes.data, address, out.nbytes, self.stream)
         return out
 
     def zero(self, address: int, nbytes: int) -> None:
@@ -160,6 +160,8 @@ class KVArena:
         host = HOST_DTYPES[self.dtype_name]
         out = []
         for buffer in self.buffers:
-            raw = self.device.download(buffer.data_ptr() + slot * self.slot_bytes, self.slot_bytes).view(host)
+            raw = self.device.read(
+                buffer.data_ptr() + slot * self.slot_bytes, np.empty(self.slot_bytes, np.uint8)
+            ).view(host)
             out.append(to_float32(raw.reshape(self.n_heads, self.context, self.head_dim)[:, :n], self.dtype_name))
         return out

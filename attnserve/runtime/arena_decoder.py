@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from . import contract
 from .arena import Device, KVArena, device_of
+from .fixed_steps import FixedSteps
 from .ort_session import HOST_DTYPES, to_float32
 from .step_inputs import StepInputs
 
@@ -43,7 +44,10 @@ class ArenaDecoder:
         capacity: int,
         max_tokens: int,
         device: Device | None = None,
+        graph_session: ort.InferenceSession | None = None,
     ):
+        """`graph_session`: the same graph opened with CUDA graphs on: decode steps go through it with
+        fixed shapes (fixed_steps.py); prefill and chunks stay on `session`."""
         self.session, self.pad_id = session, manifest.pad_id
         self.context, self.vocab_size = manifest.context_length, manifest.vocab_size
         self.n_layers, self.device, self.dtype = manifest.n_layers, device or device_of(session), manifest.dtype
@@ -59,6 +63,7 @@ class ArenaDecoder:
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
         self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}  # (first slot, B, T) -> binding
+        self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
 
@@ -134,6 +139,8 @@ class ArenaDecoder:
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         """One new token for each of slots [0, B); logits (B, V) float32: for a float32 model a view of
         the output buffer, valid until the next run (a decode step's logits are read before it)."""
+        if self.fixed is not None:
+            return self.fixed.decode(tokens)
         b = len(tokens)
         held = self.arena.lengths[:b]
         width = int(held.max()) + 1

@@ -67,8 +67,10 @@ class Prefilled:
 class ModelRunner:
     """The graphs of a model directory (decoder, and the encoder of an encoder-decoder) and its manifest."""
 
-    def __init__(self, model_dir: str | Path, provider: str = "auto", threads: int = 0):
-        """Raises contract.ModelDirError for a bad directory, ProviderError for a bad provider."""
+    def __init__(self, model_dir: str | Path, provider: str = "auto", threads: int = 0, cuda_graphs: bool = True):
+        """Raises contract.ModelDirError for a bad directory, ProviderError for a bad provider.
+        `cuda_graphs`: on CUDA, a decoder-only graph is opened twice, the second time for decode
+        steps replayed as CUDA graphs (fixed_steps.py)."""
         self.model_dir = Path(model_dir)
         self.manifest = contract.read_manifest(self.model_dir)
         m = self.manifest
@@ -84,6 +86,10 @@ class ModelRunner:
         self.session = create_session(self.model_dir / decoder.file, provider, threads)
         self.provider = self.session.get_providers()[0]
         self.on_device = self.provider == CUDA
+        self.graph_session: ort.InferenceSession | None = None
+        if self.on_device and cuda_graphs and not self.seq2seq:
+            stream = compute_stream(self.session)
+            self.graph_session = create_session(self.model_dir / decoder.file, "cuda", threads, stream, cuda_graph=True)
         self.encoder: ort.InferenceSession | None = None
         if self.seq2seq:
             encoder = m.graphs[contract.ENCODER].file

@@ -79,11 +79,14 @@ def resolve_provider(asked: str, suits: tuple[str, ...], what: str, export_hint:
     return "cpu", ""
 
 
-def create_session(path: str | Path, provider: str = "cpu", threads: int = 0, stream: int = 0) -> ort.InferenceSession:
+def create_session(
+    path: str | Path, provider: str = "cpu", threads: int = 0, stream: int = 0, cuda_graph: bool = False
+) -> ort.InferenceSession:
     """A session on `provider` (auto|cuda|cpu); auto keeps CUDA only if the session really runs on it.
 
     On CUDA the session computes on a stream of ours (`stream`, or a new one): the arena's copies
-    are queued on it too, so they are ordered with ONNX Runtime's kernels (arena.Device)."""
+    are queued on it too, so they are ordered with ONNX Runtime's kernels (arena.Device).
+    `cuda_graph`: runs may be captured and replayed as CUDA graphs (fixed_steps.py)."""
     if provider == "cpu":
         return ort.InferenceSession(str(path), session_options(threads), providers=[CPU])
     if CUDA not in ort.get_available_providers():
@@ -96,6 +99,8 @@ def create_session(path: str | Path, provider: str = "cpu", threads: int = 0, st
     session: ort.InferenceSession | None
     try:
         options = {"device_id": "0", "user_compute_stream": str(stream or new_cuda_stream())}
+        if cuda_graph:
+            options["enable_cuda_graph"] = "1"
         session = ort.InferenceSession(str(path), session_options(threads), providers=[(CUDA, options), CPU])
     except Exception as e:  # noqa: BLE001 - ORT raises several types when CUDA fails to start
         session, reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -58,5 +58,7 @@ def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> A
     if model.seq2seq:  # a source is encoded whole: never in chunks
         decoder: ArenaDecoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
         return ArenaRunner(model, decoder, model.context_length)
-    decoder = ArenaDecoder(model.session, model.manifest, capacity, max(prefill_chunk, capacity), device)
+    decoder = ArenaDecoder(
+        model.session, model.manifest, capacity, max(prefill_chunk, capacity), device, model.graph_session
+    )
     return ArenaRunner(model, decoder, prefill_chunk)

@@ -78,6 +78,13 @@ class ServerConfig:
     threads: int = field(
         default=0, metadata=flag("ONNX Runtime intra-op threads; 0: all cores but one, left to the gRPC event loop")
     )
+    no_cuda_graphs: bool = field(
+        default=False,
+        metadata=flag(
+            "on CUDA, launch decode steps node by node instead of replaying them as CUDA graphs (one per batch "
+            "size, captured at its first steps; 1.6-2.9x faster steps on an H100)"
+        ),
+    )
     engine_core: str = field(
         default="process",
         metadata=flag(
