@@ -90,13 +90,14 @@ def test_a_provider_that_cannot_run_the_export_is_refused(asked, suits, cuda, me
     assert str(refused.value) == message
 
 
+def serve_on_cuda(model_dir) -> subprocess.CompletedProcess:
+    """`attnserve serve --provider cuda` on `model_dir`, to its exit."""
+    command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(model_dir), "--provider", "cuda"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
 def test_serve_refuses_cuda_for_a_float32_arena_in_one_line_naming_the_export(tiny_model_dir):
-    done = subprocess.run(
-        [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_model_dir), "--provider", "cuda"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = serve_on_cuda(tiny_model_dir)
     checkpoint = contract.read_manifest(tiny_model_dir).source_checkpoint["path"]
     assert done.returncode == 2, done.stderr
     assert done.stderr.splitlines() == [
@@ -211,12 +212,7 @@ def float16_dir(tiny_checkpoint, tmp_path_factory):
 @pytest.mark.skipif(cuda_available(), reason="this onnxruntime has CUDA")
 def test_cuda_without_a_cuda_onnxruntime_is_refused_in_one_line(float16_dir):
     """A float16 export may run on CUDA: what stops it here is this onnxruntime."""
-    done = subprocess.run(
-        [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(float16_dir), "--provider", "cuda"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = serve_on_cuda(float16_dir)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         "attnserve serve: error: --provider cuda: this onnxruntime has no CUDAExecutionProvider "
