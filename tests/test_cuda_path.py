@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -192,7 +193,60 @@ def test_fixed_shape_decode_steps_decode_what_the_plain_steps_decode(tiny_model_
     want = continuous_greedy(runtime.arena(5, 64), prompts, arrivals, 40)
     fixed = ArenaDecoder(runtime.session, runtime.manifest, 5, 64, graph_session=runtime.session)
     assert np.array_equal(continuous_greedy(fixed, prompts, arrivals, 40), want)
-    assert sorted(fixed.fixed.bindings) == [1, 2, 3, 4, 5]  # one binding (one graph on CUDA) per batch size
+    assert sorted(fixed.fixed.bindings) == [(b, False) for b in range(1, 6)]  # one binding (a graph on CUDA) per size
+
+
+def test_the_graphs_next_token_is_numpys_argmax_of_its_logits(tiny_model_dir):
+    """Over a ragged batch at every position; and its ArgMax node, run alone on tied rows, picks the
+    first of the tied indices, as numpy and torch do."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    names = [o.name for o in runtime.session.get_outputs()]
+    assert names[-1] == contract.NEXT_TOKEN
+    m, b, t = runtime.manifest, 3, 7
+    ids = np.random.default_rng(0).integers(0, 256, (b, t))
+    mask = np.ones((b, t), np.int64)
+    mask[1, 5:] = mask[2, 2:] = 0  # right-padded rows of 7, 5 and 2 tokens
+    past = [np.zeros((b, m.n_heads, m.context_length, m.head_dim), np.float32) for _ in range(2 * m.n_layers)]
+    feeds = dict(zip(m.graphs[contract.DECODER].inputs, [ids, mask, np.broadcast_to(np.arange(t), (b, t)), *past]))
+    outputs = dict(zip(names, runtime.session.run(None, feeds)))
+    assert np.array_equal(outputs[contract.NEXT_TOKEN], outputs[contract.LOGITS].argmax(-1))
+    graph = onnx.load(str(tiny_model_dir / contract.MODEL_FILE)).graph
+    (argmax,) = [node for node in graph.node if node.op_type == "ArgMax"]
+    alone = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [onnx.helper.make_node("ArgMax", ["x"], ["y"], **{a.name: a.i for a in argmax.attribute})],
+            "argmax",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT64, [2])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", contract.OPSET)],
+    )
+    ties = np.array([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0]], np.float32)
+    session = ort.InferenceSession(alone.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": ties})[0].tolist() == ties.argmax(-1).tolist() == [1, 0]
+
+
+def test_an_all_greedy_step_brings_back_only_token_ids(tiny_model_dir, monkeypatch):
+    """decode_greedy binds the graph's NEXT_TOKEN and no logits (a spy on the outputs bound), through
+    a continuous batch, plain steps and fixed-shape ones alike, with the tokens of the logits path."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick", "x = 1")]
+    arrivals = [0, 0, 3, 6]
+    want = continuous_greedy(runtime.arena(4, 64), prompts, arrivals, 30)
+    bound: list[str] = []
+    original = ort.IOBinding.bind_output
+    monkeypatch.setattr(
+        ort.IOBinding,
+        "bind_output",
+        lambda binding, name, *a, **k: (bound.append(name), original(binding, name, *a, **k))[1],
+    )
+    for graphs in (None, runtime.session):
+        bound.clear()
+        decoder = ArenaDecoder(runtime.session, runtime.manifest, 4, 64, graph_session=graphs)
+        assert np.array_equal(continuous_greedy(decoder, prompts, arrivals, 30, ids_only=True), want)
+        steps = [name for name in bound if not name.startswith("present")]
+        assert contract.NEXT_TOKEN in steps and steps.count(contract.LOGITS) == len(prompts)  # the prefills' only
+    assert contract.read_manifest(tiny_model_dir).parity["problems"] == []
 
 
 def test_a_run_larger_than_its_buffer_is_refused(tiny_model_dir):

@@ -91,7 +91,8 @@ class FakeRunner:
         row[next_id(self.rows[key])] = 1.0
         return row
 
-    def decode(self, next_ids: dict[int, int]) -> Logits:
+    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits:
+        """The next rows; a greedy step brings back only each row's argmax, as the arena runner does."""
         if not self.gate.is_set():
             self.at_gate.set()
             self.gate.wait(WAIT_S)
@@ -101,7 +102,8 @@ class FakeRunner:
             raise RuntimeError("the fake run failed")
         for key, token in next_ids.items():
             self.rows[key].append(token)
-        return Logits.of({key: self._logits(key) for key in next_ids})
+        logits = Logits.of({key: self._logits(key) for key in next_ids})
+        return Logits(logits.keys, logits.rows[:0], logits.rows.argmax(axis=1)) if greedy else logits
 
     def release(self, key: int) -> None:
         self.log.append(("release", key))

@@ -24,7 +24,7 @@ def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
     onnx.checker.check_model(proto)
     n_layers = json.loads((tiny_model_dir / contract.MANIFEST_FILE).read_text())["config"]["n_layers"]
     assert [i.name for i in proto.graph.input] == contract.decoder_inputs(n_layers)
-    assert [o.name for o in proto.graph.output] == contract.decoder_outputs(n_layers)
+    assert [o.name for o in proto.graph.output] == contract.arena_decoder_outputs(n_layers)
     assert max(op.version for op in proto.opset_import if op.domain in ("", "ai.onnx")) >= 18
     past = next(i for i in proto.graph.input if i.name == "past_key_values.0.key")
     assert [d.dim_param or d.dim_value for d in past.type.tensor_type.shape.dim][::2] == ["batch", "max_sequence"]

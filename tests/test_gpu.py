@@ -29,7 +29,7 @@ pytestmark = [
     pytest.mark.skipif(not cuda_available(), reason="needs onnxruntime-gpu and a CUDA device"),
 ]
 TIMEOUT = 120
-COMPUTE_OPS = ("GroupQueryAttention", "MatMul", "Gemm", "Softmax", "LayerNormalization", "Gelu", "Add", "Mul")
+COMPUTE_OPS = ("GroupQueryAttention", "MatMul", "Gemm", "Softmax", "LayerNormalization", "Gelu", "Add", "Mul", "ArgMax")
 
 
 @pytest.fixture(scope="module")
@@ -86,12 +86,11 @@ def test_prefill_and_decode_run_every_node_with_no_memcpy(dtype, float16_dir, bf
     model_dir = float16_dir if dtype == "float16" else bfloat16_dir
     session, decoder, runtime = profiled_decoder(model_dir, tmp_path)
     prompts = [[72, 101, 108, 108, 111], [87, 111, 114]]
-    logits = decoder.prefill(0, prompts)
+    tokens = decoder.prefill(0, prompts).argmax(-1)
     got = []
-    for _ in range(16):
-        tokens = logits.argmax(-1)
+    for step in range(16):  # steps with logits, then steps bringing back only the graph's greedy tokens
         got.append(tokens)
-        logits = decoder.decode(tokens)
+        tokens = decoder.decode(tokens).argmax(-1) if step < 8 else decoder.decode_greedy(tokens)
     events = json.loads(Path(session.end_profiling()).read_text())
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     assert nodes, "the profile recorded no node"
@@ -174,3 +173,5 @@ def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode
     plain = OrtDecoder(float16_dir, provider="cuda")
     want = continuous_greedy(plain.arena(6, 64), prompts, arrivals, 48)
     assert np.array_equal(continuous_greedy(decoder, prompts, arrivals, 48), want)
+    fresh = ArenaDecoder(runner.session, runner.manifest, 6, 64, graph_session=runner.graph_session)
+    assert np.array_equal(continuous_greedy(fresh, prompts, arrivals, 48, ids_only=True), want)  # only ids back

@@ -35,10 +35,13 @@ class Logits:
     """One run's rows of logits by request key: `keys[i]`'s row is `rows[i]`, rows (n, V) float32.
 
     One array for the batch, so that the engine picks every greedy row's token with one argmax. The
-    rows may be a view of the runner's output buffer: valid until the runner's next call."""
+    rows may be a view of the runner's output buffer: valid until the runner's next call. A decode
+    asked for greedy tokens only may bring back `tokens` (n,) instead, each row's argmax (first
+    index on ties), and then `rows` is empty."""
 
     keys: list[int]
     rows: np.ndarray
+    tokens: np.ndarray | None = None
 
     @classmethod
     def of(cls, rows: Mapping[int, np.ndarray]) -> Logits:
@@ -54,7 +57,8 @@ class SlotRunner(Protocol):
     The engine calls it from one thread only. `start` reserves a slot (never more than
     free_slots()); `prefill` runs one round of prompt work and returns the logits of the last
     token of every prompt it completed (a long prompt may take several rounds); `decode` feeds one
-    token per decoding key and returns its next logits; `release` frees a key's slot; `reset`
+    token per decoding key and returns its next logits (with `greedy`, every row is picked by
+    argmax, and the runner may return the tokens instead); `release` frees a key's slot; `reset`
     frees every slot after a failed run."""
 
     spec: ModelSpec
@@ -62,6 +66,6 @@ class SlotRunner(Protocol):
     def free_slots(self) -> int: ...
     def start(self, key: int, prompt: tuple[int, ...]) -> None: ...
     def prefill(self) -> Logits: ...
-    def decode(self, next_ids: dict[int, int]) -> Logits: ...
+    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits: ...
     def release(self, key: int) -> None: ...
     def reset(self) -> None: ...

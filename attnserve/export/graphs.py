@@ -55,7 +55,14 @@ class ArenaDecoderGraph(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, *past):
         x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
         logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(past))
-        return (logits, *flatten(present))
+        return (logits, *flatten(present), greedy_tokens(logits))
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """(B, T) int64: ONNX ArgMax over the vocabulary, first index on ties (as torch and numpy pick).
+    bfloat16 logits are compared as float32 (exactly: every bfloat16 is one), since ONNX Runtime's
+    CUDA ArgMax has no bfloat16 kernel and the node would fall back to the CPU."""
+    return (logits.float() if logits.dtype == torch.bfloat16 else logits).argmax(-1)
 
 
 class Seq2SeqEncoderGraph(nn.Module):

@@ -117,7 +117,7 @@ def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
             args,
             staging / contract.MODEL_FILE,
             contract.decoder_inputs(n),
-            contract.decoder_outputs(n),
+            contract.arena_decoder_outputs(n),
             decoder_dynamic_shapes(n),
             contract.arena_decoder_dynamic_axes(n),
         )

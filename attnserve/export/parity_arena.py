@@ -85,6 +85,13 @@ def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -
     steps = min(steps, model.config.max_len - max(n for _, n in GREEDY_ARRIVALS) - 1)
     reference_tokens, margins = zip(*(torch_greedy(model, [p], steps, runtime.pad_id) for p in prompts))
     decoder = runtime.arena(len(prompts), max(len(p) for p in prompts))
-    got = continuous_greedy(decoder, prompts, [a for a, _ in GREEDY_ARRIVALS], steps)
+    arrivals = [a for a, _ in GREEDY_ARRIVALS]
+    got = continuous_greedy(decoder, prompts, arrivals, steps)
+    if decoder.greedy_outputs:  # the server's all-greedy steps read the graph's NEXT_TOKEN: the same tokens
+        ids = continuous_greedy(
+            runtime.arena(len(prompts), max(len(p) for p in prompts)), prompts, arrivals, steps, True
+        )
+        if not np.array_equal(ids, got):
+            problems.append(f"{contract.NEXT_TOKEN} differs from the argmax of the logits in the greedy loop")
     reference = np.concatenate(reference_tokens)
     return gate_report(dtype, problems, checks, reference, np.concatenate(margins), got, kv_cache=contract.KV_ARENA)

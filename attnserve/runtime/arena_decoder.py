@@ -59,10 +59,12 @@ class ArenaDecoder:
         )
         self.max_tokens = max(max_tokens, capacity)
         self.logits = np.empty(self.max_tokens * self.vocab_size, HOST_DTYPES[self.dtype])
+        self.greedy_outputs = contract.NEXT_TOKEN in [o.name for o in session.get_outputs()]
+        self.next_ids = np.empty(self.max_tokens, np.int64)  # the NEXT_TOKEN output, when only ids are wanted
         widest = max(self.max_tokens, capacity * self.context)  # a decode step's mask is (B, longest + 1)
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
-        self._bindings: dict[tuple[int, int, int], ort.IOBinding] = {}  # (first slot, B, T) -> binding
+        self._bindings: dict[tuple[int, int, int, bool], ort.IOBinding] = {}  # (first slot, B, T, ids) -> binding
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
@@ -91,29 +93,36 @@ class ArenaDecoder:
     def bind_inputs(self, binding: ort.IOBinding, first: int, count: int) -> None:
         """Inputs that change with every run besides the tokens (none for a decoder-only graph)."""
 
-    def run(self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def run(
+        self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, ids_only: bool = False
+    ) -> np.ndarray:
         """One run over slots [first, first + B): logits (B, T, V) in the graph's dtype (bfloat16 as
-        uint16 bits), a view of the host buffer."""
+        uint16 bits), a view of the host buffer; with `ids_only` (graphs with NEXT_TOKEN) each
+        position's greedy token (B, T) instead, and no logits leave the device."""
         b, t = ids.shape
         if b * t > self.max_tokens:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
         logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
-        binding = self._bindings.get((first, b, t))
+        out = self.next_ids[: b * t].reshape(b, t) if ids_only else logits
+        binding = self._bindings.get((first, b, t, ids_only))
         cached = binding is not None  # a decode step's: ids and positions are bound (B, 1) already
         if binding is None:
             binding = self.session.io_binding()
             self.bind_fixed(binding, first, b)
-            binding.bind_output(
-                contract.LOGITS, "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], logits.ctypes.data
-            )
+            if ids_only:
+                binding.bind_output(contract.NEXT_TOKEN, "cpu", 0, np.int64, [b, t], out.ctypes.data)
+            else:
+                binding.bind_output(
+                    contract.LOGITS, "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], out.ctypes.data
+                )
             if t == 1:  # decode steps repeat these shapes: keep their cache bindings
-                self._bindings[(first, b, t)] = binding
+                self._bindings[(first, b, t, ids_only)] = binding
         self.inputs.bind(binding, contract.INPUT_IDS, ids, bound=cached)
         self.inputs.bind(binding, contract.ATTENTION_MASK, mask)  # its width changes every step
         self.inputs.bind(binding, contract.POSITION_IDS, positions, bound=cached)
         self.bind_inputs(binding, first, b)
         self.session.run_with_iobinding(binding)
-        return logits
+        return out
 
     def prefill(self, first: int, prompts: list[list[int]]) -> np.ndarray:
         """Fresh prompts into the empty slots [first, first + b), right-padded; last-token logits (b, V)."""
@@ -141,13 +150,27 @@ class ArenaDecoder:
         the output buffer, valid until the next run (a decode step's logits are read before it)."""
         if self.fixed is not None:
             return self.fixed.decode(tokens)
+        return to_float32(self.step(tokens, ids_only=False)[:, 0], self.dtype)
+
+    def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
+        """decode(), but only each slot's greedy next token (B,) int64 comes back: the graph's
+        NEXT_TOKEN output (argmax, first index on ties), or the argmax of the logits of a graph
+        exported without it."""
+        if not self.greedy_outputs:
+            return self.decode(tokens).argmax(axis=1)
+        if self.fixed is not None:
+            return self.fixed.decode(tokens, ids_only=True)
+        return self.step(tokens, ids_only=True)[:, 0].copy()
+
+    def step(self, tokens: np.ndarray, ids_only: bool) -> np.ndarray:
+        """One decode run over slots [0, B): its logits or greedy ids, as run() returns them."""
         b = len(tokens)
         held = self.arena.lengths[:b]
         width = int(held.max()) + 1
         mask = (np.arange(width)[None, :] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
-        logits = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1))
+        out = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1), ids_only)
         self.arena.lengths[:b] += 1
-        return to_float32(logits[:, 0], self.dtype)
+        return out
 
     @property
     def nbytes(self) -> int:

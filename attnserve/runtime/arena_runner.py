@@ -96,9 +96,13 @@ class ArenaRunner:
         self.decoding.append(key)
         return {key: logits}
 
-    def decode(self, next_ids: dict[int, int]) -> Logits:
-        """One token for every decoding request; their logits (B, V), a view valid until the next run."""
+    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits:
+        """One token for every decoding request; their logits (B, V), a view valid until the next run,
+        or with `greedy` only their greedy tokens (B,): no logits leave the device."""
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
+        if greedy:
+            picked = self.decoder.decode_greedy(tokens)
+            return Logits(list(self.decoding), np.empty((0, self.spec.vocab_size), np.float32), picked)
         return Logits(list(self.decoding), self.decoder.decode(tokens))
 
     def release(self, key: int) -> None:

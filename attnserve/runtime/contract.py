@@ -62,6 +62,7 @@ class ModelDirError(Exception):
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS = "input_ids", "attention_mask", "position_ids"
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # encoder-decoder: the source's mask, seen by the decoder
 LOGITS = "logits"
+NEXT_TOKEN = "next_token"  # decoder-only arena graphs: argmax of logits (B, T) int64, first index on ties
 PAST_NAME = "past_key_values.{i}{seg}.{kv}"  # seg "", ".decoder" or ".encoder"; kv "key" or "value"
 PRESENT_NAME = "present.{i}{seg}.{kv}"
 
@@ -121,9 +122,16 @@ def decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     return axes
 
 
+def arena_decoder_outputs(n_layers: int) -> list[str]:
+    """The decoder-only arena graph's outputs: the decoder's, then each position's greedy token, so
+    that a step whose rows are all greedy brings back token ids instead of logits."""
+    return [*decoder_outputs(n_layers), NEXT_TOKEN]
+
+
 def arena_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     """The arena graph's axes: past and present share one buffer length."""
     axes = decoder_dynamic_axes(n_layers)
+    axes[NEXT_TOKEN] = {0: BATCH, 1: SEQ}
     axes.update({name: {0: BATCH, 2: CACHE} for name in [*past_names(n_layers), *present_names(n_layers)]})
     return axes
 
@@ -166,11 +174,12 @@ class GraphSpec:
     outputs: tuple[str, ...]
 
 
-def graph_specs(architecture: str, n_layers: int) -> dict[str, GraphSpec]:
+def graph_specs(architecture: str, n_layers: int, kv_cache: str = KV_CONCAT) -> dict[str, GraphSpec]:
     """Role -> file and I/O names of an architecture's graphs: what export writes and runtimes check."""
     n = n_layers
     if architecture == DECODER_ONLY:
-        return {DECODER: GraphSpec(MODEL_FILE, tuple(decoder_inputs(n)), tuple(decoder_outputs(n)))}
+        outputs = arena_decoder_outputs(n) if kv_cache == KV_ARENA else decoder_outputs(n)
+        return {DECODER: GraphSpec(MODEL_FILE, tuple(decoder_inputs(n)), tuple(outputs))}
     return {
         ENCODER: GraphSpec(ENCODER_FILE, tuple(seq2seq_encoder_inputs()), tuple(seq2seq_encoder_outputs(n))),
         DECODER: GraphSpec(DECODER_FILE, tuple(seq2seq_decoder_inputs(n)), tuple(seq2seq_decoder_outputs(n))),
@@ -180,10 +189,13 @@ def graph_specs(architecture: str, n_layers: int) -> dict[str, GraphSpec]:
 def io_name_problems(
     architecture: str, n_layers: int, graphs: Mapping[str, tuple[Sequence[str], Sequence[str]]]
 ) -> list[str]:
-    """Differences between graphs' I/O names (role -> (inputs, outputs)) and the contract's, as messages."""
+    """Differences between graphs' I/O names (role -> (inputs, outputs)) and the contract's, as messages.
+    A decoder-only graph may end its outputs with NEXT_TOKEN (arena exports do; earlier ones do not)."""
     problems = []
     for role, spec in graph_specs(architecture, n_layers).items():
         got_inputs, got_outputs = graphs.get(role, ((), ()))
+        if architecture == DECODER_ONLY and list(got_outputs)[-1:] == [NEXT_TOKEN]:
+            got_outputs = list(got_outputs)[:-1]
         for kind, got, want in (("inputs", got_inputs, spec.inputs), ("outputs", got_outputs, spec.outputs)):
             if list(got) != list(want):
                 problems.append(f"{role} graph {kind} {list(got)} differ from the contract's {list(want)}")
@@ -294,7 +306,7 @@ def build_manifest(
         dtype=dtype,
         quantization=None,
         kv_cache=kv_cache,
-        graphs=graph_specs(config["arch"], config["n_layers"]),
+        graphs=graph_specs(config["arch"], config["n_layers"], kv_cache),
         parity={"passed": None},
         source_checkpoint=source_checkpoint,
         providers=providers_for(dtype, kv_cache),

@@ -32,33 +32,41 @@ class FixedSteps:
         self.session, self.decoder = session, decoder
         arena = decoder.arena
         self.logits = decoder.device.allocate((arena.capacity, 1, decoder.vocab_size), arena.dtype)
+        self.ids = decoder.device.allocate((arena.capacity, 1), np.int64)  # NEXT_TOKEN, when only ids come back
         self.positions = np.arange(decoder.context)[None, :]
-        self.bindings: dict[int, tuple[ort.IOBinding, ort.RunOptions]] = {}  # batch size -> its graph's
+        self.bindings: dict[tuple[int, bool], tuple[ort.IOBinding, ort.RunOptions]] = {}  # (B, ids) -> its graph's
 
-    def decode(self, tokens: np.ndarray) -> np.ndarray:
-        """One token for each of slots [0, B); logits (B, V) float32 on the host."""
+    def decode(self, tokens: np.ndarray, ids_only: bool = False) -> np.ndarray:
+        """One token for each of slots [0, B); logits (B, V) float32 on the host, or with `ids_only`
+        each slot's greedy token (B,) int64 (a graph of its own: only B ids cross the bus)."""
         d, b = self.decoder, len(tokens)
         held = d.arena.lengths[:b]
-        bound = b in self.bindings
-        binding, options = self.bindings[b] if bound else self.bind(b)
+        bound = (b, ids_only) in self.bindings
+        binding, options = self.bindings[b, ids_only] if bound else self.bind(b, ids_only)
         mask = (self.positions <= held[:, None]).astype(np.int64)  # (B, L) at every step
         d.inputs.bind(binding, contract.INPUT_IDS, np.asarray(tokens).reshape(b, 1), bound)
         d.inputs.bind(binding, contract.ATTENTION_MASK, mask, bound)
         d.inputs.bind(binding, contract.POSITION_IDS, held.reshape(b, 1), bound)
         self.session.run_with_iobinding(binding, options)
         d.arena.lengths[:b] += 1
+        if ids_only:
+            return d.device.read(self.ids.data_ptr(), d.next_ids[:b]).copy()
         host = d.logits[: b * d.vocab_size]
         d.device.read(self.logits.data_ptr(), host)
         return to_float32(host.reshape(b, d.vocab_size), d.dtype)
 
-    def bind(self, b: int) -> tuple[ort.IOBinding, ort.RunOptions]:
-        """Batch size b's binding: slots [0, b) of the arena, the first b rows of the logits buffer."""
+    def bind(self, b: int, ids_only: bool) -> tuple[ort.IOBinding, ort.RunOptions]:
+        """Batch size b's binding: slots [0, b) of the arena, the first b rows of the logits (or ids) buffer."""
         d = self.decoder
         binding = self.session.io_binding()
         d.arena.bind(binding, 0, b)
-        shape = [b, 1, d.vocab_size]
-        binding.bind_output(contract.LOGITS, d.device.kind, d.device.id, d.arena.dtype, shape, self.logits.data_ptr())
+        kind, device = d.device.kind, d.device.id
+        if ids_only:
+            binding.bind_output(contract.NEXT_TOKEN, kind, device, np.int64, [b, 1], self.ids.data_ptr())
+        else:
+            shape = [b, 1, d.vocab_size]
+            binding.bind_output(contract.LOGITS, kind, device, d.arena.dtype, shape, self.logits.data_ptr())
         options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(b))
-        self.bindings[b] = (binding, options)
+        options.add_run_config_entry("gpu_graph_id", str(2 * b + ids_only))  # one graph per (B, outputs)
+        self.bindings[b, ids_only] = (binding, options)
         return binding, options

@@ -160,10 +160,14 @@ class OrtSeq2Seq(OrtGraphs):
         return np.concatenate(out, 1)
 
 
-def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], steps: int) -> np.ndarray:
+def continuous_greedy(
+    decoder, prompts: list[list[int]], arrivals: list[int], steps: int, ids_only: bool = False
+) -> np.ndarray:
     """(N, steps) greedy tokens with request i joining the batch at step arrivals[i] and leaving
     after its `steps` tokens, its slot refilled by the last one (the server's policy). `decoder`:
-    an ArenaDecoder (prompts) or ArenaSeq2SeqDecoder (sources) of at least N slots."""
+    an ArenaDecoder (prompts) or ArenaSeq2SeqDecoder (sources) of at least N slots. `ids_only`:
+    decode steps bring back only the graph's greedy tokens (decode_greedy), as the server's
+    all-greedy steps do."""
     out: list[list[int]] = [[] for _ in prompts]
     slot_of: list[int] = []  # request in each occupied slot
     picked: dict[int, int] = {}  # each request's next token, picked as soon as its logits come
@@ -183,5 +187,6 @@ def continuous_greedy(decoder, prompts: list[list[int]], arrivals: list[int], st
             slot_of.pop()
         if slot_of:
             tokens = np.array([out[i][-1] for i in slot_of])
-            picked.update(zip(slot_of, decoder.decode(tokens).argmax(axis=1).tolist()))
+            step = decoder.decode_greedy(tokens) if ids_only else decoder.decode(tokens).argmax(axis=1)
+            picked.update(zip(slot_of, step.tolist()))
     return np.array(out)
