@@ -49,7 +49,7 @@ class ConcatRunner:
             self.slot_of[key], self.key_of[slot] = slot, key
         return Logits(list(keys), np.asarray(logits, np.float32))
 
-    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits:  # noqa: ARG002 (always logits)
+    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:  # noqa: ARG002
         self.cache.compact()
         keys = [self.key_of[slot] for slot in self.cache.slots]
         ids = np.array([[next_ids[key]] for key in keys], dtype=np.int64)  # (B, 1)

@@ -226,27 +226,60 @@ def test_the_graphs_next_token_is_numpys_argmax_of_its_logits(tiny_model_dir):
     assert session.run(None, {"x": ties})[0].tolist() == ties.argmax(-1).tolist() == [1, 0]
 
 
+class LogitReads:
+    """A spy on Device.read (the only way rows leave the device buffer of a picked step's logits):
+    how many logits rows were read back."""
+
+    def __init__(self, monkeypatch):
+        self.rows = 0
+        original = Device.read
+
+        def counting(device, address, out):
+            self.rows += out.size // VOCAB if out.dtype == np.float32 else 0
+            return original(device, address, out)
+
+        monkeypatch.setattr(Device, "read", counting)
+
+
+VOCAB = 259  # the tiny byte model's ids
+
+
 def test_an_all_greedy_step_brings_back_only_token_ids(tiny_model_dir, monkeypatch):
-    """decode_greedy binds the graph's NEXT_TOKEN and no logits (a spy on the outputs bound), through
-    a continuous batch, plain steps and fixed-shape ones alike, with the tokens of the logits path."""
+    """decode_greedy reads the graph's NEXT_TOKEN and not one row of logits, through a continuous
+    batch, plain steps and fixed-shape ones alike, with the tokens of the logits path."""
     runtime = OrtDecoder(tiny_model_dir, threads=1)
+    assert runtime.manifest.vocab_size == VOCAB
     prompts = [encode(p) for p in ("def main(", "import os", "The quick", "x = 1")]
     arrivals = [0, 0, 3, 6]
     want = continuous_greedy(runtime.arena(4, 64), prompts, arrivals, 30)
-    bound: list[str] = []
-    original = ort.IOBinding.bind_output
-    monkeypatch.setattr(
-        ort.IOBinding,
-        "bind_output",
-        lambda binding, name, *a, **k: (bound.append(name), original(binding, name, *a, **k))[1],
-    )
+    spy = LogitReads(monkeypatch)
     for graphs in (None, runtime.session):
-        bound.clear()
         decoder = ArenaDecoder(runtime.session, runtime.manifest, 4, 64, graph_session=graphs)
         assert np.array_equal(continuous_greedy(decoder, prompts, arrivals, 30, ids_only=True), want)
-        steps = [name for name in bound if not name.startswith("present")]
-        assert contract.NEXT_TOKEN in steps and steps.count(contract.LOGITS) == len(prompts)  # the prefills' only
+    assert spy.rows == 0
     assert contract.read_manifest(tiny_model_dir).parity["problems"] == []
+
+
+@pytest.mark.parametrize("fixed", [False, True])
+def test_a_mixed_step_reads_only_the_sampling_rows_logits(tiny_model_dir, monkeypatch, fixed):
+    """decode_picked(rows=[1]): every row's greedy token, and row 1's logits (only it read back)
+    equal to what decode() gives from the same state."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
+    a, b = (
+        ArenaDecoder(runtime.session, runtime.manifest, 3, 64, graph_session=runtime.session if fixed else None)
+        for _ in "ab"
+    )
+    tokens = a.prefill(0, prompts).argmax(-1)
+    assert np.array_equal(b.prefill(0, prompts).argmax(-1), tokens)
+    spy = LogitReads(monkeypatch)
+    for _ in range(5):
+        full = a.decode(tokens).copy()
+        reads = spy.rows
+        picked, logits = b.decode_picked(tokens, [1])
+        assert spy.rows - reads == 1  # row 1 alone crossed
+        assert np.array_equal(picked, full.argmax(-1)) and np.array_equal(logits[1], full[1])
+        tokens = picked
 
 
 def test_a_run_larger_than_its_buffer_is_refused(tiny_model_dir):

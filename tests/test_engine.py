@@ -91,8 +91,9 @@ class FakeRunner:
         row[next_id(self.rows[key])] = 1.0
         return row
 
-    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits:
-        """The next rows; a greedy step brings back only each row's argmax, as the arena runner does."""
+    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
+        """The next rows; told which keys sample, every row's argmax too and the others' rows as NaN
+        (stale, as the arena runner leaves them)."""
         if not self.gate.is_set():
             self.at_gate.set()
             self.gate.wait(WAIT_S)
@@ -103,7 +104,12 @@ class FakeRunner:
         for key, token in next_ids.items():
             self.rows[key].append(token)
         logits = Logits.of({key: self._logits(key) for key in next_ids})
-        return Logits(logits.keys, logits.rows[:0], logits.rows.argmax(axis=1)) if greedy else logits
+        if sampled is None:
+            return logits
+        stale = np.array([key not in sampled for key in logits.keys])
+        rows = logits.rows.copy()
+        rows[stale] = np.nan
+        return Logits(logits.keys, rows, logits.rows.argmax(axis=1))
 
     def release(self, key: int) -> None:
         self.log.append(("release", key))

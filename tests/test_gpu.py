@@ -21,6 +21,7 @@ from attnserve.runtime.cuda_runtime import CudaRuntime
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import CUDA, cuda_available, session_options
+from attnserve.runtime.runners import open_slot_runner
 from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
 
@@ -175,3 +176,17 @@ def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode
     assert np.array_equal(continuous_greedy(decoder, prompts, arrivals, 48), want)
     fresh = ArenaDecoder(runner.session, runner.manifest, 6, 64, graph_session=runner.graph_session)
     assert np.array_equal(continuous_greedy(fresh, prompts, arrivals, 48, ids_only=True), want)  # only ids back
+
+
+def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(float16_dir):
+    """Two servers' decoders (CUDA graphs on): decode_picked(rows=[1]) gives every row's greedy token
+    and row 1's logits equal to a full decode's from the same state."""
+    a, b = (open_slot_runner(ModelRunner(float16_dir, "cuda", threads=1), 3, 64).decoder for _ in "ab")
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
+    tokens = a.prefill(0, prompts).argmax(-1)
+    assert np.array_equal(b.prefill(0, prompts).argmax(-1), tokens)
+    for _ in range(8):
+        full = a.decode(tokens).copy()
+        picked, logits = b.decode_picked(tokens, [1])
+        assert np.array_equal(picked, full.argmax(-1)) and np.array_equal(logits[1], full[1])
+        tokens = picked

@@ -267,8 +267,8 @@ class Engine:
         """One token for every decoding request."""
         next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
-        greedy = all(s.sampler.plain_greedy for s in self._active.values())
-        logits = self.slots.decode(next_ids, greedy)
+        sampled = frozenset(key for key, s in self._active.items() if not s.sampler.plain_greedy)
+        logits = self.slots.decode(next_ids, sampled)
         for key, sequence in self._advance(logits, [self._active[key] for key in logits.keys]):
             self.observer.on_inter_token(sequence.token_gap)
             if sequence.done:
@@ -279,7 +279,11 @@ class Engine:
         if not sequences:
             return []
         now = time.perf_counter()
-        tokens = logits.tokens.tolist() if logits.tokens is not None else pick_tokens(logits.rows, sequences)
+        if logits.tokens is None:
+            tokens = pick_tokens(logits.rows, sequences)
+        else:  # the runner picked the greedy rows; only the sampling rows' logits are valid
+            picked = logits.tokens.tolist()
+            tokens = [t if s.sampler.plain_greedy else s.sampler(r) for t, s, r in zip(picked, sequences, logits.rows)]
         for sequence, token in zip(sequences, tokens):
             self._emit(sequence, sequence.advance(token, now))
         return list(zip(logits.keys, sequences))

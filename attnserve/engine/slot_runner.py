@@ -36,8 +36,8 @@ class Logits:
 
     One array for the batch, so that the engine picks every greedy row's token with one argmax. The
     rows may be a view of the runner's output buffer: valid until the runner's next call. A decode
-    asked for greedy tokens only may bring back `tokens` (n,) instead, each row's argmax (first
-    index on ties), and then `rows` is empty."""
+    told which keys sample may bring back `tokens` (n,), each row's argmax (first index on ties),
+    and then only the sampling keys' rows are valid."""
 
     keys: list[int]
     rows: np.ndarray
@@ -57,15 +57,15 @@ class SlotRunner(Protocol):
     The engine calls it from one thread only. `start` reserves a slot (never more than
     free_slots()); `prefill` runs one round of prompt work and returns the logits of the last
     token of every prompt it completed (a long prompt may take several rounds); `decode` feeds one
-    token per decoding key and returns its next logits (with `greedy`, every row is picked by
-    argmax, and the runner may return the tokens instead); `release` frees a key's slot; `reset`
-    frees every slot after a failed run."""
+    token per decoding key and returns its next logits (given `sampled`, the keys that sample, the
+    others are picked by argmax and the runner may return their tokens instead of their logits);
+    `release` frees a key's slot; `reset` frees every slot after a failed run."""
 
     spec: ModelSpec
 
     def free_slots(self) -> int: ...
     def start(self, key: int, prompt: tuple[int, ...]) -> None: ...
     def prefill(self) -> Logits: ...
-    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits: ...
+    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits: ...
     def release(self, key: int) -> None: ...
     def reset(self) -> None: ...

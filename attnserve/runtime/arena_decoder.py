@@ -60,7 +60,8 @@ class ArenaDecoder:
         self.max_tokens = max(max_tokens, capacity)
         self.logits = np.empty(self.max_tokens * self.vocab_size, HOST_DTYPES[self.dtype])
         self.greedy_outputs = contract.NEXT_TOKEN in [o.name for o in session.get_outputs()]
-        self.next_ids = np.empty(self.max_tokens, np.int64)  # the NEXT_TOKEN output, when only ids are wanted
+        self.next_ids = np.empty(self.max_tokens, np.int64)  # a picked step's NEXT_TOKEN output
+        self.step_logits = self.device.allocate((capacity, 1, self.vocab_size), self.arena.dtype)  # ... and logits
         widest = max(self.max_tokens, capacity * self.context)  # a decode step's mask is (B, longest + 1)
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
@@ -94,29 +95,31 @@ class ArenaDecoder:
         """Inputs that change with every run besides the tokens (none for a decoder-only graph)."""
 
     def run(
-        self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, ids_only: bool = False
+        self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, picked: bool = False
     ) -> np.ndarray:
         """One run over slots [first, first + B): logits (B, T, V) in the graph's dtype (bfloat16 as
-        uint16 bits), a view of the host buffer; with `ids_only` (graphs with NEXT_TOKEN) each
-        position's greedy token (B, T) instead, and no logits leave the device."""
+        uint16 bits), a view of the host buffer. `picked` (a decode step, graphs with NEXT_TOKEN):
+        each row's greedy token (B, 1) comes to the host instead, and the logits stay in the device
+        buffer `step_logits`, for read_rows."""
         b, t = ids.shape
         if b * t > self.max_tokens:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
         logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
-        out = self.next_ids[: b * t].reshape(b, t) if ids_only else logits
-        binding = self._bindings.get((first, b, t, ids_only))
+        out = self.next_ids[: b * t].reshape(b, t) if picked else logits
+        binding = self._bindings.get((first, b, t, picked))
         cached = binding is not None  # a decode step's: ids and positions are bound (B, 1) already
         if binding is None:
             binding = self.session.io_binding()
             self.bind_fixed(binding, first, b)
-            if ids_only:
+            shape = [b, t, self.vocab_size]
+            if picked:
                 binding.bind_output(contract.NEXT_TOKEN, "cpu", 0, np.int64, [b, t], out.ctypes.data)
+                kind, device = self.device.kind, self.device.id
+                binding.bind_output(contract.LOGITS, kind, device, self.arena.dtype, shape, self.step_logits.data_ptr())
             else:
-                binding.bind_output(
-                    contract.LOGITS, "cpu", 0, self.arena.dtype, [b, t, self.vocab_size], out.ctypes.data
-                )
+                binding.bind_output(contract.LOGITS, "cpu", 0, self.arena.dtype, shape, out.ctypes.data)
             if t == 1:  # decode steps repeat these shapes: keep their cache bindings
-                self._bindings[(first, b, t, ids_only)] = binding
+                self._bindings[(first, b, t, picked)] = binding
         self.inputs.bind(binding, contract.INPUT_IDS, ids, bound=cached)
         self.inputs.bind(binding, contract.ATTENTION_MASK, mask)  # its width changes every step
         self.inputs.bind(binding, contract.POSITION_IDS, positions, bound=cached)
@@ -150,25 +153,42 @@ class ArenaDecoder:
         the output buffer, valid until the next run (a decode step's logits are read before it)."""
         if self.fixed is not None:
             return self.fixed.decode(tokens)
-        return to_float32(self.step(tokens, ids_only=False)[:, 0], self.dtype)
+        return to_float32(self.step(tokens, picked=False)[:, 0], self.dtype)
+
+    def decode_picked(self, tokens: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """decode(), but what comes back is each slot's greedy token (B,) int64 (the graph's
+        NEXT_TOKEN: argmax, first index on ties) and the logits (B, V) float32 of `rows` only (the
+        slots that sample): the other rows of that array are left as they were. A graph exported
+        without NEXT_TOKEN brings back every row's logits."""
+        if not self.greedy_outputs:
+            logits = self.decode(tokens)
+            return logits.argmax(axis=1), logits
+        if self.fixed is not None:
+            return self.fixed.decode_picked(tokens, rows)
+        picked = self.step(tokens, picked=True)[:, 0].copy()
+        return picked, self.read_rows(self.step_logits.data_ptr(), len(tokens), rows)
 
     def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
-        """decode(), but only each slot's greedy next token (B,) int64 comes back: the graph's
-        NEXT_TOKEN output (argmax, first index on ties), or the argmax of the logits of a graph
-        exported without it."""
-        if not self.greedy_outputs:
-            return self.decode(tokens).argmax(axis=1)
-        if self.fixed is not None:
-            return self.fixed.decode(tokens, ids_only=True)
-        return self.step(tokens, ids_only=True)[:, 0].copy()
+        """Each slot's greedy next token (B,) int64, and no logits leave the device."""
+        return self.decode_picked(tokens, [])[0]
 
-    def step(self, tokens: np.ndarray, ids_only: bool) -> np.ndarray:
+    def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
+        """Rows `rows` (None: all, in one copy) of (b, V) logits on the device at `address` into the
+        host buffer; (b, V) float32."""
+        host = self.logits[: b * self.vocab_size].reshape(b, self.vocab_size)
+        if rows is None:
+            self.device.read(address, host)
+        for row in rows or ():
+            self.device.read(address + row * host[row].nbytes, host[row])
+        return to_float32(host, self.dtype)
+
+    def step(self, tokens: np.ndarray, picked: bool) -> np.ndarray:
         """One decode run over slots [0, B): its logits or greedy ids, as run() returns them."""
         b = len(tokens)
         held = self.arena.lengths[:b]
         width = int(held.max()) + 1
         mask = (np.arange(width)[None, :] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
-        out = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1), ids_only)
+        out = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1), picked)
         self.arena.lengths[:b] += 1
         return out
 

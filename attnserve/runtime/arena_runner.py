@@ -96,14 +96,16 @@ class ArenaRunner:
         self.decoding.append(key)
         return {key: logits}
 
-    def decode(self, next_ids: dict[int, int], greedy: bool = False) -> Logits:
-        """One token for every decoding request; their logits (B, V), a view valid until the next run,
-        or with `greedy` only their greedy tokens (B,): no logits leave the device."""
+    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
+        """One token for every decoding request; their logits (B, V), a view valid until the next run.
+        Given `sampled`, every request's greedy token comes back and only the sampled ones' logits
+        leave the device (the others' rows are stale)."""
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
-        if greedy:
-            picked = self.decoder.decode_greedy(tokens)
-            return Logits(list(self.decoding), np.empty((0, self.spec.vocab_size), np.float32), picked)
-        return Logits(list(self.decoding), self.decoder.decode(tokens))
+        if sampled is None:
+            return Logits(list(self.decoding), self.decoder.decode(tokens))
+        rows = [row for row, key in enumerate(self.decoding) if key in sampled]
+        picked, logits = self.decoder.decode_picked(tokens, rows)
+        return Logits(list(self.decoding), logits, picked)
 
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""

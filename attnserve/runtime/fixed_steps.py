@@ -5,8 +5,9 @@ ONNX Runtime's CUDA provider can capture a run as a CUDA graph and replay it as 
 address with the same shape on every replay. An arena decode step over slots [0, B) is that, but
 for two things: the attention mask's width (longest held + 1) and logits bound to host memory.
 Here the mask is as wide as the context (ones up to each slot's length: GroupQueryAttention reads
-each row's length from it), logits go to a device buffer read back after the run, and each batch
-size is its own graph (gpu_graph_id = B; ONNX Runtime captures it after its first runs).
+each row's length from it), logits (and a picked step's greedy ids) go to device buffers read
+back after the run, all rows or the sampling rows only, and each batch size is its own graph
+(one per batch size and outputs; ONNX Runtime captures it after its first runs).
 
 Measured on an H100 (docs/cuda-graphs.json: benchmarks/cuda_graphs.py, float16, 128 steps, 3
 rounds): 0.26 ms per step at batch 1 against 1.16 for the plain step, 0.36 against 1.42 at 16,
@@ -22,7 +23,6 @@ import numpy as np
 import onnxruntime as ort
 
 from . import contract
-from .ort_session import to_float32
 
 
 class FixedSteps:
@@ -30,43 +30,48 @@ class FixedSteps:
 
     def __init__(self, session: ort.InferenceSession, decoder):
         self.session, self.decoder = session, decoder
-        arena = decoder.arena
-        self.logits = decoder.device.allocate((arena.capacity, 1, decoder.vocab_size), arena.dtype)
-        self.ids = decoder.device.allocate((arena.capacity, 1), np.int64)  # NEXT_TOKEN, when only ids come back
+        self.ids = decoder.device.allocate((decoder.arena.capacity, 1), np.int64)  # NEXT_TOKEN of picked steps
         self.positions = np.arange(decoder.context)[None, :]
-        self.bindings: dict[tuple[int, bool], tuple[ort.IOBinding, ort.RunOptions]] = {}  # (B, ids) -> its graph's
+        self.bindings: dict[tuple[int, bool], tuple[ort.IOBinding, ort.RunOptions]] = {}  # (B, picked) -> graph's
 
-    def decode(self, tokens: np.ndarray, ids_only: bool = False) -> np.ndarray:
-        """One token for each of slots [0, B); logits (B, V) float32 on the host, or with `ids_only`
-        each slot's greedy token (B,) int64 (a graph of its own: only B ids cross the bus)."""
+    def decode(self, tokens: np.ndarray) -> np.ndarray:
+        """One token for each of slots [0, B); logits (B, V) float32 on the host."""
+        d = self.decoder
+        self.run(tokens, picked=False)
+        return d.read_rows(d.step_logits.data_ptr(), len(tokens), None)
+
+    def decode_picked(self, tokens: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """ArenaDecoder.decode_picked through a graph of its own per batch size: B ids and the logits
+        of `rows` cross the bus."""
+        d, b = self.decoder, len(tokens)
+        self.run(tokens, picked=True)
+        picked = d.device.read(self.ids.data_ptr(), d.next_ids[:b]).copy()
+        return picked, d.read_rows(d.step_logits.data_ptr(), b, rows)
+
+    def run(self, tokens: np.ndarray, picked: bool) -> None:
         d, b = self.decoder, len(tokens)
         held = d.arena.lengths[:b]
-        bound = (b, ids_only) in self.bindings
-        binding, options = self.bindings[b, ids_only] if bound else self.bind(b, ids_only)
+        bound = (b, picked) in self.bindings
+        binding, options = self.bindings[b, picked] if bound else self.bind(b, picked)
         mask = (self.positions <= held[:, None]).astype(np.int64)  # (B, L) at every step
         d.inputs.bind(binding, contract.INPUT_IDS, np.asarray(tokens).reshape(b, 1), bound)
         d.inputs.bind(binding, contract.ATTENTION_MASK, mask, bound)
         d.inputs.bind(binding, contract.POSITION_IDS, held.reshape(b, 1), bound)
         self.session.run_with_iobinding(binding, options)
         d.arena.lengths[:b] += 1
-        if ids_only:
-            return d.device.read(self.ids.data_ptr(), d.next_ids[:b]).copy()
-        host = d.logits[: b * d.vocab_size]
-        d.device.read(self.logits.data_ptr(), host)
-        return to_float32(host.reshape(b, d.vocab_size), d.dtype)
 
-    def bind(self, b: int, ids_only: bool) -> tuple[ort.IOBinding, ort.RunOptions]:
-        """Batch size b's binding: slots [0, b) of the arena, the first b rows of the logits (or ids) buffer."""
+    def bind(self, b: int, picked: bool) -> tuple[ort.IOBinding, ort.RunOptions]:
+        """Batch size b's binding: slots [0, b) of the arena, the first b rows of the logits buffer
+        (and of the ids buffer for a picked step)."""
         d = self.decoder
         binding = self.session.io_binding()
         d.arena.bind(binding, 0, b)
         kind, device = d.device.kind, d.device.id
-        if ids_only:
+        shape = [b, 1, d.vocab_size]
+        binding.bind_output(contract.LOGITS, kind, device, d.arena.dtype, shape, d.step_logits.data_ptr())
+        if picked:
             binding.bind_output(contract.NEXT_TOKEN, kind, device, np.int64, [b, 1], self.ids.data_ptr())
-        else:
-            shape = [b, 1, d.vocab_size]
-            binding.bind_output(contract.LOGITS, kind, device, d.arena.dtype, shape, self.logits.data_ptr())
         options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(2 * b + ids_only))  # one graph per (B, outputs)
-        self.bindings[b, ids_only] = (binding, options)
+        options.add_run_config_entry("gpu_graph_id", str(2 * b + picked))  # one graph per (B, outputs)
+        self.bindings[b, picked] = (binding, options)
         return binding, options
