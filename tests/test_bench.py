@@ -52,6 +52,7 @@ def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
     calls = counter(live, "attnserve_requests_total", {"method": "GenerateStream", "code": "OK"})
     tokens = counter(live, "attnserve_generated_tokens_total")
     out_json, out_png = tmp_path / "r" / "bench.json", tmp_path / "bench.png"
+    out_json.parent.mkdir()  # bench creates the files, not their directories (a typo'd path is refused)
     status, out, err = bench(
         capsys,
         "--target",

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import fields
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +66,58 @@ def test_only_the_subcommand_asked_for_is_imported():
     for command, expected in ((None, "[]"), ("serve", "[]"), ("generate", "['attnserve.clients', 'grpc']")):
         done = subprocess.run([sys.executable, "-c", probe.format(command)], capture_output=True, text=True)
         assert done.returncode == 0 and done.stdout.strip() == expected, (command, done.stdout, done.stderr)
+
+
+NOT_PEM = "not a certificate\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "line"),
+    [
+        (
+            ["generate", "hi", "--seed", "-1"],
+            None,
+            "--seed must be 0 to 18,446,744,073,709,551,615 (an unsigned 64-bit number), got -1",
+        ),
+        (
+            ["generate", "hi", "--seed", str(2**64)],
+            None,
+            f"--seed must be 0 to 18,446,744,073,709,551,615 (an unsigned 64-bit number), got {2**64}",
+        ),
+        (
+            ["generate", "hi", "--tls-ca", "/no/such/ca.pem"],
+            None,
+            "--tls-ca /no/such/ca.pem: No such file or directory",
+        ),
+        (
+            ["generate", "hi", "--tls-ca", "{tmp}/ca.pem"],
+            None,
+            "--tls-ca {tmp}/ca.pem: not a PEM file (no -----BEGIN line)",
+        ),
+        (
+            ["generate", "-"],
+            b"\xff\xfehello",
+            "the prompt on stdin is not UTF-8 text (byte 0: b'\\xff'); pass token ids with --prompt-token-ids instead",
+        ),
+        (
+            ["bench", "--out", "/no/such/dir/x.json"],
+            None,
+            "--out /no/such/dir/x.json: directory /no/such/dir does not exist",
+        ),
+        (["bench", "--plot", "{tmp}"], None, "--plot {tmp}: is a directory"),
+        (
+            ["bench", "--tls-cert", "{tmp}/ca.pem", "--tls-key", "{tmp}/ca.pem"],
+            None,
+            "--tls-cert {tmp}/ca.pem: not a PEM file (no -----BEGIN line)",
+        ),
+    ],
+)
+def test_a_client_flags_bad_value_is_one_line_before_any_call(tmp_path, args, stdin, line):
+    """Nothing listens at the target: each refusal must come before the first call, in one line."""
+    (tmp_path / "ca.pem").write_text(NOT_PEM)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    command = [sys.executable, "-m", "attnserve.cli", *args, "--target", "127.0.0.1:9"]
+    done = subprocess.run(command, input=stdin, capture_output=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.decode().splitlines() == [f"attnserve {args[0]}: error: {line.replace('{tmp}', str(tmp_path))}"]
+    assert not (tmp_path / "x.json").exists() and not Path("/no/such/dir").exists()

@@ -165,3 +165,23 @@ def test_serving_never_imports_torch(tiny_model_dir):
         [sys.executable, "-c", NO_TORCH, str(tiny_model_dir)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(("cap", "level"), [(500, "WARNING"), (256, "INFO")])  # 256: the default
+def test_a_cap_beyond_the_context_is_said_at_start_up(tiny_model_dir, caplog, cap, level):
+    """The tiny model's 128 positions leave 127 new tokens: a larger cap is lowered, in one line (a
+    warning when the flag asked for it, information when it is the default)."""
+    caplog.set_level("INFO", logger="attnserve.server")
+    running = start_server(tiny_model_dir, max_new_tokens_cap=cap)
+    try:
+        info = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
+        assert info.limits.max_new_tokens == 127
+    finally:
+        running.stop()
+    said = [r for r in caplog.records if "--max-new-tokens-cap" in r.getMessage()]
+    assert [(r.levelname, r.getMessage()) for r in said] == [
+        (
+            level,
+            f"--max-new-tokens-cap {cap} is more than a 128-position context leaves: requests may ask for at most 127",
+        )
+    ]

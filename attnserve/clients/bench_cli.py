@@ -20,6 +20,7 @@ from .bench_report import format_table, write_plot
 from .cli_common import (
     add_client_flags,
     add_stream_interval_flags,
+    check_output,
     fail,
     interrupted,
     parse_numbers,
@@ -101,7 +102,6 @@ def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> 
         (plot, lambda p: write_plot(report, p)),
     ):
         if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
             write(path)
             print(f"[{PROG}] wrote {path}", file=sys.stderr)
     print(json.dumps(report), flush=True)
@@ -111,6 +111,8 @@ def main(args: argparse.Namespace) -> int:
     """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
     try:
         config = config_from_args(args)
+        check_output("--out", args.out)
+        check_output("--plot", args.plot)
         if args.plot:
             check_plotting(args.plot)
         report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))

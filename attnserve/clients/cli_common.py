@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..flags import add_field_flags
 from .channel import DEFAULT_TARGET, TlsConfig, read_token_file
@@ -40,10 +41,39 @@ def add_stream_interval_flags(p: argparse.ArgumentParser) -> None:
 
 
 def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:
-    """TLS from --tls-ca/--tls-cert/--tls-key/--tls-server-name; None (plaintext) if none given."""
+    """TLS from --tls-ca/--tls-cert/--tls-key/--tls-server-name; None (plaintext) if none given.
+    Each file is read and checked to be PEM here, so that a wrong one is one line naming its flag
+    (gRPC's own reading of a bad one prints several lines of its core's log)."""
     if not (args.tls_ca or args.tls_cert or args.tls_key):
         return None
+    for flag, path in (("--tls-ca", args.tls_ca), ("--tls-cert", args.tls_cert), ("--tls-key", args.tls_key)):
+        if path is not None:
+            check_pem(flag, path)
     return TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+
+
+def check_pem(flag: str, path: str) -> None:
+    """ValueError naming `flag` unless `path` is a readable PEM file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
+
+
+def check_output(flag: str, path: str | None) -> None:
+    """Before a run: `path` must be a file that can be written in a directory that exists (nothing
+    is created but the file)."""
+    if not path:
+        return
+    parent = Path(path).parent
+    if Path(path).is_dir():
+        raise ValueError(f"{flag} {path}: is a directory")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: directory {parent} is not writable")
 
 
 def token_from_args(args: argparse.Namespace) -> str | None:

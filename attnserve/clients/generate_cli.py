@@ -35,6 +35,9 @@ PROG = "attnserve generate"
 SAMPLING = tuple(f.name for f in fields(GenerationParams) if "help" in f.metadata and f.name not in STREAM_INTERVAL)
 
 
+MAX_SEED = 2**64 - 1  # the protocol's seed is a uint64
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`attnserve generate`'s flags: the prompt, GenerationParams' fields, output and connection."""
     p.description = (
@@ -86,6 +89,8 @@ def client_from_args(args: argparse.Namespace) -> Client:
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
     """GenerationParams from the sampling flags; a flag left out keeps the dataclass's default."""
     given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must be 0 to {MAX_SEED:,} (an unsigned 64-bit number), got {args.seed}")
     return GenerationParams(**{name: value for name, value in given.items() if value is not None})
 
 
@@ -97,7 +102,19 @@ def prompt_from_args(args: argparse.Namespace) -> Prompt:
         return parse_numbers(args.prompt_token_ids, int, "--prompt-token-ids")
     if args.prompt is None:
         raise ValueError("give a prompt (text, or '-' for stdin) or --prompt-token-ids")
-    return sys.stdin.read() if args.prompt == "-" else args.prompt
+    return read_stdin() if args.prompt == "-" else args.prompt
+
+
+def read_stdin() -> str:
+    """The prompt piped in, which must be UTF-8 text (the server takes text as UTF-8)."""
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"the prompt on stdin is not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r}); "
+            "pass token ids with --prompt-token-ids instead"
+        ) from None
 
 
 def stream_to(
