@@ -24,7 +24,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--service", default="", help='health service name; "" is the whole server (default)')
     p.add_argument("--timeout", type=float, default=2.0, help="seconds the Check may take (default: 2)")
     p.add_argument("--tls-ca", default=None, help="PEM CA that signed the server's certificate (enables TLS)")
-    p.add_argument("--server-name", default=None, help="a DNS name in the server's certificate")
+    p.add_argument(
+        "--tls-server-name",
+        "--server-name",  # its first name, kept for manifests written with it
+        dest="server_name",
+        default=None,
+        help="a DNS name in the server's certificate (as generate's and bench's --tls-server-name)",
+    )
     p.add_argument("--tls-cert", default=None, help="PEM client certificate, when the server wants mTLS")
     p.add_argument("--tls-key", default=None, help="PEM client key, with --tls-cert")
     return p

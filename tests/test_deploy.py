@@ -156,6 +156,12 @@ def test_health_probe_exits_zero_only_for_serving(health_target, capsys):
     assert checks.health_probe.main([*unable, "--service="]) == 1
 
 
+@pytest.mark.parametrize("name", ["--tls-server-name", "--server-name"])
+def test_health_probe_names_the_certificates_name_as_the_clients_do(name):
+    """--tls-server-name, as generate and bench spell it; --server-name, its first name, still works."""
+    assert checks.health_probe.build_parser().parse_args(["--port=1", f"{name}=attnserve"]).server_name == "attnserve"
+
+
 # One thing broken in a good variant, by an RFC 6902 operation; each must fail with the text given.
 # $args, $c, $pod and $model stand for the server container's args, the container, the pod spec and
 # the InferenceService's model; HPA, PDB and ISVC for their kinds.

@@ -304,7 +304,6 @@ def test_autoscaling_on_ongoing_requests():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (("--max-batch", "auto"), "--max-batch auto"),
         (("--min-replicas", "1"), "--min-replicas needs --max-replicas"),
         (("--replicas", "5", "--max-replicas", "4"), "--min-replicas <= --replicas <= --max-replicas"),
         (("--grpc-port", "0"), "--grpc-port"),
@@ -315,6 +314,21 @@ def test_autoscaling_on_ongoing_requests():
 def test_flags_that_cannot_work_are_refused(argv, message):
     with pytest.raises(ValueError, match=message):
         parse(*argv).check()
+
+
+@pytest.mark.parametrize("value", ["auto", "0", "-2"])
+def test_max_batch_is_a_number_of_requests_here(capsys, value):
+    with pytest.raises(SystemExit) as refused:
+        parse("--max-batch", value)
+    assert refused.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.splitlines()[-1]
+        .endswith(
+            f"argument --max-batch: {value!r}: give a number of requests (at least 1); auto is attnserve serve's, "
+            "not Ray's (Ray sizes each replica's concurrency from this number)"
+        )
+    )
 
 
 def test_ray_serve_imports_no_torch():

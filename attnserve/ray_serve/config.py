@@ -32,6 +32,16 @@ REPLICA_FIELDS = (
 )
 
 
+def replica_batch(text: str) -> int:
+    """--max-batch of a replica: a number of requests (at least 1)."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give a number of requests (at least 1); auto is attnserve serve's, not Ray's "
+            "(Ray sizes each replica's concurrency from this number)"
+        )
+    return int(text)
+
+
 @dataclass(frozen=True)
 class RayServeConfig:
     """One Ray Serve application of attnserve; every field with help is an `attnserve ray-serve` flag."""
@@ -71,8 +81,17 @@ class RayServeConfig:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
-        """The replica's flags from ServerConfig's fields, then Ray's from this class's."""
-        add_field_flags(parser, ServerConfig, REPLICA_FIELDS)
+        """The replica's flags from ServerConfig's fields, then Ray's from this class's. --max-batch
+        takes a number here: Ray sizes each replica's concurrency from it, so `auto` (serve's) is not offered."""
+        add_field_flags(parser, ServerConfig, tuple(name for name in REPLICA_FIELDS if name != "max_batch"))
+        default = next(f.default for f in fields(ServerConfig) if f.name == "max_batch")
+        parser.add_argument(
+            "--max-batch",
+            type=replica_batch,
+            default=default,
+            metavar="N",
+            help=f"requests each replica decodes together, one KV arena slot each (default: {default})",
+        )
         add_field_flags(parser, cls)
 
     @classmethod
