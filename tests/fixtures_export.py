@@ -14,6 +14,14 @@ def tiny_model_dir(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_float16_model_dir(tiny_checkpoint, tmp_path_factory):
+    """The same model exported in float16 (runs on the CPU provider and on CUDA; gated on CUDA where there is one)."""
+    out = tmp_path_factory.mktemp("models") / "tiny-float16"
+    export_checkpoint(tiny_checkpoint, out, dtype="float16")
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_concat_model_dir(tiny_checkpoint, tmp_path_factory):
     """The same model exported with the concat KV cache (the layout before the arena)."""
     out = tmp_path_factory.mktemp("models") / "tiny-concat"

@@ -289,17 +289,10 @@ def test_a_run_larger_than_its_buffer_is_refused(tiny_model_dir):
         decoder.prefill(0, [[1] * 9])
 
 
-@pytest.fixture(scope="module")
-def float16_dir(tiny_checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp("models") / "tiny-float16"
-    export_checkpoint(tiny_checkpoint, out, dtype="float16")
-    return out
-
-
 @pytest.mark.skipif(cuda_available(), reason="this onnxruntime has CUDA")
-def test_cuda_without_a_cuda_onnxruntime_is_refused_in_one_line(float16_dir):
+def test_cuda_without_a_cuda_onnxruntime_is_refused_in_one_line(tiny_float16_model_dir):
     """A float16 export may run on CUDA: what stops it here is this onnxruntime."""
-    done = serve_on_cuda(float16_dir)
+    done = serve_on_cuda(tiny_float16_model_dir)
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         "attnserve serve: error: --provider cuda: this onnxruntime has no CUDAExecutionProvider "
@@ -307,12 +300,13 @@ def test_cuda_without_a_cuda_onnxruntime_is_refused_in_one_line(float16_dir):
     ]
 
 
-def test_a_float16_directory_is_served_end_to_end_on_the_cpu(float16_dir):
-    manifest = contract.read_manifest(float16_dir)
-    assert manifest.providers == ("cuda", "cpu") and manifest.parity["provider"] == "CPUExecutionProvider"
+def test_a_float16_directory_is_served_end_to_end_on_the_cpu(tiny_float16_model_dir):
+    manifest = contract.read_manifest(tiny_float16_model_dir)
+    gated_on = "CUDAExecutionProvider" if cuda_available() else "CPUExecutionProvider"
+    assert manifest.providers == ("cuda", "cpu") and manifest.parity["provider"] == gated_on
     prompts = ["def main(", "The quick brown fox"]
-    want = OrtDecoder(float16_dir, threads=1).greedy([encode(p) for p in prompts], 40)  # EOS ignored
-    running = start_server(float16_dir, provider="cpu")
+    want = OrtDecoder(tiny_float16_model_dir, threads=1).greedy([encode(p) for p in prompts], 40)  # EOS ignored
+    running = start_server(tiny_float16_model_dir, provider="cpu")
     try:
         info = running.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)
         assert (info.dtype, info.execution_provider) == ("float16", "CPUExecutionProvider")

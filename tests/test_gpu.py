@@ -34,13 +34,6 @@ COMPUTE_OPS = ("GroupQueryAttention", "MatMul", "Gemm", "Softmax", "LayerNormali
 
 
 @pytest.fixture(scope="module")
-def float16_dir(tiny_checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu") / "tiny-float16"
-    export_checkpoint(tiny_checkpoint, out, dtype="float16")
-    return out
-
-
-@pytest.fixture(scope="module")
 def bfloat16_dir(tiny_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu") / "tiny-bfloat16"
     export_checkpoint(tiny_checkpoint, out, dtype="bfloat16")
@@ -48,16 +41,16 @@ def bfloat16_dir(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_cuda_exports_pass_their_gate_on_the_gpu(dtype, float16_dir, bfloat16_dir):
-    manifest = contract.read_manifest(float16_dir if dtype == "float16" else bfloat16_dir)
+def test_cuda_exports_pass_their_gate_on_the_gpu(dtype, tiny_float16_model_dir, bfloat16_dir):
+    manifest = contract.read_manifest(tiny_float16_model_dir if dtype == "float16" else bfloat16_dir)
     report = manifest.parity
     assert (manifest.dtype, report["provider"], report["passed"]) == (dtype, CUDA, True)
     assert all(row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in report["greedy"]["rows"])
 
 
 @pytest.mark.parametrize("provider", ["cuda", "auto"])
-def test_the_session_really_runs_on_cuda(float16_dir, provider):
-    runner = ModelRunner(float16_dir, provider, threads=1)
+def test_the_session_really_runs_on_cuda(tiny_float16_model_dir, provider):
+    runner = ModelRunner(tiny_float16_model_dir, provider, threads=1)
     assert (runner.provider, runner.provider_note) == (CUDA, "")
 
 
@@ -83,8 +76,8 @@ def profiled_decoder(model_dir, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_prefill_and_decode_run_every_node_with_no_memcpy(dtype, float16_dir, bfloat16_dir, tmp_path):
-    model_dir = float16_dir if dtype == "float16" else bfloat16_dir
+def test_prefill_and_decode_run_every_node_with_no_memcpy(dtype, tiny_float16_model_dir, bfloat16_dir, tmp_path):
+    model_dir = tiny_float16_model_dir if dtype == "float16" else bfloat16_dir
     session, decoder, runtime = profiled_decoder(model_dir, tmp_path)
     prompts = [[72, 101, 108, 108, 111], [87, 111, 114]]
     tokens = decoder.prefill(0, prompts).argmax(-1)
@@ -125,10 +118,12 @@ class CacheReadSpy:
         monkeypatch.setattr(Device, "read", counting)
 
 
-def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(float16_dir, monkeypatch):
+def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(tiny_float16_model_dir, monkeypatch):
     spy = CacheReadSpy(monkeypatch)
     prompts = ["def main(", "The quick brown fox", "import os"]
-    running = start_server(float16_dir, provider="cuda", max_batch=2)  # three requests through two slots: a move
+    running = start_server(
+        tiny_float16_model_dir, provider="cuda", max_batch=2
+    )  # three requests through two slots: a move
     try:
         slots = running.engine.slots
         arena = slots.decoder.arena
@@ -144,7 +139,7 @@ def test_a_float16_directory_served_on_cuda_keeps_its_cache_on_the_device(float1
     finally:
         running.stop()
     assert spy.cache_reads == 0 and spy.other_reads > 0, "the server read the cache back to the host"
-    want = OrtDecoder(float16_dir, provider="cuda").greedy([encode(p) for p in prompts], 64).tolist()
+    want = OrtDecoder(tiny_float16_model_dir, provider="cuda").greedy([encode(p) for p in prompts], 64).tolist()
     for tokens, reference in zip(got, want):
         assert tokens == reference[: len(tokens)] and len(tokens) > 1
 
@@ -163,25 +158,25 @@ def test_an_encoder_decoder_keeps_both_arenas_on_the_device(tiny_seq2seq_checkpo
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode(float16_dir, graphs):
+def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode(tiny_float16_model_dir, graphs):
     """Requests joining and leaving a continuous batch (every batch size its own graph, slots refilled
     by moves): the tokens of the plain decode path, with --no-cuda-graphs as the control."""
-    runner = ModelRunner(float16_dir, "cuda", threads=1, cuda_graphs=graphs)
+    runner = ModelRunner(tiny_float16_model_dir, "cuda", threads=1, cuda_graphs=graphs)
     assert (runner.graph_session is not None) == graphs
     decoder = ArenaDecoder(runner.session, runner.manifest, 6, 64, graph_session=runner.graph_session)
     prompts = [encode(p) for p in ("def main(", "import os", "The quick", "x = 1", "for i in", "class A:")]
     arrivals = [0, 0, 2, 5, 9, 9]
-    plain = OrtDecoder(float16_dir, provider="cuda")
+    plain = OrtDecoder(tiny_float16_model_dir, provider="cuda")
     want = continuous_greedy(plain.arena(6, 64), prompts, arrivals, 48)
     assert np.array_equal(continuous_greedy(decoder, prompts, arrivals, 48), want)
     fresh = ArenaDecoder(runner.session, runner.manifest, 6, 64, graph_session=runner.graph_session)
     assert np.array_equal(continuous_greedy(fresh, prompts, arrivals, 48, ids_only=True), want)  # only ids back
 
 
-def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(float16_dir):
+def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(tiny_float16_model_dir):
     """Two servers' decoders (CUDA graphs on): decode_picked(rows=[1]) gives every row's greedy token
     and row 1's logits equal to a full decode's from the same state."""
-    a, b = (open_slot_runner(ModelRunner(float16_dir, "cuda", threads=1), 3, 64).decoder for _ in "ab")
+    a, b = (open_slot_runner(ModelRunner(tiny_float16_model_dir, "cuda", threads=1), 3, 64).decoder for _ in "ab")
     prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
     tokens = a.prefill(0, prompts).argmax(-1)
     assert np.array_equal(b.prefill(0, prompts).argmax(-1), tokens)
