@@ -62,6 +62,8 @@ class ArenaDecoder:
         self.greedy_outputs = contract.NEXT_TOKEN in [o.name for o in session.get_outputs()]
         self.next_ids = np.empty(self.max_tokens, np.int64)  # a picked step's NEXT_TOKEN output
         self.step_logits = self.device.allocate((capacity, 1, self.vocab_size), self.arena.dtype)  # ... and logits
+        # the sampling rows of a picked step as float32 (a float32 graph's host buffer is that already)
+        self.picked_rows = np.empty((capacity, self.vocab_size), np.float32) if self.dtype != "float32" else None
         widest = max(self.max_tokens, capacity * self.context)  # a decode step's mask is (B, longest + 1)
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
@@ -174,13 +176,19 @@ class ArenaDecoder:
 
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
         """Rows `rows` (None: all, in one copy) of (b, V) logits on the device at `address` into the
-        host buffer; (b, V) float32."""
+        host buffer; (b, V) float32, of which only `rows` are converted (a step of greedy requests
+        converts nothing)."""
         host = self.logits[: b * self.vocab_size].reshape(b, self.vocab_size)
         if rows is None:
             self.device.read(address, host)
-        for row in rows or ():
+            return to_float32(host, self.dtype)
+        for row in rows:
             self.device.read(address + row * host[row].nbytes, host[row])
-        return to_float32(host, self.dtype)
+        if self.picked_rows is None:
+            return host
+        if rows:
+            self.picked_rows[rows] = to_float32(host[rows], self.dtype)
+        return self.picked_rows[:b]
 
     def step(self, tokens: np.ndarray, picked: bool) -> np.ndarray:
         """One decode run over slots [0, B): its logits or greedy ids, as run() returns them."""
