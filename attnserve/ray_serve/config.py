@@ -84,7 +84,7 @@ class RayServeConfig:
         """The replica's flags from ServerConfig's fields, then Ray's from this class's. --max-batch
         takes a number here: Ray sizes each replica's concurrency from it, so `auto` (serve's) is not offered."""
         add_field_flags(parser, ServerConfig, tuple(name for name in REPLICA_FIELDS if name != "max_batch"))
-        default = next(f.default for f in fields(ServerConfig) if f.name == "max_batch")
+        default = ServerConfig.max_batch  # the dataclass's class attribute is the field's default
         parser.add_argument(
             "--max-batch",
             type=replica_batch,

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import fields
 from pathlib import Path
 from types import ModuleType
 
@@ -49,7 +48,6 @@ from .slow_readers import WriteWatch
 from .validation import RequestLimits
 
 log = logging.getLogger("attnserve.server")
-DEFAULT_CAP_TOKENS = next(f.default for f in fields(ServerConfig) if f.name == "max_new_tokens_cap")
 
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
@@ -139,7 +137,7 @@ class Server:
         cap = min(config.max_new_tokens_cap, m.context_length - 1)
         if cap < config.max_new_tokens_cap:
             log.log(
-                logging.INFO if config.max_new_tokens_cap == DEFAULT_CAP_TOKENS else logging.WARNING,
+                logging.INFO if config.max_new_tokens_cap == ServerConfig.max_new_tokens_cap else logging.WARNING,
                 "--max-new-tokens-cap %d is more than a %d-position context leaves: requests may ask for at most %d",
                 config.max_new_tokens_cap,
                 m.context_length,
