@@ -76,15 +76,18 @@ class Timings:
 
 @dataclass(frozen=True)
 class Delta:
-    """Tokens generated since the last event, and the text they completed (may be empty)."""
+    """Tokens generated since the last event, and the text they completed (may be empty).
+
+    The engine sends token ids only; the caller's Handle adds the text (streaming.RequestText)."""
 
     token_ids: tuple[int, ...]
-    text: str
+    text: str = ""
 
 
 @dataclass(frozen=True)
 class Final:
-    """The last event of a request: a last piece of text, and how and when it ended."""
+    """The last event of a request: a last piece of text, and how and when it ended (the engine's has
+    no text; the caller's Handle adds what its text held back)."""
 
     reason: FinishReason
     text: str

@@ -3,10 +3,11 @@
 `load_model` builds what an engine runs on from a ServerConfig; the Server runs it in a thread
 of its own process (`--engine-core thread`) or `run_core` runs it in a process of its own
 (`--engine-core process`, started by engine_client.py). There the engine thread steps as
-always, but hands each step's events to the front end as one ZeroMQ message (core_protocol.py),
-so no event loop in this process wakes per token and none shares its GIL; the main thread only
-receives requests, cancels, aborts and the stop. Metrics live in the front end: the core records
-the engine's observations and sends them with the step. No gRPC here.
+always, but hands each step's events (token ids and finishes) to the front end as one ZeroMQ
+message (core_protocol.py), so no event loop in this process wakes per token and none shares its
+GIL; the main thread only receives requests, cancels, aborts and the stop. Text and stop strings
+are the front end's (its Handles), and so are metrics: the core records the engine's observations
+and sends them with the step. No gRPC here.
 """
 
 from __future__ import annotations
@@ -107,9 +108,6 @@ class Recorder(EngineObserver):
 
     def on_inter_token(self, seconds: float) -> None:
         self.seen.append(("on_inter_token", (seconds,)))
-
-    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
-        self.seen.append(("on_finish", (reason.value, seconds, completion_tokens)))
 
     def take(self) -> list[tuple[str, tuple[Any, ...]]]:
         seen, self.seen = self.seen, []

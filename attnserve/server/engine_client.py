@@ -7,9 +7,11 @@ threads). A receiver thread takes one Step message per engine step and hands its
 callers' event loops with one call per loop, as the in-process engine does; the engine's
 observations go to the front end's metrics there too.
 
-What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
-QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
-readers (its Handles), and a prompt that leaves no room in the context. When the core dies,
+The core sends token ids; the front end's Handles make their text and find stop strings (a stop
+is a Cancel to the core), so detokenizing costs the core nothing. What the front end decides
+itself, so that a refusal costs no round trip: Draining once closed, QueueFull once requests in
+flight fill the batch and the queue (the core checks again), slow readers (its Handles), and a
+prompt that leaves no room in the context. When the core dies,
 every request in flight ends at once with EngineUnavailable (UNAVAILABLE), new ones are refused
 the same way, and `on_death` is called: the Server then exits non-zero for its supervisor to
 restart it (Kubernetes, systemd), the way vLLM's front end ends with its engine core.
@@ -31,12 +33,13 @@ from pathlib import Path
 
 import zmq
 
-from ..engine.domain import Draining, EngineUnavailable, Final, FinishReason, GenerationRequest
+from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest
 from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
 from ..runtime.contract import ModelDirError
 from ..runtime.ort_session import ProviderError
+from ..tokenizer import Tokenizer
 from .config import ServerConfig
 from .core import StartupError, run_core
 from .core_protocol import (
@@ -57,6 +60,7 @@ log = logging.getLogger("attnserve.server")
 START_TIMEOUT_S = 600.0  # loading a model: sha256 of its files, session creation, the arena
 POLL_MS = 100  # how often the receiver looks at the core's process while no message comes
 STOP_TIMEOUT_S = 10.0
+MAX_STEPS_AT_ONCE = 64  # steps the receiver hands on in one go when it has fallen behind
 START_ERRORS: dict[str, type[Exception]] = {
     "ModelDirError": ModelDirError,
     "ProviderError": ProviderError,
@@ -67,8 +71,8 @@ START_ERRORS: dict[str, type[Exception]] = {
 class RemoteHandle(Handle):
     """A Handle whose cancel() also tells the core (once), so that the slot frees at its next step."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, max_buffered: int, tell):
-        super().__init__(request, loop, max_buffered)
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, tokenizer: Tokenizer, tell, **kw):
+        super().__init__(request, loop, tokenizer, **kw)
         self._tell = tell
 
     def cancel(self) -> None:
@@ -85,10 +89,13 @@ class EngineClient:
         self,
         config: ServerConfig,
         spec: ModelSpec,
+        tokenizer: Tokenizer,
         observer: EngineObserver,
         on_death: Callable[[str], None] | None = None,
     ):
-        self.config, self.spec, self.observer, self.on_death = config, spec, observer, on_death
+        """`tokenizer`: the model's, for the text of each request's token ids (its Handle's)."""
+        self.config, self.spec, self.tokenizer, self.observer = config, spec, tokenizer, observer
+        self.on_death = on_death
         self.handles: dict[int, Handle] = {}  # key -> request in flight
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the handles, and the inbound socket (not thread-safe)
@@ -141,14 +148,20 @@ class EngineClient:
         handle = RemoteHandle(
             request,
             loop or asyncio.get_running_loop(),
-            self.config.stream_buffer_events,
+            self.tokenizer,
             lambda: self._send(Cancel(key)),
+            max_buffered=self.config.stream_buffer_events,
+            on_final=self.finished,
         )
         with self._lock:
             self._check_room()
             self.handles[key] = handle
             self._into.send(ENCODER.encode(Submit(key, request)))
         return handle
+
+    def finished(self, final: Final) -> None:
+        """A request's end as its caller is told it (a Handle's on_final): the observer counts it."""
+        self.observer.on_finish(final.reason, final.timings.total_ms / 1000.0, final.usage.completion_tokens)
 
     def _check_room(self) -> None:
         if self.died is not None:
@@ -206,29 +219,37 @@ class EngineClient:
     def _receive(self) -> None:
         while not self._stopping:
             if self._from.poll(POLL_MS):
-                message = OUTBOUND_DECODER.decode(self._from.recv())
-                if isinstance(message, Step):
-                    self._take(message)
+                self._take([step for step in self._waiting() if isinstance(step, Step)])
             elif not self.process.is_alive() and not self._stopping:
                 self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
                 return
 
-    def _take(self, step: Step) -> None:
-        """One engine step: events to their callers' loops (one call per loop), observations to metrics."""
+    def _waiting(self) -> list:
+        """Every message the core has sent so far (at least one: call after a poll): when this front end
+        falls behind a fast core, the steps that waited are handed on together."""
+        messages = [OUTBOUND_DECODER.decode(self._from.recv())]
+        while len(messages) < MAX_STEPS_AT_ONCE:
+            try:
+                messages.append(OUTBOUND_DECODER.decode(self._from.recv(zmq.NOBLOCK)))
+            except zmq.Again:
+                break
+        return messages
+
+    def _take(self, steps: list[Step]) -> None:
+        """Engine steps, in order: events to their callers' loops (one call per loop for them all),
+        observations to metrics."""
         ready: list[tuple[Handle, Event]] = []
         with self._lock:
-            for key, wire in step.events:
-                event = from_wire(wire)
-                last = isinstance(event, (Final, Exception))
-                handle = self.handles.pop(key, None) if last else self.handles.get(key)
-                if handle is not None:
-                    ready.append((handle, event))
-            self._active = step.active
-        for hook, arguments in step.observations:  # before the events: a caller that sees its end sees it counted
-            if hook == "on_finish":
-                reason, seconds, tokens = arguments
-                self.observer.on_finish(FinishReason(reason), seconds, tokens)
-            else:
+            for step in steps:
+                for key, wire in step.events:
+                    event = from_wire(wire)
+                    last = isinstance(event, (Final, Exception))
+                    handle = self.handles.pop(key, None) if last else self.handles.get(key)
+                    if handle is not None:
+                        ready.append((handle, event))
+                self._active = step.active
+        for step in steps:
+            for hook, arguments in step.observations:
                 getattr(self.observer, hook)(*arguments)
         post(ready)
 
