@@ -67,7 +67,8 @@ kv-bench: $(STAMP) $(GENAI_STAMP) $(KV_MODEL)/attnserve.json
 
 # Where the engine's time goes (issue 22): the engine in this process and the engine core in its own
 # against a plain loop over the same arena driver, then `attnserve serve --engine-core process` against
-# `thread` through gRPC. A small BPE model with a 1024-token context, trained once for 60 s.
+# `thread` through gRPC and onnxruntime-genai's static batches (where .venv-genai exists), at 1, 16 and
+# 64 streams. A small BPE model with a 1024-token context, trained once for 60 s.
 PERF_RUN   := runs/small-1k-bpe
 PERF_MODEL := models/small-1k-bpe
 $(PERF_RUN)/checkpoint.pt: | $(STAMP)

@@ -101,7 +101,12 @@ async def grpc_wave(port: int, concurrency: int, new_tokens: int) -> dict:
 
 def genai_wave(model_dir: str, texts: list[str], new_tokens: int, tokenizer) -> dict:
     """onnxruntime-genai decoding the texts as one static batch (a subprocess in .venv-genai)."""
-    ids = [tokenizer.encode_prompt(t) for t in texts]
+    return genai_batch(model_dir, [tokenizer.encode_prompt(t) for t in texts], new_tokens)
+
+
+def genai_batch(model_dir: str, ids: list[list[int]], new_tokens: int) -> dict:
+    """onnxruntime-genai decoding prompts of token ids (one length) as one static batch, exactly
+    new_tokens each (a subprocess in .venv-genai): tokens, seconds, tokens_per_s."""
     proc = subprocess.run(
         [
             str(GENAI_PYTHON),
