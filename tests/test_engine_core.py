@@ -68,6 +68,17 @@ def test_the_metrics_report_the_core_process_memory(core, server):
     assert abs(memory(server) - resident_bytes(os.getpid())) < 8 * 2**20
 
 
+def test_the_cores_token_timings_reach_the_front_ends_metrics_once_per_token(core):
+    """The core reports a step's token gaps in one observation (not one per token); the front end's
+    histograms still count each token: one time to first token and 23 inter-token gaps for 24 tokens."""
+    sample = lambda name: core.server.metrics.registry.get_sample_value(name) or 0.0
+    names = ("attnserve_time_to_first_token_seconds_count", "attnserve_inter_token_latency_seconds_count")
+    before = [sample(name) for name in names]
+    reply = generate(core.stub, "The list")
+    assert len(reply.token_ids) == 24 and reply.finish_reason == pb.FINISH_REASON_LENGTH
+    assert [sample(name) - b for name, b in zip(names, before)] == [1, 23]
+
+
 def test_seeded_requests_decode_alike_alone_and_in_a_batch_across_the_boundary(core):
     alone = {seed: generate(core.stub, "The list", **SAMPLED, seed=seed).token_ids for seed in range(4)}
     together: dict[int, list[int]] = {}

@@ -57,8 +57,10 @@ class EngineObserver:
     """What the engine reports as it runs (metrics subclass it); every hook is a no-op here."""
 
     def on_step(self, batch_size: int, queue_depth: int) -> None: ...
-    def on_first_token(self, seconds: float) -> None: ...
-    def on_inter_token(self, seconds: float) -> None: ...
+    def on_tokens(self, first: list[float], inter: list[float]) -> None:
+        """One run's token gaps in seconds, once per prefill round or decode step (not per token): from
+        arrival to the first token of requests that got theirs, from the previous token for the rest."""
+
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
         """A request ended, as its caller is told it (reported from its Handle, on the caller's loop)."""
 
@@ -72,11 +74,8 @@ class ForwardingObserver(EngineObserver):
     def on_step(self, batch_size: int, queue_depth: int) -> None:
         self.inner.on_step(batch_size, queue_depth)
 
-    def on_first_token(self, seconds: float) -> None:
-        self.inner.on_first_token(seconds)
-
-    def on_inter_token(self, seconds: float) -> None:
-        self.inner.on_inter_token(seconds)
+    def on_tokens(self, first: list[float], inter: list[float]) -> None:
+        self.inner.on_tokens(first, inter)
 
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
         self.inner.on_finish(reason, seconds, completion_tokens)
@@ -266,10 +265,10 @@ class Engine:
         with self._cond:
             sequences = [self._prefilling.pop(key) for key in logits.keys]
             self._active.update(zip(logits.keys, sequences))
-        for key, sequence in self._advance(logits, sequences):
-            self.observer.on_first_token(sequence.token_gap)
-            if sequence.done:
-                self._free(key)
+        advanced = self._advance(logits, sequences)
+        if advanced:
+            self.observer.on_tokens([sequence.token_gap for _, sequence in advanced], [])
+        self._free_done(advanced)
 
     def _decode(self) -> None:
         """One token for every decoding request."""
@@ -277,8 +276,12 @@ class Engine:
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
         sampled = frozenset(key for key, s in self._active.items() if not s.sampler.plain_greedy)
         logits = self.slots.decode(next_ids, sampled)
-        for key, sequence in self._advance(logits, [self._active[key] for key in logits.keys]):
-            self.observer.on_inter_token(sequence.token_gap)
+        advanced = self._advance(logits, [self._active[key] for key in logits.keys])
+        self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
+        self._free_done(advanced)
+
+    def _free_done(self, advanced: list[tuple[int, Sequence]]) -> None:
+        for key, sequence in advanced:
             if sequence.done:
                 self._free(key)
 

@@ -103,11 +103,8 @@ class Recorder(EngineObserver):
     def on_step(self, batch_size: int, queue_depth: int) -> None:
         self.seen.append(("on_step", (batch_size, queue_depth)))
 
-    def on_first_token(self, seconds: float) -> None:
-        self.seen.append(("on_first_token", (seconds,)))
-
-    def on_inter_token(self, seconds: float) -> None:
-        self.seen.append(("on_inter_token", (seconds,)))
+    def on_tokens(self, first: list[float], inter: list[float]) -> None:
+        self.seen.append(("on_tokens", (first, inter)))
 
     def take(self) -> list[tuple[str, tuple[Any, ...]]]:
         seen, self.seen = self.seen, []

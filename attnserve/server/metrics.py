@@ -107,12 +107,12 @@ class Metrics(EngineObserver):
         if batch_size:
             self.step_batch.observe(batch_size)
 
-    def on_first_token(self, seconds: float) -> None:
-        if self.counting:
+    def on_tokens(self, first: list[float], inter: list[float]) -> None:
+        if not self.counting:
+            return
+        for seconds in first:
             self.ttft.observe(seconds)
-
-    def on_inter_token(self, seconds: float) -> None:
-        if self.counting:
+        for seconds in inter:
             self.itl.observe(seconds)
 
     def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
