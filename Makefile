@@ -67,19 +67,21 @@ kv-bench: $(STAMP) $(GENAI_STAMP) $(KV_MODEL)/attnserve.json
 
 # Where the engine's time goes (issue 22): the engine in this process and the engine core in its own
 # against a plain loop over the same arena driver, then `attnserve serve --engine-core process` against
-# `thread` through gRPC and onnxruntime-genai's static batches (where .venv-genai exists), at 1, 16 and
-# 64 streams. A small BPE model with a 1024-token context, trained once for 60 s.
+# `thread` through gRPC and onnxruntime-genai's static batches, at 1, 16 and 64 streams, and a mixed
+# workload (exponential output lengths) served against genai's static batches. A small BPE model with
+# a 1024-token context, trained once for 60 s.
 PERF_RUN   := runs/small-1k-bpe
 PERF_MODEL := models/small-1k-bpe
 $(PERF_RUN)/checkpoint.pt: | $(STAMP)
 	$(VENV)/bin/attnserve train --preset small --context-length 1024 --batch-size 8 --time-budget 60 --out $(PERF_RUN)
 $(PERF_MODEL)/attnserve.json: $(PERF_RUN)/checkpoint.pt
 	$(VENV)/bin/attnserve export $(PERF_RUN)/checkpoint.pt --out $(PERF_MODEL)
-perf: $(STAMP) $(PERF_MODEL)/attnserve.json
+perf: $(STAMP) $(GENAI_STAMP) $(PERF_MODEL)/attnserve.json
 	mkdir -p reports
 	$(PY) -m benchmarks.engine_cost --model $(PERF_MODEL) --new-tokens 256 --repeats 5 --out reports/engine-cost.json
 	$(PY) -m benchmarks.engine_core --model $(PERF_MODEL) --repeats 3 \
 		--out reports/engine-core.json --plot reports/engine-core.png
+	$(PY) -m benchmarks.mixed --model $(PERF_MODEL) --repeats 3 --out reports/mixed.json --plot reports/mixed.png
 
 # The CUDA path on a CUDA host (issue 23): train on the GPU, export float16 and bfloat16 (gated on
 # CUDA), pytest -m gpu, then ONNX Runtime CUDA vs PyTorch CUDA per token and gRPC at 1, 16, 64 streams;

@@ -1,11 +1,14 @@
-"""Quick mode of the engine-cost benchmark on the tiny model: the plain loop, the engine in this
+"""Quick modes of the engine benchmarks on the tiny model: the plain loop, the engine in this
 process and the engine core in a process of its own decode the same greedy requests, and the two
-engines produce the same tokens. Ratios are reported, never checked against wall-clock limits;
-`make perf` runs the full mode."""
+engines produce the same tokens; the mixed workload runs through a server and through genai. Ratios
+are reported, never checked against wall-clock limits; `make perf` runs the full modes."""
 
 import json
 
+import pytest
+
 from benchmarks.engine_cost import main
+from benchmarks.kv import GENAI_PYTHON
 
 
 def test_the_loop_the_engine_and_the_core_decode_the_same_requests(tiny_model_dir, tmp_path, capsys):
@@ -20,3 +23,23 @@ def test_the_loop_the_engine_and_the_core_decode_the_same_requests(tiny_model_di
         assert row["engine"]["tokens"] == row["core"]["tokens"] and len(row["core"]["tokens"]) == 1, row
         assert 0 < row["core"]["tokens"][0] <= 16 * row["concurrency"], row
         assert row["engine_vs_loop"]["median"] > 0 and row["core_vs_loop"]["median"] > 0, row
+
+
+@pytest.mark.skipif(not GENAI_PYTHON.exists(), reason="needs .venv-genai (`make test` builds it)")
+def test_the_mixed_workload_is_served_by_both_sides(tiny_model_dir, tmp_path, capsys):
+    """benchmarks.mixed in small: the same seeded requests through `attnserve serve` and through
+    onnxruntime-genai's static batches; genai's useful tokens are exactly the lengths asked for, the
+    server's at most those (a request may end at EOS), and each side's p50 is within its p99."""
+    from benchmarks.mixed import main as mixed
+
+    out = tmp_path / "mixed.json"
+    argv = ["--model", str(tiny_model_dir), "--requests", "6", "--in-flight", "3", "--prompt-tokens", "8"]
+    argv += ["--mean-new-tokens", "8", "--min-new-tokens", "4", "--max-new-tokens", "16", "--repeats", "1"]
+    assert mixed([*argv, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert result["genai"]["useful_tokens"] == [result["asked_tokens"]]
+    assert 0 < result["attnserve"]["useful_tokens"][0] <= result["asked_tokens"]
+    for side in ("attnserve", "genai"):
+        assert 0 < result[side]["latency_p50_ms"]["median"] <= result[side]["latency_p99_ms"]["median"], side
+    assert result["throughput_attnserve_vs_genai"]["median"] > 0
