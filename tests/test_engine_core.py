@@ -147,6 +147,44 @@ def test_a_cancelled_stream_frees_its_slot_in_the_core(slow_core):
     assert len(after.token_ids) == 5 and after.finish_reason == pb.FINISH_REASON_LENGTH
 
 
+# A client that stops reading: HTTP/2 flow control holds the server's writes once its small window is full.
+STALLED = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+
+def test_a_client_that_stops_reading_is_cut_and_its_slot_freed_in_the_core(tiny_model_dir):
+    """Slow readers across the boundary: the front end's Handle cuts a stream whose client stopped
+    reading once --stream-buffer-events deltas waited a second, its Cancel frees the slot in the core,
+    and the call ends CANCELLED after --write-timeout, as with the engine in the server's process
+    (tests/test_server_slow_reader.py)."""
+    running = start_server(
+        tiny_model_dir,
+        engine_core="process",
+        max_batch=1,
+        stream_buffer_events=8,
+        write_timeout=3.0,
+        test_step_delay_ms=20,  # 120 tokens take 2.4 s: the cut comes first
+    )
+    calls = lambda: running.server.metrics.registry.get_sample_value(
+        "attnserve_requests_total", {"method": "GenerateStream", "code": "CANCELLED"}
+    )
+    try:
+        with grpc.insecure_channel(running.target, options=STALLED) as channel:
+            stream = pb_grpc.TextGenerationStub(channel).GenerateStream(
+                request("The ", max_new_tokens=120, request_id="x" * 100), timeout=60
+            )
+            wait_until(lambda: finished(running, "cancelled") == 1, 60, "the core to end the stalled request")
+            wait_until(lambda: running.engine.stats() == {"active": 0, "queued": 0}, 60, "the slot to free")
+            reply = running.stub.Generate(request("The list", max_new_tokens=5), timeout=60)
+            assert len(reply.token_ids) == 5  # the one slot serves the next request
+            wait_until(lambda: calls() == 1, 60, "the write timeout")
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stream)
+        assert caught.value.code() == grpc.StatusCode.CANCELLED
+        assert "(--write-timeout)" in caught.value.details()
+    finally:
+        running.stop()
+
+
 def test_a_cancelled_queued_request_leaves_nothing_in_flight(slow_core):
     """One slot: the second stream waits in the core's queue; cancelled there, it still ends in the
     front end's count (the core answers CANCELLED at once), so that the server goes idle and the
