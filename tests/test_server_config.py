@@ -93,6 +93,15 @@ def test_bad_values_are_refused_in_one_line_naming_the_flag(capsys, flags, messa
         ({"tls_cert": "c.pem"}, "--tls-cert and --tls-key go together"),
         ({"drain_timeout": -1.0}, "--drain-timeout must not be negative"),
         ({"max_queue": 0}, "--max-queue must be at least 1"),
+        ({"log_stats_interval": -1.0}, "--log-stats-interval must not be negative (0: off)"),
+        (
+            {"served_model_name": "my model"},
+            "--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', not 'my model'",
+        ),
+        (
+            {"served_model_name": ""},
+            "--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', not ''",
+        ),
     ],
 )
 def test_out_of_range_values_are_refused_naming_the_flag(fields, message):

@@ -94,10 +94,13 @@ def test_metrics_parse_and_move(stub, server):
     port = server.server.metrics_port
     before = scrape(port)
     for _ in range(3):
-        stub.Generate(request("count me", max_new_tokens=5), timeout=TIMEOUT)
+        reply = stub.Generate(request("count me", max_new_tokens=5), timeout=TIMEOUT)
     after = scrape(port)
     ok = ("attnserve_requests_total", (("code", "OK"), ("method", "Generate")))
     assert after[ok] - before.get(ok, 0) == 3
+    prompt = ("attnserve_prompt_tokens_total", ())
+    assert after[prompt] - before.get(prompt, 0) == 3 * reply.usage.prompt_tokens
+    assert after[("process_resident_memory_bytes", ())] > 10 * 2**20  # the standard process_* metrics
     assert after[("attnserve_generated_tokens_total", ())] > before.get(("attnserve_generated_tokens_total", ()), 0)
     for histogram in (
         "attnserve_time_to_first_token_seconds",

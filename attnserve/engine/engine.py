@@ -61,7 +61,7 @@ class EngineObserver:
         """One run's token gaps in seconds, once per prefill round or decode step (not per token): from
         arrival to the first token of requests that got theirs, from the previous token for the rest."""
 
-    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
+    def on_finish(self, final: Final) -> None:
         """A request ended, as its caller is told it (reported from its Handle, on the caller's loop)."""
 
 
@@ -77,8 +77,8 @@ class ForwardingObserver(EngineObserver):
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         self.inner.on_tokens(first, inter)
 
-    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
-        self.inner.on_finish(reason, seconds, completion_tokens)
+    def on_finish(self, final: Final) -> None:
+        self.inner.on_finish(final)
 
 
 def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
@@ -140,7 +140,7 @@ class Engine:
 
     def finished(self, final: Final) -> None:
         """A request's end as its caller is told it (a Handle's on_final): the observer counts it."""
-        self.observer.on_finish(final.reason, final.timings.total_ms / 1000.0, final.usage.completion_tokens)
+        self.observer.on_finish(final)
 
     def enqueue(self, caller: Caller) -> None:
         """Queue `caller.request`; its events go to `caller` (a Handle here; a subclass that

@@ -45,6 +45,7 @@ from .oip_servicer import InferenceServicer
 from .request_bytes import DecodeInterceptor
 from .servicer import ModelFacts, TextGenerationServicer, model_info
 from .slow_readers import WriteWatch
+from .stats_log import StatsLog
 from .validation import RequestLimits
 
 log = logging.getLogger("attnserve.server")
@@ -152,7 +153,7 @@ class Server:
             bos_prepended=self.tokenizer.add_bos,
             stream_interval=StreamInterval(config.stream_interval_tokens, config.stream_interval_ms),
         )
-        self.metrics.describe_model(facts.model_dir.resolve().name, facts.provider, m.dtype, m.quantization or "")
+        self.metrics.describe_model(facts.name, facts.provider, m.dtype, m.quantization or "")
         self.metrics.kv_cache_bytes.set(self.kv_cache_bytes)
         log.info(
             "KV cache: %s, %d slots of %d positions, %s bytes; engine core in a %s",
@@ -171,6 +172,7 @@ class Server:
             self.metrics.count_request, self.metrics.track_in_flight, self.writes, config.test_leak_bytes
         )
         self.watchdog: asyncio.Task | None = None
+        self.stats_task: asyncio.Task | None = None  # --log-stats-interval's
         if config.test_leak_bytes:
             log.warning("TEST ONLY: every call leaks %d bytes ($%s)", config.test_leak_bytes, TEST_LEAK_VARIABLE)
         if config.test_step_delay_ms:
@@ -197,7 +199,10 @@ class Server:
         self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
         self.metrics.watch_core(os.getpid())
         runner = loaded.runner
-        return ModelFacts(runner.model_dir, runner.manifest, runner.provider, runner.provider_note), loaded.tokenizer
+        facts = ModelFacts(
+            runner.model_dir, runner.manifest, runner.provider, runner.provider_note, self.config.served_model_name
+        )
+        return facts, loaded.tokenizer
 
     def _start_core(self) -> tuple[ModelFacts, Tokenizer]:
         """--engine-core process: the manifest and tokenizer here, the session and arena in the core."""
@@ -209,7 +214,10 @@ class Server:
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
         self.metrics.watch_core(client.pid)
-        return ModelFacts(model_dir, manifest, client.ready.provider, client.ready.provider_note), tokenizer
+        ready = client.ready
+        return ModelFacts(
+            model_dir, manifest, ready.provider, ready.provider_note, self.config.served_model_name
+        ), tokenizer
 
     def _core_died(self, why: str) -> None:
         """The engine core's process is gone (the client's receiver thread): stop serving; serve() exits 1."""
@@ -242,6 +250,9 @@ class Server:
         await server.start()
         self.engine.start()
         self.watchdog = asyncio.create_task(self.writes.run())
+        if self.config.log_stats_interval:
+            stats_log = StatsLog(self.metrics, self.engine.stats, self.config.log_stats_interval)
+            self.stats_task = asyncio.create_task(stats_log.run())
         if self.config.metrics_port is not None:
             try:
                 self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
@@ -319,8 +330,9 @@ class Server:
         return bool(stats["active"] or stats["queued"])
 
     def close(self) -> None:
-        if self.watchdog is not None:
-            self.watchdog.cancel()
+        for task in (self.watchdog, self.stats_task):
+            if task is not None:
+                task.cancel()
         self.engine.stop()
         self.metrics.close()
 

@@ -9,6 +9,7 @@ from_args builds the config back; nothing else writes a server default. No gRPC,
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,6 +20,7 @@ from ..flags import add_field_flags, flag, flag_name
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
 MAX_PORT = 65535
+MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
 TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
 TEST_STEP_DELAY_VARIABLE = "ATTNSERVE_TEST_STEP_DELAY_MS"
 # Test-only settings, read from the environment at start-up (no flags): field -> (variable, unit)
@@ -67,6 +69,15 @@ class ServerConfig:
     """One server's settings; every field with help is also an `attnserve serve` flag."""
 
     model: str = field(metadata=flag("model directory written by `attnserve export`, e.g. models/NAME"))
+    served_model_name: str | None = field(
+        default=None,
+        metadata=flag(
+            "the model's name in GetModelInfo, the Open Inference Protocol (requests must name it) and the "
+            "metrics' model label",
+            metavar="NAME",
+            unset="the directory's name",
+        ),
+    )
     host: str = field(default="127.0.0.1", metadata=flag("interface to listen on; 0.0.0.0 for all"))
     port: int = field(default=50051, metadata=flag("gRPC port; 0 picks a free one and prints it"))
     provider: str = field(
@@ -155,6 +166,13 @@ class ServerConfig:
     max_new_tokens_cap: int = field(
         default=256, metadata=flag("largest max_new_tokens a request may ask for, at most context length - 1")
     )
+    log_stats_interval: float = field(
+        default=10.0,
+        metadata=flag(
+            "seconds between log lines of throughput (prompt and generated tokens/s), batch and queue, "
+            "written while there is traffic; 0: off"
+        ),
+    )
     metrics_port: int | None = field(
         default=None, metadata=flag("serve Prometheus /metrics on this port; 0 picks a free one", unset="off")
     )
@@ -212,6 +230,12 @@ class ServerConfig:
             (self.write_timeout > 0, "--write-timeout must be positive"),
             (self.max_connection_age is None or self.max_connection_age > 0, "--max-connection-age must be positive"),
             (self.drain_timeout >= 0, "--drain-timeout must not be negative"),
+            (self.log_stats_interval >= 0, "--log-stats-interval must not be negative (0: off)"),
+            (
+                self.served_model_name is None or MODEL_NAME.fullmatch(self.served_model_name) is not None,
+                f"--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', "
+                f"not {self.served_model_name!r}",
+            ),
         ]
         counts = ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens", "stream_buffer_events")
         rules += [

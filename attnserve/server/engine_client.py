@@ -161,7 +161,7 @@ class EngineClient:
 
     def finished(self, final: Final) -> None:
         """A request's end as its caller is told it (a Handle's on_final): the observer counts it."""
-        self.observer.on_finish(final.reason, final.timings.total_ms / 1000.0, final.usage.completion_tokens)
+        self.observer.on_finish(final)
 
     def _check_room(self) -> None:
         if self.died is not None:

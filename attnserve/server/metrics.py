@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server: requests by status, latencies, queue, batch, tokens, provider.
+"""Prometheus metrics of one server: requests by status, latencies, queue, batch, tokens, provider,
+and the standard process_* metrics of the server's process.
 
 Each server owns its registry (several servers can live in one process, as in the tests) and
 serves it on --metrics-port. The engine reports through the EngineObserver hooks; the gRPC
@@ -11,9 +12,9 @@ import os
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, start_http_server
 
-from ..engine.domain import FinishReason
+from ..engine.domain import Final
 from ..engine.engine import EngineObserver
 
 # Buckets in seconds: tokens of a small model take well under a millisecond on a GPU.
@@ -26,6 +27,7 @@ class Metrics(EngineObserver):
 
     def __init__(self) -> None:
         self.counting = True  # the engine's reports count as traffic (off for the start-up warm-up)
+        self.step_tokens = 0  # tokens the engine's steps produced (EOS included), for the stats log line
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -53,6 +55,12 @@ class Metrics(EngineObserver):
             registry=r,
         )
         self.tokens = Counter("attnserve_generated_tokens", "Tokens generated (EOS not counted)", registry=r)
+        self.prompt_tokens = Counter(
+            "attnserve_prompt_tokens",
+            "Prompt tokens of the generations that ended (a source's, for an encoder-decoder)",
+            registry=r,
+        )
+        ProcessCollector(registry=r)  # process_*: the server's (front end's) CPU, memory, open files, start time
         self.queue_depth = Gauge("attnserve_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.batch_size = Gauge("attnserve_batch_size", "Requests in the running batch", registry=r)
         self.in_flight = Gauge(
@@ -110,17 +118,19 @@ class Metrics(EngineObserver):
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         if not self.counting:
             return
+        self.step_tokens += len(first) + len(inter)
         for seconds in first:
             self.ttft.observe(seconds)
         for seconds in inter:
             self.itl.observe(seconds)
 
-    def on_finish(self, reason: FinishReason, seconds: float, completion_tokens: int) -> None:
+    def on_finish(self, final: Final) -> None:
         if not self.counting:
             return
-        self.finished.labels(reason=reason.value).inc()
-        self.e2e.observe(seconds)
-        self.tokens.inc(completion_tokens)
+        self.finished.labels(reason=final.reason.value).inc()
+        self.e2e.observe(final.timings.total_ms / 1000.0)
+        self.tokens.inc(final.usage.completion_tokens)
+        self.prompt_tokens.inc(final.usage.prompt_tokens)
 
 
 def resident_bytes(pid: int) -> float:

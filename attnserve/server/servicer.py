@@ -156,6 +156,12 @@ class ModelFacts:
     manifest: Manifest
     provider: str
     provider_note: str = ""  # why the session is not on the provider asked for (--provider auto's fallback)
+    served_name: str | None = None  # --served-model-name
+
+    @property
+    def name(self) -> str:
+        """The name clients see: --served-model-name, or the directory's."""
+        return self.served_name or self.model_dir.resolve().name
 
 
 def model_info(
@@ -169,7 +175,7 @@ def model_info(
     """GetModelInfo's answer, built once at start-up."""
     m = facts.manifest
     return pb.ModelInfo(
-        model_name=facts.model_dir.resolve().name,
+        model_name=facts.name,
         architecture=m.architecture,
         vocab_size=m.vocab_size,
         d_model=m.d_model,
