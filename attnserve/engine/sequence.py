@@ -154,7 +154,7 @@ def check_budget(request: GenerationRequest, spec: ModelSpec) -> None:
 
 
 class Sequence:
-    """A request being decoded: its sampler, its text, its pending token and its timings."""
+    """A request being decoded: its sampler, its generated ids, its pending token and its timings."""
 
     def __init__(self, request: GenerationRequest, handle: Caller, eos_id: int, spec: ModelSpec):
         """The decoder's prompt (spec.decoder_prompt) counts against the context and for the

@@ -3,18 +3,19 @@
 EngineClient answers the calls the servicers and the Server make of an Engine (submit, release,
 stats, close, abort, start, stop) by talking to core.run_core over two ZeroMQ sockets
 (core_protocol.py). The core is started with multiprocessing's spawn (a fork would copy gRPC's
-threads). A receiver thread takes one Step message per engine step and hands its events to the
-callers' event loops with one call per loop, as the in-process engine does; the engine's
-observations go to the front end's metrics there too.
+threads). A receiver thread takes the core's Step messages (one per engine step; every one that
+waited, when it has fallen behind a fast core) and hands their events to the callers' event loops
+with one call per loop, as the in-process engine does; the engine's observations go to the front
+end's metrics there too.
 
 The core sends token ids; the front end's Handles make their text and find stop strings (a stop
 is a Cancel to the core), so detokenizing costs the core nothing. What the front end decides
 itself, so that a refusal costs no round trip: Draining once closed, QueueFull once requests in
 flight fill the batch and the queue (the core checks again), slow readers (its Handles), and a
-prompt that leaves no room in the context. When the core dies,
-every request in flight ends at once with EngineUnavailable (UNAVAILABLE), new ones are refused
-the same way, and `on_death` is called: the Server then exits non-zero for its supervisor to
-restart it (Kubernetes, systemd), the way vLLM's front end ends with its engine core.
+prompt that leaves no room in the context. When the core dies, every request in flight ends at
+once with EngineUnavailable (UNAVAILABLE), new ones are refused the same way, and `on_death` is
+called: the Server then exits non-zero for its supervisor to restart it (Kubernetes, systemd), the
+way vLLM's front end ends with its engine core.
 """
 
 from __future__ import annotations
