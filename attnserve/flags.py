@@ -9,9 +9,11 @@ help. `attnserve serve` and `ray-serve` are built this way from whole configs, `
 from __future__ import annotations
 
 import argparse
+import os
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, Field, fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -73,3 +75,19 @@ def argparse_type(parse: Callable[[str], T]) -> Callable[[str], T]:
 
     convert.__name__ = parse.__name__
     return convert
+
+
+def check_output(flag: str, path: str | None) -> None:
+    """Before a run: `path` must be a file that can be written in a directory that exists (nothing
+    is created but the file); ValueError naming `flag` otherwise."""
+    if not path:
+        return
+    parent = Path(path).parent
+    if Path(path).is_dir():
+        raise ValueError(f"{flag} {path}: is a directory")
+    if parent.exists() and not parent.is_dir():
+        raise ValueError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: directory {parent} is not writable")

@@ -52,3 +52,23 @@ def test_cli_refuses_decoder_only_and_bad_layer(tmp_path):
     assert proc.returncode == 2 and "encoder-decoder" in proc.stderr and "Traceback" not in proc.stderr
     proc = run(checkpoint(tmp_path, "tiny-seq2seq"), "1", "--out", tmp_path / "x.png", "--per-head", "--layer", "9")
     assert proc.returncode == 2 and "--layer must be in 0..1" in proc.stderr
+
+
+def test_cli_bad_values_are_one_line_and_exit_2(tmp_path):
+    """Issue 27's cases: a source longer than the model reads (was an IndexError), an --out that is
+    not a PNG name (matplotlib's format error) or lies under a file (NotADirectoryError), and --layer
+    without --per-head (was ignored)."""
+    ckpt = checkpoint(tmp_path, "tiny-seq2seq")
+    (tmp_path / "file").write_text("")
+    cases = [
+        (["9" * 300, "--out", tmp_path / "x.png"], "the source is 301 tokens (BOS and its UTF-8 bytes); this model"),
+        (["4021", "--out", tmp_path / "map.txt"], f"--out {tmp_path}/map.txt: the map is a PNG"),
+        (["4021", "--out", tmp_path / "file" / "x.png"], f"--out {tmp_path}/file/x.png: {tmp_path}/file is a file"),
+        (["4021", "--out", tmp_path / "x.png", "--layer", "1"], "--layer needs --per-head"),
+    ]
+    for args, message in cases:
+        proc = run(ckpt, *args)
+        assert proc.returncode == 2, (args, proc.stderr)
+        (line,) = proc.stderr.strip().splitlines()
+        assert line.startswith(f"attnserve attention-map: error: {message}"), line
+    assert not (tmp_path / "x.png").exists()

@@ -14,13 +14,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from ..flags import add_field_flags
+from ..flags import add_field_flags, check_output
 from .bench import PROG, BenchConfig, run_bench
 from .bench_report import format_table, write_plot
 from .cli_common import (
     add_client_flags,
     add_stream_interval_flags,
-    check_output,
     fail,
     interrupted,
     parse_numbers,

@@ -62,20 +62,6 @@ def check_pem(flag: str, path: str) -> None:
         raise ValueError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
 
 
-def check_output(flag: str, path: str | None) -> None:
-    """Before a run: `path` must be a file that can be written in a directory that exists (nothing
-    is created but the file)."""
-    if not path:
-        return
-    parent = Path(path).parent
-    if Path(path).is_dir():
-        raise ValueError(f"{flag} {path}: is a directory")
-    if not parent.is_dir():
-        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"{flag} {path}: directory {parent} is not writable")
-
-
 def token_from_args(args: argparse.Namespace) -> str | None:
     """The bearer token of --token-file, if given."""
     if not args.token_file:

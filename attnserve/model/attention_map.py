@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from ..flags import check_output
 from ..tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID, encode
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ENCODER_DECODER
@@ -61,32 +62,46 @@ def add_arguments(p) -> None:
     """`attnserve attention-map`'s flags."""
     p.add_argument("checkpoint", help="an encoder-decoder checkpoint, e.g. runs/numbers/checkpoint.pt")
     p.add_argument("source", help="source text to translate, e.g. 4021")
-    p.add_argument("--out", required=True, help="PNG file to write")
+    p.add_argument("--out", required=True, help="PNG file to write (its name ends in .png)")
     p.add_argument("--per-head", action="store_true", help="one panel per head of --layer instead of per layer")
-    p.add_argument("--layer", type=int, default=0, help="layer shown with --per-head (default: 0)")
+    p.add_argument("--layer", type=int, default=None, help="layer shown with --per-head (default: 0)")
+
+
+def fail(message: str) -> int:
+    print(f"attnserve attention-map: error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(args) -> int:
     """CLI entry: averaged over heads per layer, or every head of --layer with --per-head."""
+    if args.layer is not None and not args.per_head:
+        return fail("--layer needs --per-head (without it every layer is shown, averaged over its heads)")
+    if Path(args.out).suffix.lower() != ".png":
+        return fail(f"--out {args.out}: the map is a PNG; give a name ending in .png")
+    try:
+        check_output("--out", args.out)
+    except ValueError as e:
+        return fail(str(e))
     try:
         model = load_checkpoint(args.checkpoint)
     except CheckpointError as e:
-        print(f"attnserve attention-map: error: {e}", file=sys.stderr)
-        return 2
+        return fail(str(e))
     if model.config.arch != ENCODER_DECODER:
-        print(
-            "attnserve attention-map: error: needs an encoder-decoder checkpoint (it shows cross-attention)",
-            file=sys.stderr,
+        return fail("needs an encoder-decoder checkpoint (it shows cross-attention)")
+    layer = args.layer or 0
+    if not 0 <= layer < model.config.n_layers:
+        return fail(f"--layer must be in 0..{model.config.n_layers - 1}")
+    source_ids = encode(args.source)
+    if len(source_ids) > model.config.max_len:
+        return fail(
+            f"the source is {len(source_ids)} tokens (BOS and its UTF-8 bytes); this model reads at most "
+            f"{model.config.max_len}"
         )
-        return 2
-    if not 0 <= args.layer < model.config.n_layers:
-        print(f"attnserve attention-map: error: --layer must be in 0..{model.config.n_layers - 1}", file=sys.stderr)
-        return 2
     output, weights = cross_attention(model, args.source)
     rows = labels([*output, EOS_ID])  # row i is the step that produced output i
-    cols = labels(encode(args.source))
+    cols = labels(source_ids)
     if args.per_head:
-        plot(weights[args.layer], rows, cols, f"layer {args.layer}, head", Path(args.out))
+        plot(weights[layer], rows, cols, f"layer {layer}, head", Path(args.out))
     else:
         plot(weights.mean(1), rows, cols, "layer (mean of heads)", Path(args.out))
     print(f"{args.source!r} -> {bytes(i for i in output if i < 256).decode('utf-8', 'replace')!r}; wrote {args.out}")
