@@ -15,6 +15,7 @@ import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from attnserve.server.core import StartupError
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -123,11 +124,33 @@ def test_tampered_model_is_refused_in_one_line(tiny_model_dir, tmp_path):
 
 
 def test_port_in_use_is_refused_in_one_line(tiny_model_dir):
+    """Before the model loads, and with no gRPC core line before it (issue 27): the whole output is one line."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        line = refused("--model", str(tiny_model_dir), "--port", str(taken.getsockname()[1]))
-    assert line.startswith("attnserve serve: error:") and "in use" in line
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "attnserve.cli", "serve", "--model", str(tiny_model_dir), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 2
+    assert (proc.stdout + proc.stderr).splitlines() == [
+        f"attnserve serve: error: cannot listen on 127.0.0.1:{port}: the port is in use"
+    ]
+
+
+def test_an_embedded_server_refuses_a_port_in_use_by_its_own_check(tiny_model_dir):
+    """Server.start checks too (a Server embedded in code, or a port taken while the model loaded):
+    StartupError in attnserve's words, before gRPC's core tries the port."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(StartupError) as refused_start:
+            start_server(tiny_model_dir, port=port)
+    assert str(refused_start.value) == f"cannot listen on 127.0.0.1:{port}: the port is in use"
 
 
 def test_bad_flag_combination_is_refused(tiny_model_dir):

@@ -10,9 +10,11 @@ requests get --drain-timeout seconds to finish, then exit 0.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -274,6 +276,9 @@ class Server:
     def _bind(self, server: grpc.aio.Server) -> int:
         config = self.config
         address = f"{config.host}:{config.port}"
+        problem = listen_problem(config.host, config.port)
+        if problem is not None:
+            raise StartupError(problem)
         try:
             if config.tls_cert and config.tls_key:
                 port = server.add_secure_port(
@@ -337,6 +342,28 @@ class Server:
         self.metrics.close()
 
 
+def listen_problem(host: str, port: int) -> str | None:
+    """Why host:port cannot be listened on (in use, not local), found by binding a socket of our own
+    first: gRPC's core would print an error line of its own before ours. None if it can (or port 0)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        return f"cannot listen on {host}:{port}: {e.strerror}"
+    reasons: dict[int | None, str] = {
+        errno.EADDRINUSE: "the port is in use",
+        errno.EADDRNOTAVAIL: "the address is not local",
+    }
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a TIME_WAIT port is free
+        try:
+            probe.bind(address)
+        except OSError as e:
+            return f"cannot listen on {host}:{port}: {reasons.get(e.errno) or e.strerror}"
+    return None
+
+
 async def serve(config: ServerConfig) -> int:
     """Run until SIGTERM or SIGINT, then drain; the exit code."""
     server = None
@@ -383,5 +410,9 @@ def main(args) -> int:
         config.check()
     except ValueError as e:
         print(f"attnserve serve: error: {e}", file=sys.stderr)
+        return 2
+    problem = listen_problem(config.host, config.port)  # before the model loads: a busy port costs nothing
+    if problem is not None:
+        print(f"attnserve serve: error: {problem}", file=sys.stderr)
         return 2
     return asyncio.run(serve(config))
