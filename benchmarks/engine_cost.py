@@ -108,7 +108,7 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
         prefill_chunk=PROMPT_TOKENS * max(levels),
         engine_core="process",
     )
-    core = EngineClient(config, model.spec, tokenizer, EngineObserver())
+    core = EngineClient(config, model.spec, EngineObserver())
     core.start()
     rows = []
     try:

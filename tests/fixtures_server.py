@@ -134,6 +134,7 @@ def start_server(model_dir, **overrides) -> ServerThread:
         "max_queue": 64,
         "drain_timeout": 5.0,
         "engine_core": "thread",  # the tests look at the engine and pace its steps (test_engine_core.py: a process)
+        "log_stats_interval": 0.0,  # no periodic stats lines from the tests' servers (test_server_observability.py)
     }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})
     return ServerThread(config)

@@ -4,8 +4,7 @@ import random
 
 import pytest
 
-from attnserve.engine.domain import Delta, Final, FinishReason, GenerationRequest, Timings, Usage
-from attnserve.engine.streaming import Detokenizer, RequestText, TextStream, held_back
+from attnserve.engine.streaming import Detokenizer, TextStream, held_back
 from attnserve.tokenizer import ByteTokenizer
 from attnserve.tokenizer.bpe import train_bpe
 
@@ -121,24 +120,3 @@ def test_the_native_incremental_decoder_gives_the_deltas_of_decoding_slices():
         assert native.step is not None and sliced.step is None
         assert [native.push(i) for i in ids] == [sliced.push(i) for i in ids], trial
         assert native.flush() == sliced.flush()
-
-
-def test_request_text_cuts_at_the_token_that_completes_a_stop_and_tells_the_final_as_stop():
-    """The caller's side of a request (its Handle's): token deltas get their text; the tokens after
-    the one completing a stop string are not the caller's, and the engine's later Final (CANCELLED,
-    with every token it decoded) is told as STOP with the tokens the caller got."""
-    text = RequestText(TOK, GenerationRequest("r", (1,), 20, stop=("lo w",)))
-    ids = list(b"hello world")
-    assert text.delta(Delta(tuple(ids[:3]))) == Delta(tuple(ids[:3]), "he")  # "l" might start the stop
-    cut = text.delta(Delta(tuple(ids[3:9])))  # "lo wor": the stop completes at "w"
-    assert cut == Delta(tuple(ids[3:7]), "l") and text.stopped and text.kept == 7
-    assert text.delta(Delta(tuple(ids[9:]))) is None
-    final = text.final(Final(FinishReason.CANCELLED, "", Usage(1, 11), Timings(1.0, 2.0, 3.0)))
-    assert final == Final(FinishReason.STOP, "", Usage(1, 7), Timings(1.0, 2.0, 3.0))
-
-
-def test_request_text_releases_held_back_text_with_the_final():
-    text = RequestText(TOK, GenerationRequest("r", (1,), 20, stop=("xyz",)))
-    assert text.delta(Delta(tuple(b"abx"))).text == "ab"  # "x" might start the stop string
-    final = text.final(Final(FinishReason.LENGTH, "", Usage(1, 3), Timings(0, 0, 0)))
-    assert final.reason == FinishReason.LENGTH and final.text == "x" and final.usage.completion_tokens == 3

@@ -76,18 +76,15 @@ class Timings:
 
 @dataclass(frozen=True)
 class Delta:
-    """Tokens generated since the last event, and the text they completed (may be empty).
-
-    The engine sends token ids only; the caller's Handle adds the text (streaming.RequestText)."""
+    """Tokens generated since the last event, and the text they completed (may be empty)."""
 
     token_ids: tuple[int, ...]
-    text: str = ""
+    text: str
 
 
 @dataclass(frozen=True)
 class Final:
-    """The last event of a request: a last piece of text, and how and when it ended (the engine's has
-    no text; the caller's Handle adds what its text held back)."""
+    """The last event of a request: a last piece of text, and how and when it ended."""
 
     reason: FinishReason
     text: str

@@ -11,10 +11,8 @@ One engine thread owns the runner. At every step boundary it drops cancelled and
 requests, starts queued ones in the runner's free slots, runs one round of prefill (fresh
 prompts together, one chunk of a long one), runs one decode step for the whole batch, picks
 every greedy row's token with one argmax over the batch and every other row's with its own
-sampler, and hands the events (token ids, finishes) to each caller's event loop with one
-call_soon_threadsafe per step. The engine never detokenizes: each caller's Handle turns its ids into
-text and finds its stop strings on the caller's loop (sequence.py). ONNX Runtime releases the GIL
-while it runs.
+sampler, and hands the events to each caller's event loop
+with one call_soon_threadsafe per step. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -62,7 +60,7 @@ class EngineObserver:
         arrival to the first token of requests that got theirs, from the previous token for the rest."""
 
     def on_finish(self, final: Final) -> None:
-        """A request ended, as its caller is told it (reported from its Handle, on the caller's loop)."""
+        """A request ended (its Final, as the engine emits it)."""
 
 
 class ForwardingObserver(EngineObserver):
@@ -133,21 +131,16 @@ class Engine:
         refusal under overload costs no sampler or detokenizer)."""
         with self._cond:
             self._check_room()
-        loop = loop or asyncio.get_running_loop()
-        handle = Handle(request, loop, self.tokenizer, self.limits.max_buffered, on_final=self.finished)
+        handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
         self.enqueue(handle)
         return handle
-
-    def finished(self, final: Final) -> None:
-        """A request's end as its caller is told it (a Handle's on_final): the observer counts it."""
-        self.observer.on_finish(final)
 
     def enqueue(self, caller: Caller) -> None:
         """Queue `caller.request`; its events go to `caller` (a Handle here; a subclass that
         delivers elsewhere overrides _flush). Raises QueueFull, Draining, or ValueError when the
         prompt leaves no room in the context."""
         check_budget(caller.request, self.spec)
-        sequence = Sequence(caller.request, caller, self.tokenizer.eos_id, self.spec)
+        sequence = Sequence(caller.request, caller, self.tokenizer, self.spec)
         with self._cond:
             self._check_room()
             self._queue.append(sequence)
@@ -320,6 +313,9 @@ class Engine:
 
     def _emit(self, sequence: Sequence, events: list[Event]) -> None:
         self._outbox.extend((sequence.handle, event) for event in events)
+        final = sequence.final
+        if final is not None and events and events[-1] is final:
+            self.observer.on_finish(final)
 
     def _flush(self) -> None:
         """Hand this step's events to the callers' event loops, one call per loop (a subclass whose

@@ -1,10 +1,8 @@
 """One request's life inside the engine (Sequence) and its asyncio-side mailbox (Handle).
 
 The engine thread owns every Sequence: it takes the token picked from the request's row of
-logits (engine.pick_tokens) and decides when the request is finished (EOS, its token budget).
-Events reach the caller through the Handle's asyncio.Queue, filled on the caller's event loop,
-where the Handle turns token ids into text and finds stop strings (streaming.RequestText): the
-engine never detokenizes. No gRPC here.
+logits (engine.pick_tokens), turns it into a text delta, and decides when the request is finished. Events reach the
+caller through the Handle's asyncio.Queue, filled on the caller's event loop. No gRPC here.
 """
 
 from __future__ import annotations
@@ -12,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
 from .sampling import Sampler
 from .slot_runner import ModelSpec
-from .streaming import RequestText
+from .streaming import TextStream
 
 Event = Delta | Final | Exception
 
@@ -37,12 +35,6 @@ class Caller(Protocol):
 class Handle:
     """The caller's end of a request: await its events; cancel() asks the engine to drop it.
 
-    The engine's deltas carry token ids; the Handle adds their text (RequestText): as they arrive for
-    a request with stop strings (a stop cancels the request in the engine, drops the tokens after it
-    and tells the engine's Final as STOP), else when the caller reads, the deltas then waiting joined.
-    `on_final` hears every Final the engine ends the request with, as the caller is told it (the
-    metrics count finishes there: only this side knows a stop).
-
     The caller is stuck (writing to a client that stopped reading) once it has been away from
     next_events for `patience_s` seconds with `max_buffered` deltas waiting: the next delta becomes
     SlowReader, and the request is dropped. Late is not stuck: an event loop starved by a busy machine
@@ -56,16 +48,12 @@ class Handle:
         self,
         request: GenerationRequest,
         loop: asyncio.AbstractEventLoop,
-        tokenizer: Tokenizer,
         max_buffered: int = 0,
         patience_s: float = PATIENCE_S,
-        on_final: Callable[[Final], None] | None = None,
     ):
         """`max_buffered`: 0 for no cap."""
         self.request = request
         self.loop = loop
-        self.text = RequestText(tokenizer, request)
-        self.on_final = on_final
         self.max_buffered, self.patience_s = max_buffered, patience_s
         self.away_since = loop.time()  # when the caller last left next_events
         self.events: asyncio.Queue[Event] = asyncio.Queue()
@@ -77,29 +65,15 @@ class Handle:
         self.cancelled = True
 
     def put(self, event: Event) -> None:
-        """Queue an event from the engine, unless the caller is gone, too far behind, or its text has
-        stopped. A request with stop strings gets its text here; one without, when the caller reads."""
-        if isinstance(event, Final):
-            if not self.text.on_read:
-                event = self.text.final(event)
-            if self.on_final is not None:
-                self.on_final(event)  # its reason and usage are final: only a stop string changes them
+        """Queue an event from the engine, unless the caller is gone or too far behind."""
         if self.finished:
             return  # after the caller's error, the engine's own end of the request is not news
-        if isinstance(event, Delta):
-            if self.max_buffered and self.stuck():
-                self.cancel()
-                event = SlowReader(
-                    f"{self.max_buffered} decoded events waited {self.patience_s:g} s for a client that is not "
-                    "reading its stream (--stream-buffer-events); the request is cancelled"
-                )
-            elif not self.text.on_read:
-                delta = self.text.delta(event)
-                if delta is None:
-                    return  # decoded after a stop string: not the caller's
-                event = delta
-                if self.text.stopped:
-                    self.cancel()  # the engine drops it at its next step; its Final is told as STOP
+        if self.max_buffered and isinstance(event, Delta) and self.stuck():
+            self.cancel()
+            event = SlowReader(
+                f"{self.max_buffered} decoded events waited {self.patience_s:g} s for a client that is not "
+                "reading its stream (--stream-buffer-events); the request is cancelled"
+            )
         self.events.put_nowait(event)
         if isinstance(event, (Final, Exception)):
             self.finished = True
@@ -123,7 +97,7 @@ class Handle:
             self.reading, self.away_since = False, self.loop.time()
         while not self.events.empty():
             events.append(self.events.get_nowait())
-        return self.text.read(events) if self.text.on_read else events
+        return events
 
 
 def deliver(batch: list[tuple[Handle, Event]]) -> None:
@@ -156,12 +130,19 @@ def check_budget(request: GenerationRequest, spec: ModelSpec) -> None:
 class Sequence:
     """A request being decoded: its sampler, its generated ids, its pending token and its timings."""
 
-    def __init__(self, request: GenerationRequest, handle: Caller, eos_id: int, spec: ModelSpec):
+    def __init__(
+        self,
+        request: GenerationRequest,
+        handle: Caller,
+        tokenizer: Tokenizer,
+        spec: ModelSpec,
+    ):
         """The decoder's prompt (spec.decoder_prompt) counts against the context and for the
         repetition penalty."""
         self.request, self.handle = request, handle
-        self.eos_id = eos_id
+        self.eos_id = tokenizer.eos_id
         self.sampler = Sampler(request.sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
+        self.stream = TextStream(tokenizer, request.stop)
         self.budget = token_budget(request, spec)
         self.generated: list[int] = []
         self.next_token: int | None = None  # sampled, not yet fed to the model
@@ -189,18 +170,20 @@ class Sequence:
             return [self.finish(FinishReason.EOS)]
         self.generated.append(token)
         self.next_token = token
-        events: list[Event] = [Delta((token,))]
-        if len(self.generated) >= self.budget:
+        events: list[Event] = [Delta((token,), self.stream.push(token))]
+        if self.stream.stopped:
+            events.append(self.finish(FinishReason.STOP))
+        elif len(self.generated) >= self.budget:
             events.append(self.finish(FinishReason.LENGTH))
         return events
 
     def finish(self, reason: FinishReason) -> Final:
-        """End the request; the Final carries usage and timings (its text is the caller's Handle's)."""
+        """End the request; the Final carries the last text, usage and timings."""
         now = time.perf_counter()
         ms = lambda t: round(1000.0 * ((t if t is not None else now) - self.arrival), 3)
         self.final = Final(
             reason,
-            "",
+            self.stream.finish(),
             Usage(len(self.request.prompt_ids), len(self.generated)),
             Timings(ms(self.admitted), ms(self.first_token), ms(now)),
         )

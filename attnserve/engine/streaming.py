@@ -9,18 +9,11 @@ differently after another, like SentencePiece's leading space, gets its context)
 lies beyond the text up to `read` is new. New text ending in U+FFFD is a character still cut
 between tokens: it waits for the next token. Text that might be the start of a stop string is
 held back until it is known not to be.
-
-RequestText is a request's text on its caller's side: the engine sends token ids only, and the
-caller's Handle (sequence.py) turns them into text here, in the front end's process when the engine
-core runs in a process of its own. A stop string found here cancels the request in the engine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from ..tokenizer import Tokenizer
-from .domain import Delta, Final, FinishReason, GenerationRequest, Usage
 
 REPLACEMENT = "\ufffd"
 
@@ -47,18 +40,6 @@ class Detokenizer:
         if not new:
             return ""
         self.prefix, self.read = self.read, len(self.ids)  # as the native decoder's offsets move
-        return new
-
-    def push_many(self, token_ids: Sequence[int]) -> str:
-        """The text these tokens complete together: the deltas of push() joined, where the slice
-        decoding decodes the tail once for all of them."""
-        if self.step is not None:
-            return "".join(self.push(token_id) for token_id in token_ids)
-        self.ids.extend(token_ids)
-        new = self._sliced()
-        if not new:
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
         return new
 
     def _native(self, token_id: int) -> str | None:
@@ -107,12 +88,6 @@ class TextStream:
         self._pending += self._decoder.push(token_id)
         return self._release(final=False)
 
-    def push_many(self, token_ids: Sequence[int]) -> str:
-        """The delta these tokens make safe to emit together; without stop strings only (with them,
-        push one at a time: the token that completes a stop string matters)."""
-        assert not self.stops, "a stop string is found token by token"
-        return self._emit(self._pending + self._decoder.push_many(token_ids), stopped=False)
-
     def finish(self) -> str:
         """The rest of the text once generation ended (held-back text, a cut character)."""
         if self.stopped:
@@ -136,62 +111,3 @@ class TextStream:
         self._pending = "" if stopped else self._pending[len(delta) :]
         self.stopped = stopped
         return delta
-
-
-class RequestText:
-    """One request's text on its caller's side: the engine's token deltas in, deltas with their text out.
-
-    Without stop strings the text is made when the caller reads (`read`): the deltas waiting then
-    become one, decoded at once, so a front end that falls behind spends less per token, not more.
-    With stop strings each delta's text is made as it arrives (`delta`), so that a stop is found and
-    the engine told at once. Once a stop string appears, the tokens after the one that completed it
-    are not the caller's: they are dropped, the caller cancels the request in the engine (which goes
-    on decoding until it sees the cancel), and the engine's Final, when it comes, is told as STOP with
-    the tokens the caller got (vLLM's output processor aborts a stopped request in its engine core
-    the same way)."""
-
-    def __init__(self, tokenizer: Tokenizer, request: GenerationRequest):
-        self.stream = TextStream(tokenizer, request.stop)
-        self.kept = 0  # completion tokens given to the caller
-        self.on_read = not self.stream.stops  # text made when the caller reads, not as deltas arrive
-
-    def read(self, events: list[Delta | Final | Exception]) -> list[Delta | Final | Exception]:
-        """Events as the caller takes them (text made on read): the deltas between other events joined
-        into one with its text, a Final with the text still held back."""
-        out: list[Delta | Final | Exception] = []
-        ids: list[int] = []
-        for event in events:
-            if isinstance(event, Delta):
-                ids += event.token_ids
-                continue
-            if ids:
-                out.append(Delta(tuple(ids), self.stream.push_many(ids)))
-                ids = []
-            out.append(self.final(event) if isinstance(event, Final) else event)
-        if ids:
-            out.append(Delta(tuple(ids), self.stream.push_many(ids)))
-        return out
-
-    @property
-    def stopped(self) -> bool:
-        return self.stream.stopped
-
-    def delta(self, delta: Delta) -> Delta | None:
-        """`delta` with the text its tokens complete; None once a stop string has ended the text."""
-        if self.stream.stopped:
-            return None
-        kept: list[int] = []
-        text = ""
-        for token in delta.token_ids:
-            kept.append(token)
-            text += self.stream.push(token)
-            if self.stream.stopped:
-                break
-        self.kept += len(kept)
-        return Delta(tuple(kept), text)
-
-    def final(self, final: Final) -> Final:
-        """The engine's Final as the caller sees it: the text still held back, or STOP after a stop string."""
-        if self.stream.stopped:
-            return Final(FinishReason.STOP, "", Usage(final.usage.prompt_tokens, self.kept), final.timings)
-        return Final(final.reason, self.stream.finish(), final.usage, final.timings)

@@ -212,7 +212,7 @@ class Server:
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
         tokenizer = load_tokenizer(model_dir, manifest)
         spec = model_spec(manifest)
-        client = EngineClient(self.config, spec, tokenizer, self.metrics, self._core_died)
+        client = EngineClient(self.config, spec, self.metrics, self._core_died)
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
         self.metrics.watch_core(client.pid)

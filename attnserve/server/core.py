@@ -3,11 +3,10 @@
 `load_model` builds what an engine runs on from a ServerConfig; the Server runs it in a thread
 of its own process (`--engine-core thread`) or `run_core` runs it in a process of its own
 (`--engine-core process`, started by engine_client.py). There the engine thread steps as
-always, but hands each step's events (token ids and finishes) to the front end as one ZeroMQ
-message (core_protocol.py), so no event loop in this process wakes per token and none shares its
-GIL; the main thread only receives requests, cancels, aborts and the stop. Text and stop strings
-are the front end's (its Handles), and so are metrics: the core records the engine's observations
-and sends them with the step. No gRPC here.
+always, but hands each step's events to the front end as one ZeroMQ message (core_protocol.py),
+so no event loop in this process wakes per token and none shares its GIL; the main thread only
+receives requests, cancels, aborts and the stop. Metrics live in the front end: the core records
+the engine's observations and sends them with the step. No gRPC here.
 """
 
 from __future__ import annotations
@@ -105,6 +104,17 @@ class Recorder(EngineObserver):
 
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         self.seen.append(("on_tokens", (first, inter)))
+
+    def on_finish(self, final: Final) -> None:
+        usage, t = final.usage, final.timings
+        finish = (
+            final.reason.value,
+            usage.prompt_tokens,
+            usage.completion_tokens,
+            t.queue_ms,
+            t.time_to_first_token_ms,
+        )
+        self.seen.append(("on_finish", (*finish, t.total_ms)))
 
     def take(self) -> list[tuple[str, tuple[Any, ...]]]:
         seen, self.seen = self.seen, []

@@ -4,8 +4,7 @@ Front end -> core (one PUSH socket): Submit a request under the front end's key,
 (the caller went away, a slow reader was cut), Abort everything (drain timeout), Stop.
 Core -> front end (one PUSH socket): Ready once the model is loaded (or Failed, with the error's
 kind and its one-line message), then one Step message per engine step that produced anything:
-every request's events of that step (token ids and finishes: text and stop strings are the front
-end's, whose stop is a Cancel), the step's metric observations, and the core's active count.
+every request's events of that step, the step's metric observations, and the core's active count.
 
 The domain's dataclasses travel as themselves where msgspec can type them (GenerationRequest);
 events are tagged Structs here, so that one union decodes them. No gRPC, no ONNX Runtime.
@@ -57,11 +56,13 @@ class Failed(msgspec.Struct, tag=True):
 
 
 class DeltaEvent(msgspec.Struct, tag=True, array_like=True):
-    token_ids: tuple[int, ...]  # ids only: the front end detokenizes
+    token_ids: tuple[int, ...]
+    text: str
 
 
 class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     reason: str
+    text: str
     prompt_tokens: int
     completion_tokens: int
     queue_ms: float
@@ -90,11 +91,12 @@ Outbound = Ready | Failed | Step
 
 def to_wire(event: Delta | Final | Exception) -> WireEvent:
     if isinstance(event, Delta):
-        return DeltaEvent(event.token_ids)
+        return DeltaEvent(event.token_ids, event.text)
     if isinstance(event, Final):
         usage, t = event.usage, event.timings
         return FinalEvent(
             event.reason.value,
+            event.text,
             usage.prompt_tokens,
             usage.completion_tokens,
             t.queue_ms,
@@ -106,11 +108,11 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
 
 def from_wire(event: WireEvent) -> Delta | Final | Exception:
     if isinstance(event, DeltaEvent):
-        return Delta(tuple(event.token_ids))
+        return Delta(tuple(event.token_ids), event.text)
     if isinstance(event, FinalEvent):
         return Final(
             FinishReason(event.reason),
-            "",
+            event.text,
             Usage(event.prompt_tokens, event.completion_tokens),
             Timings(event.queue_ms, event.time_to_first_token_ms, event.total_ms),
         )

@@ -8,14 +8,12 @@ waited, when it has fallen behind a fast core) and hands their events to the cal
 with one call per loop, as the in-process engine does; the engine's observations go to the front
 end's metrics there too.
 
-The core sends token ids; the front end's Handles make their text and find stop strings (a stop
-is a Cancel to the core), so detokenizing costs the core nothing. What the front end decides
-itself, so that a refusal costs no round trip: Draining once closed, QueueFull once requests in
-flight fill the batch and the queue (the core checks again), slow readers (its Handles), and a
-prompt that leaves no room in the context. When the core dies, every request in flight ends at
-once with EngineUnavailable (UNAVAILABLE), new ones are refused the same way, and `on_death` is
-called: the Server then exits non-zero for its supervisor to restart it (Kubernetes, systemd), the
-way vLLM's front end ends with its engine core.
+What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
+QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
+readers (its Handles), and a prompt that leaves no room in the context. When the core dies,
+every request in flight ends at once with EngineUnavailable (UNAVAILABLE), new ones are refused
+the same way, and `on_death` is called: the Server then exits non-zero for its supervisor to
+restart it (Kubernetes, systemd), the way vLLM's front end ends with its engine core.
 """
 
 from __future__ import annotations
@@ -34,13 +32,12 @@ from pathlib import Path
 
 import zmq
 
-from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest
+from ..engine.domain import Draining, EngineUnavailable, Final, FinishReason, GenerationRequest, Timings, Usage
 from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
 from ..runtime.contract import ModelDirError
 from ..runtime.ort_session import ProviderError
-from ..tokenizer import Tokenizer
 from .config import ServerConfig
 from .core import StartupError, run_core
 from .core_protocol import (
@@ -72,8 +69,8 @@ START_ERRORS: dict[str, type[Exception]] = {
 class RemoteHandle(Handle):
     """A Handle whose cancel() also tells the core (once), so that the slot frees at its next step."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, tokenizer: Tokenizer, tell, **kw):
-        super().__init__(request, loop, tokenizer, **kw)
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, max_buffered: int, tell):
+        super().__init__(request, loop, max_buffered)
         self._tell = tell
 
     def cancel(self) -> None:
@@ -90,13 +87,10 @@ class EngineClient:
         self,
         config: ServerConfig,
         spec: ModelSpec,
-        tokenizer: Tokenizer,
         observer: EngineObserver,
         on_death: Callable[[str], None] | None = None,
     ):
-        """`tokenizer`: the model's, for the text of each request's token ids (its Handle's)."""
-        self.config, self.spec, self.tokenizer, self.observer = config, spec, tokenizer, observer
-        self.on_death = on_death
+        self.config, self.spec, self.observer, self.on_death = config, spec, observer, on_death
         self.handles: dict[int, Handle] = {}  # key -> request in flight
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the handles, and the inbound socket (not thread-safe)
@@ -149,20 +143,14 @@ class EngineClient:
         handle = RemoteHandle(
             request,
             loop or asyncio.get_running_loop(),
-            self.tokenizer,
+            self.config.stream_buffer_events,
             lambda: self._send(Cancel(key)),
-            max_buffered=self.config.stream_buffer_events,
-            on_final=self.finished,
         )
         with self._lock:
             self._check_room()
             self.handles[key] = handle
             self._into.send(ENCODER.encode(Submit(key, request)))
         return handle
-
-    def finished(self, final: Final) -> None:
-        """A request's end as its caller is told it (a Handle's on_final): the observer counts it."""
-        self.observer.on_finish(final)
 
     def _check_room(self) -> None:
         if self.died is not None:
@@ -238,7 +226,7 @@ class EngineClient:
 
     def _take(self, steps: list[Step]) -> None:
         """Engine steps, in order: events to their callers' loops (one call per loop for them all),
-        observations to metrics."""
+        observations to metrics (before the events: a caller that sees its end sees it counted)."""
         ready: list[tuple[Handle, Event]] = []
         with self._lock:
             for step in steps:
@@ -251,7 +239,12 @@ class EngineClient:
                 self._active = step.active
         for step in steps:
             for hook, arguments in step.observations:
-                getattr(self.observer, hook)(*arguments)
+                if hook == "on_finish":  # the Final's reason, usage and timings (Recorder.on_finish)
+                    reason, prompt, completion, queue_ms, ttft_ms, total_ms = arguments
+                    usage, timings = Usage(prompt, completion), Timings(queue_ms, ttft_ms, total_ms)
+                    self.observer.on_finish(Final(FinishReason(reason), "", usage, timings))
+                else:
+                    getattr(self.observer, hook)(*arguments)
         post(ready)
 
     def _core_died(self, why: str) -> None:
