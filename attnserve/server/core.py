@@ -106,15 +106,10 @@ class Recorder(EngineObserver):
         self.seen.append(("on_tokens", (first, inter)))
 
     def on_finish(self, final: Final) -> None:
+        """The Final's reason, usage and timings, as plain values (EngineClient._take rebuilds it)."""
         usage, t = final.usage, final.timings
-        finish = (
-            final.reason.value,
-            usage.prompt_tokens,
-            usage.completion_tokens,
-            t.queue_ms,
-            t.time_to_first_token_ms,
-        )
-        self.seen.append(("on_finish", (*finish, t.total_ms)))
+        counts = (usage.prompt_tokens, usage.completion_tokens)
+        self.seen.append(("on_finish", (final.reason.value, *counts, t.queue_ms, t.time_to_first_token_ms, t.total_ms)))
 
     def take(self) -> list[tuple[str, tuple[Any, ...]]]:
         seen, self.seen = self.seen, []
