@@ -17,6 +17,7 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -135,7 +136,7 @@ class Server:
             facts, self.tokenizer = self._start_core()
         else:
             facts, self.tokenizer = self._load_here()
-        self.facts = facts
+        self.facts = facts = replace(facts, served_name=config.served_model_name)
         m = facts.manifest
         cap = min(config.max_new_tokens_cap, m.context_length - 1)
         if cap < config.max_new_tokens_cap:
@@ -201,10 +202,7 @@ class Server:
         self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
         self.metrics.watch_core(os.getpid())
         runner = loaded.runner
-        facts = ModelFacts(
-            runner.model_dir, runner.manifest, runner.provider, runner.provider_note, self.config.served_model_name
-        )
-        return facts, loaded.tokenizer
+        return ModelFacts(runner.model_dir, runner.manifest, runner.provider, runner.provider_note), loaded.tokenizer
 
     def _start_core(self) -> tuple[ModelFacts, Tokenizer]:
         """--engine-core process: the manifest and tokenizer here, the session and arena in the core."""
@@ -216,10 +214,7 @@ class Server:
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
         self.metrics.watch_core(client.pid)
-        ready = client.ready
-        return ModelFacts(
-            model_dir, manifest, ready.provider, ready.provider_note, self.config.served_model_name
-        ), tokenizer
+        return ModelFacts(model_dir, manifest, client.ready.provider, client.ready.provider_note), tokenizer
 
     def _core_died(self, why: str) -> None:
         """The engine core's process is gone (the client's receiver thread): stop serving; serve() exits 1."""
