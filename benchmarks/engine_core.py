@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 from attnserve.runtime.contract import read_manifest
 from benchmarks.kv import GENAI_PYTHON, genai_batch
 from benchmarks.loadtest.server_process import ServerProcess
-from benchmarks.serving import progress, report
+from benchmarks.serving import load_averages, progress, report, spread
 
 MODES = ("thread", "process")
 GENAI_MAX_BATCH = 32  # onnxruntime-genai 0.18 refuses more with this export ("batch_size (64) must be in [1, 32]")
@@ -54,8 +53,7 @@ def bench(target: str, concurrency: int, interval: int, new_tokens: int, prompt_
 
 
 def median_of(runs: list[dict], key: str) -> dict[str, float]:
-    values = [r[key] for r in runs]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return spread([r[key] for r in runs])
 
 
 def genai_prompts(model_dir: str, count: int, prompt_tokens: int) -> list[list[int]]:
@@ -79,8 +77,7 @@ def genai_batches(model_dir: str, ids: list[list[int]], new_tokens: int) -> dict
 
 def ratio(runs: dict[str, list[dict]], side: str, other: str) -> dict[str, float]:
     """side / other per round: median, min, max."""
-    values = [a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[side], runs[other])]
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return spread([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs[side], runs[other])])
 
 
 def measure(args, servers: dict[str, ServerProcess]) -> list[dict]:
@@ -181,8 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "genai": args.genai,
         "rows": rows,
-        "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        **load_averages(load_before),
     }
     report(result, args.out, args.plot, print_table, write_plot)
     return 0

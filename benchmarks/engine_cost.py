@@ -41,7 +41,7 @@ from attnserve.runtime.runners import open_slot_runner
 from attnserve.server.config import ServerConfig
 from attnserve.server.engine_client import EngineClient
 from attnserve.tokenizer import from_model_dir
-from benchmarks.serving import progress, report
+from benchmarks.serving import load_averages, progress, report, spread
 
 PROMPT_TOKENS = 16
 SIDES = ("loop", "engine", "core")
@@ -129,7 +129,7 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
             row = {"concurrency": level, **{side: summary(runs[side]) for side in SIDES}}
             for side in ("engine", "core"):
                 ratios = [e["tokens_per_s"] / lp["tokens_per_s"] for e, lp in zip(runs[side], runs["loop"])]
-                row[f"{side}_vs_loop"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+                row[f"{side}_vs_loop"] = spread(ratios)
             rows.append(row)
     finally:
         engine.stop()
@@ -174,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "repeats": args.repeats,
         "rows": rows,
-        "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        **load_averages(load_before),
     }
     report(result, args.out, None, print_table, lambda *_: None)
     return 0

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import os
 import random
-import statistics
 import time
 from typing import Any
 
@@ -38,7 +37,7 @@ from attnserve.clients.types import GenerationParams
 from attnserve.runtime.contract import read_manifest
 from benchmarks.kv import GENAI_PYTHON, genai_batch
 from benchmarks.loadtest.server_process import ServerProcess
-from benchmarks.serving import progress, report
+from benchmarks.serving import load_averages, progress, report, spread
 
 SIDES = ("attnserve", "genai")
 
@@ -106,8 +105,7 @@ def genai_side(model: str, requests: list[tuple[list[int], int]], in_flight: int
 def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in ("tokens_per_s", "latency_p50_ms", "latency_p99_ms"):
-        values = [r[key] for r in runs]
-        out[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+        out[key] = spread([r[key] for r in runs])
     out["useful_tokens"] = sorted({r["useful_tokens"] for r in runs})
     return out
 
@@ -125,12 +123,7 @@ def measure(args: argparse.Namespace, server: ServerProcess, requests: list[tupl
     result: dict[str, Any] = {side: summary(runs[side]) for side in SIDES}
     pairs = list(zip(runs["attnserve"], runs["genai"]))
     for key, name in (("tokens_per_s", "throughput"), ("latency_p99_ms", "p99_latency")):
-        values = [a[key] / g[key] for a, g in pairs]
-        result[f"{name}_attnserve_vs_genai"] = {
-            "median": statistics.median(values),
-            "min": min(values),
-            "max": max(values),
-        }
+        result[f"{name}_attnserve_vs_genai"] = spread([a[key] / g[key] for a, g in pairs])
     return result
 
 
@@ -202,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         **{key: getattr(args, key) for key in ("mean_new_tokens", "min_new_tokens", "max_new_tokens")},
         "asked_tokens": sum(n for _, n in requests),
         **measured,
-        "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
+        **load_averages(load_before),
     }
     report(result, args.out, args.plot, print_table, write_plot)
     return 0

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -284,6 +285,19 @@ def write_plot(result: dict, path: str) -> None:
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """The median of alternating rounds with their min and max: how the benchmarks report a figure."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def load_averages(before: tuple[float, float, float]) -> dict[str, list[float]]:
+    """The 1/5/15-minute load averages taken before a run, and now: whether the machine was busy."""
+    return {
+        "load_before": [round(x, 2) for x in before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def report(
