@@ -94,7 +94,8 @@ class SlowSteps(ForwardingObserver):
 
 
 class Recorder(EngineObserver):
-    """The engine's observations since the last Step message: (hook name, arguments)."""
+    """The engine's observations since the last Step message: (hook name, arguments). A finish is not
+    one of them: its Final is among the step's events, and the front end counts it from there."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, tuple[Any, ...]]] = []
@@ -104,12 +105,6 @@ class Recorder(EngineObserver):
 
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         self.seen.append(("on_tokens", (first, inter)))
-
-    def on_finish(self, final: Final) -> None:
-        """The Final's reason, usage and timings, as plain values (EngineClient._take rebuilds it)."""
-        usage, t = final.usage, final.timings
-        counts = (usage.prompt_tokens, usage.completion_tokens)
-        self.seen.append(("on_finish", (final.reason.value, *counts, t.queue_ms, t.time_to_first_token_ms, t.total_ms)))
 
     def take(self) -> list[tuple[str, tuple[Any, ...]]]:
         seen, self.seen = self.seen, []

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import zmq
 
-from ..engine.domain import Draining, EngineUnavailable, Final, FinishReason, GenerationRequest, Timings, Usage
+from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest
 from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
@@ -226,25 +226,26 @@ class EngineClient:
 
     def _take(self, steps: list[Step]) -> None:
         """Engine steps, in order: events to their callers' loops (one call per loop for them all),
-        observations to metrics (before the events: a caller that sees its end sees it counted)."""
+        observations and every Final to metrics (before the events: a caller that sees its end sees
+        it counted)."""
         ready: list[tuple[Handle, Event]] = []
+        finals: list[Final] = []
         with self._lock:
             for step in steps:
                 for key, wire in step.events:
                     event = from_wire(wire)
                     last = isinstance(event, (Final, Exception))
+                    if isinstance(event, Final):
+                        finals.append(event)
                     handle = self.handles.pop(key, None) if last else self.handles.get(key)
                     if handle is not None:
                         ready.append((handle, event))
                 self._active = step.active
         for step in steps:
             for hook, arguments in step.observations:
-                if hook == "on_finish":  # the Final's reason, usage and timings (Recorder.on_finish)
-                    reason, prompt, completion, queue_ms, ttft_ms, total_ms = arguments
-                    usage, timings = Usage(prompt, completion), Timings(queue_ms, ttft_ms, total_ms)
-                    self.observer.on_finish(Final(FinishReason(reason), "", usage, timings))
-                else:
-                    getattr(self.observer, hook)(*arguments)
+                getattr(self.observer, hook)(*arguments)
+        for final in finals:
+            self.observer.on_finish(final)
         post(ready)
 
     def _core_died(self, why: str) -> None:
