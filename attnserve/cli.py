@@ -13,7 +13,7 @@ import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 
@@ -92,9 +92,18 @@ def resolve(path: str) -> Callable:
     return found
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's refusals in one line on stderr, exit code 2, as every other refusal of the command:
+    `attnserve serve: error: argument --port: invalid int value: 'x' (attnserve serve --help lists
+    the flags)`, not the usage block first."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the flags)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with the flags of `command` only (the others are listed, their code not imported)."""
-    parser = argparse.ArgumentParser(prog="attnserve", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="attnserve", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, subcommand in SUBCOMMANDS.items():
@@ -104,9 +113,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def subcommand_parser(command: str) -> argparse.ArgumentParser:
+def subcommand_parser(command: str, parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """One subcommand's own parser (`attnserve COMMAND`), for tools that read its flags."""
-    sub = next(a for a in build_parser(command)._actions if isinstance(a, argparse._SubParsersAction))
+    parser = parser or build_parser(command)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices[command]
 
 
@@ -114,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)  # the top level has no valued flags
     try:
-        args = build_parser(command if command in SUBCOMMANDS else None).parse_args(argv)
+        parser = build_parser(command if command in SUBCOMMANDS else None)
+        args, unknown = parser.parse_known_args(argv)
+        if unknown:  # said by the subcommand's parser, whose --help lists its flags
+            subcommand_parser(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
         run = resolve(SUBCOMMANDS[args.command].run)
     except MissingExtra as e:
         print(f"attnserve {command}: error: {e}", file=sys.stderr)

@@ -77,6 +77,23 @@ def argparse_type(parse: Callable[[str], T]) -> Callable[[str], T]:
     return convert
 
 
+def shown(value: object) -> str:
+    """A flag's value as it was typed: 3, 0.5, -1 (not 3.0 or 1e+06); text quoted ('', 'x y')."""
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else str(value)
+    return str(value) if isinstance(value, int) else repr(value)
+
+
+def check_directory(flag: str, path: str | Path) -> None:
+    """Before a run: `path` must be a directory, or one that can be made (no file where a directory
+    of it would go); ValueError naming `flag` otherwise."""
+    for place in (Path(path), *Path(path).parents):
+        if place.exists():
+            if not place.is_dir():
+                raise ValueError(f"{flag} {path}: {place} is a file, not a directory")
+            return
+
+
 def check_output(flag: str, path: str | None) -> None:
     """Before a run: `path` must be a file that can be written in a directory that exists (nothing
     is created but the file); ValueError naming `flag` otherwise."""
@@ -91,3 +108,24 @@ def check_output(flag: str, path: str | None) -> None:
         raise ValueError(f"{flag} {path}: directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise ValueError(f"{flag} {path}: directory {parent} is not writable")
+
+
+def check_pem(flag: str, path: str | None) -> None:
+    """ValueError naming `flag` unless `path` (if given) is a readable PEM file."""
+    if path is None:
+        return
+    if b"-----BEGIN " not in read_file(flag, path):
+        raise ValueError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
+
+
+def check_text_file(flag: str, path: str | None) -> None:
+    """ValueError naming `flag` unless `path` (if given) is a readable file with some text in it."""
+    if path is not None and not read_file(flag, path).strip():
+        raise ValueError(f"{flag} {path}: is empty")
+
+
+def read_file(flag: str, path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None

@@ -51,7 +51,7 @@ def test_cli_refuses_decoder_only_and_bad_layer(tmp_path):
     proc = run(checkpoint(tmp_path, "tiny"), "4021", "--out", tmp_path / "x.png")
     assert proc.returncode == 2 and "encoder-decoder" in proc.stderr and "Traceback" not in proc.stderr
     proc = run(checkpoint(tmp_path, "tiny-seq2seq"), "1", "--out", tmp_path / "x.png", "--per-head", "--layer", "9")
-    assert proc.returncode == 2 and "--layer must be in 0..1" in proc.stderr
+    assert proc.returncode == 2 and "--layer must be 0 to 1 (the model's layers), got 9" in proc.stderr
 
 
 def test_cli_bad_values_are_one_line_and_exit_2(tmp_path):

@@ -117,8 +117,8 @@ def test_stop_strings(live, capsys):
     "args, status, message",
     [
         (["", "--max-new-tokens", "4"], 2, "INVALID_ARGUMENT: prompt"),
-        ([PROMPT, "--max-new-tokens", "0"], 2, "INVALID_ARGUMENT: max_new_tokens"),
-        ([PROMPT, "--temperature", "-1", "--no-stream"], 2, "INVALID_ARGUMENT: temperature"),
+        ([PROMPT, "--max-new-tokens", "0"], 2, "INVALID_ARGUMENT: --max-new-tokens: 0 is outside"),
+        ([PROMPT, "--temperature", "-1", "--no-stream"], 2, "INVALID_ARGUMENT: --temperature: -1 is outside"),
     ],
 )
 def test_bad_requests_exit_2_with_one_line(live, capsys, args, status, message):
@@ -147,7 +147,7 @@ def test_prompt_token_ids_give_the_completion_of_the_equal_text(live, capsys):
         ([], "give a prompt (text, or '-' for stdin) or --prompt-token-ids"),
         (["--prompt-token-ids", "256,x"], "--prompt-token-ids takes comma-separated numbers, not '256,x'"),
         (["--prompt-token-ids", ""], "prompt_token_ids: must not be empty"),
-        (["--prompt-token-ids", "256,9999"], "INVALID_ARGUMENT: prompt_token_ids[1]"),
+        (["--prompt-token-ids", "256,9999"], "INVALID_ARGUMENT: --prompt-token-ids[1]"),
     ],
 )
 def test_prompt_and_token_ids_exactly_one_else_exit_2_with_one_line(live, capsys, args, message):

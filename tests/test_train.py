@@ -84,7 +84,7 @@ def corpus_case(tmp_path, case: str):
 
 @pytest.mark.parametrize(
     "case, expected",
-    [("missing", "corpus not found"), ("empty file", "is empty"), ("folder without .txt", "no .txt files")],
+    [("missing", "no such file or folder"), ("empty file", "is empty"), ("folder without .txt", "no .txt files")],
 )
 def test_corpus_errors_are_one_line(tmp_path, case, expected):
     with pytest.raises(DataError, match=expected) as info:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from ..flags import flag
+from ..flags import flag, flag_name, shown
 from .aio import AsyncClient
 from .bench_report import RequestRecord, summarize_level
 from .channel import DEFAULT_TARGET, TlsConfig
@@ -81,15 +81,20 @@ class BenchConfig:
         """Raise ValueError naming the flag that cannot work."""
         if not self.concurrency and not self.rates:
             raise ValueError("nothing to measure: give --concurrency and/or --rate")
-        if any(c < 1 for c in self.concurrency) or any(r <= 0 for r in self.rates):
-            raise ValueError("--concurrency levels must be >= 1 and --rate levels > 0")
+        if self.concurrency and min(self.concurrency) < 1:
+            raise ValueError(f"--concurrency levels must be at least 1, got {min(self.concurrency)}")
+        if self.rates and min(self.rates) <= 0:
+            raise ValueError(f"--rate levels must be positive, got {shown(min(self.rates))}")
         for name in ("requests", "max_new_tokens"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+                raise ValueError(f"{flag_name(name)} must be at least 1, got {getattr(self, name)}")
         if self.prompt_tokens < (1 if self.prompt_ids else 2):
-            raise ValueError("--prompt-tokens must be at least 1, or 2 with --prompt-text (BOS and one byte)")
+            raise ValueError(
+                "--prompt-tokens must be at least 1, or 2 with --prompt-text (BOS and one byte), "
+                f"got {self.prompt_tokens}"
+            )
         if self.warmup < 0:
-            raise ValueError("--warmup must not be negative")
+            raise ValueError(f"--warmup must not be negative, got {self.warmup}")
         if self.stream_interval_tokens is not None and self.stream_interval_tokens < 1:
             raise ValueError(f"--stream-interval-tokens must be at least 1, got {self.stream_interval_tokens}")
         if self.stream_interval_ms is not None and self.stream_interval_ms < 0:

@@ -20,6 +20,7 @@ from .bench_report import format_table, write_plot
 from .cli_common import (
     add_client_flags,
     add_stream_interval_flags,
+    check_client_flags,
     fail,
     interrupted,
     parse_numbers,
@@ -109,6 +110,7 @@ def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> 
 def main(args: argparse.Namespace) -> int:
     """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
     try:
+        check_client_flags(args)
         config = config_from_args(args)
         check_output("--out", args.out)
         check_output("--plot", args.plot)

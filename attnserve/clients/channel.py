@@ -69,9 +69,12 @@ def split_host_port(address: str) -> tuple[str, int]:
     if not host:
         raise ValueError(f"target {address!r} has no host")
     try:
-        return host, int(port) if port else DEFAULT_PORT
+        number = int(port) if port else DEFAULT_PORT
     except ValueError:
         raise ValueError(f"target {address!r} has a port that is not a number") from None
+    if not 1 <= number <= 65535:
+        raise ValueError(f"target {address!r} has port {number}, outside 1 to 65535")
+    return host, number
 
 
 def _ip_version(host: str) -> int | None:

@@ -6,16 +6,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-from ..flags import add_field_flags
-from .channel import DEFAULT_TARGET, TlsConfig, read_token_file
+from ..flags import add_field_flags, check_pem, flag_name, shown
+from .channel import DEFAULT_TARGET, TlsConfig, parse_targets, read_token_file
 from .errors import AttnserveError, exit_status
 from .types import GenerationParams
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 STREAM_INTERVAL = ("stream_interval_tokens", "stream_interval_ms")
+MAX_UINT32 = 2**32 - 1  # the protocol's stream interval fields
 
 
 def add_client_flags(p: argparse.ArgumentParser, timeout: float) -> None:
@@ -40,6 +40,25 @@ def add_stream_interval_flags(p: argparse.ArgumentParser) -> None:
     add_field_flags(p, GenerationParams, only=STREAM_INTERVAL)
 
 
+def check_client_flags(args: argparse.Namespace) -> None:
+    """The connection and stream-interval flags, before any call: ValueError naming the flag, its
+    value and what it may be (the protocol's unsigned fields would otherwise fail in protobuf's words)."""
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, got {shown(args.timeout)}")
+    try:
+        parse_targets(args.target)
+    except ValueError as e:
+        raise ValueError(f"--target {args.target}: {e}") from None
+    if args.tls_server_name is not None and not (args.tls_ca or args.tls_cert or args.tls_key):
+        raise ValueError("--tls-server-name needs TLS: give --tls-ca (or --tls-cert and --tls-key)")
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together (mutual TLS)")
+    for name in STREAM_INTERVAL:
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= MAX_UINT32:
+            raise ValueError(f"{flag_name(name)} must be 0 to {MAX_UINT32:,} (an unsigned 32-bit number), got {value}")
+
+
 def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:
     """TLS from --tls-ca/--tls-cert/--tls-key/--tls-server-name; None (plaintext) if none given.
     Each file is read and checked to be PEM here, so that a wrong one is one line naming its flag
@@ -50,16 +69,6 @@ def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:
         if path is not None:
             check_pem(flag, path)
     return TlsConfig.from_files(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
-
-
-def check_pem(flag: str, path: str) -> None:
-    """ValueError naming `flag` unless `path` is a readable PEM file."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None
-    if b"-----BEGIN " not in data:
-        raise ValueError(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
 
 
 def token_from_args(args: argparse.Namespace) -> str | None:

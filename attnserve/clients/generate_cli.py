@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from dataclasses import fields
 from typing import TextIO
 
-from ..flags import add_field_flags
+from ..flags import add_field_flags, flag_name
 from .cli_common import (
     STREAM_INTERVAL,
     add_client_flags,
     add_stream_interval_flags,
+    check_client_flags,
     fail,
     interrupted,
     parse_numbers,
@@ -36,6 +38,8 @@ SAMPLING = tuple(f.name for f in fields(GenerationParams) if "help" in f.metadat
 
 
 MAX_SEED = 2**64 - 1  # the protocol's seed is a uint64
+FIELD = re.compile(r"(\w+)(\[\d+\])?:")  # how the server's INVALID_ARGUMENT details begin
+FLAG_FIELDS = {*(f.name for f in fields(GenerationParams)), "stop", "request_id", "prompt_token_ids"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -132,6 +136,7 @@ def stream_to(
 def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult:
     """Generate as the flags say, printing to `out` (stdout); raises AttnserveError, Ctrl-C."""
     out = out or sys.stdout
+    check_client_flags(args)
     prompt = prompt_from_args(args)
     params = params_from_args(args)
     with client_from_args(args) as client:
@@ -149,6 +154,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult
     return result
 
 
+def in_flag_words(error: AttnserveError) -> AttnserveError:
+    """The server names a request's field ("max_new_tokens: 0 is outside [1, 127]", "stop[0]: ..."); the
+    command line says the flag that set it ("--max-new-tokens: 0 is outside [1, 127]")."""
+    field_name = FIELD.match(error.details)
+    if field_name is None or field_name.group(1) not in FLAG_FIELDS:
+        return error
+    return type(error)(flag_name(field_name.group(1)) + error.details[field_name.end(1) :], error.code)
+
+
 def main(args: argparse.Namespace) -> int:
     """CLI entry of `attnserve generate`: the exit status."""
     # SIGINT cancels the stream even when a non-interactive shell started us with it ignored.
@@ -157,6 +171,8 @@ def main(args: argparse.Namespace) -> int:
         run(args)
     except KeyboardInterrupt:
         return interrupted(PROG)
-    except (AttnserveError, OSError, ValueError) as error:  # OSError, ValueError: files, target
+    except AttnserveError as error:
+        return fail(PROG, in_flag_words(error))
+    except (OSError, ValueError) as error:  # files, target
         return fail(PROG, error)
     return 0

@@ -53,7 +53,8 @@ def main(args) -> int:
     except ParityError as e:
         print(f"attnserve export: {e}", file=sys.stderr)
         return 1
-    compared = manifest.parity["greedy"]["steps"]
+    gate = manifest.parity.get("float32_gate", manifest.parity)  # int8 nests the float32 gate it ran first
+    compared = gate["greedy"]["steps"]
     if compared < args.parity_steps:
         print(
             f"attnserve export: --parity-steps {args.parity_steps}: the model's context leaves room for "

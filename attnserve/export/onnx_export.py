@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..flags import check_directory
 from ..model.checkpoint import LanguageModel, build_model, load_state
 from ..model.config import ModelConfig
 from ..runtime import contract
@@ -68,6 +69,10 @@ def check_replaceable(out: Path) -> None:
 
 def staging_dir(out: Path) -> Path:
     """A fresh folder beside `out`; raises ExportError if the parent cannot be written."""
+    try:
+        check_directory("--out", out)
+    except ValueError as e:
+        raise ExportError(str(e)) from None
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = out.parent / f".{out.name}.partial-{os.getpid()}"

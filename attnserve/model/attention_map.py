@@ -76,6 +76,8 @@ def main(args) -> int:
     """CLI entry: averaged over heads per layer, or every head of --layer with --per-head."""
     if args.layer is not None and not args.per_head:
         return fail("--layer needs --per-head (without it every layer is shown, averaged over its heads)")
+    if not args.source:
+        return fail("the source is empty: give the text to translate, e.g. 4021")
     if Path(args.out).suffix.lower() != ".png":
         return fail(f"--out {args.out}: the map is a PNG; give a name ending in .png")
     try:
@@ -87,10 +89,10 @@ def main(args) -> int:
     except CheckpointError as e:
         return fail(str(e))
     if model.config.arch != ENCODER_DECODER:
-        return fail("needs an encoder-decoder checkpoint (it shows cross-attention)")
+        return fail(f"{args.checkpoint}: needs an encoder-decoder checkpoint (it shows cross-attention)")
     layer = args.layer or 0
     if not 0 <= layer < model.config.n_layers:
-        return fail(f"--layer must be in 0..{model.config.n_layers - 1}")
+        return fail(f"--layer must be 0 to {model.config.n_layers - 1} (the model's layers), got {layer}")
     source_ids = encode(args.source)
     if len(source_ids) > model.config.max_len:
         return fail(

@@ -38,12 +38,16 @@ def read_corpus(path: str | Path | None) -> bytes:
     elif path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
-            raise DataError(f"corpus folder {path} has no .txt files")
+            raise DataError(f"--corpus {path}: a folder with no .txt files")
         data = b"\n".join(p.read_bytes() for p in files)
     else:
-        raise DataError(f"corpus not found: {path}")
+        raise DataError(f"--corpus {path}: no such file or folder")
     if not data:
-        raise DataError(f"corpus {path} is empty")
+        raise DataError(f"--corpus {path}: is empty")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--corpus {path}: not UTF-8 text (byte {e.start}: {data[e.start : e.start + 1]!r})") from None
     return data
 
 

@@ -97,7 +97,10 @@ def tokenize_corpus(data: bytes, cfg: TrainConfig, block: int, state: dict | Non
     """Split the bytes, then tokenize both parts: a new BPE learns from the training part only;
     a resumed run's tokenizer is the checkpoint's, never retrained. `cfg` is resolved."""
     bpe = cfg.tokenizer == "bpe"
-    train_bytes, heldout_bytes = split_heldout(data, block, cfg.heldout_fraction, whole_characters=bpe)
+    try:
+        train_bytes, heldout_bytes = split_heldout(data, block, cfg.heldout_fraction, whole_characters=bpe)
+    except DataError as e:  # only a corpus of the user's can be this short
+        raise DataError(f"--corpus {cfg.corpus}: {e}") from None
     try:
         if state is not None:
             tokenizer = from_state(state.get("tokenizer"))

@@ -156,8 +156,8 @@ def model_config_from_args(args) -> ModelConfig:
     overrides = model_overrides(args)
     try:
         base = preset(args.preset)
-    except KeyError as e:
-        raise TrainError(e.args[0]) from None
+    except KeyError:
+        raise TrainError(f"--preset must be one of {', '.join(sorted(PRESETS))}, not {args.preset!r}") from None
     if overrides:
         check_model_size({**base.to_dict(), **overrides})
     return replace(base, **overrides)

@@ -137,15 +137,17 @@ def split_pairs(pairs: list[tuple[str, str]], percent: int = 5) -> tuple[list, l
 def user_pairs(path: str, config: ModelConfig) -> tuple[list, list]:
     """Train and held-out pairs of a TSV file; each side must fit the context with BOS or EOS."""
     if not Path(path).is_file():
-        raise TrainError(f"corpus not found: {path} (a file of source<TAB>target lines)")
+        raise TrainError(f"--corpus {path}: no such file (a file of source<TAB>target lines)")
     try:
         pairs = read_pairs(path)
     except (ValueError, UnicodeDecodeError) as e:
-        raise TrainError(str(e)) from None
+        raise TrainError(f"--corpus {e}") from None
     for i, (src, tgt) in enumerate(pairs, 1):
         longest = max(len(src.encode()), len(tgt.encode())) + 1
         if longest > config.max_len:
-            raise TrainError(f"{path}: pair {i} needs {longest} tokens, the context (max_len) is {config.max_len}")
+            raise TrainError(
+                f"--corpus {path}: pair {i} needs {longest} tokens, the context (max_len) is {config.max_len}"
+            )
     return split_pairs(pairs)
 
 

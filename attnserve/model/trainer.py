@@ -19,12 +19,15 @@ from typing import Protocol
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ..flags import check_directory
 from . import distributed
 from .checkpoint import CheckpointError, build_model, load_state, save_checkpoint
 from .config import ModelConfig
 from .distributed import Ranks
 from .progress import ProgressBar
 from .schedule import budget_progress, budget_spent, learning_rate
+
+MAX_SEED = 2**64 - 1  # torch.manual_seed takes -2**63 .. 2**64 - 1; seeds here are unsigned, as the protocol's
 
 CHECKPOINT = "checkpoint.pt"
 PRECISIONS = ("auto", "bf16", "fp32")  # "bf16" autocast, "fp32", or "auto": bf16 where the hardware has it
@@ -77,6 +80,8 @@ class TrainerConfig:
             raise TrainError(f"--time-budget must be positive, got {self.time_budget}")
         if not self.lr > 0:  # also refuses NaN
             raise TrainError(f"--lr must be positive, got {self.lr}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise TrainError(f"--seed must be 0 to {MAX_SEED:,} (what torch.manual_seed takes), got {self.seed}")
 
 
 class Task(Protocol):
@@ -109,6 +114,10 @@ class Task(Protocol):
 def prepare_out(out_dir: str | Path, rank: int) -> Path:
     """Create the run folder and prove it writable now, not after minutes of training."""
     out = Path(out_dir)
+    try:
+        check_directory("--out", out)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
     probe = out / f".write-test-{rank}-{os.getpid()}"  # two runs on one folder must not share a probe
     try:
         out.mkdir(parents=True, exist_ok=True)

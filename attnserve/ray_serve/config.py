@@ -9,13 +9,16 @@ one field each, its help in the metadata. No ray import here.
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ..flags import add_field_flags, flag
+from ..flags import add_field_flags, flag, flag_name, shown
 from ..server.config import ServerConfig, read_test_switches
 
+APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --app-name: sent as `application` metadata
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
 REPLICA_FIELDS = (
     "model",
@@ -30,6 +33,22 @@ REPLICA_FIELDS = (
     "stream_interval_ms",
     "drain_timeout",
 )
+
+
+def cluster_address(text: str) -> bool:
+    """--address: auto, or HOST:PORT of a head (ray://HOST:PORT for Ray Client)."""
+    if text == "auto":
+        return True
+    host, _, port = text.removeprefix("ray://").rpartition(":")
+    return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+
+
+def ip_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def replica_batch(text: str) -> int:
@@ -120,25 +139,41 @@ class RayServeConfig:
         return self.replicas if self.min_replicas is None else self.min_replicas
 
     def check(self) -> None:
-        """Raise ValueError with a one-line reason for flags that cannot work together."""
+        """Raise ValueError with a one-line reason naming the first flag that cannot work, its value
+        and what it may be (the replica's flags first, as `attnserve serve` checks them)."""
         self.replica.check()
         if self.replica.max_batch == 0:
             raise ValueError("--max-batch auto is not for Ray: give a number (max ongoing requests = batch + queue)")
-        if not 1 <= self.grpc_port <= 65535 or not 1 <= self.http_port <= 65535:
-            raise ValueError("--grpc-port and --http-port must be 1 to 65535 (Ray's proxy does not report a port 0)")
+        ports = "1 to 65535 (Ray's proxy does not report a port 0)"
+        ranges: list[tuple[str, bool, str]] = [
+            ("address", self.address is None or cluster_address(self.address), "auto or HOST:PORT"),
+            ("node_ip_address", ip_address(self.node_ip_address), "an IP address (Ray takes no host name here)"),
+            ("grpc_port", 1 <= self.grpc_port <= 65535, ports),
+            ("http_port", 1 <= self.http_port <= 65535, ports),
+            ("app_name", APP_NAME.fullmatch(self.app_name) is not None, "1 to 64 letters, digits, '.', '_' or '-'"),
+            ("replicas", self.replicas >= 1, "at least 1"),
+            ("min_replicas", self.min_replicas is None or self.min_replicas >= 0, "0 or more"),
+            ("max_replicas", self.max_replicas is None or self.max_replicas >= 1, "at least 1"),
+            (
+                "target_ongoing_requests",
+                self.target_ongoing_requests is None or self.target_ongoing_requests > 0,
+                "positive",
+            ),
+            ("replica_cpus", self.replica_cpus >= 0, "0 or more"),
+            ("health_check_period", self.health_check_period > 0, "positive"),
+        ]
+        for name, ok, allowed in ranges:
+            if not ok:
+                raise ValueError(f"{flag_name(name)} must be {allowed}, got {shown(getattr(self, name))}")
         if self.grpc_port == self.http_port:
-            raise ValueError("--grpc-port and --http-port must differ")
-        low = self.fewest_replicas
-        if low < 0 or self.replicas < 1:
-            raise ValueError("--replicas must be at least 1 and --min-replicas at least 0")
+            raise ValueError(f"--grpc-port and --http-port must differ, both are {self.grpc_port}")
         if self.min_replicas is not None and not self.autoscaling:
             raise ValueError("--min-replicas needs --max-replicas (autoscaling)")
-        if self.max_replicas is not None and not low <= self.replicas <= self.max_replicas:
-            raise ValueError("autoscaling needs --min-replicas <= --replicas <= --max-replicas")
-        if self.target_ongoing_requests is not None and self.target_ongoing_requests <= 0:
-            raise ValueError("--target-ongoing-requests must be positive")
-        if self.replica_cpus < 0 or self.health_check_period <= 0:
-            raise ValueError("--replica-cpus must not be negative and --health-check-period must be positive")
+        if self.max_replicas is not None and not self.fewest_replicas <= self.replicas <= self.max_replicas:
+            raise ValueError(
+                f"autoscaling needs --min-replicas <= --replicas <= --max-replicas, got {self.fewest_replicas} <= "
+                f"{self.replicas} <= {self.max_replicas}"
+            )
 
     def deployment_options(self) -> dict[str, Any]:
         """Keywords of Ray's serve.deployment for the replicas."""

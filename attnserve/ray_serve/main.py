@@ -101,8 +101,7 @@ def main(args) -> int:
     try:
         config = RayServeConfig.from_args(args, os.environ)
         config.check()
-        if not Path(config.replica.model).is_dir():
-            raise ValueError(f"--model {config.replica.model}: no such directory")
+        config.replica.check_files()
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

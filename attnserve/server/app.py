@@ -337,26 +337,40 @@ class Server:
         self.metrics.close()
 
 
-def listen_problem(host: str, port: int) -> str | None:
+def listen_problem(host: str, port: int, flag: str = "--port") -> str | None:
     """Why host:port cannot be listened on (in use, not local), found by binding a socket of our own
-    first: gRPC's core would print an error line of its own before ours. None if it can (or port 0)."""
+    first: gRPC's core would print an error line of its own before ours. The reason names the flag
+    at fault: --host for an address that is not local, `flag` for a port in use. None if it can (or port 0)."""
     if port == 0:
         return None
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     except socket.gaierror as e:
-        return f"cannot listen on {host}:{port}: {e.strerror}"
-    reasons: dict[int | None, str] = {
-        errno.EADDRINUSE: "the port is in use",
-        errno.EADDRNOTAVAIL: "the address is not local",
-    }
+        return f"--host {host}: cannot listen on {host}:{port}: {e.strerror}"
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a TIME_WAIT port is free
         try:
             probe.bind(address)
         except OSError as e:
-            return f"cannot listen on {host}:{port}: {reasons.get(e.errno) or e.strerror}"
+            if e.errno == errno.EADDRINUSE:
+                return f"{flag} {port}: cannot listen on {host}:{port}: the port is in use"
+            why = "the address is not local" if e.errno == errno.EADDRNOTAVAIL else e.strerror
+            return f"--host {host}: cannot listen on {host}:{port}: {why}"
     return None
+
+
+def startup_problem(config: ServerConfig) -> str | None:
+    """What is wrong with `config` that is found before the model loads: a bad flag (ServerConfig.check),
+    or a port of the server or of its metrics that cannot be listened on."""
+    try:
+        config.check()
+        config.check_files()
+    except ValueError as e:
+        return str(e)
+    problem = listen_problem(config.host, config.port)
+    if problem is None and config.metrics_port:
+        problem = listen_problem(config.host, config.metrics_port, "--metrics-port")
+    return problem
 
 
 async def serve(config: ServerConfig) -> int:
@@ -402,11 +416,10 @@ def main(args) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = ServerConfig.from_args(args, os.environ)
-        config.check()
     except ValueError as e:
         print(f"attnserve serve: error: {e}", file=sys.stderr)
         return 2
-    problem = listen_problem(config.host, config.port)  # before the model loads: a busy port costs nothing
+    problem = startup_problem(config)  # before the model loads: a busy port costs nothing
     if problem is not None:
         print(f"attnserve serve: error: {problem}", file=sys.stderr)
         return 2

@@ -12,10 +12,11 @@ import argparse
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from ..engine.domain import MAX_STREAM_INTERVAL_MS
-from ..flags import add_field_flags, flag, flag_name
+from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name, shown
 
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
@@ -209,39 +210,49 @@ class ServerConfig:
         return cls(**values, **read_test_switches(environ))
 
     def check(self) -> None:
-        """Raise ValueError with a one-line reason naming the first flag that cannot work."""
+        """Raise ValueError with a one-line reason naming the first flag that cannot work, its value
+        and what it may be. Values only: the files are check_files'."""
         known = f"{', '.join(PROVIDERS[:-1])} or {PROVIDERS[-1]}"
-        rules = [
+        together = [
             ((self.tls_cert is None) == (self.tls_key is None), "--tls-cert and --tls-key go together"),
             (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
             (self.provider in PROVIDERS, f"--provider must be {known}, not {self.provider!r}"),
             (self.engine_core in ENGINE_CORES, f"--engine-core must be thread or process, not {self.engine_core!r}"),
-            (0 <= self.port <= MAX_PORT, f"--port must be 0 to {MAX_PORT}, got {self.port}"),
-            (self.threads >= 0, f"--threads must not be negative (0: all cores but one), got {self.threads}"),
-            (self.max_batch >= 0, "--max-batch must be at least 1, or auto"),
-            (
-                self.kv_cache_memory is None or self.kv_cache_memory >= 1,
-                "--kv-cache-memory must be a positive number of bytes",
-            ),
-            (
-                0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS,
-                f"--stream-interval-ms must be 0 to {MAX_STREAM_INTERVAL_MS}",
-            ),
-            (self.write_timeout > 0, "--write-timeout must be positive"),
-            (self.max_connection_age is None or self.max_connection_age > 0, "--max-connection-age must be positive"),
-            (self.drain_timeout >= 0, "--drain-timeout must not be negative"),
-            (self.log_stats_interval >= 0, "--log-stats-interval must not be negative (0: off)"),
             (
                 self.served_model_name is None or MODEL_NAME.fullmatch(self.served_model_name) is not None,
                 f"--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', "
                 f"not {self.served_model_name!r}",
             ),
         ]
-        counts = ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens", "stream_buffer_events")
-        rules += [
-            (getattr(self, name) >= 1, f"{flag_name(name)} must be at least 1")
-            for name in (*counts, "max_concurrent_streams")
-        ]
-        for ok, reason in rules:
+        for ok, reason in together:
             if not ok:
                 raise ValueError(reason)
+        at_least_1 = ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens")
+        ranges: list[tuple[str, bool, str]] = [
+            ("port", 0 <= self.port <= MAX_PORT, f"0 to {MAX_PORT}"),
+            ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
+            ("threads", self.threads >= 0, "0 or more (0: all cores but one)"),
+            ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
+            ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
+            ("stream_interval_ms", 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS, "0 to 60000"),
+            *((name, getattr(self, name) >= 1, "at least 1") for name in at_least_1),
+            ("stream_buffer_events", self.stream_buffer_events >= 1, "at least 1"),
+            ("max_concurrent_streams", self.max_concurrent_streams >= 1, "at least 1"),
+            ("write_timeout", self.write_timeout > 0, "positive"),
+            ("max_connection_age", self.max_connection_age is None or self.max_connection_age > 0, "positive"),
+            ("drain_timeout", self.drain_timeout >= 0, "0 or more"),
+            ("log_stats_interval", self.log_stats_interval >= 0, "0 or more (0: off)"),
+        ]
+        for name, ok, allowed in ranges:
+            if not ok:
+                raise ValueError(f"{flag_name(name)} must be {allowed}, got {shown(getattr(self, name))}")
+
+    def check_files(self) -> None:
+        """Raise ValueError naming the flag whose file or directory is not here or not readable (TLS
+        files must be PEM, the token file not empty): found before the model loads. Apart from check(),
+        which also judges configurations meant for another machine (the Kubernetes manifests)."""
+        for name in ("tls_cert", "tls_key", "tls_client_ca"):
+            check_pem(flag_name(name), getattr(self, name))
+        check_text_file("--auth-token-file", self.auth_token_file)
+        if not Path(self.model).is_dir():
+            raise ValueError(f"--model {self.model}: no such directory")

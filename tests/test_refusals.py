@@ -1,0 +1,376 @@
+"""Every flag of every subcommand refuses a bad value in one line before any work: the README's
+promise ("one line on stderr and exit code 2, never a traceback").
+
+TABLE holds, per subcommand, rows of (flag, arguments, fragment): the command line is `attnserve
+COMMAND` with BASE[COMMAND] (good values for what the command needs, and a cheap end for its work
+should a check be missing) and then the row's arguments, which override the base's. The refusal
+must be exactly one line on stderr, `attnserve COMMAND: error: ...`, naming the flag (or the
+positional argument) and holding the fragment, with nothing on stdout and exit code 2.
+`test_every_flag_has_a_row` makes a new flag without a row (or a stated reason in NO_BAD_VALUE)
+fail, so that a flag cannot be added without its check.
+
+The command lines run in one process per subcommand (tests/cli_driver.py) against real parts: the
+tiny checkpoints and model directory, a real server for the clients (values only the server can
+judge come back from it), a port this test holds for `serve` (a missing check would then be
+refused for the port, not the flag, and fail the row), and for `ray-serve` a tripwire on starting
+Ray. A missing check in `train` or `export` runs a one-step training or a tiny export, which
+exits 0 and fails the row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnserve.cli import SUBCOMMANDS, subcommand_parser
+
+LONG_SOURCE = "4" * 300
+
+# Good values for what each subcommand needs; a row's own arguments come after and override them.
+BASE = {
+    "train": ["--preset", "tiny", "--max-steps", "1", "--tokenizer", "bytes", "--out", "{tmp}/run", "--threads", "1"],
+    "export": ["--out", "{tmp}/exported"],
+    "attention-map": ["--out", "{tmp}/map.png"],
+    "serve": ["--model", "{model}", "--port", "{busy}", "--threads", "1"],
+    "ray-serve": ["--model", "{model}"],
+    "generate": ["--target", "{target}", "--max-new-tokens", "2"],
+    "bench": [
+        "--target",
+        "{target}",
+        "--requests",
+        "1",
+        "--warmup",
+        "0",
+        "--concurrency",
+        "1",
+        "--max-new-tokens",
+        "2",
+    ],
+}
+
+# The positional arguments, which a row for a positional argument replaces with its own.
+POSITIONALS = {"export": ["{ckpt}"], "attention-map": ["{s2s}", "42"], "generate": ["hi"]}
+
+INSTEAD_OF_POSITIONALS = {"--prompt-token-ids"}  # the prompt's other form: its rows give no text prompt
+
+# A flag whose every value means something has no row: the reason why.
+NO_BAD_VALUE = {
+    ("bench", "--seed"): "any integer seeds the prompt ids' draw (Python's random)",
+}
+
+TABLE: dict[str, list[tuple[str, list[str], str]]] = {
+    "train": [
+        ("--preset", ["--preset", "huge"], "--preset must be one of numbers, small, tiny, tiny-seq2seq, not 'huge'"),
+        ("--corpus", ["--corpus", "/no/such/corpus.txt"], "--corpus /no/such/corpus.txt: no such file or folder"),
+        ("--corpus", ["--corpus", "{binary}"], "--corpus {binary}: not UTF-8 text (byte 128"),
+        ("--corpus", ["--corpus", "{empty}"], "--corpus {empty}: is empty"),
+        ("--corpus", ["--corpus", "{notxt}"], "--corpus {notxt}: a folder with no .txt files"),
+        ("--corpus", ["--corpus", "{short}"], "corpus too short: 120 bytes"),
+        ("--corpus", ["--preset", "tiny-seq2seq", "--corpus", "{bad_tsv}"], "bad.tsv:2: expected 'source<TAB>target'"),
+        (
+            "--corpus",
+            ["--preset", "tiny-seq2seq", "--corpus", "{long_tsv}"],
+            "pair 2 needs 81 tokens, the context (max_len) is 64",
+        ),
+        ("--out", ["--out", "{file}/run"], "--out {file}/run: {file} is a file, not a directory"),
+        ("--tokenizer", ["--tokenizer", "words"], "invalid choice: 'words'"),
+        ("--tokenizer", ["--preset", "numbers", "--tokenizer", "bpe"], "--tokenizer bpe is for decoder-only models"),
+        ("--vocab-size", ["--tokenizer", "bytes", "--vocab-size", "512"], "--vocab-size is the BPE tokenizer's"),
+        ("--vocab-size", ["--tokenizer", "bpe", "--vocab-size", "100"], "--vocab-size 100 is outside [259, "),
+        ("--max-steps", ["--max-steps", "-1"], "--max-steps must not be negative, got -1"),
+        ("--time-budget", ["--time-budget", "0"], "--time-budget must be positive, got 0"),
+        ("--device", ["--device", "tpu"], "invalid choice: 'tpu'"),
+        ("--precision", ["--precision", "fp8"], "invalid choice: 'fp8'"),
+        ("--seed", ["--seed", "-1"], "--seed must be 0 to"),
+        ("--resume", ["--resume", "--out", "{tmp}/fresh"], "--resume: checkpoint not found"),
+        ("--resume", ["--preset", "numbers", "--resume", "--out", "{tmp}/fresh"], "--resume: checkpoint not found"),
+        ("--batch-size", ["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        ("--lr", ["--lr", "-1"], "--lr must be positive, got -1"),
+        ("--eval-interval", ["--eval-interval", "0"], "--eval-interval must be at least 1, got 0"),
+        ("--threads", ["--threads", "0"], "--threads must be at least 1, got 0"),
+        ("--context-length", ["--context-length", "4"], "--context-length must be at least 8, got 4"),
+        ("--d-model", ["--d-model", "0"], "--d-model must be a positive integer, got 0"),
+        ("--n-layers", ["--n-layers", "0"], "--n-layers must be a positive integer, got 0"),
+        ("--n-heads", ["--n-heads", "0"], "--n-heads must be a positive integer, got 0"),
+        ("--n-heads", ["--n-heads", "3"], "is not divisible by --n-heads 3"),
+        ("--d-ff", ["--d-ff", "0"], "--d-ff must be a positive integer, got 0"),
+    ],
+    "export": [
+        ("checkpoint", ["/no/such/checkpoint.pt"], "/no/such/checkpoint.pt"),
+        ("checkpoint", ["{file}"], "{file}"),
+        ("--out", ["--out", "{file}/exported"], "--out {file}/exported: {file} is a file, not a directory"),
+        ("--dtype", ["--dtype", "int4"], "invalid choice: 'int4'"),
+        ("--dtype", ["--dtype", "bfloat16"], "--dtype bfloat16"),
+        ("--quantize", ["--quantize", "int4"], "invalid choice: 'int4'"),
+        ("--parity-steps", ["--parity-steps", "0"], "--parity-steps must be at least 1, got 0"),
+        ("--kv-cache", ["--kv-cache", "paged"], "invalid choice: 'paged'"),
+    ],
+    "attention-map": [
+        ("checkpoint", ["/no/such/checkpoint.pt", "42"], "/no/such/checkpoint.pt"),
+        ("checkpoint", ["{ckpt}", "42"], "{ckpt}: needs an encoder-decoder checkpoint"),
+        ("source", ["{s2s}", LONG_SOURCE], "the source is 301 tokens"),
+        ("source", ["{s2s}", ""], "the source is empty"),
+        ("--out", ["--out", "{tmp}/map.txt"], "--out {tmp}/map.txt"),
+        ("--out", ["--out", "{file}/map.png"], "is a file, not a directory"),
+        ("--per-head", ["--per-head=yes"], "--per-head"),
+        ("--layer", ["--layer", "1"], "--layer"),
+        ("--layer", ["--per-head", "--layer", "99"], "--layer must be 0 to 1 (the model's layers), got 99"),
+        ("--layer", ["--per-head", "--layer", "-1"], "--layer must be 0 to 1 (the model's layers), got -1"),
+    ],
+    "serve": [
+        ("--model", ["--model", "/no/such/model"], "--model /no/such/model: no such directory"),
+        ("--served-model-name", ["--served-model-name", "my model"], "--served-model-name must be"),
+        ("--host", ["--host", "256.1.1.1"], "--host 256.1.1.1: cannot listen on 256.1.1.1:"),
+        ("--port", ["--port", "70000"], "--port must be 0 to 65535, got 70000"),
+        ("--port", ["--port", "{busy}"], "--port {busy}: cannot listen on 127.0.0.1:{busy}: the port is in use"),
+        ("--provider", ["--provider", "tpu"], "invalid choice: 'tpu'"),
+        ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: all cores but one), got -1"),
+        ("--no-cuda-graphs", ["--no-cuda-graphs=yes"], "--no-cuda-graphs"),
+        ("--engine-core", ["--engine-core", "fiber"], "invalid choice: 'fiber'"),
+        ("--max-batch", ["--max-batch", "0"], "--max-batch"),
+        ("--max-batch", ["--max-batch", "many"], "--max-batch"),
+        ("--kv-cache-memory", ["--kv-cache-memory", "lots"], "--kv-cache-memory"),
+        ("--kv-cache-memory", ["--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 (bytes), got 0"),
+        ("--prefill-chunk", ["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
+        ("--stream-interval-tokens", ["--stream-interval-tokens", "0"], "must be at least 1, got 0"),
+        ("--stream-interval-ms", ["--stream-interval-ms", "-1"], "--stream-interval-ms must be 0 to 60000, got -1"),
+        ("--max-queue", ["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
+        ("--stream-buffer-events", ["--stream-buffer-events", "0"], "--stream-buffer-events must be at least 1, got 0"),
+        ("--write-timeout", ["--write-timeout", "0"], "--write-timeout must be positive, got 0"),
+        ("--max-concurrent-streams", ["--max-concurrent-streams", "0"], "must be at least 1, got 0"),
+        ("--max-connection-age", ["--max-connection-age", "-5"], "--max-connection-age must be positive, got -5"),
+        ("--max-new-tokens-cap", ["--max-new-tokens-cap", "0"], "--max-new-tokens-cap must be at least 1, got 0"),
+        (
+            "--log-stats-interval",
+            ["--log-stats-interval", "-1"],
+            "--log-stats-interval must be 0 or more (0: off), got -1",
+        ),
+        ("--metrics-port", ["--metrics-port", "70000"], "--metrics-port must be 0 to 65535, got 70000"),
+        ("--reflection", ["--reflection=yes"], "--reflection"),
+        ("--tls-cert", ["--tls-cert", "{pem}"], "--tls-cert and --tls-key go together"),
+        ("--tls-cert", ["--tls-cert", "/no/such.pem", "--tls-key", "{pem}"], "--tls-cert /no/such.pem: No such file"),
+        ("--tls-key", ["--tls-cert", "{pem}", "--tls-key", "{file}"], "--tls-key {file}: not a PEM file"),
+        ("--tls-client-ca", ["--tls-client-ca", "{pem}"], "--tls-client-ca needs --tls-cert and --tls-key"),
+        (
+            "--tls-client-ca",
+            ["--tls-cert", "{pem}", "--tls-key", "{pem}", "--tls-client-ca", "/no/ca"],
+            "--tls-client-ca /no/ca: No such file",
+        ),
+        (
+            "--auth-token-file",
+            ["--auth-token-file", "/no/such/token"],
+            "--auth-token-file /no/such/token: No such file",
+        ),
+        ("--auth-token-file", ["--auth-token-file", "{empty}"], "--auth-token-file {empty}: is empty"),
+        ("--drain-timeout", ["--drain-timeout", "-1"], "--drain-timeout must be 0 or more, got -1"),
+    ],
+    "ray-serve": [
+        ("--model", ["--model", "/no/such/model"], "--model /no/such/model"),
+        ("--provider", ["--provider", "tpu"], "invalid choice: 'tpu'"),
+        ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: all cores but one), got -1"),
+        ("--kv-cache-memory", ["--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 (bytes), got 0"),
+        ("--prefill-chunk", ["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
+        ("--stream-interval-tokens", ["--stream-interval-tokens", "0"], "must be at least 1, got 0"),
+        ("--stream-interval-ms", ["--stream-interval-ms", "-1"], "--stream-interval-ms must be 0 to 60000, got -1"),
+        ("--max-queue", ["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
+        ("--max-new-tokens-cap", ["--max-new-tokens-cap", "0"], "--max-new-tokens-cap must be at least 1, got 0"),
+        ("--drain-timeout", ["--drain-timeout", "-1"], "--drain-timeout must be 0 or more, got -1"),
+        ("--max-batch", ["--max-batch", "auto"], "auto is attnserve serve's"),
+        ("--max-batch", ["--max-batch", "0"], "--max-batch"),
+        ("--address", ["--address", "nowhere"], "--address must be auto or HOST:PORT, got 'nowhere'"),
+        (
+            "--node-ip-address",
+            ["--node-ip-address", "no-ip"],
+            "--node-ip-address must be an IP address (Ray takes no host name here), got 'no-ip'",
+        ),
+        (
+            "--grpc-port",
+            ["--grpc-port", "70000"],
+            "--grpc-port must be 1 to 65535 (Ray's proxy does not report a port 0), got 70000",
+        ),
+        (
+            "--http-port",
+            ["--http-port", "0"],
+            "--http-port must be 1 to 65535 (Ray's proxy does not report a port 0), got 0",
+        ),
+        ("--app-name", ["--app-name", ""], "--app-name must be 1 to 64 letters, digits, '.', '_' or '-', got ''"),
+        ("--replicas", ["--replicas", "0"], "--replicas must be at least 1, got 0"),
+        ("--min-replicas", ["--min-replicas", "-1", "--max-replicas", "2"], "--min-replicas must be 0 or more, got -1"),
+        ("--max-replicas", ["--replicas", "3", "--max-replicas", "2"], "--replicas <= --max-replicas, got 3 <= 3 <= 2"),
+        (
+            "--target-ongoing-requests",
+            ["--target-ongoing-requests", "0"],
+            "--target-ongoing-requests must be positive, got 0",
+        ),
+        ("--replica-cpus", ["--replica-cpus", "-1"], "--replica-cpus must be 0 or more, got -1"),
+        ("--health-check-period", ["--health-check-period", "0"], "--health-check-period must be positive, got 0"),
+        ("--reflection", ["--reflection=yes"], "--reflection"),
+    ],
+    "generate": [
+        ("prompt", ["hi", "--prompt-token-ids", "1,2"], "give a prompt or --prompt-token-ids, not both"),
+        ("--prompt-token-ids", ["--prompt-token-ids", "a,b"], "--prompt-token-ids takes comma-separated numbers"),
+        ("--max-new-tokens", ["--max-new-tokens", "0"], "INVALID_ARGUMENT: --max-new-tokens: 0 is outside [1, 127]"),
+        ("--max-new-tokens", ["--max-new-tokens", "500"], "--max-new-tokens: 500 is outside [1, 127]"),
+        ("--temperature", ["--temperature", "-1"], "--temperature: -1 is outside [0, 100]"),
+        ("--top-k", ["--top-k", "-1"], "--top-k: -1 is outside [0, 259]"),
+        ("--top-p", ["--top-p", "1.5"], "--top-p: 1.5 is outside (0, 1]"),
+        ("--repetition-penalty", ["--repetition-penalty", "0"], "--repetition-penalty: 0 is outside (0, 100]"),
+        ("--seed", ["--seed", "-1"], "--seed must be 0 to"),
+        ("--stop", ["--stop", ""], "--stop[0]: 0 UTF-8 bytes, must be 1 to 128"),
+        ("--no-stream", ["--no-stream=yes"], "--no-stream"),
+        ("--json", ["--json=yes"], "--json"),
+        (
+            "--stream-interval-tokens",
+            ["--stream-interval-tokens", "0"],
+            "--stream-interval-tokens: 0 is outside [1, 127]",
+        ),
+        (
+            "--stream-interval-ms",
+            ["--stream-interval-ms", "-1"],
+            "--stream-interval-ms must be 0 to 4,294,967,295 (an unsigned 32-bit number), got -1",
+        ),
+        ("--request-id", ["--request-id", "x" * 300], "--request-id: 300 characters, the limit is 128"),
+        (
+            "--target",
+            ["--target", "127.0.0.1:99999"],
+            "--target 127.0.0.1:99999: target '127.0.0.1:99999' has port 99999, outside 1 to 65535",
+        ),
+        ("--timeout", ["--timeout", "0"], "--timeout must be positive, got 0"),
+        ("--tls-ca", ["--tls-ca", "/no/such/ca.pem"], "--tls-ca /no/such/ca.pem: No such file or directory"),
+        ("--tls-cert", ["--tls-ca", "{pem}", "--tls-cert", "{pem}"], "--tls-cert and --tls-key go together"),
+        ("--tls-key", ["--tls-ca", "{pem}", "--tls-cert", "{pem}", "--tls-key", "{file}"], "--tls-key {file}"),
+        ("--tls-server-name", ["--tls-server-name", "example.org"], "--tls-server-name needs TLS"),
+        ("--token-file", ["--token-file", "/no/such/token"], "--token-file /no/such/token"),
+    ],
+    "bench": [
+        ("--concurrency", ["--concurrency", "0"], "--concurrency levels must be at least 1, got 0"),
+        ("--concurrency", ["--concurrency", "x"], "--concurrency takes comma-separated numbers"),
+        ("--rate", ["--rate", "-1"], "--rate levels must be positive, got -1"),
+        ("--requests", ["--requests", "0"], "--requests must be at least 1, got 0"),
+        ("--prompt-tokens", ["--prompt-tokens", "0"], "--prompt-tokens must be at least 1"),
+        ("--prompt-tokens", ["--prompt-tokens", "100000"], "--prompt-tokens 100000 is over the server's limit"),
+        ("--prompt-ids", ["--prompt-ids=yes"], "--prompt-ids"),
+        ("--prompt-text", ["--prompt-text=yes"], "--prompt-text"),
+        ("--max-new-tokens", ["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
+        ("--max-new-tokens", ["--max-new-tokens", "100000"], "--max-new-tokens 100000 is over the server's cap of 127"),
+        ("--warmup", ["--warmup", "-1"], "--warmup must not be negative, got -1"),
+        ("--stream-interval-tokens", ["--stream-interval-tokens", "0"], "--stream-interval-tokens must be"),
+        (
+            "--stream-interval-ms",
+            ["--stream-interval-ms", "-1"],
+            "--stream-interval-ms must be 0 to 4,294,967,295 (an unsigned 32-bit number), got -1",
+        ),
+        ("--out", ["--out", "/no/such/dir/x.json"], "directory /no/such/dir does not exist"),
+        ("--plot", ["--plot", "{tmp}/x.txt"], "matplotlib writes"),
+        (
+            "--target",
+            ["--target", "127.0.0.1:99999"],
+            "--target 127.0.0.1:99999: target '127.0.0.1:99999' has port 99999, outside 1 to 65535",
+        ),
+        ("--timeout", ["--timeout", "0"], "--timeout must be positive, got 0"),
+        ("--tls-ca", ["--tls-ca", "{file}"], "--tls-ca {file}: not a PEM file"),
+        ("--tls-cert", ["--tls-ca", "{pem}", "--tls-cert", "{pem}"], "--tls-cert and --tls-key go together"),
+        ("--tls-key", ["--tls-ca", "{pem}", "--tls-key", "{pem}"], "--tls-cert and --tls-key go together"),
+        ("--tls-server-name", ["--tls-server-name", "example.org"], "--tls-server-name needs TLS"),
+        ("--token-file", ["--token-file", "/no/such/token"], "--token-file /no/such/token"),
+    ],
+}
+
+# What would start a subcommand's work where a missing check could not end it cheaply.
+TRIPWIRES = {"ray-serve": ["attnserve.ray_serve.main:start_ray"]}
+
+
+def flags_of(command: str) -> set[str]:
+    """Every flag (its first spelling) and positional argument of the subcommand's parser."""
+    names = set()
+    for action in subcommand_parser(command)._actions:
+        if not isinstance(action, argparse._HelpAction):
+            names.add(action.option_strings[0] if action.option_strings else action.dest)
+    return names
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_every_flag_has_a_row(command):
+    """A flag added without a bad-value row (or a reason it has none) fails here."""
+    rows = {flag for flag, _, _ in TABLE[command]}
+    exempt = {flag for (c, flag) in NO_BAD_VALUE if c == command}
+    assert rows & exempt == set()
+    assert flags_of(command) - exempt - rows == set(), "flags without a bad-value row"
+    assert (rows | exempt) - flags_of(command) == set(), "rows for flags the parser does not have"
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory, tiny_checkpoint, tiny_seq2seq_checkpoint, tiny_model_dir, server):
+    """The placeholders' values; `busy` is a port held open for as long as the module runs."""
+    tmp = tmp_path_factory.mktemp("refusals")
+    (tmp / "file").write_text("a plain file\n")
+    (tmp / "empty").write_text("")
+    (tmp / "binary").write_bytes(bytes(range(256)) * 64)
+    (tmp / "short").write_bytes(b"tiny corpus\n" * 10)
+    (tmp / "no-text").mkdir()
+    (tmp / "no-text" / "notes.md").write_text("not a .txt file")
+    (tmp / "bad.tsv").write_text("12\ttwelve\nno tab on this line\n")
+    (tmp / "long.tsv").write_text("12\ttwelve\n" + "9" * 80 + "\tnines\n")
+    (tmp / "pem").write_text("-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n")
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    yield {
+        "tmp": str(tmp),
+        "file": str(tmp / "file"),
+        "empty": str(tmp / "empty"),
+        "binary": str(tmp / "binary"),
+        "pem": str(tmp / "pem"),
+        "short": str(tmp / "short"),
+        "notxt": str(tmp / "no-text"),
+        "bad_tsv": str(tmp / "bad.tsv"),
+        "long_tsv": str(tmp / "long.tsv"),
+        "ckpt": str(tiny_checkpoint),
+        "s2s": str(tiny_seq2seq_checkpoint),
+        "model": str(tiny_model_dir),
+        "target": server.target,
+        "busy": str(held.getsockname()[1]),
+    }
+    held.close()
+
+
+def command_line(command: str, flag: str, args: list[str]) -> list[str]:
+    if flag.startswith("--") and flag not in INSTEAD_OF_POSITIONALS:
+        return [command, *POSITIONALS.get(command, []), *BASE[command], *args]
+    return [command, *args, *BASE[command]]
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_each_bad_value_is_one_line_and_exit_2(command, places, tmp_path):
+    rows = TABLE[command]
+    argvs = [[a.format(**places) for a in command_line(command, flag, args)] for flag, args, _ in rows]
+    runs, results = tmp_path / "runs.json", tmp_path / "results.json"
+    runs.write_text(json.dumps({"argvs": argvs, "tripwires": TRIPWIRES.get(command, []), "timeout": 60}))
+    driver = Path(__file__).with_name("cli_driver.py")
+    subprocess.run([sys.executable, str(driver), str(runs), str(results)], check=True, timeout=600)
+    problems = []
+    for (flag, _, fragment), argv, got in zip(rows, argvs, json.loads(results.read_text())):
+        lines = got["stderr"].splitlines()
+        fragment = fragment.format(**places)
+        prefix = f"attnserve {command}: error: "
+        ok = (
+            got["rc"] == 2
+            and len(lines) == 1
+            and lines[0].startswith(prefix)
+            and fragment in lines[0]
+            and (flag in lines[0] or not flag.startswith("--"))
+            and got["stdout"] == ""
+        )
+        if not ok:
+            problems.append(
+                f"{' '.join(argv)}\n    rc={got['rc']} stdout={got['stdout'][:200]!r}\n    {got['stderr'][:600]}"
+            )
+    assert not problems, f"{len(problems)} of {len(rows)} refusals are not one line naming the flag:\n" + "\n".join(
+        problems
+    )
