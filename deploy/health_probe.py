@@ -2,8 +2,9 @@
 """One grpc.health.v1 Check for a Kubernetes exec probe: exit 0 if SERVING, 1 otherwise.
 
 The kubelet's own gRPC probe speaks plaintext only, so a pod whose server runs with --tls-cert
-is probed by this script inside the container (deploy/components/tls). It needs grpcio and
-grpcio-health-checking, which the serving image has; nothing of attnserve is imported.
+is probed by this script inside the container (deploy/components/tls). It needs grpcio, protobuf
+and attnserve's own generated grpc.health.v1 code (attnserve.health), which the serving image has;
+nothing else of attnserve is imported.
 """
 
 from __future__ import annotations

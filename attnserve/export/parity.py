@@ -139,10 +139,11 @@ def greedy_agreement(reference: np.ndarray, margins: np.ndarray, got: np.ndarray
                 "agreeing_steps": first if first is not None else int(reference.shape[1]),
                 "first_divergence": first,
                 "excused_near_tie": excused,
+                "margin_at_divergence": None if first is None else float(margins[r, first]),
             }
         )
     ok = all(r["first_divergence"] is None or r["excused_near_tie"] for r in rows)
-    return {"steps": int(reference.shape[1]), "rows": rows, "ok": ok}
+    return {"steps": int(reference.shape[1]), "rows": rows, "ok": ok, "tie": tie}
 
 
 def gate_report(
@@ -204,6 +205,12 @@ def format_report(report: dict) -> str:
     lines.append(
         f"greedy decoding, {g['steps']} steps: agreeing steps per row [{agree}]  {'ok' if g['ok'] else 'FAIL'}"
     )
+    lines += [
+        f"  row {i} diverged at step {r['first_divergence']}: excused, a near tie of the float32 reference "
+        f"(its top-2 logits {r['margin_at_divergence']:.2g} apart, under {g['tie']:.2g})"
+        for i, r in enumerate(g["rows"])
+        if r["excused_near_tie"]
+    ]
     lines += [f"problem: {p}" for p in report["problems"]]
     return "\n".join(lines)
 

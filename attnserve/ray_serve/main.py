@@ -108,7 +108,11 @@ def main(args) -> int:
     try:
         from ray.exceptions import RayError  # installed apart: the one-line answer below beats a traceback
     except ImportError:
-        print(f"{PROG}: error: ray is not installed; pip install 'attnserve[ray]' (ray[serve] 2.60.0)", file=sys.stderr)
+        print(
+            f"{PROG}: error: ray is not installed; pip install 'attnserve[cpu,ray]' "
+            "([gpu,ray] on CUDA; ray[serve] 2.60.0)",
+            file=sys.stderr,
+        )
         return 2
     try:
         start_ray(config)
