@@ -224,3 +224,27 @@ def test_a_killed_core_ends_every_stream_with_unavailable_and_the_server_exits_1
         served.kill()
     assert code == 1, output
     assert "attnserve serve: error: the engine core died (exit code -9)" in output
+
+
+class FailingObserver:
+    """Metrics that fail on the next step the front end takes from the core."""
+
+    def __getattr__(self, hook):
+        def fail(*arguments):
+            raise RuntimeError(f"{hook} failed")
+
+        return fail
+
+
+def test_a_failed_receiver_ends_every_stream_with_unavailable_not_a_hang(slow_core):
+    """Whatever breaks in the thread that takes the core's messages, the requests in flight end with
+    UNAVAILABLE naming it and the server is marked dead (serve then exits 1), as for a dead core."""
+    stream = slow_core.stub.GenerateStream(request("The list", max_new_tokens=100), timeout=60)
+    assert next(stream).token_ids
+    slow_core.engine.observer = FailingObserver()
+    with pytest.raises(grpc.RpcError) as ended:
+        list(stream)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "the front end lost the engine core's messages (RuntimeError: on_" in ended.value.details()
+    assert slow_core.server.died == slow_core.engine.died
+    wait_until(slow_core.server.stopped.is_set, what="the server to stop (set on its loop)")

@@ -206,6 +206,18 @@ class EngineClient:
 
     # ---- the receiver thread --------------------------------------------------------------
     def _receive(self) -> None:
+        """The receiver thread: its failure is the core's loss to this front end. A receiver that
+        died silently would leave every request in flight waiting forever; instead they end with
+        UNAVAILABLE and the server exits 1 for its supervisor, as when the core's process dies."""
+        try:
+            self._receive_steps()
+        except Exception as e:  # whatever it was, nothing can reach the callers now
+            log.exception("the engine core's receiver failed")
+            self._core_died(
+                f"the front end lost the engine core's messages ({type(e).__name__}: {e}); the server restarts"
+            )
+
+    def _receive_steps(self) -> None:
         while not self._stopping:
             if self._from.poll(POLL_MS):
                 self._take([step for step in self._waiting() if isinstance(step, Step)])
@@ -254,6 +266,6 @@ class EngineClient:
         self.died = why
         with self._lock:
             handles, self.handles = list(self.handles.values()), {}
-        post((handle, EngineUnavailable(why)) for handle in handles)
-        if self.on_death is not None:
+        if self.on_death is not None:  # first: a caller that sees its request end finds the server marked dead
             self.on_death(why)
+        post((handle, EngineUnavailable(why)) for handle in handles)
