@@ -246,5 +246,5 @@ def test_a_failed_receiver_ends_every_stream_with_unavailable_not_a_hang(slow_co
         list(stream)
     assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "the front end lost the engine core's messages (RuntimeError: on_" in ended.value.details()
-    assert slow_core.server.died == slow_core.engine.died
+    wait_until(lambda: slow_core.server.died == slow_core.engine.died, what="the server to be marked dead")
     wait_until(slow_core.server.stopped.is_set, what="the server to stop (set on its loop)")

@@ -266,6 +266,6 @@ class EngineClient:
         self.died = why
         with self._lock:
             handles, self.handles = list(self.handles.values()), {}
-        if self.on_death is not None:  # first: a caller that sees its request end finds the server marked dead
-            self.on_death(why)
         post((handle, EngineUnavailable(why)) for handle in handles)
+        if self.on_death is not None:
+            self.on_death(why)
