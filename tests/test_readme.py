@@ -1,7 +1,7 @@
 """The README and every `--help` agree (issue 27): each subcommand's flags are in its section of the
 README (its synopsis, examples or flag table), every flag the README writes after `attnserve
 COMMAND` exists, and a default the flag tables give as a literal is the parser's; the shell examples
-that show their output print it."""
+that show their output print it, and the Python examples run."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fixtures_server import start_server
 
 from attnserve.cli import SUBCOMMANDS, subcommand_parser
 
@@ -129,3 +130,25 @@ def test_the_readmes_shell_examples_print_what_it_shows(server):
             argv = [*argv, "--target", server.target]
         done = subprocess.run([sys.executable, "-m", "attnserve.cli", *argv[1:]], capture_output=True, text=True)
         assert (done.stdout + done.stderr).splitlines() == shown, argv
+
+
+@pytest.fixture(scope="module")
+def bpe_server(tiny_bpe_model_dir):
+    """A BPE model's server: the README's examples send token ids a byte model does not have."""
+    running = start_server(tiny_bpe_model_dir)
+    yield running
+    running.stop()
+
+
+def python_examples() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
+
+
+@pytest.mark.parametrize("index", range(len(python_examples())))
+def test_the_readmes_python_examples_run(bpe_server, tiny_bpe_model_dir, index):
+    """Each Python example runs as written against a real server, its address (and, for tritonclient,
+    the model's name) replaced by the test server's."""
+    code = python_examples()[index].replace("127.0.0.1:50051", bpe_server.target)
+    code = code.replace("127.0.0.2:50051", bpe_server.target).replace('"small"', repr(tiny_bpe_model_dir.name))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
