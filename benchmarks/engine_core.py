@@ -30,7 +30,7 @@ from typing import Any
 from attnserve.runtime.contract import read_manifest
 from benchmarks.kv import GENAI_PYTHON, genai_batch
 from benchmarks.loadtest.server_process import ServerProcess
-from benchmarks.serving import load_averages, progress, report, spread
+from benchmarks.serving import alternating, load_averages, report, spread
 
 MODES = ("thread", "process")
 GENAI_MAX_BATCH = 32  # onnxruntime-genai 0.18 refuses more with this export ("batch_size (64) must be in [1, 32]")
@@ -87,14 +87,13 @@ def measure(args, servers: dict[str, ServerProcess]) -> list[dict]:
         for concurrency in [int(c) for c in args.concurrency.split(",")]:
             runs: dict[str, list[dict]] = {side: [] for side in sides}
             ids = genai_prompts(args.model, concurrency, args.prompt_tokens)
-            for r in range(args.repeats):
-                progress(f"stream interval {interval}, {concurrency} streams, round {r + 1}/{args.repeats}")
-                for side in sides if r % 2 == 0 else reversed(sides):
-                    if side == "genai":
-                        runs[side].append(genai_batches(args.model, ids, args.new_tokens))
-                    else:
-                        target = servers[side].target
-                        runs[side].append(bench(target, concurrency, interval, args.new_tokens, args.prompt_tokens))
+            label = f"stream interval {interval}, {concurrency} streams"
+            for side in alternating(sides, args.repeats, label):
+                if side == "genai":
+                    runs[side].append(genai_batches(args.model, ids, args.new_tokens))
+                else:
+                    target = servers[side].target
+                    runs[side].append(bench(target, concurrency, interval, args.new_tokens, args.prompt_tokens))
             row: dict[str, Any] = {"stream_interval": interval, "concurrency": concurrency}
             for mode in MODES:
                 row[mode] = {key: median_of(runs[mode], key) for key in ("tokens_per_s", "itl_p50_ms", "ttft_p50_ms")}

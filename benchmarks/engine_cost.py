@@ -41,7 +41,7 @@ from attnserve.runtime.runners import open_slot_runner
 from attnserve.server.config import ServerConfig
 from attnserve.server.engine_client import EngineClient
 from attnserve.tokenizer import from_model_dir
-from benchmarks.serving import load_averages, progress, report, spread
+from benchmarks.serving import alternating, load_averages, report, spread
 
 PROMPT_TOKENS = 16
 SIDES = ("loop", "engine", "core")
@@ -122,10 +122,8 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
             for run in sides.values():  # warm-up: bindings, allocations, caches
                 await run()
             runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-            for r in range(repeats):
-                progress(f"{level} streams, round {r + 1}/{repeats}")
-                for side in SIDES if r % 2 == 0 else reversed(SIDES):
-                    runs[side].append(await sides[side]())
+            for side in alternating(SIDES, repeats, f"{level} streams"):
+                runs[side].append(await sides[side]())
             row = {"concurrency": level, **{side: summary(runs[side]) for side in SIDES}}
             for side in ("engine", "core"):
                 ratios = [e["tokens_per_s"] / lp["tokens_per_s"] for e, lp in zip(runs[side], runs["loop"])]

@@ -37,7 +37,7 @@ from attnserve.clients.types import GenerationParams
 from attnserve.runtime.contract import read_manifest
 from benchmarks.kv import GENAI_PYTHON, genai_batch
 from benchmarks.loadtest.server_process import ServerProcess
-from benchmarks.serving import load_averages, progress, report, spread
+from benchmarks.serving import alternating, load_averages, report, spread
 
 SIDES = ("attnserve", "genai")
 
@@ -113,13 +113,11 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 def measure(args: argparse.Namespace, server: ServerProcess, requests: list[tuple[list[int], int]]) -> dict:
     asyncio.run(serve_side(server.target, requests[: args.in_flight], args.in_flight))  # warm-up
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    for r in range(args.repeats):
-        progress(f"mixed workload, round {r + 1}/{args.repeats}")
-        for side in SIDES if r % 2 == 0 else reversed(SIDES):
-            if side == "genai":
-                runs[side].append(genai_side(args.model, requests, args.in_flight))
-            else:
-                runs[side].append(asyncio.run(serve_side(server.target, requests, args.in_flight)))
+    for side in alternating(SIDES, args.repeats, "mixed workload"):
+        if side == "genai":
+            runs[side].append(genai_side(args.model, requests, args.in_flight))
+        else:
+            runs[side].append(asyncio.run(serve_side(server.target, requests, args.in_flight)))
     result: dict[str, Any] = {side: summary(runs[side]) for side in SIDES}
     pairs = list(zip(runs["attnserve"], runs["genai"]))
     for key, name in (("tokens_per_s", "throughput"), ("latency_p99_ms", "p99_latency")):

@@ -28,7 +28,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import grpc
@@ -285,6 +285,14 @@ def write_plot(result: dict, path: str) -> None:
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+
+
+def alternating(sides: Sequence[str], repeats: int, label: str) -> Iterator[str]:
+    """The sides to run, round after round, in turn forwards and backwards (neither side always runs
+    first on a machine that warms or cools), with a progress line per round."""
+    for r in range(repeats):
+        progress(f"{label}, round {r + 1}/{repeats}")
+        yield from (sides if r % 2 == 0 else list(reversed(sides)))
 
 
 def spread(values: list[float]) -> dict[str, float]:

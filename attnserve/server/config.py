@@ -227,7 +227,14 @@ class ServerConfig:
         for ok, reason in together:
             if not ok:
                 raise ValueError(reason)
-        at_least_1 = ("max_queue", "max_new_tokens_cap", "prefill_chunk", "stream_interval_tokens")
+        at_least_1 = (
+            "max_queue",
+            "max_new_tokens_cap",
+            "prefill_chunk",
+            "stream_interval_tokens",
+            "stream_buffer_events",
+            "max_concurrent_streams",
+        )
         ranges: list[tuple[str, bool, str]] = [
             ("port", 0 <= self.port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
@@ -236,8 +243,6 @@ class ServerConfig:
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
             ("stream_interval_ms", 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS, "0 to 60000"),
             *((name, getattr(self, name) >= 1, "at least 1") for name in at_least_1),
-            ("stream_buffer_events", self.stream_buffer_events >= 1, "at least 1"),
-            ("max_concurrent_streams", self.max_concurrent_streams >= 1, "at least 1"),
             ("write_timeout", self.write_timeout > 0, "positive"),
             ("max_connection_age", self.max_connection_age is None or self.max_connection_age > 0, "positive"),
             ("drain_timeout", self.drain_timeout >= 0, "0 or more"),
