@@ -12,13 +12,15 @@ import asyncio
 import itertools
 import threading
 from contextlib import contextmanager
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from attnserve.engine import engine as engine_module
-from attnserve.engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull
+from attnserve.engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull, StreamInterval
 from attnserve.engine.engine import Engine, EngineLimits
+from attnserve.engine.sequence import Sequence
 from attnserve.engine.slot_runner import Logits, ModelSpec
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -328,3 +330,55 @@ def test_an_encoder_decoder_runner_gets_the_source_and_the_decoder_budget_counts
     assert runner.log[0] == ("start", 0, source.prompt_ids)
     assert isinstance(final, Final) and final.reason == FinishReason.LENGTH and len(tokens) == 8 - 1
     assert final.usage.prompt_tokens == len(source.prompt_ids)
+
+
+async def deltas(handle) -> tuple[list[tuple[int, ...]], str, Final]:
+    """A request's Deltas as the engine handed them on (their token ids), their text, and its Final."""
+    handed: list[tuple[int, ...]] = []
+    text = ""
+    while True:
+        for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
+            assert not isinstance(event, Exception), event
+            text += event.text
+            if isinstance(event, Final):
+                return handed, text, event
+            handed.append(event.token_ids)
+
+
+def test_the_engine_hands_deltas_on_at_each_requests_interval_and_a_unary_calls_with_its_end():
+    """Every step's token (the default), the first at once then every 4 tokens (a stream's interval of
+    4), or all at the end (interval None: a unary call): the same tokens and text each way, nothing lost."""
+    prompt = tuple(b"paced")
+    intervals = {"each": StreamInterval(), "four": StreamInterval(tokens=4), "end": None}
+
+    async def main():
+        with running(FakeRunner(capacity=3)) as engine:
+            handles = {
+                name: engine.submit(GenerationRequest(name, prompt, 11, interval=interval))
+                for name, interval in intervals.items()
+            }
+            engine.start()
+            return {name: await deltas(handle) for name, handle in handles.items()}
+
+    got = asyncio.run(main())
+    expected = alone(prompt, 11)
+    for name, (handed, text, final) in got.items():
+        assert [t for d in handed for t in d] == expected and text == bytes(expected).decode(), name
+        assert final.reason == FinishReason.LENGTH and final.usage.completion_tokens == 11, name
+    assert [len(d) for d in got["each"][0]] == [1] * 11
+    assert [len(d) for d in got["four"][0]] == [1, 4, 4, 2]
+    assert [len(d) for d in got["end"][0]] == [11]
+
+
+def test_a_streams_time_bound_hands_on_what_it_holds_once_it_has_passed():
+    """Sequence by itself, its clock given: with 100 tokens or 5 ms, a delta goes at the first token,
+    then at the first token 5 ms or more after it; the end hands on the rest before the Final."""
+    request = GenerationRequest("timed", (1, 2), 10, interval=StreamInterval(tokens=100, ms=5))
+    sequence = Sequence(request, SimpleNamespace(request=request, cancelled=False, finished=False), TOKENIZER, SPEC)
+    at = lambda ms: 1000.0 + ms / 1000
+    assert [e.token_ids for e in sequence.advance(ord("a"), at(0))] == [(ord("a"),)]
+    assert sequence.advance(ord("b"), at(2)) == [] and sequence.advance(ord("c"), at(4.9)) == []
+    assert [e.token_ids for e in sequence.advance(ord("d"), at(5.1))] == [(ord("b"), ord("c"), ord("d"))]
+    assert sequence.advance(ord("e"), at(6)) == []
+    *held, final = sequence.end(FinishReason.CANCELLED)
+    assert [e.token_ids for e in held] == [(ord("e"),)] and final.text == "" and final.usage.completion_tokens == 5

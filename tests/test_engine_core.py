@@ -16,6 +16,7 @@ import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 
 from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
+from attnserve.server.core_protocol import DeltaEvent
 from attnserve.server.metrics import resident_bytes
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
@@ -77,6 +78,25 @@ def test_the_cores_token_timings_reach_the_front_ends_metrics_once_per_token(cor
     reply = generate(core.stub, "The list")
     assert len(reply.token_ids) == 24 and reply.finish_reason == pb.FINISH_REASON_LENGTH
     assert [sample(name) - b for name, b in zip(names, before)] == [1, 23]
+
+
+def test_a_unary_calls_tokens_cross_the_boundary_once_and_a_streams_at_its_interval(core, monkeypatch):
+    """The core holds a request's tokens as its caller would: a unary call's all in the message with its
+    end, a stream of interval 8's in messages of 1, 8, 8 and the rest with the end; the same tokens."""
+    carried: list[list[int]] = []  # per Step message with events: the token count of each of its deltas
+    take = core.server.engine._take
+
+    def counting(steps):
+        carried.extend([len(e.token_ids) for _, e in step.events if isinstance(e, DeltaEvent)] for step in steps)
+        take(steps)
+
+    monkeypatch.setattr(core.server.engine, "_take", counting)
+    reply = generate(core.stub, "The list")
+    assert len(reply.token_ids) == 24 and [c for c in carried if c] == [[24]]
+    carried.clear()
+    streamed = list(core.stub.GenerateStream(request("The list", max_new_tokens=24, stream_interval_tokens=8)))
+    assert [t for m in streamed for t in m.token_ids] == list(reply.token_ids)
+    assert [c for c in carried if c] == [[1], [8], [8], [7]]
 
 
 def test_seeded_requests_decode_alike_alone_and_in_a_batch_across_the_boundary(core):

@@ -57,6 +57,9 @@ class GenerationRequest:
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     deadline: float | None = None  # time.monotonic() after which the request is dropped
+    # When the engine hands the request's deltas on: a stream's interval (the default: every step), or
+    # None for a call that only wants the whole completion (its deltas go out with the Final).
+    interval: StreamInterval | None = StreamInterval()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,10 @@ requests, starts queued ones in the runner's free slots, runs one round of prefi
 prompts together, one chunk of a long one), runs one decode step for the whole batch, picks
 every greedy row's token with one argmax over the batch and every other row's with its own
 sampler, and hands the events to each caller's event loop
-with one call_soon_threadsafe per step. ONNX Runtime releases the GIL while it runs.
+with one call_soon_threadsafe per step. A request's deltas go on at its stream interval (its
+Sequence holds the tokens in between; a unary call's go with its end), so a paced stream wakes
+its caller, and crosses to the front end from the engine core's process, once per message, not
+once per token. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -232,7 +235,7 @@ class Engine:
                 self._queue.remove(sequence)
         for sequence in dropped:
             reason = FinishReason.CANCELLED if abort else FinishReason.DEADLINE
-            self._emit(sequence, [sequence.finish(reason)])
+            self._emit(sequence, sequence.end(reason))
         for key, sequence in [*self._active.items(), *self._prefilling.items()]:
             if abort or sequence.handle.cancelled:
                 self._retire(key, sequence, FinishReason.CANCELLED)
@@ -293,7 +296,7 @@ class Engine:
         return list(zip(logits.keys, sequences))
 
     def _retire(self, key: int, sequence: Sequence, reason: FinishReason) -> None:
-        self._emit(sequence, [sequence.finish(reason)])
+        self._emit(sequence, sequence.end(reason))
         self._free(key)
 
     def _free(self, key: int) -> None:

@@ -1,7 +1,8 @@
 """One request's life inside the engine (Sequence) and its asyncio-side mailbox (Handle).
 
 The engine thread owns every Sequence: it takes the token picked from the request's row of
-logits (engine.pick_tokens), turns it into a text delta, and decides when the request is finished. Events reach the
+logits (engine.pick_tokens), turns it into text, holds tokens and text until the request's stream
+interval says a Delta is due, and decides when the request is finished. Events reach the
 caller through the Handle's asyncio.Queue, filled on the caller's event loop. No gRPC here.
 """
 
@@ -152,6 +153,10 @@ class Sequence:
         self.last_token: float | None = None
         self.token_gap = 0.0  # seconds from the previous token (from arrival, for the first) to the last
         self.final: Final | None = None
+        self.held_ids: list[int] = []  # generated, not yet handed on in a Delta (request.interval)
+        self.held_text: list[str] = []
+        self.deltas = 0  # Deltas handed on so far
+        self.last_delta = 0.0  # when the last one was (perf_counter)
 
     @property
     def done(self) -> bool:
@@ -161,24 +166,52 @@ class Sequence:
         return self.request.deadline is not None and now_monotonic > self.request.deadline
 
     def advance(self, token: int, now: float) -> list[Event]:
-        """Take the token picked for this request at `now` (perf_counter); the resulting delta and,
-        if it ends, the Final."""
+        """Take the token picked for this request at `now` (perf_counter); the events it makes due:
+        a Delta once the request's interval has passed (with the tokens held since the last one),
+        and, if the request ends, the Final."""
         self.token_gap = now - (self.arrival if self.last_token is None else self.last_token)
         self.first_token = self.first_token or now
         self.last_token = now
         if token == self.eos_id:
-            return [self.finish(FinishReason.EOS)]
+            return self.end(FinishReason.EOS)
         self.generated.append(token)
         self.next_token = token
-        events: list[Event] = [Delta((token,), self.stream.push(token))]
+        self.held_ids.append(token)
+        text = self.stream.push(token)
+        if text:
+            self.held_text.append(text)
         if self.stream.stopped:
-            events.append(self.finish(FinishReason.STOP))
-        elif len(self.generated) >= self.budget:
-            events.append(self.finish(FinishReason.LENGTH))
-        return events
+            return self.end(FinishReason.STOP)
+        if len(self.generated) >= self.budget:
+            return self.end(FinishReason.LENGTH)
+        return self.take_held(now) if self.due(now) else []
+
+    def due(self, now: float) -> bool:
+        """The held tokens go on now: the first Delta at once (time to first token is not paced), then
+        once `interval.tokens` are held or `interval.ms` have passed; never before the end without one."""
+        interval = self.request.interval
+        if interval is None:
+            return False
+        if self.deltas == 0 or len(self.held_ids) >= interval.tokens:
+            return True
+        return interval.ms > 0 and now - self.last_delta >= interval.ms / 1000
+
+    def take_held(self, now: float) -> list[Event]:
+        """The held tokens and their text as one Delta ([] if none are held)."""
+        if not self.held_ids:
+            return []
+        delta = Delta(tuple(self.held_ids), "".join(self.held_text))
+        self.held_ids, self.held_text = [], []
+        self.deltas += 1
+        self.last_delta = now
+        return [delta]
+
+    def end(self, reason: FinishReason) -> list[Event]:
+        """End the request: whatever tokens were held, then the Final."""
+        return [*self.take_held(time.perf_counter()), self.finish(reason)]
 
     def finish(self, reason: FinishReason) -> Final:
-        """End the request; the Final carries the last text, usage and timings."""
+        """The Final: the last text, usage and timings (end() hands on the held tokens before it)."""
         now = time.perf_counter()
         ms = lambda t: round(1000.0 * ((t if t is not None else now) - self.arrival), 3)
         self.final = Final(

@@ -46,6 +46,7 @@ from .core_protocol import (
 log = logging.getLogger("attnserve.core")
 
 PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
+OBSERVATIONS_WAIT_S = 0.05  # the longest a step's observations wait for a Step message with events in it
 
 
 class StartupError(Exception):
@@ -99,12 +100,22 @@ class Recorder(EngineObserver):
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, tuple[Any, ...]]] = []
+        self.since = 0.0  # when the oldest of `seen` was recorded (perf_counter)
+
+    def age(self) -> float:
+        """Seconds the oldest observation not yet taken has waited (0 with none)."""
+        return time.perf_counter() - self.since if self.seen else 0.0
 
     def on_step(self, batch_size: int, queue_depth: int) -> None:
-        self.seen.append(("on_step", (batch_size, queue_depth)))
+        self.record("on_step", (batch_size, queue_depth))
 
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
-        self.seen.append(("on_tokens", (first, inter)))
+        self.record("on_tokens", (first, inter))
+
+    def record(self, hook: str, arguments: tuple[Any, ...]) -> None:
+        if not self.seen:
+            self.since = time.perf_counter()
+        self.seen.append((hook, arguments))
 
     def take(self) -> list[tuple[str, tuple[Any, ...]]]:
         seen, self.seen = self.seen, []
@@ -177,18 +188,23 @@ class CoreEngine(Engine):
             pending, self._pending = self._pending, []
         for item in pending:
             if isinstance(item, Sequence):
-                self._emit(item, [item.finish(FinishReason.CANCELLED)])
+                self._emit(item, item.end(FinishReason.CANCELLED))
             else:
                 self._outbox.append(item)
         super()._step()
 
     def _flush(self) -> None:
-        """This step's events and observations as one Step message."""
+        """This step's events and the observations since the last message as one Step message. A step
+        with no event (every request holds its tokens for its stream interval, or only for its end)
+        sends nothing unless its observations have waited OBSERVATIONS_WAIT_S or the engine goes idle."""
+        stats = self.stats()
+        if not self._outbox:
+            busy = stats["active"] or stats["queued"]
+            if not self.recorder.seen or (busy and self.recorder.age() < OBSERVATIONS_WAIT_S):
+                return
         events = [(self._key(caller, event), to_wire(event)) for caller, event in self._outbox]
         self._outbox = []
-        observations = self.recorder.take()
-        if events or observations:
-            self.socket.send(ENCODER.encode(Step(events, observations, self.stats()["active"])))
+        self.socket.send(ENCODER.encode(Step(events, self.recorder.take(), stats["active"])))
 
     def _key(self, caller: Any, event: Event) -> int:
         """The caller's key; a request whose last event this is leaves `callers`."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
+from dataclasses import replace
 
 import grpc
 
@@ -202,6 +203,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncGenerator[oip.ModelInferResponse, None]:
         """A response per paced message; the last one carries the end and triton_final_response."""
         pacer = StreamPacer(interval)
+        generation = replace(generation, interval=interval)  # the engine holds deltas as the pacer would
         async with aclosing(generation_events(self.engine, generation, context, wait_s=pacer.wait_s)) as batches:
             async for batch in batches:
                 send = pacer.step(batch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import grpc
@@ -57,6 +57,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         (x-request-id): the caller knows its request was accepted before the first token."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
         pacer = StreamPacer(check_stream_interval(request, self.limits))
+        generation = replace(generation, interval=pacer.interval)  # the engine holds deltas as the pacer would
         request_id = generation.request_id
         async with aclosing(
             generation_events(self.engine, generation, context, announce=True, wait_s=pacer.wait_s)
@@ -117,9 +118,11 @@ async def generation_events(
 async def completion(
     engine: EngineCalls, generation: GenerationRequest, context: grpc.aio.ServicerContext
 ) -> tuple[str, list[int], Final]:
-    """The whole completion: its text, its token ids and the Final event (errors are raised)."""
+    """The whole completion: its text, its token ids and the Final event (errors are raised). The
+    engine hands the deltas on with the Final (interval None): nobody reads them before."""
     text: list[str] = []
     token_ids: list[int] = []
+    generation = replace(generation, interval=None)
     async with aclosing(generation_events(engine, generation, context)) as batches:
         async for events in batches:
             text += [event.text for event in events]
