@@ -134,7 +134,7 @@ soak: $(STAMP)
 # its bound, health latency; exit 1 if a check fails. `make test` runs a 6-second version.
 overload: $(STAMP)
 	mkdir -p reports
-	$(PY) -m benchmarks.loadtest.overload --model $(BENCH_MODEL) --factor 4 --duration 30 \
+	$(PY) -m benchmarks.loadtest.overload --model $(BENCH_MODEL) --factor 4 --duration 30 --max-new-tokens 120 \
 		--out reports/overload.json --plot reports/overload.png
 
 clean:

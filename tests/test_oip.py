@@ -125,6 +125,25 @@ def test_sampling_fields_as_request_parameters_and_extra_outputs(triton, stub):
     assert first == stub.Generate(request("abc", max_new_tokens=16, temperature=0.8, top_k=20, seed=7)).text
 
 
+def test_the_controls_in_sampling_parameters_give_what_generate_gives(triton, stub):
+    """vLLM's names for the controls (stop_token_ids, min_tokens, ignore_eos, logit_bias with string
+    keys, priority): ModelInfer's text, finish reason and token count are Generate's with the same fields."""
+    client, model = triton
+    free = stub.Generate(request("The server", max_new_tokens=30), timeout=TIMEOUT)
+    stop_id, bias_id = free.token_ids[6], free.token_ids[0]
+    fields = {"stop_token_ids": [stop_id], "min_new_tokens": 3, "ignore_eos": True, "logit_bias": {bias_id: -5.0}}
+    expected = stub.Generate(request("The server", max_new_tokens=30, priority=2, **fields), timeout=TIMEOUT)
+    assert expected.text != free.text  # the bias changed the first token
+    sampling = {"max_tokens": 30, "stop_token_ids": [stop_id], "min_tokens": 3, "ignore_eos": True}
+    sampling.update(logit_bias={str(bias_id): -5.0}, priority=2)
+    tensors = [*inputs("The server", **sampling), bool_input("return_finish_reason", True)]
+    tensors.append(bool_input("return_num_output_tokens", True))
+    result = client.infer(model, tensors, client_timeout=TIMEOUT)
+    assert text_of(result) == expected.text
+    assert result.as_numpy("finish_reason")[0].decode() == ("stop" if expected.finish_reason == 2 else "length")
+    assert int(result.as_numpy("num_output_tokens")[0]) == expected.usage.completion_tokens
+
+
 def test_stream_infer_text_equals_the_unary_text_and_ends_with_the_final_flag(triton, server):
     client, model = triton
     server.pacer.lockstep = True  # a step at a time, so that the first delta goes before the end on any machine
@@ -170,7 +189,12 @@ BAD = [
     (inputs("x", max_tokens=0), "sampling_parameters.max_tokens: 0 is outside [1, "),
     (inputs("x", top_p=2), "sampling_parameters.top_p: 2 is outside (0, 1]"),
     (inputs("x", best_of=2), "sampling_parameters.best_of: unknown sampling field"),
-    (inputs("x", ignore_eos=True), "sampling_parameters.ignore_eos: True is not false"),
+    (inputs("x", ignore_eos="maybe"), "sampling_parameters.ignore_eos: 'maybe' is not true or false"),
+    (inputs("x", logit_bias={"x": 1}), "sampling_parameters.logit_bias: {'x': 1} is not an object of token id"),
+    (inputs("x", logit_bias={"7": 101}), "sampling_parameters.logit_bias[7]: 101 is outside [-100, 100]"),
+    (inputs("x", stop_token_ids=[99999]), "sampling_parameters.stop_token_ids[0]: 99999 is outside [0, "),
+    (inputs("x", min_tokens=-1), "sampling_parameters.min_tokens: -1 is not a non-negative integer"),
+    (inputs("x", max_tokens=3, min_tokens=4), "sampling_parameters.min_tokens: 4 is more than max_new_tokens 3"),
     ([bytes_input("text_input", b"\xff")], "text_input: not UTF-8"),
     (inputs("", max_tokens=3), "text_input: must not be empty"),
     (inputs("x", stream=True, exclude=False), "exclude_input_in_output: false is not allowed when streaming"),

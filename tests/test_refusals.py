@@ -223,6 +223,14 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--repetition-penalty", ["--repetition-penalty", "0"], "--repetition-penalty: 0 is outside (0, 100]"),
         ("--seed", ["--seed", "-1"], "--seed must be 0 to"),
         ("--stop", ["--stop", ""], "--stop[0]: 0 UTF-8 bytes, must be 1 to 128"),
+        ("--min-new-tokens", ["--min-new-tokens", "-1"], "--min-new-tokens must be 0 or more, got -1"),
+        ("--min-new-tokens", ["--min-new-tokens", "5"], "--min-new-tokens: 5 is more than max_new_tokens 2"),
+        ("--ignore-eos", ["--ignore-eos=yes"], "--ignore-eos"),
+        ("--priority", ["--priority", str(2**31)], "--priority must be a 32-bit integer, got 2147483648"),
+        ("--stop-token-ids", ["--stop-token-ids", "x"], "--stop-token-ids takes comma-separated numbers"),
+        ("--stop-token-ids", ["--stop-token-ids", "1,999"], "--stop-token-ids[1]: 999 is outside [0, 259)"),
+        ("--logit-bias", ["--logit-bias", "7"], "--logit-bias takes comma-separated ID=BIAS pairs (e.g. 50=-100)"),
+        ("--logit-bias", ["--logit-bias", "7=101"], "--logit-bias[7]: 101 is outside [-100, 100]"),
         ("--no-stream", ["--no-stream=yes"], "--no-stream"),
         ("--json", ["--json=yes"], "--json"),
         (
@@ -259,6 +267,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--prompt-text", ["--prompt-text=yes"], "--prompt-text"),
         ("--max-new-tokens", ["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
         ("--max-new-tokens", ["--max-new-tokens", "100000"], "--max-new-tokens 100000 is over the server's cap of 127"),
+        ("--ignore-eos", ["--ignore-eos=yes"], "--ignore-eos"),
         ("--warmup", ["--warmup", "-1"], "--warmup must not be negative, got -1"),
         ("--stream-interval-tokens", ["--stream-interval-tokens", "0"], "--stream-interval-tokens must be"),
         (

@@ -71,6 +71,9 @@ class BenchConfig:
     )
     prompt_ids: bool = True  # prompts as random token ids; False: text (--prompt-text)
     max_new_tokens: int = field(default=64, metadata=flag("tokens to generate per request", metavar="N"))
+    ignore_eos: bool = field(
+        default=False, metadata=flag("requests never generate EOS: each one produces --max-new-tokens tokens")
+    )
     warmup: int = field(default=2, metadata=flag("warm-up requests before measuring", metavar="N"))
     seed: int = field(default=0, metadata=flag("seed of the prompts and the arrival times"))
     timeout: float = 300.0  # deadline of each request, seconds (--timeout)
@@ -101,9 +104,10 @@ class BenchConfig:
             raise ValueError(f"--stream-interval-ms must not be negative, got {self.stream_interval_ms}")
 
     def params(self) -> GenerationParams:
-        """What every request of the run decodes with: greedy, max_new_tokens each, the stream interval."""
+        """What every request of the run decodes with: greedy, max_new_tokens each (ignore_eos), the stream interval."""
         return GenerationParams(
             max_new_tokens=self.max_new_tokens,
+            ignore_eos=self.ignore_eos,
             stream_interval_tokens=self.stream_interval_tokens,
             stream_interval_ms=self.stream_interval_ms,
         )

@@ -38,6 +38,7 @@ SAMPLING = tuple(f.name for f in fields(GenerationParams) if "help" in f.metadat
 
 
 MAX_SEED = 2**64 - 1  # the protocol's seed is a uint64
+MAX_UINT32 = 2**32 - 1
 FIELD = re.compile(r"(\w+)(\[\d+\])?:")  # how the server's INVALID_ARGUMENT details begin
 FLAG_FIELDS = {*(f.name for f in fields(GenerationParams)), "stop", "request_id", "prompt_token_ids"}
 
@@ -69,6 +70,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="stop when the text contains TEXT (repeat the flag for several)",
     )
+    p.add_argument(
+        "--stop-token-ids",
+        default=None,
+        metavar="ID,ID,...",
+        help="comma-separated token ids that end the completion when generated, as EOS does (not returned)",
+    )
+    p.add_argument(
+        "--logit-bias",
+        default=None,
+        metavar="ID=BIAS,...",
+        help="comma-separated token id=bias pairs added to the logits, each bias in [-100, 100], e.g. 50=-100,7=2.5",
+    )
     add_stream_interval_flags(p)
     p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
     p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
@@ -95,7 +108,25 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
     given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be 0 to {MAX_SEED:,} (an unsigned 64-bit number), got {args.seed}")
+    if args.min_new_tokens is not None and not 0 <= args.min_new_tokens <= MAX_UINT32:
+        raise ValueError(f"--min-new-tokens must be 0 or more, got {args.min_new_tokens}")
+    if not -(2**31) <= args.priority < 2**31:
+        raise ValueError(f"--priority must be a 32-bit integer, got {args.priority}")
+    given["stop_token_ids"] = parse_numbers(args.stop_token_ids, int, "--stop-token-ids")
+    given["logit_bias"] = parse_bias(args.logit_bias)
     return GenerationParams(**{name: value for name, value in given.items() if value is not None})
+
+
+def parse_bias(text: str | None) -> tuple[tuple[int, float], ...]:
+    """--logit-bias "50=-100,7=2.5" -> ((50, -100.0), (7, 2.5)); ValueError naming the flag otherwise."""
+    pairs = []
+    for part in filter(None, (piece.strip() for piece in (text or "").split(","))):
+        token, _, bias = part.partition("=")
+        try:
+            pairs.append((int(token), float(bias)))
+        except ValueError:
+            raise ValueError(f"--logit-bias takes comma-separated ID=BIAS pairs (e.g. 50=-100), not {text!r}") from None
+    return tuple(pairs)
 
 
 def prompt_from_args(args: argparse.Namespace) -> Prompt:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -39,6 +39,11 @@ class ParamFields(TypedDict, total=False):
     stop: Sequence[str]
     stream_interval_tokens: int | None
     stream_interval_ms: int | None
+    stop_token_ids: Sequence[int]
+    min_new_tokens: int | None
+    ignore_eos: bool
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]]
+    priority: int
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,29 @@ class GenerationParams:
         ),
     )
 
+    # Generating one of these ids ends the completion (STOP; the id is not returned); --stop-token-id, repeated
+    stop_token_ids: Sequence[int] = ()
+    min_new_tokens: int | None = field(
+        default=None,
+        metadata=flag(
+            "generate at least N tokens: EOS and stop ids masked, stop strings not looked for until then",
+            unset="0",
+            metavar="N",
+        ),
+    )
+    ignore_eos: bool = field(default=False, metadata=flag("never generate EOS (for fixed-length runs)"))
+    # id -> bias added to its logit, each in [-100, 100] (a mapping or (id, bias) pairs); --logit-bias ID=BIAS
+    logit_bias: Mapping[int, float] | Sequence[tuple[int, float]] = ()
+    priority: int = field(
+        default=0, metadata=flag("admission order among queued requests: higher first, then arrival", metavar="N")
+    )
+
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        object.__setattr__(self, "stop", stop)  # a tuple, so that the params stay hashable
+        object.__setattr__(self, "stop", stop)  # tuples, so that the params stay hashable
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(i), float(b)) for i, b in bias)))
 
     def replace(self, **overrides: Unpack[ParamFields]) -> GenerationParams:
         """A copy with some fields changed (keyword arguments of generate and stream)."""
@@ -87,9 +112,13 @@ class GenerationParams:
         """The GenerateRequest; fields left at None stay unset, so the server's defaults apply."""
         request = pb.GenerateRequest(**prompt_fields(prompt), request_id=request_id)
         request.temperature, request.top_k = self.temperature, self.top_k
+        request.ignore_eos, request.priority = self.ignore_eos, self.priority
         request.stop.extend(self.stop)
+        request.stop_token_ids.extend(self.stop_token_ids)
+        request.logit_bias.update(dict(self.logit_bias))
         for name in (
             "max_new_tokens",
+            "min_new_tokens",
             "top_p",
             "repetition_penalty",
             "seed",

@@ -30,6 +30,7 @@ class SamplingParams:
     top_p: float = 1.0  # 1: no nucleus filter
     repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already seen
     seed: int | None = None  # None: a fresh random seed
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (id, bias) added to the logits; ids distinct
 
     @property
     def greedy(self) -> bool:
@@ -60,6 +61,22 @@ class GenerationRequest:
     # When the engine hands the request's deltas on: a stream's interval (the default: every step), or
     # None for a call that only wants the whole completion (its deltas go out with the Final).
     interval: StreamInterval | None = StreamInterval()
+    stop_token_ids: frozenset[int] = frozenset()  # generating one ends the request (STOP), as EOS does
+    min_new_tokens: int = 0  # until then EOS and stop_token_ids are masked and stop strings not looked for
+    ignore_eos: bool = False  # EOS is masked for the whole generation
+    priority: int = 0  # admission order among queued requests: higher first, then arrival
+
+    @property
+    def controls(self) -> tuple[str, ...]:
+        """The request's controls that differ from their defaults, by field name (for metrics)."""
+        given = {
+            "stop_token_ids": bool(self.stop_token_ids),
+            "min_new_tokens": self.min_new_tokens > 0,
+            "ignore_eos": self.ignore_eos,
+            "logit_bias": bool(self.sampling.logit_bias),
+            "priority": self.priority != 0,
+        }
+        return tuple(name for name, used in given.items() if used)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,9 @@ class EngineLimits:
 class EngineObserver:
     """What the engine reports as it runs (metrics subclass it); every hook is a no-op here."""
 
+    def on_submit(self, request: GenerationRequest) -> None:
+        """A request was accepted (queued), on the caller's side."""
+
     def on_step(self, batch_size: int, queue_depth: int) -> None: ...
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         """One run's token gaps in seconds, once per prefill round or decode step (not per token): from
@@ -72,6 +75,9 @@ class ForwardingObserver(EngineObserver):
     def __init__(self, inner: EngineObserver):
         self.inner = inner
 
+    def on_submit(self, request: GenerationRequest) -> None:
+        self.inner.on_submit(request)
+
     def on_step(self, batch_size: int, queue_depth: int) -> None:
         self.inner.on_step(batch_size, queue_depth)
 
@@ -84,11 +90,10 @@ class ForwardingObserver(EngineObserver):
 
 def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
     """Each row's next token: one argmax over the batch for plain greedy rows, each other row by its
-    own sampler (its seed stream is its own, whatever shares the batch)."""
-    samplers = [sequence.sampler for sequence in sequences]
-    if all(sampler.plain_greedy for sampler in samplers):
+    own sampler and its own banned ids (its seed stream is its own, whatever shares the batch)."""
+    if all(sequence.plain_greedy for sequence in sequences):
         return rows.argmax(axis=1).tolist()
-    return [int(row.argmax()) if s.plain_greedy else s(row) for s, row in zip(samplers, rows)]
+    return [int(row.argmax()) if s.plain_greedy else s.pick(row) for s, row in zip(sequences, rows)]
 
 
 class EngineCalls(Protocol):
@@ -136,6 +141,7 @@ class Engine:
             self._check_room()
         handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
         self.enqueue(handle)
+        self.observer.on_submit(request)
         return handle
 
     def enqueue(self, caller: Caller) -> None:
@@ -146,8 +152,15 @@ class Engine:
         sequence = Sequence(caller.request, caller, self.tokenizer, self.spec)
         with self._cond:
             self._check_room()
-            self._queue.append(sequence)
+            self._queue_up(sequence)
             self._cond.notify()
+
+    def _queue_up(self, sequence: Sequence) -> None:
+        """Behind every queued request of its priority or higher, before the lower ones (hold the lock)."""
+        place = len(self._queue)
+        while place and self._queue[place - 1].request.priority < sequence.request.priority:
+            place -= 1
+        self._queue.insert(place, sequence)
 
     def _check_room(self) -> None:
         """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
@@ -270,7 +283,7 @@ class Engine:
         """One token for every decoding request."""
         next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
-        sampled = frozenset(key for key, s in self._active.items() if not s.sampler.plain_greedy)
+        sampled = frozenset(key for key, s in self._active.items() if not s.plain_greedy)
         logits = self.slots.decode(next_ids, sampled)
         advanced = self._advance(logits, [self._active[key] for key in logits.keys])
         self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
@@ -290,7 +303,7 @@ class Engine:
             tokens = pick_tokens(logits.rows, sequences)
         else:  # the runner picked the greedy rows; only the sampling rows' logits are valid
             picked = logits.tokens.tolist()
-            tokens = [t if s.sampler.plain_greedy else s.sampler(r) for t, s, r in zip(picked, sequences, logits.rows)]
+            tokens = [t if s.plain_greedy else s.pick(r) for t, s, r in zip(picked, sequences, logits.rows)]
         for sequence, token in zip(sequences, tokens):
             self._emit(sequence, sequence.advance(token, now))
         return list(zip(logits.keys, sequences))

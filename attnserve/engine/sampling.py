@@ -22,6 +22,15 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     return out
 
 
+def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> np.ndarray:
+    """A float64 copy of `logits` with each (id, bias) added and the banned ids at -inf."""
+    out = logits.astype(np.float64)  # a copy: `logits` may be the runner's buffer
+    for token, value in bias:
+        out[token] += value
+    out[list(banned)] = -np.inf
+    return out
+
+
 def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
     """Keep logits at least as large as the k-th largest (ties kept), -inf elsewhere."""
     if k <= 0 or k >= logits.size:
@@ -58,15 +67,18 @@ class Sampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no penalty: the token is the row's argmax, which the engine takes for the whole
-        batch at once (`seen` then matters to nobody)."""
-        return self.params.greedy and self.params.repetition_penalty == 1.0
+        """Greedy with no penalty and no bias: the token is the row's argmax, which the engine takes for
+        the whole batch at once (`seen` then matters to nobody)."""
+        return self.params.greedy and self.params.repetition_penalty == 1.0 and not self.params.logit_bias
 
-    def __call__(self, logits: np.ndarray) -> int:
-        """The next token from this request's logits (V,); remembers it for the penalty."""
+    def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
+        """The next token from this request's logits (V,), never one of `banned`; remembers it for the
+        penalty. The penalty, then the bias, then the ban, then greedy or temperature, top-k and top-p."""
         p = self.params
         if p.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, self.seen, p.repetition_penalty)
+        if p.logit_bias or banned:
+            logits = bias_and_ban(logits, p.logit_bias, banned)
         token = int(np.argmax(logits)) if p.greedy else self._sample(logits)
         if 0 <= token < self.seen.size:
             self.seen[token] = True

@@ -14,6 +14,8 @@ import time
 from collections.abc import Iterable
 from typing import Protocol
 
+import numpy as np
+
 from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
 from .sampling import Sampler
@@ -143,6 +145,9 @@ class Sequence:
         self.request, self.handle = request, handle
         self.eos_id = tokenizer.eos_id
         self.sampler = Sampler(request.sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
+        self.ends = frozenset({self.eos_id, *request.stop_token_ids})  # ids that end the request
+        self.early_ban = tuple(sorted(self.ends))  # masked before min_new_tokens
+        self.late_ban = (self.eos_id,) if request.ignore_eos else ()  # masked after
         self.stream = TextStream(tokenizer, request.stop)
         self.budget = token_budget(request, spec)
         self.generated: list[int] = []
@@ -157,6 +162,15 @@ class Sequence:
         self.held_text: list[str] = []
         self.deltas = 0  # Deltas handed on so far
         self.last_delta = 0.0  # when the last one was (perf_counter)
+        self.plain_greedy = self.sampler.plain_greedy and not self.banned()  # its token is its row's argmax
+
+    def banned(self) -> tuple[int, ...]:
+        """Ids the next token cannot be: EOS and the stop ids before min_new_tokens, EOS under ignore_eos."""
+        return self.early_ban if len(self.generated) < self.request.min_new_tokens else self.late_ban
+
+    def pick(self, logits: np.ndarray) -> int:
+        """The next token from this request's row of logits, by its sampler, its banned ids masked."""
+        return self.sampler(logits, self.banned())
 
     @property
     def done(self) -> bool:
@@ -172,12 +186,15 @@ class Sequence:
         self.token_gap = now - (self.arrival if self.last_token is None else self.last_token)
         self.first_token = self.first_token or now
         self.last_token = now
-        if token == self.eos_id:
-            return self.end(FinishReason.EOS)
+        if token in self.ends:
+            return self.end(FinishReason.EOS if token == self.eos_id else FinishReason.STOP)
+        look = len(self.generated) >= self.request.min_new_tokens  # stop strings count from there
         self.generated.append(token)
         self.next_token = token
+        if self.request.min_new_tokens:  # the ban changes once min_new_tokens are generated
+            self.plain_greedy = self.sampler.plain_greedy and not self.banned()
         self.held_ids.append(token)
-        text = self.stream.push(token)
+        text = self.stream.push(token, look)
         if text:
             self.held_text.append(text)
         if self.stream.stopped:

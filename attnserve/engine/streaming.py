@@ -81,12 +81,13 @@ class TextStream:
         self.text = ""  # everything emitted so far
         self.stopped = False
 
-    def push(self, token_id: int) -> str:
-        """The delta this token makes safe to emit; sets `stopped` when a stop string appears."""
+    def push(self, token_id: int, look: bool = True) -> str:
+        """The delta this token makes safe to emit; sets `stopped` when a stop string appears. Without
+        `look` (before a request's min_new_tokens) the text goes out as it comes, unsearched."""
         if self.stopped:
             return ""
         self._pending += self._decoder.push(token_id)
-        return self._release(final=False)
+        return self._release(final=False) if look else self._emit(self._pending, stopped=False)
 
     def finish(self) -> str:
         """The rest of the text once generation ended (held-back text, a cut character)."""

@@ -150,6 +150,7 @@ class EngineClient:
             self._check_room()
             self.handles[key] = handle
             self._into.send(ENCODER.encode(Submit(key, request)))
+        self.observer.on_submit(request)
         return handle
 
     def _check_room(self) -> None:

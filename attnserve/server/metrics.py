@@ -14,7 +14,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, start_http_server
 
-from ..engine.domain import Final
+from ..engine.domain import Final, GenerationRequest
 from ..engine.engine import EngineObserver
 
 # Buckets in seconds: tokens of a small model take well under a millisecond on a GPU.
@@ -58,6 +58,12 @@ class Metrics(EngineObserver):
         self.prompt_tokens = Counter(
             "attnserve_prompt_tokens",
             "Prompt tokens of the generations that ended (a source's, for an encoder-decoder)",
+            registry=r,
+        )
+        self.controls = Counter(
+            "attnserve_request_controls",
+            "Accepted requests that set a control (stop_token_ids, min_new_tokens, ignore_eos, logit_bias, priority)",
+            ["control"],
             registry=r,
         )
         ProcessCollector(registry=r)  # process_*: the server's (front end's) CPU, memory, open files, start time
@@ -107,6 +113,12 @@ class Metrics(EngineObserver):
             self.http = None
 
     # ---- EngineObserver: traffic only (`counting` is off during the start-up warm-up) --
+    def on_submit(self, request: GenerationRequest) -> None:
+        if not self.counting:
+            return
+        for control in request.controls:
+            self.controls.labels(control=control).inc()
+
     def on_step(self, batch_size: int, queue_depth: int) -> None:
         if not self.counting:
             return

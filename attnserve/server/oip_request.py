@@ -67,15 +67,29 @@ def as_stops(value: Any) -> list[str]:
     return stops
 
 
-def as_false(value: Any) -> bool:
-    """ignore_eos: attnserve always stops at EOS, so only false is accepted."""
-    if value not in (False, "false", "False", 0):
+def as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if value in ("true", "True", "false", "False"):
+        return value in ("true", "True")
+    raise ValueError
+
+
+def as_ids(value: Any) -> list[int]:
+    if not isinstance(value, list):
         raise ValueError
-    return False
+    return [as_int(v) for v in value]
+
+
+def as_bias(value: Any) -> dict[int, float]:
+    """OpenAI's and vLLM's logit_bias: a JSON object of token id (a string key) -> bias."""
+    if not isinstance(value, dict):
+        raise ValueError
+    return {as_int(int(key)): as_float(bias) for key, bias in value.items()}
 
 
 # vLLM's SamplingParams names (and attnserve's stream interval) -> (GenerateRequest field, parser, what it takes).
-SAMPLING_FIELDS: dict[str, tuple[str | None, Callable[[Any], Any], str]] = {
+SAMPLING_FIELDS: dict[str, tuple[str, Callable[[Any], Any], str]] = {
     "max_tokens": ("max_new_tokens", as_int, "an integer"),
     "temperature": ("temperature", as_float, "a number"),
     "top_k": ("top_k", as_int, "an integer (-1 or 0: all tokens)"),
@@ -85,9 +99,15 @@ SAMPLING_FIELDS: dict[str, tuple[str | None, Callable[[Any], Any], str]] = {
     "stop": ("stop", as_stops, "a string or a list of strings"),
     "stream_interval_tokens": ("stream_interval_tokens", as_int, "an integer"),
     "stream_interval_ms": ("stream_interval_ms", as_int, "an integer"),
-    "ignore_eos": (None, as_false, "false (attnserve always stops at the model's EOS)"),
+    "stop_token_ids": ("stop_token_ids", as_ids, "a list of integers"),
+    "min_tokens": ("min_new_tokens", as_int, "a non-negative integer"),
+    "ignore_eos": ("ignore_eos", as_bool, "true or false"),
+    "logit_bias": ("logit_bias", as_bias, 'an object of token id -> bias, e.g. {"50": -100}'),
+    "priority": ("priority", as_int, "an integer (higher is admitted first)"),
 }
-# Request parameters that Triton's clients send for Triton itself; they carry no sampling field.
+LIST_FIELDS = frozenset({"stop", "stop_token_ids"})  # GenerateRequest's repeated fields, filled by extend
+# Request parameters that Triton's clients send for Triton itself; they carry no sampling field (a
+# Triton `priority` parameter is Triton's scheduling knob; attnserve's is sampling_parameters.priority).
 TRITON_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"})
 
 
@@ -116,8 +136,10 @@ def read_call(request: oip.ModelInferRequest) -> InferCall:
     origins.update(prompt=TEXT_INPUT, request_id="id")
     for name, value in fields.items():
         try:
-            if name == "stop":
-                generate.stop.extend(value)
+            if name in LIST_FIELDS:
+                getattr(generate, name).extend(value)
+            elif name == "logit_bias":
+                generate.logit_bias.update(value)
             else:
                 setattr(generate, name, value)
         except (ValueError, TypeError):
@@ -150,11 +172,9 @@ def sampling_fields(request: oip.ModelInferRequest, tensor_json: str | None) -> 
             parsed_value = parse(value)
         except (ValueError, TypeError, OverflowError):
             raise InvalidRequest(where, f"{value!r} is not {takes}") from None
-        if name is None:
-            continue
         if key == "top_k" and parsed_value == -1:
             parsed_value = 0  # vLLM's "all tokens"
-        if key == "seed" and parsed_value < 0:
+        if key in ("seed", "min_tokens") and parsed_value < 0:
             raise InvalidRequest(where, f"{parsed_value} is not {takes}")
         fields[name], origins[name] = parsed_value, where
     return fields, origins

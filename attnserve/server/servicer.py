@@ -201,6 +201,8 @@ def model_info(
             max_stop_bytes=limits.max_stop_bytes,
             stream_interval_tokens=limits.stream_interval.tokens,
             stream_interval_ms=limits.stream_interval.ms,
+            max_stop_token_ids=limits.max_stop_token_ids,
+            max_logit_bias=limits.max_logit_bias,
         ),
         tokenizer=pb.TokenizerInfo(
             kind=tokenizer.kind,

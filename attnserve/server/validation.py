@@ -30,6 +30,8 @@ class RequestLimits:
     max_token_bytes: int = 1  # the most UTF-8 bytes one token stands for (the tokenizer's)
     bos_prepended: bool = True  # a text prompt's tokens start with BOS (the byte tokenizer)
     stream_interval: StreamInterval = StreamInterval()  # for requests that leave theirs unset
+    max_stop_token_ids: int = 16  # stop_token_ids per request
+    max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's bound)
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -87,7 +89,41 @@ def check_sampling(request, limits: RequestLimits) -> SamplingParams:
         else 1.0
     )
     seed = request.seed if request.HasField("seed") else None
-    return SamplingParams(temperature, int(request.top_k), top_p, penalty, seed)
+    return SamplingParams(temperature, int(request.top_k), top_p, penalty, seed, check_logit_bias(request, limits))
+
+
+MAX_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's)
+
+
+def check_token_id(name: str, token: int, limits: RequestLimits) -> int:
+    if not 0 <= token < limits.vocab_size:
+        raise InvalidRequest(name, f"{token} is outside [0, {limits.vocab_size}) (vocab_size {limits.vocab_size})")
+    return int(token)
+
+
+def check_logit_bias(request, limits: RequestLimits) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (id, bias) pairs: a bounded count, ids in the vocabulary, biases in [-100, 100]."""
+    bias = request.logit_bias
+    if len(bias) > limits.max_logit_bias:
+        raise InvalidRequest("logit_bias", f"{len(bias)} entries, the limit is {limits.max_logit_bias}")
+    pairs = []
+    for token in sorted(bias):
+        check_token_id(f"logit_bias[{token}]", token, limits)
+        pairs.append((int(token), check_float(f"logit_bias[{token}]", bias[token], -MAX_BIAS, MAX_BIAS, True)))
+    return tuple(pairs)
+
+
+def check_stop_token_ids(ids, limits: RequestLimits) -> frozenset[int]:
+    if len(ids) > limits.max_stop_token_ids:
+        raise InvalidRequest("stop_token_ids", f"{len(ids)} ids, the limit is {limits.max_stop_token_ids}")
+    return frozenset(check_token_id(f"stop_token_ids[{i}]", token, limits) for i, token in enumerate(ids))
+
+
+def check_min_new_tokens(request, max_new_tokens: int) -> int:
+    wanted = request.min_new_tokens if request.HasField("min_new_tokens") else 0
+    if wanted > max_new_tokens:
+        raise InvalidRequest("min_new_tokens", f"{wanted} is more than max_new_tokens {max_new_tokens}")
+    return wanted
 
 
 def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
@@ -121,13 +157,7 @@ def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
 
 def check_prompt_ids(ids, limits: RequestLimits) -> list[int]:
     """prompt_token_ids as given: each id in the vocabulary."""
-    for i, token in enumerate(ids):
-        if not 0 <= token < limits.vocab_size:
-            raise InvalidRequest(
-                f"prompt_token_ids[{i}]",
-                f"{token} is outside [0, {limits.vocab_size}) (vocab_size {limits.vocab_size})",
-            )
-    return list(ids)
+    return [check_token_id(f"prompt_token_ids[{i}]", token, limits) for i, token in enumerate(ids)]
 
 
 def check_stream_interval(request, limits: RequestLimits) -> StreamInterval:
@@ -171,4 +201,15 @@ def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: flo
     sampling = check_sampling(request, limits)
     stop = check_stop(request.stop, limits)
     max_new_tokens = check_lengths(request, len(ids), limits)
-    return GenerationRequest(request_id, tuple(ids), max_new_tokens, sampling, stop, deadline)
+    return GenerationRequest(
+        request_id,
+        tuple(ids),
+        max_new_tokens,
+        sampling,
+        stop,
+        deadline,
+        stop_token_ids=check_stop_token_ids(request.stop_token_ids, limits),
+        min_new_tokens=check_min_new_tokens(request, max_new_tokens),
+        ignore_eos=request.ignore_eos,
+        priority=request.priority,
+    )
