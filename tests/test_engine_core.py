@@ -80,6 +80,15 @@ def test_the_cores_token_timings_reach_the_front_ends_metrics_once_per_token(cor
     assert [sample(name) - b for name, b in zip(names, before)] == [1, 23]
 
 
+def test_logprobs_cross_the_boundary_as_the_servers_process_gives_them(core, server):
+    for fields in ({"logprobs": 3}, {**SAMPLED, "seed": 5, "logprobs": 0}):
+        here, there = generate(server.stub, "The list", **fields), generate(core.stub, "The list", **fields)
+        assert there.token_ids == here.token_ids and len(there.logprobs) == len(there.token_ids)
+        assert [(p.token_id, p.logprob, [t.token_id for t in p.top]) for p in there.logprobs] == [
+            (p.token_id, p.logprob, [t.token_id for t in p.top]) for p in here.logprobs
+        ]
+
+
 def test_a_unary_calls_tokens_cross_the_boundary_once_and_a_streams_at_its_interval(core, monkeypatch):
     """The core holds a request's tokens as its caller would: a unary call's all in the message with its
     end, a stream of interval 8's in messages of 1, 8, 8 and the rest with the end; the same tokens."""

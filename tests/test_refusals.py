@@ -226,6 +226,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--min-new-tokens", ["--min-new-tokens", "-1"], "--min-new-tokens must be 0 or more, got -1"),
         ("--min-new-tokens", ["--min-new-tokens", "5"], "--min-new-tokens: 5 is more than max_new_tokens 2"),
         ("--ignore-eos", ["--ignore-eos=yes"], "--ignore-eos"),
+        ("--logprobs", ["--logprobs", "-1"], "--logprobs must be 0 or more, got -1"),
+        ("--logprobs", ["--logprobs", "21"], "--logprobs: 21 is outside [0, 20]"),
         ("--priority", ["--priority", str(2**31)], "--priority must be a 32-bit integer, got 2147483648"),
         ("--stop-token-ids", ["--stop-token-ids", "x"], "--stop-token-ids takes comma-separated numbers"),
         ("--stop-token-ids", ["--stop-token-ids", "1,999"], "--stop-token-ids[1]: 999 is outside [0, 259)"),

@@ -108,8 +108,10 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
     given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be 0 to {MAX_SEED:,} (an unsigned 64-bit number), got {args.seed}")
-    if args.min_new_tokens is not None and not 0 <= args.min_new_tokens <= MAX_UINT32:
-        raise ValueError(f"--min-new-tokens must be 0 or more, got {args.min_new_tokens}")
+    for name in ("min_new_tokens", "logprobs"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value <= MAX_UINT32:
+            raise ValueError(f"{flag_name(name)} must be 0 or more, got {value}")
     if not -(2**31) <= args.priority < 2**31:
         raise ValueError(f"--priority must be a 32-bit integer, got {args.priority}")
     given["stop_token_ids"] = parse_numbers(args.stop_token_ids, int, "--stop-token-ids")

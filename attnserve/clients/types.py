@@ -44,6 +44,7 @@ class ParamFields(TypedDict, total=False):
     ignore_eos: bool
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]]
     priority: int
+    logprobs: int | None
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,14 @@ class GenerationParams:
     priority: int = field(
         default=0, metadata=flag("admission order among queued requests: higher first, then arrival", metavar="N")
     )
+    logprobs: int | None = field(
+        default=None,
+        metadata=flag(
+            "each token's log-probability and the N most likely alternatives (0-20; --json prints them)",
+            unset="none",
+            metavar="N",
+        ),
+    )
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -119,6 +128,7 @@ class GenerationParams:
         for name in (
             "max_new_tokens",
             "min_new_tokens",
+            "logprobs",
             "top_p",
             "repetition_penalty",
             "seed",
@@ -158,20 +168,52 @@ class GenerationResult:
     usage: Usage | None  # None only for a stream this client cancelled
     timings: Timings | None  # likewise
     request_id: str
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when the request asked
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (token_ids as a list)."""
+        """JSON-ready dict (token_ids as a list; logprobs only when asked for)."""
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
+        if not self.logprobs:
+            del out["logprobs"]
         return out
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """An id of a step's distribution, its log-probability and its text (decoded alone)."""
+
+    token_id: int
+    logprob: float
+    text: str
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and text, and the step's most likely ids (most likely first)."""
+
+    token_id: int
+    logprob: float
+    text: str
+    top: tuple[TopLogprob, ...] = ()
+
+
+def logprobs_from(messages: Any) -> tuple[TokenLogprob, ...]:
+    """TokenLogprob messages as dataclasses."""
+    return tuple(
+        TokenLogprob(m.token_id, m.logprob, m.text, tuple(TopLogprob(t.token_id, t.logprob, t.text) for t in m.top))
+        for m in messages
+    )
+
+
+@dataclass(frozen=True)
 class StreamDelta:
-    """Text and token ids generated since the previous delta (the text may be empty)."""
+    """Text and token ids generated since the previous delta (the text may be empty), and their
+    logprobs when the request asked."""
 
     text: str
     token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -186,6 +228,9 @@ class Limits:
     max_stop_bytes: int
     stream_interval_tokens: int = 1  # the server's default stream interval (0 from an older server)
     stream_interval_ms: int = 0
+    max_stop_token_ids: int = 0  # 0 from an older server, which has no such field
+    max_logit_bias: int = 0
+    max_logprobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -295,6 +340,7 @@ def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
         usage=_copy_fields(Usage, message.usage),
         timings=_copy_fields(Timings, message.timings),
         request_id=message.request_id,
+        logprobs=logprobs_from(message.logprobs),
     )
 
 
@@ -304,6 +350,7 @@ class StreamAccumulator:
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.token_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
         self.request_id = ""
         self.messages = 0  # messages received; gRPC retries no call once the first arrived
         self.result: GenerationResult | None = None
@@ -314,6 +361,8 @@ class StreamAccumulator:
         self.request_id = message.request_id or self.request_id
         self.texts.append(message.text)
         self.token_ids.extend(message.token_ids)
+        logprobs = logprobs_from(message.logprobs)
+        self.logprobs.extend(logprobs)
         if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
             self.result = self._result(
                 finish_reason_name(message.finish_reason),
@@ -322,7 +371,7 @@ class StreamAccumulator:
             )
         if not message.text and not message.token_ids:
             return None
-        return StreamDelta(message.text, tuple(message.token_ids))
+        return StreamDelta(message.text, tuple(message.token_ids), logprobs)
 
     def cancelled(self) -> GenerationResult:
         """What arrived before this client cancelled the stream."""
@@ -330,4 +379,6 @@ class StreamAccumulator:
         return self.result
 
     def _result(self, reason: str, usage: Usage | None, timings: Timings | None) -> GenerationResult:
-        return GenerationResult("".join(self.texts), tuple(self.token_ids), reason, usage, timings, self.request_id)
+        return GenerationResult(
+            "".join(self.texts), tuple(self.token_ids), reason, usage, timings, self.request_id, tuple(self.logprobs)
+        )

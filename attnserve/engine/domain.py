@@ -65,6 +65,7 @@ class GenerationRequest:
     min_new_tokens: int = 0  # until then EOS and stop_token_ids are masked and stop strings not looked for
     ignore_eos: bool = False  # EOS is masked for the whole generation
     priority: int = 0  # admission order among queued requests: higher first, then arrival
+    logprobs: int | None = None  # each generated token's log-probability and this many top alternatives
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -75,6 +76,7 @@ class GenerationRequest:
             "ignore_eos": self.ignore_eos,
             "logit_bias": bool(self.sampling.logit_bias),
             "priority": self.priority != 0,
+            "logprobs": self.logprobs is not None,
         }
         return tuple(name for name, used in given.items() if used)
 
@@ -95,11 +97,23 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the distribution it was picked from, and the most
+    likely ids of that distribution with theirs (most likely first)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Delta:
-    """Tokens generated since the last event, and the text they completed (may be empty)."""
+    """Tokens generated since the last event, and the text they completed (may be empty); with
+    the request's `logprobs`, one TokenLogprob per token."""
 
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .domain import SamplingParams
+from .domain import SamplingParams, TokenLogprob
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
@@ -51,6 +51,12 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
     return out
 
 
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """In float64; -inf where the logit is -inf."""
+    shifted = logits.astype(np.float64) - np.max(logits)
+    return shifted - np.log(np.exp(shifted).sum())
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - np.max(logits))
     return shifted / shifted.sum()
@@ -74,20 +80,37 @@ class Sampler:
     def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
         """The next token from this request's logits (V,), never one of `banned`; remembers it for the
         penalty. The penalty, then the bias, then the ban, then greedy or temperature, top-k and top-p."""
+        return self.take(self.processed(logits, banned))
+
+    def with_logprobs(self, logits: np.ndarray, banned: tuple[int, ...], top: int) -> tuple[int, TokenLogprob]:
+        """__call__'s token, and its log-probability under the processed distribution (after the penalty,
+        the bias, the ban and the temperature; before top-k and top-p, as vLLM's processed_logprobs), with
+        the `top` most likely ids."""
+        processed = self.processed(logits, banned)
+        token = self.take(processed)
+        logprobs = log_softmax(processed)
+        best = np.argsort(-logprobs, kind="stable")[:top]
+        return token, TokenLogprob(token, float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best))
+
+    def processed(self, logits: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
+        """The row a token is picked from: the penalty, the bias and the ban, then (sampling) the temperature."""
         p = self.params
         if p.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, self.seen, p.repetition_penalty)
         if p.logit_bias or banned:
             logits = bias_and_ban(logits, p.logit_bias, banned)
-        token = int(np.argmax(logits)) if p.greedy else self._sample(logits)
+        return logits if p.greedy else logits.astype(np.float64) / p.temperature
+
+    def take(self, processed: np.ndarray) -> int:
+        """Greedy argmax, or a draw after top-k and top-p; the token is remembered for the penalty."""
+        token = int(np.argmax(processed)) if self.params.greedy else self._sample(processed)
         if 0 <= token < self.seen.size:
             self.seen[token] = True
         return token
 
-    def _sample(self, logits: np.ndarray) -> int:
+    def _sample(self, scaled: np.ndarray) -> int:
         p = self.params
-        scaled = logits.astype(np.float64) / p.temperature
         scaled = top_p_filter(top_k_filter(scaled, p.top_k), p.top_p)
         cumulative = np.cumsum(softmax(scaled))
         index = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
-        return int(min(index, logits.size - 1))
+        return int(min(index, scaled.size - 1))

@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 
 from ..tokenizer import Tokenizer
-from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, Usage
+from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, TokenLogprob, Usage
 from .sampling import Sampler
 from .slot_runner import ModelSpec
 from .streaming import TextStream
@@ -162,15 +162,24 @@ class Sequence:
         self.held_text: list[str] = []
         self.deltas = 0  # Deltas handed on so far
         self.last_delta = 0.0  # when the last one was (perf_counter)
-        self.plain_greedy = self.sampler.plain_greedy and not self.banned()  # its token is its row's argmax
+        self.held_logprobs: list[TokenLogprob] = []  # with request.logprobs: one per held token
+        self.picked: TokenLogprob | None = None  # the last picked token's, until advance takes it
+        self.plain_greedy = self.picks_argmax()  # its token is its row's argmax: the engine's batch-wide pick
+
+    def picks_argmax(self) -> bool:
+        return self.sampler.plain_greedy and not self.banned() and self.request.logprobs is None
 
     def banned(self) -> tuple[int, ...]:
         """Ids the next token cannot be: EOS and the stop ids before min_new_tokens, EOS under ignore_eos."""
         return self.early_ban if len(self.generated) < self.request.min_new_tokens else self.late_ban
 
     def pick(self, logits: np.ndarray) -> int:
-        """The next token from this request's row of logits, by its sampler, its banned ids masked."""
-        return self.sampler(logits, self.banned())
+        """The next token from this request's row of logits, by its sampler, its banned ids masked (and,
+        with request.logprobs, its log-probabilities kept for advance)."""
+        if self.request.logprobs is None:
+            return self.sampler(logits, self.banned())
+        token, self.picked = self.sampler.with_logprobs(logits, self.banned(), self.request.logprobs)
+        return token
 
     @property
     def done(self) -> bool:
@@ -192,8 +201,11 @@ class Sequence:
         self.generated.append(token)
         self.next_token = token
         if self.request.min_new_tokens:  # the ban changes once min_new_tokens are generated
-            self.plain_greedy = self.sampler.plain_greedy and not self.banned()
+            self.plain_greedy = self.picks_argmax()
         self.held_ids.append(token)
+        if self.picked is not None:
+            self.held_logprobs.append(self.picked)
+            self.picked = None
         text = self.stream.push(token, look)
         if text:
             self.held_text.append(text)
@@ -217,8 +229,8 @@ class Sequence:
         """The held tokens and their text as one Delta ([] if none are held)."""
         if not self.held_ids:
             return []
-        delta = Delta(tuple(self.held_ids), "".join(self.held_text))
-        self.held_ids, self.held_text = [], []
+        delta = Delta(tuple(self.held_ids), "".join(self.held_text), tuple(self.held_logprobs))
+        self.held_ids, self.held_text, self.held_logprobs = [], [], []
         self.deltas += 1
         self.last_delta = now
         return [delta]

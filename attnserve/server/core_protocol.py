@@ -16,7 +16,17 @@ from typing import Any
 
 import msgspec
 
-from ..engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull, Timings, Usage
+from ..engine.domain import (
+    Delta,
+    Draining,
+    Final,
+    FinishReason,
+    GenerationRequest,
+    QueueFull,
+    Timings,
+    TokenLogprob,
+    Usage,
+)
 
 
 class Submit(msgspec.Struct, tag=True):
@@ -58,6 +68,7 @@ class Failed(msgspec.Struct, tag=True):
 class DeltaEvent(msgspec.Struct, tag=True, array_like=True):
     token_ids: tuple[int, ...]
     text: str
+    logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] = ()  # TokenLogprob's fields
 
 
 class FinalEvent(msgspec.Struct, tag=True, array_like=True):
@@ -91,7 +102,9 @@ Outbound = Ready | Failed | Step
 
 def to_wire(event: Delta | Final | Exception) -> WireEvent:
     if isinstance(event, Delta):
-        return DeltaEvent(event.token_ids, event.text)
+        if not event.logprobs:
+            return DeltaEvent(event.token_ids, event.text)
+        return DeltaEvent(event.token_ids, event.text, tuple((p.token_id, p.logprob, p.top) for p in event.logprobs))
     if isinstance(event, Final):
         usage, t = event.usage, event.timings
         return FinalEvent(
@@ -108,7 +121,10 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
 
 def from_wire(event: WireEvent) -> Delta | Final | Exception:
     if isinstance(event, DeltaEvent):
-        return Delta(tuple(event.token_ids), event.text)
+        logprobs = tuple(
+            TokenLogprob(token, logprob, tuple((i, p) for i, p in top)) for token, logprob, top in event.logprobs
+        )
+        return Delta(tuple(event.token_ids), event.text, logprobs)
     if isinstance(event, FinalEvent):
         return Final(
             FinishReason(event.reason),

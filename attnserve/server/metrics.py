@@ -62,7 +62,8 @@ class Metrics(EngineObserver):
         )
         self.controls = Counter(
             "attnserve_request_controls",
-            "Accepted requests that set a control (stop_token_ids, min_new_tokens, ignore_eos, logit_bias, priority)",
+            "Accepted requests that set a control (stop_token_ids, min_new_tokens, ignore_eos, logit_bias, priority, "
+            "logprobs)",
             ["control"],
             registry=r,
         )

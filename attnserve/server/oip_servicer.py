@@ -189,7 +189,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         last: bool | None = None,
     ) -> oip.ModelInferResponse:
         """One response with the whole completion (the prompt first unless exclude_input_in_output)."""
-        text, token_ids, final = await completion(self.engine, generation, context)
+        text, token_ids, final, _ = await completion(self.engine, generation, context)
         prompt = call.request.prompt if call.prepend_prompt else ""
         return self.response(request, call, prompt + text, final, len(generation.prompt_ids), len(token_ids), last)
 

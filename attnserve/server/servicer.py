@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 
 from .. import __version__
-from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest
+from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest, TokenLogprob
 from ..engine.engine import EngineCalls
 from ..runtime.contract import Manifest
 from ..tokenizer import Tokenizer
@@ -43,8 +43,10 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         """The whole completion in one response."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
-        text, token_ids, final = await completion(self.engine, generation, context)
-        return final_response(pb.GenerateResponse, generation.request_id, text, token_ids, final)
+        text, token_ids, final, logprobs = await completion(self.engine, generation, context)
+        response = final_response(pb.GenerateResponse, generation.request_id, text, token_ids, final)
+        response.logprobs.extend(logprob_messages(logprobs, self.tokenizer))
+        return response
 
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -72,6 +74,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
                         request_id=request_id,
                         text="".join(d.text for d in deltas),
                         token_ids=[t for d in deltas for t in d.token_ids],
+                        logprobs=logprob_messages([p for d in deltas for p in d.logprobs], self.tokenizer),
                     )
                 if final is not None:
                     yield final_response(pb.GenerateStreamResponse, request_id, final.text, [], final)
@@ -117,19 +120,35 @@ async def generation_events(
 
 async def completion(
     engine: EngineCalls, generation: GenerationRequest, context: grpc.aio.ServicerContext
-) -> tuple[str, list[int], Final]:
-    """The whole completion: its text, its token ids and the Final event (errors are raised). The
-    engine hands the deltas on with the Final (interval None): nobody reads them before."""
+) -> tuple[str, list[int], Final, list[TokenLogprob]]:
+    """The whole completion: its text, its token ids, the Final event and the tokens' logprobs (with
+    the request's; errors are raised). The engine hands the deltas on with the Final (interval None):
+    nobody reads them before."""
     text: list[str] = []
-    token_ids: list[int] = []
+    deltas: list[Delta] = []
     generation = replace(generation, interval=None)
     async with aclosing(generation_events(engine, generation, context)) as batches:
         async for events in batches:
             text += [event.text for event in events]
-            token_ids += [t for event in events if isinstance(event, Delta) for t in event.token_ids]
+            deltas += [event for event in events if isinstance(event, Delta)]
             final = events[-1]
     assert isinstance(final, Final), "the engine ends every request with a Final event"
-    return "".join(text), token_ids, final
+    logprobs = [p for delta in deltas for p in delta.logprobs]
+    return "".join(text), [t for delta in deltas for t in delta.token_ids], final, logprobs
+
+
+def logprob_messages(logprobs: list[TokenLogprob], tokenizer: Tokenizer) -> list[pb.TokenLogprob]:
+    """The protocol's TokenLogprob messages, each id with its text decoded alone."""
+    text = lambda token_id: tokenizer.decode([token_id])
+    return [
+        pb.TokenLogprob(
+            token_id=p.token_id,
+            logprob=p.logprob,
+            text=text(p.token_id),
+            top=[pb.TopLogprob(token_id=i, logprob=lp, text=text(i)) for i, lp in p.top],
+        )
+        for p in logprobs
+    ]
 
 
 def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
@@ -203,6 +222,7 @@ def model_info(
             stream_interval_ms=limits.stream_interval.ms,
             max_stop_token_ids=limits.max_stop_token_ids,
             max_logit_bias=limits.max_logit_bias,
+            max_logprobs=limits.max_logprobs,
         ),
         tokenizer=pb.TokenizerInfo(
             kind=tokenizer.kind,

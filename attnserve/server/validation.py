@@ -32,6 +32,7 @@ class RequestLimits:
     stream_interval: StreamInterval = StreamInterval()  # for requests that leave theirs unset
     max_stop_token_ids: int = 16  # stop_token_ids per request
     max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's bound)
+    max_logprobs: int = 20  # top alternatives per token (OpenAI's bound)
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -212,4 +213,13 @@ def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: flo
         min_new_tokens=check_min_new_tokens(request, max_new_tokens),
         ignore_eos=request.ignore_eos,
         priority=request.priority,
+        logprobs=check_logprobs(request, limits),
     )
+
+
+def check_logprobs(request, limits: RequestLimits) -> int | None:
+    if not request.HasField("logprobs"):
+        return None
+    if request.logprobs > limits.max_logprobs:
+        raise InvalidRequest("logprobs", f"{request.logprobs} is outside [0, {limits.max_logprobs}]")
+    return int(request.logprobs)
