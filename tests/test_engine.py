@@ -64,7 +64,7 @@ class FakeRunner:
     def free_slots(self) -> int:
         return self.capacity - len(self.rows) - len(self.waiting) - (self.chunking is not None)
 
-    def start(self, key: int, prompt: tuple[int, ...]) -> None:
+    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None:
         assert self.free_slots() > 0, "the engine admits only up to free_slots()"
         self.log.append(("start", key, prompt))
         self.waiting.append((key, list(prompt)))

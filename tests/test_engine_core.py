@@ -81,12 +81,14 @@ def test_the_cores_token_timings_reach_the_front_ends_metrics_once_per_token(cor
 
 
 def test_logprobs_cross_the_boundary_as_the_servers_process_gives_them(core, server):
-    for fields in ({"logprobs": 3}, {**SAMPLED, "seed": 5, "logprobs": 0}):
+    entries = lambda logprobs: [(p.token_id, p.logprob, [t.token_id for t in p.top]) for p in logprobs]
+    for fields in ({"logprobs": 3, "prompt_logprobs": 2}, {**SAMPLED, "seed": 5, "logprobs": 0}, {"max_new_tokens": 0}):
+        fields = {**fields, "prompt_logprobs": 2} if fields.get("max_new_tokens") == 0 else fields
         here, there = generate(server.stub, "The list", **fields), generate(core.stub, "The list", **fields)
         assert there.token_ids == here.token_ids and len(there.logprobs) == len(there.token_ids)
-        assert [(p.token_id, p.logprob, [t.token_id for t in p.top]) for p in there.logprobs] == [
-            (p.token_id, p.logprob, [t.token_id for t in p.top]) for p in here.logprobs
-        ]
+        assert entries(there.logprobs) == entries(here.logprobs)
+        assert entries(there.prompt_logprobs) == entries(here.prompt_logprobs)
+        assert len(there.prompt_logprobs) == (8 if "prompt_logprobs" in fields else 0)  # BOS + 8 bytes, less one
 
 
 def test_a_unary_calls_tokens_cross_the_boundary_once_and_a_streams_at_its_interval(core, monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 import pytest
-from fixtures_server import request
+from fixtures_server import request, start_server
 
 from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
@@ -106,3 +106,74 @@ def test_the_python_client_and_attnserve_generate_return_the_logprobs(server, st
     printed = json.loads(capsys.readouterr().out)
     assert [p["token_id"] for p in printed["logprobs"]] == list(expected.token_ids)
     assert [len(p["top"]) for p in printed["logprobs"]] == [2] * 6
+    with Client(server.target) as client:
+        scored = client.generate(TEXT, max_new_tokens=0, prompt_logprobs=1)
+    assert scored.token_ids == () and [p.token_id for p in scored.prompt_logprobs] == encode(TEXT)[1:]
+    assert all(len(p.top) == 1 for p in scored.prompt_logprobs)
+
+
+TEXT = "The list of arguments is parsed."
+
+
+def test_prompt_logprobs_are_pytorchs_log_likelihood_of_the_text_with_nothing_generated(stub, reference_model):
+    reply = stub.Generate(request(TEXT, max_new_tokens=0, prompt_logprobs=3), timeout=60)
+    ids = encode(TEXT)
+    rows = pytorch_logprobs(reference_model, ids)
+    assert not reply.token_ids and reply.finish_reason == pb.FINISH_REASON_LENGTH
+    assert reply.usage.completion_tokens == 0 and reply.usage.prompt_tokens == len(ids)
+    assert [p.token_id for p in reply.prompt_logprobs] == ids[1:]  # the first (BOS) has none
+    for i, entry in enumerate(reply.prompt_logprobs, 1):
+        assert entry.logprob == pytest.approx(rows[i - 1][ids[i]], abs=TOLERANCE)
+        assert [t.token_id for t in entry.top] == list(np.argsort(-rows[i - 1], kind="stable")[:3])
+    total = sum(p.logprob for p in reply.prompt_logprobs)
+    assert total == pytest.approx(sum(rows[i - 1][ids[i]] for i in range(1, len(ids))), abs=len(ids) * TOLERANCE)
+
+
+def score(stub, text: str, after: int) -> float:
+    """The log-likelihood the server gives the tokens of `text` after its first `after` ones."""
+    reply = stub.Generate(request(text, max_new_tokens=0, prompt_logprobs=0), timeout=60)
+    return sum(p.logprob for p in reply.prompt_logprobs[after - 1 :])
+
+
+def test_a_client_scores_two_continuations_and_picks_the_likelier(stub, reference_model):
+    """The model's own greedy continuation of a prompt against the same bytes reversed: the server's
+    scores rank them as PyTorch's log-likelihoods do, and the greedy one is the likelier."""
+    greedy = stub.Generate(request(PROMPT, max_new_tokens=10), timeout=60).text
+    candidates = [PROMPT + greedy, PROMPT + greedy[::-1]]
+    after = len(encode(PROMPT))
+    scores = [score(stub, text, after) for text in candidates]
+    expected = []
+    for text in candidates:
+        ids = encode(text)
+        rows = pytorch_logprobs(reference_model, ids)
+        expected.append(sum(rows[i - 1][ids[i]] for i in range(after, len(ids))))
+    assert scores == pytest.approx(expected, abs=1e-3) and scores[0] > scores[1]
+
+
+def test_prompt_logprobs_of_a_chunked_prompt_streamed_and_beside_generation(tiny_model_dir, stub):
+    """A prompt prefilled in chunks of 8 gives the logprobs it gets in one run; asked with a generation,
+    streamed, they come on the final message and the tokens are the ones generated without them."""
+    whole = stub.Generate(request(TEXT, max_new_tokens=0, prompt_logprobs=2), timeout=60)
+    running = start_server(tiny_model_dir, prefill_chunk=8)
+    try:
+        chunked = running.stub.Generate(request(TEXT, max_new_tokens=0, prompt_logprobs=2), timeout=60)
+    finally:
+        running.stop()
+    entries = lambda reply: [(p.token_id, [t.token_id for t in p.top]) for p in reply.prompt_logprobs]
+    assert entries(chunked) == entries(whole)
+    assert [p.logprob for p in chunked.prompt_logprobs] == pytest.approx([p.logprob for p in whole.prompt_logprobs])
+    messages = list(stub.GenerateStream(request(TEXT, max_new_tokens=6, prompt_logprobs=2), timeout=60))
+    assert entries(messages[-1]) == entries(whole) and all(not m.prompt_logprobs for m in messages[:-1])
+    plain = stub.Generate(request(TEXT, max_new_tokens=6), timeout=60)
+    assert [t for m in messages for t in m.token_ids] == list(plain.token_ids)
+
+
+def test_max_new_tokens_0_needs_prompt_logprobs(stub):
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Generate(request(TEXT, max_new_tokens=0), timeout=60)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_new_tokens: 0 is outside [1, " in error.value.details()
+    assert "0 only with prompt_logprobs" in error.value.details()
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Generate(request(TEXT, max_new_tokens=0, prompt_logprobs=21), timeout=60)
+    assert error.value.details() == "prompt_logprobs: 21 is outside [0, 20]"

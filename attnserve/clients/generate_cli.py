@@ -108,7 +108,7 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
     given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be 0 to {MAX_SEED:,} (an unsigned 64-bit number), got {args.seed}")
-    for name in ("min_new_tokens", "logprobs"):
+    for name in ("min_new_tokens", "logprobs", "prompt_logprobs"):
         value = getattr(args, name)
         if value is not None and not 0 <= value <= MAX_UINT32:
             raise ValueError(f"{flag_name(name)} must be 0 or more, got {value}")

@@ -45,6 +45,7 @@ class ParamFields(TypedDict, total=False):
     logit_bias: Mapping[int, float] | Sequence[tuple[int, float]]
     priority: int
     logprobs: int | None
+    prompt_logprobs: int | None
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,15 @@ class GenerationParams:
             metavar="N",
         ),
     )
+    prompt_logprobs: int | None = field(
+        default=None,
+        metadata=flag(
+            "each prompt token's log-probability given those before it, and N alternatives (0-20); "
+            "with --max-new-tokens 0 the prompt is only scored",
+            unset="none",
+            metavar="N",
+        ),
+    )
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -129,6 +139,7 @@ class GenerationParams:
             "max_new_tokens",
             "min_new_tokens",
             "logprobs",
+            "prompt_logprobs",
             "top_p",
             "repetition_penalty",
             "seed",
@@ -169,13 +180,15 @@ class GenerationResult:
     timings: Timings | None  # likewise
     request_id: str
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when the request asked
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token after the first, when asked
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (token_ids as a list; logprobs only when asked for)."""
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
-        if not self.logprobs:
-            del out["logprobs"]
+        for name in ("logprobs", "prompt_logprobs"):
+            if not out[name]:
+                del out[name]
         return out
 
 
@@ -341,6 +354,7 @@ def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
         timings=_copy_fields(Timings, message.timings),
         request_id=message.request_id,
         logprobs=logprobs_from(message.logprobs),
+        prompt_logprobs=logprobs_from(message.prompt_logprobs),
     )
 
 
@@ -351,6 +365,7 @@ class StreamAccumulator:
         self.texts: list[str] = []
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
+        self.prompt_logprobs: tuple[TokenLogprob, ...] = ()  # from the final message
         self.request_id = ""
         self.messages = 0  # messages received; gRPC retries no call once the first arrived
         self.result: GenerationResult | None = None
@@ -364,6 +379,7 @@ class StreamAccumulator:
         logprobs = logprobs_from(message.logprobs)
         self.logprobs.extend(logprobs)
         if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
+            self.prompt_logprobs = logprobs_from(message.prompt_logprobs)
             self.result = self._result(
                 finish_reason_name(message.finish_reason),
                 _copy_fields(Usage, message.usage),
@@ -380,5 +396,12 @@ class StreamAccumulator:
 
     def _result(self, reason: str, usage: Usage | None, timings: Timings | None) -> GenerationResult:
         return GenerationResult(
-            "".join(self.texts), tuple(self.token_ids), reason, usage, timings, self.request_id, tuple(self.logprobs)
+            "".join(self.texts),
+            tuple(self.token_ids),
+            reason,
+            usage,
+            timings,
+            self.request_id,
+            tuple(self.logprobs),
+            self.prompt_logprobs,
         )

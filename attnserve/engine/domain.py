@@ -66,6 +66,7 @@ class GenerationRequest:
     ignore_eos: bool = False  # EOS is masked for the whole generation
     priority: int = 0  # admission order among queued requests: higher first, then arrival
     logprobs: int | None = None  # each generated token's log-probability and this many top alternatives
+    prompt_logprobs: int | None = None  # each prompt token's (after the first), and this many alternatives
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -77,6 +78,7 @@ class GenerationRequest:
             "logit_bias": bool(self.sampling.logit_bias),
             "priority": self.priority != 0,
             "logprobs": self.logprobs is not None,
+            "prompt_logprobs": self.prompt_logprobs is not None,
         }
         return tuple(name for name, used in given.items() if used)
 
@@ -124,6 +126,7 @@ class Final:
     text: str
     usage: Usage
     timings: Timings
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with the request's prompt_logprobs: tokens 1..n-1
 
 
 class ServeError(Exception):

@@ -265,7 +265,8 @@ class Engine:
                     continue
                 key = next(self._keys)
                 sequence.admitted = start
-                self.slots.start(key, sequence.request.prompt_ids)  # an encoder-decoder: its source
+                wants_rows = sequence.request.prompt_logprobs is not None
+                self.slots.start(key, sequence.request.prompt_ids, wants_rows)  # an encoder-decoder: its source
                 self._prefilling[key] = sequence
 
     def _prefill(self) -> None:
@@ -274,6 +275,9 @@ class Engine:
         with self._cond:
             sequences = [self._prefilling.pop(key) for key in logits.keys]
             self._active.update(zip(logits.keys, sequences))
+        for key, sequence in zip(logits.keys, sequences):
+            if key in logits.prompts:
+                sequence.take_prompt(logits.prompts[key])
         advanced = self._advance(logits, sequences)
         if advanced:
             self.observer.on_tokens([sequence.token_gap for _, sequence in advanced], [])

@@ -57,6 +57,18 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum())
 
 
+def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tuple[TokenLogprob, ...]:
+    """Each prompt token after the first: its log-probability given the ones before it (the model's
+    raw distribution, row i of `rows` predicting token i + 1) and the `top` most likely ids there."""
+    shifted = rows[:-1].astype(np.float64) - rows[:-1].max(axis=1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    best = np.argsort(-logprobs, axis=1, kind="stable")[:, :top]
+    return tuple(
+        TokenLogprob(token, float(row[token]), tuple((int(i), float(row[i])) for i in ids))
+        for token, row, ids in zip(prompt[1:], logprobs, best)
+    )
+
+
 def softmax(logits: np.ndarray) -> np.ndarray:
     shifted = np.exp(logits - np.max(logits))
     return shifted / shifted.sum()

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, TokenLogprob, Usage
-from .sampling import Sampler
+from .sampling import Sampler, prompt_logprobs
 from .slot_runner import ModelSpec
 from .streaming import TextStream
 
@@ -125,7 +125,10 @@ def token_budget(request: GenerationRequest, spec: ModelSpec) -> int:
 
 
 def check_budget(request: GenerationRequest, spec: ModelSpec) -> None:
-    """Raise ValueError when the request's prompt leaves no room in the context for a token."""
+    """Raise ValueError when the request's prompt leaves no room in the context for a token (unless it
+    only scores its prompt: max_new_tokens 0 with prompt_logprobs)."""
+    if request.max_new_tokens == 0 and request.prompt_logprobs is not None:
+        return
     if token_budget(request, spec) < 1:
         raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
 
@@ -164,10 +167,16 @@ class Sequence:
         self.last_delta = 0.0  # when the last one was (perf_counter)
         self.held_logprobs: list[TokenLogprob] = []  # with request.logprobs: one per held token
         self.picked: TokenLogprob | None = None  # the last picked token's, until advance takes it
+        self.prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with request.prompt_logprobs, once prefilled
         self.plain_greedy = self.picks_argmax()  # its token is its row's argmax: the engine's batch-wide pick
 
     def picks_argmax(self) -> bool:
         return self.sampler.plain_greedy and not self.banned() and self.request.logprobs is None
+
+    def take_prompt(self, rows: np.ndarray) -> None:
+        """The prompt's logits (n, V), prefilled: its logprobs go out with the Final."""
+        top = self.request.prompt_logprobs or 0
+        self.prompt_logprobs = prompt_logprobs(rows, self.request.prompt_ids, top)
 
     def banned(self) -> tuple[int, ...]:
         """Ids the next token cannot be: EOS and the stop ids before min_new_tokens, EOS under ignore_eos."""
@@ -195,6 +204,8 @@ class Sequence:
         self.token_gap = now - (self.arrival if self.last_token is None else self.last_token)
         self.first_token = self.first_token or now
         self.last_token = now
+        if self.budget == 0:  # a prompt scored for its logprobs, nothing to generate
+            return self.end(FinishReason.LENGTH)
         if token in self.ends:
             return self.end(FinishReason.EOS if token == self.eos_id else FinishReason.STOP)
         look = len(self.generated) >= self.request.min_new_tokens  # stop strings count from there
@@ -248,5 +259,6 @@ class Sequence:
             self.stream.finish(),
             Usage(len(self.request.prompt_ids), len(self.generated)),
             Timings(ms(self.admitted), ms(self.first_token), ms(now)),
+            self.prompt_logprobs,
         )
         return self.final

@@ -10,7 +10,7 @@ deterministic logits.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -37,11 +37,13 @@ class Logits:
     One array for the batch, so that the engine picks every greedy row's token with one argmax. The
     rows may be a view of the runner's output buffer: valid until the runner's next call. A decode
     told which keys sample may bring back `tokens` (n,), each row's argmax (first index on ties),
-    and then only the sampling keys' rows are valid."""
+    and then only the sampling keys' rows are valid. A prefill brings back `prompts` for the keys started
+    with prompt_logits: every position's logits of the prompt (n, V) float32, row i predicting token i + 1."""
 
     keys: list[int]
     rows: np.ndarray
     tokens: np.ndarray | None = None
+    prompts: dict[int, np.ndarray] = field(default_factory=dict)  # key -> its whole prompt's logits (n, V)
 
     @classmethod
     def of(cls, rows: Mapping[int, np.ndarray]) -> Logits:
@@ -55,8 +57,9 @@ class SlotRunner(Protocol):
     """Requests by key in a fixed number of slots: prompts in, rows of logits (V,) out.
 
     The engine calls it from one thread only. `start` reserves a slot (never more than
-    free_slots()); `prefill` runs one round of prompt work and returns the logits of the last
-    token of every prompt it completed (a long prompt may take several rounds); `decode` feeds one
+    free_slots(); with `prompt_logits` its prompt's every position comes back too); `prefill` runs one
+    round of prompt work and returns the logits of the last token of every prompt it completed (a long
+    prompt may take several rounds); `decode` feeds one
     token per decoding key and returns its next logits (given `sampled`, the keys that sample, the
     others are picked by argmax and the runner may return their tokens instead of their logits);
     `release` frees a key's slot; `reset` frees every slot after a failed run."""
@@ -64,7 +67,7 @@ class SlotRunner(Protocol):
     spec: ModelSpec
 
     def free_slots(self) -> int: ...
-    def start(self, key: int, prompt: tuple[int, ...]) -> None: ...
+    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None: ...
     def prefill(self) -> Logits: ...
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits: ...
     def release(self, key: int) -> None: ...

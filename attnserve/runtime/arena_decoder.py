@@ -68,6 +68,7 @@ class ArenaDecoder:
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
         self._bindings: dict[tuple[int, int, int, bool], ort.IOBinding] = {}  # (first slot, B, T, ids) -> binding
+        self.last_shape = (0, 0)  # (B, T) of the last run whose logits are in the host buffer
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
@@ -108,6 +109,8 @@ class ArenaDecoder:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
         logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
         out = self.next_ids[: b * t].reshape(b, t) if picked else logits
+        if not picked:
+            self.last_shape = (b, t)
         binding = self._bindings.get((first, b, t, picked))
         cached = binding is not None  # a decode step's: ids and positions are bound (B, 1) already
         if binding is None:
@@ -149,6 +152,13 @@ class ArenaDecoder:
         logits = self.run(slot, ids, np.ones((1, total), np.int64), np.arange(held, total)[None])
         self.arena.lengths[slot] = total
         return to_float32(logits[0, -1], self.dtype)
+
+    def positions(self, row: int, count: int) -> np.ndarray:
+        """The last run's logits of its row `row` at positions [0, count), float32 (a copy): a prompt's
+        every position after prefill or extend, for its logprobs."""
+        b, t = self.last_shape
+        logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
+        return np.array(to_float32(logits[row, :count], self.dtype), np.float32)
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
         """One new token for each of slots [0, B); logits (B, V) float32: for a float32 model a view of

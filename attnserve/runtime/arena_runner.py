@@ -33,6 +33,7 @@ class ArenaRunner:
         self.decoding: list[int] = []  # key in each of slots [0, n)
         self.waiting: list[tuple[int, list[int]]] = []  # started, not yet prefilled
         self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, tokens done (top slot)
+        self.prompt_rows: dict[int, list[np.ndarray]] = {}  # key started with prompt_logits -> its chunks' rows
 
     @property
     def nbytes(self) -> int:
@@ -47,11 +48,14 @@ class ArenaRunner:
     def free_slots(self) -> int:
         return self.capacity - len(self.decoding) - len(self.waiting) - (self.chunking is not None)
 
-    def start(self, key: int, prompt: tuple[int, ...]) -> None:
-        """Reserve a slot for a request; its prompt is prefilled by the next prefill() calls."""
+    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None:
+        """Reserve a slot for a request; its prompt is prefilled by the next prefill() calls (and with
+        `prompt_logits` every position's logits are kept for it)."""
         if self.free_slots() < 1:
             raise RuntimeError("no free slot")  # the engine admits only up to free_slots()
         self.waiting.append((key, list(prompt)))
+        if prompt_logits:
+            self.prompt_rows[key] = []
 
     def prefill(self) -> Logits:
         """One round of prefill: the fresh short prompts together, then one chunk of a long one.
@@ -64,7 +68,15 @@ class ArenaRunner:
                 self.chunking = (*long, 0)
         if self.chunking is not None:
             done.update(self._prefill_chunk())
-        return Logits.of(done)
+        logits = Logits.of(done)
+        for key in done.keys() & self.prompt_rows.keys():
+            logits.prompts[key] = np.concatenate(self.prompt_rows.pop(key))
+        return logits
+
+    def _keep_rows(self, key: int, row: int, count: int) -> None:
+        """The last run's logits of `key`'s prompt (its row, `count` positions), if it asked for them."""
+        if key in self.prompt_rows:
+            self.prompt_rows[key].append(self.decoder.positions(row, count))
 
     def _prefill_short(self) -> dict[int, np.ndarray]:
         """Short prompts, longest first, as many as fit `chunk` tokens padded, into the slots after the block."""
@@ -74,7 +86,8 @@ class ArenaRunner:
             return {}
         first = len(self.decoding)
         logits = self.decoder.prefill(first, [prompt for _, prompt in batch])  # (b, V)
-        for item in batch:
+        for row, item in enumerate(batch):
+            self._keep_rows(item[0], row, len(item[1]))
             self.waiting.remove(item)
         self.decoding += [key for key, _ in batch]
         return {key: row for (key, _), row in zip(batch, logits)}
@@ -85,6 +98,7 @@ class ArenaRunner:
         key, prompt, done = self.chunking
         top = self.capacity - 1
         logits = self.decoder.extend(top, prompt[done : done + self.chunk])
+        self._keep_rows(key, 0, len(prompt[done : done + self.chunk]))
         done += self.chunk
         if done < len(prompt):
             self.chunking = (key, prompt, done)
@@ -109,6 +123,7 @@ class ArenaRunner:
 
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
+        self.prompt_rows.pop(key, None)
         if key in self.decoding:
             slot, last = self.decoding.index(key), len(self.decoding) - 1
             if slot != last:
@@ -126,5 +141,6 @@ class ArenaRunner:
     def reset(self) -> None:
         """Forget every request (after a failed run); the arena's memory stays allocated."""
         self.decoding, self.waiting, self.chunking = [], [], None
+        self.prompt_rows.clear()
         for slot in range(self.capacity):
             self.decoder.clear(slot)

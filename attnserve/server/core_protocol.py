@@ -79,6 +79,7 @@ class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     queue_ms: float
     time_to_first_token_ms: float
     total_ms: float
+    prompt_logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] = ()  # TokenLogprob's fields
 
 
 class ErrorEvent(msgspec.Struct, tag=True, array_like=True):
@@ -100,11 +101,22 @@ class Step(msgspec.Struct, tag=True):
 Outbound = Ready | Failed | Step
 
 
+WireLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...]
+
+
+def wire_logprobs(logprobs: tuple[TokenLogprob, ...]) -> WireLogprobs:
+    return tuple((p.token_id, p.logprob, p.top) for p in logprobs)
+
+
+def domain_logprobs(wire: WireLogprobs) -> tuple[TokenLogprob, ...]:
+    return tuple(TokenLogprob(token, logprob, tuple((i, p) for i, p in top)) for token, logprob, top in wire)
+
+
 def to_wire(event: Delta | Final | Exception) -> WireEvent:
     if isinstance(event, Delta):
         if not event.logprobs:
             return DeltaEvent(event.token_ids, event.text)
-        return DeltaEvent(event.token_ids, event.text, tuple((p.token_id, p.logprob, p.top) for p in event.logprobs))
+        return DeltaEvent(event.token_ids, event.text, wire_logprobs(event.logprobs))
     if isinstance(event, Final):
         usage, t = event.usage, event.timings
         return FinalEvent(
@@ -115,22 +127,21 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
             t.queue_ms,
             t.time_to_first_token_ms,
             t.total_ms,
+            wire_logprobs(event.prompt_logprobs),
         )
     return ErrorEvent(type(event).__name__, str(event))
 
 
 def from_wire(event: WireEvent) -> Delta | Final | Exception:
     if isinstance(event, DeltaEvent):
-        logprobs = tuple(
-            TokenLogprob(token, logprob, tuple((i, p) for i, p in top)) for token, logprob, top in event.logprobs
-        )
-        return Delta(tuple(event.token_ids), event.text, logprobs)
+        return Delta(tuple(event.token_ids), event.text, domain_logprobs(event.logprobs))
     if isinstance(event, FinalEvent):
         return Final(
             FinishReason(event.reason),
             event.text,
             Usage(event.prompt_tokens, event.completion_tokens),
             Timings(event.queue_ms, event.time_to_first_token_ms, event.total_ms),
+            domain_logprobs(event.prompt_logprobs),
         )
     refusal = REFUSALS.get(event.kind)
     return refusal(event.message) if refusal else RuntimeError(f"{event.kind}: {event.message}")

@@ -44,7 +44,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         """The whole completion in one response."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
         text, token_ids, final, logprobs = await completion(self.engine, generation, context)
-        response = final_response(pb.GenerateResponse, generation.request_id, text, token_ids, final)
+        response = final_response(pb.GenerateResponse, generation.request_id, text, token_ids, final, self.tokenizer)
         response.logprobs.extend(logprob_messages(logprobs, self.tokenizer))
         return response
 
@@ -77,7 +77,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
                         logprobs=logprob_messages([p for d in deltas for p in d.logprobs], self.tokenizer),
                     )
                 if final is not None:
-                    yield final_response(pb.GenerateStreamResponse, request_id, final.text, [], final)
+                    yield final_response(pb.GenerateStreamResponse, request_id, final.text, [], final, self.tokenizer)
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         """The model, its execution provider and the server's limits."""
@@ -157,10 +157,11 @@ def deadline_of(context: grpc.aio.ServicerContext) -> float | None:
     return None if remaining is None else time.monotonic() + remaining
 
 
-def final_response(message_type, request_id: str, text: str, token_ids: list[int], final: Final):
+def final_response(message_type, request_id: str, text: str, token_ids: list[int], final: Final, tokenizer: Tokenizer):
     """A GenerateResponse or the final GenerateStreamResponse."""
     t = final.timings
     return message_type(
+        prompt_logprobs=logprob_messages(list(final.prompt_logprobs), tokenizer),
         request_id=request_id,
         text=text,
         token_ids=token_ids,

@@ -140,11 +140,13 @@ def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
     if not request.HasField("max_new_tokens"):
         return min(limits.max_new_tokens, limits.context_length - decoder_prompt)
     wanted = request.max_new_tokens
+    if wanted == 0 and request.HasField("prompt_logprobs"):
+        return 0  # the prompt is scored, nothing generated
     if not 1 <= wanted <= limits.max_new_tokens:
         raise InvalidRequest(
             "max_new_tokens",
             f"{wanted} is outside [1, {limits.max_new_tokens}] "
-            "(the server's cap: --max-new-tokens-cap, at most context_length - 1)",
+            "(the server's cap: --max-new-tokens-cap, at most context_length - 1; 0 only with prompt_logprobs)",
         )
     if not limits.encoder_decoder and prompt_tokens + wanted > limits.context_length:
         raise InvalidRequest(
@@ -213,13 +215,18 @@ def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: flo
         min_new_tokens=check_min_new_tokens(request, max_new_tokens),
         ignore_eos=request.ignore_eos,
         priority=request.priority,
-        logprobs=check_logprobs(request, limits),
+        logprobs=check_logprobs(request, "logprobs", limits),
+        prompt_logprobs=check_logprobs(request, "prompt_logprobs", limits),
     )
 
 
-def check_logprobs(request, limits: RequestLimits) -> int | None:
-    if not request.HasField("logprobs"):
+def check_logprobs(request, name: str, limits: RequestLimits) -> int | None:
+    """logprobs or prompt_logprobs: None unset, else 0 to max_logprobs (prompt's: decoder-only)."""
+    if not request.HasField(name):
         return None
-    if request.logprobs > limits.max_logprobs:
-        raise InvalidRequest("logprobs", f"{request.logprobs} is outside [0, {limits.max_logprobs}]")
-    return int(request.logprobs)
+    value = getattr(request, name)
+    if value > limits.max_logprobs:
+        raise InvalidRequest(name, f"{value} is outside [0, {limits.max_logprobs}]")
+    if name == "prompt_logprobs" and limits.encoder_decoder:
+        raise InvalidRequest(name, "an encoder-decoder's prompt is its source, which its decoder does not predict")
+    return int(value)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61ttnserve/v1/generation.proto\x12\x0c\x61ttnserve.v1\"\xa1\x05\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1b\n\x0emax_new_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x18\n\x10prompt_token_ids\x18\n \x03(\x05\x12#\n\x16stream_interval_tokens\x18\x0b \x01(\rH\x04\x88\x01\x01\x12\x1f\n\x12stream_interval_ms\x18\x0c \x01(\rH\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\r \x03(\x05\x12\x1b\n\x0emin_new_tokens\x18\x0e \x01(\rH\x06\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0f \x01(\x08\x12@\n\nlogit_bias\x18\x10 \x03(\x0b\x32,.attnserve.v1.GenerateRequest.LogitBiasEntry\x12\x10\n\x08priority\x18\x11 \x01(\x05\x12\x15\n\x08logprobs\x18\x12 \x01(\rH\x07\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x11\n\x0f_max_new_tokensB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x19\n\x17_stream_interval_tokensB\x15\n\x13_stream_interval_msB\x11\n\x0f_min_new_tokensB\x0b\n\t_logprobs\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\"f\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12%\n\x03top\x18\x04 \x03(\x0b\x32\x18.attnserve.v1.TopLogprob\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"M\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\"\xf4\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.attnserve.v1.Timings\x12,\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1a.attnserve.v1.TokenLogprob\"\xfa\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.attnserve.v1.Timings\x12,\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1a.attnserve.v1.TokenLogprob\"\x15\n\x13GetModelInfoRequest\"\xa5\x02\n\x06Limits\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x02 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\r\x12\x16\n\x0emax_queue_size\x18\x04 \x01(\r\x12\x1a\n\x12max_stop_sequences\x18\x05 \x01(\r\x12\x16\n\x0emax_stop_bytes\x18\x06 \x01(\r\x12\x1e\n\x16stream_interval_tokens\x18\x07 \x01(\r\x12\x1a\n\x12stream_interval_ms\x18\x08 \x01(\r\x12\x1a\n\x12max_stop_token_ids\x18\t \x01(\r\x12\x16\n\x0emax_logit_bias\x18\n \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x0b \x01(\r\"x\n\rTokenizerInfo\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x62os_id\x18\x02 \x01(\r\x12\x0e\n\x06\x65os_id\x18\x03 \x01(\r\x12\x0e\n\x06pad_id\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\rbos_prepended\x18\x06 \x01(\x08\"\x9a\x03\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0f\n\x07\x64_model\x18\x04 \x01(\r\x12\x0f\n\x07n_heads\x18\x05 \x01(\r\x12\x10\n\x08n_layers\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x08 \x01(\r\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x14\n\x0cquantization\x18\n \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x0b \x01(\t\x12$\n\x06limits\x18\x0c \x01(\x0b\x32\x14.attnserve.v1.Limits\x12.\n\ttokenizer\x18\r \x01(\x0b\x32\x1b.attnserve.v1.TokenizerInfo\x12\x16\n\x0eserver_version\x18\x0e \x01(\t\x12\x18\n\x10n_encoder_layers\x18\x0f \x01(\r\x12\x10\n\x08kv_cache\x18\x10 \x01(\t\x12\x16\n\x0ekv_cache_bytes\x18\x11 \x01(\x04*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x32\x80\x02\n\x0eTextGeneration\x12I\n\x08Generate\x12\x1d.attnserve.v1.GenerateRequest\x1a\x1e.attnserve.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.attnserve.v1.GenerateRequest\x1a$.attnserve.v1.GenerateStreamResponse0\x01\x12J\n\x0cGetModelInfo\x12!.attnserve.v1.GetModelInfoRequest\x1a\x17.attnserve.v1.ModelInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x61ttnserve/v1/generation.proto\x12\x0c\x61ttnserve.v1\"\xd3\x05\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x1b\n\x0emax_new_tokens\x18\x02 \x01(\x05H\x00\x88\x01\x01\x12\x13\n\x0btemperature\x18\x03 \x01(\x02\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\x12\n\x05top_p\x18\x05 \x01(\x02H\x01\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x03\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nrequest_id\x18\t \x01(\t\x12\x18\n\x10prompt_token_ids\x18\n \x03(\x05\x12#\n\x16stream_interval_tokens\x18\x0b \x01(\rH\x04\x88\x01\x01\x12\x1f\n\x12stream_interval_ms\x18\x0c \x01(\rH\x05\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\r \x03(\x05\x12\x1b\n\x0emin_new_tokens\x18\x0e \x01(\rH\x06\x88\x01\x01\x12\x12\n\nignore_eos\x18\x0f \x01(\x08\x12@\n\nlogit_bias\x18\x10 \x03(\x0b\x32,.attnserve.v1.GenerateRequest.LogitBiasEntry\x12\x10\n\x08priority\x18\x11 \x01(\x05\x12\x15\n\x08logprobs\x18\x12 \x01(\rH\x07\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x13 \x01(\rH\x08\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x11\n\x0f_max_new_tokensB\x08\n\x06_top_pB\x15\n\x13_repetition_penaltyB\x07\n\x05_seedB\x19\n\x17_stream_interval_tokensB\x15\n\x13_stream_interval_msB\x11\n\x0f_min_new_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"=\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\"f\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04text\x18\x03 \x01(\t\x12%\n\x03top\x18\x04 \x03(\x0b\x32\x18.attnserve.v1.TopLogprob\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"M\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x1e\n\x16time_to_first_token_ms\x18\x02 \x01(\x01\x12\x10\n\x08total_ms\x18\x03 \x01(\x01\"\xa9\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.attnserve.v1.Timings\x12,\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1a.attnserve.v1.TokenLogprob\x12\x33\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1a.attnserve.v1.TokenLogprob\"\xaf\x02\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.attnserve.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.attnserve.v1.Usage\x12&\n\x07timings\x18\x06 \x01(\x0b\x32\x15.attnserve.v1.Timings\x12,\n\x08logprobs\x18\x07 \x03(\x0b\x32\x1a.attnserve.v1.TokenLogprob\x12\x33\n\x0fprompt_logprobs\x18\x08 \x03(\x0b\x32\x1a.attnserve.v1.TokenLogprob\"\x15\n\x13GetModelInfoRequest\"\xa5\x02\n\x06Limits\x12\x16\n\x0emax_new_tokens\x18\x01 \x01(\r\x12\x19\n\x11max_prompt_tokens\x18\x02 \x01(\r\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\r\x12\x16\n\x0emax_queue_size\x18\x04 \x01(\r\x12\x1a\n\x12max_stop_sequences\x18\x05 \x01(\r\x12\x16\n\x0emax_stop_bytes\x18\x06 \x01(\r\x12\x1e\n\x16stream_interval_tokens\x18\x07 \x01(\r\x12\x1a\n\x12stream_interval_ms\x18\x08 \x01(\r\x12\x1a\n\x12max_stop_token_ids\x18\t \x01(\r\x12\x16\n\x0emax_logit_bias\x18\n \x01(\r\x12\x14\n\x0cmax_logprobs\x18\x0b \x01(\r\"x\n\rTokenizerInfo\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06\x62os_id\x18\x02 \x01(\r\x12\x0e\n\x06\x65os_id\x18\x03 \x01(\r\x12\x0e\n\x06pad_id\x18\x04 \x01(\r\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x15\n\rbos_prepended\x18\x06 \x01(\x08\"\x9a\x03\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x0f\n\x07\x64_model\x18\x04 \x01(\r\x12\x0f\n\x07n_heads\x18\x05 \x01(\r\x12\x10\n\x08n_layers\x18\x06 \x01(\r\x12\x10\n\x08head_dim\x18\x07 \x01(\r\x12\x16\n\x0e\x63ontext_length\x18\x08 \x01(\r\x12\r\n\x05\x64type\x18\t \x01(\t\x12\x14\n\x0cquantization\x18\n \x01(\t\x12\x1a\n\x12\x65xecution_provider\x18\x0b \x01(\t\x12$\n\x06limits\x18\x0c \x01(\x0b\x32\x14.attnserve.v1.Limits\x12.\n\ttokenizer\x18\r \x01(\x0b\x32\x1b.attnserve.v1.TokenizerInfo\x12\x16\n\x0eserver_version\x18\x0e \x01(\t\x12\x18\n\x10n_encoder_layers\x18\x0f \x01(\r\x12\x10\n\x08kv_cache\x18\x10 \x01(\t\x12\x16\n\x0ekv_cache_bytes\x18\x11 \x01(\x04*\x93\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x15\n\x11\x46INISH_REASON_EOS\x10\x03\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x04\x32\x80\x02\n\x0eTextGeneration\x12I\n\x08Generate\x12\x1d.attnserve.v1.GenerateRequest\x1a\x1e.attnserve.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.attnserve.v1.GenerateRequest\x1a$.attnserve.v1.GenerateStreamResponse0\x01\x12J\n\x0cGetModelInfo\x12!.attnserve.v1.GetModelInfoRequest\x1a\x17.attnserve.v1.ModelInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,32 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._loaded_options = None
   _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2383
-  _globals['_FINISHREASON']._serialized_end=2530
+  _globals['_FINISHREASON']._serialized_start=2539
+  _globals['_FINISHREASON']._serialized_end=2686
   _globals['_GENERATEREQUEST']._serialized_start=48
-  _globals['_GENERATEREQUEST']._serialized_end=721
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=530
-  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=578
-  _globals['_TOPLOGPROB']._serialized_start=723
-  _globals['_TOPLOGPROB']._serialized_end=784
-  _globals['_TOKENLOGPROB']._serialized_start=786
-  _globals['_TOKENLOGPROB']._serialized_end=888
-  _globals['_USAGE']._serialized_start=890
-  _globals['_USAGE']._serialized_end=947
-  _globals['_TIMINGS']._serialized_start=949
-  _globals['_TIMINGS']._serialized_end=1026
-  _globals['_GENERATERESPONSE']._serialized_start=1029
-  _globals['_GENERATERESPONSE']._serialized_end=1273
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1276
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1526
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1528
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1549
-  _globals['_LIMITS']._serialized_start=1552
-  _globals['_LIMITS']._serialized_end=1845
-  _globals['_TOKENIZERINFO']._serialized_start=1847
-  _globals['_TOKENIZERINFO']._serialized_end=1967
-  _globals['_MODELINFO']._serialized_start=1970
-  _globals['_MODELINFO']._serialized_end=2380
-  _globals['_TEXTGENERATION']._serialized_start=2533
-  _globals['_TEXTGENERATION']._serialized_end=2789
+  _globals['_GENERATEREQUEST']._serialized_end=771
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_start=560
+  _globals['_GENERATEREQUEST_LOGITBIASENTRY']._serialized_end=608
+  _globals['_TOPLOGPROB']._serialized_start=773
+  _globals['_TOPLOGPROB']._serialized_end=834
+  _globals['_TOKENLOGPROB']._serialized_start=836
+  _globals['_TOKENLOGPROB']._serialized_end=938
+  _globals['_USAGE']._serialized_start=940
+  _globals['_USAGE']._serialized_end=997
+  _globals['_TIMINGS']._serialized_start=999
+  _globals['_TIMINGS']._serialized_end=1076
+  _globals['_GENERATERESPONSE']._serialized_start=1079
+  _globals['_GENERATERESPONSE']._serialized_end=1376
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1379
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1682
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1684
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1705
+  _globals['_LIMITS']._serialized_start=1708
+  _globals['_LIMITS']._serialized_end=2001
+  _globals['_TOKENIZERINFO']._serialized_start=2003
+  _globals['_TOKENIZERINFO']._serialized_end=2123
+  _globals['_MODELINFO']._serialized_start=2126
+  _globals['_MODELINFO']._serialized_end=2536
+  _globals['_TEXTGENERATION']._serialized_start=2689
+  _globals['_TEXTGENERATION']._serialized_end=2945
 # @@protoc_insertion_point(module_scope)
