@@ -82,7 +82,7 @@ class GenerationParams:
         ),
     )
 
-    # Generating one of these ids ends the completion (STOP; the id is not returned); --stop-token-id, repeated
+    # Generating one of these ids ends the completion (STOP; the id is not returned); --stop-token-ids ID,ID,...
     stop_token_ids: Sequence[int] = ()
     min_new_tokens: int | None = field(
         default=None,

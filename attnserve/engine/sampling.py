@@ -52,16 +52,15 @@ def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """In float64; -inf where the logit is -inf."""
-    shifted = logits.astype(np.float64) - np.max(logits)
-    return shifted - np.log(np.exp(shifted).sum())
+    """Over the last axis, in float64; -inf where the logit is -inf."""
+    shifted = logits.astype(np.float64) - np.max(logits, axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
 def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tuple[TokenLogprob, ...]:
     """Each prompt token after the first: its log-probability given the ones before it (the model's
     raw distribution, row i of `rows` predicting token i + 1) and the `top` most likely ids there."""
-    shifted = rows[:-1].astype(np.float64) - rows[:-1].max(axis=1, keepdims=True)
-    logprobs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+    logprobs = log_softmax(rows[:-1])
     best = np.argsort(-logprobs, axis=1, kind="stable")[:, :top]
     return tuple(
         TokenLogprob(token, float(row[token]), tuple((int(i), float(row[i])) for i in ids))
