@@ -36,9 +36,11 @@ class ConcatRunner:
     def free_slots(self) -> int:
         return self.capacity - len(self.slot_of) - len(self.waiting)
 
-    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None:
-        if prompt_logits:
-            raise ValueError("the concat runner (a benchmark's baseline) keeps no prompt logits")
+    def start(
+        self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False, forks: tuple[int, ...] = ()
+    ) -> None:
+        if prompt_logits or forks:
+            raise ValueError("the concat runner (a benchmark's baseline) keeps no prompt logits and no forks")
         self.waiting.append((key, list(prompt)))
 
     def prefill(self) -> Logits:

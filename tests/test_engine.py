@@ -57,21 +57,28 @@ class FakeRunner:
         self.waiting: list[tuple[int, list[int]]] = []
         self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, ids done
         self.log: list[tuple] = []
+        self.forks: dict[int, list[int]] = {}  # key -> the keys its prefilled state is copied to
         self.gate, self.at_gate = threading.Event(), threading.Event()
         self.gate.set()
         self.fail_next_decode = False
 
     def free_slots(self) -> int:
-        return self.capacity - len(self.rows) - len(self.waiting) - (self.chunking is not None)
+        reserved = sum(len(forks) for forks in self.forks.values())
+        return self.capacity - len(self.rows) - len(self.waiting) - (self.chunking is not None) - reserved
 
-    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None:
-        assert self.free_slots() > 0, "the engine admits only up to free_slots()"
+    def start(
+        self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False, forks: tuple[int, ...] = ()
+    ) -> None:
+        assert self.free_slots() > len(forks), "the engine admits only up to free_slots()"
         self.log.append(("start", key, prompt))
         self.waiting.append((key, list(prompt)))
+        self.forks[key] = list(forks)
 
     def prefill(self) -> Logits:
         short = [item for item in self.waiting if len(item[1]) <= self.chunk]
-        done = {key: self._take(key, prompt) for key, prompt in short}
+        done = {}
+        for key, prompt in short:
+            done.update(self._take(key, prompt))
         self.waiting = [item for item in self.waiting if item not in short]
         if self.chunking is None and self.waiting:
             key, prompt = self.waiting.pop(0)
@@ -81,12 +88,15 @@ class FakeRunner:
             self.log.append(("chunk", key))
             self.chunking = (key, prompt, n + self.chunk) if n + self.chunk < len(prompt) else None
             if self.chunking is None:
-                done[key] = self._take(key, prompt)
+                done.update(self._take(key, prompt))
         return Logits.of(done)
 
-    def _take(self, key: int, prompt: list[int]) -> np.ndarray:
-        self.rows[key] = list(prompt)
-        return self._logits(key)
+    def _take(self, key: int, prompt: list[int]) -> dict[int, np.ndarray]:
+        """The prompt's last logits for `key` and for each of its forks (its prefilled state copied)."""
+        keys = [key, *self.forks.pop(key, [])]
+        for each in keys:
+            self.rows[each] = list(prompt)
+        return {each: self._logits(key) for each in keys}
 
     def _logits(self, key: int) -> np.ndarray:
         row = np.zeros(self.spec.vocab_size, dtype=np.float32)
@@ -116,6 +126,7 @@ class FakeRunner:
     def release(self, key: int) -> None:
         self.log.append(("release", key))
         self.rows.pop(key, None)
+        self.forks.pop(key, None)
         self.waiting = [item for item in self.waiting if item[0] != key]
         if self.chunking is not None and self.chunking[0] == key:
             self.chunking = None
@@ -123,6 +134,7 @@ class FakeRunner:
     def reset(self) -> None:
         self.log.append(("reset",))
         self.rows.clear()
+        self.forks.clear()
         self.waiting.clear()
         self.chunking = None
 

@@ -230,6 +230,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--logprobs", ["--logprobs", "21"], "--logprobs: 21 is outside [0, 20]"),
         ("--prompt-logprobs", ["--prompt-logprobs", "-1"], "--prompt-logprobs must be 0 or more, got -1"),
         ("--prompt-logprobs", ["--prompt-logprobs", "21"], "--prompt-logprobs: 21 is outside [0, 20]"),
+        ("--n", ["--n", "0"], "--n must be 1 or more, got 0"),
+        ("--n", ["--n", "9"], "--n: 9 is outside [1, 8] (16, or the server's --max-batch if fewer)"),
         ("--priority", ["--priority", str(2**31)], "--priority must be a 32-bit integer, got 2147483648"),
         ("--stop-token-ids", ["--stop-token-ids", "x"], "--stop-token-ids takes comma-separated numbers"),
         ("--stop-token-ids", ["--stop-token-ids", "1,999"], "--stop-token-ids[1]: 999 is outside [0, 259)"),

@@ -46,9 +46,9 @@ if TYPE_CHECKING:
 class AsyncStream:
     """Async iterator of `StreamDelta`s of one GenerateStream call; see `Stream`."""
 
-    def __init__(self, call: grpc.aio.UnaryStreamCall) -> None:
+    def __init__(self, call: grpc.aio.UnaryStreamCall, n: int = 1) -> None:
         self._call = call
-        self._accumulator = StreamAccumulator()
+        self._accumulator = StreamAccumulator(n)
         self._cancelled = False
 
     def __aiter__(self) -> AsyncIterator[StreamDelta]:
@@ -147,7 +147,10 @@ class AsyncClient(ClientBase):
     ) -> AsyncStream:
         """Start streaming the completion of `prompt`; iterate the returned `AsyncStream`."""
         request = build_request(prompt, params, request_id=request_id, **overrides)
-        return AsyncStream(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
+        return AsyncStream(
+            self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata),
+            request.n if request.HasField("n") else 1,
+        )
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """The served model, its execution provider and the server's limits."""

@@ -65,9 +65,9 @@ class Stream:
     iteration then stops. `result()` drains what is left and returns the whole completion.
     """
 
-    def __init__(self, call: grpc.Call) -> None:  # also the iterator of its messages
+    def __init__(self, call: grpc.Call, n: int = 1) -> None:  # also the iterator of its messages
         self._call = call
-        self._accumulator = StreamAccumulator()
+        self._accumulator = StreamAccumulator(n)
         self._cancelled = False
 
     def __iter__(self) -> Iterator[StreamDelta]:
@@ -188,7 +188,10 @@ class Client(ClientBase):
     ) -> Stream:
         """Start streaming the completion of `prompt`; iterate the returned `Stream`."""
         request = build_request(prompt, params, request_id=request_id, **overrides)
-        return Stream(self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata))
+        return Stream(
+            self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata),
+            request.n if request.HasField("n") else 1,
+        )
 
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:
         """The served model, its execution provider and the server's limits."""

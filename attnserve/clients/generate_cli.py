@@ -108,10 +108,10 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
     given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
     if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"--seed must be 0 to {MAX_SEED:,} (an unsigned 64-bit number), got {args.seed}")
-    for name in ("min_new_tokens", "logprobs", "prompt_logprobs"):
+    for name, low in (("min_new_tokens", 0), ("logprobs", 0), ("prompt_logprobs", 0), ("n", 1)):
         value = getattr(args, name)
-        if value is not None and not 0 <= value <= MAX_UINT32:
-            raise ValueError(f"{flag_name(name)} must be 0 or more, got {value}")
+        if value is not None and not low <= value <= MAX_UINT32:
+            raise ValueError(f"{flag_name(name)} must be {low} or more, got {value}")
     if not -(2**31) <= args.priority < 2**31:
         raise ValueError(f"--priority must be a 32-bit integer, got {args.priority}")
     given["stop_token_ids"] = parse_numbers(args.stop_token_ids, int, "--stop-token-ids")
@@ -172,14 +172,17 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult
     check_client_flags(args)
     prompt = prompt_from_args(args)
     params = params_from_args(args)
+    whole = args.no_stream or (params.n or 1) > 1  # n completions are printed whole, one after the other
     with client_from_args(args) as client:
-        if args.no_stream:
+        if whole:
             result = client.generate(prompt, params, request_id=args.request_id)
         else:
             result = stream_to(None if args.json else out, client, prompt, params, args.request_id)
     if args.json:
         out.write(json.dumps(result.to_dict()) + "\n")
-    elif args.no_stream:
+    elif result.completions:
+        out.write("".join(f"[{c.index}] {c.text}\n" for c in result.completions))
+    elif whole:
         out.write(result.text + "\n")
     else:
         out.write("\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from attnserve.v1 import generation_pb2 as pb
@@ -46,6 +46,7 @@ class ParamFields(TypedDict, total=False):
     priority: int
     logprobs: int | None
     prompt_logprobs: int | None
+    n: int | None
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,15 @@ class GenerationParams:
             metavar="N",
         ),
     )
+    n: int | None = field(
+        default=None,
+        metadata=flag(
+            "N completions of the prompt, prefilled once, completion i sampled with --seed + i (1-16; "
+            "printed one after the other)",
+            unset="1",
+            metavar="N",
+        ),
+    )
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -140,6 +150,7 @@ class GenerationParams:
             "min_new_tokens",
             "logprobs",
             "prompt_logprobs",
+            "n",
             "top_p",
             "repetition_penalty",
             "seed",
@@ -181,15 +192,31 @@ class GenerationResult:
     request_id: str
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token of token_ids, when the request asked
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token after the first, when asked
+    # With n > 1: every completion in index order (the fields above are completion 0's; usage counts all)
+    completions: tuple[CompletionResult, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (token_ids as a list; logprobs only when asked for)."""
+        """JSON-ready dict (token_ids as lists; logprobs and completions only when asked for)."""
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
-        for name in ("logprobs", "prompt_logprobs"):
+        for completion in out["completions"]:
+            completion["token_ids"] = list(completion["token_ids"])
+        for name in ("logprobs", "prompt_logprobs", "completions"):
             if not out[name]:
                 del out[name]
         return out
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """One of the n completions of a request."""
+
+    index: int
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    completion_tokens: int
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -227,6 +254,7 @@ class StreamDelta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    index: int = 0  # the completion it belongs to (n > 1)
 
 
 @dataclass(frozen=True)
@@ -355,16 +383,40 @@ def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
         request_id=message.request_id,
         logprobs=logprobs_from(message.logprobs),
         prompt_logprobs=logprobs_from(message.prompt_logprobs),
+        completions=tuple(
+            CompletionResult(
+                c.index,
+                c.text,
+                tuple(c.token_ids),
+                finish_reason_name(c.finish_reason),
+                c.completion_tokens,
+                logprobs_from(c.logprobs),
+            )
+            for c in message.completions
+        ),
     )
 
 
-class StreamAccumulator:
-    """Turns GenerateStream messages into deltas and, at the final message, the whole result."""
+@dataclass
+class _Completion:
+    """What a stream has brought of one completion so far."""
 
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self.token_ids: list[int] = []
-        self.logprobs: list[TokenLogprob] = []
+    texts: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    reason: str = ""  # set by its final message
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+class StreamAccumulator:
+    """Turns GenerateStream messages into deltas and, once every completion's final message came, the
+    whole result."""
+
+    def __init__(self, n: int = 1) -> None:
+        """`n`: the request's completions; the result is set once each has its final message."""
+        self.n = n
+        self.parts: dict[int, _Completion] = {}  # by completion index
         self.prompt_logprobs: tuple[TokenLogprob, ...] = ()  # from the final message
         self.request_id = ""
         self.messages = 0  # messages received; gRPC retries no call once the first arrived
@@ -374,34 +426,56 @@ class StreamAccumulator:
         """Record one message; the delta to hand the caller, or None if it carried nothing."""
         self.messages += 1
         self.request_id = message.request_id or self.request_id
-        self.texts.append(message.text)
-        self.token_ids.extend(message.token_ids)
+        part = self.parts.setdefault(message.index, _Completion())
+        part.texts.append(message.text)
+        part.token_ids.extend(message.token_ids)
         logprobs = logprobs_from(message.logprobs)
-        self.logprobs.extend(logprobs)
+        part.logprobs.extend(logprobs)
         if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
-            self.prompt_logprobs = logprobs_from(message.prompt_logprobs)
-            self.result = self._result(
-                finish_reason_name(message.finish_reason),
-                _copy_fields(Usage, message.usage),
-                _copy_fields(Timings, message.timings),
-            )
+            part.reason = finish_reason_name(message.finish_reason)
+            part.usage = _copy_fields(Usage, message.usage)
+            part.timings = _copy_fields(Timings, message.timings)
+            self.prompt_logprobs = logprobs_from(message.prompt_logprobs) or self.prompt_logprobs
+            if sum(1 for p in self.parts.values() if p.usage is not None) >= self.n:
+                self.result = self._result()
         if not message.text and not message.token_ids:
             return None
-        return StreamDelta(message.text, tuple(message.token_ids), logprobs)
+        return StreamDelta(message.text, tuple(message.token_ids), logprobs, message.index)
 
     def cancelled(self) -> GenerationResult:
         """What arrived before this client cancelled the stream."""
-        self.result = self._result("cancelled", None, None)
+        for part in self.parts.values():
+            part.reason, part.usage, part.timings = part.reason or "cancelled", None, None
+        self.result = self._result()
         return self.result
 
-    def _result(self, reason: str, usage: Usage | None, timings: Timings | None) -> GenerationResult:
+    def _result(self) -> GenerationResult:
+        """Completion 0's text and tokens; usage and timings of the request (None once cancelled)."""
+        first = self.parts.get(0, _Completion(reason="cancelled"))
+        ended = [part for part in self.parts.values() if part.usage is not None and part.timings is not None]
+        usage, timings = None, None
+        if first.usage is not None and first.timings is not None:
+            usage = Usage(first.usage.prompt_tokens, sum(p.usage.completion_tokens for p in ended if p.usage))
+            timings = replace(first.timings, total_ms=max(p.timings.total_ms for p in ended if p.timings))
+        completions = tuple(
+            CompletionResult(
+                index,
+                "".join(part.texts),
+                tuple(part.token_ids),
+                part.reason or "cancelled",
+                len(part.token_ids),
+                tuple(part.logprobs),
+            )
+            for index, part in sorted(self.parts.items())
+        )
         return GenerationResult(
-            "".join(self.texts),
-            tuple(self.token_ids),
-            reason,
+            "".join(first.texts),
+            tuple(first.token_ids),
+            first.reason or "cancelled",
             usage,
             timings,
             self.request_id,
-            tuple(self.logprobs),
+            tuple(first.logprobs),
             self.prompt_logprobs,
+            completions if len(completions) > 1 else (),
         )

@@ -67,6 +67,7 @@ class GenerationRequest:
     priority: int = 0  # admission order among queued requests: higher first, then arrival
     logprobs: int | None = None  # each generated token's log-probability and this many top alternatives
     prompt_logprobs: int | None = None  # each prompt token's (after the first), and this many alternatives
+    n: int = 1  # completions of the prompt, prefilled once; completion i samples with seed + i
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -79,6 +80,7 @@ class GenerationRequest:
             "priority": self.priority != 0,
             "logprobs": self.logprobs is not None,
             "prompt_logprobs": self.prompt_logprobs is not None,
+            "n": self.n > 1,
         }
         return tuple(name for name, used in given.items() if used)
 
@@ -116,6 +118,7 @@ class Delta:
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
+    index: int = 0  # the completion it belongs to (0 to n - 1)
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,13 @@ class Final:
     usage: Usage
     timings: Timings
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with the request's prompt_logprobs: tokens 1..n-1
+    index: int = 0  # the completion that ended (0 to n - 1)
+    remaining: int = 0  # the request's completions still running after this one: 0 ends the request
+
+
+def ends_request(event: Delta | Final | Exception) -> bool:
+    """The last event of a request: an error, or the Final of its last completion."""
+    return isinstance(event, Exception) or (isinstance(event, Final) and event.remaining == 0)
 
 
 class ServeError(Exception):

@@ -248,7 +248,7 @@ class Engine:
                 self._queue.remove(sequence)
         for sequence in dropped:
             reason = FinishReason.CANCELLED if abort else FinishReason.DEADLINE
-            self._emit(sequence, sequence.end(reason))
+            self._emit(sequence, sequence.end_whole(reason))
         for key, sequence in [*self._active.items(), *self._prefilling.items()]:
             if abort or sequence.handle.cancelled:
                 self._retire(key, sequence, FinishReason.CANCELLED)
@@ -259,15 +259,18 @@ class Engine:
         """Start queued requests whose callers are still waiting, up to the runner's free slots."""
         start = time.perf_counter()
         with self._cond:
-            while self._queue and self.slots.free_slots() > 0:
+            while self._queue and self.slots.free_slots() >= self._queue[0].request.n:  # n slots, or it waits
                 sequence = self._queue.popleft()
                 if sequence.handle.cancelled:
                     continue
-                key = next(self._keys)
-                sequence.admitted = start
+                forks = sequence.forks(self.tokenizer, self.spec)  # completions 1 to n - 1
+                keys = [next(self._keys) for _ in range(1 + len(forks))]
+                for each in (sequence, *forks):
+                    each.arrival, each.admitted = sequence.arrival, start
                 wants_rows = sequence.request.prompt_logprobs is not None
-                self.slots.start(key, sequence.request.prompt_ids, wants_rows)  # an encoder-decoder: its source
-                self._prefilling[key] = sequence
+                # an encoder-decoder's prompt is its source; each fork's slot is a copy of the prefilled one
+                self.slots.start(keys[0], sequence.request.prompt_ids, wants_rows, tuple(keys[1:]))
+                self._prefilling.update(zip(keys, (sequence, *forks)))
 
     def _prefill(self) -> None:
         """One round of prefill; every request whose prompt completed takes its first token."""

@@ -12,12 +12,23 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Protocol
 
 import numpy as np
 
 from ..tokenizer import Tokenizer
-from .domain import Delta, Final, FinishReason, GenerationRequest, SlowReader, Timings, TokenLogprob, Usage
+from .domain import (
+    Delta,
+    Final,
+    FinishReason,
+    GenerationRequest,
+    SlowReader,
+    Timings,
+    TokenLogprob,
+    Usage,
+    ends_request,
+)
 from .sampling import Sampler, prompt_logprobs
 from .slot_runner import ModelSpec
 from .streaming import TextStream
@@ -78,7 +89,7 @@ class Handle:
                 "reading its stream (--stream-buffer-events); the request is cancelled"
             )
         self.events.put_nowait(event)
-        if isinstance(event, (Final, Exception)):
+        if ends_request(event):
             self.finished = True
 
     def stuck(self) -> bool:
@@ -133,8 +144,16 @@ def check_budget(request: GenerationRequest, spec: ModelSpec) -> None:
         raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
 
 
+class Completions:
+    """The completions of one request still running (n of them at first)."""
+
+    def __init__(self, n: int):
+        self.remaining = n
+
+
 class Sequence:
-    """A request being decoded: its sampler, its generated ids, its pending token and its timings."""
+    """A request being decoded (one of its n completions): its sampler, its generated ids, its pending
+    token and its timings."""
 
     def __init__(
         self,
@@ -142,12 +161,18 @@ class Sequence:
         handle: Caller,
         tokenizer: Tokenizer,
         spec: ModelSpec,
+        index: int = 0,
+        completions: Completions | None = None,
     ):
         """The decoder's prompt (spec.decoder_prompt) counts against the context and for the
-        repetition penalty."""
-        self.request, self.handle = request, handle
+        repetition penalty. Completion `index` of a request samples with its seed + index."""
+        self.request, self.handle, self.index = request, handle, index
+        self.completions = completions or Completions(request.n)
         self.eos_id = tokenizer.eos_id
-        self.sampler = Sampler(request.sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
+        sampling = request.sampling
+        if index and sampling.seed is not None:
+            sampling = replace(sampling, seed=(sampling.seed + index) % 2**64)
+        self.sampler = Sampler(sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
         self.ends = frozenset({self.eos_id, *request.stop_token_ids})  # ids that end the request
         self.early_ban = tuple(sorted(self.ends))  # masked before min_new_tokens
         self.late_ban = (self.eos_id,) if request.ignore_eos else ()  # masked after
@@ -240,25 +265,40 @@ class Sequence:
         """The held tokens and their text as one Delta ([] if none are held)."""
         if not self.held_ids:
             return []
-        delta = Delta(tuple(self.held_ids), "".join(self.held_text), tuple(self.held_logprobs))
+        delta = Delta(tuple(self.held_ids), "".join(self.held_text), tuple(self.held_logprobs), self.index)
         self.held_ids, self.held_text, self.held_logprobs = [], [], []
         self.deltas += 1
         self.last_delta = now
         return [delta]
 
     def end(self, reason: FinishReason) -> list[Event]:
-        """End the request: whatever tokens were held, then the Final."""
+        """End this completion: whatever tokens were held, then its Final."""
         return [*self.take_held(time.perf_counter()), self.finish(reason)]
+
+    def end_whole(self, reason: FinishReason) -> list[Event]:
+        """End a request that never started (queued): one Final for all its completions."""
+        self.completions.remaining = 1
+        return self.end(reason)
+
+    def forks(self, tokenizer: Tokenizer, spec: ModelSpec) -> list[Sequence]:
+        """Completions 1 to n - 1 of this request, decoded from copies of its prefilled state."""
+        return [
+            Sequence(self.request, self.handle, tokenizer, spec, index, self.completions)
+            for index in range(1, self.request.n)
+        ]
 
     def finish(self, reason: FinishReason) -> Final:
         """The Final: the last text, usage and timings (end() hands on the held tokens before it)."""
         now = time.perf_counter()
         ms = lambda t: round(1000.0 * ((t if t is not None else now) - self.arrival), 3)
+        self.completions.remaining -= 1
         self.final = Final(
             reason,
             self.stream.finish(),
             Usage(len(self.request.prompt_ids), len(self.generated)),
             Timings(ms(self.admitted), ms(self.first_token), ms(now)),
             self.prompt_logprobs,
+            self.index,
+            self.completions.remaining,
         )
         return self.final

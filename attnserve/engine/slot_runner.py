@@ -57,7 +57,9 @@ class SlotRunner(Protocol):
     """Requests by key in a fixed number of slots: prompts in, rows of logits (V,) out.
 
     The engine calls it from one thread only. `start` reserves a slot (never more than
-    free_slots(); with `prompt_logits` its prompt's every position comes back too); `prefill` runs one
+    free_slots(), one for it and one per fork; with `prompt_logits` its prompt's every position comes back
+    too; once its prompt is prefilled, each fork key gets a copy of its state and its last-token logits:
+    n completions of one prompt, prefilled once); `prefill` runs one
     round of prompt work and returns the logits of the last token of every prompt it completed (a long
     prompt may take several rounds); `decode` feeds one
     token per decoding key and returns its next logits (given `sampled`, the keys that sample, the
@@ -67,7 +69,9 @@ class SlotRunner(Protocol):
     spec: ModelSpec
 
     def free_slots(self) -> int: ...
-    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None: ...
+    def start(
+        self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False, forks: tuple[int, ...] = ()
+    ) -> None: ...
     def prefill(self) -> Logits: ...
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits: ...
     def release(self, key: int) -> None: ...

@@ -143,8 +143,13 @@ class KVArena:
         self.lengths[slot] = length
 
     def move(self, src: int, dst: int) -> None:
+        """Slot `src`'s keys and values into slot `dst` (copy); src becomes empty."""
+        self.copy(src, dst)
+        self.lengths[src] = 0
+
+    def copy(self, src: int, dst: int) -> None:
         """Slot `src`'s keys and values into slot `dst`, its used positions only, one strided copy per
-        buffer (n_heads rows of the used bytes); src becomes empty."""
+        buffer (n_heads rows of the used bytes); src keeps them (n completions of one prefilled prompt)."""
         used = int(self.lengths[src]) * self.head_dim * self.itemsize  # bytes per head
         head = self.context * self.head_dim * self.itemsize
         if used:
@@ -152,7 +157,7 @@ class KVArena:
                 base = buffer.data_ptr()
                 to, start = base + dst * self.slot_bytes, base + src * self.slot_bytes
                 self.device.copy_rows(to, head, start, head, used, self.n_heads)
-        self.lengths[dst], self.lengths[src] = self.lengths[src], 0
+        self.lengths[dst] = self.lengths[src]
 
     def read(self, slot: int) -> list[np.ndarray]:
         """One slot's used positions, (H, n, D) float32 per buffer, on the host (the parity gate's view)."""

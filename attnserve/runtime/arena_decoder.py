@@ -220,6 +220,9 @@ class ArenaDecoder:
     def move(self, src: int, dst: int) -> None:
         self.arena.move(src, dst)
 
+    def copy(self, src: int, dst: int) -> None:
+        self.arena.copy(src, dst)
+
 
 class ArenaSeq2SeqDecoder(ArenaDecoder):
     """An encoder-decoder arena: a slot holds its self-attention cache and, written once at admission,
@@ -287,3 +290,7 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
     def move(self, src: int, dst: int) -> None:
         self.arena.move(src, dst)
         self.cross.move(src, dst)
+
+    def copy(self, src: int, dst: int) -> None:
+        self.arena.copy(src, dst)
+        self.cross.copy(src, dst)

@@ -34,6 +34,8 @@ class ArenaRunner:
         self.waiting: list[tuple[int, list[int]]] = []  # started, not yet prefilled
         self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, tokens done (top slot)
         self.prompt_rows: dict[int, list[np.ndarray]] = {}  # key started with prompt_logits -> its chunks' rows
+        self.forks: dict[int, list[int]] = {}  # key -> the keys its prefilled slot is copied to (n completions)
+        self.reserved = 0  # slots held for forks whose prompt is not prefilled yet
 
     @property
     def nbytes(self) -> int:
@@ -46,16 +48,22 @@ class ArenaRunner:
         return bool(self.waiting) or self.chunking is not None
 
     def free_slots(self) -> int:
-        return self.capacity - len(self.decoding) - len(self.waiting) - (self.chunking is not None)
+        return self.capacity - len(self.decoding) - len(self.waiting) - (self.chunking is not None) - self.reserved
 
-    def start(self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False) -> None:
-        """Reserve a slot for a request; its prompt is prefilled by the next prefill() calls (and with
-        `prompt_logits` every position's logits are kept for it)."""
-        if self.free_slots() < 1:
+    def start(
+        self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False, forks: tuple[int, ...] = ()
+    ) -> None:
+        """Reserve a slot for a request (and one per fork); its prompt is prefilled by the next prefill()
+        calls (with `prompt_logits` every position's logits are kept for it), then its slot is copied
+        into each fork's, which starts decoding from the same last-token logits."""
+        if self.free_slots() < 1 + len(forks):
             raise RuntimeError("no free slot")  # the engine admits only up to free_slots()
         self.waiting.append((key, list(prompt)))
         if prompt_logits:
             self.prompt_rows[key] = []
+        if forks:
+            self.forks[key] = list(forks)
+            self.reserved += len(forks)
 
     def prefill(self) -> Logits:
         """One round of prefill: the fresh short prompts together, then one chunk of a long one.
@@ -90,7 +98,20 @@ class ArenaRunner:
             self._keep_rows(item[0], row, len(item[1]))
             self.waiting.remove(item)
         self.decoding += [key for key, _ in batch]
-        return {key: row for (key, _), row in zip(batch, logits)}
+        done = {key: row for (key, _), row in zip(batch, logits)}
+        for row, (key, _) in enumerate(batch):
+            done.update(self._fork(key, first + row, logits[row]))
+        return done
+
+    def _fork(self, key: int, slot: int, logits: np.ndarray) -> dict[int, np.ndarray]:
+        """`key`'s prefilled slot copied into a slot of each of its forks, which join the block with the
+        same last-token logits (each picks its own first token)."""
+        forks = self.forks.pop(key, [])
+        for fork in forks:
+            self.decoder.copy(slot, len(self.decoding))
+            self.decoding.append(fork)
+        self.reserved -= len(forks)
+        return dict.fromkeys(forks, logits)
 
     def _prefill_chunk(self) -> dict[int, np.ndarray]:
         """The next chunk of the long prompt in the top slot; when it is complete, it joins the block."""
@@ -108,7 +129,7 @@ class ArenaRunner:
         if slot != top:
             self.decoder.move(top, slot)
         self.decoding.append(key)
-        return {key: logits}
+        return {key: logits, **self._fork(key, slot, logits)}
 
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
         """One token for every decoding request; their logits (B, V), a view valid until the next run.
@@ -124,6 +145,7 @@ class ArenaRunner:
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
         self.prompt_rows.pop(key, None)
+        self.reserved -= len(self.forks.pop(key, []))  # a request that leaves before its prompt is prefilled
         if key in self.decoding:
             slot, last = self.decoding.index(key), len(self.decoding) - 1
             if slot != last:
@@ -142,5 +164,7 @@ class ArenaRunner:
         """Forget every request (after a failed run); the arena's memory stays allocated."""
         self.decoding, self.waiting, self.chunking = [], [], None
         self.prompt_rows.clear()
+        self.forks.clear()
+        self.reserved = 0
         for slot in range(self.capacity):
             self.decoder.clear(slot)

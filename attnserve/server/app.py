@@ -155,6 +155,7 @@ class Server:
             max_token_bytes=max(self.tokenizer.byte_lengths()),
             bos_prepended=self.tokenizer.add_bos,
             stream_interval=StreamInterval(config.stream_interval_tokens, config.stream_interval_ms),
+            max_n=min(RequestLimits.max_n, self.max_batch),
         )
         self.metrics.describe_model(facts.name, facts.provider, m.dtype, m.quantization or "")
         self.metrics.kv_cache_bytes.set(self.kv_cache_bytes)

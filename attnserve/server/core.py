@@ -21,7 +21,7 @@ from typing import Any
 
 import zmq
 
-from ..engine.domain import Draining, Final, FinishReason, QueueFull
+from ..engine.domain import Draining, FinishReason, QueueFull, ends_request
 from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
 from ..engine.sequence import Event, Sequence
 from ..runtime.arena_runner import ArenaRunner
@@ -188,7 +188,7 @@ class CoreEngine(Engine):
             pending, self._pending = self._pending, []
         for item in pending:
             if isinstance(item, Sequence):
-                self._emit(item, item.end(FinishReason.CANCELLED))
+                self._emit(item, item.end_whole(FinishReason.CANCELLED))
             else:
                 self._outbox.append(item)
         super()._step()
@@ -208,7 +208,7 @@ class CoreEngine(Engine):
 
     def _key(self, caller: Any, event: Event) -> int:
         """The caller's key; a request whose last event this is leaves `callers`."""
-        if isinstance(event, (Final, Exception)):
+        if ends_request(event):
             caller.finished = True
             self.callers.pop(caller.key, None)
         return caller.key

@@ -69,6 +69,7 @@ class DeltaEvent(msgspec.Struct, tag=True, array_like=True):
     token_ids: tuple[int, ...]
     text: str
     logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] = ()  # TokenLogprob's fields
+    index: int = 0
 
 
 class FinalEvent(msgspec.Struct, tag=True, array_like=True):
@@ -80,6 +81,8 @@ class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     time_to_first_token_ms: float
     total_ms: float
     prompt_logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] = ()  # TokenLogprob's fields
+    index: int = 0
+    remaining: int = 0
 
 
 class ErrorEvent(msgspec.Struct, tag=True, array_like=True):
@@ -114,9 +117,9 @@ def domain_logprobs(wire: WireLogprobs) -> tuple[TokenLogprob, ...]:
 
 def to_wire(event: Delta | Final | Exception) -> WireEvent:
     if isinstance(event, Delta):
-        if not event.logprobs:
+        if not event.logprobs and not event.index:
             return DeltaEvent(event.token_ids, event.text)
-        return DeltaEvent(event.token_ids, event.text, wire_logprobs(event.logprobs))
+        return DeltaEvent(event.token_ids, event.text, wire_logprobs(event.logprobs), event.index)
     if isinstance(event, Final):
         usage, t = event.usage, event.timings
         return FinalEvent(
@@ -128,13 +131,15 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
             t.time_to_first_token_ms,
             t.total_ms,
             wire_logprobs(event.prompt_logprobs),
+            event.index,
+            event.remaining,
         )
     return ErrorEvent(type(event).__name__, str(event))
 
 
 def from_wire(event: WireEvent) -> Delta | Final | Exception:
     if isinstance(event, DeltaEvent):
-        return Delta(tuple(event.token_ids), event.text, domain_logprobs(event.logprobs))
+        return Delta(tuple(event.token_ids), event.text, domain_logprobs(event.logprobs), event.index)
     if isinstance(event, FinalEvent):
         return Final(
             FinishReason(event.reason),
@@ -142,6 +147,8 @@ def from_wire(event: WireEvent) -> Delta | Final | Exception:
             Usage(event.prompt_tokens, event.completion_tokens),
             Timings(event.queue_ms, event.time_to_first_token_ms, event.total_ms),
             domain_logprobs(event.prompt_logprobs),
+            event.index,
+            event.remaining,
         )
     refusal = REFUSALS.get(event.kind)
     return refusal(event.message) if refusal else RuntimeError(f"{event.kind}: {event.message}")

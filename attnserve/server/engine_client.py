@@ -32,7 +32,7 @@ from pathlib import Path
 
 import zmq
 
-from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest
+from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest, ends_request
 from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
@@ -247,7 +247,7 @@ class EngineClient:
             for step in steps:
                 for key, wire in step.events:
                     event = from_wire(wire)
-                    last = isinstance(event, (Final, Exception))
+                    last = ends_request(event)
                     if isinstance(event, Final):
                         finals.append(event)
                     handle = self.handles.pop(key, None) if last else self.handles.get(key)

@@ -45,7 +45,7 @@ from .oip_request import (
     renamed,
 )
 from .oip_tensors import raw_output
-from .servicer import completion, deadline_of, generation_events
+from .servicer import completions, deadline_of, generation_events
 from .stream_pacing import StreamPacer
 from .validation import RequestLimits, check_stream_interval, validate
 
@@ -189,7 +189,8 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         last: bool | None = None,
     ) -> oip.ModelInferResponse:
         """One response with the whole completion (the prompt first unless exclude_input_in_output)."""
-        text, token_ids, final, _ = await completion(self.engine, generation, context)
+        (whole,) = await completions(self.engine, generation, context)  # n is always 1 here
+        text, token_ids, final = whole.text, whole.token_ids, whole.end
         prompt = call.request.prompt if call.prepend_prompt else ""
         return self.response(request, call, prompt + text, final, len(generation.prompt_ids), len(token_ids), last)
 

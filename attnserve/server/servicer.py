@@ -10,13 +10,21 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
 
 from .. import __version__
-from ..engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest, TokenLogprob
+from ..engine.domain import (
+    DeadlineExceeded,
+    Delta,
+    Final,
+    FinishReason,
+    GenerationRequest,
+    TokenLogprob,
+    ends_request,
+)
 from ..engine.engine import EngineCalls
 from ..runtime.contract import Manifest
 from ..tokenizer import Tokenizer
@@ -41,11 +49,29 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         self.engine, self.limits, self.tokenizer, self.info = engine, limits, tokenizer, info
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        """The whole completion in one response."""
+        """The whole completion in one response (with n > 1: every completion in `completions`, the
+        first one's also in the top-level fields, and usage counting all of them)."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
-        text, token_ids, final, logprobs = await completion(self.engine, generation, context)
-        response = final_response(pb.GenerateResponse, generation.request_id, text, token_ids, final, self.tokenizer)
-        response.logprobs.extend(logprob_messages(logprobs, self.tokenizer))
+        done = await completions(self.engine, generation, context)
+        first = done[0]
+        response = final_response(
+            pb.GenerateResponse, generation.request_id, first.text, first.token_ids, first.end, self.tokenizer
+        )
+        response.logprobs.extend(logprob_messages(first.logprobs, self.tokenizer))
+        if generation.n > 1:
+            response.usage.completion_tokens = sum(c.end.usage.completion_tokens for c in done)
+            response.timings.total_ms = max(c.end.timings.total_ms for c in done)
+            response.completions.extend(
+                pb.Completion(
+                    index=index,
+                    text=c.text,
+                    token_ids=c.token_ids,
+                    finish_reason=FINISH_REASONS[c.end.reason],
+                    completion_tokens=c.end.usage.completion_tokens,
+                    logprobs=logprob_messages(c.logprobs, self.tokenizer),
+                )
+                for index, c in enumerate(done)
+            )
         return response
 
     async def GenerateStream(
@@ -58,26 +84,34 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         as the generation ends. The request id goes out at once in the initial metadata
         (x-request-id): the caller knows its request was accepted before the first token."""
         generation = validate(request, self.limits, self.tokenizer, deadline_of(context))
-        pacer = StreamPacer(check_stream_interval(request, self.limits))
-        generation = replace(generation, interval=pacer.interval)  # the engine holds deltas as the pacer would
+        interval = check_stream_interval(request, self.limits)
+        generation = replace(generation, interval=interval)  # the engine holds deltas as the pacer would
+        pacers = [StreamPacer(interval) for _ in range(generation.n)]  # one per completion
+        waits = lambda: min((w for w in (p.wait_s() for p in pacers) if w is not None), default=None)
         request_id = generation.request_id
         async with aclosing(
-            generation_events(self.engine, generation, context, announce=True, wait_s=pacer.wait_s)
+            generation_events(self.engine, generation, context, announce=True, wait_s=waits)
         ) as batches:
             async for events in batches:
-                send = pacer.step(events)
-                if send is None:
-                    continue
-                deltas, final = send
-                if deltas:
-                    yield pb.GenerateStreamResponse(
-                        request_id=request_id,
-                        text="".join(d.text for d in deltas),
-                        token_ids=[t for d in deltas for t in d.token_ids],
-                        logprobs=logprob_messages([p for d in deltas for p in d.logprobs], self.tokenizer),
-                    )
-                if final is not None:
-                    yield final_response(pb.GenerateStreamResponse, request_id, final.text, [], final, self.tokenizer)
+                for index, pacer in enumerate(pacers):
+                    send = pacer.step([e for e in events if e.index == index])
+                    if send is None:
+                        continue
+                    deltas, final = send
+                    if deltas:
+                        yield pb.GenerateStreamResponse(
+                            request_id=request_id,
+                            text="".join(d.text for d in deltas),
+                            token_ids=[t for d in deltas for t in d.token_ids],
+                            logprobs=logprob_messages([p for d in deltas for p in d.logprobs], self.tokenizer),
+                            index=index,
+                        )
+                    if final is not None:
+                        last = final_response(
+                            pb.GenerateStreamResponse, request_id, final.text, [], final, self.tokenizer
+                        )
+                        last.index = index
+                        yield last
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         """The model, its execution provider and the server's limits."""
@@ -112,29 +146,46 @@ async def generation_events(
                     )
                 events.append(event)
             yield events
-            if events and isinstance(events[-1], Final):
+            if events and ends_request(events[-1]):
                 return
     finally:
         engine.release(handle)
 
 
-async def completion(
+@dataclass
+class Completed:
+    """One completion of a request, whole: its text, token ids, the tokens' logprobs and its Final."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    final: Final | None = None
+
+    @property
+    def end(self) -> Final:
+        assert self.final is not None, "completions() returns completions that ended"
+        return self.final
+
+
+async def completions(
     engine: EngineCalls, generation: GenerationRequest, context: grpc.aio.ServicerContext
-) -> tuple[str, list[int], Final, list[TokenLogprob]]:
-    """The whole completion: its text, its token ids, the Final event and the tokens' logprobs (with
-    the request's; errors are raised). The engine hands the deltas on with the Final (interval None):
-    nobody reads them before."""
-    text: list[str] = []
-    deltas: list[Delta] = []
+) -> list[Completed]:
+    """Every completion of the request, whole, in index order (errors are raised). The engine hands the
+    deltas on with each Final (interval None): nobody reads them before."""
+    done = [Completed() for _ in range(generation.n)]
     generation = replace(generation, interval=None)
     async with aclosing(generation_events(engine, generation, context)) as batches:
         async for events in batches:
-            text += [event.text for event in events]
-            deltas += [event for event in events if isinstance(event, Delta)]
-            final = events[-1]
-    assert isinstance(final, Final), "the engine ends every request with a Final event"
-    logprobs = [p for delta in deltas for p in delta.logprobs]
-    return "".join(text), [t for delta in deltas for t in delta.token_ids], final, logprobs
+            for event in events:
+                one = done[event.index]
+                one.text += event.text
+                if isinstance(event, Delta):
+                    one.token_ids += event.token_ids
+                    one.logprobs += event.logprobs
+                else:
+                    one.final = event
+    assert all(one.final is not None for one in done), "the engine ends every completion with a Final event"
+    return done
 
 
 def logprob_messages(logprobs: list[TokenLogprob], tokenizer: Tokenizer) -> list[pb.TokenLogprob]:
@@ -224,6 +275,7 @@ def model_info(
             max_stop_token_ids=limits.max_stop_token_ids,
             max_logit_bias=limits.max_logit_bias,
             max_logprobs=limits.max_logprobs,
+            max_n=limits.max_n,
         ),
         tokenizer=pb.TokenizerInfo(
             kind=tokenizer.kind,

@@ -33,6 +33,7 @@ class RequestLimits:
     max_stop_token_ids: int = 16  # stop_token_ids per request
     max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's bound)
     max_logprobs: int = 20  # top alternatives per token (OpenAI's bound)
+    max_n: int = 16  # completions per request: 16, or the batch's slots if fewer
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -217,7 +218,15 @@ def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: flo
         priority=request.priority,
         logprobs=check_logprobs(request, "logprobs", limits),
         prompt_logprobs=check_logprobs(request, "prompt_logprobs", limits),
+        n=check_n(request, limits),
     )
+
+
+def check_n(request, limits: RequestLimits) -> int:
+    n = request.n if request.HasField("n") else 1
+    if not 1 <= n <= limits.max_n:
+        raise InvalidRequest("n", f"{n} is outside [1, {limits.max_n}] (16, or the server's --max-batch if fewer)")
+    return int(n)
 
 
 def check_logprobs(request, name: str, limits: RequestLimits) -> int | None:
