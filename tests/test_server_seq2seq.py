@@ -133,3 +133,21 @@ def test_sources_arriving_at_different_steps_through_fewer_slots_equal_pytorch(t
     finally:
         running.stop()
     assert [list(g) for g in got] == generate_seq2seq(seq2seq_model, [encode(s) for s in sources], 48, **SEQ2SEQ_IDS)
+
+
+def test_n_completions_logprobs_and_controls_on_an_encoder_decoder(stub, seq2seq_model):
+    """n copies the self-attention and the cross keys/values of the source's slot; logprobs come with
+    each token; a stop id ends a translation; prompt_logprobs (its source is not predicted) is refused."""
+    expected = generate_seq2seq(seq2seq_model, [encode("4021")], 20, **SEQ2SEQ_IDS)[0]
+    reply = stub.Generate(request("4021", max_new_tokens=20, n=3, logprobs=1), timeout=TIMEOUT)
+    assert [list(c.token_ids) for c in reply.completions] == [expected] * 3
+    assert [len(c.logprobs) for c in reply.completions] == [len(expected)] * 3
+    assert all(p.top[0].token_id == p.token_id for p in reply.logprobs)  # greedy: the token is the likeliest
+    stopped = stub.Generate(request("4021", max_new_tokens=20, stop_token_ids=[expected[2]]), timeout=TIMEOUT)
+    cut = expected.index(expected[2])
+    assert list(stopped.token_ids) == expected[:cut] and stopped.finish_reason == pb.FINISH_REASON_STOP
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Generate(request("4021", max_new_tokens=0, prompt_logprobs=1), timeout=TIMEOUT)
+    assert error.value.details() == (
+        "prompt_logprobs: an encoder-decoder's prompt is its source, which its decoder does not predict"
+    )
