@@ -8,10 +8,12 @@ encoder-decoder models run the same loop (an encoder-decoder's prompt is its sou
 starts from BOS).
 
 One engine thread owns the runner. At every step boundary it drops cancelled and expired
-requests, starts queued ones in the runner's free slots, runs one round of prefill (fresh
-prompts together, one chunk of a long one), runs one decode step for the whole batch, picks
-every greedy row's token with one argmax over the batch and every other row's with its own
-sampler, and hands the events to each caller's event loop
+requests, starts queued ones in the runner's free slots (highest priority first, then in arrival
+order; a request of n completions when n slots are free: its prompt is prefilled once and the
+runner copies the slot to the other n - 1), runs one round of prefill (fresh prompts together, one
+chunk of a long one), runs one decode step for the whole batch, picks every plain greedy row's
+token with one argmax over the batch and every other row's with its own sampler (penalties, bias,
+masked ids, logprobs), and hands the events to each caller's event loop
 with one call_soon_threadsafe per step. A request's deltas go on at its stream interval (its
 Sequence holds the tokens in between; a unary call's go with its end), so a paced stream wakes
 its caller, and crosses to the front end from the engine core's process, once per message, not

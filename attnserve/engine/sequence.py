@@ -1,4 +1,5 @@
-"""One request's life inside the engine (Sequence) and its asyncio-side mailbox (Handle).
+"""One request's life inside the engine (Sequence: one per completion, n of them sharing a
+Completions count) and its asyncio-side mailbox (Handle).
 
 The engine thread owns every Sequence: it takes the token picked from the request's row of
 logits (engine.pick_tokens), turns it into text, holds tokens and text until the request's stream
