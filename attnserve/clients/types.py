@@ -452,11 +452,11 @@ class StreamAccumulator:
     def _result(self) -> GenerationResult:
         """Completion 0's text and tokens; usage and timings of the request (None once cancelled)."""
         first = self.parts.get(0, _Completion(reason="cancelled"))
-        ended = [part for part in self.parts.values() if part.usage is not None and part.timings is not None]
+        ended = [(p.usage, p.timings) for p in self.parts.values() if p.usage is not None and p.timings is not None]
         usage, timings = None, None
         if first.usage is not None and first.timings is not None:
-            usage = Usage(first.usage.prompt_tokens, sum(p.usage.completion_tokens for p in ended if p.usage))
-            timings = replace(first.timings, total_ms=max(p.timings.total_ms for p in ended if p.timings))
+            usage = Usage(first.usage.prompt_tokens, sum(u.completion_tokens for u, _ in ended))
+            timings = replace(first.timings, total_ms=max(t.total_ms for _, t in ended))
         completions = tuple(
             CompletionResult(
                 index,

@@ -35,7 +35,6 @@ class ArenaRunner:
         self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, tokens done (top slot)
         self.prompt_rows: dict[int, list[np.ndarray]] = {}  # key started with prompt_logits -> its chunks' rows
         self.forks: dict[int, list[int]] = {}  # key -> the keys its prefilled slot is copied to (n completions)
-        self.reserved = 0  # slots held for forks whose prompt is not prefilled yet
 
     @property
     def nbytes(self) -> int:
@@ -48,7 +47,8 @@ class ArenaRunner:
         return bool(self.waiting) or self.chunking is not None
 
     def free_slots(self) -> int:
-        return self.capacity - len(self.decoding) - len(self.waiting) - (self.chunking is not None) - self.reserved
+        reserved = sum(map(len, self.forks.values()))  # slots held for forks whose prompt is not prefilled yet
+        return self.capacity - len(self.decoding) - len(self.waiting) - (self.chunking is not None) - reserved
 
     def start(
         self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False, forks: tuple[int, ...] = ()
@@ -63,7 +63,6 @@ class ArenaRunner:
             self.prompt_rows[key] = []
         if forks:
             self.forks[key] = list(forks)
-            self.reserved += len(forks)
 
     def prefill(self) -> Logits:
         """One round of prefill: the fresh short prompts together, then one chunk of a long one.
@@ -110,7 +109,6 @@ class ArenaRunner:
         for fork in forks:
             self.decoder.copy(slot, len(self.decoding))
             self.decoding.append(fork)
-        self.reserved -= len(forks)
         return dict.fromkeys(forks, logits)
 
     def _prefill_chunk(self) -> dict[int, np.ndarray]:
@@ -145,7 +143,7 @@ class ArenaRunner:
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
         self.prompt_rows.pop(key, None)
-        self.reserved -= len(self.forks.pop(key, []))  # a request that leaves before its prompt is prefilled
+        self.forks.pop(key, None)  # a request that leaves before its prompt is prefilled
         if key in self.decoding:
             slot, last = self.decoding.index(key), len(self.decoding) - 1
             if slot != last:
@@ -165,6 +163,5 @@ class ArenaRunner:
         self.decoding, self.waiting, self.chunking = [], [], None
         self.prompt_rows.clear()
         self.forks.clear()
-        self.reserved = 0
         for slot in range(self.capacity):
             self.decoder.clear(slot)

@@ -65,10 +65,13 @@ class Failed(msgspec.Struct, tag=True):
     message: str
 
 
+WireLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...]  # TokenLogprob's fields, each
+
+
 class DeltaEvent(msgspec.Struct, tag=True, array_like=True):
     token_ids: tuple[int, ...]
     text: str
-    logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] = ()  # TokenLogprob's fields
+    logprobs: WireLogprobs = ()
     index: int = 0
 
 
@@ -80,7 +83,7 @@ class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     queue_ms: float
     time_to_first_token_ms: float
     total_ms: float
-    prompt_logprobs: tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...] = ()  # TokenLogprob's fields
+    prompt_logprobs: WireLogprobs = ()
     index: int = 0
     remaining: int = 0
 
@@ -104,9 +107,6 @@ class Step(msgspec.Struct, tag=True):
 Outbound = Ready | Failed | Step
 
 
-WireLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...]
-
-
 def wire_logprobs(logprobs: tuple[TokenLogprob, ...]) -> WireLogprobs:
     return tuple((p.token_id, p.logprob, p.top) for p in logprobs)
 
@@ -117,8 +117,6 @@ def domain_logprobs(wire: WireLogprobs) -> tuple[TokenLogprob, ...]:
 
 def to_wire(event: Delta | Final | Exception) -> WireEvent:
     if isinstance(event, Delta):
-        if not event.logprobs and not event.index:
-            return DeltaEvent(event.token_ids, event.text)
         return DeltaEvent(event.token_ids, event.text, wire_logprobs(event.logprobs), event.index)
     if isinstance(event, Final):
         usage, t = event.usage, event.timings
