@@ -13,6 +13,7 @@ from fixtures_server import idle, request, start_server, wait_until
 
 from attnserve.inference import grpc_service_pb2 as oip
 from attnserve.inference import grpc_service_pb2_grpc as oip_grpc
+from attnserve.v1 import generation_pb2 as pb
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is a dev dependency")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -144,6 +145,24 @@ def test_the_controls_in_sampling_parameters_give_what_generate_gives(triton, st
     assert int(result.as_numpy("num_output_tokens")[0]) == expected.usage.completion_tokens
 
 
+def test_guided_json_and_guided_regex_give_what_structured_output_gives(triton, stub):
+    """vLLM's guided_json (an object, or its JSON text) and guided_regex: ModelInfer's text is Generate's
+    with the same structured_output, sampled with the same seed."""
+    client, model = triton
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "ok": {"type": "boolean"}}}
+    schema.update(required=["id", "ok"], additionalProperties=False)
+    for guided, structure in (
+        ({"guided_json": schema}, pb.StructuredOutput(json_schema=json.dumps(schema))),
+        ({"guided_json": json.dumps(schema)}, pb.StructuredOutput(json_schema=json.dumps(schema))),
+        ({"guided_regex": "[a-z]{2,6}!"}, pb.StructuredOutput(regex="[a-z]{2,6}!")),
+    ):
+        fields = dict(max_new_tokens=40, temperature=0.9, seed=11)
+        expected = stub.Generate(request("The server", structured_output=structure, **fields), timeout=TIMEOUT)
+        assert expected.finish_reason == pb.FINISH_REASON_STOP
+        result = client.infer(model, inputs("The server", max_tokens=40, temperature=0.9, seed=11, **guided))
+        assert text_of(result) == expected.text, guided
+
+
 def test_stream_infer_text_equals_the_unary_text_and_ends_with_the_final_flag(triton, server):
     client, model = triton
     server.pacer.lockstep = True  # a step at a time, so that the first delta goes before the end on any machine
@@ -195,6 +214,10 @@ BAD = [
     (inputs("x", stop_token_ids=[99999]), "sampling_parameters.stop_token_ids[0]: 99999 is outside [0, "),
     (inputs("x", min_tokens=-1), "sampling_parameters.min_tokens: -1 is not a non-negative integer"),
     (inputs("x", max_tokens=3, min_tokens=4), "sampling_parameters.min_tokens: 4 is more than max_new_tokens 3"),
+    (inputs("x", guided_json='{"type": 1}'), "sampling_parameters.guided_json: type must be a string"),
+    (inputs("x", guided_json=[1]), "sampling_parameters.guided_json: [1] is not a JSON schema"),
+    (inputs("x", guided_regex="(a"), "sampling_parameters.guided_regex: at 1(8): invalid regex"),
+    (inputs("x", guided_regex="a", guided_json={}), "sampling_parameters.guided_json: give guided_json or guided_"),
     ([bytes_input("text_input", b"\xff")], "text_input: not UTF-8"),
     (inputs("", max_tokens=3), "text_input: must not be empty"),
     (inputs("x", stream=True, exclude=False), "exclude_input_in_output: false is not allowed when streaming"),

@@ -237,6 +237,11 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--stop-token-ids", ["--stop-token-ids", "1,999"], "--stop-token-ids[1]: 999 is outside [0, 259)"),
         ("--logit-bias", ["--logit-bias", "7"], "--logit-bias takes comma-separated ID=BIAS pairs (e.g. 50=-100)"),
         ("--logit-bias", ["--logit-bias", "7=101"], "--logit-bias[7]: 101 is outside [-100, 100]"),
+        # braces doubled: the rows go through str.format
+        ("--json-schema", ["--json-schema", '{{"type": "nope"}}'], "--json-schema: Invalid type: nope"),
+        ("--json-schema", ["--json-schema", "@/no/such.json"], "--json-schema @/no/such.json: No such file"),
+        ("--json-schema", ["--json-schema", "{{}}", "--regex", "a"], "give --json-schema or --regex, not both"),
+        ("--regex", ["--regex", "[a-z"], "--regex: at 1(8): invalid regex"),
         ("--no-stream", ["--no-stream=yes"], "--no-stream"),
         ("--json", ["--json=yes"], "--json"),
         (

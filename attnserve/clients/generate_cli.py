@@ -39,7 +39,7 @@ SAMPLING = tuple(f.name for f in fields(GenerationParams) if "help" in f.metadat
 
 MAX_SEED = 2**64 - 1  # the protocol's seed is a uint64
 MAX_UINT32 = 2**32 - 1
-FIELD = re.compile(r"(\w+)(\[\d+\])?:")  # how the server's INVALID_ARGUMENT details begin
+FIELD = re.compile(r"(?:structured_output\.)?(\w+)(\[\d+\])?:")  # how the server's INVALID_ARGUMENT details begin
 FLAG_FIELDS = {*(f.name for f in fields(GenerationParams)), "stop", "request_id", "prompt_token_ids"}
 
 
@@ -82,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="ID=BIAS,...",
         help="comma-separated token id=bias pairs added to the logits, each bias in [-100, 100], e.g. 50=-100,7=2.5",
     )
+    p.add_argument(
+        "--json-schema",
+        default=None,
+        metavar="SCHEMA",
+        help="the output is one JSON value this JSON schema validates: its JSON text, or @FILE to read it",
+    )
     add_stream_interval_flags(p)
     p.add_argument("--request-id", default="", help="id echoed by the server and in its logs")
     p.add_argument("--no-stream", action="store_true", help="one unary Generate call instead of a stream")
@@ -116,6 +122,9 @@ def params_from_args(args: argparse.Namespace) -> GenerationParams:
         raise ValueError(f"--priority must be a 32-bit integer, got {args.priority}")
     given["stop_token_ids"] = parse_numbers(args.stop_token_ids, int, "--stop-token-ids")
     given["logit_bias"] = parse_bias(args.logit_bias)
+    given["json_schema"] = read_schema(args.json_schema)
+    if given["json_schema"] is not None and args.regex is not None:
+        raise ValueError("give --json-schema or --regex, not both")
     return GenerationParams(**{name: value for name, value in given.items() if value is not None})
 
 
@@ -129,6 +138,17 @@ def parse_bias(text: str | None) -> tuple[tuple[int, float], ...]:
         except ValueError:
             raise ValueError(f"--logit-bias takes comma-separated ID=BIAS pairs (e.g. 50=-100), not {text!r}") from None
     return tuple(pairs)
+
+
+def read_schema(text: str | None) -> str | None:
+    """--json-schema's text, or the file that @PATH names (the server checks the schema)."""
+    if text is None or not text.startswith("@"):
+        return text
+    try:
+        with open(text[1:], encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--json-schema {text}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def prompt_from_args(args: argparse.Namespace) -> Prompt:

@@ -8,6 +8,7 @@ Knows nothing about channels or retries.
 from __future__ import annotations
 
 import dataclasses
+import json
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -47,6 +48,8 @@ class ParamFields(TypedDict, total=False):
     logprobs: int | None
     prompt_logprobs: int | None
     n: int | None
+    json_schema: Mapping[str, Any] | str | None
+    regex: str | None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,13 @@ class GenerationParams:
             metavar="N",
         ),
     )
+    # Structured output, one of the two: the output is one JSON value this schema validates (a mapping,
+    # or its JSON text; --json-schema TEXT or @FILE), or it matches the regular expression.
+    json_schema: Mapping[str, Any] | str | None = None
+    regex: str | None = field(
+        default=None,
+        metadata=flag("the whole output matches this regular expression (Rust syntax)", unset="none", metavar="RE"),
+    )
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -132,6 +142,10 @@ class GenerationParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple(sorted((int(i), float(b)) for i, b in bias)))
+        if self.json_schema is not None and self.regex is not None:
+            raise ValueError("give json_schema or regex, not both")
+        if isinstance(self.json_schema, Mapping):  # its JSON text, so that the params stay hashable
+            object.__setattr__(self, "json_schema", json.dumps(self.json_schema))
 
     def replace(self, **overrides: Unpack[ParamFields]) -> GenerationParams:
         """A copy with some fields changed (keyword arguments of generate and stream)."""
@@ -145,6 +159,10 @@ class GenerationParams:
         request.stop.extend(self.stop)
         request.stop_token_ids.extend(self.stop_token_ids)
         request.logit_bias.update(dict(self.logit_bias))
+        if self.json_schema is not None:
+            request.structured_output.json_schema = str(self.json_schema)
+        if self.regex is not None:
+            request.structured_output.regex = self.regex
         for name in (
             "max_new_tokens",
             "min_new_tokens",

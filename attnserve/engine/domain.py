@@ -49,6 +49,14 @@ class StreamInterval:
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """A structured-output constraint, compiled and checked by the front end (engine/grammar.py)."""
+
+    kind: str  # what the request gave: "json_schema" or "regex"
+    text: str  # llguidance's grammar for it, which the engine's matcher runs
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """A validated request, ready for the engine."""
 
@@ -68,6 +76,7 @@ class GenerationRequest:
     logprobs: int | None = None  # each generated token's log-probability and this many top alternatives
     prompt_logprobs: int | None = None  # each prompt token's (after the first), and this many alternatives
     n: int = 1  # completions of the prompt, prefilled once; completion i samples with seed + i
+    grammar: Grammar | None = None  # structured output: every token the grammar does not allow is masked
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -81,6 +90,7 @@ class GenerationRequest:
             "logprobs": self.logprobs is not None,
             "prompt_logprobs": self.prompt_logprobs is not None,
             "n": self.n > 1,
+            "structured_output": self.grammar is not None,
         }
         return tuple(name for name, used in given.items() if used)
 

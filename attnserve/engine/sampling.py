@@ -1,4 +1,5 @@
-"""Per-request token selection in numpy: greedy, temperature, top-k, top-p, repetition penalty.
+"""Per-request token selection in numpy: greedy, temperature, top-k, top-p, repetition penalty, and the
+masks (banned ids, a grammar's allowed ids).
 
 Each request in a batch has its own Sampler and its own numpy Generator, so a seeded request
 gives the same tokens whatever else shares its batch. Greedy is np.argmax on the float32
@@ -88,28 +89,34 @@ class Sampler:
         the whole batch at once (`seen` then matters to nobody)."""
         return self.params.greedy and self.params.repetition_penalty == 1.0 and not self.params.logit_bias
 
-    def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = ()) -> int:
-        """The next token from this request's logits (V,), never one of `banned`; remembers it for the
-        penalty. The penalty, then the bias, then the ban, then greedy or temperature, top-k and top-p."""
-        return self.take(self.processed(logits, banned))
+    def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = (), allowed: np.ndarray | None = None) -> int:
+        """The next token from this request's logits (V,), never one of `banned`, and one of `allowed`
+        (a bool per id) if given; remembers it for the penalty. The penalty, then the bias, then the ban
+        and the grammar's mask, then greedy or temperature, top-k and top-p."""
+        return self.take(self.processed(logits, banned, allowed))
 
-    def with_logprobs(self, logits: np.ndarray, banned: tuple[int, ...], top: int) -> tuple[int, TokenLogprob]:
+    def with_logprobs(
+        self, logits: np.ndarray, banned: tuple[int, ...], top: int, allowed: np.ndarray | None = None
+    ) -> tuple[int, TokenLogprob]:
         """__call__'s token, and its log-probability under the processed distribution (after the penalty,
-        the bias, the ban and the temperature; before top-k and top-p, as vLLM's processed_logprobs), with
-        the `top` most likely ids."""
-        processed = self.processed(logits, banned)
+        the bias, the masks and the temperature; before top-k and top-p, as vLLM's processed_logprobs),
+        with the `top` most likely ids."""
+        processed = self.processed(logits, banned, allowed)
         token = self.take(processed)
         logprobs = log_softmax(processed)
         best = np.argsort(-logprobs, kind="stable")[:top]
         return token, TokenLogprob(token, float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best))
 
-    def processed(self, logits: np.ndarray, banned: tuple[int, ...]) -> np.ndarray:
-        """The row a token is picked from: the penalty, the bias and the ban, then (sampling) the temperature."""
+    def processed(self, logits: np.ndarray, banned: tuple[int, ...], allowed: np.ndarray | None = None) -> np.ndarray:
+        """The row a token is picked from: the penalty, the bias, the ban and the mask, then (sampling)
+        the temperature."""
         p = self.params
         if p.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, self.seen, p.repetition_penalty)
         if p.logit_bias or banned:
             logits = bias_and_ban(logits, p.logit_bias, banned)
+        if allowed is not None:
+            logits = np.where(allowed, logits, -np.inf)
         return logits if p.greedy else logits.astype(np.float64) / p.temperature
 
     def take(self, processed: np.ndarray) -> int:

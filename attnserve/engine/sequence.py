@@ -30,6 +30,7 @@ from .domain import (
     Usage,
     ends_request,
 )
+from .grammar import Matcher
 from .sampling import Sampler, prompt_logprobs
 from .slot_runner import ModelSpec
 from .streaming import TextStream
@@ -194,10 +195,12 @@ class Sequence:
         self.held_logprobs: list[TokenLogprob] = []  # with request.logprobs: one per held token
         self.picked: TokenLogprob | None = None  # the last picked token's, until advance takes it
         self.prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with request.prompt_logprobs, once prefilled
+        self.matcher = Matcher(request.grammar, tokenizer) if request.grammar else None  # structured output
         self.plain_greedy = self.picks_argmax()  # its token is its row's argmax: the engine's batch-wide pick
 
     def picks_argmax(self) -> bool:
-        return self.sampler.plain_greedy and not self.banned() and self.request.logprobs is None
+        plain = self.request.logprobs is None and self.matcher is None
+        return plain and self.sampler.plain_greedy and not self.banned()
 
     def take_prompt(self, rows: np.ndarray) -> None:
         """The prompt's logits (n, V), prefilled: its logprobs go out with the Final."""
@@ -209,11 +212,17 @@ class Sequence:
         return self.early_ban if len(self.generated) < self.request.min_new_tokens else self.late_ban
 
     def pick(self, logits: np.ndarray) -> int:
-        """The next token from this request's row of logits, by its sampler, its banned ids masked (and,
-        with request.logprobs, its log-probabilities kept for advance)."""
+        """The next token from this request's row of logits, by its sampler, its banned ids and the ids
+        its grammar does not allow masked (and, with request.logprobs, its log-probabilities kept for
+        advance)."""
+        banned, allowed = self.banned(), None
+        if self.matcher is not None:
+            allowed = self.matcher.allowed()
+            if banned and not allowed.sum() > allowed[list(banned)].sum():
+                banned = ()  # the grammar allows only what min_new_tokens or ignore_eos bans: the grammar wins
         if self.request.logprobs is None:
-            return self.sampler(logits, self.banned())
-        token, self.picked = self.sampler.with_logprobs(logits, self.banned(), self.request.logprobs)
+            return self.sampler(logits, banned, allowed)
+        token, self.picked = self.sampler.with_logprobs(logits, banned, self.request.logprobs, allowed)
         return token
 
     @property
@@ -237,6 +246,8 @@ class Sequence:
         look = len(self.generated) >= self.request.min_new_tokens  # stop strings count from there
         self.generated.append(token)
         self.next_token = token
+        if self.matcher is not None:
+            self.matcher.take(token)
         if self.request.min_new_tokens:  # the ban changes once min_new_tokens are generated
             self.plain_greedy = self.picks_argmax()
         self.held_ids.append(token)
@@ -246,7 +257,7 @@ class Sequence:
         text = self.stream.push(token, look)
         if text:
             self.held_text.append(text)
-        if self.stream.stopped:
+        if self.stream.stopped or (self.matcher is not None and self.matcher.complete):
             return self.end(FinishReason.STOP)
         if len(self.generated) >= self.budget:
             return self.end(FinishReason.LENGTH)

@@ -88,6 +88,21 @@ def as_bias(value: Any) -> dict[int, float]:
     return {as_int(int(key)): as_float(bias) for key, bias in value.items()}
 
 
+def as_schema(value: Any) -> str:
+    """vLLM's guided_json: a JSON schema as an object, or as its JSON text."""
+    if isinstance(value, dict):
+        return json.dumps(value)
+    if not isinstance(value, str):
+        raise ValueError
+    return value
+
+
+def as_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError
+    return value
+
+
 # vLLM's SamplingParams names (and attnserve's stream interval) -> (GenerateRequest field, parser, what it takes).
 SAMPLING_FIELDS: dict[str, tuple[str, Callable[[Any], Any], str]] = {
     "max_tokens": ("max_new_tokens", as_int, "an integer"),
@@ -104,6 +119,8 @@ SAMPLING_FIELDS: dict[str, tuple[str, Callable[[Any], Any], str]] = {
     "ignore_eos": ("ignore_eos", as_bool, "true or false"),
     "logit_bias": ("logit_bias", as_bias, 'an object of token id -> bias, e.g. {"50": -100}'),
     "priority": ("priority", as_int, "an integer (higher is admitted first)"),
+    "guided_json": ("structured_output.json_schema", as_schema, "a JSON schema (an object or its JSON text)"),
+    "guided_regex": ("structured_output.regex", as_str, "a string (a regular expression)"),
 }
 LIST_FIELDS = frozenset({"stop", "stop_token_ids"})  # GenerateRequest's repeated fields, filled by extend
 # Request parameters that Triton's clients send for Triton itself; they carry no sampling field (a
@@ -140,6 +157,10 @@ def read_call(request: oip.ModelInferRequest) -> InferCall:
                 getattr(generate, name).extend(value)
             elif name == "logit_bias":
                 generate.logit_bias.update(value)
+            elif name.startswith("structured_output."):
+                if generate.HasField("structured_output"):
+                    raise InvalidRequest(origins[name], "give guided_json or guided_regex, not both")
+                setattr(generate.structured_output, name.partition(".")[2], value)
             else:
                 setattr(generate, name, value)
         except (ValueError, TypeError):

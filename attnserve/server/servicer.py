@@ -276,6 +276,7 @@ def model_info(
             max_logit_bias=limits.max_logit_bias,
             max_logprobs=limits.max_logprobs,
             max_n=limits.max_n,
+            max_structure_bytes=limits.max_structure_bytes,
         ),
         tokenizer=pb.TokenizerInfo(
             kind=tokenizer.kind,

@@ -10,7 +10,15 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from ..engine.domain import MAX_STREAM_INTERVAL_MS, GenerationRequest, InvalidRequest, SamplingParams, StreamInterval
+from ..engine.domain import (
+    MAX_STREAM_INTERVAL_MS,
+    GenerationRequest,
+    Grammar,
+    InvalidRequest,
+    SamplingParams,
+    StreamInterval,
+)
+from ..engine.grammar import GrammarError, compile_grammar
 from ..tokenizer import Tokenizer
 
 
@@ -34,6 +42,7 @@ class RequestLimits:
     max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's bound)
     max_logprobs: int = 20  # top alternatives per token (OpenAI's bound)
     max_n: int = 16  # completions per request: 16, or the batch's slots if fewer
+    max_structure_bytes: int = 32768  # a structured_output schema or pattern
 
     @property
     def max_prompt_tokens(self) -> int:
@@ -219,7 +228,26 @@ def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: flo
         logprobs=check_logprobs(request, "logprobs", limits),
         prompt_logprobs=check_logprobs(request, "prompt_logprobs", limits),
         n=check_n(request, limits),
+        grammar=check_structure(request, limits, tokenizer),
     )
+
+
+def check_structure(request, limits: RequestLimits, tokenizer: Tokenizer) -> Grammar | None:
+    """structured_output's schema or pattern, bounded and compiled against the model's tokenizer."""
+    if not request.HasField("structured_output"):
+        return None
+    kind = request.structured_output.WhichOneof("kind")
+    name = f"structured_output.{kind}"
+    if kind is None:
+        raise InvalidRequest("structured_output", "set json_schema or regex")
+    source = getattr(request.structured_output, kind)
+    size = len(source.encode("utf-8"))
+    if not 1 <= size <= limits.max_structure_bytes:
+        raise InvalidRequest(name, f"{size} UTF-8 bytes, must be 1 to {limits.max_structure_bytes}")
+    try:
+        return compile_grammar(kind, source, tokenizer)
+    except GrammarError as e:
+        raise InvalidRequest(name, str(e)) from None
 
 
 def check_n(request, limits: RequestLimits) -> int:

@@ -21,7 +21,7 @@ FINISH_REASON_EOS: FinishReason
 FINISH_REASON_CANCELLED: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "request_id", "prompt_token_ids", "stream_interval_tokens", "stream_interval_ms", "stop_token_ids", "min_new_tokens", "ignore_eos", "logit_bias", "priority", "logprobs", "prompt_logprobs", "n")
+    __slots__ = ("prompt", "max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop", "request_id", "prompt_token_ids", "stream_interval_tokens", "stream_interval_ms", "stop_token_ids", "min_new_tokens", "ignore_eos", "logit_bias", "priority", "logprobs", "prompt_logprobs", "n", "structured_output")
     class LogitBiasEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class GenerateRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
+    STRUCTURED_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     prompt: str
     max_new_tokens: int
     temperature: float
@@ -69,7 +70,16 @@ class GenerateRequest(_message.Message):
     logprobs: int
     prompt_logprobs: int
     n: int
-    def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_new_tokens: _Optional[int] = ..., ignore_eos: bool = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., priority: _Optional[int] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., n: _Optional[int] = ...) -> None: ...
+    structured_output: StructuredOutput
+    def __init__(self, prompt: _Optional[str] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., seed: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., min_new_tokens: _Optional[int] = ..., ignore_eos: bool = ..., logit_bias: _Optional[_Mapping[int, float]] = ..., priority: _Optional[int] = ..., logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[int] = ..., n: _Optional[int] = ..., structured_output: _Optional[_Union[StructuredOutput, _Mapping]] = ...) -> None: ...
+
+class StructuredOutput(_message.Message):
+    __slots__ = ("json_schema", "regex")
+    JSON_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    REGEX_FIELD_NUMBER: _ClassVar[int]
+    json_schema: str
+    regex: str
+    def __init__(self, json_schema: _Optional[str] = ..., regex: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("index", "text", "token_ids", "finish_reason", "completion_tokens", "logprobs")
@@ -176,7 +186,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Limits(_message.Message):
-    __slots__ = ("max_new_tokens", "max_prompt_tokens", "max_batch_size", "max_queue_size", "max_stop_sequences", "max_stop_bytes", "stream_interval_tokens", "stream_interval_ms", "max_stop_token_ids", "max_logit_bias", "max_logprobs", "max_n")
+    __slots__ = ("max_new_tokens", "max_prompt_tokens", "max_batch_size", "max_queue_size", "max_stop_sequences", "max_stop_bytes", "stream_interval_tokens", "stream_interval_ms", "max_stop_token_ids", "max_logit_bias", "max_logprobs", "max_n", "max_structure_bytes")
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +199,7 @@ class Limits(_message.Message):
     MAX_LOGIT_BIAS_FIELD_NUMBER: _ClassVar[int]
     MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MAX_N_FIELD_NUMBER: _ClassVar[int]
+    MAX_STRUCTURE_BYTES_FIELD_NUMBER: _ClassVar[int]
     max_new_tokens: int
     max_prompt_tokens: int
     max_batch_size: int
@@ -201,7 +212,8 @@ class Limits(_message.Message):
     max_logit_bias: int
     max_logprobs: int
     max_n: int
-    def __init__(self, max_new_tokens: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_stop_bytes: _Optional[int] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_n: _Optional[int] = ...) -> None: ...
+    max_structure_bytes: int
+    def __init__(self, max_new_tokens: _Optional[int] = ..., max_prompt_tokens: _Optional[int] = ..., max_batch_size: _Optional[int] = ..., max_queue_size: _Optional[int] = ..., max_stop_sequences: _Optional[int] = ..., max_stop_bytes: _Optional[int] = ..., stream_interval_tokens: _Optional[int] = ..., stream_interval_ms: _Optional[int] = ..., max_stop_token_ids: _Optional[int] = ..., max_logit_bias: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_n: _Optional[int] = ..., max_structure_bytes: _Optional[int] = ...) -> None: ...
 
 class TokenizerInfo(_message.Message):
     __slots__ = ("kind", "bos_id", "eos_id", "pad_id", "vocab_size", "bos_prepended")
