@@ -148,32 +148,36 @@ def print_table(result: dict) -> None:
     print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, ModelRunner]:
+    """The flags of a benchmark of the engine's own cost (this one's and benchmarks/structured.py's), and
+    the model they name; p.error when the prompt and --new-tokens exceed its context."""
     p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
     p.add_argument("--concurrency", default="1,16", help="comma-separated streams decoded together")
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per request")
     p.add_argument("--repeats", type=int, default=5, help="rounds, sides alternating; medians reported")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (both sides)")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (every side)")
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
-    levels = [int(c) for c in args.concurrency.split(",")]
+    args.levels = [int(c) for c in args.concurrency.split(",")]
     model = ModelRunner(args.model, provider="cpu", threads=args.threads)
     if PROMPT_TOKENS + args.new_tokens > model.context_length:
         p.error(
             f"--new-tokens {args.new_tokens} + {PROMPT_TOKENS} prompt tokens exceed the context {model.context_length}"
         )
+    return args, model
+
+
+def settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What the result JSON records of the run's flags."""
+    keys = ("model", "new_tokens", "threads", "repeats")
+    return {"prompt_tokens": PROMPT_TOKENS, **{key: getattr(args, key) for key in keys}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, model = parse_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), argv)
     load_before = os.getloadavg()
-    rows = asyncio.run(measure(model, levels, args.new_tokens, args.repeats, args.threads))
-    result = {
-        "model": args.model,
-        "new_tokens": args.new_tokens,
-        "prompt_tokens": PROMPT_TOKENS,
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "rows": rows,
-        **load_averages(load_before),
-    }
+    rows = asyncio.run(measure(model, args.levels, args.new_tokens, args.repeats, args.threads))
+    result = {**settings(args), "rows": rows, **load_averages(load_before)}
     report(result, args.out, None, print_table, lambda *_: None)
     return 0
 

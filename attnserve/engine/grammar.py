@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import llguidance
@@ -114,7 +115,16 @@ class Matcher:
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token}: {one_line(self.matcher.get_error())}")
 
+    def ahead(self) -> Future[np.ndarray]:
+        """allowed(), computed by the mask thread while the engine thread runs the model."""
+        if not _MASKS:
+            _MASKS.append(ThreadPoolExecutor(1, thread_name_prefix="attnserve-masks"))
+        return _MASKS[0].submit(self.allowed)
+
     @property
     def complete(self) -> bool:
         """The output is whole and the grammar allows nothing more after it."""
         return self.matcher.is_stopped()
+
+
+_MASKS: list[ThreadPoolExecutor] = []  # the mask thread, started on first use

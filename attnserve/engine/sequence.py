@@ -196,6 +196,7 @@ class Sequence:
         self.picked: TokenLogprob | None = None  # the last picked token's, until advance takes it
         self.prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with request.prompt_logprobs, once prefilled
         self.matcher = Matcher(request.grammar, tokenizer) if request.grammar else None  # structured output
+        self.mask = self.matcher.ahead() if self.matcher else None  # the next token's, computed during the run
         self.plain_greedy = self.picks_argmax()  # its token is its row's argmax: the engine's batch-wide pick
 
     def picks_argmax(self) -> bool:
@@ -217,7 +218,7 @@ class Sequence:
         advance)."""
         banned, allowed = self.banned(), None
         if self.matcher is not None:
-            allowed = self.matcher.allowed()
+            allowed = self.mask.result() if self.mask is not None else self.matcher.allowed()
             if banned and not allowed.sum() > allowed[list(banned)].sum():
                 banned = ()  # the grammar allows only what min_new_tokens or ignore_eos bans: the grammar wins
         if self.request.logprobs is None:
@@ -248,6 +249,7 @@ class Sequence:
         self.next_token = token
         if self.matcher is not None:
             self.matcher.take(token)
+            self.mask = self.matcher.ahead()
         if self.request.min_new_tokens:  # the ban changes once min_new_tokens are generated
             self.plain_greedy = self.picks_argmax()
         self.held_ids.append(token)

@@ -43,3 +43,19 @@ def test_the_mixed_workload_is_served_by_both_sides(tiny_model_dir, tmp_path, ca
     for side in ("attnserve", "genai"):
         assert 0 < result[side]["latency_p50_ms"]["median"] <= result[side]["latency_p99_ms"]["median"], side
     assert result["throughput_attnserve_vs_genai"]["median"] > 0
+
+
+def test_the_structured_output_benchmark_constrains_the_rows_it_says(tiny_model_dir, tmp_path, capsys):
+    """benchmarks.structured in small: its grammar cannot end before --new-tokens, so every constrained
+    row runs every step; each constrained token was one its grammar allowed (the replay asserts it)."""
+    from benchmarks.structured import main as structured
+
+    out, plot = tmp_path / "structured.json", tmp_path / "structured.png"
+    argv = ["--model", str(tiny_model_dir), "--new-tokens", "16", "--repeats", "1", "--concurrency", "1,4"]
+    assert structured([*argv, "--out", str(out), "--plot", str(plot)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    one, four = result["rows"]
+    assert "one" not in one and one["all"]["tokens"] == [16] and four["all"]["tokens"] == [64]
+    assert 16 <= four["one"]["tokens"][0] <= 64 and four["one_vs_free"]["median"] > 0
+    assert one["mask_us"]["median"] > 0 and plot.stat().st_size > 0
