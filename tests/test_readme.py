@@ -134,8 +134,9 @@ def test_the_readmes_shell_examples_print_what_it_shows(server):
 
 @pytest.fixture(scope="module")
 def bpe_server(tiny_bpe_model_dir):
-    """A BPE model's server: the README's examples send token ids a byte model does not have."""
-    running = start_server(tiny_bpe_model_dir)
+    """A BPE model's server (and its OpenAI-compatible HTTP API): the README's examples send token ids a
+    byte model does not have."""
+    running = start_server(tiny_bpe_model_dir, http_port=0)
     yield running
     running.stop()
 
@@ -146,9 +147,10 @@ def python_examples() -> list[str]:
 
 @pytest.mark.parametrize("index", range(len(python_examples())))
 def test_the_readmes_python_examples_run(bpe_server, tiny_bpe_model_dir, index):
-    """Each Python example runs as written against a real server, its address (and, for tritonclient,
-    the model's name) replaced by the test server's."""
+    """Each Python example runs as written against a real server, its addresses (and, for tritonclient and
+    OpenAI's client, the model's name) replaced by the test server's."""
     code = python_examples()[index].replace("127.0.0.1:50051", bpe_server.target)
+    code = code.replace("127.0.0.1:8000", f"127.0.0.1:{bpe_server.server.http.port}")
     code = code.replace("127.0.0.2:50051", bpe_server.target).replace('"small"', repr(tiny_bpe_model_dir.name))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr

@@ -152,6 +152,12 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
             "--log-stats-interval must be 0 or more (0: off), got -1",
         ),
         ("--metrics-port", ["--metrics-port", "70000"], "--metrics-port must be 0 to 65535, got 70000"),
+        ("--http-port", ["--http-port", "70000"], "--http-port must be 0 to 65535, got 70000"),
+        (
+            "--http-port",
+            ["--port", "0", "--http-port", "{busy}"],
+            "--http-port {busy}: cannot listen on 127.0.0.1:{busy}",
+        ),
         ("--reflection", ["--reflection=yes"], "--reflection"),
         ("--tls-cert", ["--tls-cert", "{pem}"], "--tls-cert and --tls-key go together"),
         ("--tls-cert", ["--tls-cert", "/no/such.pem", "--tls-key", "{pem}"], "--tls-cert /no/such.pem: No such file"),

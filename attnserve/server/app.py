@@ -41,10 +41,12 @@ from .core import SlowSteps, StartupError, load_model, load_tokenizer
 from .engine_client import EngineClient
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE
+from .http_serving import HttpServer
 from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
 from .oip_servicer import SERVICE as OIP_SERVICE
 from .oip_servicer import InferenceServicer
+from .openai_http import HttpFacts, OpenAIFrontDoor
 from .request_bytes import DecodeInterceptor
 from .servicer import ModelFacts, TextGenerationServicer, model_info
 from .slow_readers import WriteWatch
@@ -184,6 +186,7 @@ class Server:
                 "TEST ONLY: every engine step sleeps %d ms ($%s)", config.test_step_delay_ms, TEST_STEP_DELAY_VARIABLE
             )
         self.grpc: grpc.aio.Server | None = None
+        self.http: HttpServer | None = None  # --http-port's OpenAI-compatible front door
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stopped = asyncio.Event()  # SIGTERM or SIGINT (serve() sets it), or the engine core died
         self.port = self.metrics_port = 0
@@ -245,7 +248,11 @@ class Server:
             enable_reflection(server)
         self.port = self._bind(server)
         self.boundary.refusal = STARTING
+        if self.config.http_port is not None:
+            self.http = self._http_server()
         await server.start()
+        if self.http is not None:
+            await self.http.start()
         self.engine.start()
         self.watchdog = asyncio.create_task(self.writes.run())
         if self.config.log_stats_interval:
@@ -288,6 +295,29 @@ class Server:
             raise StartupError(f"cannot listen on {address}: the port is in use or the address is not local")
         return port
 
+    def _http_server(self) -> HttpServer:
+        """The OpenAI-compatible front door on --http-port, bound now (its TLS and token are gRPC's)."""
+        config = self.config
+        facts = HttpFacts(
+            self.info.model_name,
+            self.info.context_length,
+            self.token,
+            lambda: self.boundary.refusal,
+            self.metrics.count_http,
+            self.metrics.track_in_flight,
+            int(time.time()),
+        )
+        door = OpenAIFrontDoor(self.engine, self.limits, self.tokenizer, facts)
+        tls = (config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert and config.tls_key else None
+        problem = listen_problem(config.host, config.http_port or 0, "--http-port")
+        if problem is not None:
+            raise StartupError(problem)
+        try:
+            return HttpServer(door.app, config.host, config.http_port or 0, tls, config.drain_timeout)
+        except OSError as e:
+            why = e.strerror or e
+            raise StartupError(f"--http-port {config.http_port}: cannot listen on {config.host}: {why}") from None
+
     async def warm_up(self) -> None:
         """One short greedy generation through the engine: the session really runs."""
         request = GenerationRequest(
@@ -318,12 +348,16 @@ class Server:
             self.engine.abort()
         if self.grpc is not None:
             await self.grpc.stop(grace=max(1.0, deadline - time.monotonic()))
+        if self.http is not None:
+            await self.http.stop()
         self.close()
 
     async def stop(self) -> None:
         """Stop now: in-flight calls are cancelled."""
         if self.grpc is not None:
             await self.grpc.stop(grace=None)
+        if self.http is not None:
+            await self.http.stop(graceful=False)
         self.close()
 
     def busy(self) -> bool:
@@ -371,6 +405,8 @@ def startup_problem(config: ServerConfig) -> str | None:
     problem = listen_problem(config.host, config.port)
     if problem is None and config.metrics_port:
         problem = listen_problem(config.host, config.metrics_port, "--metrics-port")
+    if problem is None and config.http_port:
+        problem = listen_problem(config.host, config.http_port, "--http-port")
     return problem
 
 
@@ -401,6 +437,9 @@ async def serve(config: ServerConfig) -> int:
     )
     if server.metrics_port:
         print(f"attnserve serve: metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
+    if server.http is not None:
+        scheme = "https" if config.tls_cert else "http"
+        print(f"attnserve serve: OpenAI-compatible API on {scheme}://{config.host}:{server.http.port}/v1", flush=True)
     await server.stopped.wait()
     if server.died is not None:
         await server.stop()

@@ -177,6 +177,14 @@ class ServerConfig:
     metrics_port: int | None = field(
         default=None, metadata=flag("serve Prometheus /metrics on this port; 0 picks a free one", unset="off")
     )
+    http_port: int | None = field(
+        default=None,
+        metadata=flag(
+            "also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/models, /health) on this port, "
+            "with the same TLS and token; 0 picks a free one",
+            unset="off",
+        ),
+    )
     reflection: bool = field(default=False, metadata=flag("enable gRPC server reflection, for grpcurl and friends"))
     tls_cert: str | None = field(
         default=None, metadata=flag("PEM certificate chain: TLS, with --tls-key", unset="plaintext")
@@ -238,6 +246,7 @@ class ServerConfig:
         ranges: list[tuple[str, bool, str]] = [
             ("port", 0 <= self.port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
+            ("http_port", self.http_port is None or 0 <= self.http_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("threads", self.threads >= 0, "0 or more (0: all cores but one)"),
             ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),

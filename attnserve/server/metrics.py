@@ -33,6 +33,12 @@ class Metrics(EngineObserver):
         self.requests = Counter(
             "attnserve_requests", "RPCs handled, by method and gRPC status code", ["method", "code"], registry=r
         )
+        self.http_requests = Counter(
+            "attnserve_http_requests",
+            "OpenAI-compatible HTTP requests handled, by route and HTTP status",
+            ["route", "status"],
+            registry=r,
+        )
         self.finished = Counter(
             "attnserve_generations_finished", "Generations that ended, by finish reason", ["reason"], registry=r
         )
@@ -71,7 +77,9 @@ class Metrics(EngineObserver):
         self.queue_depth = Gauge("attnserve_queue_depth", "Requests waiting for a batch slot", registry=r)
         self.batch_size = Gauge("attnserve_batch_size", "Requests in the running batch", registry=r)
         self.in_flight = Gauge(
-            "attnserve_requests_in_flight", "RPCs of attnserve.v1 and the inference protocol in progress", registry=r
+            "attnserve_requests_in_flight",
+            "Calls of attnserve.v1, the inference protocol and /v1/completions in progress",
+            registry=r,
         )
         self.kv_cache_bytes = Gauge(
             "attnserve_kv_cache_bytes", "Bytes of the preallocated key/value arena (0: concat cache)", registry=r
@@ -98,6 +106,9 @@ class Metrics(EngineObserver):
 
     def count_request(self, method: str, code: str) -> None:
         self.requests.labels(method=method, code=code).inc()
+
+    def count_http(self, route: str, status: int) -> None:
+        self.http_requests.labels(route=route, status=str(status)).inc()
 
     def track_in_flight(self, change: int) -> None:
         self.in_flight.inc(change)

@@ -151,6 +151,13 @@ def read_call(request: oip.ModelInferRequest) -> InferCall:
     fields, origins = sampling_fields(request, values.get(SAMPLING))
     generate = pb.GenerateRequest(prompt=values[TEXT_INPUT], request_id=request.id)
     origins.update(prompt=TEXT_INPUT, request_id="id")
+    fill(generate, fields, origins)
+    return InferCall(generate, stream, prepend, requested_outputs(request, values), origins)
+
+
+def fill(generate: pb.GenerateRequest, fields: dict[str, Any], origins: dict[str, str]) -> None:
+    """Set GenerateRequest fields (by name, as SAMPLING_FIELDS gives them) on `generate`; a value the
+    protobuf field cannot hold is InvalidRequest naming where it came from."""
     for name, value in fields.items():
         try:
             if name in LIST_FIELDS:
@@ -165,7 +172,6 @@ def read_call(request: oip.ModelInferRequest) -> InferCall:
                 setattr(generate, name, value)
         except (ValueError, TypeError):
             raise InvalidRequest(origins[name], f"{value!r} is out of range") from None
-    return InferCall(generate, stream, prepend, requested_outputs(request, values), origins)
 
 
 def sampling_fields(request: oip.ModelInferRequest, tensor_json: str | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -188,17 +194,27 @@ def sampling_fields(request: oip.ModelInferRequest, tensor_json: str | None) -> 
     for key, (value, where) in given.items():
         if key not in SAMPLING_FIELDS:
             raise InvalidRequest(where, f"unknown sampling field (known: {', '.join(SAMPLING_FIELDS)})")
-        name, parse, takes = SAMPLING_FIELDS[key]
-        try:
-            parsed_value = parse(value)
-        except (ValueError, TypeError, OverflowError):
-            raise InvalidRequest(where, f"{value!r} is not {takes}") from None
-        if key == "top_k" and parsed_value == -1:
-            parsed_value = 0  # vLLM's "all tokens"
-        if key in ("seed", "min_tokens") and parsed_value < 0:
-            raise InvalidRequest(where, f"{parsed_value} is not {takes}")
+        name, parsed_value = parse_field(SAMPLING_FIELDS, key, value, where)
         fields[name], origins[name] = parsed_value, where
     return fields, origins
+
+
+NON_NEGATIVE = frozenset({"seed", "min_tokens", "n", "logprobs", "prompt_logprobs"})
+
+
+def parse_field(known: dict[str, tuple[str, Callable[[Any], Any], str]], key: str, value: Any, where: str):
+    """(GenerateRequest field, value) of the sampling field `key` (one of `known`), or InvalidRequest
+    naming `where` it came from; vLLM's top_k -1 is all tokens, as 0 is here."""
+    name, parse, takes = known[key]
+    try:
+        parsed = parse(value)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidRequest(where, f"{value!r} is not {takes}") from None
+    if key == "top_k" and parsed == -1:
+        parsed = 0
+    if key in NON_NEGATIVE and parsed < 0:
+        raise InvalidRequest(where, f"{parsed} is not a non-negative integer")
+    return name, parsed
 
 
 def requested_outputs(request: oip.ModelInferRequest, values: dict[str, Any]) -> tuple[str, ...]:

@@ -92,26 +92,19 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         async with aclosing(
             generation_events(self.engine, generation, context, announce=True, wait_s=waits)
         ) as batches:
-            async for events in batches:
-                for index, pacer in enumerate(pacers):
-                    send = pacer.step([e for e in events if e.index == index])
-                    if send is None:
-                        continue
-                    deltas, final = send
-                    if deltas:
-                        yield pb.GenerateStreamResponse(
-                            request_id=request_id,
-                            text="".join(d.text for d in deltas),
-                            token_ids=[t for d in deltas for t in d.token_ids],
-                            logprobs=logprob_messages([p for d in deltas for p in d.logprobs], self.tokenizer),
-                            index=index,
-                        )
-                    if final is not None:
-                        last = final_response(
-                            pb.GenerateStreamResponse, request_id, final.text, [], final, self.tokenizer
-                        )
-                        last.index = index
-                        yield last
+            async for index, deltas, final in paced(batches, pacers):
+                if deltas:
+                    yield pb.GenerateStreamResponse(
+                        request_id=request_id,
+                        text="".join(d.text for d in deltas),
+                        token_ids=[t for d in deltas for t in d.token_ids],
+                        logprobs=logprob_messages([p for d in deltas for p in d.logprobs], self.tokenizer),
+                        index=index,
+                    )
+                if final is not None:
+                    last = final_response(pb.GenerateStreamResponse, request_id, final.text, [], final, self.tokenizer)
+                    last.index = index
+                    yield last
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         """The model, its execution provider and the server's limits."""
@@ -121,18 +114,19 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
 async def generation_events(
     engine: EngineCalls,
     generation: GenerationRequest,
-    context: grpc.aio.ServicerContext,
+    context: grpc.aio.ServicerContext | None,
     announce: bool = False,
     wait_s: Callable[[], float | None] = lambda: None,
 ) -> AsyncGenerator[list[Delta | Final], None]:
     """Submit, then yield the engine's events in batches until the Final one (errors are raised).
 
-    With `announce`, the request id goes out first in the initial metadata. An empty batch means
+    With `announce` (and a gRPC context), the request id goes out first in the initial metadata. An
+    empty batch means
     `wait_s()` seconds passed with no event (a paced stream's time bound). The request's slot is
     released however the caller stops (close the generator: `aclosing`)."""
     handle = engine.submit(generation)
     try:
-        if announce:
+        if announce and context is not None:
             await context.send_initial_metadata(((REQUEST_ID_HEADER, generation.request_id),))
         while True:
             events: list[Delta | Final] = []
@@ -152,6 +146,18 @@ async def generation_events(
         engine.release(handle)
 
 
+async def paced(
+    batches: AsyncIterator[list[Delta | Final]], pacers: list[StreamPacer]
+) -> AsyncIterator[tuple[int, list[Delta], Final | None]]:
+    """The messages a stream sends, from the engine's batches of events: (completion index, the deltas
+    due, its Final once it came), each completion paced by its own pacer."""
+    async for events in batches:
+        for index, pacer in enumerate(pacers):
+            send = pacer.step([e for e in events if e.index == index])
+            if send is not None:
+                yield (index, *send)
+
+
 @dataclass
 class Completed:
     """One completion of a request, whole: its text, token ids, the tokens' logprobs and its Final."""
@@ -168,7 +174,7 @@ class Completed:
 
 
 async def completions(
-    engine: EngineCalls, generation: GenerationRequest, context: grpc.aio.ServicerContext
+    engine: EngineCalls, generation: GenerationRequest, context: grpc.aio.ServicerContext | None
 ) -> list[Completed]:
     """Every completion of the request, whole, in index order (errors are raised). The engine hands the
     deltas on with each Final (interval None): nobody reads them before."""

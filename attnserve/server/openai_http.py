@@ -1,0 +1,319 @@
+"""The OpenAI-compatible HTTP front door: POST /v1/completions (unary, or server-sent events ending in
+`data: [DONE]`), GET /v1/models, GET /health, and POST /v1/chat/completions's answer that this model
+has no chat template. A Starlette app, served by uvicorn on the server's event loop (app.py).
+
+Same engine and semantics as attnserve.v1: each request becomes a GenerateRequest
+(openai_request.py) checked by `validation.validate` with the same limits and messages; errors take
+OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with the status OpenAI uses (400
+bad input, 401 without the bearer token, 404 an unknown model, 429 a full queue, 503 while starting
+or draining). A client that disconnects frees its slot at the next step. No gRPC here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..engine.domain import (
+    Delta,
+    Draining,
+    EngineUnavailable,
+    Final,
+    FinishReason,
+    InvalidRequest,
+    QueueFull,
+    ServeError,
+    TokenLogprob,
+    Unauthenticated,
+    UnknownModel,
+)
+from ..engine.engine import EngineCalls
+from ..tokenizer import Tokenizer
+from .oip_request import renamed
+from .openai_request import CompletionCall, read_completion
+from .servicer import completions, generation_events, paced
+from .stream_pacing import StreamPacer
+from .validation import RequestLimits, check_stream_interval, validate
+
+log = logging.getLogger("attnserve.server")
+
+T = TypeVar("T")
+MIN_LOGPROB = -9999.0  # JSON has no -inf: a masked id's logprob, as vLLM writes it
+# ServeError -> (HTTP status, OpenAI's error type, code)
+ERRORS: dict[type[ServeError], tuple[int, str, str | None]] = {
+    InvalidRequest: (400, "invalid_request_error", None),
+    Unauthenticated: (401, "invalid_request_error", "invalid_api_key"),
+    UnknownModel: (404, "invalid_request_error", "model_not_found"),
+    QueueFull: (429, "rate_limit_error", "queue_full"),
+    Draining: (503, "service_unavailable", "draining"),
+    EngineUnavailable: (503, "service_unavailable", "engine_unavailable"),
+}
+REASONS = {
+    FinishReason.LENGTH: "length",
+    FinishReason.STOP: "stop",
+    FinishReason.EOS: "stop",
+    FinishReason.CANCELLED: "abort",
+    FinishReason.DEADLINE: "abort",
+}
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer."""
+
+
+def error_body(error: ServeError) -> tuple[int, dict[str, Any]]:
+    status, kind, code = ERRORS.get(type(error), (500, "server_error", None))
+    param = error.field if isinstance(error, InvalidRequest) else ("model" if isinstance(error, UnknownModel) else None)
+    return status, {"error": {"message": str(error), "type": kind, "param": param, "code": code}}
+
+
+def error_response(error: ServeError) -> JSONResponse:
+    status, body = error_body(error)
+    return JSONResponse(body, status)
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def logprob(value: float) -> float:
+    return max(value, MIN_LOGPROB)
+
+
+@dataclass(frozen=True)
+class HttpFacts:
+    """What the front door tells and checks that is not a request's: the model's name and context, the
+    bearer token, and why calls are refused now (starting, draining; None: serving)."""
+
+    model_name: str
+    context_length: int
+    token: str | None
+    refusal: Callable[[], str | None]
+    count: Callable[[str, int], None]  # (route, HTTP status): the metrics
+    in_flight: Callable[[int], None]
+    started: int = 0  # Unix seconds, the models list's `created`
+
+
+class OpenAIFrontDoor:
+    """The routes over one engine; `app` is the ASGI application."""
+
+    def __init__(self, engine: EngineCalls, limits: RequestLimits, tokenizer: Tokenizer, facts: HttpFacts):
+        self.engine, self.limits, self.tokenizer, self.facts = engine, limits, tokenizer, facts
+        routes = [
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        self.app = Starlette(routes=routes)
+
+    # ---- routes ------------------------------------------------------------------------------
+    async def health(self, _request: Request) -> Response:
+        """200 while serving; 503 while starting or draining (a load balancer's readiness probe)."""
+        refusal = self.facts.refusal()
+        status = 503 if refusal else 200
+        self.facts.count("/health", status)
+        return JSONResponse({"status": "draining or starting" if refusal else "serving"}, status)
+
+    async def models(self, request: Request) -> Response:
+        return await self.answer("/v1/models", request, self.model_list)
+
+    async def chat(self, request: Request) -> Response:
+        async def refuse(_: Request) -> Response:
+            raise InvalidRequest(
+                "messages", "this model has no chat template (a plain language model): use /v1/completions"
+            )
+
+        return await self.answer("/v1/chat/completions", request, refuse)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.answer("/v1/completions", request, self.complete, counted=True)
+
+    # ---- the call's boundary -----------------------------------------------------------------
+    async def answer(
+        self, route: str, request: Request, handler: Callable[[Request], Awaitable[Response]], counted: bool = False
+    ) -> Response:
+        """Auth, the refusal while starting or draining, errors in OpenAI's shape, and the metrics."""
+        if counted:
+            self.facts.in_flight(+1)
+        try:
+            self.check_token(request)
+            refusal = self.facts.refusal()
+            if refusal:
+                raise Draining(refusal)
+            response = await handler(request)
+        except ServeError as e:
+            response = error_response(e)
+        except ClientGone:
+            response = Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+        except Exception:
+            request_id = uuid.uuid4().hex
+            log.exception("internal error in %s, request id %s", route, request_id)
+            body = {"message": f"internal error; request id {request_id}", "type": "server_error"}
+            response = JSONResponse({"error": {**body, "param": None, "code": None}}, 500)
+        finally:
+            if counted:
+                self.facts.in_flight(-1)
+        self.facts.count(route, response.status_code)
+        return response
+
+    def check_token(self, request: Request) -> None:
+        if self.facts.token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.facts.token}".encode()):
+            raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
+
+    async def model_list(self, _request: Request) -> Response:
+        model = {
+            "id": self.facts.model_name,
+            "object": "model",
+            "created": self.facts.started,
+            "owned_by": "attnserve",
+            "max_model_len": self.facts.context_length,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    # ---- /v1/completions ---------------------------------------------------------------------
+    async def complete(self, request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError as e:
+            raise InvalidRequest("body", f"not JSON: {e}") from None
+        call = read_completion(body)
+        if call.model != self.facts.model_name:
+            raise UnknownModel(f"the model `{call.model}` does not exist (this server serves {self.facts.model_name})")
+        try:
+            generation = validate(call.request, self.limits, self.tokenizer)
+            interval = check_stream_interval(call.request, self.limits)
+        except InvalidRequest as e:
+            raise renamed(e, call.origins) from None
+        answer = Answer(call, generation.request_id, self.facts.model_name, self.tokenizer)
+        if not call.stream:
+            done = await until_gone(request, completions(self.engine, generation, None))
+            return JSONResponse(answer.whole(done))
+        generation = replace(generation, interval=interval)
+        pacers = [StreamPacer(interval) for _ in range(generation.n)]
+        waits = lambda: min((w for w in (p.wait_s() for p in pacers) if w is not None), default=None)
+        events = generation_events(self.engine, generation, None, wait_s=waits)
+        try:  # the first events before the headers: a refusal (a full queue) is still an HTTP status
+            first = await until_gone(request, anext(events))
+        except BaseException:
+            await events.aclose()
+            raise
+        return StreamingResponse(answer.stream(first, events, pacers), media_type="text/event-stream")
+
+
+async def until_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ClientGone (and `work` cancelled) once the client disconnects."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientGone
+
+
+async def disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class Answer:
+    """The response to one completions call: whole, or as server-sent events."""
+
+    def __init__(self, call: CompletionCall, request_id: str, model: str, tokenizer: Tokenizer):
+        self.call, self.tokenizer = call, tokenizer
+        self.head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time())}
+        self.head["model"] = model
+        prompt = call.request
+        self.echo = (prompt.prompt or tokenizer.decode(list(prompt.prompt_token_ids))) if call.echo else ""
+        self.offsets = [len(self.echo)] * max(1, prompt.n)  # each completion's text so far (logprobs' text_offset)
+
+    def whole(self, done: list) -> dict[str, Any]:
+        choices = [self.choice(i, self.echo + c.text, c.logprobs, REASONS[c.end.reason]) for i, c in enumerate(done)]
+        prompt_tokens = done[0].end.usage.prompt_tokens
+        generated = sum(c.end.usage.completion_tokens for c in done)
+        return {**self.head, "choices": choices, "usage": usage(prompt_tokens, generated)}
+
+    def choice(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None) -> dict[str, Any]:
+        wanted = self.call.request.HasField("logprobs")
+        return {
+            "text": text,
+            "index": index,
+            "logprobs": self.logprobs(index, logprobs) if wanted else None,
+            "finish_reason": reason,
+        }
+
+    def logprobs(self, index: int, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+        """OpenAI's completions logprobs: each token's text, logprob, top alternatives and text offset."""
+        text = lambda token_id: self.tokenizer.decode([token_id])
+        tokens = [text(p.token_id) for p in logprobs]
+        offsets = []
+        for token in tokens:
+            offsets.append(self.offsets[index])
+            self.offsets[index] += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [logprob(p.logprob) for p in logprobs],
+            "top_logprobs": [{text(i): logprob(lp) for i, lp in p.top} for p in logprobs],
+            "text_offset": offsets,
+        }
+
+    async def stream(
+        self, first: list[Delta | Final], events: AsyncGenerator[list[Delta | Final], None], pacers: list[StreamPacer]
+    ) -> AsyncIterator[str]:
+        """Chunks as the engine's events come (paced as gRPC streams are), then usage if asked, then [DONE]."""
+        prompt_tokens = generated = 0
+        async with aclosing(events):
+            try:
+                for index in range(len(pacers) if self.echo else 0):
+                    yield sse({**self.head, "choices": [self.choice(index, self.echo, [], None)]})
+                async for index, deltas, final in paced(starting_with(first, events), pacers):
+                    if deltas:
+                        text = "".join(d.text for d in deltas)
+                        picked = [p for d in deltas for p in d.logprobs]
+                        yield sse({**self.head, "choices": [self.choice(index, text, picked, None)]})
+                    if final is not None:
+                        reason = REASONS[final.reason]
+                        yield sse({**self.head, "choices": [self.choice(index, final.text, [], reason)]})
+                        prompt_tokens = final.usage.prompt_tokens
+                        generated += final.usage.completion_tokens
+            except ServeError as e:  # after the headers: the error as the last event
+                yield sse(error_body(e)[1])
+            else:
+                if self.call.include_usage:
+                    yield sse({**self.head, "choices": [], "usage": usage(prompt_tokens, generated)})
+            yield sse("[DONE]")
+
+
+async def starting_with(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
+    yield first
+    async for item in rest:
+        yield item
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}

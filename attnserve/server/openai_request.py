@@ -1,0 +1,135 @@
+"""An OpenAI completions request (POST /v1/completions, its JSON body) as a GenerateRequest.
+
+OpenAI's fields: `model`, `prompt` (a text or token ids, or a list of one of them), `max_tokens`
+(default 16, as OpenAI's), `temperature` (default 1, as OpenAI's), `top_p`, `n`, `stop`, `seed`,
+`logprobs`, `logit_bias`, `stream`, `stream_options.include_usage`, `echo`, `user` (ignored); vLLM's
+extra sampling fields with the Open Inference Protocol's parsers (`top_k`, `repetition_penalty`,
+`min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`, `guided_json`, `guided_regex`,
+`prompt_logprobs`, attnserve's stream interval). What the model cannot do is refused, naming the
+field: several prompts, `suffix`, `best_of` other than n, presence and frequency penalties, echo with
+logprobs. The result goes through `validation.validate` like any other request, its errors renamed to
+the field the caller sent. No HTTP, no engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..engine.domain import InvalidRequest
+from ..v1 import generation_pb2 as pb
+from .oip_request import SAMPLING_FIELDS, as_bool, as_int, fill, parse_field
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's, when a request leaves max_tokens out
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's
+FIELDS = {
+    **SAMPLING_FIELDS,
+    "n": ("n", as_int, "an integer"),
+    "logprobs": ("logprobs", as_int, "an integer"),
+    "prompt_logprobs": ("prompt_logprobs", as_int, "an integer"),
+}
+OWN = frozenset({"model", "prompt", "stream", "stream_options", "echo", "user", "suffix", "best_of"})
+ZERO_ONLY = ("presence_penalty", "frequency_penalty")  # OpenAI's penalties: repetition_penalty is this model's
+
+
+@dataclass(frozen=True)
+class CompletionCall:
+    """What one completions request asks for."""
+
+    request: pb.GenerateRequest
+    model: str
+    stream: bool
+    include_usage: bool  # a last streamed chunk with the usage (stream_options.include_usage)
+    echo: bool  # the text starts with the prompt
+    origins: dict[str, str]  # GenerateRequest field -> the JSON field it came from
+
+
+def read_completion(body: Any) -> CompletionCall:
+    """The request as a GenerateRequest and how to answer it; InvalidRequest names the JSON field."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "required: the served model's name (GET /v1/models lists it)")
+    refuse_the_unsupported(body)
+    stream = flag(body, "stream")
+    echo = flag(body, "echo")
+    include_usage = stream_options(body, stream)
+    generate = pb.GenerateRequest()
+    origins = prompt_into(generate, body.get("prompt"))
+    fields = sampling(body, origins)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != fields.get("n", 1):
+        raise InvalidRequest("best_of", f"{best_of!r} is not supported (only best_of equal to n)")
+    if echo and "logprobs" in fields:
+        raise InvalidRequest("echo", "echo with logprobs is not supported (ask for prompt_logprobs)")
+    fill(generate, fields, origins)
+    return CompletionCall(generate, model, stream, include_usage, echo, origins)
+
+
+def refuse_the_unsupported(body: dict[str, Any]) -> None:
+    """InvalidRequest for an unknown field, a penalty OpenAI has and this model has not, or a suffix."""
+    unknown = [key for key in body if key not in FIELDS and key not in OWN and key not in ZERO_ONLY]
+    if unknown:
+        raise InvalidRequest(unknown[0], f"unknown field (known: {', '.join(sorted({*FIELDS, *OWN, *ZERO_ONLY}))})")
+    for key in ZERO_ONLY:
+        if body.get(key) not in (None, 0, 0.0):
+            raise InvalidRequest(key, f"{body[key]!r} is not supported (0 only; this server has repetition_penalty)")
+    if body.get("suffix") not in (None, ""):
+        raise InvalidRequest("suffix", "is not supported by this model")
+
+
+def sampling(body: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
+    """GenerateRequest fields from the sampling fields, OpenAI's defaults where left out (a JSON null:
+    the field's own default; max_tokens then as many as fit); `origins` learns where each came from."""
+    fields: dict[str, Any] = {"max_new_tokens": DEFAULT_MAX_TOKENS, "temperature": DEFAULT_TEMPERATURE}
+    origins.update(max_new_tokens="max_tokens", temperature="temperature")
+    for key, value in body.items():
+        if key not in FIELDS:
+            continue
+        if value is None:
+            fields.pop(FIELDS[key][0], None)
+            continue
+        name, parsed = parse_field(FIELDS, key, value, key)
+        fields[name], origins[name] = parsed, key
+    return fields
+
+
+def flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    try:
+        return as_bool(value)
+    except ValueError:
+        raise InvalidRequest(key, f"{value!r} is not true or false") from None
+
+
+def stream_options(body: dict[str, Any], stream: bool) -> bool:
+    """stream_options.include_usage (only with stream, as OpenAI says)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidRequest("stream_options", "only allowed with stream: true")
+    if not isinstance(options, dict) or set(options) - {"include_usage"}:
+        raise InvalidRequest("stream_options", f"{options!r} is not an object of include_usage")
+    return flag(options, "include_usage")
+
+
+def prompt_into(generate: pb.GenerateRequest, prompt: Any) -> dict[str, str]:
+    """The prompt as GenerateRequest's prompt or prompt_token_ids; origins naming `prompt` for both."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a list of one prompt
+    if isinstance(prompt, str):
+        generate.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        try:
+            generate.prompt_token_ids.extend(prompt)
+        except ValueError:
+            raise InvalidRequest("prompt", "a token id is out of range") from None
+    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        raise InvalidRequest("prompt", f"{len(prompt)} prompts: this server takes one prompt per request")
+    else:
+        raise InvalidRequest("prompt", "required: a text, a list of token ids, or a list of one of them")
+    return {"prompt": "prompt", "prompt_token_ids": "prompt"}

@@ -1,0 +1,319 @@
+"""The OpenAI-compatible HTTP front door (`serve --http-port`) on a real server over the tiny model,
+driven by OpenAI's own Python client: completions unary and streamed give what attnserve.v1's
+Generate gives (greedy and seeded, n, logprobs, stop, usage); bad input, auth, a full queue and a
+drain give OpenAI's error shapes and HTTP statuses; a client that breaks off a stream frees its slot."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import shutil
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx2 as httpx  # the HTTP library of the openai client pinned in [dev]
+import openai
+import pytest
+from fixtures_server import idle, request, start_server, wait_until
+
+from attnserve.v1 import generation_pb2 as pb
+
+PROMPT = "The list"
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def http_server(tiny_model_dir):
+    running = start_server(tiny_model_dir, http_port=0, metrics_port=0)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def live(http_server):
+    http_server.pacer.reset()
+    yield http_server
+    http_server.pacer.reset()
+    wait_until(lambda: idle(http_server.engine), what="the HTTP server to go idle")
+
+
+def base_url(running, scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{running.server.http.port}/v1"
+
+
+@pytest.fixture
+def client(live):
+    with openai.OpenAI(base_url=base_url(live), api_key="unused", max_retries=0, timeout=TIMEOUT) as c:
+        yield c
+
+
+def model(running) -> str:
+    return running.server.info.model_name
+
+
+def test_unary_completion_equals_generate(live, client):
+    expected = live.stub.Generate(request(PROMPT, max_new_tokens=24), timeout=TIMEOUT)
+    reply = client.completions.create(model=model(live), prompt=PROMPT, max_tokens=24, temperature=0)
+    assert reply.object == "text_completion" and reply.model == model(live) and reply.id.startswith("cmpl-")
+    (choice,) = reply.choices
+    assert choice.text == expected.text and choice.index == 0 and choice.logprobs is None
+    assert choice.finish_reason == ("length" if expected.finish_reason == pb.FINISH_REASON_LENGTH else "stop")
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (
+        expected.usage.prompt_tokens,
+        expected.usage.completion_tokens,
+    )
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_streamed_completion_equals_generate_and_ends_with_usage(live, client):
+    expected = live.stub.Generate(request(PROMPT, max_new_tokens=30), timeout=TIMEOUT)
+    live.pacer.lockstep = True  # each step's token is read before the next step: a chunk per token
+    chunks = list(
+        client.completions.create(
+            model=model(live),
+            prompt=PROMPT,
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    *text_chunks, last = chunks
+    assert "".join(c.choices[0].text for c in text_chunks) == expected.text
+    assert [c.choices[0].finish_reason for c in text_chunks][-1] in ("length", "stop")
+    assert all(c.choices[0].finish_reason is None for c in text_chunks[:-1])
+    assert last.choices == [] and last.usage.completion_tokens == expected.usage.completion_tokens
+    assert len(text_chunks) >= expected.usage.completion_tokens  # streamed as decoded, not in one piece
+
+
+def test_the_raw_event_stream_ends_with_done(live):
+    body = {"model": model(live), "prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{base_url(live)}/completions", json=body, timeout=TIMEOUT) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in events)
+
+
+def test_token_ids_seeded_sampling_n_stop_and_echo_equal_generate(live, client):
+    ids = list(live.stub.Generate(request(PROMPT, max_new_tokens=3), timeout=TIMEOUT).token_ids)
+    by_ids = live.stub.Generate(pb.GenerateRequest(prompt_token_ids=ids, max_new_tokens=12), timeout=TIMEOUT)
+    reply = client.completions.create(model=model(live), prompt=ids, max_tokens=12, temperature=0)
+    assert reply.choices[0].text == by_ids.text
+    sampled = live.stub.Generate(request(PROMPT, max_new_tokens=16, temperature=0.9, seed=5, n=3), timeout=TIMEOUT)
+    reply = client.completions.create(model=model(live), prompt=PROMPT, max_tokens=16, temperature=0.9, seed=5, n=3)
+    assert [c.text for c in reply.choices] == [c.text for c in sampled.completions]
+    assert [c.index for c in reply.choices] == [
+        0,
+        1,
+        2,
+    ] and reply.usage.completion_tokens == sampled.usage.completion_tokens
+    stop = sampled.completions[0].text[3:5]
+    stopped = live.stub.Generate(request(PROMPT, max_new_tokens=16, temperature=0.9, seed=5, stop=[stop]))
+    reply = client.completions.create(
+        model=model(live), prompt=PROMPT, max_tokens=16, temperature=0.9, seed=5, stop=stop
+    )
+    assert reply.choices[0].text == stopped.text and reply.choices[0].finish_reason == "stop"
+    echoed = client.completions.create(model=model(live), prompt=PROMPT, max_tokens=8, temperature=0, echo=True)
+    assert echoed.choices[0].text == PROMPT + live.stub.Generate(request(PROMPT, max_new_tokens=8)).text
+
+
+def test_logprobs_are_generates_with_their_tokens_and_offsets(live, client):
+    expected = live.stub.Generate(request(PROMPT, max_new_tokens=6, logprobs=2), timeout=TIMEOUT)
+    reply = client.completions.create(model=model(live), prompt=PROMPT, max_tokens=6, temperature=0, logprobs=2)
+    logprobs = reply.choices[0].logprobs
+    assert logprobs.tokens == [p.text for p in expected.logprobs]
+    assert logprobs.token_logprobs == pytest.approx([p.logprob for p in expected.logprobs], abs=1e-5)
+    assert [list(top) for top in logprobs.top_logprobs] == [[t.text for t in p.top] for p in expected.logprobs]
+    offsets = [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    assert logprobs.text_offset == offsets
+
+
+def test_vllms_extra_fields_go_through_extra_body(live, client):
+    reply = client.completions.create(
+        model=model(live),
+        prompt=PROMPT,
+        max_tokens=20,
+        temperature=0,
+        extra_body={"guided_regex": "[a-z]{3}-[0-9]{2}", "top_k": 5, "min_tokens": 1},
+    )
+    assert len(reply.choices[0].text) == 6 and reply.choices[0].text[3] == "-"
+    assert reply.choices[0].finish_reason == "stop"
+
+
+BAD = [
+    ({"top_p": 2}, "top_p", "top_p: 2 is outside (0, 1]"),
+    ({"max_tokens": 500}, "max_tokens", "max_tokens: 500 is outside [1, 127]"),
+    ({"n": 99}, "n", "n: 99 is outside [1, 8]"),
+    ({"logprobs": 21}, "logprobs", "logprobs: 21 is outside [0, 20]"),
+    ({"prompt": ["a", "b"]}, "prompt", "prompt: 2 prompts: this server takes one prompt per request"),
+    ({"prompt": [1, 999]}, "prompt[1]", "prompt[1]: 999 is outside [0, 259)"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "presence_penalty: 0.5 is not supported"),
+    ({"echo": True, "logprobs": 1}, "echo", "echo: echo with logprobs is not supported"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream_options: only allowed with stream"),
+    ({"extra_body": {"guided_json": '{"type": 7}'}}, "guided_json", "guided_json: type must be a string"),
+    ({"extra_body": {"best_of": 3}}, "best_of", "best_of: 3 is not supported"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate", "frobnicate: unknown field"),
+]
+
+
+@pytest.mark.parametrize("fields, param, message", BAD, ids=[param for _, param, _ in BAD])
+def test_bad_input_is_400_in_openais_shape_naming_the_field(live, client, fields, param, message):
+    fields = {"prompt": PROMPT, "max_tokens": 4, **fields}
+    with pytest.raises(openai.BadRequestError) as error:
+        client.completions.create(model=model(live), **fields)
+    assert error.value.status_code == 400
+    body = error.value.body
+    assert body["param"] == param and body["message"].startswith(message) and body["type"] == "invalid_request_error"
+
+
+def test_an_unknown_model_is_404_and_chat_says_there_is_no_template(live, client):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=2)
+    assert error.value.body["code"] == "model_not_found" and error.value.body["param"] == "model"
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model=model(live), messages=[{"role": "user", "content": "hi"}])
+    assert "no chat template" in error.value.body["message"]
+    models = client.models.list()
+    assert [m.id for m in models.data] == [model(live)]
+
+
+def test_health_and_the_metrics_count_each_route_by_status(live, client):
+    assert httpx.get(f"http://127.0.0.1:{live.server.http.port}/health").status_code == 200
+    registry = live.server.metrics.registry
+    count = lambda status: (
+        registry.get_sample_value("attnserve_http_requests_total", {"route": "/v1/completions", "status": status}) or 0
+    )
+    ok, bad = count("200"), count("400")
+    client.completions.create(model=model(live), prompt=PROMPT, max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=model(live), prompt=PROMPT, max_tokens=2, top_p=3)
+    assert (count("200") - ok, count("400") - bad) == (1, 1)
+
+
+def cancelled(running) -> float:
+    """Generations the server ended as cancelled (a client went away), not by length or EOS."""
+    registry = running.server.metrics.registry
+    return registry.get_sample_value("attnserve_generations_finished_total", {"reason": "cancelled"}) or 0
+
+
+def test_a_client_that_breaks_off_a_stream_frees_its_slot(live):
+    live.pacer.delay = 0.02  # the stream runs long enough to be broken off
+    body = {"model": model(live), "prompt": PROMPT, "max_tokens": 100, "stream": True}
+    before = cancelled(live)
+    with httpx.stream("POST", f"{base_url(live)}/completions", json=body, timeout=TIMEOUT) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line).startswith("data: ")
+        assert live.engine.stats()["active"] == 1
+    wait_until(lambda: idle(live.engine), what="the broken-off stream's slot to be freed")
+    assert cancelled(live) == before + 1
+
+
+def test_a_unary_client_that_disconnects_frees_its_slot(live):
+    live.pacer.delay = 0.02
+    body = {"model": model(live), "prompt": PROMPT, "max_tokens": 100}
+    before = cancelled(live)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base_url(live)}/completions", json=body, timeout=0.3)
+    wait_until(lambda: idle(live.engine), what="the disconnected request's slot to be freed")
+    assert cancelled(live) == before + 1  # ended by the disconnect, not by its length
+
+
+def test_the_bearer_token_is_required_except_for_health(tiny_model_dir, tmp_path):
+    (tmp_path / "token").write_text("s3cret\n")
+    running = start_server(tiny_model_dir, http_port=0, auth_token_file=str(tmp_path / "token"))
+    try:
+        url = base_url(running)
+        with openai.OpenAI(base_url=url, api_key="wrong", max_retries=0) as wrong:
+            with pytest.raises(openai.AuthenticationError) as error:
+                wrong.completions.create(model=model(running), prompt=PROMPT, max_tokens=2)
+            assert error.value.status_code == 401 and error.value.body["code"] == "invalid_api_key"
+        with openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0) as right:
+            assert right.completions.create(model=model(running), prompt=PROMPT, max_tokens=2).choices[0].text
+        assert httpx.get(f"http://127.0.0.1:{running.server.http.port}/health").status_code == 200
+    finally:
+        running.stop()
+
+
+def test_a_full_queue_is_429_and_a_drain_503_while_the_stream_in_flight_finishes(tiny_model_dir):
+    running = start_server(tiny_model_dir, http_port=0, max_batch=1, max_queue=1, drain_timeout=10.0)
+    running.pacer.hold(when=lambda: running.engine.stats()["active"] == 1)
+    try:
+        with openai.OpenAI(base_url=base_url(running), api_key="x", max_retries=0, timeout=TIMEOUT) as client:
+            name = model(running)
+            stream = client.completions.create(model=name, prompt=PROMPT, max_tokens=30, temperature=0, stream=True)
+            first = next(iter(stream))
+            wait_until(running.pacer.held.is_set, what="the stream to hold the engine")
+            queued = threading.Thread(target=lambda: client.completions.create(model=name, prompt="q", max_tokens=2))
+            queued.start()
+            wait_until(lambda: running.engine.stats()["queued"] == 1, what="a request to fill the queue")
+            with pytest.raises(openai.RateLimitError) as error:
+                client.completions.create(model=name, prompt=PROMPT, max_tokens=2)
+            assert error.value.status_code == 429 and "--max-queue" in error.value.body["message"]
+            drained = asyncio.run_coroutine_threadsafe(running.server.drain(), running.loop)
+            health = f"http://127.0.0.1:{running.server.http.port}/health"
+            wait_until(lambda: httpx.get(health).status_code == 503, what="/health to say 503")
+            with pytest.raises(openai.InternalServerError) as error:
+                client.completions.create(model=name, prompt=PROMPT, max_tokens=2)
+            assert error.value.status_code == 503 and error.value.body["code"] == "draining"
+            running.pacer.release()
+            rest = list(stream)
+            queued.join(TIMEOUT)
+            drained.result(TIMEOUT)
+    finally:
+        running.stop()
+    text = first.choices[0].text + "".join(c.choices[0].text for c in rest)
+    assert rest[-1].choices[0].finish_reason in ("length", "stop") and text
+
+
+def test_tls_serves_https_with_the_servers_certificate(tiny_model_dir, pki):
+    folder, _ = pki
+    running = start_server(
+        tiny_model_dir, http_port=0, tls_cert=str(folder / "server.crt"), tls_key=str(folder / "server.key")
+    )
+    try:
+        trusting = ssl.create_default_context(cafile=str(folder / "ca"))
+        with (
+            httpx.Client(verify=trusting) as http,
+            openai.OpenAI(base_url=base_url(running, "https"), api_key="x", max_retries=0, http_client=http) as client,
+        ):
+            assert client.completions.create(model=model(running), prompt=PROMPT, max_tokens=3).choices[0].text
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"https://127.0.0.1:{running.server.http.port}/health")  # a client that does not trust the CA
+    finally:
+        running.stop()
+
+
+def readme_curls() -> list[list[str]]:
+    """The README's `$ curl ...` lines, as argument lists."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    return [shlex.split(line.removeprefix("    $ ")) for line in readme.splitlines() if line.startswith("    $ curl ")]
+
+
+def test_the_readmes_curl_examples_answer_as_shown(live):
+    """Each curl line of the README, its port and model name the test server's: JSON (or events) of the
+    shape the README shows (the tiny model's text differs from the README's model's)."""
+    if shutil.which("curl") is None:
+        pytest.skip("needs curl, which the README's examples run")
+    examples = readme_curls()
+    assert len(examples) >= 6
+    port, name = str(live.server.http.port), model(live)
+    for argv in examples:
+        argv = [
+            a.replace("127.0.0.1:8000", f"127.0.0.1:{port}").replace('"model": "small"', f'"model": "{name}"')
+            for a in argv
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        assert done.returncode == 0, (argv, done.stderr)
+        out = done.stdout.strip()
+        if out.startswith("data: "):
+            events = [line.removeprefix("data: ") for line in out.splitlines() if line]
+            assert events[-1] == "[DONE]" and all(json.loads(e)["object"] == "text_completion" for e in events[:-1])
+        elif out.isdigit():
+            assert out == "200"
+        else:
+            body = json.loads(out)
+            assert "error" in body or body["object"] in ("text_completion", "list"), body
+            assert "error" not in body or body["error"]["param"] == "top_p", body
