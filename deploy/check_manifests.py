@@ -274,7 +274,7 @@ def check_deployment(docs: list[dict]) -> tuple[ServerConfig | None, Failures]:
         failures.append(f"Deployment selector {deployment['spec']['selector']} does not select its pods {labels}")
     if config is None:
         return None, failures
-    failures += check_ports(container, {"grpc": config.port, "metrics": config.metrics_port})
+    failures += check_ports(container, {"grpc": config.port, "metrics": config.metrics_port, "http": config.http_port})
     failures += check_lifecycle(pod, container, config)
     scraped = template["metadata"].get("annotations", {}).get("prometheus.io/port")
     if scraped not in (None, str(config.metrics_port)):
@@ -294,9 +294,11 @@ def check_around(docs: list[dict], config: ServerConfig) -> Failures:
     ]:
         if not selects(selector, labels):
             failures.append(f"{kind} selector {selector} does not select the pods {labels}")
+    served = {"grpc": ("--port", config.port), "http": ("--http-port", config.http_port)}
     for port in service["spec"]["ports"]:
-        if port["port"] != config.port or port.get("targetPort") not in ("grpc", config.port):
-            failures.append(f"Service port {port}: clients of a headless Service dial the pods' --port {config.port}")
+        flag, number = served.get(port.get("name"), ("--port", config.port))
+        if number is None or port["port"] != number or port.get("targetPort") not in (port.get("name"), number):
+            failures.append(f"Service port {port}: clients of a headless Service dial the pods' {flag} {number}")
     hpa = one(docs, "HorizontalPodAutoscaler")["spec"]
     if hpa["scaleTargetRef"] != {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment["metadata"]["name"]}:
         failures.append(f"HPA scaleTargetRef {hpa['scaleTargetRef']} is not the Deployment")

@@ -176,6 +176,8 @@ arena over the limit:  [base, Deployment, add, $args/-, --kv-cache-memory=4Gi, d
 token not mounted:     [base, Deployment, add, $args/-, --auth-token-file=/etc/t, --auth-token-file /etc/t is in no]
 mTLS, probe has none:  [base+tls, Deployment, add, $args/-, --tls-client-ca=/etc/attnserve/tls/ca.crt, wants client]
 port mismatch:         [base, Deployment, replace, $c/ports/0/containerPort, 50052, containerPorts]
+HTTP port mismatch:    [base, Deployment, replace, $c/ports/2/containerPort, 8001, containerPorts]
+Service HTTP elsewhere: [base, Service, replace, /spec/ports/1/port, 8080, "pods' --http-port 8000"]
 probe, metrics port:   [base, Deployment, replace, $c/readinessProbe/grpc/port, 9100, readinessProbe probes port 9100]
 probe, no such health: [base, Deployment, replace, $c/livenessProbe/grpc/service, x.Y, "about 'x.Y'"]
 gRPC probe over TLS:   [base+tls, Deployment, replace, $c/livenessProbe, {grpc: {port: 50051}}, speak plaintext]

@@ -9,6 +9,7 @@ import asyncio
 import json
 import shlex
 import shutil
+import socket
 import ssl
 import subprocess
 import threading
@@ -317,3 +318,11 @@ def test_the_readmes_curl_examples_answer_as_shown(live):
             body = json.loads(out)
             assert "error" in body or body["object"] in ("text_completion", "list"), body
             assert "error" not in body or body["error"]["param"] == "top_p", body
+
+
+def test_the_listening_socket_turns_nagles_algorithm_off(live):
+    """asyncio turns Nagle's algorithm off only on sockets that say TCP: with it on, a stream's events
+    on a kept-alive connection waited for the client's delayed ACK and came in one burst at the end."""
+    listening = live.server.http.socket
+    assert listening.proto == socket.IPPROTO_TCP
+    assert listening.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

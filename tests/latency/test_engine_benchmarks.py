@@ -59,3 +59,18 @@ def test_the_structured_output_benchmark_constrains_the_rows_it_says(tiny_model_
     assert "one" not in one and one["all"]["tokens"] == [16] and four["all"]["tokens"] == [64]
     assert 16 <= four["one"]["tokens"][0] <= 64 and four["one_vs_free"]["median"] > 0
     assert one["mask_us"]["median"] > 0 and plot.stat().st_size > 0
+
+
+def test_the_protocols_benchmark_streams_the_same_requests_through_grpc_and_http(tiny_model_dir, tmp_path, capsys):
+    """benchmarks.protocols in small: one server, the same greedy requests through GenerateStream and
+    through /v1/completions' server-sent events; both sides count the same tokens."""
+    from benchmarks.protocols import main as protocols
+
+    out = tmp_path / "protocols.json"
+    argv = ["--model", str(tiny_model_dir), "--new-tokens", "8", "--repeats", "1", "--concurrency", "1,2"]
+    assert protocols([*argv, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    for row in result["rows"]:
+        assert row["grpc"]["tokens"] == row["http"]["tokens"] and row["http"]["tokens"][0] > 0, row
+        assert row["http_vs_grpc_tokens_per_s"]["median"] > 0 and row["http"]["ttft_ms"] > 0, row
