@@ -57,10 +57,10 @@ class RayServeProcess:
     """`attnserve ray-serve` in a session of its own (Ray's head and workers included); output to a file."""
 
     def __init__(self, model_dir: Path, log: Path, app: str, ready_timeout: float = 120.0):
-        self.app, self.log, self.port = app, log, free_port()
+        self.app, self.log, self.port, self.http_port = app, log, free_port(), free_port()
         args = [
             *("--model", str(model_dir), "--replicas", "2", "--app-name", app),
-            *("--grpc-port", str(self.port), "--http-port", str(free_port())),
+            *("--grpc-port", str(self.port), "--http-port", str(self.http_port)),
             *("--threads", "1", "--max-batch", str(MAX_BATCH), "--max-queue", str(MAX_QUEUE)),
             *("--replica-cpus", "0.5", "--drain-timeout", "5"),
         ]
@@ -193,6 +193,26 @@ def test_refusals_through_ray_equal_direct(ray_stub, server, fields):
 
 
 @pytest.mark.slow
+def test_the_openai_api_through_rays_http_proxy_equals_direct(ray_serve, server):
+    """Ray's HTTP proxy under /APP-NAME serves the replicas' OpenAI-compatible routes: OpenAI's client
+    gets the direct server's greedy text, unary and streamed, and its refusals in OpenAI's shape."""
+    import openai
+
+    base = f"http://127.0.0.1:{ray_serve.http_port}/{ray_serve.app}/v1"
+    name = server.server.info.model_name
+    direct = server.stub.Generate(pb.GenerateRequest(prompt=PROMPTS[0], max_new_tokens=24), timeout=30)
+    with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60) as client:
+        reply = client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=24, temperature=0)
+        chunks = client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=24, temperature=0, stream=True)
+        streamed = "".join(chunk.choices[0].text for chunk in chunks)
+        with pytest.raises(openai.BadRequestError) as error:
+            client.completions.create(model=name, prompt=PROMPTS[0], max_tokens=2, top_p=2)
+        assert [m.id for m in client.models.list().data] == [name]
+    assert reply.choices[0].text == direct.text == streamed
+    assert reply.usage.completion_tokens == direct.usage.completion_tokens
+    assert error.value.status_code == 400 and error.value.body["message"] == "top_p: 2 is outside (0, 1]"
+
+
 def test_health_through_ray(ray_serve):
     with grpc.insecure_channel(ray_serve.target) as channel:
         health = health_pb2_grpc.HealthStub(channel)

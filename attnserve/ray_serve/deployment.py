@@ -20,6 +20,8 @@ from typing import Any, TypeVar, cast
 
 import grpc
 from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
 
 from ..engine.domain import QueueFull
 from ..engine.engine import EngineObserver, ForwardingObserver
@@ -27,6 +29,7 @@ from ..health.v1 import health_pb2
 from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
 from ..server.health import SERVING
+from ..server.openai_http import HttpFacts, OpenAIFrontDoor
 from ..server.servicer import TextGenerationServicer
 from ..v1 import generation_pb2 as pb
 from .context import RayContext
@@ -64,6 +67,16 @@ class TextGeneration:
         self.clock = StepClock(server.engine.observer)
         server.engine.observer = self.clock
         self.servicer = TextGenerationServicer(server.engine, server.limits, server.tokenizer, server.info)
+        facts = HttpFacts(
+            server.info.model_name,
+            server.info.context_length,
+            server.token,
+            lambda: server.boundary.refusal,
+            server.metrics.count_http,
+            server.metrics.track_in_flight,
+            int(time.time()),
+        )
+        self.door = OpenAIFrontDoor(server.engine, server.limits, server.tokenizer, facts)
         self.replica = serve.get_replica_context().replica_id.unique_id
         server.engine.start()
         await server.warm_up()
@@ -114,6 +127,11 @@ class TextGeneration:
         async with aclosing(generator(self.server.health.Watch(request, self.context(grpc_context)))) as updates:
             async for update in updates:
                 yield update
+
+    async def __call__(self, request: Request) -> Response:
+        """Ray's HTTP proxy (ray-serve --http-port, under /APP-NAME): the OpenAI-compatible routes, as
+        `attnserve serve --http-port` answers them."""
+        return await self.door.dispatch(request)
 
     async def check_health(self) -> None:
         """Ray's health check: an idle engine runs a short generation, a busy one must be stepping."""

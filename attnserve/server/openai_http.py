@@ -119,6 +119,17 @@ class OpenAIFrontDoor:
             Route("/health", self.health, methods=["GET"]),
         ]
         self.app = Starlette(routes=routes)
+        self.routes = {(method, route.path): route.endpoint for route in routes for method in route.methods or ()}
+
+    async def dispatch(self, request: Request) -> Response:
+        """The route's answer to `request`, for a caller that hands over Requests rather than serving the
+        ASGI app (Ray Serve's HTTP proxy); the path is taken below the application's root path."""
+        path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
+        endpoint = self.routes.get((request.method, path))
+        if endpoint is None:
+            body = {"message": f"no route {request.method} {path}", "type": "invalid_request_error"}
+            return JSONResponse({"error": {**body, "param": None, "code": "not_found"}}, 404)
+        return await endpoint(request)
 
     # ---- routes ------------------------------------------------------------------------------
     async def health(self, _request: Request) -> Response:
