@@ -110,6 +110,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--quantize", ["--quantize", "int4"], "invalid choice: 'int4'"),
         ("--parity-steps", ["--parity-steps", "0"], "--parity-steps must be at least 1, got 0"),
         ("--kv-cache", ["--kv-cache", "paged"], "invalid choice: 'paged'"),
+        ("--chat-template", ["--chat-template", "/no/such.jinja"], "--chat-template /no/such.jinja: No such file"),
+        ("--chat-template", ["--chat-template", "{file}"], "--chat-template: a chat template lives in a BPE model's"),
     ],
     "attention-map": [
         ("checkpoint", ["/no/such/checkpoint.pt", "42"], "/no/such/checkpoint.pt"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..model.checkpoint import CheckpointError
 from ..runtime import contract
@@ -39,13 +40,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"decoder KV cache layout: {contract.KV_ARENA} (in place, GroupQueryAttention; the one attnserve "
         f"serve runs) or {contract.KV_CONCAT} (past + new; the KV benchmark's baseline) (default: {contract.KV_ARENA})",
     )
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template (Hugging Face's) for tokenizer_config.json, which the OpenAI-compatible "
+        "/v1/chat/completions applies; BPE tokenizers only (default: none)",
+    )
+
+
+def read_chat_template(path: str | None) -> str | None:
+    """--chat-template's file (the exporter checks that it compiles)."""
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ExportError(f"--chat-template {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def main(args) -> int:
     """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
     try:
         manifest = export_checkpoint(
-            args.checkpoint, args.out, args.dtype, args.quantize, args.parity_steps, kv_cache=args.kv_cache
+            args.checkpoint,
+            args.out,
+            args.dtype,
+            args.quantize,
+            args.parity_steps,
+            kv_cache=args.kv_cache,
+            chat_template=read_chat_template(args.chat_template),
         )
     except (ExportError, CheckpointError) as e:
         print(f"attnserve export: error: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ from ..runtime.ort_decoder import OrtDecoder, OrtSeq2Seq
 from ..runtime.ort_session import cuda_available
 from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
 from ..tokenizer.bpe import BpeTokenizer
+from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from .genai import genai_config
 from .graphs import (
     ArenaDecoderGraph,
@@ -83,12 +84,15 @@ def staging_dir(out: Path) -> Path:
     return staging
 
 
-def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int) -> dict:
-    """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json are written beside."""
+def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int, chat_template: str | None = None) -> dict:
+    """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json (with the chat
+    template, if given) are written beside."""
     entry = manifest_entry(tokenizer)
     if isinstance(tokenizer, BpeTokenizer):
         (staging / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
         config = tokenizer.tokenizer_config(context_length)
+        if chat_template is not None:
+            config["chat_template"] = chat_template
         (staging / TOKENIZER_CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         entry.update(file=TOKENIZER_FILE, sha256=contract.sha256_file(staging / TOKENIZER_FILE))
     return entry
@@ -105,6 +109,19 @@ def publish(staging: Path, manifest: contract.Manifest, tokenizer: Tokenizer) ->
     manifest = contract.with_files(staging, manifest, names)
     contract.write_manifest(staging, manifest)
     return manifest
+
+
+def check_chat_template(text: str, tokenizer: Tokenizer) -> None:
+    """ExportError unless the chat template compiles and the tokenizer keeps a tokenizer_config.json."""
+    if not isinstance(tokenizer, BpeTokenizer):
+        raise ExportError(
+            "--chat-template: a chat template lives in a BPE model's tokenizer_config.json; this checkpoint "
+            f"has the {tokenizer.kind} tokenizer"
+        )
+    try:
+        ChatTemplate(text)
+    except ChatTemplateError as e:
+        raise ExportError(f"--chat-template: {e}") from None
 
 
 def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
@@ -223,8 +240,10 @@ def export_checkpoint(
     parity_steps: int = DEFAULT_PARITY_STEPS,
     heldout: bytes | None = None,
     kv_cache: str | None = None,
+    chat_template: str | None = None,
 ) -> contract.Manifest:
-    """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError."""
+    """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError.
+    `chat_template`: a Jinja chat template for tokenizer_config.json (BPE tokenizers only)."""
     checkpoint, out = Path(checkpoint), Path(out)
     if parity_steps < 1:
         raise ExportError(f"--parity-steps must be at least 1, got {parity_steps}")
@@ -235,6 +254,8 @@ def export_checkpoint(
         raise ExportError("--dtype bfloat16 is for the arena KV cache (CUDA); drop --kv-cache concat")
     gate_provider(dtype, kv_cache)  # refuses before the work if the gate cannot run here
     model, tokenizer, source = load_model(checkpoint)
+    if chat_template is not None:
+        check_chat_template(chat_template, tokenizer)
     if quantize and model.config.arch != contract.DECODER_ONLY:
         raise ExportError("--quantize int8 is for decoder-only models")
     if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
@@ -245,7 +266,9 @@ def export_checkpoint(
     check_replaceable(out)
     staging = staging_dir(out)
     try:
-        manifest = build_in(staging, model, tokenizer, source, dtype, quantize, parity_steps, heldout, kv_cache)
+        manifest = build_in(
+            staging, model, tokenizer, source, dtype, quantize, parity_steps, heldout, kv_cache, chat_template
+        )
         shutil.rmtree(out, ignore_errors=True)
         os.replace(staging, out)
         return manifest
@@ -263,6 +286,7 @@ def build_in(
     steps: int,
     heldout: bytes | None,
     kv_cache: str,
+    chat_template: str | None = None,
 ) -> contract.Manifest:
     """Export into `staging`, run the gate, and write the manifest (once, when the gate has passed)."""
     t0 = time.perf_counter()
@@ -275,7 +299,7 @@ def build_in(
         f"exported in {time.perf_counter() - t0:.1f} s; running the parity gate ({steps} greedy steps) "
         f"on the {gate_provider(dtype, kv_cache).upper()} provider ..."
     )
-    entry = write_tokenizer(staging, tokenizer, model.config.max_len)
+    entry = write_tokenizer(staging, tokenizer, model.config.max_len, chat_template)
     manifest = contract.build_manifest(model.config.to_dict(), entry, dtype, kv_cache, source)
     report = run_gate(model, staging, manifest, steps)
     print(format_report(report), flush=True)

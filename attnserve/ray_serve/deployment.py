@@ -26,7 +26,7 @@ from starlette.responses import Response
 from ..engine.domain import QueueFull
 from ..engine.engine import EngineObserver, ForwardingObserver
 from ..health.v1 import health_pb2
-from ..server.app import SERVICE, Server
+from ..server.app import SERVICE, Server, chat_template
 from ..server.config import ServerConfig
 from ..server.health import SERVING
 from ..server.openai_http import HttpFacts, OpenAIFrontDoor
@@ -75,6 +75,7 @@ class TextGeneration:
             server.metrics.count_http,
             server.metrics.track_in_flight,
             int(time.time()),
+            chat_template(server.facts.model_dir),
         )
         self.door = OpenAIFrontDoor(server.engine, server.limits, server.tokenizer, facts)
         self.replica = serve.get_replica_context().replica_id.unique_id

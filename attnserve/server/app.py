@@ -34,6 +34,7 @@ from ..runtime import contract
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import ProviderError, model_spec
 from ..tokenizer import Tokenizer
+from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat_template
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
@@ -306,6 +307,7 @@ class Server:
             self.metrics.count_http,
             self.metrics.track_in_flight,
             int(time.time()),
+            chat_template(self.facts.model_dir),
         )
         door = OpenAIFrontDoor(self.engine, self.limits, self.tokenizer, facts)
         tls = (config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert and config.tls_key else None
@@ -370,6 +372,14 @@ class Server:
                 task.cancel()
         self.engine.stop()
         self.metrics.close()
+
+
+def chat_template(model_dir: Path) -> ChatTemplate | None:
+    """The model directory's chat template, for /v1/chat/completions; StartupError if it does not compile."""
+    try:
+        return read_chat_template(model_dir)
+    except ChatTemplateError as e:
+        raise StartupError(f"{model_dir / 'tokenizer_config.json'}: {e}") from None
 
 
 def listen_problem(host: str, port: int, flag: str = "--port") -> str | None:

@@ -42,8 +42,9 @@ from ..engine.domain import (
 )
 from ..engine.engine import EngineCalls
 from ..tokenizer import Tokenizer
+from ..tokenizer.chat_template import ChatTemplate
 from .oip_request import renamed
-from .openai_request import CompletionCall, read_completion
+from .openai_request import CompletionCall, chat_to_completion, read_completion
 from .servicer import completions, generation_events, paced
 from .stream_pacing import StreamPacer
 from .validation import RequestLimits, check_stream_interval, validate
@@ -105,6 +106,7 @@ class HttpFacts:
     count: Callable[[str, int], None]  # (route, HTTP status): the metrics
     in_flight: Callable[[int], None]
     started: int = 0  # Unix seconds, the models list's `created`
+    chat_template: ChatTemplate | None = None  # tokenizer_config.json's: /v1/chat/completions applies it
 
 
 class OpenAIFrontDoor:
@@ -143,12 +145,7 @@ class OpenAIFrontDoor:
         return await self.answer("/v1/models", request, self.model_list)
 
     async def chat(self, request: Request) -> Response:
-        async def refuse(_: Request) -> Response:
-            raise InvalidRequest(
-                "messages", "this model has no chat template (a plain language model): use /v1/completions"
-            )
-
-        return await self.answer("/v1/chat/completions", request, refuse)
+        return await self.answer("/v1/chat/completions", request, self.chat_complete, counted=True)
 
     async def completions(self, request: Request) -> Response:
         return await self.answer("/v1/completions", request, self.complete, counted=True)
@@ -200,11 +197,26 @@ class OpenAIFrontDoor:
 
     # ---- /v1/completions ---------------------------------------------------------------------
     async def complete(self, request: Request) -> Response:
+        call = read_completion(await body_of(request))
+        return await self.respond(request, call, Answer)
+
+    async def chat_complete(self, request: Request) -> Response:
+        """A chat completion: the messages through the model's chat template, then as a completion."""
+        template = self.facts.chat_template
+        if template is None:
+            raise InvalidRequest(
+                "messages", "this model has no chat template (a plain language model): use /v1/completions"
+            )
+        completion, renames = chat_to_completion(await body_of(request), template)
         try:
-            body = await request.json()
-        except ValueError as e:
-            raise InvalidRequest("body", f"not JSON: {e}") from None
-        call = read_completion(body)
+            call = read_completion(completion)
+        except InvalidRequest as e:
+            raise renamed(e, renames) from None
+        call = replace(call, origins={name: renames.get(key, key) for name, key in call.origins.items()})
+        return await self.respond(request, call, ChatAnswer)
+
+    async def respond(self, request: Request, call: CompletionCall, kind: type[Answer]) -> Response:
+        """The call run through the engine: one JSON response, or server-sent events."""
         if call.model != self.facts.model_name:
             raise UnknownModel(f"the model `{call.model}` does not exist (this server serves {self.facts.model_name})")
         try:
@@ -212,7 +224,7 @@ class OpenAIFrontDoor:
             interval = check_stream_interval(call.request, self.limits)
         except InvalidRequest as e:
             raise renamed(e, call.origins) from None
-        answer = Answer(call, generation.request_id, self.facts.model_name, self.tokenizer)
+        answer = kind(call, generation.request_id, self.facts.model_name, self.tokenizer)
         if not call.stream:
             done = await until_gone(request, completions(self.engine, generation, None))
             return JSONResponse(answer.whole(done))
@@ -226,6 +238,13 @@ class OpenAIFrontDoor:
             await events.aclose()
             raise
         return StreamingResponse(answer.stream(first, events, pacers), media_type="text/event-stream")
+
+
+async def body_of(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as e:
+        raise InvalidRequest("body", f"not JSON: {e}") from None
 
 
 async def until_gone(request: Request, work: Awaitable[T]) -> T:
@@ -254,28 +273,41 @@ async def disconnected(request: Request) -> None:
 class Answer:
     """The response to one completions call: whole, or as server-sent events."""
 
+    OBJECT = CHUNK = "text_completion"  # the whole response's `object`, and a streamed chunk's
+    PREFIX = "cmpl-"
+
     def __init__(self, call: CompletionCall, request_id: str, model: str, tokenizer: Tokenizer):
         self.call, self.tokenizer = call, tokenizer
-        self.head = {"id": f"cmpl-{request_id}", "object": "text_completion", "created": int(time.time())}
-        self.head["model"] = model
+        self.head = {"id": f"{self.PREFIX}{request_id}", "created": int(time.time()), "model": model}
         prompt = call.request
         self.echo = (prompt.prompt or tokenizer.decode(list(prompt.prompt_token_ids))) if call.echo else ""
         self.offsets = [len(self.echo)] * max(1, prompt.n)  # each completion's text so far (logprobs' text_offset)
+        self.wants_logprobs = call.request.HasField("logprobs")
 
     def whole(self, done: list) -> dict[str, Any]:
         choices = [self.choice(i, self.echo + c.text, c.logprobs, REASONS[c.end.reason]) for i, c in enumerate(done)]
         prompt_tokens = done[0].end.usage.prompt_tokens
         generated = sum(c.end.usage.completion_tokens for c in done)
-        return {**self.head, "choices": choices, "usage": usage(prompt_tokens, generated)}
+        return {**self.head, "object": self.OBJECT, "choices": choices, "usage": usage(prompt_tokens, generated)}
+
+    def chunk(self, choices: list[dict[str, Any]], **more: Any) -> str:
+        return sse({**self.head, "object": self.CHUNK, "choices": choices, **more})
 
     def choice(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None) -> dict[str, Any]:
-        wanted = self.call.request.HasField("logprobs")
+        """A choice of the whole response, or a streamed piece of one (completions: the same shape)."""
         return {
             "text": text,
             "index": index,
-            "logprobs": self.logprobs(index, logprobs) if wanted else None,
+            "logprobs": self.logprobs(index, logprobs) if self.wants_logprobs else None,
             "finish_reason": reason,
         }
+
+    def piece(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None) -> dict[str, Any]:
+        return self.choice(index, text, logprobs, reason)
+
+    def opening(self, index: int) -> dict[str, Any] | None:
+        """A completion's first chunk, before its tokens: the echoed prompt, if asked for."""
+        return self.piece(index, self.echo, [], None) if self.echo else None
 
     def logprobs(self, index: int, logprobs: list[TokenLogprob]) -> dict[str, Any]:
         """OpenAI's completions logprobs: each token's text, logprob, top alternatives and text offset."""
@@ -299,24 +331,61 @@ class Answer:
         prompt_tokens = generated = 0
         async with aclosing(events):
             try:
-                for index in range(len(pacers) if self.echo else 0):
-                    yield sse({**self.head, "choices": [self.choice(index, self.echo, [], None)]})
+                for opening in filter(None, map(self.opening, range(len(pacers)))):
+                    yield self.chunk([opening])
                 async for index, deltas, final in paced(starting_with(first, events), pacers):
                     if deltas:
                         text = "".join(d.text for d in deltas)
                         picked = [p for d in deltas for p in d.logprobs]
-                        yield sse({**self.head, "choices": [self.choice(index, text, picked, None)]})
+                        yield self.chunk([self.piece(index, text, picked, None)])
                     if final is not None:
-                        reason = REASONS[final.reason]
-                        yield sse({**self.head, "choices": [self.choice(index, final.text, [], reason)]})
+                        yield self.chunk([self.piece(index, final.text, [], REASONS[final.reason])])
                         prompt_tokens = final.usage.prompt_tokens
                         generated += final.usage.completion_tokens
             except ServeError as e:  # after the headers: the error as the last event
                 yield sse(error_body(e)[1])
             else:
                 if self.call.include_usage:
-                    yield sse({**self.head, "choices": [], "usage": usage(prompt_tokens, generated)})
+                    yield self.chunk([], usage=usage(prompt_tokens, generated))
             yield sse("[DONE]")
+
+
+class ChatAnswer(Answer):
+    """The response to one chat completions call: an assistant message, or its deltas."""
+
+    OBJECT, CHUNK, PREFIX = "chat.completion", "chat.completion.chunk", "chatcmpl-"
+
+    def choice(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": self.logprobs(index, logprobs) if self.wants_logprobs else None,
+            "finish_reason": reason,
+        }
+
+    def piece(self, index: int, text: str, logprobs: list[TokenLogprob], reason: str | None) -> dict[str, Any]:
+        return {
+            "index": index,
+            "delta": {"content": text} if text or reason is None else {},
+            "logprobs": self.logprobs(index, logprobs) if self.wants_logprobs and reason is None else None,
+            "finish_reason": reason,
+        }
+
+    def opening(self, index: int) -> dict[str, Any]:
+        """The first chunk of each completion says the assistant's role, as OpenAI's do."""
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    def logprobs(self, _index: int, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+        """OpenAI's chat logprobs: each token's text, logprob, UTF-8 bytes and top alternatives (no text
+        offsets: the index of the completion is not needed)."""
+        entry = lambda token_id, value: {
+            "token": (token := self.tokenizer.decode([token_id])),
+            "logprob": logprob(value),
+            "bytes": list(token.encode()),
+        }
+        return {
+            "content": [{**entry(p.token_id, p.logprob), "top_logprobs": [entry(*t) for t in p.top]} for p in logprobs]
+        }
 
 
 async def starting_with(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:

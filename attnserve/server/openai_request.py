@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..engine.domain import InvalidRequest
+from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from ..v1 import generation_pb2 as pb
 from .oip_request import SAMPLING_FIELDS, as_bool, as_int, fill, parse_field
 
@@ -133,3 +134,72 @@ def prompt_into(generate: pb.GenerateRequest, prompt: Any) -> dict[str, str]:
     else:
         raise InvalidRequest("prompt", "required: a text, a list of token ids, or a list of one of them")
     return {"prompt": "prompt", "prompt_token_ids": "prompt"}
+
+
+CHAT_OWN = frozenset({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"})
+
+
+def chat_to_completion(body: Any, template: ChatTemplate) -> tuple[dict[str, Any], dict[str, str]]:
+    """A chat completions body as a completions body: the messages rendered by the model's chat template
+    into `prompt`, OpenAI's chat names as the completions' (max_completion_tokens, logprobs with
+    top_logprobs, response_format as guided_json); and the renames for errors (prompt -> messages)."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
+    if "prompt" in body or "echo" in body:
+        raise InvalidRequest("prompt" if "prompt" in body else "echo", "unknown field for chat (send messages)")
+    completion = {key: value for key, value in body.items() if key not in CHAT_OWN}
+    try:
+        completion["prompt"] = template.render(chat_messages(body.get("messages")))
+    except ChatTemplateError as e:
+        raise InvalidRequest("messages", str(e)) from None
+    renames = {"prompt": "messages"}
+    if body.get("max_completion_tokens") is not None:
+        completion["max_tokens"] = body["max_completion_tokens"]
+        renames["max_tokens"] = "max_completion_tokens"
+    if flag(body, "logprobs"):
+        completion["logprobs"] = body.get("top_logprobs") or 0
+        renames["logprobs"] = "top_logprobs"
+    elif body.get("top_logprobs") is not None:
+        raise InvalidRequest("top_logprobs", "needs logprobs: true")
+    schema = response_schema(body.get("response_format"))
+    if schema is not None:
+        completion["guided_json"] = schema
+        renames["guided_json"] = "response_format"
+    return completion, renames
+
+
+def chat_messages(messages: Any) -> list[dict[str, str]]:
+    """`messages` as [{"role", "content"}] with text content (a list of text parts is joined)."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("messages", "required: a non-empty list of {role, content}")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidRequest(f"messages[{i}]", "an object with a role and a content is expected")
+        content = message.get("content")
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise InvalidRequest(f"messages[{i}].content", "text (or a list of text parts) is expected")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def response_schema(response_format: Any) -> Any:
+    """OpenAI's response_format as a JSON schema for guided_json (None: free text)."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), dict):
+        schema = response_format["json_schema"].get("schema")
+        if isinstance(schema, dict):
+            return schema
+    raise InvalidRequest(
+        "response_format",
+        'one of {"type": "text"}, {"type": "json_object"}, {"type": "json_schema", "json_schema": '
+        '{"name": ..., "schema": {...}}}',
+    )
