@@ -125,6 +125,6 @@ def test_the_export_refuses_a_template_that_does_not_compile_or_a_byte_tokenizer
 ):
     with pytest.raises(ExportError, match="--chat-template: the chat template does not compile"):
         export_checkpoint(tiny_bpe_checkpoint, tmp_path / "broken", chat_template="{% for m in messages %}")
-    with pytest.raises(ExportError, match="lives in a BPE model's tokenizer_config.json"):
+    with pytest.raises(ExportError, match=r"lives in a BPE model's tokenizer_config\.json"):
         export_checkpoint(tiny_checkpoint, tmp_path / "bytes", chat_template=TEMPLATE)
     assert not (tmp_path / "broken").exists() and not (tmp_path / "bytes").exists()
