@@ -204,12 +204,14 @@ def test_a_client_that_breaks_off_a_stream_frees_its_slot(live):
     live.pacer.delay = 0.02  # the stream runs long enough to be broken off
     body = {"model": model(live), "prompt": PROMPT, "max_tokens": 100, "stream": True}
     before = cancelled(live)
+    in_flight = lambda: live.server.metrics.registry.get_sample_value("attnserve_requests_in_flight")
     with httpx.stream("POST", f"{base_url(live)}/completions", json=body, timeout=TIMEOUT) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line).startswith("data: ")
-        assert live.engine.stats()["active"] == 1
+        assert live.engine.stats()["active"] == 1 and in_flight() == 1  # in flight while it streams
     wait_until(lambda: idle(live.engine), what="the broken-off stream's slot to be freed")
     assert cancelled(live) == before + 1
+    wait_until(lambda: in_flight() == 0, what="the broken-off stream to leave the in-flight gauge")
 
 
 def test_a_unary_client_that_disconnects_frees_its_slot(live):

@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -154,9 +154,11 @@ class OpenAIFrontDoor:
     async def answer(
         self, route: str, request: Request, handler: Callable[[Request], Awaitable[Response]], counted: bool = False
     ) -> Response:
-        """Auth, the refusal while starting or draining, errors in OpenAI's shape, and the metrics."""
+        """Auth, the refusal while starting or draining, errors in OpenAI's shape, and the metrics (a
+        stream is in flight until its last event is written, or its client goes)."""
         if counted:
             self.facts.in_flight(+1)
+        response: Response | None = None
         try:
             self.check_token(request)
             refusal = self.facts.refusal()
@@ -173,10 +175,19 @@ class OpenAIFrontDoor:
             body = {"message": f"internal error; request id {request_id}", "type": "server_error"}
             response = JSONResponse({"error": {**body, "param": None, "code": None}}, 500)
         finally:
-            if counted:
+            if counted and isinstance(response, StreamingResponse):
+                response.body_iterator = self.in_flight_until_done(response.body_iterator)
+            elif counted:
                 self.facts.in_flight(-1)
         self.facts.count(route, response.status_code)
         return response
+
+    async def in_flight_until_done(self, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self.facts.in_flight(-1)
 
     def check_token(self, request: Request) -> None:
         if self.facts.token is None:
