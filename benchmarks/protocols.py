@@ -57,8 +57,8 @@ async def http_stream(client: httpx2.AsyncClient, model: str, prompt: str, new_t
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line.removeprefix("data: "))
-            if chunk["choices"] and chunk["choices"][0]["text"]:
-                arrivals.append(time.perf_counter())
+            if chunk["choices"] and (chunk["choices"][0]["text"] or not arrivals):
+                arrivals.append(time.perf_counter())  # the first event in any case (EOS first: no text)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
     per_token = (arrivals[-1] - arrivals[0]) / (tokens - 1) if tokens > 1 else 0.0
@@ -88,13 +88,16 @@ async def one_level(side_streams: dict[str, Any], level: int, new_tokens: int, r
             key: statistics.median(r[key] for r in runs[side]) for key in ("tokens_per_s", "ttft_ms", "per_token_ms")
         }
         row[side]["tokens"] = sorted({r["tokens"] for r in runs[side]})
-    row["http_vs_grpc_tokens_per_s"] = spread(
-        [h["tokens_per_s"] / g["tokens_per_s"] for h, g in zip(runs["http"], runs["grpc"])]
-    )
-    row["http_vs_grpc_per_token_ms"] = spread(
-        [h["per_token_ms"] / g["per_token_ms"] for h, g in zip(runs["http"], runs["grpc"])]
-    )
+    row["http_vs_grpc_tokens_per_s"] = ratios(runs, "tokens_per_s")
+    row["http_vs_grpc_per_token_ms"] = ratios(runs, "per_token_ms")
     return row
+
+
+def ratios(runs: dict[str, list[dict]], key: str) -> dict[str, float] | None:
+    """HTTP's `key` over gRPC's, round by round, with their spread; None where no round has a gRPC value
+    above 0 (a busy machine can deliver a short request's tokens in one message: no gap between them)."""
+    values = [h[key] / g[key] for h, g in zip(runs["http"], runs["grpc"]) if g[key] > 0]
+    return spread(values) if values else None
 
 
 async def measure(model: str, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
@@ -129,11 +132,14 @@ def print_table(result: dict) -> None:
                 f"{row['concurrency']:>8} {side:>5} {s['tokens_per_s']:>8,.0f} {s['ttft_ms']:>8.2f}"
                 f" {s['per_token_ms']:>13.3f}"
             )
-        t, p = row["http_vs_grpc_tokens_per_s"], row["http_vs_grpc_per_token_ms"]
-        print(
-            f"{'':>8} HTTP/gRPC: tokens/s {t['median']:.2f}x ({t['min']:.2f}-{t['max']:.2f}), "
-            f"per-token latency {p['median']:.2f}x ({p['min']:.2f}-{p['max']:.2f})"
-        )
+        shown = [
+            f"{name} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" if r else f"{name} n/a"
+            for name, r in (
+                ("tokens/s", row["http_vs_grpc_tokens_per_s"]),
+                ("per-token latency", row["http_vs_grpc_per_token_ms"]),
+            )
+        ]
+        print(f"{'':>8} HTTP/gRPC: {', '.join(shown)}")
     print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 

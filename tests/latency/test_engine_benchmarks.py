@@ -74,3 +74,5 @@ def test_the_protocols_benchmark_streams_the_same_requests_through_grpc_and_http
     for row in result["rows"]:
         assert row["grpc"]["tokens"] == row["http"]["tokens"] and row["http"]["tokens"][0] > 0, row
         assert row["http_vs_grpc_tokens_per_s"]["median"] > 0 and row["http"]["ttft_ms"] > 0, row
+        latency = row["http_vs_grpc_per_token_ms"]  # None: every gRPC request's tokens came in one message
+        assert latency is None or latency["median"] >= 0, row
