@@ -50,7 +50,8 @@ async def http_stream(client: httpx2.AsyncClient, model: str, prompt: str, new_t
     is the usage the last event gives."""
     body = {"model": model, "prompt": prompt, "max_tokens": new_tokens, "temperature": 0, "stream": True}
     body["stream_options"] = {"include_usage": True}
-    start, arrivals, tokens = time.perf_counter(), [], 0
+    start, tokens = time.perf_counter(), 0
+    arrivals: list[float] = []
     async with client.stream("POST", "/v1/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
