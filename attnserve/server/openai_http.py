@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -167,7 +167,7 @@ class OpenAIFrontDoor:
             response = await handler(request)
         except ServeError as e:
             response = error_response(e)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):  # ClientDisconnect: gone while its body was being read
             response = Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         except Exception:
             request_id = uuid.uuid4().hex
