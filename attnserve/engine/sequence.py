@@ -217,8 +217,8 @@ class Sequence:
         its grammar does not allow masked (and, with request.logprobs, its log-probabilities kept for
         advance)."""
         banned, allowed = self.banned(), None
-        if self.matcher is not None:
-            allowed = self.mask.result() if self.mask is not None else self.matcher.allowed()
+        if self.mask is not None:  # a constrained completion's: its matcher's mask for this token
+            allowed = self.mask.result()
             if banned and not allowed.sum() > allowed[list(banned)].sum():
                 banned = ()  # the grammar allows only what min_new_tokens or ignore_eos bans: the grammar wins
         if self.request.logprobs is None:

@@ -26,10 +26,9 @@ from starlette.responses import Response
 from ..engine.domain import QueueFull
 from ..engine.engine import EngineObserver, ForwardingObserver
 from ..health.v1 import health_pb2
-from ..server.app import SERVICE, Server, chat_template
+from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
 from ..server.health import SERVING
-from ..server.openai_http import HttpFacts, OpenAIFrontDoor
 from ..server.servicer import TextGenerationServicer
 from ..v1 import generation_pb2 as pb
 from .context import RayContext
@@ -67,17 +66,7 @@ class TextGeneration:
         self.clock = StepClock(server.engine.observer)
         server.engine.observer = self.clock
         self.servicer = TextGenerationServicer(server.engine, server.limits, server.tokenizer, server.info)
-        facts = HttpFacts(
-            server.info.model_name,
-            server.info.context_length,
-            server.token,
-            lambda: server.boundary.refusal,
-            server.metrics.count_http,
-            server.metrics.track_in_flight,
-            int(time.time()),
-            chat_template(server.facts.model_dir),
-        )
-        self.door = OpenAIFrontDoor(server.engine, server.limits, server.tokenizer, facts)
+        self.door = server.front_door()
         self.replica = serve.get_replica_context().replica_id.unique_id
         server.engine.start()
         await server.warm_up()

@@ -296,9 +296,9 @@ class Server:
             raise StartupError(f"cannot listen on {address}: the port is in use or the address is not local")
         return port
 
-    def _http_server(self) -> HttpServer:
-        """The OpenAI-compatible front door on --http-port, bound now (its TLS and token are gRPC's)."""
-        config = self.config
+    def front_door(self) -> OpenAIFrontDoor:
+        """The OpenAI-compatible routes over this server's engine, limits, token, metrics and refusals
+        (served on --http-port, or by a Ray Serve replica behind Ray's HTTP proxy)."""
         facts = HttpFacts(
             self.info.model_name,
             self.info.context_length,
@@ -309,7 +309,12 @@ class Server:
             int(time.time()),
             chat_template(self.facts.model_dir),
         )
-        door = OpenAIFrontDoor(self.engine, self.limits, self.tokenizer, facts)
+        return OpenAIFrontDoor(self.engine, self.limits, self.tokenizer, facts)
+
+    def _http_server(self) -> HttpServer:
+        """The OpenAI-compatible front door on --http-port, bound now (its TLS and token are gRPC's)."""
+        config = self.config
+        door = self.front_door()
         tls = (config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert and config.tls_key else None
         problem = listen_problem(config.host, config.http_port or 0, "--http-port")
         if problem is not None:
