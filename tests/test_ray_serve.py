@@ -47,10 +47,19 @@ MAX_BATCH, MAX_QUEUE = 4, 8
 STEP_DELAY = {TEST_STEP_DELAY_VARIABLE: "5"}
 
 
+# Ports a Ray head binds by default: a port the OS hands out here may be one of them (52365, the
+# dashboard agent's, lies in Linux's ephemeral range), and Ray binds it before Serve's proxy does.
+RAY_DEFAULT_PORTS = frozenset({6379, 8000, 8265, 9000, 10001, 52365})
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now on 127.0.0.1 that the Ray head this test starts will not take for itself."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in RAY_DEFAULT_PORTS:
+            return port
 
 
 class RayServeProcess:
