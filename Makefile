@@ -82,6 +82,8 @@ perf: $(STAMP) $(GENAI_STAMP) $(PERF_MODEL)/attnserve.json
 	$(PY) -m benchmarks.engine_core --model $(PERF_MODEL) --repeats 3 \
 		--out reports/engine-core.json --plot reports/engine-core.png
 	$(PY) -m benchmarks.mixed --model $(PERF_MODEL) --repeats 3 --out reports/mixed.json --plot reports/mixed.png
+	$(PY) -m benchmarks.prefix_cache --model $(PERF_MODEL) --repeats 5 \
+		--out reports/prefix-cache.json --plot reports/prefix-cache.png
 
 # The CUDA path on a CUDA host (issue 23): train on the GPU, export float16 and bfloat16 (gated on
 # CUDA), pytest -m gpu, then ONNX Runtime CUDA vs PyTorch CUDA per token and gRPC at 1, 16, 64 streams;

@@ -69,6 +69,17 @@ def test_unary_completion_equals_generate(live, client):
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
+def test_usage_says_how_many_prompt_tokens_the_prefix_cache_served(live, client):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens: a prompt sent again finds its whole 16-token
+    blocks (BOS and 39 bytes: two of them) in the cache, and the text is the same."""
+    prompt = "A prompt long enough for two blocks: xy"
+    first, again = (
+        client.completions.create(model=model(live), prompt=prompt, max_tokens=8, temperature=0) for _ in "ab"
+    )
+    assert again.usage.prompt_tokens == 40 and again.usage.prompt_tokens_details.cached_tokens == 32
+    assert first.usage.prompt_tokens_details.cached_tokens in (0, 32) and again.choices[0].text == first.choices[0].text
+
+
 def test_streamed_completion_equals_generate_and_ends_with_usage(live, client):
     expected = live.stub.Generate(request(PROMPT, max_new_tokens=30), timeout=TIMEOUT)
     live.pacer.lockstep = True  # each step's token is read before the next step: a chunk per token

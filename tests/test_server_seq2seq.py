@@ -32,6 +32,7 @@ def test_model_info_reports_the_encoder_decoder(stub):
     # 8 slots of self-attention keys/values and of the source's cross keys/values:
     # 2 x (8 slots x 2 layers x 2 x 2 heads x 64 positions x 16 x fp32)
     assert (info.kv_cache, info.kv_cache_bytes) == ("arena", 2 * 8 * 2 * 2 * 2 * 64 * 16 * 4)
+    assert info.prefix_cache_bytes == 0  # a source is no prefix of the decoder's: no prefix cache
 
 
 @pytest.mark.parametrize("source", SOURCES[:4])

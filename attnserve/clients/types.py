@@ -187,6 +187,7 @@ class Usage:
 
     prompt_tokens: int  # BOS included where the tokenizer prepends it
     completion_tokens: int  # tokens returned in token_ids (EOS excluded)
+    cached_tokens: int = 0  # prompt tokens served from the server's prefix cache (not prefilled)
 
 
 @dataclass(frozen=True)
@@ -473,7 +474,8 @@ class StreamAccumulator:
         ended = [(p.usage, p.timings) for p in self.parts.values() if p.usage is not None and p.timings is not None]
         usage, timings = None, None
         if first.usage is not None and first.timings is not None:
-            usage = Usage(first.usage.prompt_tokens, sum(u.completion_tokens for u, _ in ended))
+            generated = sum(u.completion_tokens for u, _ in ended)
+            usage = Usage(first.usage.prompt_tokens, generated, first.usage.cached_tokens)
             timings = replace(first.timings, total_ms=max(t.total_ms for _, t in ended))
         completions = tuple(
             CompletionResult(

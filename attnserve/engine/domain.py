@@ -99,6 +99,7 @@ class GenerationRequest:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the runner's prefix cache
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ class EngineObserver:
     def on_finish(self, final: Final) -> None:
         """A request ended (its Final, as the engine emits it)."""
 
+    def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
+        """A prefill round's prefix-cache lookups and the bytes it holds after them (slot_runner.PrefixReport)."""
+
 
 class ForwardingObserver(EngineObserver):
     """Passes every report on to `inner`; a subclass adds to the hooks it overrides."""
@@ -88,6 +91,9 @@ class ForwardingObserver(EngineObserver):
 
     def on_finish(self, final: Final) -> None:
         self.inner.on_finish(final)
+
+    def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
+        self.inner.on_prefix_cache(hits, misses, saved, held_bytes)
 
 
 def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
@@ -283,6 +289,10 @@ class Engine:
         for key, sequence in zip(logits.keys, sequences):
             if key in logits.prompts:
                 sequence.take_prompt(logits.prompts[key])
+            sequence.cached_tokens = logits.cached.get(key, 0)
+        if logits.prefix is not None:
+            r = logits.prefix
+            self.observer.on_prefix_cache(r.hits, r.misses, r.saved, r.held_bytes)
         advanced = self._advance(logits, sequences)
         if advanced:
             self.observer.on_tokens([sequence.token_gap for _, sequence in advanced], [])

@@ -184,6 +184,7 @@ class Sequence:
         self.next_token: int | None = None  # sampled, not yet fed to the model
         self.arrival = time.perf_counter()
         self.admitted: float | None = None  # prefill start
+        self.cached_tokens = 0  # prompt tokens the runner copied from its prefix cache
         self.first_token: float | None = None
         self.last_token: float | None = None
         self.token_gap = 0.0  # seconds from the previous token (from arrival, for the first) to the last
@@ -309,7 +310,7 @@ class Sequence:
         self.final = Final(
             reason,
             self.stream.finish(),
-            Usage(len(self.request.prompt_ids), len(self.generated)),
+            Usage(len(self.request.prompt_ids), len(self.generated), self.cached_tokens),
             Timings(ms(self.admitted), ms(self.first_token), ms(now)),
             self.prompt_logprobs,
             self.index,

@@ -31,6 +31,17 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class PrefixReport:
+    """A runner's prefix cache in one prefill round: its lookups (one per prompt whose prefill began)
+    and what it holds after the round, for metrics."""
+
+    hits: int = 0  # prompts that found a cached prefix
+    misses: int = 0  # prompts that found none
+    saved: int = 0  # prompt tokens copied from the cache instead of prefilled
+    held_bytes: int = 0  # bytes of cached prefixes after the round
+
+
+@dataclass(frozen=True)
 class Logits:
     """One run's rows of logits by request key: `keys[i]`'s row is `rows[i]`, rows (n, V) float32.
 
@@ -38,12 +49,16 @@ class Logits:
     rows may be a view of the runner's output buffer: valid until the runner's next call. A decode
     told which keys sample may bring back `tokens` (n,), each row's argmax (first index on ties),
     and then only the sampling keys' rows are valid. A prefill brings back `prompts` for the keys started
-    with prompt_logits: every position's logits of the prompt (n, V) float32, row i predicting token i + 1."""
+    with prompt_logits: every position's logits of the prompt (n, V) float32, row i predicting token i + 1.
+    A runner with a prefix cache says, for the keys whose prompt completed, how many of its tokens
+    came from the cache (`cached`), and what its cache did this round (`prefix`)."""
 
     keys: list[int]
     rows: np.ndarray
     tokens: np.ndarray | None = None
     prompts: dict[int, np.ndarray] = field(default_factory=dict)  # key -> its whole prompt's logits (n, V)
+    cached: dict[int, int] = field(default_factory=dict)  # key -> prompt tokens served from the prefix cache
+    prefix: PrefixReport | None = None  # None: the runner has no prefix cache
 
     @classmethod
     def of(cls, rows: Mapping[int, np.ndarray]) -> Logits:

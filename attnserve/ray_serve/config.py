@@ -27,6 +27,8 @@ REPLICA_FIELDS = (
     "max_batch",
     "kv_cache_memory",
     "prefill_chunk",
+    "prefix_cache",
+    "prefix_cache_memory",
     "max_queue",
     "max_new_tokens_cap",
     "stream_interval_tokens",

@@ -12,7 +12,9 @@ code binds host memory on the CPU provider and device memory on CUDA. Knows noth
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -38,9 +40,11 @@ class Device:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), element_type, self.kind, self.id)
 
     def copy_rows(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, rows: int) -> None:
-        """`rows` runs of `width` bytes, `*_pitch` bytes apart, between two places on this device: one copy."""
-        if self.kind == "cpu":
-            host_rows(dst, dst_pitch, width, rows)[...] = host_rows(src, src_pitch, width, rows)
+        """`rows` runs of `width` bytes, `*_pitch` bytes apart, between two places on this device: one
+        2D copy on CUDA, a memmove per row on the host."""
+        if self.kind == "cpu":  # a memmove per row: several times faster than numpy's strided byte copy
+            for row in range(rows):
+                ctypes.memmove(dst + row * dst_pitch, src + row * src_pitch, width)
         else:
             cuda_runtime().copy_rows(dst, dst_pitch, src, src_pitch, width, rows, self.stream)
 
@@ -60,6 +64,12 @@ class Device:
             cuda_runtime().download(out.ctypes.data, address, out.nbytes, self.stream)
         return out
 
+    def free_bytes(self) -> int:
+        """Memory that can still be allocated here: the host's MemAvailable, or the GPU's free bytes."""
+        if self.kind == "cpu":
+            return host_available()
+        return cuda_runtime().free_memory()
+
     def zero(self, address: int, nbytes: int) -> None:
         """Fill `nbytes` at `address` with zeros (once, at allocation: no buffer ever holds garbage)."""
         if self.kind == "cpu":
@@ -68,11 +78,15 @@ class Device:
             cuda_runtime().zero(address, nbytes)
 
 
-def host_rows(address: int, pitch: int, width: int, rows: int) -> np.ndarray:
-    """A (rows, width) byte view of host memory whose rows start `pitch` bytes apart."""
-    span = (rows - 1) * pitch + width
-    flat = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(address))
-    return np.lib.stride_tricks.as_strided(flat, (rows, width), (pitch, 1))
+def host_available() -> int:
+    """The host's available memory (MemAvailable in /proc/meminfo; free pages where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def device_of(session: ort.InferenceSession) -> Device:

@@ -5,19 +5,25 @@ order; a finished request's slot is refilled by moving the last one into it, so 
 step runs over one contiguous block. Fresh prompts are prefilled together, right-padded, into
 the slots after the block (up to `chunk` tokens per run) and join it at once. A prompt longer
 than a chunk is prefilled one chunk per call in the top slot, then moved down to the block's
-end: a long prompt delays the running batch by at most one chunk per step. Knows nothing of
-sampling, queues or gRPC; the engine sees keys, token ids and logits.
+end: a long prompt delays the running batch by at most one chunk per step. With a prefix cache
+(prefix_cache.py), a prompt whose first blocks are cached gets them copied into its slot when its
+prefill begins and only the rest is prefilled (one extend run each, up to a chunk of such rests
+per round); every prompt's whole blocks are cached once it is prefilled. A request that wants its
+prompt's logits is prefilled whole. Knows nothing of sampling, queues or gRPC; the engine sees
+keys, token ids and logits.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
 
-from ..engine.slot_runner import Logits
+from ..engine.slot_runner import Logits, PrefixReport
 from .arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
 
 log = logging.getLogger("attnserve.server")
 
@@ -25,9 +31,9 @@ log = logging.getLogger("attnserve.server")
 class ArenaRunner:
     """Requests (by key) in the slots of one arena driver (ArenaDecoder or ArenaSeq2SeqDecoder)."""
 
-    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int):
-        """`chunk`: prompt tokens per prefill run (--prefill-chunk)."""
-        self.model, self.decoder, self.chunk = model, decoder, chunk
+    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int, prefix: PrefixCache | None = None):
+        """`chunk`: prompt tokens per prefill run (--prefill-chunk); `prefix`: the prefix cache, if on."""
+        self.model, self.decoder, self.chunk, self.prefix = model, decoder, chunk, prefix
         self.spec = model.spec
         self.capacity = decoder.arena.capacity
         self.decoding: list[int] = []  # key in each of slots [0, n)
@@ -35,11 +41,18 @@ class ArenaRunner:
         self.chunking: tuple[int, list[int], int] | None = None  # key, prompt, tokens done (top slot)
         self.prompt_rows: dict[int, list[np.ndarray]] = {}  # key started with prompt_logits -> its chunks' rows
         self.forks: dict[int, list[int]] = {}  # key -> the keys its prefilled slot is copied to (n completions)
+        self.cached: dict[int, int] = {}  # key -> its prompt's tokens copied from the prefix cache, once looked up
+        self.lookups: list[int] = []  # this round's lookups: tokens copied, 0 for a miss
 
     @property
     def nbytes(self) -> int:
         """The arena's size in bytes, fixed at start-up."""
         return self.decoder.nbytes
+
+    @property
+    def prefix_bytes(self) -> int:
+        """The prefix cache's size in bytes, fixed at start-up (0: no prefix cache)."""
+        return self.prefix.nbytes if self.prefix is not None else 0
 
     @property
     def pending(self) -> bool:
@@ -65,20 +78,76 @@ class ArenaRunner:
             self.forks[key] = list(forks)
 
     def prefill(self) -> Logits:
-        """One round of prefill: the fresh short prompts together, then one chunk of a long one.
-        Returns the last-token logits of every request whose prompt is now complete."""
-        done = self._prefill_short()
+        """One round of prefill: prompts with a cached prefix (their rest), the fresh short prompts
+        together, then one chunk of a long one. Returns the last-token logits of every request whose
+        prompt is now complete."""
+        done = self._prefill_cached()
+        done.update(self._prefill_short())
         if self.chunking is None:
             long = next((item for item in self.waiting if len(item[1]) > self.chunk), None)
             if long is not None:
                 self.waiting.remove(long)
-                self.chunking = (*long, 0)
+                self.chunking = (*long, self._load(long[0], self.capacity - 1, long[1]))
         if self.chunking is not None:
             done.update(self._prefill_chunk())
         logits = Logits.of(done)
         for key in done.keys() & self.prompt_rows.keys():
             logits.prompts[key] = np.concatenate(self.prompt_rows.pop(key))
-        return logits
+        if self.prefix is None:
+            return logits
+        logits.cached.update((key, self.cached.pop(key)) for key in done if key in self.cached)
+        lookups, self.lookups = self.lookups, []
+        hits = sum(map(bool, lookups))
+        report = PrefixReport(hits, len(lookups) - hits, sum(lookups), self.prefix.held_bytes)
+        return dataclasses.replace(logits, prefix=report)
+
+    def _load(self, key: int, slot: int, prompt: list[int]) -> int:
+        """The cached prefix of `key`'s prompt into its empty slot as its prefill begins; tokens copied.
+        A request that wants every position's logits (prompt logprobs) is prefilled whole."""
+        if self.prefix is None or key in self.prompt_rows:
+            return 0
+        cached = self.prefix.load(slot, prompt)
+        self.cached[key] = cached
+        self.lookups.append(cached)
+        return cached
+
+    def _hit(self, key: int, prompt: list[int]) -> bool:
+        """`key`'s prompt would find a cached prefix now."""
+        return self.prefix is not None and key not in self.prompt_rows and self.prefix.match(prompt) > 0
+
+    def _missed(self, key: int) -> None:
+        """`key`'s prefill begins from its first token: a lookup that found nothing."""
+        if self.prefix is not None and key not in self.prompt_rows:
+            self.cached[key] = 0
+            self.lookups.append(0)
+
+    def _store(self, slot: int, prompt: list[int]) -> None:
+        """The prompt just prefilled in `slot`: its whole blocks into the cache."""
+        if self.prefix is not None:
+            self.prefix.store(slot, prompt)
+
+    def _prefill_cached(self) -> dict[int, np.ndarray]:
+        """Waiting prompts whose cached prefix leaves at most a chunk: prefix copied, rest extended,
+        one run each, until their rests reach a chunk of tokens."""
+        if self.prefix is None:
+            return {}
+        done: dict[int, np.ndarray] = {}
+        spent = 0
+        for item in list(self.waiting):
+            key, prompt = item
+            rest = len(prompt) - (0 if key in self.prompt_rows else self.prefix.match(prompt))
+            if rest == len(prompt) or rest > self.chunk or (spent and spent + rest > self.chunk):
+                continue
+            spent += rest
+            self.waiting.remove(item)
+            slot = len(self.decoding)
+            self._load(key, slot, prompt)
+            logits = self.decoder.extend(slot, prompt[len(prompt) - rest :]).copy()  # the next run reuses the buffer
+            self.decoding.append(key)
+            self._store(slot, prompt)
+            done[key] = logits
+            done.update(self._fork(key, slot, logits))
+        return done
 
     def _keep_rows(self, key: int, row: int, count: int) -> None:
         """The last run's logits of `key`'s prompt (its row, `count` positions), if it asked for them."""
@@ -88,6 +157,7 @@ class ArenaRunner:
     def _prefill_short(self) -> dict[int, np.ndarray]:
         """Short prompts, longest first, as many as fit `chunk` tokens padded, into the slots after the block."""
         short = sorted((item for item in self.waiting if len(item[1]) <= self.chunk), key=lambda i: -len(i[1]))
+        short = [item for item in short if not self._hit(*item)]  # a hit over this round's budget waits
         batch = [item for n, item in enumerate(short, 1) if n * len(short[0][1]) <= self.chunk] if short else []
         if not batch:
             return {}
@@ -96,6 +166,8 @@ class ArenaRunner:
         for row, item in enumerate(batch):
             self._keep_rows(item[0], row, len(item[1]))
             self.waiting.remove(item)
+            self._missed(item[0])
+            self._store(first + row, item[1])
         self.decoding += [key for key, _ in batch]
         done = {key: row for (key, _), row in zip(batch, logits)}
         for row, (key, _) in enumerate(batch):
@@ -109,6 +181,8 @@ class ArenaRunner:
         for fork in forks:
             self.decoder.copy(slot, len(self.decoding))
             self.decoding.append(fork)
+            if key in self.cached:  # each completion's usage says what its prompt got from the cache
+                self.cached[fork] = self.cached[key]
         return dict.fromkeys(forks, logits)
 
     def _prefill_chunk(self) -> dict[int, np.ndarray]:
@@ -127,6 +201,7 @@ class ArenaRunner:
         if slot != top:
             self.decoder.move(top, slot)
         self.decoding.append(key)
+        self._store(slot, prompt)
         return {key: logits, **self._fork(key, slot, logits)}
 
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
@@ -143,6 +218,7 @@ class ArenaRunner:
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
         self.prompt_rows.pop(key, None)
+        self.cached.pop(key, None)
         self.forks.pop(key, None)  # a request that leaves before its prompt is prefilled
         if key in self.decoding:
             slot, last = self.decoding.index(key), len(self.decoding) - 1
@@ -163,5 +239,7 @@ class ArenaRunner:
         self.decoding, self.waiting, self.chunking = [], [], None
         self.prompt_rows.clear()
         self.forks.clear()
+        self.cached.clear()
+        self.lookups.clear()
         for slot in range(self.capacity):
             self.decoder.clear(slot)

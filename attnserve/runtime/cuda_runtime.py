@@ -28,7 +28,7 @@ def preload_cuda_libraries() -> None:
 
 
 class CudaRuntime:
-    """cudaMemcpy2DAsync, cudaMemcpyAsync, cudaMemset and streams, by ctypes."""
+    """cudaMemcpy2DAsync, cudaMemcpyAsync, cudaMemset, cudaMemGetInfo and streams, by ctypes."""
 
     def __init__(self) -> None:
         self.lib = self.load()
@@ -39,6 +39,7 @@ class CudaRuntime:
         self.lib.cudaMemset.argtypes = [void, ctypes.c_int, size]
         self.lib.cudaStreamCreate.argtypes = [ctypes.POINTER(void)]
         self.lib.cudaStreamSynchronize.argtypes = [void]
+        self.lib.cudaMemGetInfo.argtypes = [ctypes.POINTER(size), ctypes.POINTER(size)]
 
     @staticmethod
     def load() -> ctypes.CDLL:
@@ -83,6 +84,12 @@ class CudaRuntime:
 
     def zero(self, address: int, nbytes: int) -> None:
         self.check("cudaMemset", self.lib.cudaMemset(address, 0, nbytes))
+
+    def free_memory(self) -> int:
+        """Bytes free on the current device."""
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        self.check("cudaMemGetInfo", self.lib.cudaMemGetInfo(ctypes.byref(free), ctypes.byref(total)))
+        return int(free.value)
 
     @staticmethod
     def check(call: str, status: int) -> None:

@@ -12,6 +12,7 @@ from .arena import KVArena, device_of
 from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
 from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
 
 AUTO = 0  # --max-batch auto: as many slots as --kv-cache-memory holds
 MAX_AUTO_BATCH = 1024  # the most slots `auto` picks
@@ -52,8 +53,25 @@ def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | No
     return max_batch
 
 
-def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> ArenaRunner:
-    """The arena runner of an arena directory (checked by arena_capacity), on the model's device."""
+def open_prefix_cache(arena: KVArena, memory: int | None) -> PrefixCache:
+    """The prefix cache beside `arena`: `memory` bytes, or (None) as large as the arena but at most
+    half the device's free memory; raises ValueError (one line, both numbers) when it does not fit."""
+    free = arena.device.free_bytes()
+    if memory is None:
+        memory = min(arena.nbytes, free // 2)
+    elif memory > free:
+        raise ValueError(
+            f"--prefix-cache-memory {memory:,} bytes does not fit: {free:,} bytes are free on {arena.device.kind}"
+        )
+    return PrefixCache(arena, memory)
+
+
+def open_slot_runner(
+    model: ModelRunner, capacity: int, prefill_chunk: int, prefix_cache: bool = False, prefix_memory: int | None = None
+) -> ArenaRunner:
+    """The arena runner of an arena directory (checked by arena_capacity), on the model's device, with
+    a prefix cache of `prefix_memory` bytes (open_prefix_cache) if `prefix_cache` (never for an
+    encoder-decoder, whose prompt is a source: its decoder starts from BOS)."""
     device = device_of(model.session)
     if model.seq2seq:  # a source is encoded whole: never in chunks
         decoder: ArenaDecoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
@@ -61,4 +79,5 @@ def open_slot_runner(model: ModelRunner, capacity: int, prefill_chunk: int) -> A
     decoder = ArenaDecoder(
         model.session, model.manifest, capacity, max(prefill_chunk, capacity), device, model.graph_session
     )
-    return ArenaRunner(model, decoder, prefill_chunk)
+    prefix = open_prefix_cache(decoder.arena, prefix_memory) if prefix_cache else None
+    return ArenaRunner(model, decoder, prefill_chunk, prefix)

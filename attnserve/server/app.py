@@ -162,16 +162,24 @@ class Server:
         )
         self.metrics.describe_model(facts.name, facts.provider, m.dtype, m.quantization or "")
         self.metrics.kv_cache_bytes.set(self.kv_cache_bytes)
+        self.metrics.prefix_cache_capacity.set(self.prefix_cache_bytes)
         log.info(
-            "KV cache: %s, %d slots of %d positions, %s bytes; engine core in a %s",
+            "KV cache: %s, %d slots of %d positions, %s bytes; prefix cache %s bytes; engine core in a %s",
             m.kv_cache,
             self.max_batch,
             m.context_length,
             f"{self.kv_cache_bytes:,}",
+            f"{self.prefix_cache_bytes:,}",
             config.engine_core,
         )
         self.info = model_info(
-            facts, self.tokenizer, self.limits, self.max_batch, config.max_queue, self.kv_cache_bytes
+            facts,
+            self.tokenizer,
+            self.limits,
+            self.max_batch,
+            config.max_queue,
+            self.kv_cache_bytes,
+            self.prefix_cache_bytes,
         )
         self.health = HealthServicer()
         self.writes = WriteWatch(config.write_timeout)
@@ -205,6 +213,7 @@ class Server:
             SlowSteps(self.metrics, delay) if delay else self.metrics,
         )
         self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
+        self.prefix_cache_bytes = loaded.slots.prefix_bytes
         self.metrics.watch_core(os.getpid())
         runner = loaded.runner
         return ModelFacts(runner.model_dir, runner.manifest, runner.provider, runner.provider_note), loaded.tokenizer
@@ -218,6 +227,7 @@ class Server:
         client = EngineClient(self.config, spec, self.metrics, self._core_died)
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
+        self.prefix_cache_bytes = client.ready.prefix_cache_bytes
         self.metrics.watch_core(client.pid)
         return ModelFacts(model_dir, manifest, client.ready.provider, client.ready.provider_note), tokenizer
 
@@ -447,7 +457,8 @@ async def serve(config: ServerConfig) -> int:
     )
     print(
         f"attnserve serve: KV cache {server.info.kv_cache}, {server.max_batch} slots of "
-        f"{server.info.context_length} positions, {server.kv_cache_bytes / 2**20:.1f} MiB",
+        f"{server.info.context_length} positions, {server.kv_cache_bytes / 2**20:.1f} MiB; prefix cache "
+        + (f"{server.prefix_cache_bytes / 2**20:.1f} MiB" if server.prefix_cache_bytes else "off"),
         flush=True,
     )
     if server.metrics_port:

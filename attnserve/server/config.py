@@ -20,6 +20,7 @@ from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name
 
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
+PREFIX_CACHE = ("off", "on")
 MAX_PORT = 65535
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
 TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
@@ -120,6 +121,25 @@ class ServerConfig:
             type=parse_bytes,
             metavar="BYTES",
             unset="no cap",
+        ),
+    )
+    prefix_cache: str = field(
+        default="on",
+        metadata=flag(
+            "automatic prefix caching: a prompt whose first 16-token blocks were prefilled before gets "
+            "their keys and values copied into its slot and prefills only the rest (off for an "
+            "encoder-decoder); on is as fast without shared prefixes and far faster with them",
+            choices=PREFIX_CACHE,
+        ),
+    )
+    prefix_cache_memory: int | None = field(
+        default=None,
+        metadata=flag(
+            "bytes of cached prefixes, e.g. 256M, least recently used evicted first; refused at start-up "
+            "when it holds no block or the device has not that much free",
+            type=parse_bytes,
+            metavar="BYTES",
+            unset="as large as the KV arena",
         ),
     )
     prefill_chunk: int = field(
@@ -226,6 +246,7 @@ class ServerConfig:
             (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
             (self.provider in PROVIDERS, f"--provider must be {known}, not {self.provider!r}"),
             (self.engine_core in ENGINE_CORES, f"--engine-core must be thread or process, not {self.engine_core!r}"),
+            (self.prefix_cache in PREFIX_CACHE, f"--prefix-cache must be off or on, not {self.prefix_cache!r}"),
             (
                 self.served_model_name is None or MODEL_NAME.fullmatch(self.served_model_name) is not None,
                 f"--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', "
@@ -250,6 +271,11 @@ class ServerConfig:
             ("threads", self.threads >= 0, "0 or more (0: all cores but one)"),
             ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
+            (
+                "prefix_cache_memory",
+                self.prefix_cache_memory is None or self.prefix_cache_memory >= 1,
+                "at least 1 (bytes)",
+            ),
             ("stream_interval_ms", 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS, "0 to 60000"),
             *((name, getattr(self, name) >= 1, "at least 1") for name in at_least_1),
             ("write_timeout", self.write_timeout > 0, "positive"),

@@ -75,9 +75,11 @@ def load_model(config: ServerConfig) -> LoadedModel:
     tokenizer = load_tokenizer(runner.model_dir, runner.manifest)
     try:
         capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)
+        prefix = config.prefix_cache == "on"
+        slots = open_slot_runner(runner, capacity, config.prefill_chunk, prefix, config.prefix_cache_memory)
     except ValueError as e:
         raise StartupError(str(e)) from None
-    return LoadedModel(runner, tokenizer, capacity, open_slot_runner(runner, capacity, config.prefill_chunk))
+    return LoadedModel(runner, tokenizer, capacity, slots)
 
 
 class SlowSteps(ForwardingObserver):
@@ -111,6 +113,9 @@ class Recorder(EngineObserver):
 
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         self.record("on_tokens", (first, inter))
+
+    def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
+        self.record("on_prefix_cache", (hits, misses, saved, held_bytes))
 
     def record(self, hook: str, arguments: tuple[Any, ...]) -> None:
         if not self.seen:
@@ -234,7 +239,15 @@ def run_core(config: ServerConfig, inbound: str, outbound: str) -> None:
         return
     engine = CoreEngine(loaded, config, out)
     out.send(
-        ENCODER.encode(Ready(loaded.runner.provider, loaded.capacity, loaded.slots.nbytes, loaded.runner.provider_note))
+        ENCODER.encode(
+            Ready(
+                loaded.runner.provider,
+                loaded.capacity,
+                loaded.slots.nbytes,
+                loaded.runner.provider_note,
+                loaded.slots.prefix_bytes,
+            )
+        )
     )
     engine.start()
     try:

@@ -56,6 +56,7 @@ class Ready(msgspec.Struct, tag=True):
     capacity: int  # KV arena slots (--max-batch, or what auto found)
     kv_cache_bytes: int
     provider_note: str = ""  # why it is not the one asked for
+    prefix_cache_bytes: int = 0  # the prefix cache's pool (0: off)
 
 
 class Failed(msgspec.Struct, tag=True):
@@ -86,6 +87,7 @@ class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     prompt_logprobs: WireLogprobs = ()
     index: int = 0
     remaining: int = 0
+    cached_tokens: int = 0
 
 
 class ErrorEvent(msgspec.Struct, tag=True, array_like=True):
@@ -131,6 +133,7 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
             wire_logprobs(event.prompt_logprobs),
             event.index,
             event.remaining,
+            usage.cached_tokens,
         )
     return ErrorEvent(type(event).__name__, str(event))
 
@@ -142,7 +145,7 @@ def from_wire(event: WireEvent) -> Delta | Final | Exception:
         return Final(
             FinishReason(event.reason),
             event.text,
-            Usage(event.prompt_tokens, event.completion_tokens),
+            Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens),
             Timings(event.queue_ms, event.time_to_first_token_ms, event.total_ms),
             domain_logprobs(event.prompt_logprobs),
             event.index,

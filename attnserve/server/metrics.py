@@ -84,6 +84,23 @@ class Metrics(EngineObserver):
         self.kv_cache_bytes = Gauge(
             "attnserve_kv_cache_bytes", "Bytes of the preallocated key/value arena (0: concat cache)", registry=r
         )
+        self.prefix_lookups = Counter(
+            "attnserve_prefix_cache_lookups",
+            "Prompts looked up in the prefix cache as their prefill began, by result (hit: a cached prefix was copied)",
+            ["result"],
+            registry=r,
+        )
+        self.prefix_saved = Counter(
+            "attnserve_prefix_cache_saved_tokens",
+            "Prompt tokens copied from the prefix cache, not prefilled",
+            registry=r,
+        )
+        self.prefix_held = Gauge("attnserve_prefix_cache_bytes", "Bytes of prefixes the prefix cache holds", registry=r)
+        self.prefix_cache_capacity = Gauge(
+            "attnserve_prefix_cache_capacity_bytes",
+            "The prefix cache's size (--prefix-cache-memory; 0: off)",
+            registry=r,
+        )
         self.step_batch = Histogram(
             "attnserve_step_batch_size", "Batch size of each decode step", buckets=BATCH_BUCKETS, registry=r
         )
@@ -147,6 +164,14 @@ class Metrics(EngineObserver):
             self.ttft.observe(seconds)
         for seconds in inter:
             self.itl.observe(seconds)
+
+    def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
+        self.prefix_held.set(held_bytes)
+        if not self.counting:
+            return
+        self.prefix_lookups.labels(result="hit").inc(hits)
+        self.prefix_lookups.labels(result="miss").inc(misses)
+        self.prefix_saved.inc(saved)
 
     def on_finish(self, final: Final) -> None:
         if not self.counting:

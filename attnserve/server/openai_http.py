@@ -39,6 +39,7 @@ from ..engine.domain import (
     TokenLogprob,
     Unauthenticated,
     UnknownModel,
+    Usage,
 )
 from ..engine.engine import EngineCalls
 from ..tokenizer import Tokenizer
@@ -297,9 +298,8 @@ class Answer:
 
     def whole(self, done: list) -> dict[str, Any]:
         choices = [self.choice(i, self.echo + c.text, c.logprobs, REASONS[c.end.reason]) for i, c in enumerate(done)]
-        prompt_tokens = done[0].end.usage.prompt_tokens
         generated = sum(c.end.usage.completion_tokens for c in done)
-        return {**self.head, "object": self.OBJECT, "choices": choices, "usage": usage(prompt_tokens, generated)}
+        return {**self.head, "object": self.OBJECT, "choices": choices, "usage": usage(done[0].end.usage, generated)}
 
     def chunk(self, choices: list[dict[str, Any]], **more: Any) -> str:
         return sse({**self.head, "object": self.CHUNK, "choices": choices, **more})
@@ -339,7 +339,8 @@ class Answer:
         self, first: list[Delta | Final], events: AsyncGenerator[list[Delta | Final], None], pacers: list[StreamPacer]
     ) -> AsyncIterator[str]:
         """Chunks as the engine's events come (paced as gRPC streams are), then usage if asked, then [DONE]."""
-        prompt_tokens = generated = 0
+        prompt: Usage | None = None  # completion 0's: the prompt's counts
+        generated = 0
         async with aclosing(events):
             try:
                 for opening in filter(None, map(self.opening, range(len(pacers)))):
@@ -351,13 +352,13 @@ class Answer:
                         yield self.chunk([self.piece(index, text, picked, None)])
                     if final is not None:
                         yield self.chunk([self.piece(index, final.text, [], REASONS[final.reason])])
-                        prompt_tokens = final.usage.prompt_tokens
+                        prompt = final.usage
                         generated += final.usage.completion_tokens
             except ServeError as e:  # after the headers: the error as the last event
                 yield sse(error_body(e)[1])
             else:
-                if self.call.include_usage:
-                    yield self.chunk([], usage=usage(prompt_tokens, generated))
+                if self.call.include_usage and prompt is not None:
+                    yield self.chunk([], usage=usage(prompt, generated))
             yield sse("[DONE]")
 
 
@@ -405,6 +406,11 @@ async def starting_with(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
         yield item
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    total = prompt_tokens + completion_tokens
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
+def usage(prompt: Usage, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's usage: the prompt's tokens (and how many the prefix cache served), every completion's."""
+    return {
+        "prompt_tokens": prompt.prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt.prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": prompt.cached_tokens},
+    }

@@ -223,7 +223,11 @@ def final_response(message_type, request_id: str, text: str, token_ids: list[int
         text=text,
         token_ids=token_ids,
         finish_reason=FINISH_REASONS[final.reason],
-        usage=pb.Usage(prompt_tokens=final.usage.prompt_tokens, completion_tokens=final.usage.completion_tokens),
+        usage=pb.Usage(
+            prompt_tokens=final.usage.prompt_tokens,
+            completion_tokens=final.usage.completion_tokens,
+            cached_tokens=final.usage.cached_tokens,
+        ),
         timings=pb.Timings(queue_ms=t.queue_ms, time_to_first_token_ms=t.time_to_first_token_ms, total_ms=t.total_ms),
     )
 
@@ -251,6 +255,7 @@ def model_info(
     max_batch: int,
     max_queue: int,
     kv_cache_bytes: int,
+    prefix_cache_bytes: int,
 ) -> pb.ModelInfo:
     """GetModelInfo's answer, built once at start-up."""
     m = facts.manifest
@@ -269,6 +274,7 @@ def model_info(
         execution_provider=f"{facts.provider} ({facts.provider_note})" if facts.provider_note else facts.provider,
         kv_cache=m.kv_cache,
         kv_cache_bytes=kv_cache_bytes,
+        prefix_cache_bytes=prefix_cache_bytes,
         limits=pb.Limits(
             max_new_tokens=limits.max_new_tokens,
             max_prompt_tokens=limits.max_prompt_tokens,

@@ -120,12 +120,14 @@ class TokenLogprob(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., text: _Optional[str] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("prompt_tokens", "completion_tokens")
+    __slots__ = ("prompt_tokens", "completion_tokens", "cached_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     completion_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
+    cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("queue_ms", "time_to_first_token_ms", "total_ms")
@@ -232,7 +234,7 @@ class TokenizerInfo(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., bos_id: _Optional[int] = ..., eos_id: _Optional[int] = ..., pad_id: _Optional[int] = ..., vocab_size: _Optional[int] = ..., bos_prepended: bool = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "architecture", "vocab_size", "d_model", "n_heads", "n_layers", "head_dim", "context_length", "dtype", "quantization", "execution_provider", "limits", "tokenizer", "server_version", "n_encoder_layers", "kv_cache", "kv_cache_bytes")
+    __slots__ = ("model_name", "architecture", "vocab_size", "d_model", "n_heads", "n_layers", "head_dim", "context_length", "dtype", "quantization", "execution_provider", "limits", "tokenizer", "server_version", "n_encoder_layers", "kv_cache", "kv_cache_bytes", "prefix_cache_bytes")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +252,7 @@ class ModelInfo(_message.Message):
     N_ENCODER_LAYERS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     architecture: str
     vocab_size: int
@@ -267,4 +270,5 @@ class ModelInfo(_message.Message):
     n_encoder_layers: int
     kv_cache: str
     kv_cache_bytes: int
-    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., d_model: _Optional[int] = ..., n_heads: _Optional[int] = ..., n_layers: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., server_version: _Optional[str] = ..., n_encoder_layers: _Optional[int] = ..., kv_cache: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ...) -> None: ...
+    prefix_cache_bytes: int
+    def __init__(self, model_name: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., d_model: _Optional[int] = ..., n_heads: _Optional[int] = ..., n_layers: _Optional[int] = ..., head_dim: _Optional[int] = ..., context_length: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., execution_provider: _Optional[str] = ..., limits: _Optional[_Union[Limits, _Mapping]] = ..., tokenizer: _Optional[_Union[TokenizerInfo, _Mapping]] = ..., server_version: _Optional[str] = ..., n_encoder_layers: _Optional[int] = ..., kv_cache: _Optional[str] = ..., kv_cache_bytes: _Optional[int] = ..., prefix_cache_bytes: _Optional[int] = ...) -> None: ...

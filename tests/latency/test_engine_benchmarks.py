@@ -1,6 +1,7 @@
 """Quick modes of the engine benchmarks on the tiny model: the plain loop, the engine in this
 process and the engine core in a process of its own decode the same greedy requests, and the two
-engines produce the same tokens; the mixed workload runs through a server and through genai. Ratios
+engines produce the same tokens; the mixed workload runs through a server and through genai; the
+prefix cache hits where prompts share a preamble. Ratios
 are reported, never checked against wall-clock limits; `make perf` runs the full modes."""
 
 import json
@@ -76,3 +77,21 @@ def test_the_protocols_benchmark_streams_the_same_requests_through_grpc_and_http
         assert row["http_vs_grpc_tokens_per_s"]["median"] > 0 and row["http"]["ttft_ms"] > 0, row
         latency = row["http_vs_grpc_per_token_ms"]  # None: every gRPC request's tokens came in one message
         assert latency is None or latency["median"] >= 0, row
+
+
+def test_the_prefix_cache_benchmark_hits_only_where_prompts_share_a_preamble(tiny_model_dir, tmp_path, capsys):
+    """benchmarks.prefix_cache in small: two servers, cache on and off; on the shared workload the
+    second wave's prompts find the first wave's preamble (3 whole blocks of 48 ids), never with the
+    cache off, and distinct prompts find nothing."""
+    from benchmarks.prefix_cache import main as prefix_cache
+
+    out = tmp_path / "prefix.json"
+    argv = ["--model", str(tiny_model_dir), "--requests", "6", "--in-flight", "3", "--preamble-tokens", "48"]
+    argv += ["--question-tokens", "8", "--new-tokens", "4", "--repeats", "1"]
+    assert prefix_cache([*argv, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    shared, distinct = result["shared"], result["distinct"]
+    assert shared["on"]["cached_tokens"]["median"] >= 3 * 48 and shared["off"]["cached_tokens"]["median"] == 0
+    assert distinct["on"]["cached_tokens"]["median"] == distinct["off"]["cached_tokens"]["median"] == 0
+    assert shared["ttft_p50_off_over_on"]["median"] > 0 and distinct["throughput_on_over_off"]["median"] > 0
