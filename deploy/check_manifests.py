@@ -196,6 +196,13 @@ def check_server(
     memory = parse_bytes(str(limits.get("memory", 0)))
     if config.kv_cache_memory is not None and config.kv_cache_memory >= memory:
         failures.append(f"--kv-cache-memory {config.kv_cache_memory} bytes does not fit the memory limit {memory}")
+    elif config.prefix_cache == "on" and config.prefix_cache_memory is None:
+        failures.append("--prefix-cache-memory unset: its default follows the node's free memory, not the pod's limit")
+    elif config.prefix_cache == "on" and (config.kv_cache_memory or 0) + config.prefix_cache_memory >= memory:
+        failures.append(
+            f"--kv-cache-memory and --prefix-cache-memory ({config.kv_cache_memory} + {config.prefix_cache_memory} "
+            f"bytes) do not fit the memory limit {memory}"
+        )
     volumes = {v["name"] for v in pod.get("volumes", [])}
     mounts = container.get("volumeMounts", [])
     failures += [f"volumeMount {m['name']} has no volume" for m in mounts if m["name"] not in volumes]

@@ -173,6 +173,7 @@ half of a pair:        [base, Deployment, add, $args/-, --tls-cert=/tmp/c, --tls
 loopback host:         [base, Deployment, add, $args/-, --host=127.0.0.1, --host 127.0.0.1]
 threads of the node:   [base, Deployment, add, $args/-, --threads=0, --threads 0 on 4.0 cores]
 arena over the limit:  [base, Deployment, add, $args/-, --kv-cache-memory=4Gi, does not fit the memory limit]
+prefix cache over it:  [base, Deployment, add, $args/-, --prefix-cache-memory=1500Mi, do not fit the memory limit]
 token not mounted:     [base, Deployment, add, $args/-, --auth-token-file=/etc/t, --auth-token-file /etc/t is in no]
 mTLS, probe has none:  [base+tls, Deployment, add, $args/-, --tls-client-ca=/etc/attnserve/tls/ca.crt, wants client]
 port mismatch:         [base, Deployment, replace, $c/ports/0/containerPort, 50052, containerPorts]
