@@ -107,8 +107,7 @@ class ArenaRunner:
         if self.prefix is None or key in self.prompt_rows:
             return 0
         cached = self.prefix.load(slot, prompt)
-        self.cached[key] = cached
-        self.lookups.append(cached)
+        self._looked_up(key, cached)
         return cached
 
     def _hit(self, key: int, prompt: list[int]) -> bool:
@@ -118,8 +117,12 @@ class ArenaRunner:
     def _missed(self, key: int) -> None:
         """`key`'s prefill begins from its first token: a lookup that found nothing."""
         if self.prefix is not None and key not in self.prompt_rows:
-            self.cached[key] = 0
-            self.lookups.append(0)
+            self._looked_up(key, 0)
+
+    def _looked_up(self, key: int, cached: int) -> None:
+        """`key`'s prompt got `cached` tokens from the cache: for its usage and this round's report."""
+        self.cached[key] = cached
+        self.lookups.append(cached)
 
     def _store(self, slot: int, prompt: list[int]) -> None:
         """The prompt just prefilled in `slot`: its whole blocks into the cache."""

@@ -41,15 +41,18 @@ class PrefixBlocks:
 
     def match(self, tokens: list[int], limit: int) -> list[int]:
         """The pool blocks of the longest cached prefix of tokens[:limit], whole blocks only (touched)."""
+        chain = self._cached(tokens, limit)
+        self.touch(chain)
+        return chain
+
+    def _cached(self, tokens: list[int], limit: int) -> list[int]:
+        """The pool blocks of the longest cached prefix of tokens[:limit], a walk from the root."""
         chain: list[int] = []
-        parent = ROOT
         for start in range(0, limit - BLOCK + 1, BLOCK):
-            block = self.blocks.get((parent, tuple(tokens[start : start + BLOCK])))
+            block = self.blocks.get((chain[-1] if chain else ROOT, tuple(tokens[start : start + BLOCK])))
             if block is None:
                 break
             chain.append(block)
-            parent = block
-        self.touch(chain)
         return chain
 
     def touch(self, chain: list[int]) -> None:
@@ -62,15 +65,8 @@ class PrefixBlocks:
         pool block) for each block whose keys and values must now be copied in, in the lowest free
         pool blocks (so that they lie in runs); stores fewer when the pool holds nothing evictable
         but this prompt's own blocks."""
-        chain: list[int] = []
         blocks = len(tokens) // BLOCK
-        while len(chain) < blocks:  # the blocks cached already
-            start = len(chain) * BLOCK
-            block = self.blocks.get((chain[-1] if chain else ROOT, tuple(tokens[start : start + BLOCK])))
-            if block is None:
-                break
-            chain.append(block)
-        self.touch(chain)
+        chain = self.match(tokens, len(tokens))  # the blocks cached already
         self._make_room(blocks - len(chain), keep=set(chain))
         added: list[tuple[int, int]] = []
         for number in range(len(chain), min(blocks, len(chain) + len(self.free))):

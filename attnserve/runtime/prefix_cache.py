@@ -14,16 +14,13 @@ Knows nothing of requests or scheduling; arena_runner.py decides when to load an
 
 from __future__ import annotations
 
-import numpy as np
-
 from .arena import KVArena
-from .ort_session import HOST_DTYPES
 from .prefix_blocks import BLOCK, PrefixBlocks
 
 
 def block_bytes(n_layers: int, n_heads: int, head_dim: int, dtype: str) -> int:
-    """Bytes of one cached block: BLOCK positions of keys and values in every layer."""
-    return 2 * n_layers * n_heads * BLOCK * head_dim * np.dtype(HOST_DTYPES[dtype]).itemsize
+    """Bytes of one cached block: BLOCK positions of keys and values in every layer (an arena slot's size)."""
+    return KVArena.bytes_needed(n_layers, n_heads, head_dim, BLOCK, 1, dtype)
 
 
 class PrefixCache:
