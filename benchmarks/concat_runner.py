@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.engine.slot_runner import Logits
+from attnserve.engine.slot_runner import Burst, Enough, Logits, stepwise
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -61,6 +61,9 @@ class ConcatRunner:
         logits, present = self.model.run(ids, mask, positions, past, self.cache.cross_mask, self.cache.cross)
         self.cache.append(present, mask)
         return Logits(keys, np.asarray(logits[:, -1], np.float32))
+
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+        return stepwise(self, next_ids, steps, enough)
 
     def release(self, key: int) -> None:
         if key in self.slot_of:

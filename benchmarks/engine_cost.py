@@ -20,21 +20,24 @@ over --repeats with min and max; the load average before and after says whether 
 busy. Prints a table, then one JSON object last. Torch-free.
 
     python -m benchmarks.engine_cost --model models/small-1k-bpe [--concurrency 1,16]
-        [--new-tokens 256] [--repeats 5] [--threads 1] [--out F.json]
+        [--intervals 1,8,unary] [--new-tokens 256] [--repeats 5] [--threads 1] [--out F.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import itertools
 import os
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
-from attnserve.engine.domain import Final, GenerationRequest
+from attnserve.engine.domain import Final, GenerationRequest, StreamInterval
 from attnserve.engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
@@ -65,9 +68,14 @@ def run_loop(model: ModelRunner, batch: list[list[int]], new_tokens: int) -> dic
     return {"tokens": new_tokens * len(batch), "seconds": seconds, "tokens_per_s": new_tokens * len(batch) / seconds}
 
 
-async def read(engine: EngineCalls, prompt: list[int], new_tokens: int) -> int:
+def interval_of(text: str) -> StreamInterval | None:
+    """--interval: a stream's tokens per message, or "unary" (one message at the end)."""
+    return None if text == "unary" else StreamInterval(int(text))
+
+
+async def read(engine: EngineCalls, prompt: list[int], new_tokens: int, interval: StreamInterval | None) -> int:
     """One request's stream, read as the servicer reads it; the number of tokens it produced."""
-    handle = engine.submit(GenerationRequest("bench", tuple(prompt), new_tokens))
+    handle = engine.submit(GenerationRequest("bench", tuple(prompt), new_tokens, interval=interval))
     tokens = 0
     while True:
         events = await handle.next_events()
@@ -79,9 +87,11 @@ async def read(engine: EngineCalls, prompt: list[int], new_tokens: int) -> int:
             return tokens
 
 
-async def run_engine(engine: EngineCalls, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
+async def run_engine(
+    engine: EngineCalls, batch: list[list[int]], new_tokens: int, interval: StreamInterval | None
+) -> dict[str, float]:
     start = time.perf_counter()
-    tokens = sum(await asyncio.gather(*(read(engine, prompt, new_tokens) for prompt in batch)))
+    tokens = sum(await asyncio.gather(*(read(engine, prompt, new_tokens, interval) for prompt in batch)))
     seconds = time.perf_counter() - start
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
@@ -93,7 +103,9 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     return {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates), "tokens": tokens}
 
 
-async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeats: int, threads: int) -> list[dict]:
+async def measure(
+    model: ModelRunner, levels: list[int], intervals: list[str], new_tokens: int, repeats: int, threads: int
+) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
     limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0)
@@ -112,19 +124,19 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
     core.start()
     rows = []
     try:
-        for level in levels:
-            batch = prompts(model.spec.vocab_size, specials, level)
-            sides = {
-                "loop": lambda b=batch: asyncio.to_thread(run_loop, model, b, new_tokens),
-                "engine": lambda b=batch: run_engine(engine, b, new_tokens),
-                "core": lambda b=batch: run_engine(core, b, new_tokens),
+        for level, interval in itertools.product(levels, intervals):
+            batch, every = prompts(model.spec.vocab_size, specials, level), interval_of(interval)
+            sides: dict[str, Callable[[], Awaitable[dict[str, float]]]] = {
+                "loop": functools.partial(asyncio.to_thread, run_loop, model, batch, new_tokens),
+                "engine": functools.partial(run_engine, engine, batch, new_tokens, every),
+                "core": functools.partial(run_engine, core, batch, new_tokens, every),
             }
             for run in sides.values():  # warm-up: bindings, allocations, caches
                 await run()
             runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-            for side in alternating(SIDES, repeats, f"{level} streams"):
+            for side in alternating(SIDES, repeats, f"{level} streams, interval {interval}"):
                 runs[side].append(await sides[side]())
-            row = {"concurrency": level, **{side: summary(runs[side]) for side in SIDES}}
+            row = {"concurrency": level, "interval": interval, **{side: summary(runs[side]) for side in SIDES}}
             for side in ("engine", "core"):
                 ratios = [e["tokens_per_s"] / lp["tokens_per_s"] for e, lp in zip(runs[side], runs["loop"])]
                 row[f"{side}_vs_loop"] = spread(ratios)
@@ -136,12 +148,13 @@ async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeat
 
 
 def print_table(result: dict) -> None:
-    head = ("streams", "loop tok/s", "engine", "core", "engine/loop (min-max)", "core/loop (min-max)")
-    print("{:>8} {:>11} {:>8} {:>8} {:>22} {:>21}".format(*head))
+    head = ("streams", "interval", "loop tok/s", "engine", "core", "engine/loop (min-max)", "core/loop (min-max)")
+    print("{:>8} {:>8} {:>11} {:>8} {:>8} {:>22} {:>21}".format(*head))
     for row in result["rows"]:
         e, c = row["engine_vs_loop"], row["core_vs_loop"]
         print(
-            f"{row['concurrency']:>8} {row['loop']['tokens_per_s']:>11,.0f} {row['engine']['tokens_per_s']:>8,.0f} "
+            f"{row['concurrency']:>8} {row['interval']:>8} {row['loop']['tokens_per_s']:>11,.0f}"
+            f" {row['engine']['tokens_per_s']:>8,.0f} "
             f"{row['core']['tokens_per_s']:>8,.0f} {e['median']:>9.2f}x {e['min']:.2f}-{e['max']:.2f}"
             f" {c['median']:>9.2f}x {c['min']:.2f}-{c['max']:.2f}"
         )
@@ -174,9 +187,15 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, model = parse_args(argparse.ArgumentParser(description=__doc__.splitlines()[0]), argv)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--intervals", default="1", help="comma-separated stream intervals in tokens per message, or unary")
+    args, model = parse_args(p, argv)
     load_before = os.getloadavg()
-    rows = asyncio.run(measure(model, args.levels, args.new_tokens, args.repeats, args.threads))
+    intervals = args.intervals.split(",")
+    for interval in intervals:
+        if interval != "unary" and not (interval.isdigit() and int(interval) >= 1):
+            raise SystemExit(f"--intervals: {interval!r} is neither a number of tokens (>= 1) nor unary")
+    rows = asyncio.run(measure(model, args.levels, intervals, args.new_tokens, args.repeats, args.threads))
     result = {**settings(args), "rows": rows, **load_averages(load_before)}
     report(result, args.out, None, print_table, lambda *_: None)
     return 0

@@ -18,10 +18,19 @@ import numpy as np
 import pytest
 
 from attnserve.engine import engine as engine_module
-from attnserve.engine.domain import Delta, Draining, Final, FinishReason, GenerationRequest, QueueFull, StreamInterval
+from attnserve.engine.domain import (
+    Delta,
+    Draining,
+    Final,
+    FinishReason,
+    GenerationRequest,
+    QueueFull,
+    SamplingParams,
+    StreamInterval,
+)
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.engine.sequence import Sequence
-from attnserve.engine.slot_runner import Logits, ModelSpec
+from attnserve.engine.slot_runner import Burst, Enough, Logits, ModelSpec, stepwise
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -61,6 +70,7 @@ class FakeRunner:
         self.gate, self.at_gate = threading.Event(), threading.Event()
         self.gate.set()
         self.fail_next_decode = False
+        self.bursts: list[int] = []  # the steps each decode_steps call ran
 
     def free_slots(self) -> int:
         reserved = sum(len(forks) for forks in self.forks.values())
@@ -122,6 +132,13 @@ class FakeRunner:
         rows = logits.rows.copy()
         rows[stale] = np.nan
         return Logits(logits.keys, rows, logits.rows.argmax(axis=1))
+
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+        """Step by step through decode() (its gate and log), as a runner without a faster way does."""
+        self.log.append(("burst", steps))
+        burst = stepwise(self, next_ids, steps, enough)
+        self.bursts.append(len(burst.times))
+        return burst
 
     def release(self, key: int) -> None:
         self.log.append(("release", key))
@@ -394,3 +411,91 @@ def test_a_streams_time_bound_hands_on_what_it_holds_once_it_has_passed():
     assert sequence.advance(ord("e"), at(6)) == []
     *held, final = sequence.end(FinishReason.CANCELLED)
     assert [e.token_ids for e in held] == [(ord("e"),)] and final.text == "" and final.usage.completion_tokens == 5
+
+
+def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_would_alone():
+    """Unary calls and a stream of interval 4, all greedy: the engine runs decode steps back to back
+    (at most MAX_BURST, none past a request's next Delta or its budget, stopping after a step where one
+    picks EOS) and its bookkeeping catches up once; every request's tokens, deltas and ends are as alone."""
+    asks = [
+        GenerationRequest("long", tuple(b"long"), 30, interval=None),
+        GenerationRequest("short", tuple(b"short"), 5, interval=None),
+        GenerationRequest("eos", tuple(b"!abc"), 50, interval=None),
+        GenerationRequest("four", tuple(b"four"), 13, interval=StreamInterval(tokens=4)),
+    ]
+    runner = FakeRunner(capacity=4)
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(a) for a in asks]
+            engine.start()
+            return [await deltas(h) for h in handles]
+
+    results = asyncio.run(main())
+    reasons = [FinishReason.LENGTH, FinishReason.LENGTH, FinishReason.EOS, FinishReason.LENGTH]
+    for a, (handed, text, final), reason in zip(asks, results, reasons):
+        tokens = [t for d in handed for t in d]
+        assert tokens == alone(a.prompt_ids, a.max_new_tokens) and text == bytes(tokens).decode(), a.request_id
+        assert final.reason == reason and final.usage.completion_tokens == len(tokens), a.request_id
+    assert [len(d) for d in results[3][0]] == [1, 4, 4, 4]
+    # "four" holds 4 tokens by the 4th step, but "eos" picks EOS at the 2nd; "short" reaches its budget and
+    # "four" its Delta after 2 more; then "four" (and "long") every 4 to its end; then "long" alone, MAX_BURST
+    # at a time; its last step, one from its budget, is a step of its own
+    assert runner.bursts == [2, 2, 4, 4, 8, 8] and engine_module.MAX_BURST == 8
+    assert [entry[0] for entry in runner.log[-11:]] == ["burst", *["decode"] * 9, "release"]
+
+
+@pytest.mark.parametrize("news", ["cancel", "deadline", "arrival"])
+def test_a_cancel_a_deadline_or_an_arrival_ends_a_burst_after_the_step_under_way(monkeypatch, news):
+    """A burst looks at its callers after every step: a request cancelled or past its deadline during a
+    step ends with that step's token, and a queued request with a free slot is admitted after it."""
+    clock = Clock()
+    monkeypatch.setattr(engine_module, "time", clock)
+    runner = FakeRunner(capacity=2)
+    runner.gate.clear()
+
+    async def main():
+        with running(runner) as engine:
+            long = engine.submit(GenerationRequest("l", tuple(b"long"), 50, deadline=clock.now + 5, interval=None))
+            engine.start()
+            await at_gate(runner)  # its first token came with its prefill; a burst's first step waits
+            late = None
+            if news == "cancel":
+                engine.release(long)
+            elif news == "deadline":
+                clock.now += 10
+            else:
+                late = engine.submit(GenerationRequest("n", tuple(b"new"), 3, interval=None))
+            runner.gate.set()
+            return await outcome(long), late and await outcome(late)
+
+    (tokens, final), late = asyncio.run(main())
+    first = runner.log.index(("burst", engine_module.MAX_BURST))
+    assert runner.log[first + 1][0] == "decode" and runner.log[first + 2][0] != "decode", runner.log
+    if news == "arrival":
+        assert runner.log[first + 2][:2] == ("start", 1) and late[0] == alone(tuple(b"new"), 3)
+        assert tokens == alone(tuple(b"long"), 50) and final.reason == FinishReason.LENGTH
+    else:
+        reason = FinishReason.CANCELLED if news == "cancel" else FinishReason.DEADLINE
+        assert isinstance(final, Final) and final.reason == reason and len(tokens) == 2
+        assert runner.log[first + 2][0] == "release"
+
+
+def test_a_sampling_request_in_the_batch_means_one_step_at_a_time():
+    """A row that samples (or wants logprobs, or has a grammar) is picked after every step: no bursts."""
+    sampled = GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None)
+    runner = FakeRunner(capacity=2)
+
+    async def main():
+        with running(runner) as engine:
+            handles = [
+                engine.submit(sampled),
+                engine.submit(GenerationRequest("g", tuple(b"greedy"), 10, interval=None)),
+            ]
+            engine.start()
+            return [await outcome(h) for h in handles]
+
+    (_, s_final), (g_tokens, _) = asyncio.run(main())
+    assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
+    assert g_tokens == alone(tuple(b"greedy"), 10)
+    assert not any(entry[0] == "burst" for entry in runner.log), runner.log

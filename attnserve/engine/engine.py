@@ -26,6 +26,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -41,6 +42,9 @@ from .slot_runner import Logits, SlotRunner
 log = logging.getLogger("attnserve.server")
 
 DRAINING = "the server is shutting down and takes no new requests"
+# Decode steps the engine runs back to back, its bookkeeping after the last, while every request is plain
+# greedy and none has a Delta due: cancels, arrivals and aborts still end a burst after the step they came in.
+MAX_BURST = 8
 
 
 def queue_full(max_queue: int) -> QueueFull:
@@ -299,14 +303,63 @@ class Engine:
         self._free_done(advanced)
 
     def _decode(self) -> None:
-        """One token for every decoding request."""
+        """One token for every decoding request, or a burst of them while nobody needs to hear."""
         next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
+        steps = self._quiet_steps()
+        if steps > 1:
+            self._decode_burst(next_ids, steps)
+            return
         sampled = frozenset(key for key, s in self._active.items() if not s.plain_greedy)
         logits = self.slots.decode(next_ids, sampled)
         advanced = self._advance(logits, [self._active[key] for key in logits.keys])
         self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
         self._free_done(advanced)
+
+    def _quiet_steps(self) -> int:
+        """Decode steps the batch may run back to back (at most MAX_BURST): 1 unless every request is
+        plain greedy, else as many as none of them has a Delta due or reaches its budget before the last."""
+        steps = MAX_BURST
+        for sequence in self._active.values():
+            if not sequence.plain_greedy:
+                return 1
+            steps = min(steps, sequence.quiet_steps())
+        return steps
+
+    def _decode_burst(self, next_ids: dict[int, int], steps: int) -> None:
+        """Up to `steps` greedy decode steps in the runner, then every request takes its tokens in
+        order, as if step by step (one that ends leaves the rest of its tokens). The burst stops early
+        after a step where a request picked one of its ending ids, where a Delta's time comes (a stream
+        interval's ms, a deadline), or where the queue, a cancel or an abort needs the scheduler."""
+        sequences = list(self._active.values())
+        ends = frozenset().union(*(sequence.ends for sequence in sequences))
+        due = min(sequence.due_by() for sequence in sequences)
+        deadline = min((s.request.deadline for s in sequences if s.request.deadline is not None), default=math.inf)
+        admits = self.slots.free_slots() > 0
+
+        def enough(tokens: np.ndarray) -> bool:
+            if not ends.isdisjoint(tokens.tolist()) or time.perf_counter() >= due or time.monotonic() >= deadline:
+                return True
+            return self._news(admits) or any(sequence.handle.cancelled for sequence in sequences)
+
+        burst = self.slots.decode_steps(next_ids, steps, enough)
+        for _ in range(len(burst.times) - 1):  # the first step was reported before it ran
+            self.observer.on_step(len(self._active), len(self._queue))
+        gaps, advanced = [], []
+        for row, key in enumerate(burst.keys):
+            sequence = self._active[key]
+            for token, now in zip(burst.tokens[:, row].tolist(), burst.times):
+                self._emit(sequence, sequence.advance(token, now))
+                gaps.append(sequence.token_gap)
+                if sequence.done:
+                    break
+            advanced.append((key, sequence))
+        self.observer.on_tokens([], gaps)
+        self._free_done(advanced)
+
+    def _news(self, admits: bool) -> bool:
+        """Something the scheduler must see before the next step: a queued request it can admit, an abort."""
+        return (admits and bool(self._queue)) or self._abort
 
     def _free_done(self, advanced: list[tuple[int, Sequence]]) -> None:
         for key, sequence in advanced:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -275,6 +276,22 @@ class Sequence:
         if self.deltas == 0 or len(self.held_ids) >= interval.tokens:
             return True
         return interval.ms > 0 and now - self.last_delta >= interval.ms / 1000
+
+    def quiet_steps(self) -> int:
+        """Tokens this request may take before one makes a Delta due or reaches its budget (that one
+        included): what a burst of decode steps may run before its bookkeeping."""
+        left = self.budget - len(self.generated)
+        interval = self.request.interval
+        if interval is None:
+            return left
+        if self.deltas == 0:
+            return 1
+        return min(left, interval.tokens - len(self.held_ids))
+
+    def due_by(self) -> float:
+        """When (perf_counter) a Delta of this request falls due by time (its interval's ms; inf: never)."""
+        interval = self.request.interval
+        return self.last_delta + interval.ms / 1000 if interval is not None and interval.ms > 0 else math.inf
 
     def take_held(self, now: float) -> list[Event]:
         """The held tokens and their text as one Delta ([] if none are held)."""

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import numpy as np
 
-from ..engine.slot_runner import Logits, PrefixReport
+from ..engine.slot_runner import Burst, Enough, Logits, PrefixReport
 from .arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
@@ -217,6 +218,20 @@ class ArenaRunner:
         rows = [row for row, key in enumerate(self.decoding) if key in sampled]
         picked, logits = self.decoder.decode_picked(tokens, rows)
         return Logits(list(self.decoding), logits, picked)
+
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+        """Up to `steps` greedy decode steps of the whole block, each fed the tokens the last picked
+        (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so."""
+        tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
+        taken: list[np.ndarray] = []
+        times: list[float] = []
+        for _ in range(steps):
+            tokens = self.decoder.decode_greedy(tokens)
+            taken.append(tokens)
+            times.append(time.perf_counter())
+            if enough(tokens):
+                break
+        return Burst(list(self.decoding), np.stack(taken), times)
 
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""

@@ -188,6 +188,9 @@ class CoreEngine(Engine):
     def _idle(self) -> bool:
         return super()._idle() and not self._pending
 
+    def _news(self, admits: bool) -> bool:
+        return super()._news(admits) or bool(self._pending)
+
     def _step(self) -> None:
         with self._cond:
             pending, self._pending = self._pending, []
