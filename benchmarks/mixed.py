@@ -5,10 +5,11 @@ The workload (seeded, the same on both sides and every round): --requests reques
 each with --prompt-tokens prompt ids (drawn as `attnserve bench` draws its own) and an output length
 drawn from an exponential distribution of mean --mean-new-tokens, clipped to --min-new-tokens and
 --max-new-tokens.
-  attnserve  --in-flight clients stream requests through one `attnserve serve` (its engine core in
+  attnserve  --in-flight clients send requests through one `attnserve serve` (its engine core in
              a process of its own), each taking the next waiting request as one ends; greedy, each
              request's own max_new_tokens (a request may end earlier at EOS: its tokens are counted
-             as produced)
+             as produced); --call stream (GenerateStream, a message per token) or unary
+             (Generate: the whole completion at its end, as genai's batches give theirs)
   genai      the requests in arrival order, in static batches of --in-flight (what a server built
              on onnxruntime-genai's batch API does): a batch decodes to its longest request's
              length, so the shorter ones' extra tokens are work nobody asked for; each request's
@@ -20,7 +21,7 @@ common arrival). Sides alternate within each round (the order flips every round)
 (`make test` builds it). Prints a table, then one JSON object last. Torch-free.
 
     python -m benchmarks.mixed --model models/small-1k-bpe [--requests 64] [--in-flight 16]
-        [--prompt-tokens 32] [--mean-new-tokens 128] [--repeats 3] [--out F.json] [--plot F.png]
+        [--call stream|unary] [--prompt-tokens 32] [--mean-new-tokens 128] [--repeats 3] [--out F.json] [--plot F.png]
 """
 
 from __future__ import annotations
@@ -68,8 +69,11 @@ def outcome(tokens: int, seconds: float, latencies: list[float]) -> dict[str, fl
     }
 
 
-async def serve_side(target: str, requests: list[tuple[list[int], int]], in_flight: int) -> dict[str, float]:
-    """The requests through gRPC, --in-flight streams at a time, all arriving at the start."""
+async def serve_side(
+    target: str, requests: list[tuple[list[int], int]], in_flight: int, call: str = "stream"
+) -> dict[str, float]:
+    """The requests through gRPC, --in-flight calls at a time (streams, or unary Generate calls that
+    get each completion whole), all arriving at the start."""
     waiting = list(enumerate(requests))
     latencies: list[float] = [0.0] * len(requests)
     produced = [0] * len(requests)
@@ -80,9 +84,12 @@ async def serve_side(target: str, requests: list[tuple[list[int], int]], in_flig
             while waiting:
                 index, (prompt, length) = waiting.pop(0)
                 params = GenerationParams(max_new_tokens=length)
-                async with client.stream(prompt, params, timeout=600) as stream:
-                    async for delta in stream:
-                        produced[index] += len(delta.token_ids)
+                if call == "unary":
+                    produced[index] = len((await client.generate(prompt, params, timeout=600)).token_ids)
+                else:
+                    async with client.stream(prompt, params, timeout=600) as stream:
+                        async for delta in stream:
+                            produced[index] += len(delta.token_ids)
                 latencies[index] = time.perf_counter() - start
 
         await asyncio.gather(*(worker() for _ in range(in_flight)))
@@ -111,13 +118,13 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 def measure(args: argparse.Namespace, server: ServerProcess, requests: list[tuple[list[int], int]]) -> dict:
-    asyncio.run(serve_side(server.target, requests[: args.in_flight], args.in_flight))  # warm-up
+    asyncio.run(serve_side(server.target, requests[: args.in_flight], args.in_flight, args.call))  # warm-up
     runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for side in alternating(SIDES, args.repeats, "mixed workload"):
         if side == "genai":
             runs[side].append(genai_side(args.model, requests, args.in_flight))
         else:
-            runs[side].append(asyncio.run(serve_side(server.target, requests, args.in_flight)))
+            runs[side].append(asyncio.run(serve_side(server.target, requests, args.in_flight, args.call)))
     result: dict[str, Any] = {side: summary(runs[side]) for side in SIDES}
     pairs = list(zip(runs["attnserve"], runs["genai"]))
     for key, name in (("tokens_per_s", "throughput"), ("latency_p99_ms", "p99_latency")):
@@ -168,7 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
     p.add_argument("--requests", type=int, default=64, help="requests, all arriving at the start")
-    p.add_argument("--in-flight", type=int, default=16, help="streams at a time (genai: its static batch size)")
+    p.add_argument("--in-flight", type=int, default=16, help="calls at a time (genai: its static batch size)")
+    p.add_argument(
+        "--call", choices=("stream", "unary"), default="stream", help="GenerateStream, or Generate (whole completions)"
+    )
     p.add_argument("--prompt-tokens", type=int, default=32, help="prompt token ids per request")
     p.add_argument("--mean-new-tokens", type=int, default=128, help="mean of the exponential output lengths")
     p.add_argument("--min-new-tokens", type=int, default=8, help="output lengths are clipped to at least this")
@@ -189,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     result = {
-        **{key: getattr(args, key) for key in ("model", "requests", "in_flight", "prompt_tokens", "seed", "repeats")},
+        **{key: getattr(args, key) for key in ("model", "requests", "in_flight", "call", "prompt_tokens", "seed")},
+        "repeats": args.repeats,
         **{key: getattr(args, key) for key in ("mean_new_tokens", "min_new_tokens", "max_new_tokens")},
         "asked_tokens": sum(n for _, n in requests),
         **measured,

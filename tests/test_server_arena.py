@@ -235,3 +235,31 @@ def test_sizes_and_batch_flags_parse_like_the_readme_says():
     for bad in ("0", "-3", "many"):
         with pytest.raises(ValueError, match="at least 1"):
             parse_max_batch(bad)
+
+
+def test_greedy_unary_calls_decode_in_bursts_that_give_what_pytorch_and_a_stream_give(arena_server, reference_model):
+    """Concurrent unary greedy calls (nobody needs a token before the end) run their decode steps in
+    bursts, the graph's greedy token fed back to the next step, and decode what PyTorch decodes and
+    what a stream (one step at a time, a message per token) decodes."""
+    running, _, _ = arena_server
+    slots = running.engine.slots
+    bursts: list[int] = []
+    real = slots.decode_steps
+
+    def counted(next_ids, steps, enough):
+        burst = real(next_ids, steps, enough)
+        bursts.append(len(burst.times))
+        return burst
+
+    slots.decode_steps = counted
+    reqs = [request(p, max_new_tokens=24 + 5 * i) for i, p in enumerate(PROMPTS[:6])]
+    try:
+        with ThreadPoolExecutor(len(reqs)) as pool:
+            unary = list(pool.map(lambda r: running.stub.Generate(r, timeout=TIMEOUT), reqs))
+    finally:
+        slots.decode_steps = real
+    assert bursts and max(bursts) > 1, bursts
+    for prompt, r, reply in zip(PROMPTS, reqs, unary):
+        streamed = [t for m in running.stub.GenerateStream(r, timeout=TIMEOUT) for t in m.token_ids]
+        expected = generate(reference_model, [encode(prompt)], r.max_new_tokens, **BYTE_IDS)[0]
+        assert list(reply.token_ids) == streamed == expected, prompt

@@ -69,6 +69,7 @@ class ArenaDecoder:
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
         self._bindings: dict[tuple[int, int, int, bool], ort.IOBinding] = {}  # (first slot, B, T, ids) -> binding
         self.last_shape = (0, 0)  # (B, T) of the last run whose logits are in the host buffer
+        self.columns = np.arange(self.context + 1)[None, :]  # a decode step's mask compares positions to these
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
@@ -182,6 +183,8 @@ class ArenaDecoder:
 
     def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
         """Each slot's greedy next token (B,) int64, and no logits leave the device."""
+        if self.greedy_outputs and self.fixed is None:  # decode_picked's path with no rows to read
+            return self.step(tokens, picked=True)[:, 0].copy()
         return self.decode_picked(tokens, [])[0]
 
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
@@ -205,7 +208,7 @@ class ArenaDecoder:
         b = len(tokens)
         held = self.arena.lengths[:b]
         width = int(held.max()) + 1
-        mask = (np.arange(width)[None, :] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
+        mask = (self.columns[:, :width] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
         out = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1), picked)
         self.arena.lengths[:b] += 1
         return out
