@@ -305,14 +305,17 @@ def test_drain_refuses_new_requests_and_finishes_the_queued_and_active_ones():
     assert [tokens for tokens, _ in results] == [alone(tuple(b"active"), 4), alone(tuple(b"queued"), 4)]
 
 
-def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step_of_the_running_batch():
+@pytest.mark.parametrize("interval", [StreamInterval(), None], ids=["stream", "unary"])
+def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step_of_the_running_batch(interval):
+    """Whether the running request streams or waits for its end (a greedy unary call would otherwise
+    decode in bursts), the batch runs one decode step between two chunks of a long prompt."""
     runner = FakeRunner(capacity=2, chunk=4)
     runner.gate.clear()
     long_prompt = "a prompt of 22 ids ..."
 
     async def main():
         with running(runner) as engine:
-            decoding = engine.submit(ask("tick", 20))
+            decoding = engine.submit(GenerationRequest("tick", tuple(b"tick"), 20, interval=interval))
             engine.start()
             await at_gate(runner)
             long = engine.submit(ask(long_prompt, 3))

@@ -303,10 +303,11 @@ class Engine:
         self._free_done(advanced)
 
     def _decode(self) -> None:
-        """One token for every decoding request, or a burst of them while nobody needs to hear."""
+        """One token for every decoding request, or a burst of them while nobody needs to hear and no
+        prompt waits for its next prefill round."""
         next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
-        steps = self._quiet_steps()
+        steps = self._quiet_steps() if not self._prefilling else 1  # a long prompt gets a chunk per step
         if steps > 1:
             self._decode_burst(next_ids, steps)
             return
