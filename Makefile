@@ -78,10 +78,13 @@ $(PERF_MODEL)/attnserve.json: $(PERF_RUN)/checkpoint.pt
 	$(VENV)/bin/attnserve export $(PERF_RUN)/checkpoint.pt --out $(PERF_MODEL)
 perf: $(STAMP) $(GENAI_STAMP) $(PERF_MODEL)/attnserve.json
 	mkdir -p reports
-	$(PY) -m benchmarks.engine_cost --model $(PERF_MODEL) --new-tokens 256 --repeats 5 --out reports/engine-cost.json
+	$(PY) -m benchmarks.engine_cost --model $(PERF_MODEL) --new-tokens 256 --repeats 5 --intervals 1,8,unary \
+		--out reports/engine-cost.json
 	$(PY) -m benchmarks.engine_core --model $(PERF_MODEL) --repeats 3 \
 		--out reports/engine-core.json --plot reports/engine-core.png
 	$(PY) -m benchmarks.mixed --model $(PERF_MODEL) --repeats 3 --out reports/mixed.json --plot reports/mixed.png
+	$(PY) -m benchmarks.mixed --model $(PERF_MODEL) --repeats 3 --call unary \
+		--out reports/mixed-unary.json --plot reports/mixed-unary.png
 	$(PY) -m benchmarks.prefix_cache --model $(PERF_MODEL) --repeats 5 \
 		--out reports/prefix-cache.json --plot reports/prefix-cache.png
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.engine.slot_runner import Burst, Enough, Logits, stepwise
+from attnserve.engine.slot_runner import Enough, Logits, stepwise
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -62,7 +62,7 @@ class ConcatRunner:
         self.cache.append(present, mask)
         return Logits(keys, np.asarray(logits[:, -1], np.float32))
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
         return stepwise(self, next_ids, steps, enough)
 
     def release(self, key: int) -> None:

@@ -141,7 +141,10 @@ def print_table(result: dict) -> None:
             f"{s['latency_p99_ms']['median']:>9,.0f}"
         )
     t, p = result["throughput_attnserve_vs_genai"], result["p99_latency_attnserve_vs_genai"]
-    print(f"attnserve / genai: throughput {t['median']:.2f}x ({t['min']:.2f}-{t['max']:.2f}), ", end="")
+    print(
+        f"attnserve ({result['call']} calls) / genai: throughput {t['median']:.2f}x ({t['min']:.2f}-{t['max']:.2f}), ",
+        end="",
+    )
     print(f"p99 latency {p['median']:.2f}x ({p['min']:.2f}-{p['max']:.2f})")
     print(f"load average before {result['load_before']}, after {result['load_after']}")
 
@@ -153,7 +156,7 @@ def write_plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(8, 3.5))
-    labels = ["attnserve (gRPC)", f"genai (static {result['in_flight']})"]
+    labels = [f"attnserve (gRPC, {result['call']})", f"genai (static {result['in_flight']})"]
     left.bar(labels, [result[s]["tokens_per_s"]["median"] for s in SIDES], color=["C1", "C2"])
     left.set_ylabel("useful output tokens/s")
     for n, key in enumerate(("latency_p50_ms", "latency_p99_ms")):

@@ -30,7 +30,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.engine.sequence import Sequence
-from attnserve.engine.slot_runner import Burst, Enough, Logits, ModelSpec, stepwise
+from attnserve.engine.slot_runner import Enough, Logits, ModelSpec, stepwise
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -70,6 +70,8 @@ class FakeRunner:
         self.gate, self.at_gate = threading.Event(), threading.Event()
         self.gate.set()
         self.fail_next_decode = False
+        self.pause_at = 0  # the decode call (counting from 1) that finds the gate closed; 0: none
+        self.decodes = 0
         self.bursts: list[int] = []  # the steps each decode_steps call ran
 
     def free_slots(self) -> int:
@@ -116,6 +118,9 @@ class FakeRunner:
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
         """The next rows; told which keys sample, every row's argmax too and the others' rows as NaN
         (stale, as the arena runner leaves them)."""
+        self.decodes += 1
+        if self.decodes == self.pause_at:
+            self.gate.clear()
         if not self.gate.is_set():
             self.at_gate.set()
             self.gate.wait(WAIT_S)
@@ -133,12 +138,12 @@ class FakeRunner:
         rows[stale] = np.nan
         return Logits(logits.keys, rows, logits.rows.argmax(axis=1))
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
         """Step by step through decode() (its gate and log), as a runner without a faster way does."""
         self.log.append(("burst", steps))
-        burst = stepwise(self, next_ids, steps, enough)
-        self.bursts.append(len(burst.times))
-        return burst
+        ran = stepwise(self, next_ids, steps, enough)
+        self.bursts.append(ran)
+        return ran
 
     def release(self, key: int) -> None:
         self.log.append(("release", key))
@@ -417,9 +422,10 @@ def test_a_streams_time_bound_hands_on_what_it_holds_once_it_has_passed():
 
 
 def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_would_alone():
-    """Unary calls and a stream of interval 4, all greedy: the engine runs decode steps back to back
-    (at most MAX_BURST, none past a request's next Delta or its budget, stopping after a step where one
-    picks EOS) and its bookkeeping catches up once; every request's tokens, deltas and ends are as alone."""
+    """Unary calls and a stream of interval 4, all greedy: the runner runs decode steps back to back (at
+    most MAX_BURST), each request takes its tokens when its Delta falls due or its budget ends, and the
+    burst ends after a step where one ended or picked EOS; every request's tokens, deltas and ends are
+    as alone."""
     asks = [
         GenerationRequest("long", tuple(b"long"), 30, interval=None),
         GenerationRequest("short", tuple(b"short"), 5, interval=None),
@@ -441,11 +447,10 @@ def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_
         assert tokens == alone(a.prompt_ids, a.max_new_tokens) and text == bytes(tokens).decode(), a.request_id
         assert final.reason == reason and final.usage.completion_tokens == len(tokens), a.request_id
     assert [len(d) for d in results[3][0]] == [1, 4, 4, 4]
-    # "four" holds 4 tokens by the 4th step, but "eos" picks EOS at the 2nd; "short" reaches its budget and
-    # "four" its Delta after 2 more; then "four" (and "long") every 4 to its end; then "long" alone, MAX_BURST
-    # at a time; its last step, one from its budget, is a step of its own
-    assert runner.bursts == [2, 2, 4, 4, 8, 8] and engine_module.MAX_BURST == 8
-    assert [entry[0] for entry in runner.log[-11:]] == ["burst", *["decode"] * 9, "release"]
+    # "eos" picks EOS at the 2nd step, "short" reaches its budget 2 steps later, "four" 8 steps after that;
+    # then "long" alone, MAX_BURST steps at a time, to its budget
+    assert runner.bursts == [2, 2, 8, 8, 8, 1] and engine_module.MAX_BURST == 8
+    assert [entry[0] for entry in runner.log[-3:]] == ["burst", "decode", "release"]
 
 
 @pytest.mark.parametrize("news", ["cancel", "deadline", "arrival"])
@@ -502,3 +507,29 @@ def test_a_sampling_request_in_the_batch_means_one_step_at_a_time():
     assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
     assert g_tokens == alone(tuple(b"greedy"), 10)
     assert not any(entry[0] == "burst" for entry in runner.log), runner.log
+
+
+def test_a_stream_in_a_burst_gets_each_token_as_its_step_ends():
+    """An interval-1 stream beside a unary call: the burst hands the stream each step's token as the
+    step ends (not at the burst's end), while the unary call's wait for its end."""
+    runner = FakeRunner(capacity=2)
+    runner.pause_at = 3  # the burst's third step waits at the gate
+
+    async def main():
+        with running(runner) as engine:
+            stream = engine.submit(GenerationRequest("s", tuple(b"stream"), 20))
+            unary = engine.submit(GenerationRequest("u", tuple(b"unary"), 20, interval=None))
+            engine.start()
+            await at_gate(runner)
+            early: list[int] = []
+            while len(early) < 3:  # the prefill's token and the first two steps'
+                early += [t for e in await asyncio.wait_for(stream.next_events(), WAIT_S) for t in e.token_ids]
+            unary_early = unary.events.qsize()
+            runner.gate.set()
+            return early, unary_early, await outcome(stream), await outcome(unary)
+
+    early, unary_early, (tokens, _), (unary_tokens, _) = asyncio.run(main())
+    first = runner.log.index(("burst", engine_module.MAX_BURST))
+    assert runner.log[first + 1 : first + 4] == [("decode", (0, 1))] * 3  # one burst, paused at its third step
+    assert early == alone(tuple(b"stream"), 3) and unary_early == 0
+    assert early + tokens == alone(tuple(b"stream"), 20) and unary_tokens == alone(tuple(b"unary"), 20)

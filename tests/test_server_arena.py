@@ -247,9 +247,9 @@ def test_greedy_unary_calls_decode_in_bursts_that_give_what_pytorch_and_a_stream
     real = slots.decode_steps
 
     def counted(next_ids, steps, enough):
-        burst = real(next_ids, steps, enough)
-        bursts.append(len(burst.times))
-        return burst
+        ran = real(next_ids, steps, enough)
+        bursts.append(ran)
+        return ran
 
     slots.decode_steps = counted
     reqs = [request(p, max_new_tokens=24 + 5 * i) for i, p in enumerate(PROMPTS[:6])]

@@ -13,11 +13,13 @@ order; a request of n completions when n slots are free: its prompt is prefilled
 runner copies the slot to the other n - 1), runs one round of prefill (fresh prompts together, one
 chunk of a long one), runs one decode step for the whole batch, picks every plain greedy row's
 token with one argmax over the batch and every other row's with its own sampler (penalties, bias,
-masked ids, logprobs), and hands the events to each caller's event loop
-with one call_soon_threadsafe per step. A request's deltas go on at its stream interval (its
-Sequence holds the tokens in between; a unary call's go with its end), so a paced stream wakes
-its caller, and crosses to the front end from the engine core's process, once per message, not
-once per token. ONNX Runtime releases the GIL while it runs.
+masked ids, logprobs), and hands the events to each caller's event loop with one
+call_soon_threadsafe per step. While every row is plain greedy and no prompt waits, the runner runs
+up to MAX_BURST decode steps back to back instead (burst.py: each request takes its tokens when its
+Delta falls due; the step boundary's work waits for the burst's end). A request's deltas go on at
+its stream interval (its Sequence holds the tokens in between; a unary call's go with its end), so
+a paced stream wakes its caller, and crosses to the front end from the engine core's process, once
+per message, not once per token. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Protocol, cast
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
 from .sequence import Caller, Event, Handle, Sequence, check_budget, post
 from .slot_runner import Logits, SlotRunner
@@ -42,8 +45,8 @@ from .slot_runner import Logits, SlotRunner
 log = logging.getLogger("attnserve.server")
 
 DRAINING = "the server is shutting down and takes no new requests"
-# Decode steps the engine runs back to back, its bookkeeping after the last, while every request is plain
-# greedy and none has a Delta due: cancels, arrivals and aborts still end a burst after the step they came in.
+# Decode steps the runner runs back to back while every request is plain greedy (burst.py): the engine's own
+# step (admission, cleanup) once per burst; a cancel, an arrival or an abort ends a burst after its step.
 MAX_BURST = 8
 
 
@@ -303,13 +306,12 @@ class Engine:
         self._free_done(advanced)
 
     def _decode(self) -> None:
-        """One token for every decoding request, or a burst of them while nobody needs to hear and no
-        prompt waits for its next prefill round."""
+        """One token for every decoding request, or a burst of steps while every request is plain greedy
+        and no prompt waits for its next prefill round (a long prompt gets a chunk per step)."""
         next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
         assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
-        steps = self._quiet_steps() if not self._prefilling else 1  # a long prompt gets a chunk per step
-        if steps > 1:
-            self._decode_burst(next_ids, steps)
+        if not self._prefilling and all(sequence.plain_greedy for sequence in self._active.values()):
+            self._decode_burst(next_ids)
             return
         sampled = frozenset(key for key, s in self._active.items() if not s.plain_greedy)
         logits = self.slots.decode(next_ids, sampled)
@@ -317,46 +319,32 @@ class Engine:
         self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
         self._free_done(advanced)
 
-    def _quiet_steps(self) -> int:
-        """Decode steps the batch may run back to back (at most MAX_BURST): 1 unless every request is
-        plain greedy, else as many as none of them has a Delta due or reaches its budget before the last."""
-        steps = MAX_BURST
-        for sequence in self._active.values():
-            if not sequence.plain_greedy:
-                return 1
-            steps = min(steps, sequence.quiet_steps())
-        return steps
-
-    def _decode_burst(self, next_ids: dict[int, int], steps: int) -> None:
-        """Up to `steps` greedy decode steps in the runner, then every request takes its tokens in
-        order, as if step by step (one that ends leaves the rest of its tokens). The burst stops early
-        after a step where a request picked one of its ending ids, where a Delta's time comes (a stream
-        interval's ms, a deadline), or where the queue, a cancel or an abort needs the scheduler."""
-        sequences = list(self._active.values())
-        ends = frozenset().union(*(sequence.ends for sequence in sequences))
-        due = min(sequence.due_by() for sequence in sequences)
-        deadline = min((s.request.deadline for s in sequences if s.request.deadline is not None), default=math.inf)
+    def _decode_burst(self, next_ids: dict[int, int]) -> None:
+        """Up to MAX_BURST greedy decode steps run back to back by the runner; after each, the requests
+        whose Delta falls due take their tokens (burst.py) and the step's events go on. The burst ends
+        after a step where a request ended or picked an ending id, where a stream's ms interval or a
+        deadline passed, or where a cancel, an abort or a request to admit needs the scheduler."""
+        sequences = dict(self._active)
+        burst = Burst(sequences, self._emit)
+        due = min(sequence.due_by() for sequence in sequences.values())
+        deadlines = [s.request.deadline for s in sequences.values() if s.request.deadline is not None]
+        deadline = min(deadlines, default=math.inf)
         admits = self.slots.free_slots() > 0
 
-        def enough(tokens: np.ndarray) -> bool:
-            if not ends.isdisjoint(tokens.tolist()) or time.perf_counter() >= due or time.monotonic() >= deadline:
+        def take(keys: list[int], tokens: np.ndarray) -> bool:
+            now = time.perf_counter()
+            if burst.times:  # the first step was reported before it ran
+                self.observer.on_step(len(self._active), len(self._queue))
+            ended = burst.step(keys, tokens.tolist(), now)
+            if self._outbox:
+                self._flush()
+            if ended or now >= due or time.monotonic() >= deadline or self._news(admits):
                 return True
-            return self._news(admits) or any(sequence.handle.cancelled for sequence in sequences)
+            return any(sequence.handle.cancelled for sequence in sequences.values())
 
-        burst = self.slots.decode_steps(next_ids, steps, enough)
-        for _ in range(len(burst.times) - 1):  # the first step was reported before it ran
-            self.observer.on_step(len(self._active), len(self._queue))
-        gaps, advanced = [], []
-        for row, key in enumerate(burst.keys):
-            sequence = self._active[key]
-            for token, now in zip(burst.tokens[:, row].tolist(), burst.times):
-                self._emit(sequence, sequence.advance(token, now))
-                gaps.append(sequence.token_gap)
-                if sequence.done:
-                    break
-            advanced.append((key, sequence))
-        self.observer.on_tokens([], gaps)
-        self._free_done(advanced)
+        self.slots.decode_steps(next_ids, MAX_BURST, take)
+        self.observer.on_tokens([], burst.finish())
+        self._free_done(list(sequences.items()))
 
     def _news(self, admits: bool) -> bool:
         """Something the scheduler must see before the next step: a queued request it can admit, an abort."""

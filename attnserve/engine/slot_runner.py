@@ -9,7 +9,6 @@ deterministic logits.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -69,17 +68,7 @@ class Logits:
         return cls(keys, np.stack([rows[k] for k in keys]) if keys else np.empty((0, width), np.float32))
 
 
-@dataclass(frozen=True)
-class Burst:
-    """Greedy decode steps run back to back: `keys[i]`'s token of step s is `tokens[s, i]`, and step s
-    ended at `times[s]` (perf_counter). Every step fed each key the token the step before picked."""
-
-    keys: list[int]
-    tokens: np.ndarray  # (steps, n) int64
-    times: list[float]
-
-
-Enough = Callable[[np.ndarray], bool]  # told a step's tokens (n,), whether the burst ends with that step
+Enough = Callable[[list[int], np.ndarray], bool]  # told a step's keys and their tokens (n,): does the burst end?
 
 
 class SlotRunner(Protocol):
@@ -94,8 +83,8 @@ class SlotRunner(Protocol):
     token per decoding key and returns its next logits (given `sampled`, the keys that sample, the
     others are picked by argmax and the runner may return their tokens instead of their logits);
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
-    tokens the step before picked, until `enough` says so after a step (the engine's bookkeeping
-    then catches up once for all of them); `release` frees a key's slot; `reset` frees every slot after a failed run."""
+    tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
+    burst ends (the steps run come back); `release` frees a key's slot; `reset` frees every slot after a failed run."""
 
     spec: ModelSpec
 
@@ -105,23 +94,17 @@ class SlotRunner(Protocol):
     ) -> None: ...
     def prefill(self) -> Logits: ...
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits: ...
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst: ...
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int: ...
     def release(self, key: int) -> None: ...
     def reset(self) -> None: ...
 
 
-def stepwise(runner: SlotRunner, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+def stepwise(runner: SlotRunner, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
     """decode_steps by one decode() call per step: for a runner with no faster way to chain them."""
-    keys: list[int] = []
-    taken: list[np.ndarray] = []
-    times: list[float] = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         logits = runner.decode(next_ids, frozenset())
         tokens = logits.rows.argmax(axis=1) if logits.tokens is None else logits.tokens
-        keys = logits.keys
-        taken.append(np.asarray(tokens, np.int64))
-        times.append(time.perf_counter())
-        next_ids = dict(zip(keys, taken[-1].tolist()))
-        if enough(taken[-1]):
-            break
-    return Burst(keys, np.stack(taken), times)
+        next_ids = dict(zip(logits.keys, tokens.tolist()))
+        if enough(logits.keys, tokens):
+            return step
+    return steps

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 import numpy as np
 
-from ..engine.slot_runner import Burst, Enough, Logits, PrefixReport
+from ..engine.slot_runner import Enough, Logits, PrefixReport
 from .arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
@@ -219,19 +218,16 @@ class ArenaRunner:
         picked, logits = self.decoder.decode_picked(tokens, rows)
         return Logits(list(self.decoding), logits, picked)
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> Burst:
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
         """Up to `steps` greedy decode steps of the whole block, each fed the tokens the last picked
-        (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so."""
-        tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
-        taken: list[np.ndarray] = []
-        times: list[float] = []
-        for _ in range(steps):
+        (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so; the steps run."""
+        keys = list(self.decoding)
+        tokens = np.array([next_ids[key] for key in keys], np.int64)
+        for step in range(1, steps + 1):
             tokens = self.decoder.decode_greedy(tokens)
-            taken.append(tokens)
-            times.append(time.perf_counter())
-            if enough(tokens):
-                break
-        return Burst(list(self.decoding), np.stack(taken), times)
+            if enough(keys, tokens):
+                return step
+        return steps
 
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""

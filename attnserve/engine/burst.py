@@ -1,0 +1,73 @@
+"""A burst: greedy decode steps the runner runs back to back, and when each request takes its tokens.
+
+While every request in the batch is plain greedy, the runner can chain decode steps itself (each
+fed the tokens the one before picked) and the engine's own step (admission, cleanup, the next
+step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
+stream interval makes a Delta due, or where its budget ends; it then takes every token since the
+last time, in order and at their own step's time, as it would have step by step. A unary call
+takes its tokens at the burst's end, an interval-1 stream after every step, an interval-8 stream
+every 8 steps whatever phase its neighbours are in. The burst ends after a step where a request
+ended or picked an id that may end it, and at the end every request catches up.
+No runner, no gRPC: request keys, token ids and Sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .sequence import Event, Sequence
+
+Emit = Callable[[Sequence, list[Event]], None]
+
+
+class Burst:
+    """The tokens of a burst's steps so far, and which request takes them at which step."""
+
+    def __init__(self, sequences: dict[int, Sequence], emit: Emit):
+        """`sequences`: the batch by key; `emit`: where a request's events go as it takes its tokens."""
+        self.sequences, self.emit = sequences, emit
+        self.ends = frozenset().union(*(sequence.ends for sequence in sequences.values()))
+        self.tokens: list[list[int]] = []  # each step's tokens, in the runner's row order
+        self.times: list[float] = []  # when each step's tokens came (perf_counter)
+        self.rows: dict[int, int] = {}  # key -> its row in the runner's order (fixed for the burst)
+        self.taken = dict.fromkeys(sequences, 0)  # key -> the steps whose tokens it has taken
+        self.due: dict[int, list[int]] = {}  # step -> the keys that take their tokens after it
+        self.gaps: list[float] = []  # seconds before each token taken (its Sequence's token_gap)
+        for key in sequences:
+            self._schedule(key)
+
+    def _schedule(self, key: int) -> None:
+        """`key` takes its tokens next after the step where its Delta falls due or its budget ends."""
+        self.due.setdefault(self.taken[key] + self.sequences[key].quiet_steps(), []).append(key)
+
+    def step(self, keys: list[int], tokens: list[int], now: float) -> bool:
+        """A step's tokens (by row, `keys` the runner's order) at `now`: the requests due take theirs.
+        True when the burst should end here: a request ended, or picked an id that may end it."""
+        if not self.rows:
+            self.rows = {key: row for row, key in enumerate(keys)}
+        self.tokens.append(tokens)
+        self.times.append(now)
+        ended = False
+        for key in self.due.pop(len(self.tokens), ()):
+            ended = self._take(key) or ended
+        return ended or not self.ends.isdisjoint(tokens)
+
+    def finish(self) -> list[float]:
+        """Every request takes the rest of its tokens; the gaps before each token taken in the burst."""
+        for key in self.sequences:
+            self._take(key)
+        return self.gaps
+
+    def _take(self, key: int) -> bool:
+        """`key` takes its tokens since the last time; True if it ended (its later tokens are dropped)."""
+        sequence, row = self.sequences[key], self.rows[key]
+        for step in range(self.taken[key], len(self.tokens)):
+            if sequence.done:
+                break
+            self.emit(sequence, sequence.advance(self.tokens[step][row], self.times[step]))
+            self.gaps.append(sequence.token_gap)
+        self.taken[key] = len(self.tokens)
+        if sequence.done:
+            return True
+        self._schedule(key)
+        return False
