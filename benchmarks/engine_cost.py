@@ -5,7 +5,8 @@ one run, reported as ratios (issue 22's middle rows).
   loop     ArenaDecoder.prefill of the prompts together, then --new-tokens decode steps, each one
            np.argmax over the batch: the least Python that can drive the graph
   engine   Engine.submit of the same prompts (greedy, max_new_tokens = --new-tokens) all at once,
-           each stream read as the gRPC servicer reads it (Handle.next_events), no gRPC: the
+           each a stream of every --intervals value in turn (tokens per Delta) or a unary call
+           (one Delta at the end), read as the gRPC servicer reads it (Handle.next_events), no gRPC: the
            engine thread shares this process's GIL with the event loop that reads the streams
            (`attnserve serve --engine-core thread`)
   core     the same through EngineClient: the engine core in a process of its own, one ZeroMQ

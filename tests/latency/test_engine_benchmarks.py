@@ -15,10 +15,15 @@ from benchmarks.kv import GENAI_PYTHON
 def test_the_loop_the_engine_and_the_core_decode_the_same_requests(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "engine-cost.json"
     argv = ["--model", str(tiny_model_dir), "--new-tokens", "16", "--repeats", "2", "--concurrency", "1,4"]
-    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--intervals", "1,unary", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
-    assert [row["concurrency"] for row in result["rows"]] == [1, 4]
+    assert [(row["concurrency"], row["interval"]) for row in result["rows"]] == [
+        (1, "1"),
+        (1, "unary"),
+        (4, "1"),
+        (4, "unary"),
+    ]
     for row in result["rows"]:
         assert row["loop"]["tokens"] == [16 * row["concurrency"]], row
         assert row["engine"]["tokens"] == row["core"]["tokens"] and len(row["core"]["tokens"]) == 1, row
