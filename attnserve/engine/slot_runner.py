@@ -84,7 +84,8 @@ class SlotRunner(Protocol):
     others are picked by argmax and the runner may return their tokens instead of their logits);
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
     tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
-    burst ends (the steps run come back); `release` frees a key's slot; `reset` frees every slot after a failed run."""
+    burst ends (the steps run come back); `release` frees a key's slot; `reset` frees every slot
+    after a failed run."""
 
     spec: ModelSpec
 

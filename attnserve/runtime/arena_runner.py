@@ -9,8 +9,9 @@ end: a long prompt delays the running batch by at most one chunk per step. With 
 (prefix_cache.py), a prompt whose first blocks are cached gets them copied into its slot when its
 prefill begins and only the rest is prefilled (one extend run each, up to a chunk of such rests
 per round); every prompt's whole blocks are cached once it is prefilled. A request that wants its
-prompt's logits is prefilled whole. Knows nothing of sampling, queues or gRPC; the engine sees
-keys, token ids and logits.
+prompt's logits is prefilled whole. A burst of greedy decode steps (decode_steps) feeds each step
+the graph's own greedy tokens from the step before. Knows nothing of sampling, queues or gRPC; the
+engine sees keys, token ids and logits.
 """
 
 from __future__ import annotations
