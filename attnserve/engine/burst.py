@@ -32,7 +32,7 @@ class Burst:
         self.rows: dict[int, int] = {}  # key -> its row in the runner's order (fixed for the burst)
         self.taken = dict.fromkeys(sequences, 0)  # key -> the steps whose tokens it has taken
         self.due: dict[int, list[int]] = {}  # step -> the keys that take their tokens after it
-        self.gaps: list[float] = []  # seconds before each token taken (its Sequence's token_gap)
+        self.gaps: list[float] = []  # seconds before each token taken since taken_gaps() (its token_gap)
         for key in sequences:
             self._schedule(key)
 
@@ -52,11 +52,16 @@ class Burst:
             ended = self._take(key) or ended
         return ended or not self.ends.isdisjoint(tokens)
 
-    def finish(self) -> list[float]:
-        """Every request takes the rest of its tokens; the gaps before each token taken in the burst."""
+    def finish(self) -> None:
+        """Every request takes the rest of its tokens."""
         for key in self.sequences:
             self._take(key)
-        return self.gaps
+
+    def taken_gaps(self) -> list[float]:
+        """The gaps before each token taken since the last call (for the step's metrics, reported
+        before its events go out, so that a request's Final never arrives ahead of its timings)."""
+        gaps, self.gaps = self.gaps, []
+        return gaps
 
     def _take(self, key: int) -> bool:
         """`key` takes its tokens since the last time; True if it ended (its later tokens are dropped)."""

@@ -336,6 +336,9 @@ class Engine:
             if burst.times:  # the first step was reported before it ran
                 self.observer.on_step(len(self._active), len(self._queue))
             ended = burst.step(keys, tokens.tolist(), now)
+            gaps = burst.taken_gaps()
+            if gaps:
+                self.observer.on_tokens([], gaps)
             if self._outbox:
                 self._flush()
             if ended or now >= due or time.monotonic() >= deadline or self._news(admits):
@@ -343,7 +346,8 @@ class Engine:
             return any(sequence.handle.cancelled for sequence in sequences.values())
 
         self.slots.decode_steps(next_ids, MAX_BURST, take)
-        self.observer.on_tokens([], burst.finish())
+        burst.finish()
+        self.observer.on_tokens([], burst.taken_gaps())
         self._free_done(list(sequences.items()))
 
     def _news(self, admits: bool) -> bool:
