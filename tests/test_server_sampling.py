@@ -44,6 +44,33 @@ def test_top_p_keeps_the_same_tokens_as_the_reference(p):
     assert kept.sum() >= 1
 
 
+def top_p_by_stable_sort(logits: np.ndarray, p: float) -> np.ndarray:
+    """top_p_filter as it was written first: a stable argsort of the whole row (equal logits by id)."""
+    order = np.argsort(-logits, kind="stable")
+    shifted = np.exp(logits[order] - logits[order].max())
+    probs = shifted / shifted.sum()
+    out = logits.copy()
+    out[order[np.cumsum(probs) - probs >= p]] = -np.inf
+    return out
+
+
+@pytest.mark.parametrize("vocab", [V, 2048])
+def test_top_p_sorting_values_keeps_exactly_what_a_stable_sort_of_the_ids_keeps(vocab):
+    """Sorting the values instead of the ids keeps the very same ids, equal logits at the edge included
+    (lowest ids first), with masked ids, flat rows and p near 1."""
+    rng = np.random.default_rng(vocab)
+    for trial in range(400):
+        row = rng.normal(0, [0.05, 1, 3, 20][trial % 4], vocab)
+        if trial % 3 == 0:
+            row = np.round(row, 1)  # ties, some at the edge
+        if trial % 5 == 0:
+            row[rng.integers(0, vocab, vocab // 3)] = -np.inf  # banned or masked ids, a top-k
+        if trial % 11 == 0:
+            row[:] = 0.5  # every id alike
+        p = [0.05, 0.5, 0.9, 0.95, 0.999999][trial % 5]
+        assert np.array_equal(top_p_filter(row, p), top_p_by_stable_sort(row, p)), (trial, p)
+
+
 def test_same_seed_same_tokens_other_seed_other_tokens():
     rows = logits_rows(64, seed=1)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.95, seed=1234)
