@@ -70,8 +70,13 @@ def run_loop(model: ModelRunner, batch: list[list[int]], new_tokens: int) -> dic
 
 
 def interval_of(text: str) -> StreamInterval | None:
-    """--interval: a stream's tokens per message, or "unary" (one message at the end)."""
-    return None if text == "unary" else StreamInterval(int(text))
+    """One of --intervals: a stream's tokens per message (>= 1), or "unary" (one message at the end);
+    ValueError for anything else."""
+    if text == "unary":
+        return None
+    if not (text.isdigit() and int(text) >= 1):
+        raise ValueError(f"--intervals: {text!r} is neither a number of tokens (>= 1) nor unary")
+    return StreamInterval(int(text))
 
 
 async def read(engine: EngineCalls, prompt: list[int], new_tokens: int, interval: StreamInterval | None) -> int:
@@ -193,9 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     args, model = parse_args(p, argv)
     load_before = os.getloadavg()
     intervals = args.intervals.split(",")
-    for interval in intervals:
-        if interval != "unary" and not (interval.isdigit() and int(interval) >= 1):
-            raise SystemExit(f"--intervals: {interval!r} is neither a number of tokens (>= 1) nor unary")
+    try:
+        for interval in intervals:
+            interval_of(interval)  # refused before any side runs, not in the middle of the run
+    except ValueError as e:
+        p.error(str(e))
     rows = asyncio.run(measure(model, args.levels, intervals, args.new_tokens, args.repeats, args.threads))
     result = {**settings(args), "rows": rows, **load_averages(load_before)}
     report(result, args.out, None, print_table, lambda *_: None)

@@ -203,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     result = {
         **{key: getattr(args, key) for key in ("model", "requests", "in_flight", "call", "prompt_tokens", "seed")},
-        "repeats": args.repeats,
-        **{key: getattr(args, key) for key in ("mean_new_tokens", "min_new_tokens", "max_new_tokens")},
+        **{key: getattr(args, key) for key in ("repeats", "mean_new_tokens", "min_new_tokens", "max_new_tokens")},
         "asked_tokens": sum(n for _, n in requests),
         **measured,
         **load_averages(load_before),
