@@ -533,3 +533,37 @@ def test_a_stream_in_a_burst_gets_each_token_as_its_step_ends():
     assert runner.log[first + 1 : first + 4] == [("decode", (0, 1))] * 3  # one burst, paused at its third step
     assert early == alone(tuple(b"stream"), 3) and unary_early == 0
     assert early + tokens == alone(tuple(b"stream"), 20) and unary_tokens == alone(tuple(b"unary"), 20)
+
+
+class FinalsAfterFree(Engine):
+    """The Engine, noting the engine's active count each time it hands a Final on."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.active_at_finals: list[int] = []
+
+    def _flush(self) -> None:
+        if any(isinstance(event, Final) for _, event in self._outbox):
+            self.active_at_finals.append(self.stats()["active"])
+        super()._flush()
+
+
+@pytest.mark.parametrize("interval", [StreamInterval(), None], ids=["stream", "unary"])
+def test_a_request_that_ends_in_a_burst_is_freed_before_its_final_goes_out(interval):
+    """As step by step, a caller that has its Final finds the request gone from the engine's counts
+    (its slot already free for the next): the burst's step where it ended hands its events on only
+    after the request is freed."""
+    runner = FakeRunner(capacity=1)
+
+    async def main():
+        engine = FinalsAfterFree(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0))
+        try:
+            handle = engine.submit(GenerationRequest("e", tuple(b"ends"), 5, interval=interval))
+            engine.start()
+            return engine, await outcome(handle)
+        finally:
+            engine.stop()
+
+    engine, (tokens, final) = asyncio.run(main())
+    assert tokens == alone(tuple(b"ends"), 5) and final.reason == FinishReason.LENGTH
+    assert runner.bursts == [4] and engine.active_at_finals == [0]

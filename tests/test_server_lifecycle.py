@@ -40,6 +40,9 @@ def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
     try:
         stream = running.stub.GenerateStream(request("draining", max_new_tokens=60), timeout=TIMEOUT)
         messages = [next(stream)]
+        # the first token goes out just before the engine thread reaches the hold: on a busy machine
+        # the drain below could otherwise run before the stream is held
+        wait_until(running.pacer.held.is_set, what="the stream held before its second token")
         drained = asyncio.run_coroutine_threadsafe(running.server.drain(), running.loop)
         wait_until(lambda: health_status(running.channel) == NOT_SERVING, what="health NOT_SERVING")
         with pytest.raises(grpc.RpcError) as info:

@@ -339,11 +339,13 @@ class Engine:
             gaps = burst.taken_gaps()
             if gaps:
                 self.observer.on_tokens([], gaps)
+            if ended or now >= due or time.monotonic() >= deadline or self._news(admits):
+                return True  # this step's events go with the step boundary's, after the ended are freed
+            if any(sequence.handle.cancelled for sequence in sequences.values()):
+                return True
             if self._outbox:
                 self._flush()
-            if ended or now >= due or time.monotonic() >= deadline or self._news(admits):
-                return True
-            return any(sequence.handle.cancelled for sequence in sequences.values())
+            return False
 
         self.slots.decode_steps(next_ids, MAX_BURST, take)
         burst.finish()
