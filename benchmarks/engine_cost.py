@@ -9,8 +9,8 @@ one run, reported as ratios (issue 22's middle rows).
            (one Delta at the end), read as the gRPC servicer reads it (Handle.next_events), no gRPC: the
            engine thread shares this process's GIL with the event loop that reads the streams
            (`attnserve serve --engine-core thread`)
-  core     the same through EngineClient: the engine core in a process of its own, one ZeroMQ
-           message per step back to this process's event loop (`--engine-core process`, the default)
+  core     the same through EngineClient: the engine core in a process of its own, one message
+           on a Unix socket per step back to this process's event loop (`--engine-core process`, the default)
 
 The loop and the engine run the same ONNX Runtime session (one ModelRunner, --threads), each over
 an arena of its own; the core opens its own session of the same directory with the same threads.

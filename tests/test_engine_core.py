@@ -279,3 +279,29 @@ def test_a_failed_receiver_ends_every_stream_with_unavailable_not_a_hang(slow_co
     assert "the front end lost the engine core's messages (RuntimeError: on_" in ended.value.details()
     wait_until(lambda: slow_core.server.died == slow_core.engine.died, what="the server to be marked dead")
     wait_until(slow_core.server.stopped.is_set, what="the server to stop (set on its loop)")
+
+
+def test_a_killed_front_end_stops_its_core_mid_stream(tiny_model_dir, monkeypatch):
+    """The front end's end of the channel closes with its process: the core, mid-generation, stops
+    instead of decoding for nobody (its engine thread's writes fail, its main thread reads the end)."""
+    monkeypatch.setenv(TEST_STEP_DELAY_VARIABLE, str(SLOW_STEP_MS))
+    served = ServeProcess("--model", str(tiny_model_dir), "--port", "0", "--provider", "cpu", "--threads", "1")
+    try:
+        assert served.port, "".join(served.lines)
+        pid = core_pid(served.lines)
+        with grpc.insecure_channel(f"127.0.0.1:{served.port}") as channel:
+            stream = pb_grpc.TextGenerationStub(channel).GenerateStream(request("x", max_new_tokens=100), timeout=60)
+            assert next(stream).token_ids
+            served.kill()
+            wait_until(lambda: gone(pid), what="the core to exit")
+    finally:
+        served.kill()
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie that nobody has reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True

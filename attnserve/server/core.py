@@ -3,14 +3,16 @@
 `load_model` builds what an engine runs on from a ServerConfig; the Server runs it in a thread
 of its own process (`--engine-core thread`) or `run_core` runs it in a process of its own
 (`--engine-core process`, started by engine_client.py). There the engine thread steps as
-always, but hands each step's events to the front end as one ZeroMQ message (core_protocol.py),
-so no event loop in this process wakes per token and none shares its GIL; the main thread only
-receives requests, cancels, aborts and the stop. Metrics live in the front end: the core records
-the engine's observations and sends them with the step. No gRPC here.
+always, but writes each step's events to the front end itself, as one message on the channel's
+socket (core_channel.py, core_protocol.py), so no event loop in this process wakes per token and
+none shares its GIL; the main thread only receives requests, cancels, aborts and the stop. Metrics
+live in the front end: the core records the engine's observations and sends them with the step.
+No gRPC here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -18,8 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import zmq
 
 from ..engine.domain import Draining, FinishReason, QueueFull, ends_request
 from ..engine.engine import Engine, EngineLimits, EngineObserver, ForwardingObserver
@@ -30,8 +30,8 @@ from ..runtime.model_runner import ModelRunner, ProviderError
 from ..runtime.runners import arena_capacity, open_slot_runner
 from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
 from .config import ServerConfig
+from .core_channel import Channel, ChannelClosed, connect
 from .core_protocol import (
-    ENCODER,
     INBOUND_DECODER,
     Abort,
     Cancel,
@@ -141,9 +141,9 @@ class RemoteCaller:
 
 
 class CoreEngine(Engine):
-    """The Engine, delivering each step's events as one Step message on `socket` (the engine thread's own)."""
+    """The Engine, delivering each step's events as one Step message on `channel` (the engine thread writes it)."""
 
-    def __init__(self, loaded: LoadedModel, config: ServerConfig, socket: zmq.Socket):
+    def __init__(self, loaded: LoadedModel, config: ServerConfig, channel: Channel):
         self.recorder = Recorder()
         delay = config.test_step_delay_ms
         observer = SlowSteps(self.recorder, delay) if delay else self.recorder
@@ -152,7 +152,7 @@ class CoreEngine(Engine):
         # Slow readers are the front end's too.
         limits = EngineLimits(loaded.capacity, config.max_queue + loaded.capacity, max_buffered=0)
         super().__init__(loaded.slots, loaded.tokenizer, limits, observer)
-        self.socket = socket  # the engine thread's alone
+        self.channel = channel
         self.callers: dict[int, RemoteCaller] = {}  # key -> request not yet finished
         self._pending: list[Sequence | tuple[RemoteCaller, Exception]] = []  # endings from the main thread
 
@@ -212,7 +212,8 @@ class CoreEngine(Engine):
                 return
         events = [(self._key(caller, event), to_wire(event)) for caller, event in self._outbox]
         self._outbox = []
-        self.socket.send(ENCODER.encode(Step(events, self.recorder.take(), stats["active"])))
+        with contextlib.suppress(OSError):  # the front end is gone: the main thread sees the channel close
+            self.channel.send(Step(events, self.recorder.take(), stats["active"]))
 
     def _key(self, caller: Any, event: Event) -> int:
         """The caller's key; a request whose last event this is leaves `callers`."""
@@ -222,59 +223,60 @@ class CoreEngine(Engine):
         return caller.key
 
 
-def run_core(config: ServerConfig, inbound: str, outbound: str) -> None:
-    """The engine core process's main: load, say Ready (or Failed), then serve messages until Stop.
+def run_core(config: ServerConfig, path: str) -> None:
+    """The engine core process's main: connect to the front end's socket at `path`, load, say Ready (or
+    Failed), then serve messages until Stop.
 
     SIGINT and SIGTERM are ignored: a terminal's Ctrl-C and systemd's stop reach every process of the
     group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    context = zmq.Context()
-    out, into = context.socket(zmq.PUSH), context.socket(zmq.PULL)
-    out.connect(outbound)
-    into.connect(inbound)
+    channel = connect(path, INBOUND_DECODER)
     try:
         loaded = load_model(config)
     except (ModelDirError, ProviderError, StartupError) as e:
-        out.send(ENCODER.encode(Failed(type(e).__name__, str(e))))
-        out.close(linger=5000)
+        channel.send(Failed(type(e).__name__, str(e)))
+        channel.close()
         return
-    engine = CoreEngine(loaded, config, out)
-    out.send(
-        ENCODER.encode(
-            Ready(
-                loaded.runner.provider,
-                loaded.capacity,
-                loaded.slots.nbytes,
-                loaded.runner.provider_note,
-                loaded.slots.prefix_bytes,
-            )
+    engine = CoreEngine(loaded, config, channel)
+    channel.send(
+        Ready(
+            loaded.runner.provider,
+            loaded.capacity,
+            loaded.slots.nbytes,
+            loaded.runner.provider_note,
+            loaded.slots.prefix_bytes,
         )
     )
     engine.start()
     try:
-        serve_messages(engine, into)
+        serve_messages(engine, channel)
     finally:
         engine.stop()
-        context.destroy(linger=1000)
+        channel.close()
 
 
-def serve_messages(engine: CoreEngine, into: zmq.Socket) -> None:
+def serve_messages(engine: CoreEngine, channel: Channel) -> None:
     """Until Stop (or the front end is gone): submits, cancels and aborts, as they come."""
     parent = os.getppid()
     while True:
-        if not into.poll(PARENT_CHECK_MS):
+        if not channel.wait(PARENT_CHECK_MS / 1000):
             if os.getppid() != parent:
                 log.warning("the front end is gone; the engine core stops")
                 return
             continue
-        message = INBOUND_DECODER.decode(into.recv())
-        if isinstance(message, Submit):
-            engine.take(message.key, message.request)
-        elif isinstance(message, Cancel):
-            engine.cancel(message.key)
-        elif isinstance(message, Abort):
-            engine.abort()
-        elif isinstance(message, Stop):
+        try:
+            messages = channel.take()
+        except ChannelClosed:
+            log.warning("the front end closed the channel; the engine core stops")
             return
+        for message in messages:
+            if isinstance(message, Submit):
+                engine.take(message.key, message.request)
+            elif isinstance(message, Cancel):
+                engine.cancel(message.key)
+            elif isinstance(message, Abort):
+                engine.abort()
+            elif isinstance(message, Stop):
+                return

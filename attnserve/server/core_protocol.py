@@ -1,8 +1,8 @@
 """What the front end and the engine core say to each other: msgpack messages (msgspec Structs).
 
-Front end -> core (one PUSH socket): Submit a request under the front end's key, Cancel a key
+Front end -> core: Submit a request under the front end's key, Cancel a key
 (the caller went away, a slow reader was cut), Abort everything (drain timeout), Stop.
-Core -> front end (one PUSH socket): Ready once the model is loaded (or Failed, with the error's
+Core -> front end: Ready once the model is loaded (or Failed, with the error's
 kind and its one-line message), then one Step message per engine step that produced anything:
 every request's events of that step, the step's metric observations, and the core's active count.
 
@@ -158,4 +158,3 @@ def from_wire(event: WireEvent) -> Delta | Final | Exception:
 REFUSALS = {"QueueFull": QueueFull, "Draining": Draining}
 INBOUND_DECODER = msgspec.msgpack.Decoder(Inbound)
 OUTBOUND_DECODER = msgspec.msgpack.Decoder(Outbound)
-ENCODER = msgspec.msgpack.Encoder()

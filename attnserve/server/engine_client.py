@@ -1,12 +1,14 @@
 """The front end's engine when the engine core runs in a process of its own (`--engine-core process`).
 
 EngineClient answers the calls the servicers and the Server make of an Engine (submit, release,
-stats, close, abort, start, stop) by talking to core.run_core over two ZeroMQ sockets
-(core_protocol.py). The core is started with multiprocessing's spawn (a fork would copy gRPC's
-threads). A receiver thread takes the core's Step messages (one per engine step; every one that
-waited, when it has fallen behind a fast core) and hands their events to the callers' event loops
-with one call per loop, as the in-process engine does; the engine's observations go to the front
-end's metrics there too.
+stats, close, abort, start, stop) by talking to core.run_core over one Unix socket
+(core_channel.py, core_protocol.py's messages). The core is started with multiprocessing's spawn
+(a fork would copy gRPC's threads) and connects to the socket this front end listens on. A
+receiver thread takes the core's Step messages (one per engine step; every one that waited, when it
+looks less often than the core steps) and hands their events to the callers' event loops with one
+call per loop, as the in-process engine does; the engine's observations go to the front end's
+metrics there too. While requests are in flight it looks for messages every NAP_S rather than
+sleeping until the core's write wakes it: a wake would cost the core's engine thread ~30 us a step.
 
 What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
 QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
@@ -30,8 +32,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import zmq
-
 from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest, ends_request
 from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.sequence import Event, Handle, check_budget, post
@@ -40,8 +40,8 @@ from ..runtime.contract import ModelDirError
 from ..runtime.ort_session import ProviderError
 from .config import ServerConfig
 from .core import StartupError, run_core
+from .core_channel import NAP_S, Channel, ChannelClosed, listen
 from .core_protocol import (
-    ENCODER,
     OUTBOUND_DECODER,
     Abort,
     Cancel,
@@ -58,7 +58,7 @@ log = logging.getLogger("attnserve.server")
 START_TIMEOUT_S = 600.0  # loading a model: sha256 of its files, session creation, the arena
 POLL_MS = 100  # how often the receiver looks at the core's process while no message comes
 STOP_TIMEOUT_S = 10.0
-MAX_STEPS_AT_ONCE = 64  # steps the receiver hands on in one go when it has fallen behind
+EXIT_WAIT_S = 1.0  # after the core's end of the socket closed: how long to wait for its exit code
 START_ERRORS: dict[str, type[Exception]] = {
     "ModelDirError": ModelDirError,
     "ProviderError": ProviderError,
@@ -93,20 +93,16 @@ class EngineClient:
         self.config, self.spec, self.observer, self.on_death = config, spec, observer, on_death
         self.handles: dict[int, Handle] = {}  # key -> request in flight
         self._keys = itertools.count()
-        self._lock = threading.Lock()  # the handles, and the inbound socket (not thread-safe)
+        self._lock = threading.Lock()  # the handles, and the order of what is sent to the core
         self._accepting, self._stopping = True, False
         self.died: str | None = None  # why the core is gone
         self._active = 0  # requests in the core's batch or its prefill, as of its last Step
         self._folder = tempfile.mkdtemp(prefix="attnserve-core-")
-        self._context = zmq.Context()
-        self._into, self._from = self._context.socket(zmq.PUSH), self._context.socket(zmq.PULL)
-        inbound, outbound = (f"ipc://{Path(self._folder) / name}" for name in ("in", "out"))
-        self._into.bind(inbound)
-        self._from.bind(outbound)
+        path = str(Path(self._folder) / "core.sock")
+        self._listener = listen(path)
+        self._channel: Channel | None = None
         spawn = multiprocessing.get_context("spawn")
-        self.process = spawn.Process(
-            target=run_core, args=(config, inbound, outbound), name="attnserve-engine-core", daemon=True
-        )
+        self.process = spawn.Process(target=run_core, args=(config, path), name="attnserve-engine-core", daemon=True)
         self.process.start()
         try:
             self.ready = self._wait_ready()
@@ -120,15 +116,23 @@ class EngineClient:
         self._receiver = threading.Thread(target=self._receive, name="attnserve-core-receiver", daemon=True)
 
     def _wait_ready(self) -> Ready:
+        """The core's connection, then its Ready; raises its Failed's error or StartupError."""
         deadline = time.monotonic() + START_TIMEOUT_S
+        self._listener.settimeout(POLL_MS / 1000)
         while time.monotonic() < deadline:
-            if self._from.poll(POLL_MS):
-                message = OUTBOUND_DECODER.decode(self._from.recv())
-                if isinstance(message, Failed):
-                    raise START_ERRORS.get(message.kind, StartupError)(message.message)
-                assert isinstance(message, Ready), "the core's first message is Ready or Failed"
-                return message
+            try:
+                if self._channel is None:
+                    self._channel = Channel(self._listener.accept()[0], OUTBOUND_DECODER)
+                elif self._channel.wait(POLL_MS / 1000) and (messages := self._channel.take()):
+                    message = messages[0]  # the core sends nothing else before the front end's first request
+                    if isinstance(message, Failed):
+                        raise START_ERRORS.get(message.kind, StartupError)(message.message)
+                    assert isinstance(message, Ready), "the core's first message is Ready or Failed"
+                    return message
+            except (TimeoutError, ChannelClosed):
+                pass
             if not self.process.is_alive():
+                self.process.join()
                 raise StartupError(f"the engine core exited during start-up (exit code {self.process.exitcode})")
         raise StartupError(f"the engine core did not start within {START_TIMEOUT_S:.0f} s")
 
@@ -149,7 +153,7 @@ class EngineClient:
         with self._lock:
             self._check_room()
             self.handles[key] = handle
-            self._into.send(ENCODER.encode(Submit(key, request)))
+            self._channel_send(Submit(key, request))
         self.observer.on_submit(request)
         return handle
 
@@ -194,7 +198,9 @@ class EngineClient:
             self.process.join(STOP_TIMEOUT_S)
         if self._receiver_started():
             self._receiver.join(STOP_TIMEOUT_S)
-        self._context.destroy(linger=0)
+        if self._channel is not None:
+            self._channel.close()
+        self._listener.close()
         shutil.rmtree(self._folder, ignore_errors=True)
 
     def _receiver_started(self) -> bool:
@@ -202,8 +208,14 @@ class EngineClient:
         return receiver is not None and receiver.ident is not None and receiver is not threading.current_thread()
 
     def _send(self, message: Submit | Cancel | Abort | Stop) -> None:
-        with self._lock, contextlib.suppress(zmq.ZMQError):
-            self._into.send(ENCODER.encode(message))
+        with self._lock:
+            self._channel_send(message)
+
+    def _channel_send(self, message: Submit | Cancel | Abort | Stop) -> None:
+        """Send to the core (hold the lock); a core that is gone is the receiver's news, not the sender's."""
+        assert self._channel is not None, "the core connected before Ready"
+        with contextlib.suppress(OSError):
+            self._channel.send(message)
 
     # ---- the receiver thread --------------------------------------------------------------
     def _receive(self) -> None:
@@ -219,23 +231,25 @@ class EngineClient:
             )
 
     def _receive_steps(self) -> None:
+        """Every message that has come, handed on together; then, with requests in flight, a nap of
+        NAP_S (the core's next write finds nobody to wake); with none, a sleep until one comes."""
+        assert self._channel is not None, "the core connected before Ready"
         while not self._stopping:
-            if self._from.poll(POLL_MS):
-                self._take([step for step in self._waiting() if isinstance(step, Step)])
-            elif not self.process.is_alive() and not self._stopping:
-                self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
-                return
-
-    def _waiting(self) -> list:
-        """Every message the core has sent so far (at least one: call after a poll): when this front end
-        falls behind a fast core, the steps that waited are handed on together."""
-        messages = [OUTBOUND_DECODER.decode(self._from.recv())]
-        while len(messages) < MAX_STEPS_AT_ONCE:
             try:
-                messages.append(OUTBOUND_DECODER.decode(self._from.recv(zmq.NOBLOCK)))
-            except zmq.Again:
-                break
-        return messages
+                steps = [step for step in self._channel.take() if isinstance(step, Step)]
+            except ChannelClosed:
+                steps = None
+            if steps:
+                self._take(steps)
+            elif steps is None or not self.process.is_alive():
+                if not self._stopping:
+                    self.process.join(EXIT_WAIT_S)
+                    self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
+                return
+            elif self.handles:
+                time.sleep(NAP_S)
+            else:
+                self._channel.wait(POLL_MS / 1000)
 
     def _take(self, steps: list[Step]) -> None:
         """Engine steps, in order: events to their callers' loops (one call per loop for them all),
