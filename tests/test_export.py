@@ -32,6 +32,22 @@ def test_graph_passes_onnx_checker_and_has_the_contract_io(tiny_model_dir):
     assert ops.count("GroupQueryAttention") == n_layers and "Concat" not in ops  # in place: nothing concatenated
 
 
+def test_each_attention_takes_its_query_key_and_value_packed_from_one_projection(tiny_model_dir):
+    """export/fusions.py: one MatMul and one Add of the three weights and biases side by side feed each
+    GroupQueryAttention, its key and value inputs empty (the parity gate ran on this graph)."""
+    proto = onnx.load(str(tiny_model_dir / contract.MODEL_FILE))
+    producer = {output: node for node in proto.graph.node for output in node.output}
+    weights = {tensor.name: onnx.numpy_helper.to_array(tensor) for tensor in proto.graph.initializer}
+    d_model = json.loads((tiny_model_dir / contract.MANIFEST_FILE).read_text())["config"]["d_model"]
+    for node in (n for n in proto.graph.node if n.op_type == "GroupQueryAttention"):
+        assert list(node.input[1:3]) == ["", ""]
+        add = producer[node.input[0]]
+        matmul = producer[add.input[0]]
+        assert (add.op_type, matmul.op_type) == ("Add", "MatMul")
+        assert weights[matmul.input[1]].shape == (d_model, 3 * d_model)
+        assert weights[add.input[1]].shape == (3 * d_model,)
+
+
 def test_concat_export_keeps_the_concat_graph_and_its_gate(tiny_concat_model_dir):
     manifest = contract.read_manifest(tiny_concat_model_dir)
     assert manifest.kv_cache == "concat" and manifest.parity["passed"] is True

@@ -20,6 +20,7 @@ from torch.export import Dim
 from ..model.lm import DecoderLM
 from ..model.seq2seq import EncoderDecoder
 from ..runtime import contract
+from .fusions import pack_qkv
 from .gqa import InPlaceAttention
 
 
@@ -167,7 +168,7 @@ def export_graph(
     axes: dict[str, dict[int, str]],
     verbose: bool = False,
 ) -> None:
-    """Export with the dynamo exporter at the contract's opset, then name the axes."""
+    """Export with the dynamo exporter at the contract's opset, name the axes, then fuse (fusions.py)."""
     quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     logging.getLogger("torch.onnx").setLevel(logging.INFO if verbose else logging.ERROR)
     with warnings.catch_warnings(), quiet:
@@ -185,3 +186,4 @@ def export_graph(
             verbose=verbose,
         )
     name_axes(path, axes)
+    pack_qkv(path)

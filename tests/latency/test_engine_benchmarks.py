@@ -100,3 +100,16 @@ def test_the_prefix_cache_benchmark_hits_only_where_prompts_share_a_preamble(tin
     assert shared["on"]["cached_tokens"]["median"] >= 3 * 48 and shared["off"]["cached_tokens"]["median"] == 0
     assert distinct["on"]["cached_tokens"]["median"] == distinct["off"]["cached_tokens"]["median"] == 0
     assert shared["ttft_p50_off_over_on"]["median"] > 0 and distinct["throughput_on_over_off"]["median"] > 0
+
+
+def test_the_graph_benchmark_compares_two_model_directories_step_for_step(tiny_model_dir, tmp_path, capsys):
+    """benchmarks.graph_speed in small, a directory against itself: the same tokens, a ratio per batch."""
+    from benchmarks.graph_speed import main as graph_speed
+
+    out = tmp_path / "graph-speed.json"
+    argv = ["--model", str(tiny_model_dir), "--baseline", str(tiny_model_dir), "--batch", "1,3"]
+    assert graph_speed([*argv, "--new-tokens", "8", "--repeats", "2", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
+    assert [row["batch"] for row in result["rows"]] == [1, 3]
+    assert all(row["same_tokens"] and row["ratio"]["median"] > 0 for row in result["rows"])

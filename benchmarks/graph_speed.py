@@ -1,0 +1,89 @@
+"""The graph's own speed: a plain decode loop over two model directories, in one run (issue 22's
+"graph at batch 1": an export change against the export before it, the same checkpoint).
+
+Each side prefills --batch prompts of 16 ids together, then runs --new-tokens - 1 greedy decode
+steps through the arena driver (ArenaDecoder, one np.argmax over the batch per step), on its own
+ONNX Runtime session with --threads; the sides alternate (the order flips every round). Reports
+the median microseconds a step (min-max) per batch size, the ratio, and whether the two sides
+decoded the same tokens; the JSON object last. Torch-free.
+
+    python -m benchmarks.graph_speed --model models/small-1k-bpe --baseline models/small-1k-bpe-unpacked
+        [--batch 1,16] [--new-tokens 256] [--repeats 6] [--threads 1] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.runners import open_slot_runner
+from benchmarks.serving import alternating, load_averages, report, spread
+
+PROMPT_TOKENS = 16
+SIDES = ("baseline", "model")
+
+
+def decode(model: ModelRunner, batch: int, new_tokens: int) -> tuple[float, np.ndarray]:
+    """Microseconds a step (prefill included, as one step), and the (steps, batch) tokens."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, model.spec.vocab_size - 10, PROMPT_TOKENS).tolist() for _ in range(batch)]
+    decoder = open_slot_runner(model, batch, PROMPT_TOKENS * batch).decoder
+    start = time.perf_counter()
+    tokens = [decoder.prefill(0, prompts).argmax(axis=1)]
+    for _ in range(new_tokens - 1):
+        tokens.append(decoder.decode(tokens[-1]).argmax(axis=1))
+    return (time.perf_counter() - start) / new_tokens * 1e6, np.stack(tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
+    p.add_argument("--baseline", required=True, help="the model directory to compare it with")
+    p.add_argument("--batch", default="1,16", help="comma-separated batch sizes")
+    p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per sequence")
+    p.add_argument("--repeats", type=int, default=6, help="rounds, sides alternating; medians reported")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
+    p.add_argument("--out", help="write the JSON result here")
+    args = p.parse_args(argv)
+    load_before = os.getloadavg()
+    models = {side: ModelRunner(getattr(args, side), provider="cpu", threads=args.threads) for side in SIDES}
+    rows: list[dict] = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        for model in models.values():  # warm-up
+            decode(model, batch, 16)
+        times: dict[str, list[float]] = {side: [] for side in SIDES}
+        tokens: dict[str, np.ndarray] = {}
+        for side in alternating(SIDES, args.repeats, f"batch {batch}"):
+            us, tokens[side] = decode(models[side], batch, args.new_tokens)
+            times[side].append(us)
+        b, m = spread(times["baseline"]), spread(times["model"])
+        r = spread([model / baseline for model, baseline in zip(times["model"], times["baseline"])])
+        same = bool(np.array_equal(tokens["model"], tokens["baseline"]))
+        rows.append({"batch": batch, "baseline_us": b, "model_us": m, "ratio": r, "same_tokens": same})
+    settings = {key: getattr(args, key) for key in ("model", "baseline", "new_tokens", "threads", "repeats")}
+    result = {**settings, "prompt_tokens": PROMPT_TOKENS, "rows": rows, **load_averages(load_before)}
+    report(result, args.out, None, print_table, no_plot)
+    return 0
+
+
+def no_plot(result: dict, path: str) -> None:
+    """This benchmark draws nothing: its table and JSON are its report."""
+
+
+def print_table(result: dict) -> None:
+    for row in result["rows"]:
+        b, m, r = row["baseline_us"], row["model_us"], row["ratio"]
+        print(
+            f"batch {row['batch']:>3}: baseline {b['median']:,.0f} us a step ({b['min']:,.0f}-{b['max']:,.0f}), "
+            f"model {m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f}), model/baseline {r['median']:.3f} "
+            f"({r['min']:.3f}-{r['max']:.3f}), same tokens: {row['same_tokens']}"
+        )
+    print(f"load average before {result['load_before']}, after {result['load_after']}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
