@@ -9,6 +9,7 @@ import threading
 import msgspec
 import pytest
 
+from attnserve.server import core_channel
 from attnserve.server.core_channel import CHUNK, Channel, ChannelClosed
 
 DECODER = msgspec.msgpack.Decoder()
@@ -41,6 +42,21 @@ def test_a_closed_end_is_channel_closed_after_what_it_sent():
     writer.close()
     assert reader.wait(1.0)
     assert reader.take() == [["last", 1]]
+    with pytest.raises(ChannelClosed):
+        reader.take()
+
+
+def test_frames_sent_just_before_a_close_are_all_taken_first(monkeypatch):
+    """Frames and the close already waiting, read a byte at a time here (so that the reads reach the
+    end of the stream in the call that finds the frames): every frame is taken before ChannelClosed."""
+    monkeypatch.setattr(core_channel, "CHUNK", 1)
+    writer, reader = pair()
+    messages = [{"n": i, "body": "y" * 50} for i in range(7)]
+    for message in messages:
+        writer.send(message)
+    writer.close()
+    assert reader.wait(1.0)
+    assert reader.take() == messages
     with pytest.raises(ChannelClosed):
         reader.take()
 

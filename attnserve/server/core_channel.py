@@ -43,6 +43,7 @@ class Channel:
         self.sock, self.decoder = sock, decoder
         self.sock.setblocking(True)
         self._buffer = bytearray()
+        self._ended = False  # the other end closed: what is left in the buffer is all there is
         self._sending = threading.Lock()
 
     def send(self, message: Any) -> None:
@@ -54,18 +55,21 @@ class Channel:
             self.sock.sendall(frame)
 
     def take(self) -> list[Any]:
-        """Every whole message that has come, without waiting; raises ChannelClosed at the end of the stream."""
-        while True:
+        """Every whole message that has come, without waiting; once they are all taken, ChannelClosed
+        at the end of the stream."""
+        while not self._ended:
             try:
                 data = self.sock.recv(CHUNK, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 break
-            if not data:
-                raise ChannelClosed("the other end closed the channel")
+            self._ended = not data
             self._buffer += data
             if len(data) < CHUNK:
                 break
-        return self._frames()
+        messages = self._frames()
+        if self._ended and not messages:
+            raise ChannelClosed("the other end closed the channel")
+        return messages
 
     def _frames(self) -> list[Any]:
         messages, start, buffer = [], 0, self._buffer
