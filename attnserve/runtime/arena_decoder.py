@@ -179,12 +179,11 @@ class ArenaDecoder:
         if self.fixed is not None:
             return self.fixed.decode_picked(tokens, rows)
         picked = self.step(tokens, picked=True)[:, 0].copy()
-        return picked, self.read_rows(self.step_logits.data_ptr(), len(tokens), rows)
+        address = self.step_logits.data_ptr() if rows else 0  # no rows: nothing is read from it
+        return picked, self.read_rows(address, len(tokens), rows)
 
     def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
         """Each slot's greedy next token (B,) int64, and no logits leave the device."""
-        if self.greedy_outputs and self.fixed is None:  # decode_picked's path with no rows to read
-            return self.step(tokens, picked=True)[:, 0].copy()
         return self.decode_picked(tokens, [])[0]
 
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
