@@ -453,6 +453,31 @@ def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_
     assert [entry[0] for entry in runner.log[-3:]] == ["burst", "decode", "release"]
 
 
+def test_a_unary_call_with_a_stop_string_ends_its_burst_at_the_step_that_completes_it():
+    """Beside a long unary call, a unary call whose stop string its 4th and 5th tokens make: the burst
+    ends after the step that took the 5th (a unary call otherwise takes its tokens at the burst's end,
+    and its row would decode on to MAX_BURST steps), and its answer is what step-by-step gives."""
+    prompt = tuple(b"stop")
+    expected = bytes(alone(prompt, 20)).decode()
+    stop = expected[3:5]
+    assert expected.find(stop) == 3
+    asks = [
+        GenerationRequest("stop", prompt, 20, stop=(stop,), interval=None),
+        GenerationRequest("long", tuple(b"long"), 30, interval=None),
+    ]
+    runner = FakeRunner(capacity=2)
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(a) for a in asks]
+            engine.start()
+            return [await deltas(h) for h in handles]
+
+    (_, text, final), _ = asyncio.run(main())
+    assert (text, final.reason, final.usage.completion_tokens) == (expected[:3], FinishReason.STOP, 5)
+    assert runner.bursts[0] == 4  # tokens 2 to 5 (the first came from the prefill)
+
+
 @pytest.mark.parametrize("news", ["cancel", "deadline", "arrival"])
 def test_a_cancel_a_deadline_or_an_arrival_ends_a_burst_after_the_step_under_way(monkeypatch, news):
     """A burst looks at its callers after every step: a request cancelled or past its deadline during a

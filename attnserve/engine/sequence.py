@@ -279,9 +279,12 @@ class Sequence:
 
     def quiet_steps(self) -> int:
         """Tokens this request may take before one makes a Delta due or reaches its budget (that one
-        included): what a burst of decode steps may run before its bookkeeping."""
+        included): what a burst of decode steps may run before its bookkeeping. A request with stop
+        strings takes each token as it comes, so that its stop ends the burst at once."""
         left = self.budget - len(self.generated)
         interval = self.request.interval
+        if self.stream.stops:
+            return 1
         if interval is None:
             return left
         if self.deltas == 0:
