@@ -382,6 +382,14 @@ async def deltas(handle) -> tuple[list[tuple[int, ...]], str, Final]:
             handed.append(event.token_ids)
 
 
+async def deltas_of_all(runner: FakeRunner, asks: list[GenerationRequest]) -> list:
+    """`asks` submitted together to an engine over `runner`, then each one's deltas()."""
+    with running(runner) as engine:
+        handles = [engine.submit(a) for a in asks]
+        engine.start()
+        return [await deltas(h) for h in handles]
+
+
 def test_the_engine_hands_deltas_on_at_each_requests_interval_and_a_unary_calls_with_its_end():
     """Every step's token (the default), the first at once then every 4 tokens (a stream's interval of
     4), or all at the end (interval None: a unary call): the same tokens and text each way, nothing lost."""
@@ -433,14 +441,7 @@ def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_
         GenerationRequest("four", tuple(b"four"), 13, interval=StreamInterval(tokens=4)),
     ]
     runner = FakeRunner(capacity=4)
-
-    async def main():
-        with running(runner) as engine:
-            handles = [engine.submit(a) for a in asks]
-            engine.start()
-            return [await deltas(h) for h in handles]
-
-    results = asyncio.run(main())
+    results = asyncio.run(deltas_of_all(runner, asks))
     reasons = [FinishReason.LENGTH, FinishReason.LENGTH, FinishReason.EOS, FinishReason.LENGTH]
     for a, (handed, text, final), reason in zip(asks, results, reasons):
         tokens = [t for d in handed for t in d]
@@ -466,14 +467,7 @@ def test_a_unary_call_with_a_stop_string_ends_its_burst_at_the_step_that_complet
         GenerationRequest("long", tuple(b"long"), 30, interval=None),
     ]
     runner = FakeRunner(capacity=2)
-
-    async def main():
-        with running(runner) as engine:
-            handles = [engine.submit(a) for a in asks]
-            engine.start()
-            return [await deltas(h) for h in handles]
-
-    (_, text, final), _ = asyncio.run(main())
+    (_, text, final), _ = asyncio.run(deltas_of_all(runner, asks))
     assert (text, final.reason, final.usage.completion_tokens) == (expected[:3], FinishReason.STOP, 5)
     assert runner.bursts[0] == 4  # tokens 2 to 5 (the first came from the prefill)
 
