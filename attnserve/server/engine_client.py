@@ -232,24 +232,24 @@ class EngineClient:
 
     def _receive_steps(self) -> None:
         """Every message that has come, handed on together; then, with requests in flight, a nap of
-        NAP_S (the core's next write finds nobody to wake); with none, a sleep until one comes."""
+        NAP_S (the core's next write finds nobody to wake); with none, a sleep until one comes. The
+        core's end of the socket closes when its process dies; an idle receiver also looks at the
+        process itself each POLL_MS."""
         assert self._channel is not None, "the core connected before Ready"
         while not self._stopping:
             try:
                 steps = [step for step in self._channel.take() if isinstance(step, Step)]
             except ChannelClosed:
-                steps = None
+                break
             if steps:
                 self._take(steps)
-            elif steps is None or not self.process.is_alive():
-                if not self._stopping:
-                    self.process.join(EXIT_WAIT_S)
-                    self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
-                return
             elif self.handles:
                 time.sleep(NAP_S)
-            else:
-                self._channel.wait(POLL_MS / 1000)
+            elif not self._channel.wait(POLL_MS / 1000) and not self.process.is_alive():
+                break
+        if not self._stopping:
+            self.process.join(EXIT_WAIT_S)
+            self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
 
     def _take(self, steps: list[Step]) -> None:
         """Engine steps, in order: events to their callers' loops (one call per loop for them all),
