@@ -18,7 +18,7 @@ from fixtures_train import BYTE_IDS
 from attnserve.export.onnx_export import ExportError, export_checkpoint
 from attnserve.runtime import contract, model_runner
 from attnserve.runtime.arena import Device
-from attnserve.runtime.arena_decoder import ArenaDecoder
+from attnserve.runtime.arena_decoder import MASK_COLUMNS, ArenaDecoder
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import ProviderError, cuda_available, resolve_provider, to_float32
@@ -158,8 +158,8 @@ class BoundArrays:
 
 def test_a_runs_inputs_are_written_into_buffers_allocated_once(tiny_model_dir, monkeypatch):
     """Prefill, chunked extension and decode steps bind views of buffers allocated once (a decode
-    step rebinds only the mask, whose width grows), and decode exactly as the arena's own greedy
-    loop does."""
+    step rebinds only the mask, and only when its width, the longest slot's positions rounded up to
+    MASK_COLUMNS, grows), and decode exactly as the arena's own greedy loop does."""
     runtime = OrtDecoder(tiny_model_dir, threads=1)
     prompts = [[72, 101, 108, 108, 111], [87, 111], [65] * 20]
     want = runtime.greedy(prompts, 24)
@@ -170,17 +170,20 @@ def test_a_runs_inputs_are_written_into_buffers_allocated_once(tiny_model_dir, m
     decoder.extend(2, prompts[2][:16])
     logits = np.concatenate([logits, decoder.extend(2, prompts[2][16:])[None]])
     spy.bound.clear()
-    got = []
+    got, binds = [], []
     for _ in range(24):
         tokens = logits.argmax(-1)
         got.append(tokens)
         logits = decoder.decode(tokens)
+        binds.append(len(spy.bound))
     assert np.array_equal(np.stack(got, 1), want)
     assert {name: decoder.inputs.address(name) for name in decoder.inputs.sizes} == addresses
-    assert (
-        spy.bound
-        == [contract.INPUT_IDS, contract.ATTENTION_MASK, contract.POSITION_IDS] + [contract.ATTENTION_MASK] * 23
-    )
+    # the longest slot holds 20 positions after the extension: the mask is 32 wide for the steps whose
+    # longest + 1 is 21..32, then 64 wide from the 13th step on: bound once more, at that step
+    assert MASK_COLUMNS == 32
+    assert set(spy.bound[:3]) == {contract.INPUT_IDS, contract.ATTENTION_MASK, contract.POSITION_IDS}
+    assert spy.bound[3:] == [contract.ATTENTION_MASK]
+    assert binds == [3] * 12 + [4] * 12
     assert np.array_equal(decoder.inputs.host[contract.INPUT_IDS][:3], got[-1])  # the last step's ids, in place
 
 
@@ -321,3 +324,14 @@ def test_a_float16_directory_is_served_end_to_end_on_the_cpu(tiny_float16_model_
             assert len(got) > 1
     finally:
         running.stop()
+
+
+def test_a_decode_step_binds_its_mask_again_after_a_one_token_run_used_its_binding(tiny_model_dir):
+    """A one-token prompt prefilled into slot 0 has a one-slot decode step's shape, so it runs on that
+    step's kept binding, with a mask one wide: the decode step after it must bind its own mask again
+    though its width is the one it bound last."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    prompts = [[72], [101]]
+    alone = [continuous_greedy(runtime.arena(1, 64), [prompt], [0], 20)[0] for prompt in prompts]
+    one_after_the_other = continuous_greedy(runtime.arena(1, 64), prompts, [0, 20], 20)
+    assert np.array_equal(one_after_the_other, np.stack(alone))

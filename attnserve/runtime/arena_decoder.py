@@ -20,6 +20,11 @@ from .fixed_steps import FixedSteps
 from .ort_session import HOST_DTYPES, to_float32
 from .step_inputs import StepInputs
 
+# A decode step's mask is as wide as the longest slot's positions rounded up to a multiple of this:
+# GroupQueryAttention reads each row's length from the mask's sum and the total from its width, so
+# zeros past the longest change nothing, and a step's binding keeps its mask for up to 32 steps.
+MASK_COLUMNS = 32
+
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and attention_mask (B, T) of right-padded sequences."""
@@ -68,6 +73,9 @@ class ArenaDecoder:
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
         self._bindings: dict[tuple[int, int, int, bool], ort.IOBinding] = {}  # (first slot, B, T, ids) -> binding
+        self._mask_widths: dict[
+            tuple[int, int, int, bool], int
+        ] = {}  # a kept binding -> the width its mask is bound at
         self.last_shape = (0, 0)  # (B, T) of the last run whose logits are in the host buffer
         self.columns = np.arange(self.context + 1)[None, :]  # a decode step's mask compares positions to these
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
@@ -102,36 +110,42 @@ class ArenaDecoder:
         self, first: int, ids: np.ndarray, mask: np.ndarray, positions: np.ndarray, picked: bool = False
     ) -> np.ndarray:
         """One run over slots [first, first + B): logits (B, T, V) in the graph's dtype (bfloat16 as
-        uint16 bits), a view of the host buffer. `picked` (a decode step, graphs with NEXT_TOKEN):
-        each row's greedy token (B, 1) comes to the host instead, and the logits stay in the device
-        buffer `step_logits`, for read_rows."""
+        uint16 bits), a view of the host buffer. `picked` (graphs with NEXT_TOKEN): each row's greedy
+        token (B, T) comes to the host instead, and the logits stay in the device buffer `step_logits`."""
         b, t = ids.shape
-        if b * t > self.max_tokens:
-            raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
-        logits = self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
-        out = self.next_ids[: b * t].reshape(b, t) if picked else logits
-        if not picked:
-            self.last_shape = (b, t)
-        binding = self._bindings.get((first, b, t, picked))
-        cached = binding is not None  # a decode step's: ids and positions are bound (B, 1) already
+        key = (first, b, t, picked)
+        binding = self._bindings.get(key)
+        cached = binding is not None  # ids and positions are bound with this shape already
         if binding is None:
-            binding = self.session.io_binding()
-            self.bind_fixed(binding, first, b)
-            shape = [b, t, self.vocab_size]
-            if picked:
-                binding.bind_output(contract.NEXT_TOKEN, "cpu", 0, np.int64, [b, t], out.ctypes.data)
-                kind, device = self.device.kind, self.device.id
-                binding.bind_output(contract.LOGITS, kind, device, self.arena.dtype, shape, self.step_logits.data_ptr())
-            else:
-                binding.bind_output(contract.LOGITS, "cpu", 0, self.arena.dtype, shape, out.ctypes.data)
-            if t == 1:  # decode steps repeat these shapes: keep their cache bindings
-                self._bindings[(first, b, t, picked)] = binding
+            binding = self.binding(*key)
         self.inputs.bind(binding, contract.INPUT_IDS, ids, bound=cached)
-        self.inputs.bind(binding, contract.ATTENTION_MASK, mask)  # its width changes every step
+        self.inputs.bind(binding, contract.ATTENTION_MASK, mask)
+        self._mask_widths.pop(key, None)  # a decode step rebinds its own
         self.inputs.bind(binding, contract.POSITION_IDS, positions, bound=cached)
         self.bind_inputs(binding, first, b)
         self.session.run_with_iobinding(binding)
-        return out
+        if picked:
+            return self.next_ids[: b * t].reshape(b, t)
+        self.last_shape = (b, t)
+        return self.logits[: b * t * self.vocab_size].reshape(b, t, self.vocab_size)
+
+    def binding(self, first: int, b: int, t: int, picked: bool) -> ort.IOBinding:
+        """A binding of slots [first, first + b) and of the outputs of a (b, t) run; kept when t is 1
+        (decode steps and one-token runs repeat their shapes)."""
+        if b * t > self.max_tokens:
+            raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
+        binding = self.session.io_binding()
+        self.bind_fixed(binding, first, b)
+        shape = [b, t, self.vocab_size]
+        if picked:
+            binding.bind_output(contract.NEXT_TOKEN, "cpu", 0, np.int64, [b, t], self.next_ids.ctypes.data)
+            kind, device = self.device.kind, self.device.id
+            binding.bind_output(contract.LOGITS, kind, device, self.arena.dtype, shape, self.step_logits.data_ptr())
+        else:
+            binding.bind_output(contract.LOGITS, "cpu", 0, self.arena.dtype, shape, self.logits.ctypes.data)
+        if t == 1:
+            self._bindings[first, b, t, picked] = binding
+        return binding
 
     def prefill(self, first: int, prompts: list[list[int]]) -> np.ndarray:
         """Fresh prompts into the empty slots [first, first + b), right-padded; last-token logits (b, V)."""
@@ -166,7 +180,7 @@ class ArenaDecoder:
         the output buffer, valid until the next run (a decode step's logits are read before it)."""
         if self.fixed is not None:
             return self.fixed.decode(tokens)
-        return to_float32(self.step(tokens, picked=False)[:, 0], self.dtype)
+        return to_float32(self.step(tokens, picked=False), self.dtype)
 
     def decode_picked(self, tokens: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """decode(), but what comes back is each slot's greedy token (B,) int64 (the graph's
@@ -178,12 +192,14 @@ class ArenaDecoder:
             return logits.argmax(axis=1), logits
         if self.fixed is not None:
             return self.fixed.decode_picked(tokens, rows)
-        picked = self.step(tokens, picked=True)[:, 0].copy()
+        picked = self.step(tokens, picked=True)
         address = self.step_logits.data_ptr() if rows else 0  # no rows: nothing is read from it
         return picked, self.read_rows(address, len(tokens), rows)
 
     def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
         """Each slot's greedy next token (B,) int64, and no logits leave the device."""
+        if self.greedy_outputs and self.fixed is None:
+            return self.step(tokens, picked=True)
         return self.decode_picked(tokens, [])[0]
 
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
@@ -203,14 +219,39 @@ class ArenaDecoder:
         return self.picked_rows[:b]
 
     def step(self, tokens: np.ndarray, picked: bool) -> np.ndarray:
-        """One decode run over slots [0, B): its logits or greedy ids, as run() returns them."""
+        """One decode run over slots [0, B): logits (B, V) in the graph's dtype, a view of the host
+        buffer, or (picked) each slot's greedy token (B,), a copy. The serving loop's hot path, so it
+        does as few array operations as it can (each costs microseconds after a run has emptied the
+        caches): the step's binding is kept per batch size, its ids and positions are only written,
+        and its mask, as wide as the longest slot's positions rounded up to MASK_COLUMNS, is rebound
+        only when that width changes."""
         b = len(tokens)
+        key = (0, b, 1, picked)
+        binding = self._bindings.get(key)
+        cached = binding is not None
+        if binding is None:
+            binding = self.binding(*key)
         held = self.arena.lengths[:b]
-        width = int(held.max()) + 1
-        mask = (self.columns[:, :width] <= held[:, None]).astype(np.int64)  # (B, P+1), right-padded
-        out = self.run(0, np.asarray(tokens, np.int64).reshape(b, 1), mask, held.reshape(b, 1), picked)
-        self.arena.lengths[:b] += 1
-        return out
+        longest = int(held.max()) + 1
+        width = min(-(-longest // MASK_COLUMNS) * MASK_COLUMNS, max(self.context, longest))
+        inputs = self.inputs
+        ids = inputs.write(contract.INPUT_IDS, (b, 1))
+        ids[:, 0] = tokens
+        positions = inputs.write(contract.POSITION_IDS, (b, 1))
+        positions[:, 0] = held
+        mask = inputs.write(contract.ATTENTION_MASK, (b, width))  # right-padded
+        np.less_equal(self.columns[:, :width], held[:, None], out=mask, casting="unsafe")
+        inputs.bind_written(binding, contract.INPUT_IDS, ids, bound=cached)
+        inputs.bind_written(binding, contract.POSITION_IDS, positions, bound=cached)
+        inputs.bind_written(binding, contract.ATTENTION_MASK, mask, bound=self._mask_widths.get(key) == width)
+        self._mask_widths[key] = width
+        self.bind_inputs(binding, 0, b)
+        self.session.run_with_iobinding(binding)
+        held += 1
+        if picked:
+            return self.next_ids[:b].copy()
+        self.last_shape = (b, 1)
+        return self.logits[: b * self.vocab_size].reshape(b, self.vocab_size)
 
     @property
     def nbytes(self) -> int:
