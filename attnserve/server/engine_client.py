@@ -7,8 +7,9 @@ stats, close, abort, start, stop) by talking to core.run_core over one Unix sock
 receiver thread takes the core's Step messages (one per engine step; every one that waited, when it
 looks less often than the core steps) and hands their events to the callers' event loops with one
 call per loop, as the in-process engine does; the engine's observations go to the front end's
-metrics there too. While requests are in flight it looks for messages every NAP_S rather than
-sleeping until the core's write wakes it: a wake would cost the core's engine thread ~30 us a step.
+metrics there too. While requests are in flight it naps between looks for messages rather than
+sleeping until the core's write wakes it (a wake would cost the core's engine thread ~30 us a
+step), unless this process's event loop is busy (naps.py).
 
 What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
 QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
@@ -40,7 +41,7 @@ from ..runtime.contract import ModelDirError
 from ..runtime.ort_session import ProviderError
 from .config import ServerConfig
 from .core import StartupError, run_core
-from .core_channel import NAP_S, Channel, ChannelClosed, listen
+from .core_channel import Channel, ChannelClosed, listen
 from .core_protocol import (
     OUTBOUND_DECODER,
     Abort,
@@ -52,6 +53,7 @@ from .core_protocol import (
     Submit,
     from_wire,
 )
+from .naps import Naps
 
 log = logging.getLogger("attnserve.server")
 
@@ -231,11 +233,12 @@ class EngineClient:
             )
 
     def _receive_steps(self) -> None:
-        """Every message that has come, handed on together; then, with requests in flight, a nap of
-        NAP_S (the core's next write finds nobody to wake); with none, a sleep until one comes. The
-        core's end of the socket closes when its process dies; an idle receiver also looks at the
-        process itself each POLL_MS."""
+        """Every message that has come, handed on together; then, with requests in flight, a nap (the
+        core's next write finds nobody to wake) unless the event loop is busy (naps.py); otherwise a
+        sleep until one comes. The core's end of the socket closes when its process dies; a waiting
+        receiver also looks at the process itself each POLL_MS."""
         assert self._channel is not None, "the core connected before Ready"
+        naps = Naps()
         while not self._stopping:
             try:
                 steps = [step for step in self._channel.take() if isinstance(step, Step)]
@@ -243,8 +246,8 @@ class EngineClient:
                 break
             if steps:
                 self._take(steps)
-            elif self.handles:
-                time.sleep(NAP_S)
+            elif self.handles and naps.nap():
+                continue
             elif not self._channel.wait(POLL_MS / 1000) and not self.process.is_alive():
                 break
         if not self._stopping:
