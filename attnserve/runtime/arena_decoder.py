@@ -73,9 +73,7 @@ class ArenaDecoder:
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
         self._bindings: dict[tuple[int, int, int, bool], ort.IOBinding] = {}  # (first slot, B, T, ids) -> binding
-        self._mask_widths: dict[
-            tuple[int, int, int, bool], int
-        ] = {}  # a kept binding -> the width its mask is bound at
+        self._mask_widths: dict[tuple[int, int, int, bool], int] = {}  # a kept binding -> its mask's width
         self.last_shape = (0, 0)  # (B, T) of the last run whose logits are in the host buffer
         self.columns = np.arange(self.context + 1)[None, :]  # a decode step's mask compares positions to these
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
