@@ -1,12 +1,14 @@
 """Token ids -> text: UTF-8 characters split across tokens are emitted whole; stop strings are cut."""
 
+import json
 import random
 
 import pytest
 
 from attnserve.engine.streaming import Detokenizer, TextStream, held_back
 from attnserve.tokenizer import ByteTokenizer
-from attnserve.tokenizer.bpe import train_bpe
+from attnserve.tokenizer.bpe import BpeTokenizer, train_bpe
+from attnserve.tokenizer.byte_stream import ByteStream
 
 TOK = ByteTokenizer()
 TEXT = "Καλημέρα κόσμε 😀 — naïve 日本語!"
@@ -107,16 +109,51 @@ def test_held_back_is_the_longest_stop_prefix_at_the_tail(text, stops, expected)
     assert held_back(text, stops) == expected
 
 
-def test_the_native_incremental_decoder_gives_the_deltas_of_decoding_slices():
-    """BPE's decode_stream (Hugging Face's DecodeStream) against this module's own slice decoding, over
-    ids that cut characters, hold special ids and invalid bytes: the same delta at every step, the same end."""
-    bpe = train_bpe("ab " * 50 + TEXT[:6], 300)
+def deltas_of(detok: Detokenizer, ids: list[int]) -> list[str]:
+    return [detok.push(i) for i in ids] + [detok.flush()]
+
+
+def test_the_incremental_decoders_give_the_deltas_of_decoding_slices():
+    """BPE's decode_stream (a byte stream over each id's bytes, byte_stream.py) and Hugging Face's
+    DecodeStream against this module's own slice decoding, over ids that cut characters, hold special
+    ids and invalid bytes: the same delta at every step, the same end."""
+    bpe = train_bpe("ab " * 50 + TEXT[:6] + TEXT * 3, 400)
+    assert any(len(bpe.decode([i]).encode()) > 1 for i in range(bpe.vocab_size))  # merges of several bytes
     rng = random.Random(0)
-    for trial in range(20):
-        ids = bpe.encode(TEXT) + [rng.randrange(bpe.vocab_size) for _ in range(40)]
+    for trial in range(40):
+        ids = bpe.encode(TEXT) + [rng.randrange(bpe.vocab_size) for _ in range(60)]
         if trial % 2:
             rng.shuffle(ids)
-        native, sliced = Detokenizer(bpe), Detokenizer(bpe, native=False)
-        assert native.step is not None and sliced.step is None
-        assert [native.push(i) for i in ids] == [sliced.push(i) for i in ids], trial
-        assert native.flush() == sliced.flush()
+        native, library, sliced = Detokenizer(bpe), Detokenizer(bpe), Detokenizer(bpe, native=False)
+        library.step = bpe.library_stream()
+        assert isinstance(native.step, ByteStream) and sliced.step is None
+        assert deltas_of(native, ids) == deltas_of(library, ids) == deltas_of(sliced, ids), trial
+
+
+def test_the_byte_tokenizers_stream_gives_the_deltas_of_decoding_slices():
+    rng = random.Random(1)
+    for trial in range(40):
+        ids = list(TEXT.encode()) + [rng.randrange(TOK.vocab_size) for _ in range(60)]
+        if trial % 2:
+            rng.shuffle(ids)
+        native, sliced = Detokenizer(TOK), Detokenizer(TOK, native=False)
+        assert isinstance(native.step, ByteStream)
+        assert deltas_of(native, ids) == deltas_of(sliced, ids), trial
+
+
+@pytest.mark.parametrize("change", ["decoder", "added token"])
+def test_a_tokenizer_json_that_is_not_plain_byte_level_decodes_with_the_library(change):
+    """Only a ByteLevel decoder over ids that each stand for bytes gets the byte stream (here a decoder
+    of another type, an added token spelled outside the byte-level alphabet); any other file streams
+    with Hugging Face's DecodeStream, whose deltas are still the slices'."""
+    spec = json.loads(train_bpe("ab " * 50 + TEXT, 300).json)
+    extra = len(spec["model"]["vocab"])
+    if change == "decoder":
+        spec["decoder"] = {"type": "Sequence", "decoders": [spec["decoder"]]}
+    else:
+        spec["added_tokens"].append({**spec["added_tokens"][0], "id": extra, "content": "an extra", "special": False})
+    bpe = BpeTokenizer(json.dumps(spec))
+    native, sliced = Detokenizer(bpe), Detokenizer(bpe, native=False)
+    assert native.step is not None and not isinstance(native.step, ByteStream)
+    ids = bpe.encode(TEXT) + ([extra] if change == "added token" else [])
+    assert deltas_of(native, ids) == deltas_of(sliced, ids)

@@ -86,6 +86,10 @@ class TextStream:
         `look` (before a request's min_new_tokens) the text goes out as it comes, unsearched."""
         if self.stopped:
             return ""
+        if not self.stops:  # nothing is ever held back: the text goes out as it comes
+            delta = self._decoder.push(token_id)
+            self.text += delta
+            return delta
         self._pending += self._decoder.push(token_id)
         return self._release(final=False) if look else self._emit(self._pending, stopped=False)
 

@@ -11,8 +11,10 @@ maps it to the special id; send ids with prompt_token_ids). The tokenizer.json s
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 
+from .byte_stream import ByteTable
 from .errors import TokenizerError
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")  # ids 0, 1, 2
@@ -42,6 +44,16 @@ def train_bpe(text: str, vocab_size: int) -> BpeTokenizer:
     return BpeTokenizer(tok.to_str())
 
 
+def byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level characters -> the bytes they stand for: printable bytes stand for
+    themselves, the other 68 for characters from U+0100 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    alphabet = {chr(b): b for b in printable}
+    alphabet.update({chr(256 + n): b for n, b in enumerate(others)})
+    return alphabet
+
+
 class BpeTokenizer:
     """A tokenizer.json behind the `Tokenizer` interface."""
 
@@ -64,6 +76,8 @@ class BpeTokenizer:
             raise TokenizerError(f"tokenizer.json lacks the special tokens {', '.join(SPECIAL_TOKENS)}")
         self.bos_id, self.eos_id, self.pad_id = ids
         self.special_ids = frozenset(ids)
+        self._bytes: ByteTable | None = None  # built at the first decode_stream(), if the file allows one
+        self._bytes_tried = False
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -75,12 +89,41 @@ class BpeTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def decode_stream(self) -> Callable[[int], str | None]:
-        """Hugging Face's DecodeStream: the same two-offset incremental decoding as
+        """A byte stream over each id's bytes (byte_stream.py) where the file is plain byte-level BPE,
+        else Hugging Face's DecodeStream: the same two-offset incremental decoding as
         engine/streaming.py's, in Rust (one call per token instead of two decodes of Python lists)."""
+        if not self._bytes_tried:
+            self._bytes, self._bytes_tried = self._byte_table(), True
+        return self._bytes.stream() if self._bytes is not None else self.library_stream()
+
+    def library_stream(self) -> Callable[[int], str | None]:
+        """Hugging Face's DecodeStream, whatever the file (decode_stream's fallback)."""
         from tokenizers.decoders import DecodeStream
 
         stream, tok = DecodeStream(skip_special_tokens=True), self._tok
         return lambda token_id: stream.step(tok, token_id)
+
+    def _byte_table(self) -> ByteTable | None:
+        """Each id's bytes, if this file's decoder only maps byte-level characters back to bytes and
+        every other id is a special token (decoded to nothing); checked id by id against the library's
+        own decode. None otherwise."""
+        spec = json.loads(self.json)
+        decoder = spec.get("decoder") or {}
+        added = spec.get("added_tokens") or []
+        if decoder.get("type") != "ByteLevel":
+            return None
+        to_byte = byte_level_alphabet()
+        special = {token["id"] for token in added if token.get("special")}
+        pieces = []
+        for i in range(self.vocab_size):
+            token = "" if i in special else self._tok.id_to_token(i)
+            if token is None or any(c not in to_byte for c in token):
+                return None
+            piece = bytes(to_byte[c] for c in token)
+            if piece.decode("utf-8", "replace") != self.decode([i]):
+                return None
+            pieces.append(piece)
+        return ByteTable(pieces)
 
     def byte_lengths(self) -> list[int]:
         """Each byte-level token's characters are one byte each; special tokens stand for none."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .byte_stream import ByteStream, ByteTable
+
 BOS_ID = 256
 EOS_ID = 257
 PAD_ID = 258
@@ -22,6 +24,9 @@ def encode(text: str, bos: bool = True) -> list[int]:
 def decode(ids: Sequence[int]) -> str:
     """Text of the byte ids in `ids`; special ids are dropped, invalid UTF-8 is replaced."""
     return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+BYTES = ByteTable([bytes([i]) for i in range(256)] + [b""] * (VOCAB_SIZE - 256))
 
 
 class ByteTokenizer:
@@ -40,9 +45,9 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return decode(ids)
 
-    def decode_stream(self) -> None:
-        """None: decoding a slice of byte ids is already cheap (engine/streaming.py does it)."""
-        return None
+    def decode_stream(self) -> ByteStream:
+        """A byte stream (byte_stream.py): each id below 256 is its byte, the special ids none."""
+        return BYTES.stream()
 
     def byte_lengths(self) -> list[int]:
         return [1] * 256 + [0] * (VOCAB_SIZE - 256)
