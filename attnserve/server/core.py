@@ -64,9 +64,11 @@ class LoadedModel:
 def load_tokenizer(model_dir: Path, manifest: Manifest) -> Tokenizer:
     """The model directory's tokenizer; raises StartupError naming the directory."""
     try:
-        return from_model_dir(model_dir, manifest.tokenizer)
+        tokenizer = from_model_dir(model_dir, manifest.tokenizer)
     except TokenizerError as e:
         raise StartupError(f"{model_dir}: {e}") from None
+    tokenizer.decode_stream()  # a BPE's byte table (byte_stream.py) is made now, not at the first request
+    return tokenizer
 
 
 def load_model(config: ServerConfig) -> LoadedModel:
