@@ -1,57 +1,60 @@
-"""The receiver's naps (attnserve/server/naps.py) on a clock of the test's own: naps while they come
-back on time, none for BUSY_S once LATE_IN_A_ROW came back late, naps again after."""
+"""The receiver's naps (attnserve/server/naps.py) on a clock of the test's own: short naps while they
+come back on time, long ones for BUSY_S once LATE_IN_A_ROW came back late, short ones again after."""
 
-from attnserve.server.naps import BUSY_S, LATE_IN_A_ROW, LATE_S, Naps
+from attnserve.server.naps import BUSY_NAP_S, BUSY_S, LATE_IN_A_ROW, LATE_S, NAP_S, Naps
 
 
 class Clock:
     """time.perf_counter and time.sleep of a machine where each sleep overshoots by `late` seconds."""
 
     def __init__(self) -> None:
-        self.now, self.late, self.slept = 100.0, 0.0, 0
+        self.now, self.late = 100.0, 0.0
+        self.naps: list[float] = []  # each sleep asked for
 
     def __call__(self) -> float:
         return self.now
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds + self.late
-        self.slept += 1
+        self.naps.append(seconds)
 
 
 def naps(clock: Clock) -> Naps:
     return Naps(sleep=clock.sleep, clock=clock)
 
 
-def test_naps_that_come_back_on_time_go_on():
+def test_naps_that_come_back_on_time_stay_short():
     clock = Clock()
     clock.late = LATE_S / 2
     napper = naps(clock)
-    assert all(napper.nap() for _ in range(1000))
-    assert clock.slept == 1000
+    for _ in range(1000):
+        napper.nap()
+    assert clock.naps == [NAP_S] * 1000
 
 
-def test_late_naps_in_a_row_stop_the_naps_for_busy_s_then_they_resume():
+def test_late_naps_in_a_row_make_the_naps_long_for_busy_s_then_short_again():
     clock = Clock()
     napper = naps(clock)
     clock.late = LATE_S * 2
-    assert all(napper.nap() for _ in range(LATE_IN_A_ROW))  # these napped, and came back late
-    assert clock.slept == LATE_IN_A_ROW
-    assert not napper.nap()  # the event loop is busy: wait for the core's message instead
-    assert clock.slept == LATE_IN_A_ROW  # ... without sleeping
-    clock.now += BUSY_S * 0.99
-    assert not napper.nap()
-    clock.now += BUSY_S * 0.02
+    for _ in range(LATE_IN_A_ROW):
+        napper.nap()  # these came back late
     clock.late = 0.0
-    assert napper.nap()
-    assert clock.slept == LATE_IN_A_ROW + 1
+    start = clock.now
+    while clock.now < start + BUSY_S:
+        napper.nap()  # the event loop is busy: long naps, however timely
+    busy = clock.naps[LATE_IN_A_ROW:]
+    assert busy == [BUSY_NAP_S] * len(busy) and len(busy) >= BUSY_S / BUSY_NAP_S - 1
+    napper.nap()
+    napper.nap()
+    assert clock.naps[-2:] == [NAP_S, NAP_S]
 
 
-def test_one_late_nap_between_timely_ones_stops_nothing():
+def test_one_late_nap_between_timely_ones_changes_nothing():
     clock = Clock()
     napper = naps(clock)
     for _ in range(100):
         clock.late = LATE_S * 2
-        assert napper.nap()
+        napper.nap()
         clock.late = 0.0
-        assert napper.nap()
-    assert clock.slept == 200
+        napper.nap()
+    assert clock.naps == [NAP_S] * 200

@@ -9,7 +9,7 @@ looks less often than the core steps) and hands their events to the callers' eve
 call per loop, as the in-process engine does; the engine's observations go to the front end's
 metrics there too. While requests are in flight it naps between looks for messages rather than
 sleeping until the core's write wakes it (a wake would cost the core's engine thread ~30 us a
-step), unless this process's event loop is busy (naps.py).
+step), longer while this process's event loop is busy (naps.py).
 
 What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
 QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
@@ -234,9 +234,9 @@ class EngineClient:
 
     def _receive_steps(self) -> None:
         """Every message that has come, handed on together; then, with requests in flight, a nap (the
-        core's next write finds nobody to wake) unless the event loop is busy (naps.py); otherwise a
-        sleep until one comes. The core's end of the socket closes when its process dies; a waiting
-        receiver also looks at the process itself each POLL_MS."""
+        core's next write finds nobody to wake; naps.py); otherwise a sleep until one comes. The
+        core's end of the socket closes when its process dies; a waiting receiver also looks at the
+        process itself each POLL_MS."""
         assert self._channel is not None, "the core connected before Ready"
         naps = Naps()
         while not self._stopping:
@@ -246,8 +246,8 @@ class EngineClient:
                 break
             if steps:
                 self._take(steps)
-            elif self.handles and naps.nap():
-                continue
+            elif self.handles:
+                naps.nap()
             elif not self._channel.wait(POLL_MS / 1000) and not self.process.is_alive():
                 break
         if not self._stopping:
