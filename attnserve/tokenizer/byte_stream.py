@@ -8,8 +8,9 @@ text it last returned; it returns the new text, or None while that text ends in 
 still cut between tokens: it waits for the next id) or is empty. That is the rule of Hugging Face's
 DecodeStream and of engine/streaming.py's slices, with the same deltas (tests/test_server_streaming.py
 compares them over ids that cut characters, hold special ids and invalid bytes), in a list lookup
-per id where the id's bytes are whole characters on their own, and a 2-byte decode otherwise:
-about a third of DecodeStream's cost a token, which the engine core pays for every token it takes.
+per id where the id's bytes are whole characters on their own, and one decode of the bytes since the
+last text otherwise: 0.12 us a token against DecodeStream's 0.67 (warm, 20,000 random ids of the
+2,048-id BPE), a cost the engine core pays for every token it takes.
 """
 
 from __future__ import annotations
