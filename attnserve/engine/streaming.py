@@ -1,8 +1,9 @@
 """Token ids -> text, incrementally: UTF-8-safe deltas that never rewrite sent text, and stop strings.
 
 Knows nothing of the engine or gRPC, and nothing of how a tokenizer maps ids to text: it calls
-`decode`, or the tokenizer's own incremental decoder where it has one (`decode_stream`: Hugging
-Face's DecodeStream, the same rule in Rust). Detokenization keeps two offsets into the generated
+`decode`, or the tokenizer's own incremental decoder where it has one (`decode_stream`: a stream
+over each id's bytes, tokenizer/byte_stream.py, or Hugging Face's DecodeStream; the same rule, and
+the same deltas). Detokenization keeps two offsets into the generated
 ids, as vLLM and TGI do:
 text is decoded from `prefix` (a token already sent, so a tokenizer that decodes a token
 differently after another, like SentencePiece's leading space, gets its context) and only what
