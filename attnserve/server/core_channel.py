@@ -11,9 +11,9 @@ Unix socket whose reader is not asleep in the kernel costs the writer about 4 us
 2026-11-25: a process computing 290 us a message, then sending 100 bytes to another process:
 35 us a send over ZeroMQ ipc, 31 us over a Unix socket whose reader sleeps in recv, 4 us over one
 whose reader looks every 200 us). So the core writes its steps from the engine thread
-itself, and the front end's receiver, while requests are in flight and its event loop is not
-busy, naps between looks for what has come instead of sleeping until woken (naps.py); otherwise it
-sleeps in poll, and the first message wakes it.
+itself, and the front end's receiver, while requests are in flight, naps between looks for what
+has come instead of sleeping until woken (200 us, or 1 ms while its event loop is busy: naps.py);
+with nothing in flight it sleeps in poll, and the first message wakes it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from functools import cached_property
 
 from .byte_stream import ByteTable
 from .errors import TokenizerError
@@ -76,8 +77,6 @@ class BpeTokenizer:
             raise TokenizerError(f"tokenizer.json lacks the special tokens {', '.join(SPECIAL_TOKENS)}")
         self.bos_id, self.eos_id, self.pad_id = ids
         self.special_ids = frozenset(ids)
-        self._bytes: ByteTable | None = None  # built at the first decode_stream(), if the file allows one
-        self._bytes_tried = False
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
@@ -92,9 +91,8 @@ class BpeTokenizer:
         """A byte stream over each id's bytes (byte_stream.py) where the file is plain byte-level BPE,
         else Hugging Face's DecodeStream: the same two-offset incremental decoding as
         engine/streaming.py's, in Rust (one call per token instead of two decodes of Python lists)."""
-        if not self._bytes_tried:
-            self._bytes, self._bytes_tried = self._byte_table(), True
-        return self._bytes.stream() if self._bytes is not None else self.library_stream()
+        table = self.byte_table
+        return table.stream() if table is not None else self.library_stream()
 
     def library_stream(self) -> Callable[[int], str | None]:
         """Hugging Face's DecodeStream, whatever the file (decode_stream's fallback)."""
@@ -103,10 +101,11 @@ class BpeTokenizer:
         stream, tok = DecodeStream(skip_special_tokens=True), self._tok
         return lambda token_id: stream.step(tok, token_id)
 
-    def _byte_table(self) -> ByteTable | None:
+    @cached_property
+    def byte_table(self) -> ByteTable | None:
         """Each id's bytes, if this file's decoder only maps byte-level characters back to bytes and
         every other id is a special token (decoded to nothing); checked id by id against the library's
-        own decode. None otherwise."""
+        own decode, once, at the first decode_stream(). None otherwise."""
         spec = json.loads(self.json)
         decoder = spec.get("decoder") or {}
         added = spec.get("added_tokens") or []
