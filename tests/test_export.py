@@ -204,6 +204,26 @@ def test_the_float16_export_passes_its_gate(tiny_checkpoint, tmp_path):
     assert manifest.parity["passed"] is True
     assert OrtDecoder(tmp_path / "m").session.get_outputs()[0].type == "tensor(float16)"
     assert all(row["agreeing_steps"] == 64 or row["excused_near_tie"] for row in manifest.parity["greedy"]["rows"])
+    assert argmax_reads(tmp_path / "m", tmp_path / "optimized.onnx") == contract.LOGITS
+
+
+def argmax_reads(model_dir, optimized) -> str:
+    """The tensor NEXT_TOKEN's ArgMax takes its values from in the graph ONNX Runtime runs, through the
+    Reshapes and Casts in front of it: on a CPU without float16 arithmetic ONNX Runtime computes a
+    float16 graph in float32 and removes a Cast pair of its own and ours, and an ArgMax right behind
+    the last MatMul saw its unrounded values (the float16 gate then failed on a tie, 4.953125 twice)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(optimized)
+    ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    graph = onnx.load(str(optimized)).graph
+    producers = {output: node for node in graph.node for output in node.output}
+    (argmax,) = [node for node in graph.node if node.op_type == "ArgMax"]
+    tensor = argmax.input[0]
+    while tensor != contract.LOGITS and producers[tensor].op_type in ("Reshape", "Cast"):
+        tensor = producers[tensor].input[0]
+    return tensor
 
 
 def test_the_int8_export_passes_its_gate_from_the_command_line(tiny_checkpoint, tmp_path):

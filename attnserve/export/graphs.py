@@ -61,9 +61,16 @@ class ArenaDecoderGraph(nn.Module):
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """(B, T) int64: ONNX ArgMax over the vocabulary, first index on ties (as torch and numpy pick).
-    bfloat16 logits are compared as float32 (exactly: every bfloat16 is one), since ONNX Runtime's
-    CUDA ArgMax has no bfloat16 kernel and the node would fall back to the CPU."""
-    return (logits.float() if logits.dtype == torch.bfloat16 else logits).argmax(-1)
+    Half-precision logits are compared as float32 (exactly: every float16 and bfloat16 is one), after
+    the cast to the logits output's dtype: ONNX Runtime's CUDA ArgMax has no bfloat16 kernel, and on
+    a CPU without float16 arithmetic ONNX Runtime runs a float16 graph in float32, where an ArgMax
+    fed by the last MatMul saw its float32 values, not the float16 logits: two ids tied in float16
+    (4.953125 each) gave next_token the higher one and the logits' argmax the first (seen on an AMD
+    EPYC of family 26, ONNX Runtime 1.32). The explicit Cast keeps the ArgMax on what the logits hold."""
+    if logits.dtype not in (torch.float16, torch.bfloat16):
+        return logits.argmax(-1)
+    rows = logits.reshape(-1, logits.shape[-1])  # (B*T, V): keeps the Cast below from meeting ORT's own
+    return rows.float().argmax(-1).reshape(logits.shape[:-1])
 
 
 class Seq2SeqEncoderGraph(nn.Module):
