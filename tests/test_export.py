@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from attnserve.export.onnx_export import export_checkpoint
@@ -212,8 +213,6 @@ def argmax_reads(model_dir, optimized) -> str:
     Reshapes and Casts in front of it: on a CPU without float16 arithmetic ONNX Runtime computes a
     float16 graph in float32 and removes a Cast pair of its own and ours, and an ArgMax right behind
     the last MatMul saw its unrounded values (the float16 gate then failed on a tie, 4.953125 twice)."""
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(optimized)
     ort.InferenceSession(str(model_dir / "model.onnx"), options, providers=["CPUExecutionProvider"])
