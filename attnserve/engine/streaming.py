@@ -15,8 +15,7 @@ held back until it is known not to be.
 from __future__ import annotations
 
 from ..tokenizer import Tokenizer
-
-REPLACEMENT = "\ufffd"
+from ..tokenizer.byte_stream import REPLACEMENT
 
 
 class Detokenizer:

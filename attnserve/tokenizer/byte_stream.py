@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-REPLACEMENT = "\ufffd"
+REPLACEMENT = "\ufffd"  # what an invalid or cut UTF-8 sequence decodes to (engine/streaming.py waits on it too)
 
 
 def whole_text(piece: bytes) -> str | None:
