@@ -45,6 +45,7 @@ step "5/6 the greedy completion (the default, temperature 0): the decoding the e
 echo
 
 step "6/6 a short benchmark (prompts of exactly 32 token ids, 64 new tokens each)"
+mkdir -p reports  # attnserve bench writes its files, never the directory they go in
 "$BIN/attnserve" bench --target "127.0.0.1:$PORT" --concurrency 1,4,16 --requests 32 \
   --max-new-tokens 64 --out reports/demo-bench.json --plot reports/demo-bench.png
 

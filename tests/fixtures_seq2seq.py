@@ -3,6 +3,7 @@ number task, its exported model directory, and a real server over it, each built
 
 import pytest
 from fixtures_server import start_server
+from fixtures_train import TRAIN_SEED
 
 from attnserve.export.onnx_export import export_checkpoint
 from attnserve.model.checkpoint import load_checkpoint
@@ -27,6 +28,7 @@ def tiny_seq2seq_checkpoint(tmp_path_factory):
         eval_pairs=20,
         precision="fp32",  # bf16 autocast is slower for a model this small on a CPU
         progress=False,
+        seed=TRAIN_SEED,
     )
     train_seq2seq(preset("tiny-seq2seq"), cfg, log=lambda _: None)
     return out / "checkpoint.pt"

@@ -29,8 +29,10 @@ def free(server):
 
 
 def first_new(tokens) -> tuple[int, int]:
-    """A token of `tokens` past the first few that is not among those before it, and its index."""
-    index = next(i for i in range(4, len(tokens)) if tokens[i] not in tokens[:i])
+    """The last token of `tokens` (but for the last three) that is not among those before it, and its
+    index: a stop at that token cuts the completion there. Chosen from what the model said, whatever
+    it said (index 0 for a model that repeats one token, 3 for " the the the ...")."""
+    index = max(i for i in range(len(tokens) - 3) if tokens[i] not in tokens[:i])
     return tokens[index], index
 
 

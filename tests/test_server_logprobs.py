@@ -129,24 +129,26 @@ def test_prompt_logprobs_are_pytorchs_log_likelihood_of_the_text_with_nothing_ge
     assert total == pytest.approx(sum(rows[i - 1][ids[i]] for i in range(1, len(ids))), abs=len(ids) * TOLERANCE)
 
 
-def score(stub, text: str, after: int) -> float:
-    """The log-likelihood the server gives the tokens of `text` after its first `after` ones."""
-    reply = stub.Generate(request(text, max_new_tokens=0, prompt_logprobs=0), timeout=60)
+def score(stub, ids: list[int], after: int) -> float:
+    """The log-likelihood the server gives the tokens of `ids` after its first `after` ones."""
+    reply = stub.Generate(pb.GenerateRequest(prompt_token_ids=ids, max_new_tokens=0, prompt_logprobs=0), timeout=60)
     return sum(p.logprob for p in reply.prompt_logprobs[after - 1 :])
 
 
 def test_a_client_scores_two_continuations_and_picks_the_likelier(stub, reference_model):
-    """The model's own greedy continuation of a prompt against the same bytes reversed: the server's
-    scores rank them as PyTorch's log-likelihoods do, and the greedy one is the likelier."""
-    greedy = stub.Generate(request(PROMPT, max_new_tokens=10), timeout=60).text
-    candidates = [PROMPT + greedy, PROMPT + greedy[::-1]]
-    after = len(encode(PROMPT))
-    scores = [score(stub, text, after) for text in candidates]
+    """The model's own greedy continuation of a prompt against the same continuation with its last
+    token the model's least likely one there: the server's scores rank them as PyTorch's
+    log-likelihoods do, and the greedy one is the likelier (they differ only where greedy took the
+    argmax, whatever the model is)."""
+    prompt = encode(PROMPT)
+    greedy = prompt + list(stub.Generate(request(PROMPT, max_new_tokens=10, ignore_eos=True), timeout=60).token_ids)
+    unlikely = int(np.argmin(pytorch_logprobs(reference_model, greedy)[-2]))
+    candidates = [greedy, greedy[:-1] + [unlikely]]
+    scores = [score(stub, ids, len(prompt)) for ids in candidates]
     expected = []
-    for text in candidates:
-        ids = encode(text)
+    for ids in candidates:
         rows = pytorch_logprobs(reference_model, ids)
-        expected.append(sum(rows[i - 1][ids[i]] for i in range(after, len(ids))))
+        expected.append(sum(rows[i - 1][ids[i]] for i in range(len(prompt), len(ids))))
     assert scores == pytest.approx(expected, abs=1e-3) and scores[0] > scores[1]
 
 
