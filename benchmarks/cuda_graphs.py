@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from attnserve.report_stamp import Stamp, write_report
 from attnserve.runtime import contract
 from attnserve.runtime.arena import device_of
 from attnserve.runtime.arena_decoder import ArenaDecoder
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provider", default="cuda", help="cpu runs the first two sides only (a smoke test)")
     p.add_argument("--out")
     args = p.parse_args(argv)
+    stamp = Stamp.start(provider=args.provider)
     rows = [measure(args.model, int(b), args.steps, args.repeats, args.provider) for b in args.batch.split(",")]
     for row in rows:
         cells = ", ".join(
@@ -136,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         for key in [k for k in row if k.endswith("error")]:
             print(f"  {key}: {row[key]}")
-    result = {"model": args.model, "steps": args.steps, "repeats": args.repeats, "rows": rows}
+    result = {"model": args.model, "steps": args.steps, "repeats": args.repeats, "rows": rows, "stamp": stamp.finish()}
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        write_report(args.out, result, title="Decode steps as CUDA graphs vs launched node by node")
     print(json.dumps(result))
     return 0
 

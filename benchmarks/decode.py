@@ -25,6 +25,7 @@ from attnserve.export.onnx_export import export_checkpoint
 from attnserve.model.checkpoint import LanguageModel, build_model, load_checkpoint, save_checkpoint
 from attnserve.model.config import preset
 from attnserve.model.generate import decode
+from attnserve.report_stamp import Stamp, write_report
 from attnserve.runtime.ort_decoder import OrtDecoder
 
 
@@ -138,16 +139,18 @@ def main() -> None:
     p.add_argument("--out", default=None, help="also write the JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of latency against new tokens")
     args = p.parse_args()
+    stamp = Stamp.start(provider="cpu")
     result = run(
         args.checkpoint, [int(t) for t in args.tokens.split(",")], args.prompt_tokens, args.repeats, args.threads
     )
+    result["stamp"] = stamp.finish()
     print_table(result)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
     if args.plot:
         Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
         plot(result, args.plot)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        write_report(args.out, result, args.plot, "Decode speed: ONNX Runtime vs PyTorch, KV cache vs recomputing")
     print(json.dumps(result))
 
 

@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
 from typing import Any
 
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.contract import read_manifest
 from benchmarks.kv import GENAI_PYTHON, genai_batch
 from benchmarks.loadtest.server_process import ServerProcess
-from benchmarks.serving import alternating, load_averages, report, spread
+from benchmarks.serving import alternating, report, spread
 
 MODES = ("thread", "process")
 GENAI_MAX_BATCH = 32  # onnxruntime-genai 0.18 refuses more with this export ("batch_size (64) must be in [1, 32]")
+TITLE = "Engine core: process vs thread vs onnxruntime-genai, through gRPC"
 
 
 def bench(target: str, concurrency: int, interval: int, new_tokens: int, prompt_tokens: int) -> dict:
@@ -121,7 +122,6 @@ def print_table(result: dict) -> None:
             pg, genai = row["process_vs_genai"], row["genai"]["tokens_per_s"]["median"]
             line += f" {genai:>12,.0f} {pg['median']:>13.2f}x {pg['min']:.2f}-{pg['max']:.2f}"
         print(line)
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 def write_plot(result: dict, path: str) -> None:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="write a PNG bar chart here")
     args = p.parse_args(argv)
     args.genai = GENAI_PYTHON.exists() and not args.no_genai
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     flags = ["--provider", "cpu", "--max-batch", "64", "--max-queue", "256"]
     flags += ["--max-new-tokens-cap", str(args.new_tokens)]
     servers = {mode: ServerProcess(args.model, *flags, "--engine-core", mode) for mode in MODES}
@@ -177,9 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "genai": args.genai,
         "rows": rows,
-        **load_averages(load_before),
     }
-    report(result, args.out, args.plot, print_table, write_plot)
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

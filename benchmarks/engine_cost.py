@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import functools
 import itertools
-import os
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -40,15 +39,17 @@ import numpy as np
 
 from attnserve.engine.domain import Final, GenerationRequest, StreamInterval
 from attnserve.engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
 from attnserve.server.config import ServerConfig
 from attnserve.server.engine_client import EngineClient
 from attnserve.tokenizer import from_model_dir
-from benchmarks.serving import alternating, load_averages, report, spread
+from benchmarks.serving import alternating, report, spread
 
 PROMPT_TOKENS = 16
 SIDES = ("loop", "engine", "core")
+TITLE = "The engine's own cost against a plain loop"
 
 
 def prompts(vocab_size: int, specials: set[int], count: int) -> list[list[int]]:
@@ -164,7 +165,6 @@ def print_table(result: dict) -> None:
             f"{row['core']['tokens_per_s']:>8,.0f} {e['median']:>9.2f}x {e['min']:.2f}-{e['max']:.2f}"
             f" {c['median']:>9.2f}x {c['min']:.2f}-{c['max']:.2f}"
         )
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, ModelRunner]:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--intervals", default="1", help="comma-separated stream intervals in tokens per message, or unary")
     args, model = parse_args(p, argv)
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     intervals = args.intervals.split(",")
     try:
         for interval in intervals:
@@ -204,8 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         p.error(str(e))
     rows = asyncio.run(measure(model, args.levels, intervals, args.new_tokens, args.repeats, args.threads))
-    result = {**settings(args), "rows": rows, **load_averages(load_before)}
-    report(result, args.out, None, print_table, lambda *_: None)
+    result = {**settings(args), "rows": rows}
+    report(result, stamp, args.out, None, print_table, title=TITLE)
     return 0
 
 

@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from attnserve.report_stamp import Stamp, write_report
+
 PLAN = (
     "trains a small model on the GPU, exports it in float16 and bfloat16 (gates on CUDA), runs pytest -m gpu, "
     "and times ONNX Runtime CUDA against PyTorch CUDA per token and gRPC at 1, 16 and 64 streams"
@@ -305,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         print(f"gpu-check: no CUDA here ({why}); on a CUDA host it {PLAN}")
         return 0
+    stamp = Stamp.start(provider="cuda")
     checkpoint = args.checkpoint or train(args.work / "run", args.train_seconds)
     dirs = {dtype: args.work / f"model-{dtype}" for dtype in ("float16", "bfloat16")}
     result: dict = {"machine": machine(), "exports": [export(checkpoint, d, dtype) for dtype, d in dirs.items()]}
@@ -312,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     result["per_token"] = [per_token(d, checkpoint, dtype, args.new_tokens, args.repeats) for dtype, d in dirs.items()]
     levels = [int(c) for c in args.concurrency.split(",")]
     result["serving"] = serving(dirs["float16"], levels, min(args.new_tokens, 128), args.repeats)
+    result["stamp"] = stamp.finish()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_report(args.out, result, title="gpu-check: the CUDA path proven and measured")
     print_table(result)
     print(json.dumps(result))
     failed = result["tests"].get("returncode", 0) != 0 or not all(e["passed"] for e in result["exports"])

@@ -19,7 +19,8 @@ round only, so every library walks from the same seed. Load average before and a
 (medians over rounds, then each round), then one JSON object last: the summary, not the per-step samples.
 
 The libraries are not attnserve's dependencies: the benchmark runs in a venv of its own and imports
-nothing of attnserve. torch stays pinned: xgrammar requires it, and any other version pulls gigabytes.
+nothing of attnserve but its standard-library stamp (attnserve/report_stamp.py). torch stays pinned:
+xgrammar requires it, and any other version pulls gigabytes.
 
     python3 -m venv .venv-grammars && .venv-grammars/bin/pip install \
         llguidance==1.9.1 xgrammar==0.2.8 outlines-core==0.2.14 tokenizers numpy jsonschema torch==2.13.0
@@ -49,6 +50,8 @@ from typing import Any
 import jsonschema
 import numpy as np
 from tokenizers import Tokenizer
+
+from attnserve.report_stamp import Stamp, write_report
 
 LIBRARIES = ("llguidance", "xgrammar", "outlines_core")
 KINDS = ("schema", "regex")
@@ -546,7 +549,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     for run in sorted(result["runs"], key=lambda r: (LIBRARIES.index(r["library"]), r["round"])):
         print_round(run)
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
+    print(f"load average before {result['stamp']['load_before']}, after {result['stamp']['load_after']}")
 
 
 def print_round(run: dict[str, Any]) -> None:
@@ -576,7 +579,6 @@ def print_round(run: dict[str, Any]) -> None:
 
 def measure(args: argparse.Namespace, vocab: Vocab) -> dict[str, Any]:
     """Every round, each library in a subprocess of its own, the order rotated by one each round."""
-    load_before = os.getloadavg()
     runs, errors = [], []
     for r in range(args.rounds):
         for name in LIBRARIES[r % 3 :] + LIBRARIES[: r % 3]:
@@ -602,8 +604,6 @@ def measure(args: argparse.Namespace, vocab: Vocab) -> dict[str, Any]:
         "libraries": libraries,
         "runs": [round_summary(run) for run in runs],
         "errors": errors,
-        "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -623,11 +623,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(RESULT_MARK + json.dumps(run_worker(args.worker, args.round, args.gens, vocab)))
         return 0
-    result = measure(args, vocab)
+    stamp = Stamp.start()
+    result = {**measure(args, vocab), "stamp": stamp.finish()}
     print_table(result)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_report(args.out, result, title="Structured-output libraries: llguidance, xgrammar, outlines-core")
     print(json.dumps(result))
     return 0
 

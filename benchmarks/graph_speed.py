@@ -14,17 +14,18 @@ decoded the same tokens; the JSON object last. Torch-free.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import numpy as np
 
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
-from benchmarks.serving import alternating, load_averages, report, spread
+from benchmarks.serving import alternating, report, spread
 
 PROMPT_TOKENS = 16
 SIDES = ("baseline", "model")
+TITLE = "The graph's own speed: two model directories step for step"
 
 
 def decode(model: ModelRunner, batch: int, new_tokens: int) -> tuple[float, np.ndarray]:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     models = {side: ModelRunner(getattr(args, side), provider="cpu", threads=args.threads) for side in SIDES}
     rows: list[dict] = []
     for batch in (int(b) for b in args.batch.split(",")):
@@ -65,13 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         same = bool(np.array_equal(tokens["model"], tokens["baseline"]))
         rows.append({"batch": batch, "baseline_us": b, "model_us": m, "ratio": r, "same_tokens": same})
     settings = {key: getattr(args, key) for key in ("model", "baseline", "new_tokens", "threads", "repeats")}
-    result = {**settings, "prompt_tokens": PROMPT_TOKENS, "rows": rows, **load_averages(load_before)}
-    report(result, args.out, None, print_table, no_plot)
+    result = {**settings, "prompt_tokens": PROMPT_TOKENS, "rows": rows}
+    report(result, stamp, args.out, None, print_table, title=TITLE)
     return 0
-
-
-def no_plot(result: dict, path: str) -> None:
-    """This benchmark draws nothing: its table and JSON are its report."""
 
 
 def print_table(result: dict) -> None:
@@ -82,7 +79,6 @@ def print_table(result: dict) -> None:
             f"model {m['median']:,.0f} ({m['min']:,.0f}-{m['max']:,.0f}), model/baseline {r['median']:.3f} "
             f"({r['min']:.3f}-{r['max']:.3f}), same tokens: {row['same_tokens']}"
         )
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.engine.engine import Engine, EngineLimits
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.model_runner import ModelRunner, default_threads
 from attnserve.runtime.ort_decoder import OrtDecoder
 from attnserve.server.app import Server
@@ -48,6 +49,7 @@ PASSAGE = (
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/kv.py
 GENAI_PYTHON = ROOT / ".venv-genai" / "bin" / "python"  # make test and make kv-bench build it
 GENAI_SCRIPT = ROOT / "benchmarks" / "genai_bench.py"
+TITLE = "KV cache: arena vs concat vs onnxruntime-genai"
 GOALS = {"arena_16_vs_1_grpc_min": 5.0, "arena_16_vs_genai_16_min": 1.5, "arena_1_vs_genai_1_min": 2.0}
 
 
@@ -239,7 +241,6 @@ async def run(args) -> dict:
     arena = Server(ServerConfig(model=args.model, **common))
     concat = concat_engine(args.concat_model, args.threads, max(levels), arena.tokenizer)
     genai = GENAI_PYTHON.exists() and not args.no_genai
-    load = [os.getloadavg()[0]]
     result = {
         "model": Path(args.model).resolve().name,
         "context_length": arena.runner.context_length,
@@ -266,15 +267,13 @@ async def run(args) -> dict:
     result["step"] = [
         step_ms(args.model, args.concat_model, b, p, args.repeats, args.threads or default_threads()) for b, p in shapes
     ]
-    load.append(os.getloadavg()[0])
-    result["load_average_1min"] = load
     return result
 
 
 def print_table(result: dict) -> None:
     print(
         f"model {result['model']} (context {result['context_length']}), {result['threads']} ORT thread(s) "
-        f"on {result['cores']} cores, load average {result['load_average_1min']}"
+        f"on {result['cores']} cores"
     )
     for n, block in result["serving"].items():
         print(f"\n{n} new tokens: output tokens/s (median [min, max] of {result['repeats']})")
@@ -333,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out")
     p.add_argument("--plot")
     args = p.parse_args(argv)
+    stamp = Stamp.start(provider="cpu")
     result = asyncio.run(run(args))
-    report(result, args.out, args.plot, print_table, write_plot)
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import time
 from typing import Any
 
 from attnserve.clients.aio import AsyncClient
 from attnserve.clients.types import GenerationParams
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.contract import read_manifest
 from benchmarks.kv import GENAI_PYTHON, genai_batch
 from benchmarks.loadtest.server_process import ServerProcess
-from benchmarks.serving import alternating, load_averages, report, spread
+from benchmarks.serving import alternating, report, spread
 
 SIDES = ("attnserve", "genai")
+TITLE = "Mixed output lengths: attnserve vs onnxruntime-genai's static batches"
 
 
 def workload(args: argparse.Namespace) -> list[tuple[list[int], int]]:
@@ -146,7 +147,6 @@ def print_table(result: dict) -> None:
         end="",
     )
     print(f"p99 latency {p['median']:.2f}x ({p['min']:.2f}-{p['max']:.2f})")
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 def write_plot(result: dict, path: str) -> None:
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not GENAI_PYTHON.exists():
         p.error(f"{GENAI_PYTHON} is missing: `make test` (or the .venv-genai target) builds it")
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     requests = workload(args)
     flags = ["--provider", "cpu", "--max-batch", str(args.in_flight), "--max-queue", str(args.requests)]
     server = ServerProcess(args.model, *flags, "--max-new-tokens-cap", str(args.max_new_tokens))
@@ -206,9 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         **{key: getattr(args, key) for key in ("repeats", "mean_new_tokens", "min_new_tokens", "max_new_tokens")},
         "asked_tokens": sum(n for _, n in requests),
         **measured,
-        **load_averages(load_before),
     }
-    report(result, args.out, args.plot, print_table, write_plot)
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

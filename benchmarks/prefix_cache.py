@@ -23,20 +23,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import time
 from typing import Any
 
 from attnserve.clients.aio import AsyncClient
 from attnserve.clients.types import GenerationParams
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.contract import read_manifest
 from benchmarks.loadtest.server_process import ServerProcess
 from benchmarks.mixed import percentile
-from benchmarks.serving import alternating, load_averages, report, spread
+from benchmarks.serving import alternating, report, spread
 
 SIDES = ("on", "off")
 WORKLOADS = ("shared", "distinct")
+TITLE = "Prefix cache on vs off"
 
 
 def prompts(args: argparse.Namespace, workload: str, round_: int) -> list[list[int]]:
@@ -120,7 +121,6 @@ def print_table(result: dict) -> None:
         t, r = result[workload]["ttft_p50_off_over_on"], result[workload]["throughput_on_over_off"]
         print(f"{workload}: TTFT p50 off/on {t['median']:.2f}x ({t['min']:.2f}-{t['max']:.2f}), ", end="")
         print(f"throughput on/off {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})")
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 def write_plot(result: dict, path: str) -> None:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON result here")
     p.add_argument("--plot", help="write a PNG chart here")
     args = p.parse_args(argv)
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     flags = ["--provider", "cpu", "--max-batch", str(args.in_flight), "--max-queue", str(args.requests)]
     servers: dict[str, ServerProcess] = {}
     try:
@@ -172,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers.values():
             server.stop()
     keys = ("model", "requests", "in_flight", "preamble_tokens", "question_tokens", "new_tokens", "seed", "repeats")
-    result = {**{key: getattr(args, key) for key in keys}, **measured, **load_averages(load_before)}
-    report(result, args.out, args.plot, print_table, write_plot)
+    result = {**{key: getattr(args, key) for key in keys}, **measured}
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

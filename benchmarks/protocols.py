@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import grpc
 import httpx2
 
+from attnserve.report_stamp import Stamp
 from attnserve.server.app import Server
 from attnserve.server.config import ServerConfig
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
@@ -36,13 +36,13 @@ from benchmarks.serving import (
     alternating,
     closed_loop,
     grpc_stream,
-    load_averages,
     progress,
     report,
     spread,
 )
 
 SIDES = ("grpc", "http")
+TITLE = "gRPC streams vs OpenAI HTTP server-sent events, one server"
 
 
 async def http_stream(client: httpx2.AsyncClient, model: str, prompt: str, new_tokens: int) -> dict[str, float]:
@@ -141,7 +141,6 @@ def print_table(result: dict) -> None:
             )
         ]
         print(f"{'':>8} HTTP/gRPC: {', '.join(shown)}")
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 def write_plot(result: dict, path: str) -> None:
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="write a PNG here")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     progress(f"serving {args.model}")
     rows = asyncio.run(measure(args.model, levels, args.new_tokens, args.repeats))
     result = {
@@ -183,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         "new_tokens": args.new_tokens,
         "repeats": args.repeats,
         "rows": rows,
-        **load_averages(load_before),
     }
-    report(result, args.out, args.plot, print_table, write_plot)
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

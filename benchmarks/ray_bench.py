@@ -3,7 +3,8 @@
 Both run at once, one engine each with the same flags (the Ray side: one replica); `attnserve bench`
 drives them in alternating rounds (the side that goes first swaps each round), at each stream
 interval: one stream's time per output token and time to first token, and 16 streams' output
-tokens/s. Writes JSON (raw rounds, medians, spread, the command) and a PNG; prints the JSON last.
+tokens/s. Writes JSON (raw rounds, medians, spread, the stamp) with its Markdown report, and a PNG;
+prints the summary last.
 
     .venv/bin/python benchmarks/ray_bench.py --model models/small --rounds 3 --intervals 1,4,8,16 \\
         --out reports/ray.json --plot reports/ray.png
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from attnserve.report_stamp import Stamp, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTNSERVE = [sys.executable, "-m", "attnserve.cli"]
@@ -169,7 +172,7 @@ def main() -> int:
         procs.append(start([*ray_args, "--http-port", str(free_port())], "through Ray", logs / "ray.log"))
         targets = {"direct": f"127.0.0.1:{direct_port}", "ray": f"127.0.0.1:{ray_port}"}
         ray_idle = idle_cores(procs[1].pid)
-        load_before = os.getloadavg()
+        stamp = Stamp.start()  # here: the load average before the rounds, Ray already idling
         rounds: list[dict[str, dict]] = []
         for r in range(a.rounds):
             order = SIDES if r % 2 == 0 else SIDES[::-1]
@@ -182,10 +185,8 @@ def main() -> int:
         for proc in procs:
             stop(proc)
     report = {
-        "command": "python " + " ".join([str(Path(sys.argv[0]).resolve().relative_to(ROOT)), *sys.argv[1:]]),
         "model": Path(a.model).name,
-        "machine": f"{os.cpu_count()} cores, shared; load average before {load_before[0]:.2f}, "
-        f"after {os.getloadavg()[0]:.2f}; server, Ray and the load generator on the same cores; "
+        "machine": "shared: server, Ray and the load generator on the same cores; "
         f"Ray's processes, idle, kept {ray_idle:.2f} cores busy (measured over 10 s before the rounds)",
         "engine_flags": " ".join(engine[2:]),
         "bench": f"attnserve bench --concurrency 1,16 --requests {a.requests} --prompt-tokens 16 --prompt-text "
@@ -193,11 +194,12 @@ def main() -> int:
         "intervals": intervals,
         "rounds": rounds,
         "summary": summarize(rounds, intervals),
+        "stamp": stamp.finish(),
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
     if a.plot:
         plot(report, a.plot)
+    write_report(a.out, report, a.plot, "attnserve serve vs Ray Serve's gRPC proxy")
     print(json.dumps(report["summary"]))
     return 0
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ import grpc
 
 from attnserve.engine.domain import Final, GenerationRequest
 from attnserve.engine.engine import EngineCalls
+from attnserve.report_stamp import Stamp, write_report
 from attnserve.runtime.contract import ModelDirError
 from attnserve.runtime.model_runner import ProviderError
 from attnserve.server.app import Server, StartupError
@@ -54,6 +54,7 @@ PROMPTS = [
     "ONNX Runtime",
     "for i in range(",
 ]
+TITLE = "Serving: batched vs sequential, gRPC vs in-process"
 GOALS = {"batched_vs_sequential_min": 4.0, "grpc_vs_in_process_per_token_max": 1.10}
 CALL_TIMEOUT_S = 300.0
 Stream = Callable[[str, int], Awaitable[dict]]  # (prompt, new tokens) -> stream_stats of one request
@@ -300,24 +301,26 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def load_averages(before: tuple[float, float, float]) -> dict[str, list[float]]:
-    """The 1/5/15-minute load averages taken before a run, and now: whether the machine was busy."""
-    return {
-        "load_before": [round(x, 2) for x in before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
 def report(
-    result: dict, out: str | None, plot: str | None, table: Callable[[dict], None], plotter: Callable[[dict, str], None]
+    result: dict,
+    stamp: Stamp,
+    out: str | None,
+    plot: str | None,
+    table: Callable[[dict], None],
+    plotter: Callable[[dict, str], None] | None = None,
+    *,
+    title: str,
 ) -> None:
-    """A benchmark's ending: the table, the JSON file and the PNG if asked for, the JSON object last."""
+    """A benchmark's ending: the stamp, the table and the load average, the PNG, the JSON file and its
+    Markdown report if asked for, the JSON object last."""
+    result["stamp"] = stamp.finish()
     table(result)
+    print(f"load average before {result['stamp']['load_before']}, after {result['stamp']['load_after']}")
+    if plot and plotter:
+        plotter(result, plot)
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2) + "\n")
-    if plot:
-        plotter(result, plot)
+        write_report(out, result, plot if plotter else None, title)
     print(json.dumps(result))
 
 
@@ -344,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", help="write a PNG here")
     args = p.parse_args(argv)
     levels = [int(c) for c in args.concurrency.split(",")]
+    stamp = Stamp.start()
     try:
         result = asyncio.run(
             run(args.model, levels, args.new_tokens, args.repeats, args.threads, args.provider, args.engine_core)
@@ -352,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"serving benchmark: {e.code().name}: {e.details()}")
     except (ModelDirError, ProviderError, StartupError, ValueError) as e:
         sys.exit(f"serving benchmark: {type(e).__name__}: {e}")
-    report(result, args.out, args.plot, print_table, write_plot)
+    stamp.provider = result["provider"]
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

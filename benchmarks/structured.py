@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import time
 from typing import Any
@@ -32,14 +31,16 @@ from typing import Any
 from attnserve.engine.domain import Final, GenerationRequest, Grammar
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.engine.grammar import Matcher, compile_grammar
+from attnserve.report_stamp import Stamp
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
 from attnserve.tokenizer import Tokenizer, from_model_dir
 from benchmarks.engine_cost import PROMPT_TOKENS, parse_args, prompts, settings, summary
-from benchmarks.serving import alternating, load_averages, report, spread
+from benchmarks.serving import alternating, report, spread
 
 SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 300}
 SIDES = ("free", "one", "all")
+TITLE = "Structured output's cost per decode step"
 
 
 async def read(engine: Engine, request: GenerationRequest) -> list[int]:
@@ -134,7 +135,6 @@ def print_table(result: dict) -> None:
             )
         mask = row["mask_us"]
         print(f"{'':>8} mask alone: {mask['median']:.1f} us a row a step (p90 {mask['p90']:.1f})")
-    print(f"load average before {result['load_before']}, after {result['load_after']}")
 
 
 def write_plot(result: dict, path: str) -> None:
@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--plot", help="write a PNG of the step times here")
     args, model = parse_args(p, argv)
-    load_before = os.getloadavg()
+    stamp = Stamp.start(provider="cpu")
     rows = asyncio.run(measure(model, args.levels, args.new_tokens, args.repeats))
-    result = {**settings(args), "schema": SCHEMA, "rows": rows, **load_averages(load_before)}
-    report(result, args.out, args.plot, print_table, write_plot)
+    result = {**settings(args), "schema": SCHEMA, "rows": rows}
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 

@@ -4,7 +4,8 @@ do not compare) and tokens/s.
 
 Starts `attnserve serve` twice (ports 0, each with the default configuration), runs `attnserve
 bench` in a process of its own against one, then the other, --rounds times, and reports medians
-with their range and the BPE / bytes ratios. Writes JSON and a PNG; prints a Markdown table.
+with their range and the BPE / bytes ratios. Writes JSON with its Markdown report, and a PNG;
+prints a Markdown table.
 
     python benchmarks/tokenizer_serving.py --bytes models/tok-bytes --bpe models/tok-bpe \
         --out reports/tokenizer-serving.json --plot reports/tokenizer-serving.png
@@ -19,6 +20,8 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from attnserve.report_stamp import Stamp, write_report
 
 SERVE = [sys.executable, "-m", "attnserve.cli", "serve"]
 BENCH = [sys.executable, "-m", "attnserve.cli", "bench"]
@@ -75,6 +78,7 @@ def main() -> int:
     p.add_argument("--out", default="reports/tokenizer-serving.json")
     p.add_argument("--plot", default="reports/tokenizer-serving.png")
     args = p.parse_args()
+    stamp = Stamp.start()
     servers = {side: start(model) for side, model in (("bytes", args.bytes), ("bpe", args.bpe))}
     runs: dict[str, list[list[dict]]] = {side: [] for side in servers}
     try:
@@ -103,9 +107,10 @@ def main() -> int:
             for key in ("output_tokens_per_s", "output_bytes_per_s")
         }
         result["levels"][str(c)] = row
+    result["stamp"] = stamp.finish()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     plot(result, args.plot)
+    write_report(args.out, result, args.plot, "Bytes vs BPE, served")
     print("| in flight | bytes: tok/s | bytes: B/s | BPE: tok/s | BPE: B/s | BPE / bytes, B/s |")
     print("|---:|---:|---:|---:|---:|---:|")
     for level, row in result["levels"].items():

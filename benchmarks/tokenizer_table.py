@@ -4,8 +4,8 @@ held-out tail, so tokenizers compare fairly).
 
 `make tokenizer-table` runs this: one `attnserve train` per configuration, one after another,
 each in its own process on the whole machine. The load average before and after each run is
-recorded: a run on a busy machine does fewer steps in its budget. Writes JSON and a PNG and
-prints a Markdown table (the README's).
+recorded: a run on a busy machine does fewer steps in its budget. Writes JSON with its Markdown
+report, and a PNG, and prints a Markdown table (the README's).
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from attnserve.report_stamp import Stamp, write_report
 
 
 def train(name: str, spec: str, budget: float, runs: Path) -> dict:
@@ -99,6 +101,7 @@ def main() -> int:
     p.add_argument("--out", default="reports/tokenizers.json")
     p.add_argument("--plot", default="reports/tokenizers.png")
     args = p.parse_args()
+    stamp = Stamp.start()
     rows = []
     for spec in args.configs.split(","):
         name = spec.replace(":", " ")
@@ -107,8 +110,9 @@ def main() -> int:
         rows[-1]["name"] = name
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     report = {"budget_seconds": args.budget, "preset": "small", "cores": os.cpu_count(), "runs": rows}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    report["stamp"] = stamp.finish()
     plot(rows, args.plot, args.budget)
+    write_report(args.out, report, args.plot, "Tokenizers trained for the same time budget")
     print(table(rows))
     print(json.dumps(report))
     return 0

@@ -97,6 +97,22 @@ def test_concurrency_sweep_report_table_and_plot(live, capsys, tmp_path):
     assert "concurrency 2: 4/4 requests, 0 failed" in err
     with Image.open(out_png) as image:
         assert image.format == "PNG" and image.size[0] > 600 and image.size[1] > 300
+    check_stamped(report, out_json, err)
+    title = f"attnserve bench: {report['model']['model_name']} at {live.target}"
+    assert f"![{title}](../bench.png)" in out_json.with_suffix(".md").read_text()  # linked from beside the JSON
+
+
+def check_stamped(report: dict, out_json, err: str) -> None:
+    """The JSON carries the stamp (the server's provider in it), and the Markdown report is beside it."""
+    stamp = report["stamp"]
+    assert stamp["provider"] == report["model"]["execution_provider"] != ""
+    assert stamp["tree"] and stamp["command"] and len(stamp["load_before"]) == len(stamp["load_after"]) == 3
+    markdown = out_json.with_suffix(".md")
+    assert f"[attnserve bench] wrote {out_json} and {markdown}" in err
+    text = markdown.read_text()
+    assert f"```sh\n{stamp['command']}\n```" in text and f"| tree | {stamp['tree']} |" in text
+    assert "| mode | concurrency | rate | requests | completed |" in text
+    assert "| closed | 1 | - | 4 | 4 |" in text and "| closed | 2 | - | 4 | 4 |" in text
 
 
 def test_open_loop_rate(live, capsys):
@@ -146,6 +162,7 @@ def test_default_prompts_are_exact_token_ids_and_output_bytes_are_counted(live, 
     check_level(level, requests=4, max_new_tokens=6, prompt_tokens=20)
     assert level["output_bytes_per_s"] > 0 and level["output_bytes"] > 0
     assert report["config"]["prompt_ids"] is True and report["prompts"].startswith("token ids")
+    assert report["stamp"]["provider"] == report["model"]["execution_provider"]  # stamped without --out too
     assert "out B/s" in out
 
 

@@ -1,7 +1,8 @@
 """`attnserve bench` on the command line: its flags (most from BenchConfig's fields), the config
 built back from them and checked before anything is sent, and the outputs (table, JSON, PNG).
 
-What a run does is in bench.py; statistics, table and plot in bench_report.py.
+What a run does is in bench.py; statistics, table and plot in bench_report.py; the stamp and the
+Markdown report beside --out in attnserve/report_stamp.py.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..flags import add_field_flags, check_output
+from ..report_stamp import Stamp, write_report
 from .bench import PROG, BenchConfig, run_bench
 from .bench_report import format_table, write_plot
 from .cli_common import (
@@ -95,15 +97,17 @@ def check_plotting(path: str) -> None:
 
 
 def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> None:
-    """The table, the files asked for, and the JSON report as the last line of stdout."""
+    """The table, the files asked for (the PNG first, for the Markdown report to show), and the JSON
+    report as the last line of stdout."""
     print(format_table(report["levels"]), flush=True)
+    title = f"{PROG}: {report['model']['model_name']} at {report['target']}"
     for path, write in (
-        (out, lambda p: Path(p).write_text(json.dumps(report, indent=2) + "\n")),
         (plot, lambda p: write_plot(report, p)),
+        (out, lambda p: write_report(p, report, plot, title)),
     ):
         if path:
-            write(path)
-            print(f"[{PROG}] wrote {path}", file=sys.stderr)
+            written = write(path)
+            print(f"[{PROG}] wrote {path}" + (f" and {written}" if written else ""), file=sys.stderr)
     print(json.dumps(report), flush=True)
 
 
@@ -116,7 +120,10 @@ def main(args: argparse.Namespace) -> int:
         check_output("--plot", args.plot)
         if args.plot:
             check_plotting(args.plot)
+        stamp = Stamp.start()
         report = asyncio.run(run_bench(config, tls_from_args(args), token_from_args(args)))
+        stamp.provider = report["model"]["execution_provider"]
+        report["stamp"] = stamp.finish()
         write_outputs(report, args.out, args.plot)
     except KeyboardInterrupt:
         return interrupted(PROG)

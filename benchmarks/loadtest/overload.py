@@ -8,7 +8,8 @@ more than --max-queue requests; requests beyond it are refused with RESOURCE_EXH
 health answers SERVING throughout; and accepted requests get their first token within a bound
 set by the queue ahead of them: (max_queue / max_batch + 1) times the 99th percentile of the time
 an accepted request takes from its first token to its end (its turn in a slot, under this load).
-The report is JSON (last line on stdout) and a PNG; exit code 1 if a check fails.
+The report is JSON (last line on stdout; in --out with its Markdown report) and a PNG; exit code 1
+if a check fails.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import grpc
 
 from attnserve.clients.bench_report import distribution_ms, percentile
 from attnserve.health.v1 import health_pb2, health_pb2_grpc
+from attnserve.report_stamp import Stamp, write_report
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 from benchmarks.loadtest.overload_report import write_plot
@@ -197,17 +199,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    stamp = Stamp.start(provider="cpu" if args.model else None)
     server = ServerProcess(args.model, "--provider", "cpu", *args.serve_arg) if args.model else None
     try:
         report = asyncio.run(measure(args, server.target if server else args.target, server))
     finally:
         if server is not None:
             server.stop()
-    if args.out:
-        with open(args.out, "w") as out:
-            json.dump(report, out, indent=1)
+    report["stamp"] = stamp.finish()
     if args.plot:
         write_plot(report, args.plot)
+    if args.out:
+        write_report(args.out, report, args.plot, "Overload: open-loop arrivals above capacity")
     shown = ("capacity_requests_per_s", "offered_rate", "achieved_rate", "accepted", "refused", "refusal_ms")
     print(json.dumps({k: report[k] for k in (*shown, "accepted_ttft_ms", "checks")}, indent=1), file=sys.stderr)
     print(json.dumps(report))

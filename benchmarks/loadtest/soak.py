@@ -13,7 +13,7 @@ in the queue; the server's RSS grew by at most --rss-growth-limit-mb from the en
 (the first --warmup-fraction of the run; medians of up to 10 samples on each side) to the end; and the
 server drained and exited 0. It proves it can fail: --test-leak-bytes starts the server with the
 test-only leak (ATTNSERVE_TEST_LEAK_BYTES), and the RSS verdict catches it. The JSON report is the
-last line on stdout; exit code 0 on pass, 1 on fail.
+last line on stdout (in --out with its Markdown report); exit code 0 on pass, 1 on fail.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import time
 from array import array
 from typing import Any
 
+from attnserve.report_stamp import Stamp, write_report
 from attnserve.server.config import TEST_LEAK_VARIABLE
 from benchmarks.loadtest.server_process import ServerProcess, by_label
 from benchmarks.loadtest.soak_report import summarize, write_plot
@@ -166,12 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    report = run(args)
-    if args.out:
-        with open(args.out, "w") as out:
-            json.dump(report, out, indent=1)
+    stamp = Stamp.start(provider="cpu")
+    report = {**run(args), "stamp": stamp.finish()}
     if args.plot:
         write_plot(report, args.plot)
+    if args.out:
+        write_report(args.out, report, args.plot, "Soak: misbehaving streams for a long time")
     print(json.dumps(report["verdicts"], indent=1), file=sys.stderr)
     print(json.dumps(report))
     return 0 if report["passed"] else 1
