@@ -48,9 +48,7 @@ DRAINING = "the server is shutting down and takes no new requests"
 # Decode steps the runner runs back to back while every request is plain greedy (burst.py): the engine's own
 # step (admission, cleanup) once per burst; a cancel, an arrival or an abort ends a burst after its step, a
 # request's end or a Delta due by time after the step that makes it, so the bound only spares step boundaries
-# where nothing happens. engine_cost, 8 vs 128, trees alternating, 6 rounds of 2: core/loop unary 0.91x -> 0.93x
-# at one stream and 0.89x -> 0.93x at 16, interval 8 0.90x -> 0.91x and 0.87x -> 0.91x, interval 1 0.80x -> 0.83x
-# and 0.81x -> 0.85x; through gRPC, where streams end and arrive at different steps, unchanged.
+# where nothing happens (128 measured faster than 8: docs/design/decisions/max-burst.md).
 MAX_BURST = 128
 
 

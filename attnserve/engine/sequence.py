@@ -56,8 +56,8 @@ class Handle:
     next_events for `patience_s` seconds with `max_buffered` deltas waiting: the next delta becomes
     SlowReader, and the request is dropped. Late is not stuck: an event loop starved by a busy machine
     runs a burst of deliveries while the caller's write is pending, though that write is about to
-    complete (21 deltas 3 ms after the caller left, measured beside two CPU-burning processes; 64 once
-    cut a reading stream in CI), and a caller waiting in next_events is never behind."""
+    complete (docs/design/decisions/slow-reader-patience.md), and a caller waiting in next_events is
+    never behind."""
 
     PATIENCE_S = 1.0
 

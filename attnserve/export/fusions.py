@@ -4,14 +4,10 @@ where the graph gets faster (issue 22, "the graph's own speed").
 Packed QKV: each GroupQueryAttention whose query, key and value are three projections of one
 input (MatMul by a weight, then Add of a bias) gets them from one MatMul by the three weights side
 by side and one Add of the three biases, and takes them packed (its key and value inputs empty),
-as onnxruntime-genai's model builder writes it. Four fewer nodes a layer; a plain decode loop over
-the `small-1k-bpe` export, 0.95x the time a step at batch 1 and 0.98x at 16 of the unpacked export
-of the same checkpoint (benchmarks/graph_speed.py, README). The weights stay bit for bit what they
-were, and the parity gate runs on the fused graph.
-
-Tried and not kept: fusing each residual Add and the LayerNormalization after it, with the bias
-before it, into SkipLayerNormalization (ONNX Runtime fuses only the last one itself): 297 -> 292 us
-at batch 1 but 921 -> 983 us at 16.
+as onnxruntime-genai's model builder writes it. Four fewer nodes a layer, and a faster decode step,
+most at batch 1; the weights stay bit for bit what they were, and the parity gate runs on the fused
+graph. SkipLayerNormalization for every residual Add and LayerNormalization was measured slower at
+batch 16 and not kept (docs/design/decisions/graph-fusions.md).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Past and present are one buffer per layer, (B, H, L, D) with L the context: each run writes the
 new keys and values of row b at positions [seqlens_k[b] - T + 1, seqlens_k[b]] and reads only
-[0, seqlens_k[b]] (README, "The KV arena"). A first prompt (T == total_sequence_length) is
+[0, seqlens_k[b]] (docs/guides/export.md). A first prompt (T == total_sequence_length) is
 written at [0, T), right-padded. Inside torch.onnx.export the kernel is the contrib op itself;
 in eager PyTorch it is a functional reference of the op's semantics, so the arena graph can be
 run and tested without ONNX Runtime. Knows nothing of serving.

@@ -52,7 +52,7 @@ class ModelConfig:
 
 # Presets: overrides of ModelConfig. `tiny` is for tests (trains in seconds); `small` is the default
 # (1.06M parameters with the default 2048-id BPE: 1.445 bits per byte held out after `attnserve
-# train`'s 180 s on 2 CPU cores; README, `make tokenizer-table`).
+# train`'s 180 s on 2 CPU cores; docs/reports/tokenizers.md, `make tokenizer-table`).
 PRESETS: dict[str, dict] = {
     "tiny": dict(d_model=64, n_heads=4, n_layers=2, d_ff=256, max_len=128),
     "small": dict(d_model=128, n_heads=4, n_layers=4, d_ff=512, max_len=128),

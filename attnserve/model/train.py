@@ -26,7 +26,7 @@ from .data import HELDOUT_FRACTION, ByteBatches, DataError, heldout_batches, rea
 from .distributed import Ranks
 from .trainer import Trainer, TrainerConfig, TrainError, setup
 
-DEFAULT_TOKENIZER = "bpe"  # measured: make tokenizer-table (README, "attnserve train")
+DEFAULT_TOKENIZER = "bpe"  # measured: make tokenizer-table (docs/reports/tokenizers.md)
 DEFAULT_BPE_VOCAB = 2048
 
 

@@ -4,7 +4,7 @@ Torch-free, shared by the parity gate and the server, so that the gate drives th
 as serving does. Every buffer is (capacity, H, L, D) with L the context; slot s is row s. A run
 over slots [first, first + B) binds the same rows as both `past_key_values.*` and `present.*`
 (IO binding, by pointer), so GroupQueryAttention writes each new key where it lives and reads
-only a row's real length (README, "The KV arena"). Nothing is copied per step; a row moves only
+only a row's real length (docs/guides/export.md). Nothing is copied per step; a row moves only
 when a slot is refilled, and then only its used positions. The device is a parameter: the same
 code binds host memory on the CPU provider and device memory on CUDA. Knows nothing of requests.
 """

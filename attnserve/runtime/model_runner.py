@@ -41,8 +41,8 @@ __all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads", "mode
 
 def default_threads() -> int:
     """Intra-op threads when none are asked for: every core this process may use but one, which
-    is left to the gRPC event loop (measured on 2 cores: gRPC adds 5-15% per token instead of
-    25-35%, and end-to-end tokens/s rises 15-35% at one stream)."""
+    is left to the gRPC event loop, which then adds far less to each token
+    (docs/design/decisions/default-threads.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
 

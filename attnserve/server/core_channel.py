@@ -3,17 +3,12 @@
 Each message (core_protocol.py) goes as its length (4 bytes, little-endian) and its msgpack bytes.
 The front end listens on a socket in a folder of its own and the core it started connects.
 
-Why a plain socket and not ZeroMQ (which the first version used, as vLLM does): a send on a
-ZeroMQ socket wakes the sender's own I/O thread, and on a machine whose CPUs are virtual, waking
-a thread that sleeps on another CPU costs the waker about 30 us; the engine core sends once per
-engine step, so at stream interval 1 that was a tenth of a decode step at batch 1. A write to a
-Unix socket whose reader is not asleep in the kernel costs the writer about 4 us (measured
-2026-11-25: a process computing 290 us a message, then sending 100 bytes to another process:
-35 us a send over ZeroMQ ipc, 31 us over a Unix socket whose reader sleeps in recv, 4 us over one
-whose reader looks every 200 us). So the core writes its steps from the engine thread
-itself, and the front end's receiver, while requests are in flight, naps between looks for what
-has come instead of sleeping until woken (200 us, or 1 ms while its event loop is busy: naps.py);
-with nothing in flight it sleeps in poll, and the first message wakes it.
+A plain socket and not ZeroMQ: a ZeroMQ send wakes the sender's own I/O thread, which on virtual
+CPUs costs the engine core about 30 us a step, where a write to a Unix socket whose reader is not
+asleep costs about 4 us (docs/design/decisions/core-channel.md). So the core writes its steps from
+the engine thread itself, and the front end's receiver, while requests are in flight, naps between
+looks for what has come instead of sleeping until woken (200 us, or 1 ms while its event loop is
+busy: naps.py); with nothing in flight it sleeps in poll, and the first message wakes it.
 """
 
 from __future__ import annotations

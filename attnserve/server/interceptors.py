@@ -178,12 +178,10 @@ class _Boundary:
     """One call's error mapping and accounting (an async context manager).
 
     A mapped error ends a gRPC call with its status set on the context and the error swallowed,
-    not with context.abort(): grpc.aio keeps the AbortError that abort() raises on the call's
-    state, and its traceback holds the handler's frames, which hold the context, which holds the
-    state. That cycle kept every refused call, and its HTTP/2 stream, alive until Python's cyclic
-    garbage collector ran; gRPC core counts such streams against --max-concurrent-streams (its
-    overload protection) and answered new streams with REFUSED_STREAM, which clients see as
-    UNAVAILABLE. With `aborts` (callers outside gRPC, Ray Serve), the error is raised as abort()."""
+    not with context.abort(), whose kept exception held each refused call and its HTTP/2 stream in
+    a reference cycle, counted against --max-concurrent-streams, until the cycle collector ran
+    (docs/design/decisions/status-not-abort.md). With `aborts` (callers outside gRPC, Ray Serve),
+    the error is raised as abort()."""
 
     def __init__(self, owner: BoundaryInterceptor, method: str, served: bool, request, context, aborts: bool = False):
         self.owner, self.method, self.served, self.request, self.context = owner, method, served, request, context
