@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test lint format demo protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
+.PHONY: test test-fast lint format demo docs docs-reference protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,11 @@ $(PB7_STAMP): pyproject.toml
 
 test: $(STAMP) $(GENAI_STAMP) $(PB7_STAMP)
 	$(PY) -m pytest
+
+# The edit loop's lane: the tests that train no model (the engine over its fake runner, tokenizers,
+# clients, the docs, the layering), stopping at the first failure.
+test-fast: $(STAMP)
+	$(PY) -m pytest -m fast -x -q
 
 # The habits as tools (configured in pyproject.toml): ruff's lint and format check, then mypy.
 lint: $(STAMP)
@@ -122,6 +127,15 @@ genai-check: $(GENAI_STAMP)
 
 demo: $(STAMP)
 	bash scripts/demo.sh
+
+# The manual as a site (MkDocs, Material theme) in site/; --strict fails on a broken link or anchor.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+# The reference pages generated from the code (docs/reference/: the command line, the metrics, the gRPC
+# API); tests/test_docs_reference.py fails when a committed page is stale.
+docs-reference: $(STAMP)
+	$(PY) scripts/docs_reference.py
 
 protos: $(STAMP)
 	$(PY) protos/generate.py

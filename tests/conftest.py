@@ -12,6 +12,17 @@ pytest_plugins = [
 ]  # fixture modules in tests/
 
 
+# Session fixtures that train a model: a test that needs none of them (directly or through another
+# fixture) is marked `fast`, the edit loop's lane (`make test-fast`: pytest -m fast).
+TRAINED = {"tiny_checkpoint", "tiny_bpe_checkpoint", "tiny_seq2seq_checkpoint"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if TRAINED.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.fast)
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads():
     """Keep tests from oversubscribing the 2 cores when torch is loaded."""

@@ -1,7 +1,8 @@
-"""The README and every `--help` agree (issue 27): each subcommand's flags are in its section of the
-README (its synopsis, examples or flag table), every flag the README writes after `attnserve
-COMMAND` exists, and a default the flag tables give as a literal is the parser's; the shell examples
-that show their output print it, and the Python examples run."""
+"""The manual and every `--help` agree (issue 27, then 42): each subcommand's flags are in its guide
+(its synopsis, examples or flag table), every flag the README or a docs page writes after
+`attnserve COMMAND` exists, and a default the flag tables give as a literal is the parser's; the
+shell examples that show their output print it, and the Python examples run. Dates and commit ids
+stay in the reports and the decision records."""
 
 from __future__ import annotations
 
@@ -10,35 +11,32 @@ import re
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
+import manual
 import pytest
 from fixtures_server import start_server
 
 from attnserve.cli import SUBCOMMANDS, subcommand_parser
 
-README = (Path(__file__).parents[1] / "README.md").read_text()
-
-# The heading of the README section that documents each subcommand.
+# The guide that documents each subcommand.
 SECTIONS = {
-    "train": "### `attnserve train`",
-    "export": "### `attnserve export`",
-    "serve": "### `attnserve serve`",
-    "generate": "### `attnserve generate`",
-    "bench": "### `attnserve bench`",
-    "ray-serve": "### Ray Serve",
-    "attention-map": "## The encoder-decoder Transformer",
+    "train": "docs/guides/training.md",
+    "export": "docs/guides/export.md",
+    "serve": "docs/guides/serving.md",
+    "generate": "docs/guides/generation.md",
+    "bench": "docs/guides/benchmarking.md",
+    "ray-serve": "docs/guides/ray-serve.md",
+    "attention-map": "docs/guides/encoder-decoder.md",
 }
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 TABLE_ROW = re.compile(r"^\| *(`--[^|]*?) *\|([^|]*)\|", re.MULTILINE)
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+COMMIT = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
 
-def section(heading: str) -> str:
-    """The README from `heading` to the next heading of the same or a higher level."""
-    body = README.index(heading + "\n") + len(heading) + 1
-    level = len(heading.split(" ")[0])
-    end = re.search(rf"^#{{1,{level}}} ", README[body:], re.MULTILINE)
-    return README[body : body + end.start()] if end else README[body:]
+def section(page: str) -> str:
+    """The guide of a subcommand."""
+    return manual.PAGES[page]
 
 
 def command_text(text: str, command: str) -> list[str]:
@@ -70,15 +68,15 @@ def test_every_flag_is_in_its_readme_section(command):
     documented |= {flag for cells, _ in TABLE_ROW.findall(text) for flag in FLAG.findall(cells)}
     flags = parser_flags(command).values()
     missing = {a.option_strings[0] for a in flags if not isinstance(a, argparse._HelpAction)} - documented
-    assert not missing, f"attnserve {command}'s flags missing from the README's {SECTIONS[command]}: {sorted(missing)}"
+    assert not missing, f"attnserve {command}'s flags missing from {SECTIONS[command]}: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("command", list(SUBCOMMANDS))
 def test_every_flag_the_readme_writes_exists(command):
-    written = {flag for part in command_text(README, command) for flag in FLAG.findall(part)}
+    written = {flag for part in command_text(manual.text(), command) for flag in FLAG.findall(part)}
     written |= {flag for cells, _ in TABLE_ROW.findall(section(SECTIONS[command])) for flag in FLAG.findall(cells)}
     unknown = written - set(parser_flags(command))
-    assert not unknown, f"the README writes flags attnserve {command} does not have: {sorted(unknown)}"
+    assert not unknown, f"the manual writes flags attnserve {command} does not have: {sorted(unknown)}"
 
 
 @pytest.mark.parametrize("command", list(SUBCOMMANDS))
@@ -100,15 +98,15 @@ def test_the_flag_tables_literal_defaults_are_the_parsers(command):
                 or (number and float(text) == action.default)
             )
             if not same:
-                wrong.append(f"{flag}: README `{text}`, parser {action.default!r}, help {action.help!r}")
-    assert not wrong, f"attnserve {command}'s README defaults differ from its parser: {wrong}"
+                wrong.append(f"{flag}: manual `{text}`, parser {action.default!r}, help {action.help!r}")
+    assert not wrong, f"attnserve {command}'s guide's defaults differ from its parser: {wrong}"
 
 
 def shell_examples() -> list[tuple[list[str], list[str]]]:
-    """The README's `$ attnserve ...` lines, each with the output lines written under it."""
+    """The manual's `$ attnserve ...` lines, each with the output lines written under it."""
     examples: list[tuple[list[str], list[str]]] = []
     reading = False
-    for line in README.splitlines():
+    for line in manual.text().splitlines():
         if line.startswith("    $ "):
             reading = line.startswith("    $ attnserve ")
             if reading:
@@ -120,9 +118,9 @@ def shell_examples() -> list[tuple[list[str], list[str]]]:
     return examples
 
 
-def test_the_readmes_shell_examples_print_what_it_shows(server):
+def test_the_manuals_shell_examples_print_what_it_shows(server):
     """Each `$ attnserve ...` example runs as written (a client's gets the tests' server as --target)
-    and prints exactly the lines the README shows under it."""
+    and prints exactly the lines the manual shows under it."""
     examples = shell_examples()
     assert len(examples) >= 3
     for argv, shown in examples:
@@ -134,7 +132,7 @@ def test_the_readmes_shell_examples_print_what_it_shows(server):
 
 @pytest.fixture(scope="module")
 def bpe_server(tiny_bpe_model_dir):
-    """A BPE model's server (and its OpenAI-compatible HTTP API): the README's examples send token ids a
+    """A BPE model's server (and its OpenAI-compatible HTTP API): the manual's examples send token ids a
     byte model does not have."""
     running = start_server(tiny_bpe_model_dir, http_port=0)
     yield running
@@ -142,15 +140,27 @@ def bpe_server(tiny_bpe_model_dir):
 
 
 def python_examples() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```$", README, re.MULTILINE | re.DOTALL)
+    return manual.fenced("python")
 
 
 @pytest.mark.parametrize("index", range(len(python_examples())))
-def test_the_readmes_python_examples_run(bpe_server, tiny_bpe_model_dir, index):
-    """Each Python example runs as written against a real server, its addresses (and, for tritonclient and
+def test_the_manuals_python_examples_run(bpe_server, tiny_bpe_model_dir, index):
+    """Each Python example of the manual runs as written against a real server, its addresses (and, for tritonclient and
     OpenAI's client, the model's name) replaced by the test server's."""
     code = python_examples()[index].replace("127.0.0.1:50051", bpe_server.target)
     code = code.replace("127.0.0.1:8000", f"127.0.0.1:{bpe_server.server.http.port}")
     code = code.replace("127.0.0.2:50051", bpe_server.target).replace('"small"', repr(tiny_bpe_model_dir.name))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr
+
+
+@pytest.mark.parametrize("page", [p for p in manual.PAGES if not p.startswith(manual.STAMPED)])
+def test_guides_and_reference_pages_carry_no_date_or_commit_id(page):
+    """A measurement's date and tree belong in its stamped report or decision record, linked from here."""
+    lines = manual.PAGES[page].splitlines()
+    found = [
+        f"{n}: {line.strip()[:100]}" for n, line in enumerate(lines, 1) if DATE.search(line) or COMMIT.search(line)
+    ]
+    assert not found, (
+        f"{page} names dates or commit ids; move the measurement to docs/reports/ or a decision record: {found}"
+    )

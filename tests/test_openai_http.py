@@ -13,9 +13,9 @@ import socket
 import ssl
 import subprocess
 import threading
-from pathlib import Path
 
 import httpx2 as httpx  # the HTTP library of the openai client pinned in [dev]
+import manual
 import openai
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
@@ -300,18 +300,17 @@ def test_tls_serves_https_with_the_servers_certificate(tiny_model_dir, pki):
         running.stop()
 
 
-def readme_curls() -> list[list[str]]:
-    """The README's `$ curl ...` lines, as argument lists."""
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    return [shlex.split(line.removeprefix("    $ ")) for line in readme.splitlines() if line.startswith("    $ curl ")]
+def manual_curls() -> list[list[str]]:
+    """The manual's `$ curl ...` lines, as argument lists."""
+    return [shlex.split(line.removeprefix("$ ")) for line in manual.indented_lines("$ curl ")]
 
 
-def test_the_readmes_curl_examples_answer_as_shown(live):
-    """Each curl line of the README, its port and model name the test server's: JSON (or events) of the
-    shape the README shows (the tiny model's text differs from the README's model's)."""
+def test_the_manuals_curl_examples_answer_as_shown(live):
+    """Each curl line of the manual, its port and model name the test server's: JSON (or events) of the
+    shape the manual shows (the tiny model's text differs from the manual's model's)."""
     if shutil.which("curl") is None:
         pytest.skip("needs curl, which the README's examples run")
-    examples = readme_curls()
+    examples = manual_curls()
     assert len(examples) >= 6
     port, name = str(live.server.http.port), model(live)
     for argv in examples:
