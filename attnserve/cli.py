@@ -31,6 +31,11 @@ SUBCOMMANDS = {
         "attnserve.model.train_cli:add_arguments",
         "attnserve.model.train_cli:main",
     ),
+    "import": Subcommand(
+        "import a Hugging Face checkpoint directory (GPT-2), proven against transformers",
+        "attnserve.model.import_cli:add_arguments",
+        "attnserve.model.import_cli:main",
+    ),
     "export": Subcommand(
         "export a checkpoint to an ONNX model directory, gated on parity",
         "attnserve.export.export_cli:add_arguments",
@@ -70,6 +75,7 @@ TRAINING = "pip install 'attnserve[train]'"
 EXTRAS = {
     **dict.fromkeys(("onnxruntime", "numpy", "tokenizers", "prometheus_client", "grpc_reflection"), SERVING),
     **dict.fromkeys(("torch", "onnx", "onnxscript", "tqdm"), TRAINING),
+    **dict.fromkeys(("transformers", "safetensors"), "pip install 'attnserve[train,hf]'"),
 }
 
 

@@ -9,12 +9,13 @@ pytest_plugins = [
     "fixtures_server",
     "fixtures_seq2seq",
     "fixtures_tls",
+    "fixtures_hf",
 ]  # fixture modules in tests/
 
 
-# Session fixtures that train a model: a test that needs none of them (directly or through another
-# fixture) is marked `fast`, the edit loop's lane (`make test-fast`: pytest -m fast).
-TRAINED = {"tiny_checkpoint", "tiny_bpe_checkpoint", "tiny_seq2seq_checkpoint"}
+# Session fixtures that train or build a model: a test that needs none of them (directly or through
+# another fixture) is marked `fast`, the edit loop's lane (`make test-fast`: pytest -m fast).
+TRAINED = {"tiny_checkpoint", "tiny_bpe_checkpoint", "tiny_seq2seq_checkpoint", "gpt2_dir"}
 
 
 def pytest_collection_modifyitems(items):

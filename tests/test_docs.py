@@ -21,6 +21,7 @@ from attnserve.cli import SUBCOMMANDS, subcommand_parser
 # The guide that documents each subcommand.
 SECTIONS = {
     "train": "docs/guides/training.md",
+    "import": "docs/guides/import.md",
     "export": "docs/guides/export.md",
     "serve": "docs/guides/serving.md",
     "generate": "docs/guides/generation.md",

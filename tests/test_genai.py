@@ -28,6 +28,20 @@ def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
     assert proc.returncode == 0 and all(len(r["genai"]) == 48 for r in result["rows"])
 
 
+def test_onnxruntime_genai_decodes_an_imported_gpt2_alike(gpt2_model_dir):
+    """A Hugging Face GPT-2 imported and exported (tests/fixtures_hf.py): genai reads its tokenizer.json
+    and genai_config.json and decodes the same greedy tokens as attnserve."""
+    proc = subprocess.run(
+        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(gpt2_model_dir)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["all_identical"], [r for r in result["rows"] if not r["identical"]]
+    assert proc.returncode == 0 and all(len(r["genai"]) == 48 for r in result["rows"])
+
+
 # onnxruntime-genai's C API cuts text at a NUL character, so NUL is left out here (it round-trips
 # in attnserve: tests/test_tokenizer.py).
 GENAI_TEXTS = [

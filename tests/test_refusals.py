@@ -35,6 +35,7 @@ LONG_SOURCE = "4" * 300
 # Good values for what each subcommand needs; a row's own arguments come after and override them.
 BASE = {
     "train": ["--preset", "tiny", "--max-steps", "1", "--tokenizer", "bytes", "--out", "{tmp}/run", "--threads", "1"],
+    "import": ["--out", "{tmp}/imported"],
     "export": ["--out", "{tmp}/exported"],
     "attention-map": ["--out", "{tmp}/map.png"],
     "serve": ["--model", "{model}", "--port", "{busy}", "--threads", "1"],
@@ -55,7 +56,7 @@ BASE = {
 }
 
 # The positional arguments, which a row for a positional argument replaces with its own.
-POSITIONALS = {"export": ["{ckpt}"], "attention-map": ["{s2s}", "42"], "generate": ["hi"]}
+POSITIONALS = {"import": ["{hf}"], "export": ["{ckpt}"], "attention-map": ["{s2s}", "42"], "generate": ["hi"]}
 
 INSTEAD_OF_POSITIONALS = {"--prompt-token-ids"}  # the prompt's other form: its rows give no text prompt
 
@@ -100,6 +101,12 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--n-heads", ["--n-heads", "0"], "--n-heads must be a positive integer, got 0"),
         ("--n-heads", ["--n-heads", "3"], "is not divisible by --n-heads 3"),
         ("--d-ff", ["--d-ff", "0"], "--d-ff must be a positive integer, got 0"),
+    ],
+    "import": [
+        ("hf_dir", ["/no/such/hf"], "/no/such/hf: no such directory"),
+        ("hf_dir", ["{tmp}"], "{tmp}/config.json: not found"),
+        ("--out", ["--out", "{file}/run"], "--out {file}/run: {file} is a file, not a directory"),
+        ("--steps", ["--steps", "0"], "--steps must be at least 1, got 0"),
     ],
     "export": [
         ("checkpoint", ["/no/such/checkpoint.pt"], "/no/such/checkpoint.pt"),
@@ -352,7 +359,7 @@ def test_every_flag_has_a_row(command):
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory, tiny_checkpoint, tiny_seq2seq_checkpoint, tiny_model_dir, server):
+def places(tmp_path_factory, tiny_checkpoint, tiny_seq2seq_checkpoint, tiny_model_dir, server, gpt2_dir):
     """The placeholders' values; `busy` is a port held open for as long as the module runs."""
     tmp = tmp_path_factory.mktemp("refusals")
     (tmp / "file").write_text("a plain file\n")
@@ -378,6 +385,7 @@ def places(tmp_path_factory, tiny_checkpoint, tiny_seq2seq_checkpoint, tiny_mode
         "bad_tsv": str(tmp / "bad.tsv"),
         "long_tsv": str(tmp / "long.tsv"),
         "ckpt": str(tiny_checkpoint),
+        "hf": str(gpt2_dir),
         "s2s": str(tiny_seq2seq_checkpoint),
         "model": str(tiny_model_dir),
         "target": server.target,

@@ -13,6 +13,7 @@ from ..tokenizer.utf8 import VOCAB_SIZE
 DECODER, ENCODER_DECODER = "decoder", "encoder-decoder"
 ARCHITECTURES = (DECODER, ENCODER_DECODER)
 POSITIONALS = ("sinusoidal", "learned")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")  # the feed-forward's: the lectures' ReLU; GPT-2's tanh GELU
 
 
 @dataclass(frozen=True)
@@ -27,12 +28,17 @@ class ModelConfig:
     max_len: int = 256  # context length in tokens (positions 0..max_len-1)
     dropout: float = 0.0  # dropout on attention weights and residual branches
     positional: str = "sinusoidal"  # "sinusoidal" (Vaswani et al.) or "learned"
+    activation: str = "relu"  # the feed-forward's nonlinearity: "relu", "gelu" or "gelu_tanh" (GPT-2's)
+    embed_scale: bool = True  # token embeddings times sqrt(d_model) (Vaswani et al.); GPT-2 adds them unscaled
+    norm_eps: float = 1e-5  # LayerNorm's epsilon
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"arch must be one of {ARCHITECTURES}, got {self.arch!r}")
         if self.positional not in POSITIONALS:
             raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.arch == ENCODER_DECODER and self.n_encoder_layers < 1:

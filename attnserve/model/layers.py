@@ -15,17 +15,25 @@ from .attention import MultiHeadAttention
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = W2 relu(W1 x + b1) + b2, applied at every position independently."""
+ACTIVATION = {  # config.activation -> the function
+    "relu": torch.relu,
+    "gelu": nn.functional.gelu,
+    "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+}
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+
+class FeedForward(nn.Module):
+    """FFN(x) = W2 relu(W1 x + b1) + b2, applied at every position independently (GELU for GPT-2)."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
         super().__init__()
         self.w_1 = nn.Linear(d_model, d_ff)
         self.w_2 = nn.Linear(d_ff, d_model)
+        self.act = ACTIVATION[activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.w_2(torch.relu(self.w_1(x))))
+        return self.dropout(self.w_2(self.act(self.w_1(x))))
 
 
 class EncoderLayer(nn.Module):
@@ -46,13 +54,22 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     """Masked self-attention with a KV cache, optional cross-attention, then feed-forward."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, cross: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        cross: bool = False,
+        activation: str = "relu",
+        eps: float = 1e-5,
+    ):
         super().__init__()
-        self.ln_1, self.ln_3 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.ln_1, self.ln_3 = nn.LayerNorm(d_model, eps), nn.LayerNorm(d_model, eps)
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ln_2 = nn.LayerNorm(d_model) if cross else None
+        self.ln_2 = nn.LayerNorm(d_model, eps) if cross else None
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout) if cross else None
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, dropout, activation)
         self.dropout = nn.Dropout(dropout)
 
     def forward(

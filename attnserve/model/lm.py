@@ -31,18 +31,22 @@ def empty_past(config: ModelConfig, batch: int, dtype=torch.float32, device=None
 
 
 class TokenEmbedding(nn.Module):
-    """Token embedding scaled by sqrt(d_model), plus positional encoding; its weight is the output head."""
+    """Token embedding scaled by sqrt(d_model) (unless config.embed_scale is off), plus positional
+    encoding; its weight is the output head."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.normal_(self.embed.weight, std=config.d_model**-0.5)
         self.position = positional_encoding(config.positional, config.max_len, config.d_model)
-        self.scale = math.sqrt(config.d_model)
+        self.scale = math.sqrt(config.d_model) if config.embed_scale else 1.0
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.embed(input_ids) * self.scale + self.position(position_ids))
+        x = self.embed(input_ids)  # (B, T, d_model)
+        if self.scale != 1.0:
+            x = x * self.scale
+        return self.dropout(x + self.position(position_ids))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.embed.weight.t()  # (B, T, V)
@@ -55,10 +59,10 @@ class DecoderLM(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = TokenEmbedding(config)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout) for _ in range(config.n_layers)
-        )
-        self.ln_f = nn.LayerNorm(config.d_model)
+        c = config
+        layer = lambda: DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, activation=c.activation, eps=c.norm_eps)
+        self.layers = nn.ModuleList(layer() for _ in range(config.n_layers))
+        self.ln_f = nn.LayerNorm(config.d_model, config.norm_eps)
 
     def forward(
         self,

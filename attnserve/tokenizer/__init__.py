@@ -56,13 +56,13 @@ def from_state(state: dict | None) -> Tokenizer:
     if kind == "bpe":
         from .bpe import BpeTokenizer
 
-        return BpeTokenizer(state["json"])
+        return BpeTokenizer(state["json"], state.get("special"), state.get("tokenizer_config"))
     raise TokenizerError(f"tokenizer kind {kind!r} is not one of {KINDS}")
 
 
 def from_model_dir(model_dir: str | Path, entry: dict) -> Tokenizer:
     """The tokenizer of an exported model directory, from its manifest entry (files already verified)."""
-    state = {"kind": entry.get("kind")}
+    state = {"kind": entry.get("kind"), "special": entry.get("special")}
     if state["kind"] == "bpe":
         path = Path(model_dir) / entry["file"]
         try:
@@ -79,7 +79,9 @@ def from_model_dir(model_dir: str | Path, entry: dict) -> Tokenizer:
 
 
 def manifest_entry(tokenizer: Tokenizer) -> dict:
-    """The manifest's "tokenizer" object (export adds the file and its sha256 for BPE)."""
+    """The manifest's "tokenizer" object (export adds the file and its sha256 for BPE); an imported
+    model's special ids come back from its "special" entry, the rest from the tokenizer itself."""
+    special = getattr(tokenizer, "special", None)
     return {
         "kind": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
@@ -87,6 +89,7 @@ def manifest_entry(tokenizer: Tokenizer) -> dict:
         "eos_id": tokenizer.eos_id,
         "pad_id": tokenizer.pad_id,
         "add_bos": tokenizer.add_bos,
+        **({"special": special} if special else {}),
     }
 
 

@@ -55,34 +55,62 @@ def byte_level_alphabet() -> dict[str, int]:
     return alphabet
 
 
+def library_tokenizer(json_text: str):
+    """Hugging Face's Tokenizer of a tokenizer.json; TokenizerError if it is not one."""
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_str(json_text)
+    except Exception as e:  # noqa: BLE001 (the library raises a bare Exception for a malformed file)
+        raise TokenizerError(f"not a valid tokenizer.json ({e})") from None
+
+
+SPECIAL_FIELDS = ("bos_id", "eos_id", "pad_id", "add_bos")  # an imported model's, from its tokenizer_config.json
+
+
 class BpeTokenizer:
-    """A tokenizer.json behind the `Tokenizer` interface."""
+    """A tokenizer.json behind the `Tokenizer` interface. Its special ids are the fixed tokens
+    attnserve train writes (SPECIAL_TOKENS), or, for an imported model, `special`: bos_id, eos_id,
+    pad_id and add_bos as the model's own tokenizer_config.json says, and `tokenizer_config` that
+    file itself (written again beside tokenizer.json by the export)."""
 
     kind = "bpe"
-    add_bos = False
 
-    def __init__(self, json_text: str):
-        from tokenizers import Tokenizer
-
-        try:
-            self._tok = Tokenizer.from_str(json_text)
-        except Exception as e:  # noqa: BLE001 (the library raises a bare Exception for a malformed file)
-            raise TokenizerError(f"not a valid tokenizer.json ({e})") from None
+    def __init__(self, json_text: str, special: dict | None = None, tokenizer_config: dict | None = None):
+        self._tok = library_tokenizer(json_text)
         self._tok.encode_special_tokens = True  # text that spells a special token stays text
         self.json = json_text
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.special, self.imported_config = special, tokenizer_config
+        ids = self.configured_ids(special) if special is not None else self.fixed_ids()
+        self.bos_id, self.eos_id, self.pad_id = ids
+        self.add_bos = bool(special and special["add_bos"])
+        added = json.loads(json_text).get("added_tokens") or []
+        self.special_ids = frozenset(ids) | {token["id"] for token in added if token.get("special")}
+
+    def fixed_ids(self) -> list[int]:
         found = [self._tok.token_to_id(t) for t in SPECIAL_TOKENS]
         ids = [i for i in found if i is not None]
         if len(ids) < len(SPECIAL_TOKENS):
             raise TokenizerError(f"tokenizer.json lacks the special tokens {', '.join(SPECIAL_TOKENS)}")
-        self.bos_id, self.eos_id, self.pad_id = ids
-        self.special_ids = frozenset(ids)
+        return ids
+
+    def configured_ids(self, special: dict) -> list[int]:
+        if set(special) != set(SPECIAL_FIELDS):
+            raise TokenizerError(
+                f"a tokenizer's special ids need exactly {', '.join(SPECIAL_FIELDS)}, got {sorted(special)}"
+            )
+        ids = [special[field] for field in SPECIAL_FIELDS[:3]]
+        for field, value in zip(SPECIAL_FIELDS, ids):
+            if not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise TokenizerError(f"{field} {value!r} is outside the tokenizer's [0, {self.vocab_size})")
+        return ids
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_prompt(self, text: str) -> list[int]:
-        return self.encode(text)
+        return [self.bos_id, *self.encode(text)] if self.add_bos else self.encode(text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
@@ -129,10 +157,14 @@ class BpeTokenizer:
         return [0 if i in self.special_ids else len(self._tok.id_to_token(i) or "") for i in range(self.vocab_size)]
 
     def state(self) -> dict:
-        return {"kind": self.kind, "json": self.json}
+        imported = {"special": self.special, "tokenizer_config": self.imported_config} if self.special else {}
+        return {"kind": self.kind, "json": self.json, **imported}
 
     def tokenizer_config(self, context_length: int) -> dict:
-        """tokenizer_config.json beside tokenizer.json: what Hugging Face and onnxruntime-genai read."""
+        """tokenizer_config.json beside tokenizer.json: what Hugging Face and onnxruntime-genai read (an
+        imported model's own, with the context length the export serves)."""
+        if self.imported_config is not None:
+            return {**self.imported_config, "model_max_length": context_length}
         bos, eos, pad = SPECIAL_TOKENS
         return {
             "tokenizer_class": "PreTrainedTokenizerFast",

@@ -1,0 +1,181 @@
+"""A Hugging Face checkpoint directory read into attnserve's model: GPT-2 (`GPT2LMHeadModel`).
+
+Reads config.json, the weights (model.safetensors, its shards, or pytorch_model.bin through
+torch.load(weights_only=True)) and the tokenizer (tokenizer.json with tokenizer_config.json and
+generation_config.json), and maps them onto a ModelConfig and DecoderLM's state dict. What the
+model cannot express is refused in one line naming the field. Knows nothing of transformers: the
+proof against it is hf_proof.py, the command import_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from ..tokenizer import TokenizerError
+from ..tokenizer.bpe import BpeTokenizer, library_tokenizer
+from .config import DECODER, ModelConfig
+
+CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "config.json", "tokenizer.json", "tokenizer_config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
+GPT2 = "GPT2LMHeadModel"
+ARCHITECTURES = (GPT2,)
+GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # HF -> ours
+# A layer's modules, ours -> GPT-2's (q, k and v come out of its c_attn); the feed-forward's norm is
+# our ln_3 (ln_2 is an encoder-decoder's cross-attention norm).
+GPT2_LAYER = {
+    "self_attn.w_o": "attn.c_proj",
+    "ffn.w_1": "mlp.c_fc",
+    "ffn.w_2": "mlp.c_proj",
+    "ln_1": "ln_1",
+    "ln_3": "ln_2",
+}
+HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention, which the export's KV arena runs on
+
+
+class HFImportError(Exception):
+    """A checkpoint directory attnserve cannot import, in one line naming the file or the field."""
+
+
+def read_json(path: Path, required: bool = True) -> dict:
+    if not path.is_file():
+        if required:
+            raise HFImportError(f"{path}: not found")
+        return {}
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise HFImportError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(found, dict):
+        raise HFImportError(f"{path}: not a JSON object")
+    return found
+
+
+def architecture(config: dict, path: Path) -> str:
+    """The one architecture config.json names, if attnserve imports it."""
+    names = config.get("architectures") or []
+    if len(names) != 1 or names[0] not in ARCHITECTURES:
+        raise HFImportError(f"{path}: architectures {names}: attnserve imports {', '.join(ARCHITECTURES)}")
+    return names[0]
+
+
+def gpt2_config(c: dict, path: Path) -> ModelConfig:
+    """GPT-2's config.json as a ModelConfig: learned positions, unscaled embeddings, tanh GELU, tied head."""
+    refuse = lambda field, why: HFImportError(f"{path}: {field} {c.get(field)!r}: {why}")
+    if c.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
+        raise refuse("activation_function", f"not one of {', '.join(GPT2_ACTIVATIONS)}")
+    for field, fine in (("scale_attn_by_inverse_layer_idx", False), ("add_cross_attention", False)):
+        if c.get(field, fine) != fine:
+            raise refuse(field, "not implemented")
+    if c.get("scale_attn_weights", True) is not True:
+        raise refuse("scale_attn_weights", "attention without the 1/sqrt(head size) scale is not implemented")
+    if c.get("tie_word_embeddings", True) is not True:
+        raise refuse("tie_word_embeddings", "an untied output head is not implemented for GPT-2")
+    d_model, n_heads = int(c["n_embd"]), int(c["n_head"])
+    if d_model % n_heads or (d_model // n_heads) % HEAD_DIM_MULTIPLE:
+        raise refuse("n_embd", f"/ n_head {n_heads} must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)")
+    return ModelConfig(
+        arch=DECODER,
+        vocab_size=int(c["vocab_size"]),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_layers=int(c["n_layer"]),
+        d_ff=int(c.get("n_inner") or 4 * d_model),
+        max_len=int(c["n_positions"]),
+        positional="learned",
+        activation=GPT2_ACTIVATIONS[c.get("activation_function", "gelu_new")],
+        embed_scale=False,
+        norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
+    )
+
+
+def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, by its Hugging Face name."""
+    if (hf_dir / SAFETENSORS).is_file() or (hf_dir / SAFETENSORS_INDEX).is_file():
+        from safetensors.torch import load_file
+
+        index = read_json(hf_dir / SAFETENSORS_INDEX, required=False)
+        shards = sorted(set(index.get("weight_map", {}).values())) or [SAFETENSORS]
+        return {name: t for shard in shards for name, t in load_file(str(hf_dir / shard)).items()}
+    if (hf_dir / TORCH_BIN).is_file():
+        try:
+            return torch.load(hf_dir / TORCH_BIN, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 (torch raises several types for a corrupt file)
+            raise HFImportError(f"{hf_dir / TORCH_BIN}: not readable ({type(e).__name__})") from None
+    raise HFImportError(f"{hf_dir}: no weights ({SAFETENSORS}, its shards, or {TORCH_BIN})")
+
+
+def conv1d(weight: torch.Tensor) -> torch.Tensor:
+    """GPT-2's Conv1D keeps (in, out); nn.Linear keeps (out, in)."""
+    return weight.t().contiguous()
+
+
+def gpt2_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """DecoderLM's state dict from GPT2LMHeadModel's tensors (q, k, v split out of c_attn)."""
+    w = {name.removeprefix("transformer."): t.float() for name, t in weights.items()}
+    state = {
+        "embedding.embed.weight": w["wte.weight"],
+        "embedding.position.table.weight": w["wpe.weight"],
+        "ln_f.weight": w["ln_f.weight"],
+        "ln_f.bias": w["ln_f.bias"],
+    }
+    for i in range(config.n_layers):
+        h, ours = f"h.{i}.", f"layers.{i}."
+        q, k, v = conv1d(w[h + "attn.c_attn.weight"]).chunk(3, dim=0)
+        qb, kb, vb = w[h + "attn.c_attn.bias"].chunk(3)
+        for name, weight, bias in (("w_q", q, qb), ("w_k", k, kb), ("w_v", v, vb)):
+            state[f"{ours}self_attn.{name}.weight"], state[f"{ours}self_attn.{name}.bias"] = weight, bias
+        for mine, theirs in GPT2_LAYER.items():
+            weight = w[f"{h}{theirs}.weight"]
+            state[f"{ours}{mine}.weight"] = conv1d(weight) if weight.dim() == 2 else weight  # LayerNorms: 1-D
+            state[f"{ours}{mine}.bias"] = w[f"{h}{theirs}.bias"]
+    head = w.get("lm_head.weight")
+    if head is not None and not torch.equal(head.float(), state["embedding.embed.weight"]):
+        raise HFImportError("lm_head.weight differs from wte.weight: an untied output head is not implemented")
+    return state
+
+
+def token_text(value) -> str | None:
+    """A tokenizer_config.json special token: a string, or an AddedToken's {"content": ...}."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def special_id(lookup: Callable[[str], int | None], name: str, sources: list[dict], token_config: dict) -> int | None:
+    """`name`_token_id from generation_config.json or config.json, else tokenizer_config.json's token."""
+    for source in sources:
+        found = source.get(f"{name}_token_id")
+        if isinstance(found, list):
+            found = found[0] if found else None  # one EOS id served today: the first
+        if isinstance(found, int):
+            return found
+    text = token_text(token_config.get(f"{name}_token"))
+    return lookup(text) if text else None
+
+
+def read_tokenizer(hf_dir: Path, config: dict) -> BpeTokenizer:
+    """tokenizer.json with the special ids and BOS rule its model's files give."""
+    path = hf_dir / TOKENIZER_FILE
+    if not path.is_file():
+        raise HFImportError(f"{path}: not found (attnserve reads a fast tokenizer's tokenizer.json)")
+    token_config = read_json(hf_dir / TOKENIZER_CONFIG_FILE, required=False)
+    sources = [read_json(hf_dir / GENERATION_CONFIG_FILE, required=False), config]
+    try:
+        json_text = path.read_text(encoding="utf-8")
+        lookup = library_tokenizer(json_text).token_to_id
+        ids = {name: special_id(lookup, name, sources, token_config) for name in ("bos", "eos", "pad")}
+        eos = ids["eos"]
+        if eos is None:
+            raise HFImportError(f"{hf_dir}: no EOS id (generation_config.json, config.json, tokenizer_config.json)")
+        special = {
+            "bos_id": eos if ids["bos"] is None else ids["bos"],
+            "eos_id": eos,
+            "pad_id": eos if ids["pad"] is None else ids["pad"],  # padding is masked: any id will do
+            "add_bos": bool(token_config.get("add_bos_token", False)),
+        }
+        return BpeTokenizer(json_text, special, token_config or {"tokenizer_class": "PreTrainedTokenizerFast"})
+    except (OSError, UnicodeDecodeError, TokenizerError) as e:
+        raise HFImportError(f"{path}: {e}") from None

@@ -1,0 +1,130 @@
+"""`attnserve import`: a Hugging Face checkpoint directory into an attnserve checkpoint, proven first.
+
+Reading and mapping are hf_import.py's, the proof against transformers hf_proof.py's; this file
+runs them in order, writes runs/NAME/ (checkpoint.pt, the tokenizer's files, import.json with the
+proof's numbers) only once the proof has passed, and turns every refusal into one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..flags import check_directory
+from .checkpoint import build_model, save_checkpoint
+from .hf_import import (
+    CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    HFImportError,
+    architecture,
+    gpt2_config,
+    gpt2_state,
+    read_json,
+    read_tokenizer,
+    read_weights,
+)
+from .hf_proof import ImportProofError, prove
+
+DEFAULT_STEPS = 64
+# The proof's prompts: a ragged batch of texts of different lengths and scripts.
+PROOF_TEXTS = (
+    "The",
+    "def parse_args(argv):",
+    "Once upon a time, in a land far away,",
+    "import numpy as np\nx = np.arange(10)",
+    "Die Katze sitzt auf der Matte.",
+    "1, 2, 3, 5, 8, 13,",
+    "Paris is the capital of",
+    "日本語のテキスト",
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`attnserve import`'s flags."""
+    p.add_argument(
+        "hf_dir", metavar="HF_DIR", help="a Hugging Face checkpoint directory (config.json, weights, tokenizer.json)"
+    )
+    p.add_argument("--out", required=True, help="run directory to write checkpoint.pt into, e.g. runs/NAME")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"greedy steps compared with transformers for each of the proof's prompts (default: {DEFAULT_STEPS})",
+    )
+
+
+def imported(hf_dir: Path):
+    """The model (eval mode) and tokenizer of a checkpoint directory, and its architecture."""
+    config_path = hf_dir / CONFIG_FILE
+    config = read_json(config_path)
+    arch = architecture(config, config_path)
+    model_config = gpt2_config(config, config_path)
+    tokenizer = read_tokenizer(hf_dir, config)
+    if tokenizer.vocab_size != model_config.vocab_size:
+        raise HFImportError(
+            f"{hf_dir}: tokenizer.json has {tokenizer.vocab_size} ids, config.json's vocab_size "
+            f"{model_config.vocab_size}"
+        )
+    model = build_model(model_config)
+    missing = model.load_state_dict(gpt2_state(read_weights(hf_dir), model_config), strict=False).missing_keys
+    if missing:
+        raise HFImportError(f"{hf_dir}: the weights lack {len(missing)} tensors, e.g. {missing[0]}")
+    return model.eval(), tokenizer, arch
+
+
+def write_run(out: Path, model, tokenizer, report: dict) -> None:
+    """checkpoint.pt (with the tokenizer), the tokenizer's files and import.json; the checkpoint last."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
+    (out / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer.imported_config, indent=2) + "\n")
+    (out / "import.json").write_text(json.dumps(report, indent=2) + "\n")
+    save_checkpoint(out / "checkpoint.pt", model, tokenizer=tokenizer.state(), imported=report)
+
+
+def run(hf_dir: Path, out: Path, steps: int) -> dict:
+    """Import, prove, write; the proof's report."""
+    model, tokenizer, arch = imported(hf_dir)
+    prompts = [tokenizer.encode_prompt(text) for text in PROOF_TEXTS]
+    prompts = [p[: model.config.max_len // 2] for p in prompts if p]
+    report = {"source": str(hf_dir), "architecture": arch, "parameters": model.num_parameters()}
+    report.update(prove(model, hf_dir, prompts, steps, tokenizer.pad_id))
+    write_run(out, model, tokenizer, report)
+    return report
+
+
+def check_flags(args) -> None:
+    if not Path(args.hf_dir).is_dir():
+        raise HFImportError(f"{args.hf_dir}: no such directory")
+    if args.steps < 1:
+        raise HFImportError(f"--steps must be at least 1, got {args.steps}")
+    try:
+        check_directory("--out", args.out)
+    except ValueError as e:
+        raise HFImportError(str(e)) from None
+    if Path(args.out).exists() and not os.access(args.out, os.W_OK):
+        raise HFImportError(f"--out {args.out}: not writable")
+
+
+def main(args) -> int:
+    """CLI entry: one line and exit 2 for a refusal, exit 1 with the numbers when the proof fails."""
+    try:
+        check_flags(args)
+        report = run(Path(args.hf_dir), Path(args.out), args.steps)
+    except HFImportError as e:
+        print(f"attnserve import: error: {e}", file=sys.stderr)
+        return 2
+    except ImportProofError as e:
+        print(f"attnserve import: the proof failed, nothing written: {e}", file=sys.stderr)
+        return 1
+    logits, greedy = report["logits"], report["greedy"]["prompts"]
+    steps = sum(r["steps"] for r in greedy)
+    print(
+        f"imported {args.hf_dir} ({report['architecture']}, {report['parameters']:,} parameters): logits within "
+        f"{logits['max_abs_diff']:.2g} of transformers' (tolerance {logits['tolerance']:.2g}), greedy tokens "
+        f"identical over {steps} steps of {len(greedy)} prompts; wrote {args.out}/checkpoint.pt"
+    )
+    return 0

@@ -1,0 +1,148 @@
+"""`attnserve import` of a Hugging Face GPT-2 checkpoint (random weights from a config, made here):
+the import proves itself against transformers, the export gates it as any model, and the server's
+greedy tokens over gRPC equal transformers' own `generate`, alone and batched, with the streamed text
+the tokenizer's decode; what the import cannot express is refused in one line naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+from fixtures_server import start_server
+
+from attnserve.cli import main as cli_main
+from attnserve.v1 import generation_pb2 as pb
+
+PROMPTS = [
+    "The",
+    "def parse_args(argv):",
+    "Once upon a time",
+    "import os\nimport sys",
+    "1, 2, 3, 5, 8,",
+    "Paris is the capital of",
+    "héllo wörld",
+    "class Node:\n    def __init__(self):",
+]
+NEW_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def reference(gpt2_dir):
+    """transformers' own model and tokenizer of the directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gpt2_dir).eval()
+    return model, AutoTokenizer.from_pretrained(gpt2_dir)
+
+
+def transformers_greedy(reference, prompt: str) -> list[int]:
+    """transformers' generate(do_sample=False), EOS held back for NEW_TOKENS as ignore_eos holds it."""
+    import torch
+
+    model, tokenizer = reference
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        held = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=tokenizer.eos_token_id)
+        out = model.generate(ids, do_sample=False, **held)
+    return out[0, ids.shape[1] :].tolist()
+
+
+@pytest.fixture(scope="module")
+def gpt2_server(gpt2_model_dir):
+    running = start_server(gpt2_model_dir, max_batch=8)
+    yield running
+    running.stop()
+
+
+def generate(stub, prompt: str, **fields) -> pb.GenerateResponse:
+    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=NEW_TOKENS, ignore_eos=True, **fields)
+    return stub.Generate(request, timeout=120)
+
+
+def test_the_import_proves_itself_and_writes_the_run(gpt2_checkpoint):
+    report = json.loads((gpt2_checkpoint.parent / "import.json").read_text())
+    assert report["architecture"] == "GPT2LMHeadModel" and report["parameters"] > 0
+    assert report["logits"]["max_abs_diff"] <= report["logits"]["tolerance"] <= 1e-4 * max(1, report["logits"]["scale"])
+    assert report["greedy"]["identical"] and len(report["greedy"]["prompts"]) == 8
+    assert all(row["steps"] == 64 for row in report["greedy"]["prompts"])
+    assert {p.name for p in gpt2_checkpoint.parent.iterdir()} >= {"tokenizer.json", "tokenizer_config.json"}
+
+
+def test_the_command_line_imports_and_says_what_it_proved(gpt2_dir, tmp_path, capsys):
+    assert cli_main(["import", str(gpt2_dir), "--out", str(tmp_path / "run"), "--steps", "8"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"imported {gpt2_dir} (GPT2LMHeadModel, ") and "greedy tokens identical over" in said
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+
+
+def test_served_greedy_tokens_are_transformers_alone_and_batched(gpt2_server, reference):
+    expected = [transformers_greedy(reference, prompt) for prompt in PROMPTS]
+    alone = [list(generate(gpt2_server.stub, prompt).token_ids) for prompt in PROMPTS]
+    batched: dict[int, list[int]] = {}
+
+    def call(i: int) -> None:
+        batched[i] = list(generate(gpt2_server.stub, PROMPTS[i]).token_ids)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PROMPTS))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert alone == expected
+    assert [batched[i] for i in range(len(PROMPTS))] == expected
+
+
+def test_streamed_text_is_the_tokenizers_decode_and_seeded_sampling_holds_in_a_batch(gpt2_server, reference):
+    _, tokenizer = reference
+    stream = list(gpt2_server.stub.GenerateStream(pb.GenerateRequest(prompt=PROMPTS[6], max_new_tokens=40), timeout=60))
+    ids = [t for message in stream for t in message.token_ids]
+    assert "".join(m.text for m in stream) == tokenizer.decode(ids, skip_special_tokens=True)
+    sampled = dict(temperature=0.9, seed=11)
+    alone = generate(gpt2_server.stub, PROMPTS[1], **sampled).token_ids
+    beside: list = []
+    other = threading.Thread(target=lambda: beside.append(generate(gpt2_server.stub, PROMPTS[2], **sampled)))
+    other.start()
+    assert generate(gpt2_server.stub, PROMPTS[1], **sampled).token_ids == alone
+    other.join(60)
+
+
+def test_model_info_names_the_imported_models_tokenizer(gpt2_server, reference):
+    _, tokenizer = reference
+    info = gpt2_server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    assert info.tokenizer.kind == "bpe" and info.tokenizer.eos_id == tokenizer.eos_token_id
+    assert not info.tokenizer.bos_prepended and info.vocab_size == len(tokenizer)
+
+
+def refused(args: list[str], capsys) -> str:
+    assert cli_main(["import", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("attnserve import: error: ")
+    return err
+
+
+def edit_config(hf: Path, **fields) -> None:
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps({**config, **fields}))
+
+
+REFUSALS = [
+    ("config.json", lambda hf: (hf / "config.json").unlink(), "config.json: not found"),
+    ("weights", lambda hf: (hf / "model.safetensors").unlink(), "no weights (model.safetensors"),
+    ("tokenizer.json", lambda hf: (hf / "tokenizer.json").unlink(), "tokenizer.json: not found"),
+    ("unreadable tokenizer", lambda hf: (hf / "tokenizer.json").write_text("{}"), "not a valid tokenizer.json"),
+    ("architecture", lambda hf: edit_config(hf, architectures=["MambaForCausalLM"]), "architectures ['MambaFor"),
+    ("activation", lambda hf: edit_config(hf, activation_function="swish"), "activation_function 'swish'"),
+    ("layer scaling", lambda hf: edit_config(hf, scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer"),
+    ("head size", lambda hf: edit_config(hf, n_head=16), "n_embd 64: / n_head 16 must be a multiple of 8"),
+]
+
+
+@pytest.mark.parametrize("spoil, message", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_what_cannot_be_imported_is_refused_in_one_line_naming_it(gpt2_dir, tmp_path, capsys, spoil, message):
+    hf = Path(shutil.copytree(gpt2_dir, tmp_path / "hf"))
+    spoil(hf)
+    assert message in refused([str(hf), "--out", str(tmp_path / "run")], capsys)
+    assert not (tmp_path / "run").exists()
