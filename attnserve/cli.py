@@ -32,7 +32,7 @@ SUBCOMMANDS = {
         "attnserve.model.train_cli:main",
     ),
     "import": Subcommand(
-        "import a Hugging Face checkpoint directory (GPT-2), proven against transformers",
+        "import a Hugging Face checkpoint directory (GPT-2, Llama, Mistral, Qwen2), proven against transformers",
         "attnserve.model.import_cli:add_arguments",
         "attnserve.model.import_cli:main",
     ),

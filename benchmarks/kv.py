@@ -183,7 +183,7 @@ def step_ms(
     decoder = arena_rt.arena(batch, batch * past)
     decoder.prefill(0, [list(rng.integers(0, 256, past)) for _ in range(batch)])
     tokens = rng.integers(0, 256, batch)
-    shape = (batch, concat_rt.n_heads, past, concat_rt.head_dim)
+    shape = (batch, concat_rt.n_kv_heads, past, concat_rt.head_dim)
     cache = [rng.standard_normal(shape).astype(concat_rt.dtype) for _ in range(2 * concat_rt.n_layers)]
     mask, positions = np.ones((batch, past + 1), np.int64), np.full((batch, 1), past, np.int64)
 

@@ -209,7 +209,7 @@ def test_the_graphs_next_token_is_numpys_argmax_of_its_logits(tiny_model_dir):
     ids = np.random.default_rng(0).integers(0, 256, (b, t))
     mask = np.ones((b, t), np.int64)
     mask[1, 5:] = mask[2, 2:] = 0  # right-padded rows of 7, 5 and 2 tokens
-    past = [np.zeros((b, m.n_heads, m.context_length, m.head_dim), np.float32) for _ in range(2 * m.n_layers)]
+    past = [np.zeros((b, m.n_kv_heads, m.context_length, m.head_dim), np.float32) for _ in range(2 * m.n_layers)]
     feeds = dict(zip(m.graphs[contract.DECODER].inputs, [ids, mask, np.broadcast_to(np.arange(t), (b, t)), *past]))
     outputs = dict(zip(names, runtime.session.run(None, feeds)))
     assert np.array_equal(outputs[contract.NEXT_TOKEN], outputs[contract.LOGITS].argmax(-1))

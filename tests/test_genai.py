@@ -28,11 +28,11 @@ def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
     assert proc.returncode == 0 and all(len(r["genai"]) == 48 for r in result["rows"])
 
 
-def test_onnxruntime_genai_decodes_an_imported_gpt2_alike(gpt2_model_dir):
-    """A Hugging Face GPT-2 imported and exported (tests/fixtures_hf.py): genai reads its tokenizer.json
-    and genai_config.json and decodes the same greedy tokens as attnserve."""
+def test_onnxruntime_genai_decodes_an_imported_model_alike(hf_model_dir):
+    """A Hugging Face checkpoint of each family imported and exported (tests/fixtures_hf.py): genai reads
+    its tokenizer.json and genai_config.json and decodes the same greedy tokens as attnserve."""
     proc = subprocess.run(
-        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(gpt2_model_dir)],
+        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(hf_model_dir)],
         capture_output=True,
         text=True,
         timeout=240,

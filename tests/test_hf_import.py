@@ -1,7 +1,9 @@
-"""`attnserve import` of a Hugging Face GPT-2 checkpoint (random weights from a config, made here):
-the import proves itself against transformers, the export gates it as any model, and the server's
-greedy tokens over gRPC equal transformers' own `generate`, alone and batched, with the streamed text
-the tokenizer's decode; what the import cannot express is refused in one line naming the field."""
+"""`attnserve import` of Hugging Face checkpoints of each family (GPT-2; Llama with grouped KV heads and
+an untied head; Qwen2 with q/k/v biases and a tied head; Mistral), random weights from configs made
+here: the import proves itself against transformers, the export gates it as any model, and the
+server's greedy tokens over gRPC equal transformers' own `generate`, alone and batched, with the
+streamed text the tokenizer's decode; what the import cannot express is refused in one line naming
+the field."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from fixtures_server import start_server
 
 from attnserve.cli import main as cli_main
+from attnserve.model.hf_import import ARCHITECTURES
 from attnserve.v1 import generation_pb2 as pb
 
 PROMPTS = [
@@ -30,12 +33,12 @@ NEW_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def reference(gpt2_dir):
+def reference(hf_dir):
     """transformers' own model and tokenizer of the directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gpt2_dir).eval()
-    return model, AutoTokenizer.from_pretrained(gpt2_dir)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    return model, AutoTokenizer.from_pretrained(hf_dir)
 
 
 def transformers_greedy(reference, prompt: str) -> list[int]:
@@ -51,8 +54,8 @@ def transformers_greedy(reference, prompt: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def gpt2_server(gpt2_model_dir):
-    running = start_server(gpt2_model_dir, max_batch=8)
+def hf_server(hf_model_dir):
+    running = start_server(hf_model_dir, max_batch=8)
     yield running
     running.stop()
 
@@ -62,13 +65,13 @@ def generate(stub, prompt: str, **fields) -> pb.GenerateResponse:
     return stub.Generate(request, timeout=120)
 
 
-def test_the_import_proves_itself_and_writes_the_run(gpt2_checkpoint):
-    report = json.loads((gpt2_checkpoint.parent / "import.json").read_text())
-    assert report["architecture"] == "GPT2LMHeadModel" and report["parameters"] > 0
+def test_the_import_proves_itself_and_writes_the_run(hf_checkpoint):
+    report = json.loads((hf_checkpoint.parent / "import.json").read_text())
+    assert report["architecture"] in ARCHITECTURES and report["parameters"] > 0
     assert report["logits"]["max_abs_diff"] <= report["logits"]["tolerance"] <= 1e-4 * max(1, report["logits"]["scale"])
     assert report["greedy"]["identical"] and len(report["greedy"]["prompts"]) == 8
     assert all(row["steps"] == 64 for row in report["greedy"]["prompts"])
-    assert {p.name for p in gpt2_checkpoint.parent.iterdir()} >= {"tokenizer.json", "tokenizer_config.json"}
+    assert {p.name for p in hf_checkpoint.parent.iterdir()} >= {"tokenizer.json", "tokenizer_config.json"}
 
 
 def test_the_command_line_imports_and_says_what_it_proved(gpt2_dir, tmp_path, capsys):
@@ -78,13 +81,13 @@ def test_the_command_line_imports_and_says_what_it_proved(gpt2_dir, tmp_path, ca
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
 
 
-def test_served_greedy_tokens_are_transformers_alone_and_batched(gpt2_server, reference):
+def test_served_greedy_tokens_are_transformers_alone_and_batched(hf_server, reference):
     expected = [transformers_greedy(reference, prompt) for prompt in PROMPTS]
-    alone = [list(generate(gpt2_server.stub, prompt).token_ids) for prompt in PROMPTS]
+    alone = [list(generate(hf_server.stub, prompt).token_ids) for prompt in PROMPTS]
     batched: dict[int, list[int]] = {}
 
     def call(i: int) -> None:
-        batched[i] = list(generate(gpt2_server.stub, PROMPTS[i]).token_ids)
+        batched[i] = list(generate(hf_server.stub, PROMPTS[i]).token_ids)
 
     threads = [threading.Thread(target=call, args=(i,)) for i in range(len(PROMPTS))]
     for thread in threads:
@@ -95,25 +98,26 @@ def test_served_greedy_tokens_are_transformers_alone_and_batched(gpt2_server, re
     assert [batched[i] for i in range(len(PROMPTS))] == expected
 
 
-def test_streamed_text_is_the_tokenizers_decode_and_seeded_sampling_holds_in_a_batch(gpt2_server, reference):
+def test_streamed_text_is_the_tokenizers_decode_and_seeded_sampling_holds_in_a_batch(hf_server, reference):
     _, tokenizer = reference
-    stream = list(gpt2_server.stub.GenerateStream(pb.GenerateRequest(prompt=PROMPTS[6], max_new_tokens=40), timeout=60))
+    stream = list(hf_server.stub.GenerateStream(pb.GenerateRequest(prompt=PROMPTS[6], max_new_tokens=40), timeout=60))
     ids = [t for message in stream for t in message.token_ids]
     assert "".join(m.text for m in stream) == tokenizer.decode(ids, skip_special_tokens=True)
     sampled = dict(temperature=0.9, seed=11)
-    alone = generate(gpt2_server.stub, PROMPTS[1], **sampled).token_ids
+    alone = generate(hf_server.stub, PROMPTS[1], **sampled).token_ids
     beside: list = []
-    other = threading.Thread(target=lambda: beside.append(generate(gpt2_server.stub, PROMPTS[2], **sampled)))
+    other = threading.Thread(target=lambda: beside.append(generate(hf_server.stub, PROMPTS[2], **sampled)))
     other.start()
-    assert generate(gpt2_server.stub, PROMPTS[1], **sampled).token_ids == alone
+    assert generate(hf_server.stub, PROMPTS[1], **sampled).token_ids == alone
     other.join(60)
 
 
-def test_model_info_names_the_imported_models_tokenizer(gpt2_server, reference):
+def test_model_info_names_the_imported_models_tokenizer(hf_server, reference):
     _, tokenizer = reference
-    info = gpt2_server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    info = hf_server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
     assert info.tokenizer.kind == "bpe" and info.tokenizer.eos_id == tokenizer.eos_token_id
-    assert not info.tokenizer.bos_prepended and info.vocab_size == len(tokenizer)
+    assert info.tokenizer.bos_prepended == (tokenizer("a").input_ids[0] == tokenizer.bos_token_id)
+    assert info.vocab_size == len(tokenizer)
 
 
 def refused(args: list[str], capsys) -> str:
@@ -128,21 +132,37 @@ def edit_config(hf: Path, **fields) -> None:
     (hf / "config.json").write_text(json.dumps({**config, **fields}))
 
 
-REFUSALS = [
-    ("config.json", lambda hf: (hf / "config.json").unlink(), "config.json: not found"),
-    ("weights", lambda hf: (hf / "model.safetensors").unlink(), "no weights (model.safetensors"),
-    ("tokenizer.json", lambda hf: (hf / "tokenizer.json").unlink(), "tokenizer.json: not found"),
-    ("unreadable tokenizer", lambda hf: (hf / "tokenizer.json").write_text("{}"), "not a valid tokenizer.json"),
-    ("architecture", lambda hf: edit_config(hf, architectures=["MambaForCausalLM"]), "architectures ['MambaFor"),
-    ("activation", lambda hf: edit_config(hf, activation_function="swish"), "activation_function 'swish'"),
-    ("layer scaling", lambda hf: edit_config(hf, scale_attn_by_inverse_layer_idx=True), "scale_attn_by_inverse_layer"),
-    ("head size", lambda hf: edit_config(hf, n_head=16), "n_embd 64: / n_head 16 must be a multiple of 8"),
+REFUSALS = [  # (id, the directory spoiled, how, what the one line says)
+    ("config.json", "gpt2", lambda hf: (hf / "config.json").unlink(), "config.json: not found"),
+    ("weights", "gpt2", lambda hf: (hf / "model.safetensors").unlink(), "no weights (model.safetensors"),
+    ("tokenizer.json", "gpt2", lambda hf: (hf / "tokenizer.json").unlink(), "tokenizer.json: not found"),
+    ("bad tokenizer", "gpt2", lambda hf: (hf / "tokenizer.json").write_text("{}"), "not a valid tokenizer.json"),
+    ("architecture", "gpt2", lambda hf: edit_config(hf, architectures=["MambaForCausalLM"]), "architectures ['Mamba"),
+    ("activation", "gpt2", lambda hf: edit_config(hf, activation_function="swish"), "activation_function 'swish'"),
+    (
+        "layer scaling",
+        "gpt2",
+        lambda hf: edit_config(hf, scale_attn_by_inverse_layer_idx=True),
+        "scale_attn_by_inverse",
+    ),
+    ("head size", "gpt2", lambda hf: edit_config(hf, n_head=16), "n_embd 64: / n_head 16 must be a multiple of 8"),
+    (
+        "rope scaling",
+        "llama",
+        lambda hf: edit_config(hf, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
+        "rope_parameters rope_type 'yarn': only the default rotary positions",
+    ),
+    ("sliding window", "llama", lambda hf: edit_config(hf, sliding_window=64), "sliding_window 64: sliding-window"),
+    ("hidden_act", "llama", lambda hf: edit_config(hf, hidden_act="gelu"), "hidden_act 'gelu': the feed-forward"),
+    ("vocabulary", "llama", lambda hf: edit_config(hf, vocab_size=512), "tokenizer.json has 402 ids, config.json's"),
 ]
 
 
-@pytest.mark.parametrize("spoil, message", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
-def test_what_cannot_be_imported_is_refused_in_one_line_naming_it(gpt2_dir, tmp_path, capsys, spoil, message):
-    hf = Path(shutil.copytree(gpt2_dir, tmp_path / "hf"))
+@pytest.mark.parametrize("base, spoil, message", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_what_cannot_be_imported_is_refused_in_one_line_naming_it(
+    gpt2_dir, llama_dir, tmp_path, capsys, base, spoil, message
+):
+    hf = Path(shutil.copytree({"gpt2": gpt2_dir, "llama": llama_dir}[base], tmp_path / "hf"))
     spoil(hf)
     assert message in refused([str(hf), "--out", str(tmp_path / "run")], capsys)
     assert not (tmp_path / "run").exists()

@@ -42,7 +42,7 @@ def genai_config(manifest: contract.Manifest) -> dict[str, Any]:
                 "head_size": manifest.head_dim,
                 "hidden_size": manifest.d_model,
                 "num_attention_heads": manifest.n_heads,
-                "num_key_value_heads": manifest.n_heads,
+                "num_key_value_heads": manifest.n_kv_heads,
                 "num_hidden_layers": manifest.n_layers,
                 "session_options": {"log_id": "attnserve"},
                 "inputs": inputs,

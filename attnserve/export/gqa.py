@@ -1,6 +1,6 @@
 """ONNX Runtime's GroupQueryAttention over an in-place KV cache, as a CacheAttention for export.
 
-Past and present are one buffer per layer, (B, H, L, D) with L the context: each run writes the
+Past and present are one buffer per layer, (B, H_kv, L, D) with L the context: each run writes the
 new keys and values of row b at positions [seqlens_k[b] - T + 1, seqlens_k[b]] and reads only
 [0, seqlens_k[b]] (docs/guides/export.md). A first prompt (T == total_sequence_length) is
 written at [0, T), right-padded. Inside torch.onnx.export the kernel is the contrib op itself;
@@ -12,7 +12,15 @@ from __future__ import annotations
 
 import torch
 
-from ..model.attention import CacheAttention, MultiHeadAttention, additive_mask, scaled_dot_product_attention
+from ..model.attention import (
+    CacheAttention,
+    MultiHeadAttention,
+    Rope,
+    additive_mask,
+    repeat_kv,
+    scaled_dot_product_attention,
+)
+from ..model.positional import apply_rotary
 
 OP = "com.microsoft::GroupQueryAttention"
 
@@ -34,37 +42,40 @@ def reference(
     seqlens_k: torch.Tensor,
     total: torch.Tensor,
     n_heads: int,
+    n_kv_heads: int,
 ):
-    """What GroupQueryAttention computes (kv_num_heads == num_heads), in plain PyTorch.
+    """What GroupQueryAttention computes, in plain PyTorch.
 
-    q, k, v: (B, T, H*D); past_key/value: (B, H, L, D); returns (output (B, T, H*D), present_key,
-    present_value), present being past with the new rows written in place."""
+    q: (B, T, H*D), k, v: (B, T, H_kv*D); past_key/value: (B, H_kv, L, D); returns (output (B, T, H*D),
+    present_key, present_value), present being past with the new rows written in place."""
     b, t, _ = q.shape
     length = past_key.size(2)
-    split = lambda x: x.view(b, t, n_heads, -1).transpose(1, 2)
+    split = lambda x, heads: x.view(b, t, heads, -1).transpose(1, 2)
     first_prompt = t == int(total)
     start = torch.zeros_like(seqlens_k) if first_prompt else seqlens_k + 1 - t  # (B,) past length
     where = (start[:, None] + torch.arange(t)).long()  # (B, T) positions
     if int(where.max()) >= length:
         raise ValueError(f"the cache holds {length} positions; row needs {int(where.max()) + 1}")
-    index = where[:, None, :, None].expand(b, n_heads, t, past_key.size(3))
-    present_key = past_key.scatter(2, index, split(k))
-    present_value = past_value.scatter(2, index, split(v))
+    index = where[:, None, :, None].expand(b, n_kv_heads, t, past_key.size(3))
+    present_key = past_key.scatter(2, index, split(k, n_kv_heads))
+    present_value = past_value.scatter(2, index, split(v, n_kv_heads))
     key = torch.arange(length)
     allowed = (key[None, None, :] <= where[:, :, None]) & (key[None, None, :] <= seqlens_k[:, None, None].long())
     mask = additive_mask(allowed[:, None], q.dtype)  # (B, 1, T, L)
-    out, _ = scaled_dot_product_attention(split(q), present_key, present_value, mask)
+    groups = n_heads // n_kv_heads
+    keys, values = repeat_kv(present_key, groups), repeat_kv(present_value, groups)
+    out, _ = scaled_dot_product_attention(split(q, n_heads), keys, values, mask)
     return out.transpose(1, 2).reshape(b, t, -1), present_key, present_value
 
 
-def group_query_attention(q, k, v, past_key, past_value, seqlens_k, total, n_heads: int):
+def group_query_attention(q, k, v, past_key, past_value, seqlens_k, total, n_heads: int, n_kv_heads: int):
     """The contrib op under torch.onnx.export, the reference elsewhere."""
     if not torch.onnx.is_in_onnx_export():
-        return reference(q, k, v, past_key, past_value, seqlens_k, total, n_heads)
+        return reference(q, k, v, past_key, past_value, seqlens_k, total, n_heads, n_kv_heads)
     return torch.onnx.ops.symbolic_multi_out(
         OP,
         [q, k, v, past_key, past_value, seqlens_k, total],
-        dict(num_heads=n_heads, kv_num_heads=n_heads),
+        dict(num_heads=n_heads, kv_num_heads=n_kv_heads),
         dtypes=[q.dtype, past_key.dtype, past_value.dtype],
         shapes=[q.shape, past_key.shape, past_value.shape],
         version=1,
@@ -73,14 +84,24 @@ def group_query_attention(q, k, v, past_key, past_value, seqlens_k, total, n_hea
 
 class InPlaceAttention(CacheAttention):
     """Self-attention of one decoder layer through GroupQueryAttention, sharing the lengths of the
-    batch (derived once from the attention mask)."""
+    batch (derived once from the attention mask). Rotary positions turn q and k before the op (as
+    separate nodes, from the graph's position_ids)."""
 
     def __init__(self, attention_mask: torch.Tensor):
         self.seqlens_k, self.total = lengths_from_mask(attention_mask)
 
-    def __call__(self, attention: MultiHeadAttention, x: torch.Tensor, past):
-        q, k, v = attention.w_q(x), attention.w_k(x), attention.w_v(x)  # (B, T, H*D)
+    def __call__(self, attention: MultiHeadAttention, x: torch.Tensor, past, rope: Rope | None = None):
+        q, k, v = attention.w_q(x), attention.w_k(x), attention.w_v(x)  # (B, T, H*D), (B, T, H_kv*D)
+        if rope is not None:
+            q, k = (rotated(attention, t, rope) for t in (q, k))
         out, present_key, present_value = group_query_attention(
-            q, k, v, past[0], past[1], self.seqlens_k, self.total, attention.n_heads
+            q, k, v, past[0], past[1], self.seqlens_k, self.total, attention.n_heads, attention.n_kv_heads
         )
         return attention.w_o(out), (present_key, present_value)
+
+
+def rotated(attention: MultiHeadAttention, x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """(B, T, heads*D) turned by rotary positions, back in the op's layout."""
+    b, t, width = x.shape
+    heads = attention.split_heads(x, width // attention.d_k)  # (B, heads, T, D)
+    return apply_rotary(heads, rope).transpose(1, 2).reshape(b, t, width)

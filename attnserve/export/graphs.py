@@ -55,7 +55,8 @@ class ArenaDecoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
-        logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(past))
+        rope = self.model.rope(position_ids)
+        logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(past), rope)
         return (logits, *flatten(present), greedy_tokens(logits))
 
 
@@ -118,7 +119,7 @@ class ArenaSeq2SeqDecoderGraph(nn.Module):
 
 def seq2seq_sample_inputs(config, dtype: torch.dtype, batch: int = 2, src: int = 5, seq: int = 3, past: int = 4):
     """(encoder inputs, decoder inputs) to trace with, every dynamic size >= 2."""
-    kv = lambda length: torch.randn((batch, config.n_heads, length, config.d_k), dtype=dtype)
+    kv = lambda length: torch.randn((batch, config.kv_heads, length, config.d_k), dtype=dtype)
     n = 2 * config.n_layers
     encoder = (torch.randint(0, 256, (batch, src)), torch.ones(batch, src, dtype=torch.long))
     decoder = (
@@ -141,7 +142,7 @@ def seq2seq_dynamic_shapes(n_layers: int) -> tuple[tuple, tuple]:
 
 def decoder_sample_inputs(config, dtype: torch.dtype, batch: int = 2, seq: int = 3, past: int = 4) -> tuple:
     """Inputs to trace with: sizes >= 2 so that no axis is specialised (0 and 1 would be)."""
-    shape = (batch, config.n_heads, past, config.d_k)  # (B, H, P, D)
+    shape = (batch, config.kv_heads, past, config.d_k)  # (B, H_kv, P, D)
     return (
         torch.randint(0, 256, (batch, seq)),
         torch.ones(batch, past + seq, dtype=torch.long),

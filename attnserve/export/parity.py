@@ -80,7 +80,7 @@ def case_inputs(model, lengths: list[int], p: int, rng: np.random.Generator, pad
     seqs = [list(rng.integers(0, 256, n)) for n in lengths]
     ids, mask, positions = left_pad(seqs, pad_id)
     cfg = model.config
-    past = empty_past(cfg.n_layers, cfg.n_heads, cfg.d_k, len(seqs), "float32")
+    past = empty_past(cfg.n_layers, cfg.kv_heads, cfg.d_k, len(seqs), "float32")
     if p:
         past = torch_outputs(model, ids[:, :p], mask[:, :p], positions[:, :p], past)[1:]
     return ids[:, p:], mask, positions[:, p:], past

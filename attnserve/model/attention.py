@@ -12,6 +12,8 @@ import math
 import torch
 from torch import nn
 
+from .positional import apply_rotary
+
 
 def scaled_dot_product_attention(
     q: torch.Tensor,
@@ -61,61 +63,95 @@ def causal_mask(attention_mask: torch.Tensor, t: int, dtype: torch.dtype) -> tor
     return additive_mask((not_future & real) | itself, dtype)  # (B, 1, T, S)
 
 
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos and sin of rotary positions, (B, T, D) each
+
+
 class CacheAttention:
     """Self-attention computed by something other than the plain concat-cache path: given the
-    module, x and the layer's past, returns (output, present). Export supplies one (ONNX Runtime's
-    GroupQueryAttention over an in-place cache); training and the eager reference never do."""
+    module, x, the layer's past and rotary positions (if any), returns (output, present). Export
+    supplies one (ONNX Runtime's GroupQueryAttention over an in-place cache); training and the eager
+    reference never do."""
 
-    def __call__(self, attention: MultiHeadAttention, x: torch.Tensor, past):
+    def __call__(self, attention: MultiHeadAttention, x: torch.Tensor, past, rope: Rope | None = None):
         raise NotImplementedError
+
+
+def repeat_kv(x: torch.Tensor, times: int) -> torch.Tensor:
+    """(B, H_kv, S, D) -> (B, H_kv * times, S, D): each key/value head serves `times` query heads."""
+    return x if times == 1 else x.repeat_interleave(times, dim=1)
 
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: H heads of scaled dot-product attention, concatenated, projected.
 
     Self-attention takes its keys and values from x and appends them to the cache `past`;
-    cross-attention takes precomputed keys and values (see `project_kv`).
+    cross-attention takes precomputed keys and values (see `project_kv`). With n_kv_heads < n_heads
+    (grouped-query attention) each key/value head serves n_heads / n_kv_heads query heads, and the
+    cache holds the n_kv_heads only; rotary positions, when given, turn q and k before attention.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        dropout: float = 0.0,
+        n_kv_heads: int | None = None,
+        qkv_bias: bool = True,
+        o_bias: bool = True,
+    ):
         super().__init__()
         self.n_heads, self.d_k = n_heads, d_model // n_heads
-        self.w_q = nn.Linear(d_model, d_model)
-        self.w_k = nn.Linear(d_model, d_model)
-        self.w_v = nn.Linear(d_model, d_model)
-        self.w_o = nn.Linear(d_model, d_model)
+        self.n_kv_heads = n_kv_heads or n_heads
+        self.w_q = nn.Linear(d_model, d_model, bias=qkv_bias)
+        self.w_k = nn.Linear(d_model, self.n_kv_heads * self.d_k, bias=qkv_bias)
+        self.w_v = nn.Linear(d_model, self.n_kv_heads * self.d_k, bias=qkv_bias)
+        self.w_o = nn.Linear(d_model, d_model, bias=o_bias)
         self.dropout = nn.Dropout(dropout)
         self.last_weights: torch.Tensor | None = None  # (B, H, T, S), kept only when asked
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+    def split_heads(self, x: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         b, t, _ = x.shape
-        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, D)
+        return x.view(b, t, heads or self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, D)
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, _, t, _ = x.shape
         return x.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, T, H*D)
 
     def project_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of x, (B, H, S, D) each."""
-        return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
+        """Keys and values of x, (B, H_kv, S, D) each."""
+        return self.split_heads(self.w_k(x), self.n_kv_heads), self.split_heads(self.w_v(x), self.n_kv_heads)
+
+    def project(self, x: torch.Tensor, rope: Rope | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, H, T, D) and k, v (B, H_kv, T, D) of x, q and k turned by rotary positions if given."""
+        q = self.split_heads(self.w_q(x))
+        k, v = self.project_kv(x)
+        if rope is not None:
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        return q, k, v
+
+    def attend_heads(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, keep_weights: bool = False
+    ) -> torch.Tensor:
+        """Attention of split queries (B, H, T, D) over keys and values (B, H_kv, S, D), projected."""
+        groups = self.n_heads // self.n_kv_heads
+        out, weights = scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, self.dropout)
+        self.last_weights = weights.detach() if keep_weights else None
+        return self.w_o(self.merge_heads(out))  # (B, T, d_model)
 
     def attend(
         self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, keep_weights: bool = False
     ) -> torch.Tensor:
-        q = self.split_heads(self.w_q(x))  # (B, H, T, D)
-        out, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
-        self.last_weights = weights.detach() if keep_weights else None
-        return self.w_o(self.merge_heads(out))  # (B, T, d_model)
+        return self.attend_heads(self.split_heads(self.w_q(x)), k, v, mask, keep_weights)
 
-    def forward(self, x: torch.Tensor, mask, past: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """Self-attention over past + x; returns (output, present) with present (B, H, P+T, D).
+    def forward(self, x: torch.Tensor, mask, past: tuple[torch.Tensor, torch.Tensor] | None = None, rope=None):
+        """Self-attention over past + x; returns (output, present) with present (B, H_kv, P+T, D).
 
         `mask` is the additive mask, or a CacheAttention that does the attention itself (the
         export's in-place cache, where past and present are one buffer)."""
         if isinstance(mask, CacheAttention):
-            return mask(self, x, past)
-        k, v = self.project_kv(x)
+            return mask(self, x, past, rope)
+        q, k, v = self.project(x, rope)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
-        return self.attend(x, k, v, mask), (k, v)
+        return self.attend_heads(q, k, v, mask), (k, v)

@@ -12,8 +12,9 @@ from ..tokenizer.utf8 import VOCAB_SIZE
 # The manifest spells them the same way (runtime/contract.py; tests/test_export.py checks they agree).
 DECODER, ENCODER_DECODER = "decoder", "encoder-decoder"
 ARCHITECTURES = (DECODER, ENCODER_DECODER)
-POSITIONALS = ("sinusoidal", "learned")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh")  # the feed-forward's: the lectures' ReLU; GPT-2's tanh GELU
+POSITIONALS = ("sinusoidal", "learned", "rotary")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")  # the lectures' ReLU; GPT-2's tanh GELU; Llama's SwiGLU
+NORMS = ("layernorm", "rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,27 @@ class ModelConfig:
     d_ff: int = 512  # hidden width of the position-wise feed-forward
     max_len: int = 256  # context length in tokens (positions 0..max_len-1)
     dropout: float = 0.0  # dropout on attention weights and residual branches
-    positional: str = "sinusoidal"  # "sinusoidal" (Vaswani et al.) or "learned"
-    activation: str = "relu"  # the feed-forward's nonlinearity: "relu", "gelu" or "gelu_tanh" (GPT-2's)
-    embed_scale: bool = True  # token embeddings times sqrt(d_model) (Vaswani et al.); GPT-2 adds them unscaled
-    norm_eps: float = 1e-5  # LayerNorm's epsilon
+    positional: str = "sinusoidal"  # "sinusoidal" (Vaswani et al.), "learned" (GPT-2) or "rotary" (Llama)
+    activation: str = "relu"  # the feed-forward's: "relu", "gelu", "gelu_tanh" (GPT-2's) or "swiglu" (Llama's)
+    embed_scale: bool = True  # token embeddings times sqrt(d_model) (Vaswani et al.); GPT-2 and Llama: unscaled
+    norm: str = "layernorm"  # "layernorm", or "rmsnorm" (Llama's)
+    norm_eps: float = 1e-5  # the norms' epsilon
+    n_kv_heads: int = 0  # key/value heads, each shared by n_heads / n_kv_heads query heads (GQA); 0: n_heads
+    qkv_bias: bool = True  # biases on the query, key and value projections (Llama: none, Qwen2: these only)
+    o_bias: bool = True  # a bias on the attention's output projection
+    ffn_bias: bool = True  # biases in the feed-forward
+    rope_theta: float = 10000.0  # rotary positions' base
+    tie_head: bool = True  # the output head is the token embedding's weight; False: a head of its own
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
             raise ValueError(f"arch must be one of {ARCHITECTURES}, got {self.arch!r}")
         if self.positional not in POSITIONALS:
             raise ValueError(f"positional must be one of {POSITIONALS}, got {self.positional!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.d_model % self.n_heads:
@@ -47,6 +59,11 @@ class ModelConfig:
     @property
     def d_k(self) -> int:
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: the cache holds these (B, kv_heads, S, d_k)."""
+        return self.n_kv_heads or self.n_heads
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,4 +1,5 @@
-"""A Hugging Face checkpoint directory read into attnserve's model: GPT-2 (`GPT2LMHeadModel`).
+"""A Hugging Face checkpoint directory read into attnserve's model: GPT-2 (`GPT2LMHeadModel`) and the
+Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`).
 
 Reads config.json, the weights (model.safetensors, its shards, or pytorch_model.bin through
 torch.load(weights_only=True)) and the tokenizer (tokenizer.json with tokenizer_config.json and
@@ -23,7 +24,8 @@ CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "config.json", "tokenizer.j
 GENERATION_CONFIG_FILE = "generation_config.json"
 SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
 GPT2 = "GPT2LMHeadModel"
-ARCHITECTURES = (GPT2,)
+LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ARCHITECTURES = (GPT2, *LLAMA_FAMILY)
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # HF -> ours
 # A layer's modules, ours -> GPT-2's (q, k and v come out of its c_attn); the feed-forward's norm is
 # our ln_3 (ln_2 is an encoder-decoder's cross-attention norm).
@@ -33,6 +35,18 @@ GPT2_LAYER = {
     "ffn.w_2": "mlp.c_proj",
     "ln_1": "ln_1",
     "ln_3": "ln_2",
+}
+# A Llama layer's modules, ours -> theirs (model.layers.{i}. before theirs).
+LLAMA_LAYER = {
+    "self_attn.w_q": "self_attn.q_proj",
+    "self_attn.w_k": "self_attn.k_proj",
+    "self_attn.w_v": "self_attn.v_proj",
+    "self_attn.w_o": "self_attn.o_proj",
+    "ffn.w_1": "mlp.gate_proj",
+    "ffn.w_3": "mlp.up_proj",
+    "ffn.w_2": "mlp.down_proj",
+    "ln_1": "input_layernorm",
+    "ln_3": "post_attention_layernorm",
 }
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention, which the export's KV arena runs on
 
@@ -139,6 +153,71 @@ def gpt2_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     return state
 
 
+def rope_theta(c: dict, path: Path) -> float:
+    """The rotary base; refused for a scaling attnserve does not implement (the default rope only)."""
+    parameters = c.get("rope_parameters") or {}
+    scaling = c.get("rope_scaling") or {}
+    kind = parameters.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind != "default":
+        field = "rope_parameters" if parameters else "rope_scaling"
+        raise HFImportError(f"{path}: {field} rope_type {kind!r}: only the default rotary positions are implemented")
+    return float(parameters.get("rope_theta") or c.get("rope_theta") or 10000.0)
+
+
+def llama_config(c: dict, path: Path) -> ModelConfig:
+    """A Llama-family config.json as a ModelConfig: rotary positions, RMSNorm, SwiGLU, grouped KV heads."""
+    refuse = lambda field, why: HFImportError(f"{path}: {field} {c.get(field)!r}: {why}")
+    if c.get("hidden_act", "silu") != "silu":
+        raise refuse("hidden_act", "the feed-forward must be SwiGLU (silu)")
+    d_model, n_heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    if c.get("head_dim") not in (None, d_model // n_heads):
+        raise refuse("head_dim", f"must be hidden_size / num_attention_heads ({d_model // n_heads})")
+    if (d_model // n_heads) % HEAD_DIM_MULTIPLE:
+        raise refuse(
+            "hidden_size", f"/ {n_heads} heads must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)"
+        )
+    window = c.get("sliding_window")
+    if window is not None and c.get("use_sliding_window", True) and window < int(c["max_position_embeddings"]):
+        raise refuse("sliding_window", "sliding-window attention is not implemented")
+    qwen = c.get("model_type") == "qwen2"
+    attention_bias = bool(c.get("attention_bias", False))
+    return ModelConfig(
+        arch=DECODER,
+        vocab_size=int(c["vocab_size"]),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_layers=int(c["num_hidden_layers"]),
+        d_ff=int(c["intermediate_size"]),
+        max_len=int(c["max_position_embeddings"]),
+        positional="rotary",
+        activation="swiglu",
+        embed_scale=False,
+        norm="rmsnorm",
+        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
+        n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
+        qkv_bias=qwen or attention_bias,
+        o_bias=attention_bias and not qwen,
+        ffn_bias=bool(c.get("mlp_bias", False)),
+        rope_theta=rope_theta(c, path),
+        tie_head=bool(c.get("tie_word_embeddings", False)),
+    )
+
+
+def llama_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """DecoderLM's state dict from a Llama-family model's tensors (nn.Linear's layout on both sides)."""
+    w = {name.removeprefix("model."): t.float() for name, t in weights.items()}
+    state = {"embedding.embed.weight": w["embed_tokens.weight"], "ln_f.weight": w["norm.weight"]}
+    if not config.tie_head:
+        state["lm_head.weight"] = w["lm_head.weight"]
+    for i in range(config.n_layers):
+        for mine, theirs in LLAMA_LAYER.items():
+            for kind in ("weight", "bias"):
+                found = w.get(f"layers.{i}.{theirs}.{kind}")
+                if found is not None:
+                    state[f"layers.{i}.{mine}.{kind}"] = found
+    return state
+
+
 def token_text(value) -> str | None:
     """A tokenizer_config.json special token: a string, or an AddedToken's {"content": ...}."""
     return value.get("content") if isinstance(value, dict) else value
@@ -154,6 +233,16 @@ def special_id(lookup: Callable[[str], int | None], name: str, sources: list[dic
             return found
     text = token_text(token_config.get(f"{name}_token"))
     return lookup(text) if text else None
+
+
+def adds_bos(token_config: dict, library, bos: int) -> bool:
+    """tokenizer_config.json's add_bos_token where it says, else whether tokenizer.json's post-processor
+    puts BOS first (Llama's TemplateProcessing does; GPT-2's and Qwen2's do not)."""
+    said = token_config.get("add_bos_token")
+    if isinstance(said, bool):
+        return said
+    with_specials = library.encode("a", add_special_tokens=True).ids
+    return bool(with_specials) and with_specials[0] == bos != library.encode("a", add_special_tokens=False).ids[0]
 
 
 def read_tokenizer(hf_dir: Path, config: dict) -> BpeTokenizer:
@@ -174,8 +263,15 @@ def read_tokenizer(hf_dir: Path, config: dict) -> BpeTokenizer:
             "bos_id": eos if ids["bos"] is None else ids["bos"],
             "eos_id": eos,
             "pad_id": eos if ids["pad"] is None else ids["pad"],  # padding is masked: any id will do
-            "add_bos": bool(token_config.get("add_bos_token", False)),
+            "add_bos": adds_bos(token_config, library_tokenizer(json_text), eos if ids["bos"] is None else ids["bos"]),
         }
         return BpeTokenizer(json_text, special, token_config or {"tokenizer_class": "PreTrainedTokenizerFast"})
     except (OSError, UnicodeDecodeError, TokenizerError) as e:
         raise HFImportError(f"{path}: {e}") from None
+
+
+Family = tuple[Callable[[dict, Path], ModelConfig], Callable[[dict[str, torch.Tensor], ModelConfig], dict]]
+FAMILIES: dict[str, Family] = {
+    GPT2: (gpt2_config, gpt2_state),
+    **dict.fromkeys(LLAMA_FAMILY, (llama_config, llama_state)),
+}

@@ -17,12 +17,11 @@ from ..flags import check_directory
 from .checkpoint import build_model, save_checkpoint
 from .hf_import import (
     CONFIG_FILE,
+    FAMILIES,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     HFImportError,
     architecture,
-    gpt2_config,
-    gpt2_state,
     read_json,
     read_tokenizer,
     read_weights,
@@ -62,7 +61,8 @@ def imported(hf_dir: Path):
     config_path = hf_dir / CONFIG_FILE
     config = read_json(config_path)
     arch = architecture(config, config_path)
-    model_config = gpt2_config(config, config_path)
+    family_config, family_state = FAMILIES[arch]
+    model_config = family_config(config, config_path)
     tokenizer = read_tokenizer(hf_dir, config)
     if tokenizer.vocab_size != model_config.vocab_size:
         raise HFImportError(
@@ -70,7 +70,7 @@ def imported(hf_dir: Path):
             f"{model_config.vocab_size}"
         )
     model = build_model(model_config)
-    missing = model.load_state_dict(gpt2_state(read_weights(hf_dir), model_config), strict=False).missing_keys
+    missing = model.load_state_dict(family_state(read_weights(hf_dir), model_config), strict=False).missing_keys
     if missing:
         raise HFImportError(f"{hf_dir}: the weights lack {len(missing)} tensors, e.g. {missing[0]}")
     return model.eval(), tokenizer, arch

@@ -7,33 +7,70 @@ attention.py.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, Rope
+from .config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]
 
 
-ACTIVATION = {  # config.activation -> the function
+ACTIVATION = {  # config.activation -> the function (SwiGLU's gate is FeedForward's own)
     "relu": torch.relu,
     "gelu": nn.functional.gelu,
     "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+    "swiglu": nn.functional.silu,
 }
 
 
-class FeedForward(nn.Module):
-    """FFN(x) = W2 relu(W1 x + b1) + b2, applied at every position independently (GELU for GPT-2)."""
+@dataclass(frozen=True)
+class BlockOptions:
+    """What a block may differ in from the lectures' (the defaults), for imported models."""
 
-    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, activation: str = "relu"):
+    activation: str = "relu"  # relu, gelu, gelu_tanh or swiglu
+    norm: str = "layernorm"  # or rmsnorm
+    eps: float = 1e-5  # the norms' epsilon
+    n_kv_heads: int | None = None  # key/value heads (None: as many as query heads)
+    qkv_bias: bool = True
+    o_bias: bool = True
+    ffn_bias: bool = True
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> BlockOptions:
+        return cls(
+            config.activation,
+            config.norm,
+            config.norm_eps,
+            config.kv_heads,
+            config.qkv_bias,
+            config.o_bias,
+            config.ffn_bias,
+        )
+
+    def norm_layer(self, d_model: int) -> nn.Module:
+        return nn.LayerNorm(d_model, self.eps) if self.norm == "layernorm" else nn.RMSNorm(d_model, eps=self.eps)
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = W2 relu(W1 x + b1) + b2, applied at every position independently (GELU for GPT-2;
+    SwiGLU for Llama: W2 (silu(W1 x) * W3 x))."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0, options: BlockOptions = BlockOptions()):
         super().__init__()
-        self.w_1 = nn.Linear(d_model, d_ff)
-        self.w_2 = nn.Linear(d_ff, d_model)
-        self.act = ACTIVATION[activation]
+        self.w_1 = nn.Linear(d_model, d_ff, bias=options.ffn_bias)
+        self.w_2 = nn.Linear(d_ff, d_model, bias=options.ffn_bias)
+        self.w_3 = nn.Linear(d_model, d_ff, bias=options.ffn_bias) if options.activation == "swiglu" else None
+        self.act = ACTIVATION[options.activation]
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.w_2(self.act(self.w_1(x))))
+        hidden = self.act(self.w_1(x))
+        if self.w_3 is not None:
+            hidden = hidden * self.w_3(x)
+        return self.dropout(self.w_2(hidden))
 
 
 class EncoderLayer(nn.Module):
@@ -61,15 +98,16 @@ class DecoderLayer(nn.Module):
         d_ff: int,
         dropout: float = 0.0,
         cross: bool = False,
-        activation: str = "relu",
-        eps: float = 1e-5,
+        options: BlockOptions = BlockOptions(),
     ):
         super().__init__()
-        self.ln_1, self.ln_3 = nn.LayerNorm(d_model, eps), nn.LayerNorm(d_model, eps)
-        self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ln_2 = nn.LayerNorm(d_model, eps) if cross else None
+        self.ln_1, self.ln_3 = options.norm_layer(d_model), options.norm_layer(d_model)
+        self.self_attn = MultiHeadAttention(
+            d_model, n_heads, dropout, options.n_kv_heads, options.qkv_bias, options.o_bias
+        )
+        self.ln_2 = nn.LayerNorm(d_model) if cross else None
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout) if cross else None
-        self.ffn = FeedForward(d_model, d_ff, dropout, activation)
+        self.ffn = FeedForward(d_model, d_ff, dropout, options)
         self.dropout = nn.Dropout(dropout)
 
     def forward(
@@ -80,8 +118,9 @@ class DecoderLayer(nn.Module):
         cross_kv: KV | None = None,
         cross_mask: torch.Tensor | None = None,
         keep_weights: bool = False,
+        rope: Rope | None = None,
     ) -> tuple[torch.Tensor, KV]:
-        attn, present = self.self_attn(self.ln_1(x), mask, past)
+        attn, present = self.self_attn(self.ln_1(x), mask, past, rope)
         x = x + self.dropout(attn)
         if self.cross_attn is not None:
             assert cross_kv is not None and self.ln_2 is not None, "cross-attention needs the source's keys, values"

@@ -11,10 +11,10 @@ import math
 import torch
 from torch import nn
 
-from .attention import causal_mask
+from .attention import Rope, causal_mask
 from .config import ModelConfig
-from .layers import KV, DecoderLayer
-from .positional import positional_encoding
+from .layers import KV, BlockOptions, DecoderLayer
+from .positional import RotaryEmbedding, positional_encoding
 
 
 def default_positions(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
@@ -25,7 +25,7 @@ def default_positions(attention_mask: torch.Tensor, t: int) -> torch.Tensor:
 
 def empty_past(config: ModelConfig, batch: int, dtype=torch.float32, device=None) -> list[KV]:
     """A zero-length cache: the prefill's past (on the model's device)."""
-    shape = (batch, config.n_heads, 0, config.d_k)  # (B, H, 0, D)
+    shape = (batch, config.kv_heads, 0, config.d_k)  # (B, H_kv, 0, D)
     zeros = lambda: torch.zeros(shape, dtype=dtype, device=device)
     return [(zeros(), zeros()) for _ in range(config.n_layers)]
 
@@ -46,23 +46,34 @@ class TokenEmbedding(nn.Module):
         x = self.embed(input_ids)  # (B, T, d_model)
         if self.scale != 1.0:
             x = x * self.scale
-        return self.dropout(x + self.position(position_ids))
+        if self.position is not None:  # rotary positions turn q and k in attention instead
+            x = x + self.position(position_ids)
+        return self.dropout(x)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return h @ self.embed.weight.t()  # (B, T, V)
 
 
 class DecoderLM(nn.Module):
-    """A stack of masked self-attention decoder layers predicting the next byte."""
+    """A stack of masked self-attention decoder layers predicting the next token."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
         self.embedding = TokenEmbedding(config)
-        c = config
-        layer = lambda: DecoderLayer(c.d_model, c.n_heads, c.d_ff, c.dropout, activation=c.activation, eps=c.norm_eps)
-        self.layers = nn.ModuleList(layer() for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(config.d_model, config.norm_eps)
+        options = BlockOptions.of(config)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, options=options)
+            for _ in range(config.n_layers)
+        )
+        self.ln_f = options.norm_layer(config.d_model)
+        rotary = config.positional == "rotary"
+        self.rotary = RotaryEmbedding(config.d_k, config.rope_theta) if rotary else None
+        self.lm_head = None if config.tie_head else nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    def rope(self, position_ids: torch.Tensor) -> Rope | None:
+        """cos and sin of rotary positions (B, T, D), or None where positions are added to the embeddings."""
+        return self.rotary(position_ids) if self.rotary is not None else None
 
     def forward(
         self,
@@ -81,15 +92,17 @@ class DecoderLM(nn.Module):
         if position_ids is None:
             position_ids = default_positions(attention_mask, t)
         x = self.embedding(input_ids, position_ids)  # (B, T, d_model)
-        return self.run_layers(x, causal_mask(attention_mask, t, x.dtype), past)  # mask (B, 1, T, P+T)
+        mask = causal_mask(attention_mask, t, x.dtype)  # (B, 1, T, P+T)
+        return self.run_layers(x, mask, past, self.rope(position_ids))
 
-    def run_layers(self, x: torch.Tensor, mask, past: list[KV]):
+    def run_layers(self, x: torch.Tensor, mask, past: list[KV], rope: Rope | None = None):
         """The decoder stack over embedded tokens: (logits (B, T, V), present per layer)."""
         present = []
         for layer, layer_past in zip(self.layers, past):
-            x, kv = layer(x, mask, layer_past)
+            x, kv = layer(x, mask, layer_past, rope=rope)
             present.append(kv)
-        return self.embedding.logits(self.ln_f(x)), present
+        h = self.ln_f(x)
+        return (self.embedding.logits(h) if self.lm_head is None else self.lm_head(h)), present
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -131,7 +131,7 @@ def lm_inputs(x: torch.Tensor, config: ModelConfig, dtype: torch.dtype | None = 
     b, t = x.shape
     mask = torch.ones(b, t, dtype=torch.long, device=x.device)  # (B, T)
     positions = torch.arange(t, device=x.device).expand(b, t)  # (B, T)
-    empty = x.new_zeros((b, config.n_heads, 0, config.d_k), dtype=dtype or torch.float32)  # (B, H, 0, D)
+    empty = x.new_zeros((b, config.kv_heads, 0, config.d_k), dtype=dtype or torch.float32)  # (B, H_kv, 0, D)
     return x, mask, positions, [(empty, empty) for _ in range(config.n_layers)]
 
 

@@ -87,7 +87,7 @@ class ArenaDecoder:
     def make_arena(self, manifest: contract.Manifest, capacity: int, inputs: list[str], outputs: list[str]) -> KVArena:
         return KVArena(
             self.n_layers,
-            manifest.n_heads,
+            manifest.n_kv_heads,
             manifest.head_dim,
             self.context,
             capacity,

@@ -235,6 +235,11 @@ class Manifest:
         return int(self.config["n_heads"])
 
     @property
+    def n_kv_heads(self) -> int:
+        """Key/value heads, which the KV cache holds (fewer than n_heads under grouped-query attention)."""
+        return int(self.config.get("n_kv_heads") or self.n_heads)
+
+    @property
     def d_model(self) -> int:
         return int(self.config["d_model"])
 

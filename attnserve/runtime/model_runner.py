@@ -74,7 +74,7 @@ class ModelRunner:
         self.model_dir = Path(model_dir)
         self.manifest = contract.read_manifest(self.model_dir)
         m = self.manifest
-        self.seq2seq, self.n_layers, self.n_heads, self.head_dim = m.seq2seq, m.n_layers, m.n_heads, m.head_dim
+        self.seq2seq, self.n_layers, self.n_kv_heads, self.head_dim = m.seq2seq, m.n_layers, m.n_kv_heads, m.head_dim
         self.vocab_size, self.context_length, self.bos_id = m.vocab_size, m.context_length, m.bos_id
         self.dtype = NP_DTYPES.get(m.dtype)  # the concat layout's (float32, float16)
         decoder = m.graphs[contract.DECODER]
@@ -121,7 +121,7 @@ class ModelRunner:
         return 2 * self.n_layers
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
-        return empty_past(self.n_layers, self.n_heads, self.head_dim, batch, self.manifest.dtype)
+        return empty_past(self.n_layers, self.n_kv_heads, self.head_dim, batch, self.manifest.dtype)
 
     def prefill(
         self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray

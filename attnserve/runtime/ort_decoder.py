@@ -40,12 +40,17 @@ class OrtGraphs:
             self.sessions[role] = create_session(Path(model_dir) / graph.file, provider, threads, stream)
         self.provider = next(iter(self.sessions.values())).get_providers()[0]
         m = self.manifest
-        self.n_layers, self.n_heads, self.head_dim, self.context = m.n_layers, m.n_heads, m.head_dim, m.context_length
+        self.n_layers, self.n_kv_heads, self.head_dim, self.context = (
+            m.n_layers,
+            m.n_kv_heads,
+            m.head_dim,
+            m.context_length,
+        )
         self.dtype, self.pad_id, self.bos_id = NP_DTYPES.get(m.dtype), m.pad_id, m.bos_id
         self.arena_layout = m.kv_cache == contract.KV_ARENA
 
     def empty_past(self, batch: int) -> list[np.ndarray]:
-        return empty_past(self.n_layers, self.n_heads, self.head_dim, batch, self.manifest.dtype)
+        return empty_past(self.n_layers, self.n_kv_heads, self.head_dim, batch, self.manifest.dtype)
 
     def feeds(self, role: str, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
         """The role's graph inputs by name, from arrays in the contract's order."""

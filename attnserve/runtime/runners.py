@@ -22,7 +22,7 @@ def arena_bytes(model: ModelRunner, capacity: int) -> int:
     """Bytes of an arena of `capacity` slots for this model (an encoder-decoder's slots also hold
     their source's cross-attention keys and values: twice the size)."""
     size = KVArena.bytes_needed(
-        model.n_layers, model.n_heads, model.head_dim, model.context_length, capacity, model.manifest.dtype
+        model.n_layers, model.n_kv_heads, model.head_dim, model.context_length, capacity, model.manifest.dtype
     )
     return 2 * size if model.seq2seq else size
 
