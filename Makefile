@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test test-fast lint format demo docs docs-reference protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
+.PHONY: test test-fast import-sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -92,6 +92,12 @@ perf: $(STAMP) $(GENAI_STAMP) $(PERF_MODEL)/attnserve.json
 		--out reports/mixed-unary.json --plot reports/mixed-unary.png
 	$(PY) -m benchmarks.prefix_cache --model $(PERF_MODEL) --repeats 5 \
 		--out reports/prefix-cache.json --plot reports/prefix-cache.png
+
+# Hugging Face checkpoints at real sizes (GPT-2 small's config, SmolLM-135M's), random weights made from
+# configs: attnserve import, export, serve and bench, each step timed (about 15 minutes on 2 cores).
+import-sizes: $(STAMP)
+	mkdir -p reports
+	$(PY) -m benchmarks.import_sizes --work runs/sizes --out reports/import-sizes.json
 
 # The CUDA path on a CUDA host (issue 23): train on the GPU, export float16 and bfloat16 (gated on
 # CUDA), pytest -m gpu, then ONNX Runtime CUDA vs PyTorch CUDA per token and gRPC at 1, 16, 64 streams;

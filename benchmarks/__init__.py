@@ -7,6 +7,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.engine_cost  the engine's own cost against a plain loop (make perf)
     python -m benchmarks.engine_core  --engine-core process vs thread vs onnxruntime-genai through gRPC (make perf)
     python -m benchmarks.gpu_check  the CUDA path proven and measured on a CUDA host (make gpu-check)
+    python -m benchmarks.import_sizes  Hugging Face checkpoints at 124M/135M: import, export, serve (make import-sizes)
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
     python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)
     python -m benchmarks.loadtest.overload  open-loop arrivals above capacity (make overload)
@@ -14,6 +15,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python benchmarks/tokenizer_table.py    bytes vs BPE, trained for the same budget (make tokenizer-table)
     python benchmarks/tokenizer_serving.py  the two tokenizers' models served side by side
 
+hf_checkpoints.py makes Hugging Face checkpoint directories from configs (the tests' and import_sizes');
 concat_runner.py and concat_cache.py are the engine the KV arena replaced, kept as kv's baseline;
 genai_bench.py is onnxruntime-genai's side, run in .venv-genai. `attnserve bench` is the user's
 tool and stays in the package (attnserve/clients/bench.py).

@@ -1,0 +1,120 @@
+"""Hugging Face checkpoint directories made from configs, random weights (nothing downloaded): the
+tests' tiny ones of each family and the size benchmark's GPT-2-small and SmolLM-135M-shaped ones.
+Each is a directory as transformers' save_pretrained writes it, with a byte-level BPE trained here
+on CPython's docs (padded with plain added tokens to the config's vocabulary where that is larger).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+GPT2_CONFIG = dict(n_embd=64, n_layer=2, n_head=4, n_positions=128)
+# Random weights drawn wider than GPT-2's 0.02, so that greedy decoding meets few near ties
+# (a tie decided by the last bit differs between any two implementations, the reference included).
+INIT_STD = 0.3
+
+
+def bpe_tokenizer_json(vocab_size: int = 400) -> str:
+    """A GPT-2-style byte-level BPE with one special token, <|endoftext|>, as id 0."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["\n".join(list(topics.values())[:200])], trainer)
+    return tok.to_str()
+
+
+def hf_tokenizer(family: str):
+    """A fast tokenizer as the family's checkpoints carry one: GPT-2's with <|endoftext|>; Qwen2's own
+    class (its pre-tokenizer's regex, no BOS) over the same merges; Llama's and Mistral's with <s> and
+    </s>, Llama's putting <s> first (its post-processor)."""
+    from tokenizers import Tokenizer, processors
+    from transformers import GPT2Tokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer  # GPT2TokenizerFast's class
+
+    json_text = bpe_tokenizer_json()
+    tok, end = Tokenizer.from_str(json_text), "<|endoftext|>"
+    if family == "gpt2":
+        return GPT2Tokenizer(tokenizer_object=tok, bos_token=end, eos_token=end, unk_token=end)
+    if family == "qwen2":
+        bpe = json.loads(json_text)["model"]
+        merges: Any = [tuple(pair) for pair in bpe["merges"]]  # pairs, as tokenizer.json holds them
+        no_unk: Any = None  # byte-level: no text is unknown
+        return Qwen2Tokenizer(
+            vocab=bpe["vocab"], merges=merges, unk_token=no_unk, bos_token=None, eos_token=end, pad_token=end
+        )
+    tok.add_special_tokens(["<s>", "</s>"])
+    if family == "llama":
+        bos = [("<s>", tok.token_to_id("<s>"))]
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=bos)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def hf_model(family: str, vocab_size: int, bos: int, eos: int, **config):
+    """The family's model from a config: by default a small one with grouped KV heads (8 query heads,
+    2 key/value) in the Llama family, Llama with an untied head, Qwen2 with its q/k/v biases and a tied
+    head; `config` overrides any field."""
+    import transformers as t
+
+    ids = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, initializer_range=INIT_STD)
+    if family == "gpt2":
+        return t.GPT2LMHeadModel(t.GPT2Config(**{**GPT2_CONFIG, **ids, **config}))
+    llama: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8)
+    llama.update(num_key_value_heads=2, max_position_embeddings=128, **ids)
+    if family == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(**{**llama, "tie_word_embeddings": False, **config}))
+    if family == "qwen2":
+        return t.Qwen2ForCausalLM(t.Qwen2Config(**{**llama, "tie_word_embeddings": True, **config}))
+    return t.MistralForCausalLM(t.MistralConfig(**{**llama, "sliding_window": None, **config}))
+
+
+def save_hf(out: Path, family: str, vocab_size: int | None = None, draw_all: bool = True, **config) -> Path:
+    """A checkpoint directory of `family` as transformers saves one, random weights; `draw_all` draws
+    biases and norm weights too (transformers starts them at 0 and 1), so that their mapping shows."""
+    import torch
+
+    tokenizer = hf_tokenizer(family)
+    if vocab_size is not None and vocab_size > len(tokenizer):
+        tokenizer.add_tokens([f"<extra_{i}>" for i in range(vocab_size - len(tokenizer))])
+    tokenizer.save_pretrained(out)
+    torch.manual_seed(0)
+    model = hf_model(family, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, **config)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if draw_all and (name.endswith("bias") or "norm" in name or "ln_" in name):
+                parameter.copy_(torch.randn_like(parameter) * 0.1 + (1.0 if "weight" in name else 0.0))
+    model.save_pretrained(out)
+    return out
+
+
+# Real sizes: GPT-2 small's config (124M parameters) and SmolLM-135M's (a Llama: 9 query heads, 3
+# key/value heads, 30 layers, a tied head), with transformers' own initialisation.
+SIZES = {
+    "gpt2-124m": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, initializer_range=0.02), 50257),
+    "smollm-135m": (
+        "llama",
+        dict(
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=2048,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            initializer_range=0.02,
+        ),
+        49152,
+    ),
+}
