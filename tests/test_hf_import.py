@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 from fixtures_server import start_server
 
 from attnserve.cli import main as cli_main
@@ -120,6 +121,34 @@ def test_model_info_names_the_imported_models_tokenizer(hf_server, reference):
     assert info.vocab_size == len(tokenizer)
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+SCALINGS = {
+    "linear": {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0},
+    "llama3": {**LLAMA3, "rope_theta": 5e5, "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("scaling", list(SCALINGS))
+def test_rotary_scalings_are_imported_and_proven(llama_dir, tmp_path, capsys, scaling):
+    """Llama 3.1's scaled frequencies and linear interpolation: transformers' logits and greedy tokens."""
+    hf = Path(shutil.copytree(llama_dir, tmp_path / "hf"))
+    edit_config(hf, rope_parameters=SCALINGS[scaling])
+    assert cli_main(["import", str(hf), "--out", str(tmp_path / "run"), "--steps", "16"]) == 0
+    report = json.loads((tmp_path / "run" / "import.json").read_text())
+    assert report["greedy"]["identical"] and report["logits"]["max_abs_diff"] <= report["logits"]["tolerance"]
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["config"]["rope_scaling"]["rope_type"] == scaling and state["config"]["rope_theta"] == 5e5
+
+
+@pytest.mark.parametrize("family_dir", ["gpt2_dir", "llama_dir"])
+def test_a_shorter_context_serves_fewer_positions_and_still_proves(request, tmp_path, family_dir):
+    hf = request.getfixturevalue(family_dir)
+    assert cli_main(["import", str(hf), "--out", str(tmp_path / "run"), "--context-length", "48"]) == 0
+    state = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert state["config"]["max_len"] == 48 and state["imported"]["greedy"]["identical"]
+    assert all(row["prompt_tokens"] + row["steps"] <= 48 for row in state["imported"]["greedy"]["prompts"])
+
+
 def refused(args: list[str], capsys) -> str:
     assert cli_main(["import", *args]) == 2
     err = capsys.readouterr().err.strip()
@@ -150,7 +179,7 @@ REFUSALS = [  # (id, the directory spoiled, how, what the one line says)
         "rope scaling",
         "llama",
         lambda hf: edit_config(hf, rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
-        "rope_parameters rope_type 'yarn': only the default rotary positions",
+        "rope_parameters rope_type 'yarn': not one of default, linear, llama3",
     ),
     ("sliding window", "llama", lambda hf: edit_config(hf, sliding_window=64), "sliding_window 64: sliding-window"),
     ("hidden_act", "llama", lambda hf: edit_config(hf, hidden_act="gelu"), "hidden_act 'gelu': the feed-forward"),

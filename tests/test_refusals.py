@@ -107,6 +107,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("hf_dir", ["{tmp}"], "{tmp}/config.json: not found"),
         ("--out", ["--out", "{file}/run"], "--out {file}/run: {file} is a file, not a directory"),
         ("--steps", ["--steps", "0"], "--steps must be at least 1, got 0"),
+        ("--context-length", ["--context-length", "4"], "--context-length must be 8 to 128 (the model's positions)"),
+        ("--context-length", ["--context-length", "129"], "--context-length must be 8 to 128"),
     ],
     "export": [
         ("checkpoint", ["/no/such/checkpoint.pt"], "/no/such/checkpoint.pt"),

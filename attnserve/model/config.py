@@ -38,6 +38,7 @@ class ModelConfig:
     o_bias: bool = True  # a bias on the attention's output projection
     ffn_bias: bool = True  # biases in the feed-forward
     rope_theta: float = 10000.0  # rotary positions' base
+    rope_scaling: dict | None = None  # rotary scaling (positional.py's ROPE_SCALINGS), as config.json gives it
     tie_head: bool = True  # the output head is the token embedding's weight; False: a head of its own
 
     def __post_init__(self) -> None:

@@ -19,6 +19,7 @@ import torch
 from ..tokenizer import TokenizerError
 from ..tokenizer.bpe import BpeTokenizer, library_tokenizer
 from .config import DECODER, ModelConfig
+from .positional import ROPE_SCALINGS
 
 CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "config.json", "tokenizer.json", "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -48,6 +49,7 @@ LLAMA_LAYER = {
     "ln_1": "input_layernorm",
     "ln_3": "post_attention_layernorm",
 }
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention, which the export's KV arena runs on
 
 
@@ -133,7 +135,7 @@ def gpt2_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     w = {name.removeprefix("transformer."): t.float() for name, t in weights.items()}
     state = {
         "embedding.embed.weight": w["wte.weight"],
-        "embedding.position.table.weight": w["wpe.weight"],
+        "embedding.position.table.weight": w["wpe.weight"][: config.max_len],  # --context-length may cut it
         "ln_f.weight": w["ln_f.weight"],
         "ln_f.bias": w["ln_f.bias"],
     }
@@ -153,15 +155,24 @@ def gpt2_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
     return state
 
 
-def rope_theta(c: dict, path: Path) -> float:
-    """The rotary base; refused for a scaling attnserve does not implement (the default rope only)."""
+def rope(c: dict, path: Path) -> tuple[float, dict | None]:
+    """The rotary base and scaling (None: the default rope); refused for a scaling not implemented."""
     parameters = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling") or {}
-    kind = parameters.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        field = "rope_parameters" if parameters else "rope_scaling"
-        raise HFImportError(f"{path}: {field} rope_type {kind!r}: only the default rotary positions are implemented")
-    return float(parameters.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    scaling = {**(c.get("rope_scaling") or {}), **parameters}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    field = "rope_parameters" if parameters else "rope_scaling"
+    if kind not in ("default", *ROPE_SCALINGS):
+        raise HFImportError(f"{path}: {field} rope_type {kind!r}: not one of default, {', '.join(ROPE_SCALINGS)}")
+    if float(scaling.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise HFImportError(f"{path}: {field} partial_rotary_factor: rotary positions on part of a head")
+    theta = float(scaling.get("rope_theta") or c.get("rope_theta") or 10000.0)
+    if kind == "default":
+        return theta, None
+    keys = ("factor",) if kind == "linear" else LLAMA3_KEYS
+    missing = [key for key in keys if key not in scaling]
+    if missing:
+        raise HFImportError(f"{path}: {field} rope_type {kind!r} lacks {', '.join(missing)}")
+    return theta, {"rope_type": kind, **{key: scaling[key] for key in keys}}
 
 
 def llama_config(c: dict, path: Path) -> ModelConfig:
@@ -180,6 +191,7 @@ def llama_config(c: dict, path: Path) -> ModelConfig:
     if window is not None and c.get("use_sliding_window", True) and window < int(c["max_position_embeddings"]):
         raise refuse("sliding_window", "sliding-window attention is not implemented")
     qwen = c.get("model_type") == "qwen2"
+    theta, scaling = rope(c, path)
     attention_bias = bool(c.get("attention_bias", False))
     return ModelConfig(
         arch=DECODER,
@@ -198,7 +210,8 @@ def llama_config(c: dict, path: Path) -> ModelConfig:
         qkv_bias=qwen or attention_bias,
         o_bias=attention_bias and not qwen,
         ffn_bias=bool(c.get("mlp_bias", False)),
-        rope_theta=rope_theta(c, path),
+        rope_theta=theta,
+        rope_scaling=scaling,
         tie_head=bool(c.get("tie_word_embeddings", False)),
     )
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from ..flags import check_directory
@@ -29,6 +30,7 @@ from .hf_import import (
 from .hf_proof import ImportProofError, prove
 
 DEFAULT_STEPS = 64
+MIN_CONTEXT = 8  # as attnserve train's --context-length
 # The proof's prompts: a ragged batch of texts of different lengths and scripts.
 PROOF_TEXTS = (
     "The",
@@ -49,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", required=True, help="run directory to write checkpoint.pt into, e.g. runs/NAME")
     p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="serve at most N positions, fewer than the model was trained for, so that the KV arena's slots are "
+        "smaller (default: the config's max_position_embeddings or n_positions)",
+    )
+    p.add_argument(
         "--steps",
         type=int,
         default=DEFAULT_STEPS,
@@ -56,13 +66,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def imported(hf_dir: Path):
+def imported(hf_dir: Path, context_length: int | None = None):
     """The model (eval mode) and tokenizer of a checkpoint directory, and its architecture."""
     config_path = hf_dir / CONFIG_FILE
     config = read_json(config_path)
     arch = architecture(config, config_path)
     family_config, family_state = FAMILIES[arch]
     model_config = family_config(config, config_path)
+    if context_length is not None:
+        if not MIN_CONTEXT <= context_length <= model_config.max_len:
+            raise HFImportError(
+                f"--context-length must be {MIN_CONTEXT} to {model_config.max_len} (the model's positions), "
+                f"got {context_length}"
+            )
+        model_config = replace(model_config, max_len=context_length)
     tokenizer = read_tokenizer(hf_dir, config)
     if tokenizer.vocab_size != model_config.vocab_size:
         raise HFImportError(
@@ -85,9 +102,9 @@ def write_run(out: Path, model, tokenizer, report: dict) -> None:
     save_checkpoint(out / "checkpoint.pt", model, tokenizer=tokenizer.state(), imported=report)
 
 
-def run(hf_dir: Path, out: Path, steps: int) -> dict:
+def run(hf_dir: Path, out: Path, steps: int, context_length: int | None = None) -> dict:
     """Import, prove, write; the proof's report."""
-    model, tokenizer, arch = imported(hf_dir)
+    model, tokenizer, arch = imported(hf_dir, context_length)
     prompts = [tokenizer.encode_prompt(text) for text in PROOF_TEXTS]
     prompts = [p[: model.config.max_len // 2] for p in prompts if p]
     report = {"source": str(hf_dir), "architecture": arch, "parameters": model.num_parameters()}
@@ -113,7 +130,7 @@ def main(args) -> int:
     """CLI entry: one line and exit 2 for a refusal, exit 1 with the numbers when the proof fails."""
     try:
         check_flags(args)
-        report = run(Path(args.hf_dir), Path(args.out), args.steps)
+        report = run(Path(args.hf_dir), Path(args.out), args.steps, args.context_length)
     except HFImportError as e:
         print(f"attnserve import: error: {e}", file=sys.stderr)
         return 2

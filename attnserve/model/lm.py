@@ -68,7 +68,7 @@ class DecoderLM(nn.Module):
         )
         self.ln_f = options.norm_layer(config.d_model)
         rotary = config.positional == "rotary"
-        self.rotary = RotaryEmbedding(config.d_k, config.rope_theta) if rotary else None
+        self.rotary = RotaryEmbedding(config.d_k, config.rope_theta, config.rope_scaling) if rotary else None
         self.lm_head = None if config.tie_head else nn.Linear(config.d_model, config.vocab_size, bias=False)
 
     def rope(self, position_ids: torch.Tensor) -> Rope | None:

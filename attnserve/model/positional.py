@@ -7,6 +7,8 @@ every token where it really is.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -54,16 +56,38 @@ def positional_encoding(kind: str, max_len: int, d_model: int) -> nn.Module | No
     return (SinusoidalPositionalEncoding if kind == "sinusoidal" else LearnedPositionalEncoding)(max_len, d_model)
 
 
+ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling["rope_type"]: position interpolation, Llama 3.1's
+
+
+def scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
+    """The frequencies under a rotary scaling: "linear" divides them all by the factor; "llama3" divides
+    the low ones (wavelength above original context / low_freq_factor), keeps the high ones (below
+    original context / high_freq_factor) and blends in between, as Llama 3.1 was trained."""
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    context = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    divided = torch.where(wavelength > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelength - low) / (high - low)
+    blended = (1 - smooth) * divided / factor + smooth * divided
+    medium = ~(wavelength < context / high) & ~(wavelength > context / low)
+    return torch.where(medium, blended, divided)
+
+
 class RotaryEmbedding(nn.Module):
     """cos and sin of each position's angles, (B, T, D) for head dim D: angle p * theta^(-2i/D), the
-    D/2 frequencies written twice (the rotate-half layout Hugging Face's Llama uses)."""
+    D/2 frequencies written twice (the rotate-half layout Hugging Face's Llama uses), scaled where the
+    model was trained with a rotary scaling."""
 
     inv_freq: torch.Tensor  # (D/2,), a buffer: moves with the module, not saved
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, scaling: dict | None = None):
         super().__init__()
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (theta**exponents), persistent=False)
+        inv_freq = 1.0 / (theta**exponents)
+        self.register_buffer("inv_freq", scaled(inv_freq, scaling) if scaling else inv_freq, persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         angles = position_ids[..., None].float() * self.inv_freq  # (B, T, D/2)
