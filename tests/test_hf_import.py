@@ -149,6 +149,36 @@ def test_a_shorter_context_serves_fewer_positions_and_still_proves(request, tmp_
     assert all(row["prompt_tokens"] + row["steps"] <= 48 for row in state["imported"]["greedy"]["prompts"])
 
 
+def test_several_eos_ids_end_a_completion_where_transformers_ends_it(llama_dir, tmp_path):
+    """generation_config.json's eos_token_id as a list (Llama 3's instruct models have three): any of
+    them ends the completion with finish reason EOS, where transformers' generate stops."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from attnserve.export.onnx_export import export_checkpoint
+
+    hf = Path(shutil.copytree(llama_dir, tmp_path / "hf"))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(hf).eval(), AutoTokenizer.from_pretrained(hf)
+    free = transformers_greedy((model, tokenizer), PROMPTS[1])
+    index = max(i for i in range(len(free)) if free[i] not in free[:i])  # a token the model says, first there
+    generation = json.loads((hf / "generation_config.json").read_text())
+    eos_ids = [tokenizer.eos_token_id, free[index]]
+    (hf / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": eos_ids}))
+    assert cli_main(["import", str(hf), "--out", str(tmp_path / "run"), "--steps", "8"]) == 0
+    export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "model")
+    running = start_server(tmp_path / "model")
+    try:
+        reply = running.stub.Generate(pb.GenerateRequest(prompt=PROMPTS[1], max_new_tokens=NEW_TOKENS), timeout=60)
+        held = running.stub.Generate(
+            pb.GenerateRequest(prompt=PROMPTS[1], max_new_tokens=NEW_TOKENS, ignore_eos=True), timeout=60
+        )
+    finally:
+        running.stop()
+    ids = tokenizer(PROMPTS[1], return_tensors="pt").input_ids
+    stopped = model.generate(ids, do_sample=False, max_new_tokens=NEW_TOKENS, eos_token_id=eos_ids)[0, ids.shape[1] :]
+    assert list(reply.token_ids) == free[:index] == stopped.tolist()[:-1] and stopped.tolist()[-1] in eos_ids
+    assert reply.finish_reason == pb.FINISH_REASON_EOS and not set(held.token_ids) & set(eos_ids)
+
+
 def refused(args: list[str], capsys) -> str:
     assert cli_main(["import", *args]) == 2
     err = capsys.readouterr().err.strip()

@@ -171,14 +171,14 @@ class Sequence:
         repetition penalty. Completion `index` of a request samples with its seed + index."""
         self.request, self.handle, self.index = request, handle, index
         self.completions = completions or Completions(request.n)
-        self.eos_id = tokenizer.eos_id
+        self.eos_ids = tokenizer.eos_ids
         sampling = request.sampling
         if index and sampling.seed is not None:
             sampling = replace(sampling, seed=(sampling.seed + index) % 2**64)
         self.sampler = Sampler(sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
-        self.ends = frozenset({self.eos_id, *request.stop_token_ids})  # ids that end the request
+        self.ends = frozenset({*self.eos_ids, *request.stop_token_ids})  # ids that end the request
         self.early_ban = tuple(sorted(self.ends))  # masked before min_new_tokens
-        self.late_ban = (self.eos_id,) if request.ignore_eos else ()  # masked after
+        self.late_ban = tuple(sorted(self.eos_ids)) if request.ignore_eos else ()  # masked after
         self.stream = TextStream(tokenizer, request.stop)
         self.budget = token_budget(request, spec)
         self.generated: list[int] = []
@@ -245,7 +245,7 @@ class Sequence:
         if self.budget == 0:  # a prompt scored for its logprobs, nothing to generate
             return self.end(FinishReason.LENGTH)
         if token in self.ends:
-            return self.end(FinishReason.EOS if token == self.eos_id else FinishReason.STOP)
+            return self.end(FinishReason.EOS if token in self.eos_ids else FinishReason.STOP)
         look = len(self.generated) >= self.request.min_new_tokens  # stop strings count from there
         self.generated.append(token)
         self.next_token = token

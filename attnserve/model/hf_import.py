@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -236,14 +237,22 @@ def token_text(value) -> str | None:
     return value.get("content") if isinstance(value, dict) else value
 
 
-def special_id(lookup: Callable[[str], int | None], name: str, sources: list[dict], token_config: dict) -> int | None:
-    """`name`_token_id from generation_config.json or config.json, else tokenizer_config.json's token."""
+def config_ids(sources: list[dict], name: str) -> list[int]:
+    """`name`_token_id of the first of generation_config.json and config.json that gives one: one id or
+    several (Llama 3's instruct models end at any of three)."""
     for source in sources:
         found = source.get(f"{name}_token_id")
-        if isinstance(found, list):
-            found = found[0] if found else None  # one EOS id served today: the first
-        if isinstance(found, int):
-            return found
+        ids = [i for i in (found if isinstance(found, list) else [found]) if isinstance(i, int)]
+        if ids:
+            return ids
+    return []
+
+
+def special_id(lookup: Callable[[str], int | None], name: str, sources: list[dict], token_config: dict) -> int | None:
+    """The (first) `name`_token_id the model's configs give, else tokenizer_config.json's token."""
+    ids = config_ids(sources, name)
+    if ids:
+        return ids[0]
     text = token_text(token_config.get(f"{name}_token"))
     return lookup(text) if text else None
 
@@ -267,17 +276,21 @@ def read_tokenizer(hf_dir: Path, config: dict) -> BpeTokenizer:
     sources = [read_json(hf_dir / GENERATION_CONFIG_FILE, required=False), config]
     try:
         json_text = path.read_text(encoding="utf-8")
-        lookup = library_tokenizer(json_text).token_to_id
-        ids = {name: special_id(lookup, name, sources, token_config) for name in ("bos", "eos", "pad")}
+        library = library_tokenizer(json_text)
+        ids = {name: special_id(library.token_to_id, name, sources, token_config) for name in ("bos", "eos", "pad")}
         eos = ids["eos"]
         if eos is None:
             raise HFImportError(f"{hf_dir}: no EOS id (generation_config.json, config.json, tokenizer_config.json)")
-        special = {
-            "bos_id": eos if ids["bos"] is None else ids["bos"],
+        bos = eos if ids["bos"] is None else ids["bos"]
+        special: dict[str, Any] = {
+            "bos_id": bos,
             "eos_id": eos,
             "pad_id": eos if ids["pad"] is None else ids["pad"],  # padding is masked: any id will do
-            "add_bos": adds_bos(token_config, library_tokenizer(json_text), eos if ids["bos"] is None else ids["bos"]),
+            "add_bos": adds_bos(token_config, library, bos),
         }
+        eos_ids = config_ids(sources, "eos")
+        if len(eos_ids) > 1:
+            special["eos_ids"] = eos_ids
         return BpeTokenizer(json_text, special, token_config or {"tokenizer_class": "PreTrainedTokenizerFast"})
     except (OSError, UnicodeDecodeError, TokenizerError) as e:
         raise HFImportError(f"{path}: {e}") from None

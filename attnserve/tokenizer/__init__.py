@@ -23,6 +23,7 @@ class Tokenizer(Protocol):
     vocab_size: int  # ids are 0 .. vocab_size - 1, special ids included
     bos_id: int
     eos_id: int
+    eos_ids: frozenset[int]  # every id that ends a completion, eos_id among them (an imported model may have several)
     pad_id: int
     add_bos: bool  # a text prompt starts with BOS (bytes) or not (BPE, GPT-2's way)
 

@@ -66,6 +66,7 @@ def library_tokenizer(json_text: str):
 
 
 SPECIAL_FIELDS = ("bos_id", "eos_id", "pad_id", "add_bos")  # an imported model's, from its tokenizer_config.json
+EXTRA_EOS = "eos_ids"  # optional beside them: every id that ends a completion (generation_config.json's list)
 
 
 class BpeTokenizer:
@@ -84,6 +85,7 @@ class BpeTokenizer:
         self.special, self.imported_config = special, tokenizer_config
         ids = self.configured_ids(special) if special is not None else self.fixed_ids()
         self.bos_id, self.eos_id, self.pad_id = ids
+        self.eos_ids = frozenset([self.eos_id, *(special or {}).get(EXTRA_EOS, ())])
         self.add_bos = bool(special and special["add_bos"])
         added = json.loads(json_text).get("added_tokens") or []
         self.special_ids = frozenset(ids) | {token["id"] for token in added if token.get("special")}
@@ -96,12 +98,14 @@ class BpeTokenizer:
         return ids
 
     def configured_ids(self, special: dict) -> list[int]:
-        if set(special) != set(SPECIAL_FIELDS):
+        if not set(SPECIAL_FIELDS) <= set(special) <= {*SPECIAL_FIELDS, EXTRA_EOS}:
             raise TokenizerError(
-                f"a tokenizer's special ids need exactly {', '.join(SPECIAL_FIELDS)}, got {sorted(special)}"
+                f"a tokenizer's special ids need exactly {', '.join(SPECIAL_FIELDS)} (and {EXTRA_EOS}), "
+                f"got {sorted(special)}"
             )
         ids = [special[field] for field in SPECIAL_FIELDS[:3]]
-        for field, value in zip(SPECIAL_FIELDS, ids):
+        named = [*zip(SPECIAL_FIELDS, ids), *((EXTRA_EOS, i) for i in special.get(EXTRA_EOS, ()))]
+        for field, value in named:
             if not (isinstance(value, int) and 0 <= value < self.vocab_size):
                 raise TokenizerError(f"{field} {value!r} is outside the tokenizer's [0, {self.vocab_size})")
         return ids

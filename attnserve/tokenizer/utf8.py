@@ -34,6 +34,7 @@ class ByteTokenizer:
 
     kind = "bytes"
     vocab_size, bos_id, eos_id, pad_id = VOCAB_SIZE, BOS_ID, EOS_ID, PAD_ID
+    eos_ids = frozenset({EOS_ID})
     add_bos = True
 
     def encode(self, text: str) -> list[int]:
