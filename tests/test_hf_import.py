@@ -179,6 +179,43 @@ def test_several_eos_ids_end_a_completion_where_transformers_ends_it(llama_dir, 
     assert reply.finish_reason == pb.FINISH_REASON_EOS and not set(held.token_ids) & set(eos_ids)
 
 
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def parse_args(argv):"}]
+
+
+def test_the_models_chat_template_serves_chat_completions_as_transformers_applies_it(llama_dir, tmp_path):
+    """tokenizer_config.json's chat template goes with the model: /v1/chat/completions renders the
+    messages with it, its BOS and EOS text read as their ids (as apply_chat_template tokenizes), and
+    the greedy answer is transformers' generate on those ids."""
+    import httpx2 as httpx
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from attnserve.export.onnx_export import export_checkpoint
+
+    hf = Path(shutil.copytree(llama_dir, tmp_path / "hf"))
+    token_config = json.loads((hf / "tokenizer_config.json").read_text())
+    (hf / "tokenizer_config.json").write_text(json.dumps({**token_config, "chat_template": CHAT_TEMPLATE}))
+    assert cli_main(["import", str(hf), "--out", str(tmp_path / "run"), "--steps", "8"]) == 0
+    export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "model")
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(hf).eval(), AutoTokenizer.from_pretrained(hf)
+    ids = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = ids["input_ids"]
+    assert ids[0, 0] == tokenizer.bos_token_id and (ids[0] == tokenizer.eos_token_id).sum() == 2
+    expected = model.generate(ids, do_sample=False, max_new_tokens=16, min_new_tokens=16)[0, ids.shape[1] :]
+    running = start_server(tmp_path / "model", http_port=0)
+    try:
+        body = {"model": "model", "messages": MESSAGES, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+        url = f"http://127.0.0.1:{running.server.http.port}/v1/chat/completions"
+        answer = httpx.post(url, json=body, timeout=60).json()
+    finally:
+        running.stop()
+    assert answer["usage"]["prompt_tokens"] == ids.shape[1]
+    assert answer["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
 def refused(args: list[str], capsys) -> str:
     assert cli_main(["import", *args]) == 2
     err = capsys.readouterr().err.strip()

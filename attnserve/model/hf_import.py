@@ -19,6 +19,7 @@ import torch
 
 from ..tokenizer import TokenizerError
 from ..tokenizer.bpe import BpeTokenizer, library_tokenizer
+from ..tokenizer.chat_template import token_text
 from .config import DECODER, ModelConfig
 from .positional import ROPE_SCALINGS
 
@@ -230,11 +231,6 @@ def llama_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
                 if found is not None:
                     state[f"layers.{i}.{mine}.{kind}"] = found
     return state
-
-
-def token_text(value) -> str | None:
-    """A tokenizer_config.json special token: a string, or an AddedToken's {"content": ...}."""
-    return value.get("content") if isinstance(value, dict) else value
 
 
 def config_ids(sources: list[dict], name: str) -> list[int]:

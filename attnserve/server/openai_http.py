@@ -220,6 +220,7 @@ class OpenAIFrontDoor:
                 "messages", "this model has no chat template (a plain language model): use /v1/completions"
             )
         completion, renames = chat_to_completion(await body_of(request), template)
+        completion["prompt"] = self.tokenizer.encode_chat(completion["prompt"])  # its special tokens as ids
         try:
             call = read_completion(completion)
         except InvalidRequest as e:

@@ -33,6 +33,10 @@ class Tokenizer(Protocol):
     def encode_prompt(self, text: str) -> list[int]:
         """The ids a text prompt is given to the model as: BOS first where add_bos says so."""
 
+    def encode_chat(self, text: str) -> list[int]:
+        """The ids of a prompt a chat template rendered: the special tokens it wrote are their ids and
+        nothing is added (how transformers' apply_chat_template tokenizes)."""
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`: special ids dropped, invalid UTF-8 replaced by U+FFFD."""
 

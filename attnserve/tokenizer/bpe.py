@@ -116,6 +116,15 @@ class BpeTokenizer:
     def encode_prompt(self, text: str) -> list[int]:
         return [self.bos_id, *self.encode(text)] if self.add_bos else self.encode(text)
 
+    def encode_chat(self, text: str) -> list[int]:
+        return self.chat_library.encode(text, add_special_tokens=False).ids
+
+    @cached_property
+    def chat_library(self):
+        """The library's tokenizer reading special tokens in text, for what a chat template wrote (a
+        prompt never is: `_tok` keeps them text)."""
+        return library_tokenizer(self.json)
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 

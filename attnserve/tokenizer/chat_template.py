@@ -59,4 +59,9 @@ def read_chat_template(model_dir: str | Path) -> ChatTemplate | None:
     text = config.get("chat_template")
     if not text:
         return None
-    return ChatTemplate(text, config.get("bos_token") or "", config.get("eos_token") or "")
+    return ChatTemplate(text, token_text(config.get("bos_token")), token_text(config.get("eos_token")))
+
+
+def token_text(value: Any) -> str:
+    """A tokenizer_config.json special token: a string, or an AddedToken's {"content": ...}; "" if unset."""
+    return (value.get("content") if isinstance(value, dict) else value) or ""

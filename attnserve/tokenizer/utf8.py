@@ -43,6 +43,9 @@ class ByteTokenizer:
     def encode_prompt(self, text: str) -> list[int]:
         return encode(text, bos=True)
 
+    def encode_chat(self, text: str) -> list[int]:
+        return self.encode_prompt(text)  # no chat templates for the byte tokenizer (export refuses one)
+
     def decode(self, ids: Sequence[int]) -> str:
         return decode(ids)
 
