@@ -179,6 +179,21 @@ def test_several_eos_ids_end_a_completion_where_transformers_ends_it(llama_dir, 
     assert reply.finish_reason == pb.FINISH_REASON_EOS and not set(held.token_ids) & set(eos_ids)
 
 
+@pytest.mark.parametrize("kind", [{"dtype": "float16"}, {"quantize": "int8"}], ids=["float16", "int8"])
+def test_an_imported_llama_exports_in_float16_and_int8_through_their_gates(llama_dir, tmp_path, kind):
+    """The export's gates hold for an imported model as for a trained one (grouped KV heads, rotary)."""
+    from attnserve.export.onnx_export import export_checkpoint
+    from attnserve.model.import_cli import run
+
+    run(llama_dir, tmp_path / "run", steps=4)
+    manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "model", **kind)
+    assert manifest.dtype == kind.get("dtype", "float32") and manifest.quantization == kind.get("quantize")
+    assert (
+        json.loads((tmp_path / "model" / "genai_config.json").read_text())["model"]["decoder"]["num_key_value_heads"]
+        == 2
+    )
+
+
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
