@@ -15,31 +15,28 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
+def genai_check(model_dir) -> dict:
+    """scripts/check_genai.py on a model directory: genai's greedy tokens against attnserve's, 48 each."""
     proc = subprocess.run(
-        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(tiny_model_dir)],
+        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(model_dir)],
         capture_output=True,
         text=True,
         timeout=240,
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["onnxruntime_genai"] == "0.18.0"
     assert result["all_identical"], [r for r in result["rows"] if not r["identical"]]
     assert proc.returncode == 0 and all(len(r["genai"]) == 48 for r in result["rows"])
+    return result
+
+
+def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
+    assert genai_check(tiny_model_dir)["onnxruntime_genai"] == "0.18.0"
 
 
 def test_onnxruntime_genai_decodes_an_imported_model_alike(hf_model_dir):
     """A Hugging Face checkpoint of each family imported and exported (tests/fixtures_hf.py): genai reads
     its tokenizer.json and genai_config.json and decodes the same greedy tokens as attnserve."""
-    proc = subprocess.run(
-        [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(hf_model_dir)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["all_identical"], [r for r in result["rows"] if not r["identical"]]
-    assert proc.returncode == 0 and all(len(r["genai"]) == 48 for r in result["rows"])
+    genai_check(hf_model_dir)
 
 
 # onnxruntime-genai's C API cuts text at a NUL character, so NUL is left out here (it round-trips
