@@ -231,6 +231,35 @@ def test_the_models_chat_template_serves_chat_completions_as_transformers_applie
     assert answer["choices"][0]["message"]["content"] == tokenizer.decode(expected, skip_special_tokens=True)
 
 
+def test_pytorch_bin_and_sharded_safetensors_import_alike(llama_dir, tmp_path):
+    """The other ways transformers saves weights: pytorch_model.bin (read with weights_only=True) and
+    safetensors shards with their index: the same checkpoint as from model.safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(llama_dir / "model.safetensors"))
+    names = sorted(weights)
+    as_bin = Path(shutil.copytree(llama_dir, tmp_path / "bin"))
+    (as_bin / "model.safetensors").unlink()
+    torch.save(weights, as_bin / "pytorch_model.bin")
+    sharded = Path(shutil.copytree(llama_dir, tmp_path / "sharded"))
+    (sharded / "model.safetensors").unlink()
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, part in halves.items():
+        save_file({name: weights[name].contiguous() for name in part}, str(sharded / shard))
+    total = sum(t.numel() * t.element_size() for t in weights.values())
+    index = {
+        "metadata": {"total_size": total},
+        "weight_map": {n: shard for shard, part in halves.items() for n in part},
+    }
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    states = []
+    for name, hf in (("plain", llama_dir), ("bin", as_bin), ("sharded", sharded)):
+        assert cli_main(["import", str(hf), "--out", str(tmp_path / name), "--steps", "4"]) == 0
+        states.append(torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"])
+    for state in states[1:]:
+        assert state.keys() == states[0].keys() and all(torch.equal(state[k], states[0][k]) for k in state)
+
+
 def refused(args: list[str], capsys) -> str:
     assert cli_main(["import", *args]) == 2
     err = capsys.readouterr().err.strip()
