@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from attnserve.clients import Client
 from attnserve.report_stamp import Stamp, write_report
 from benchmarks.hf_checkpoints import SIZES, save_hf
+from benchmarks.tokenizer_serving import start
 
 CLI = [sys.executable, "-m", "attnserve.cli"]
 
@@ -32,24 +31,13 @@ def timed(argv: list[str]) -> float:
     return round(time.perf_counter() - start, 1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def served(model: Path, work: Path, levels: str, requests: int, new_tokens: int) -> dict:
-    """Start `attnserve serve`, wait for it to be healthy, run `attnserve bench`, stop it."""
-    port = free_port()
-    start = time.perf_counter()
-    server = subprocess.Popen([*CLI, "serve", "--model", str(model), "--port", str(port)], stderr=subprocess.DEVNULL)
+    """Start `attnserve serve` (tokenizer_serving's start: port 0, ready once it says where it listens),
+    run `attnserve bench`, stop it."""
+    begun = time.perf_counter()
+    server, port = start(str(model))
     try:
-        with Client(f"127.0.0.1:{port}", timeout=2.0) as client:
-            while not client.health():
-                if server.poll() is not None:
-                    raise RuntimeError(f"attnserve serve --model {model} exited {server.returncode}")
-                time.sleep(0.5)
-        ready = round(time.perf_counter() - start, 1)
+        ready = round(time.perf_counter() - begun, 1)
         out = work / f"{model.name}-bench.json"
         bench = [*CLI, "bench", "--target", f"127.0.0.1:{port}", "--concurrency", levels, "--requests", str(requests)]
         timed([*bench, "--max-new-tokens", str(new_tokens), "--out", str(out)])
