@@ -87,8 +87,8 @@ class BpeTokenizer:
         self.bos_id, self.eos_id, self.pad_id = ids
         self.eos_ids = frozenset([self.eos_id, *(special or {}).get(EXTRA_EOS, ())])
         self.add_bos = bool(special and special["add_bos"])
-        added = json.loads(json_text).get("added_tokens") or []
-        self.special_ids = frozenset(ids) | {token["id"] for token in added if token.get("special")}
+        added = self._tok.get_added_tokens_decoder()
+        self.special_ids = frozenset(ids) | {i for i, token in added.items() if token.special}
 
     def fixed_ids(self) -> list[int]:
         found = [self._tok.token_to_id(t) for t in SPECIAL_TOKENS]
