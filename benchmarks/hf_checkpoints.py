@@ -62,21 +62,25 @@ def hf_tokenizer(family: str):
 
 
 def hf_model(family: str, vocab_size: int, bos: int, eos: int, **config):
-    """The family's model from a config: by default a small one with grouped KV heads (8 query heads,
-    2 key/value) in the Llama family, Llama with an untied head, Qwen2 with its q/k/v biases and a tied
-    head; `config` overrides any field."""
+    """The family's model from a config: by default a small one with grouped KV heads (4 query heads,
+    2 key/value, head size 16) in the Llama family, Llama with an untied head, Qwen2 with its q/k/v
+    biases and a tied head, Mistral with 8 query heads of size 8 (its export turns rotary positions in
+    separate nodes: GroupQueryAttention turns them itself only for multiples of 16); `config`
+    overrides any field."""
     import transformers as t
 
     ids = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, initializer_range=INIT_STD)
     if family == "gpt2":
         return t.GPT2LMHeadModel(t.GPT2Config(**{**GPT2_CONFIG, **ids, **config}))
-    llama: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8)
+    llama: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     llama.update(num_key_value_heads=2, max_position_embeddings=128, **ids)
     if family == "llama":
         return t.LlamaForCausalLM(t.LlamaConfig(**{**llama, "tie_word_embeddings": False, **config}))
     if family == "qwen2":
         return t.Qwen2ForCausalLM(t.Qwen2Config(**{**llama, "tie_word_embeddings": True, **config}))
-    return t.MistralForCausalLM(t.MistralConfig(**{**llama, "sliding_window": None, **config}))
+    return t.MistralForCausalLM(
+        t.MistralConfig(**{**llama, "sliding_window": None, "num_attention_heads": 8, **config})
+    )
 
 
 def save_hf(out: Path, family: str, vocab_size: int | None = None, draw_all: bool = True, **config) -> Path:

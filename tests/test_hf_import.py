@@ -121,6 +121,32 @@ def test_model_info_names_the_imported_models_tokenizer(hf_server, reference):
     assert info.vocab_size == len(tokenizer)
 
 
+def test_the_exported_graph_is_fused_as_onnxruntime_genai_writes_it(hf_model_dir):
+    """Each GroupQueryAttention turns rotary positions itself from the graph's position_ids where it can
+    (head sizes of a multiple of 16; Mistral's here are 8: turned by separate nodes before it) and takes
+    q/k/v packed from one projection (with or without biases) wherever nothing stands between them;
+    RMSNorm is one SimplifiedLayerNormalization (the parity gate passed on this graph)."""
+    import onnx
+
+    from attnserve.export.graphs import ROTARY_HEAD_MULTIPLE
+    from attnserve.runtime import contract
+
+    config = contract.read_manifest(hf_model_dir).config
+    proto = onnx.load(str(hf_model_dir / contract.MODEL_FILE))
+    ops = [node.op_type for node in proto.graph.node]
+    producer = {output: node for node in proto.graph.node for output in node.output}
+    in_op = config["positional"] == "rotary" and (config["d_model"] // config["n_heads"]) % ROTARY_HEAD_MULTIPLE == 0
+    packed = in_op or config["positional"] != "rotary"
+    for node in (n for n in proto.graph.node if n.op_type == "GroupQueryAttention"):
+        assert (list(node.input[1:3]) == ["", ""]) == packed
+        assert not packed or producer[node.input[0]].op_type in ("MatMul", "Add")
+        rotary = {a.name: a.i for a in node.attribute}.get("do_rotary", 0)
+        assert rotary == in_op and (node.input[9] == contract.POSITION_IDS if in_op else len(node.input) <= 7)
+    rms = config["norm"] == "rmsnorm"
+    assert ops.count("SimplifiedLayerNormalization") == (2 * config["n_layers"] + 1 if rms else 0)
+    assert "ReduceMean" not in ops if rms else ops.count("LayerNormalization") == 2 * config["n_layers"] + 1
+
+
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
 SCALINGS = {
     "linear": {"rope_type": "linear", "rope_theta": 5e5, "factor": 4.0},

@@ -2,8 +2,9 @@
 where the graph gets faster (issue 22, "the graph's own speed").
 
 Packed QKV: each GroupQueryAttention whose query, key and value are three projections of one
-input (MatMul by a weight, then Add of a bias) gets them from one MatMul by the three weights side
-by side and one Add of the three biases, and takes them packed (its key and value inputs empty),
+input (MatMul by a weight, then Add of a bias, or the MatMul alone where none has a bias) gets them
+from one MatMul by the three weights side by side (and one Add of the three biases), and takes them
+packed (its key and value inputs empty),
 as onnxruntime-genai's model builder writes it. Four fewer nodes a layer, and a faster decode step,
 most at batch 1; the weights stay bit for bit what they were, and the parity gate runs on the fused
 graph. SkipLayerNormalization for every residual Add and LayerNormalization was measured slower at
@@ -38,15 +39,18 @@ def pack_qkv(path: Path) -> int:
         for name in node.input:
             users[name] = users.get(name, 0) + 1
 
-    def projection(name: str) -> tuple[onnx.NodeProto, onnx.NodeProto] | None:
-        """(MatMul, Add) when `name` is MatMul(x, W) + b with W and b weights, used only there."""
-        add = producer.get(name)
-        if add is None or add.op_type != "Add" or add.input[1] not in weights or users.get(name) != 1:
+    def projection(name: str) -> Projection | None:
+        """(MatMul, Add) when `name` is MatMul(x, W) + b with W and b weights, used only there;
+        (MatMul, None) when it is MatMul(x, W) alone (projections without a bias: the Llama family)."""
+        node = producer.get(name)
+        if node is not None and node.op_type == "MatMul" and node.input[1] in weights and users.get(name) == 1:
+            return node, None
+        if node is None or node.op_type != "Add" or node.input[1] not in weights or users.get(name) != 1:
             return None
-        matmul = producer.get(add.input[0])
+        matmul = producer.get(node.input[0])
         if matmul is None or matmul.op_type != "MatMul" or matmul.input[1] not in weights:
             return None
-        return (matmul, add) if users.get(matmul.output[0]) == 1 else None
+        return (matmul, node) if users.get(matmul.output[0]) == 1 else None
 
     packed = 0
     dropped: set[int] = set()  # ids of the projections' nodes
@@ -54,22 +58,15 @@ def pack_qkv(path: Path) -> int:
     for node in graph.node:
         if node.op_type != GQA or len(node.input) < 3 or not all(node.input[:3]):
             continue
-        found = [projection(name) for name in node.input[:3]]
-        parts = [part for part in found if part is not None]
-        if len(parts) != 3 or len({matmul.input[0] for matmul, _ in parts}) != 1:
+        parts = [projection(name) for name in node.input[:3]]
+        fused = packed_projection(f"{node.name or node.output[0]}/qkv", parts, weights)
+        if fused is None:
             continue
-        stem = f"{node.name or node.output[0]}/qkv"
-        weight = side_by_side([weights[matmul.input[1]] for matmul, _ in parts], f"{stem}.weight", axis=1)
-        bias = side_by_side([weights[add.input[1]] for _, add in parts], f"{stem}.bias", axis=0)
-        if weight is None or bias is None:
-            continue
-        graph.initializer.extend([weight, bias])
-        inserted[id(node)] = [
-            helper.make_node("MatMul", [parts[0][0].input[0], weight.name], [f"{stem}.projected"]),
-            helper.make_node("Add", [f"{stem}.projected", bias.name], [stem]),
-        ]
-        dropped.update(id(each) for part in parts for each in part)
-        node.input[0], node.input[1], node.input[2] = stem, "", ""
+        nodes, tensors = fused
+        inserted[id(node)] = nodes
+        graph.initializer.extend(tensors)
+        dropped.update(id(each) for part in parts if part for each in part if each is not None)
+        node.input[0], node.input[1], node.input[2] = nodes[-1].output[0], "", ""
         packed += 1
     if not packed:
         return 0
@@ -82,6 +79,34 @@ def pack_qkv(path: Path) -> int:
     graph.initializer.extend(kept)
     onnx.save(model, str(path))
     return packed
+
+
+Projection = tuple[onnx.NodeProto, onnx.NodeProto | None]  # (MatMul, its bias Add or None)
+
+
+def packed_projection(
+    stem: str, parts: list[Projection | None], weights: dict[str, TensorProto]
+) -> tuple[list[onnx.NodeProto], list[TensorProto]] | None:
+    """The nodes (MatMul, and Add where the three have biases) and weights computing three projections
+    of one input as one, named from `stem`; None unless all three are projections of the same input,
+    all with a bias or all without, of a type side_by_side joins."""
+    found = [part for part in parts if part is not None]
+    if len(found) != 3 or len({matmul.input[0] for matmul, _ in found}) != 1:
+        return None
+    adds = [add for _, add in found if add is not None]
+    if len(adds) not in (0, 3):
+        return None
+    weight = side_by_side([weights[matmul.input[1]] for matmul, _ in found], f"{stem}.weight", axis=1)
+    if weight is None:
+        return None
+    if not adds:
+        return [helper.make_node("MatMul", [found[0][0].input[0], weight.name], [stem])], [weight]
+    bias = side_by_side([weights[add.input[1]] for add in adds], f"{stem}.bias", axis=0)
+    if bias is None:
+        return None
+    projected = f"{stem}.projected"
+    matmul = helper.make_node("MatMul", [found[0][0].input[0], weight.name], [projected])
+    return [matmul, helper.make_node("Add", [projected, bias.name], [stem])], [weight, bias]
 
 
 def side_by_side(tensors: list[TensorProto], name: str, axis: int) -> TensorProto | None:

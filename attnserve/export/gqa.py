@@ -10,6 +10,8 @@ run and tested without ONNX Runtime. Knows nothing of serving.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..model.attention import (
@@ -20,7 +22,7 @@ from ..model.attention import (
     repeat_kv,
     scaled_dot_product_attention,
 )
-from ..model.positional import apply_rotary
+from ..model.positional import RotaryEmbedding, apply_rotary
 
 OP = "com.microsoft::GroupQueryAttention"
 
@@ -68,14 +70,40 @@ def reference(
     return out.transpose(1, 2).reshape(b, t, -1), present_key, present_value
 
 
-def group_query_attention(q, k, v, past_key, past_value, seqlens_k, total, n_heads: int, n_kv_heads: int):
-    """The contrib op under torch.onnx.export, the reference elsewhere."""
+class RotaryTables(NamedTuple):
+    """Rotary positions as GroupQueryAttention turns q and k itself (do_rotary): cos and sin of every
+    position's angles (context, D/2) and the run's position ids (B, T)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    position_ids: torch.Tensor
+
+    @classmethod
+    def of(cls, rotary: RotaryEmbedding, context: int, position_ids: torch.Tensor, dtype: torch.dtype):
+        angles = torch.arange(context, dtype=torch.float32)[:, None] * rotary.inv_freq  # (context, D/2)
+        return cls(angles.cos().to(dtype), angles.sin().to(dtype), position_ids)
+
+    def rope(self) -> Rope:
+        """The same positions as (cos, sin) (B, T, D), the layout apply_rotary takes."""
+        cos, sin = self.cos[self.position_ids], self.sin[self.position_ids]  # (B, T, D/2)
+        return torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1)
+
+
+def group_query_attention(
+    q, k, v, past_key, past_value, seqlens_k, total, n_heads: int, n_kv_heads: int, rotary: RotaryTables | None = None
+):
+    """The contrib op under torch.onnx.export, the reference elsewhere; with `rotary` the op turns
+    q and k itself."""
     if not torch.onnx.is_in_onnx_export():
+        if rotary is not None:
+            b, t, _ = q.shape
+            q, k = (turned(x.view(b, t, -1, rotary.cos.size(1) * 2), rotary.rope()) for x in (q, k))
         return reference(q, k, v, past_key, past_value, seqlens_k, total, n_heads, n_kv_heads)
+    extra = [] if rotary is None else [rotary.cos, rotary.sin, rotary.position_ids]
     return torch.onnx.ops.symbolic_multi_out(
         OP,
-        [q, k, v, past_key, past_value, seqlens_k, total],
-        dict(num_heads=n_heads, kv_num_heads=n_kv_heads),
+        [q, k, v, past_key, past_value, seqlens_k, total, *extra],
+        dict(num_heads=n_heads, kv_num_heads=n_kv_heads, do_rotary=int(rotary is not None)),
         dtypes=[q.dtype, past_key.dtype, past_value.dtype],
         shapes=[q.shape, past_key.shape, past_value.shape],
         version=1,
@@ -84,24 +112,25 @@ def group_query_attention(q, k, v, past_key, past_value, seqlens_k, total, n_hea
 
 class InPlaceAttention(CacheAttention):
     """Self-attention of one decoder layer through GroupQueryAttention, sharing the lengths of the
-    batch (derived once from the attention mask). Rotary positions turn q and k before the op (as
-    separate nodes, from the graph's position_ids)."""
+    batch (derived once from the attention mask). Rotary positions are turned inside the op when
+    `rotary` tables are given, else (a `rope` from the layers) as separate nodes before it."""
 
-    def __init__(self, attention_mask: torch.Tensor):
+    def __init__(self, attention_mask: torch.Tensor, rotary: RotaryTables | None = None):
         self.seqlens_k, self.total = lengths_from_mask(attention_mask)
+        self.rotary = rotary
 
     def __call__(self, attention: MultiHeadAttention, x: torch.Tensor, past, rope: Rope | None = None):
         q, k, v = attention.w_q(x), attention.w_k(x), attention.w_v(x)  # (B, T, H*D), (B, T, H_kv*D)
-        if rope is not None:
-            q, k = (rotated(attention, t, rope) for t in (q, k))
+        if rope is not None and self.rotary is None:
+            b, t, _ = x.shape
+            q, k = (turned(each.view(b, t, -1, attention.d_k), rope) for each in (q, k))
         out, present_key, present_value = group_query_attention(
-            q, k, v, past[0], past[1], self.seqlens_k, self.total, attention.n_heads, attention.n_kv_heads
+            q, k, v, past[0], past[1], self.seqlens_k, self.total, attention.n_heads, attention.n_kv_heads, self.rotary
         )
         return attention.w_o(out), (present_key, present_value)
 
 
-def rotated(attention: MultiHeadAttention, x: torch.Tensor, rope: Rope) -> torch.Tensor:
-    """(B, T, heads*D) turned by rotary positions, back in the op's layout."""
-    b, t, width = x.shape
-    heads = attention.split_heads(x, width // attention.d_k)  # (B, heads, T, D)
-    return apply_rotary(heads, rope).transpose(1, 2).reshape(b, t, width)
+def turned(heads: torch.Tensor, rope: Rope) -> torch.Tensor:
+    """(B, T, heads, D) turned by rotary positions, back in the op's layout (B, T, heads*D)."""
+    b, t = heads.shape[:2]
+    return apply_rotary(heads.transpose(1, 2), rope).transpose(1, 2).reshape(b, t, -1)

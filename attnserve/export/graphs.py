@@ -21,7 +21,8 @@ from ..model.lm import DecoderLM
 from ..model.seq2seq import EncoderDecoder
 from ..runtime import contract
 from .fusions import pack_qkv
-from .gqa import InPlaceAttention
+from .gqa import InPlaceAttention, RotaryTables
+from .norms import fuse_rms_norms
 
 
 def pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -38,25 +39,34 @@ class DecoderGraph(nn.Module):
 
     def __init__(self, model: DecoderLM):
         super().__init__()
-        self.model = model
+        self.model = fuse_rms_norms(model)
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         logits, present = self.model(input_ids, attention_mask, position_ids, pairs(past))
         return (logits, *flatten(present))
 
 
+ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention turns q and k itself only for head sizes of a multiple of this
+
+
 class ArenaDecoderGraph(nn.Module):
     """DecoderGraph's signature over an in-place cache: past and present are one buffer
     (B, H, L, D) per name, right padding, per-row lengths from the attention mask's row sums."""
 
-    def __init__(self, model: DecoderLM):
+    def __init__(self, model: DecoderLM, rotary_in_op: bool = True):
         super().__init__()
-        self.model = model
+        self.model = fuse_rms_norms(model)
+        self.rotary_in_op = rotary_in_op
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
-        rope = self.model.rope(position_ids)
-        logits, present = self.model.run_layers(x, InPlaceAttention(attention_mask), pairs(past), rope)
+        rotary, rope = self.model.rotary, self.model.rope(position_ids)
+        if rotary is not None and self.rotary_in_op and self.model.config.d_k % ROTARY_HEAD_MULTIPLE == 0:
+            tables, rope = RotaryTables.of(rotary, self.model.config.max_len, position_ids, x.dtype), None
+            attention = InPlaceAttention(attention_mask, tables)
+        else:
+            attention = InPlaceAttention(attention_mask)
+        logits, present = self.model.run_layers(x, attention, pairs(past), rope)
         return (logits, *flatten(present), greedy_tokens(logits))
 
 
