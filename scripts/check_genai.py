@@ -33,7 +33,7 @@ def genai_greedy(model: og.Model, prompt: list[int], steps: int) -> list[int]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model_dir")
-    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--steps", type=int, default=64)
     args = p.parse_args()
     ours = OrtDecoder(args.model_dir)
     model = og.Model(args.model_dir)

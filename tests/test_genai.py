@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def genai_check(model_dir) -> dict:
-    """scripts/check_genai.py on a model directory: genai's greedy tokens against attnserve's, 48 each."""
+    """scripts/check_genai.py on a model directory: genai's greedy tokens against attnserve's, 64 each."""
     proc = subprocess.run(
         [str(GENAI_PYTHON), str(ROOT / "scripts" / "check_genai.py"), str(model_dir)],
         capture_output=True,
@@ -25,7 +25,7 @@ def genai_check(model_dir) -> dict:
     )
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["all_identical"], [r for r in result["rows"] if not r["identical"]]
-    assert proc.returncode == 0 and all(len(r["genai"]) == 48 for r in result["rows"])
+    assert proc.returncode == 0 and all(len(r["genai"]) == 64 for r in result["rows"])
     return result
 
 
@@ -35,8 +35,15 @@ def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
 
 def test_onnxruntime_genai_decodes_an_imported_model_alike(hf_model_dir):
     """A Hugging Face checkpoint of each family imported and exported (tests/fixtures_hf.py): genai reads
-    its tokenizer.json and genai_config.json and decodes the same greedy tokens as attnserve."""
+    its tokenizer.json and genai_config.json (the model type its builder writes for the family) and
+    decodes the same greedy tokens as attnserve."""
+    from attnserve.runtime.contract import GENAI_CONFIG_FILE, read_manifest
+
     genai_check(hf_model_dir)
+    family = read_manifest(hf_model_dir).config["family"]
+    written = json.loads((hf_model_dir / GENAI_CONFIG_FILE).read_text())["model"]["type"]
+    assert family == hf_model_dir.name.removesuffix("-tiny")
+    assert written == ("decoder" if family == "gpt2" else family)  # genai's "gpt2" is a combined-past GPT-2
 
 
 # onnxruntime-genai's C API cuts text at a NUL character, so NUL is left out here (it round-trips

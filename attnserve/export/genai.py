@@ -26,8 +26,21 @@ def genai_io_names() -> tuple[dict[str, str], dict[str, str]]:
     return inputs, outputs
 
 
+# Families whose model type genai's builder writes for this graph's layout (separate past keys and values,
+# GroupQueryAttention); genai's "gpt2" type is the older converter's GPT-2, one combined past per layer.
+BUILDER_TYPES = ("llama", "mistral", "qwen2")
+GENERIC_TYPE = "decoder"
+
+
+def genai_model_type(manifest: contract.Manifest) -> str:
+    """The imported family's model type as genai's builder writes it; "decoder" for any other model."""
+    family = manifest.config.get("family", "")
+    return family if family in BUILDER_TYPES else GENERIC_TYPE
+
+
 def genai_config(manifest: contract.Manifest) -> dict[str, Any]:
-    """genai_config.json for onnxruntime-genai (decoder-only), using only fields it knows."""
+    """genai_config.json for onnxruntime-genai (decoder-only), using only fields it knows; the model
+    type is the Hugging Face family's, as genai's model builder writes it, for an imported model."""
     inputs, outputs = genai_io_names()
     return {
         "model": {
@@ -36,7 +49,7 @@ def genai_config(manifest: contract.Manifest) -> dict[str, Any]:
             "pad_token_id": manifest.pad_id,
             "context_length": manifest.context_length,
             "vocab_size": manifest.vocab_size,
-            "type": "decoder",
+            "type": genai_model_type(manifest),
             "decoder": {
                 "filename": manifest.graphs[contract.DECODER].file,
                 "head_size": manifest.head_dim,

@@ -40,6 +40,7 @@ class ModelConfig:
     rope_theta: float = 10000.0  # rotary positions' base
     rope_scaling: dict | None = None  # rotary scaling (positional.py's ROPE_SCALINGS), as config.json gives it
     tie_head: bool = True  # the output head is the token embedding's weight; False: a head of its own
+    family: str = ""  # the Hugging Face model_type it was imported from ("gpt2", "llama", ...); "": attnserve's own
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:

@@ -29,6 +29,8 @@ SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = "model.safetensors", "model.safetens
 GPT2 = "GPT2LMHeadModel"
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ARCHITECTURES = (GPT2, *LLAMA_FAMILY)
+# Each architecture's family: the model_type transformers writes, and the model type onnxruntime-genai's builder uses
+MODEL_TYPES = {GPT2: "gpt2", "LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
 GPT2_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}  # HF -> ours
 # A layer's modules, ours -> GPT-2's (q, k and v come out of its c_attn); the feed-forward's norm is
 # our ln_3 (ln_2 is an encoder-decoder's cross-attention norm).
@@ -98,6 +100,7 @@ def gpt2_config(c: dict, path: Path) -> ModelConfig:
         raise refuse("n_embd", f"/ n_head {n_heads} must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)")
     return ModelConfig(
         arch=DECODER,
+        family=MODEL_TYPES[c["architectures"][0]],
         vocab_size=int(c["vocab_size"]),
         d_model=d_model,
         n_heads=n_heads,
@@ -192,11 +195,12 @@ def llama_config(c: dict, path: Path) -> ModelConfig:
     window = c.get("sliding_window")
     if window is not None and c.get("use_sliding_window", True) and window < int(c["max_position_embeddings"]):
         raise refuse("sliding_window", "sliding-window attention is not implemented")
-    qwen = c.get("model_type") == "qwen2"
+    qwen = c["architectures"][0] == "Qwen2ForCausalLM"
     theta, scaling = rope(c, path)
     attention_bias = bool(c.get("attention_bias", False))
     return ModelConfig(
         arch=DECODER,
+        family=MODEL_TYPES[c["architectures"][0]],
         vocab_size=int(c["vocab_size"]),
         d_model=d_model,
         n_heads=n_heads,
