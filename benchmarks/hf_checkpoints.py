@@ -36,10 +36,42 @@ def bpe_tokenizer_json(vocab_size: int = 400) -> str:
     return tok.to_str()
 
 
+SENTENCEPIECE_SPECIALS = ("<unk>", "<s>", "</s>")  # ids 0, 1, 2; the 256 byte tokens <0x00>..<0xFF> follow
+
+
+def sentencepiece_tokenizer_json(vocab_size: int = 400) -> str:
+    """A BPE as Llama 2's and Mistral's tokenizer.json hold one (converted from SentencePiece): spaces
+    normalized to "▁" with one prepended, no pre-tokenizer, the 256 byte tokens <0x00>..<0xFF>
+    after <unk>, <s>, </s> for the characters the merges lack (byte fallback), and a decoder that
+    maps "▁" back to spaces, bytes back to characters and strips the prepended space."""
+    from pydoc_data.topics import topics
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="never")  # training only
+    first = len(SENTENCEPIECE_SPECIALS) + 256
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - first, limit_alphabet=80, show_progress=False)
+    tok.train_from_iterator(["\n".join(list(topics.values())[:200])], trainer)
+    spec = json.loads(tok.to_str())
+    vocab = {token: i for i, token in enumerate(SENTENCEPIECE_SPECIALS)}
+    vocab.update({f"<0x{b:02X}>": len(SENTENCEPIECE_SPECIALS) + b for b in range(256)})
+    for token, _ in sorted(spec["model"]["vocab"].items(), key=lambda item: item[1]):
+        vocab.setdefault(token, len(vocab))
+    special = dict(single_word=False, lstrip=False, rstrip=False, normalized=False, special=True)
+    spec["model"]["vocab"], spec["pre_tokenizer"] = vocab, None
+    spec["added_tokens"] = [{"id": i, "content": t, **special} for i, t in enumerate(SENTENCEPIECE_SPECIALS)]
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    spec["decoder"] = {"type": "Sequence", "decoders": [json.loads(step.__getstate__()) for step in steps]}
+    return json.dumps(spec)
+
+
 def hf_tokenizer(family: str):
     """A fast tokenizer as the family's checkpoints carry one: GPT-2's with <|endoftext|>; Qwen2's own
-    class (its pre-tokenizer's regex, no BOS) over the same merges; Llama's and Mistral's with <s> and
-    </s>, Llama's putting <s> first (its post-processor)."""
+    class (its pre-tokenizer's regex, no BOS) over the same merges; Llama 3's byte-level BPE with <s>
+    and </s>, <s> put first by its post-processor; Mistral's converted from SentencePiece (byte
+    fallback, "▁" for spaces, <unk>), <s> first too."""
     from tokenizers import Tokenizer, processors
     from transformers import GPT2Tokenizer, PreTrainedTokenizerFast, Qwen2Tokenizer  # GPT2TokenizerFast's class
 
@@ -54,11 +86,14 @@ def hf_tokenizer(family: str):
         return Qwen2Tokenizer(
             vocab=bpe["vocab"], merges=merges, unk_token=no_unk, bos_token=None, eos_token=end, pad_token=end
         )
-    tok.add_special_tokens(["<s>", "</s>"])
-    if family == "llama":
-        bos = [("<s>", tok.token_to_id("<s>"))]
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=bos)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    if family == "mistral":
+        tok = Tokenizer.from_str(sentencepiece_tokenizer_json())
+    else:
+        tok.add_special_tokens(["<s>", "</s>"])
+    bos = [("<s>", tok.token_to_id("<s>"))]
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A <s> $B", special_tokens=bos)
+    unknown = dict(unk_token="<unk>") if family == "mistral" else {}
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **unknown)
 
 
 def hf_model(family: str, vocab_size: int, bos: int, eos: int, **config):

@@ -1,9 +1,9 @@
 """`attnserve import` of Hugging Face checkpoints of each family (GPT-2; Llama with grouped KV heads and
-an untied head; Qwen2 with q/k/v biases and a tied head; Mistral), random weights from configs made
-here: the import proves itself against transformers, the export gates it as any model, and the
-server's greedy tokens over gRPC equal transformers' own `generate`, alone and batched, with the
-streamed text the tokenizer's decode; what the import cannot express is refused in one line naming
-the field."""
+an untied head; Qwen2 with q/k/v biases and a tied head; Mistral with a byte-fallback tokenizer),
+random weights from configs made here: the import proves itself against transformers, the export
+gates it as any model, and the server's greedy tokens over gRPC equal transformers' own `generate`,
+alone and batched, with the streamed text the tokenizer's decode; what the import cannot express is
+refused in one line naming the field."""
 
 from __future__ import annotations
 

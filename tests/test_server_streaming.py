@@ -157,3 +157,29 @@ def test_a_tokenizer_json_that_is_not_plain_byte_level_decodes_with_the_library(
     assert native.step is not None and not isinstance(native.step, ByteStream)
     ids = bpe.encode(TEXT) + ([extra] if change == "added token" else [])
     assert deltas_of(native, ids) == deltas_of(sliced, ids)
+
+
+def test_a_byte_fallback_tokenizers_stream_joins_to_its_decode_where_decodestream_does_not():
+    """Llama 2's and Mistral's kind of tokenizer.json (SentencePiece converted: "▁" for spaces, byte
+    tokens for characters the merges lack): a run of byte tokens is held until it ends, since an
+    invalid run decodes to one U+FFFD per byte (fallback_stream.py). Over random ids with cut and
+    invalid runs, the deltas join to decode() of all ids; Hugging Face's DecodeStream, which sends a
+    run's valid start early, does not for some of them."""
+    from attnserve.tokenizer.fallback_stream import FallbackStream
+    from benchmarks.hf_checkpoints import sentencepiece_tokenizer_json
+
+    sp = BpeTokenizer(sentencepiece_tokenizer_json(), dict(bos_id=1, eos_id=2, pad_id=2, add_bos=True))
+    text = "héllo wörld 日本語 😀 " + TEXT
+    assert sp.decode(sp.encode(text)) == text and len(sp.byte_fallback_ids) == 256
+    rng = random.Random(2)
+    library_differs = 0
+    for trial in range(40):
+        ids = sp.encode(text) + [rng.randrange(sp.vocab_size) for _ in range(60)]
+        if trial % 2:
+            rng.shuffle(ids)
+        native, library = Detokenizer(sp), Detokenizer(sp)
+        library.step = sp.library_stream()
+        assert isinstance(native.step, FallbackStream)
+        assert "".join(deltas_of(native, ids)) == sp.decode(ids), trial
+        library_differs += "".join(deltas_of(library, ids)) != sp.decode(ids)
+    assert library_differs

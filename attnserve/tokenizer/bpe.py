@@ -17,6 +17,7 @@ from functools import cached_property
 
 from .byte_stream import ByteTable
 from .errors import TokenizerError
+from .fallback_stream import FallbackStream, byte_token_ids
 
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")  # ids 0, 1, 2
 MIN_VOCAB = len(SPECIAL_TOKENS) + 256  # the specials and the 256 bytes, no merges
@@ -129,11 +130,26 @@ class BpeTokenizer:
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def decode_stream(self) -> Callable[[int], str | None]:
-        """A byte stream over each id's bytes (byte_stream.py) where the file is plain byte-level BPE,
-        else Hugging Face's DecodeStream: the same two-offset incremental decoding as
+        """A byte stream over each id's bytes (byte_stream.py) where the file is plain byte-level BPE;
+        a stream that holds runs of byte tokens (fallback_stream.py) where its decoder has byte
+        fallback; else Hugging Face's DecodeStream: the same two-offset incremental decoding as
         engine/streaming.py's, in Rust (one call per token instead of two decodes of Python lists)."""
         table = self.byte_table
-        return table.stream() if table is not None else self.library_stream()
+        if table is not None:
+            return table.stream()
+        if self.byte_fallback_ids:
+            return FallbackStream(self.decode, self.byte_fallback_ids | self.special_ids)
+        return self.library_stream()
+
+    @cached_property
+    def byte_fallback_ids(self) -> frozenset[int]:
+        """The byte tokens' ids where the file's model and decoder fall back to bytes; else none."""
+        spec = json.loads(self.json)
+        decoder = spec.get("decoder") or {}
+        steps = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+        if not (spec.get("model") or {}).get("byte_fallback") or all(s.get("type") != "ByteFallback" for s in steps):
+            return frozenset()
+        return byte_token_ids(self._tok.get_vocab(with_added_tokens=False))
 
     def library_stream(self) -> Callable[[int], str | None]:
         """Hugging Face's DecodeStream, whatever the file (decode_stream's fallback)."""
