@@ -1,4 +1,4 @@
-"""Session fixtures: the trained tiny checkpoint exported once, float32 (and int8 on demand)."""
+"""Session fixtures: the trained tiny checkpoint exported once, float32 (int4 and others on demand)."""
 
 import pytest
 
@@ -34,4 +34,12 @@ def tiny_bpe_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
     """The BPE tiny model exported (arena), with its tokenizer.json beside the graph."""
     out = tmp_path_factory.mktemp("models") / "tiny-bpe"
     export_checkpoint(tiny_bpe_checkpoint, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_int4_model_dir(tiny_checkpoint, tmp_path_factory):
+    """The same model with int4 weights (MatMulNBits, the defaults); its held-out loss gate has passed."""
+    out = tmp_path_factory.mktemp("models") / "tiny-int4"
+    export_checkpoint(tiny_checkpoint, out, quantize="int4")
     return out

@@ -241,6 +241,46 @@ def test_the_int8_export_passes_its_gate_from_the_command_line(tiny_checkpoint, 
     )
 
 
+def test_the_int4_export_quantizes_every_weight_and_passes_its_gate(tiny_checkpoint, tmp_path):
+    """--quantize int4 from the command line with its flags: every MatMul by a weight (the tied head
+    included) is MatMulNBits with the chosen blocks and accuracy level, the embedding GatherBlockQuantized
+    with no float copy left, and the held-out loss gate's result and settings are in the manifest."""
+    args = ("--out", tmp_path / "m", "--quantize", "int4", "--int4-block-size", "16", "--int4-accuracy-level", "0")
+    proc = run_cli(tiny_checkpoint, *args)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("INFO") == 0 and "pre-processing" not in proc.stderr, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"wrote {tmp_path / 'm'} (float32, int4, arena KV cache, parity passed)"
+    manifest = contract.read_manifest(tmp_path / "m")
+    gate = manifest.parity["int4"]
+    assert manifest.quantization == "int4" and manifest.parity["passed"] is True
+    assert gate["loss_ratio"] <= gate["max_loss_ratio"] == 1.05
+    assert (gate["block_size"], gate["accuracy_level"]) == (16, 0)
+    graph = onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph
+    ops = [node.op_type for node in graph.node]
+    n_layers = manifest.n_layers
+    assert ops.count("MatMulNBits") == 4 * n_layers + 1 and "MatMul" not in ops and "Transpose" not in ops
+    assert ops.count("GatherBlockQuantized") == 1
+    for node in (n for n in graph.node if n.op_type == "MatMulNBits"):
+        attributes = {a.name: a.i for a in node.attribute}
+        assert (attributes["bits"], attributes["block_size"], attributes.get("accuracy_level", 0)) == (4, 16, 0)
+    assert "model.embedding.embed.weight" not in {t.name for t in graph.initializer}  # no float copy left
+
+
+def test_the_int4_export_is_smaller_and_decodes_as_its_gate_says(tiny_int4_model_dir, tiny_model_dir):
+    """The default int4 directory (blocks of 32, accuracy level 4) holds a quarter of the float32
+    bytes or less plus its scales, and its greedy agreement is what the manifest reports."""
+    sizes = [(d / contract.MODEL_FILE).stat().st_size for d in (tiny_int4_model_dir, tiny_model_dir)]
+    assert sizes[0] < 0.4 * sizes[1]
+    gate = contract.read_manifest(tiny_int4_model_dir).parity["int4"]
+    assert (gate["block_size"], gate["accuracy_level"]) == (32, 4)
+    prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
+    steps = gate["greedy_steps"]
+    agreement = OrtDecoder(tiny_int4_model_dir).greedy(prompts, steps) == OrtDecoder(tiny_model_dir).greedy(
+        prompts, steps
+    )
+    assert float(agreement.mean()) == gate["greedy_token_agreement"]
+
+
 def test_the_manifest_spells_the_architectures_as_the_model_does():
     """model/ sits below export/ and may not import the contract, so the two spellings are checked here."""
     from attnserve.model import config

@@ -33,6 +33,11 @@ def test_onnxruntime_genai_decodes_the_same_greedy_tokens(tiny_model_dir):
     assert genai_check(tiny_model_dir)["onnxruntime_genai"] == "0.18.0"
 
 
+def test_onnxruntime_genai_decodes_the_int4_export_alike(tiny_int4_model_dir):
+    """MatMulNBits and GatherBlockQuantized run in genai as in attnserve: the same greedy tokens."""
+    genai_check(tiny_int4_model_dir)
+
+
 def test_onnxruntime_genai_decodes_an_imported_model_alike(hf_model_dir):
     """A Hugging Face checkpoint of each family imported and exported (tests/fixtures_hf.py): genai reads
     its tokenizer.json and genai_config.json (the model type its builder writes for the family) and

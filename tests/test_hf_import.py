@@ -205,9 +205,13 @@ def test_several_eos_ids_end_a_completion_where_transformers_ends_it(llama_dir, 
     assert reply.finish_reason == pb.FINISH_REASON_EOS and not set(held.token_ids) & set(eos_ids)
 
 
-@pytest.mark.parametrize("kind", [{"dtype": "float16"}, {"quantize": "int8"}], ids=["float16", "int8"])
-def test_an_imported_llama_exports_in_float16_and_int8_through_their_gates(llama_dir, tmp_path, kind):
-    """The export's gates hold for an imported model as for a trained one (grouped KV heads, rotary)."""
+KINDS = [{"dtype": "float16"}, {"quantize": "int8"}, {"quantize": "int4"}]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=["float16", "int8", "int4"])
+def test_an_imported_llama_exports_in_float16_int8_and_int4_through_their_gates(llama_dir, tmp_path, kind):
+    """The export's gates hold for an imported model as for a trained one (grouped KV heads, rotary;
+    the quantized gates on the default corpus's held-out text)."""
     from attnserve.export.onnx_export import export_checkpoint
     from attnserve.model.import_cli import run
 

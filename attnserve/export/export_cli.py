@@ -13,6 +13,7 @@ from ..model.checkpoint import CheckpointError
 from ..runtime import contract
 from .onnx_export import DEFAULT_PARITY_STEPS, ExportError, export_checkpoint
 from .parity import ParityError
+from .quantize import ACCURACY_LEVELS, INT4_BLOCK_SIZES, QUANTIZATIONS, Int4Options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +27,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="of the weights, KV cache and logits: float32 runs on the CPU provider, float16 on CUDA and the "
         f"CPU, bfloat16 on CUDA only (default: {contract.DTYPES[0]})",
     )
-    p.add_argument("--quantize", choices=["int8"], default=None, help="dynamic int8 for the CPU provider")
+    p.add_argument(
+        "--quantize",
+        choices=QUANTIZATIONS,
+        default=None,
+        help="weights for the CPU provider, gated on held-out loss: int8 (dynamic) or int4 (weight-only blocks, "
+        "MatMulNBits) (default: none)",
+    )
+    p.add_argument(
+        "--int4-block-size",
+        type=int,
+        choices=INT4_BLOCK_SIZES,
+        default=None,
+        help=f"--quantize int4: weights per block sharing one scale (default: {Int4Options.block_size})",
+    )
+    p.add_argument(
+        "--int4-accuracy-level",
+        type=int,
+        choices=ACCURACY_LEVELS,
+        default=None,
+        help="--quantize int4: what MatMulNBits computes in: 0 unset, 1 float32, 2 float16, 3 bfloat16, 4 int8 "
+        f"(default: {Int4Options.accuracy_level})",
+    )
     p.add_argument(
         "--parity-steps",
         type=int,
@@ -59,6 +81,15 @@ def read_chat_template(path: str | None) -> str | None:
         raise ExportError(f"--chat-template {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
+def int4_options(args) -> Int4Options:
+    """--int4-block-size and --int4-accuracy-level over the defaults; ExportError without --quantize int4."""
+    given = {"block_size": args.int4_block_size, "accuracy_level": args.int4_accuracy_level}
+    named = [f"--int4-{field.replace('_', '-')}" for field, value in given.items() if value is not None]
+    if named and args.quantize != "int4":
+        raise ExportError(f"{named[0]} is for --quantize int4")
+    return Int4Options(**{field: value for field, value in given.items() if value is not None})
+
+
 def main(args) -> int:
     """CLI entry: one-line errors and a non-zero exit; the parity numbers on failure."""
     try:
@@ -70,6 +101,7 @@ def main(args) -> int:
             args.parity_steps,
             kv_cache=args.kv_cache,
             chat_template=read_chat_template(args.chat_template),
+            int4=int4_options(args),
         )
     except (ExportError, CheckpointError) as e:
         print(f"attnserve export: error: {e}", file=sys.stderr)
@@ -77,7 +109,7 @@ def main(args) -> int:
     except ParityError as e:
         print(f"attnserve export: {e}", file=sys.stderr)
         return 1
-    gate = manifest.parity.get("float32_gate", manifest.parity)  # int8 nests the float32 gate it ran first
+    gate = manifest.parity.get("float32_gate", manifest.parity)  # a quantized export nests the float32 gate
     compared = gate["greedy"]["steps"]
     if compared < args.parity_steps:
         print(
@@ -86,7 +118,7 @@ def main(args) -> int:
             file=sys.stderr,
         )
     print(
-        f"wrote {args.out} ({manifest.dtype}{', int8' if manifest.quantization else ''}, "
+        f"wrote {args.out} ({manifest.dtype}{f', {manifest.quantization}' if manifest.quantization else ''}, "
         f"{manifest.kv_cache} KV cache, parity passed)"
     )
     return 0

@@ -42,7 +42,7 @@ from .graphs import (
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
 from .parity_arena import run_arena_gate
 from .parity_seq2seq import run_seq2seq_arena_gate, run_seq2seq_gate
-from .quantize import int8_gate, quantize_int8
+from .quantize import INT4_DEFAULTS, Int4Options, quantize, quantized_gate
 
 TOKENIZER_FILE = "tokenizer.json"  # Hugging Face tokenizers' format (BPE models)
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # its companion, read by onnxruntime-genai and transformers
@@ -241,14 +241,16 @@ def export_checkpoint(
     heldout: bytes | None = None,
     kv_cache: str | None = None,
     chat_template: str | None = None,
+    int4: Int4Options = INT4_DEFAULTS,
 ) -> contract.Manifest:
     """Export, gate and publish; returns the manifest. Raises ExportError, CheckpointError or ParityError.
-    `chat_template`: a Jinja chat template for tokenizer_config.json (BPE tokenizers only)."""
+    `chat_template`: a Jinja chat template for tokenizer_config.json (BPE tokenizers only); `int4`: the
+    blocks of `quantize="int4"`."""
     checkpoint, out = Path(checkpoint), Path(out)
     if parity_steps < 1:
         raise ExportError(f"--parity-steps must be at least 1, got {parity_steps}")
     if quantize and dtype != "float32":
-        raise ExportError(f"--quantize int8 starts from float32 weights; drop --dtype {dtype}")
+        raise ExportError(f"--quantize {quantize} starts from float32 weights; drop --dtype {dtype}")
     kv_cache = kv_cache or contract.KV_ARENA
     if dtype == "bfloat16" and kv_cache != contract.KV_ARENA:
         raise ExportError("--dtype bfloat16 is for the arena KV cache (CUDA); drop --kv-cache concat")
@@ -257,7 +259,7 @@ def export_checkpoint(
     if chat_template is not None:
         check_chat_template(chat_template, tokenizer)
     if quantize and model.config.arch != contract.DECODER_ONLY:
-        raise ExportError("--quantize int8 is for decoder-only models")
+        raise ExportError(f"--quantize {quantize} is for decoder-only models")
     if kv_cache == contract.KV_ARENA and model.config.d_k % 8:
         raise ExportError(
             f"head dim {model.config.d_k} (d_model / n_heads) is not a multiple of 8, which "
@@ -267,7 +269,7 @@ def export_checkpoint(
     staging = staging_dir(out)
     try:
         manifest = build_in(
-            staging, model, tokenizer, source, dtype, quantize, parity_steps, heldout, kv_cache, chat_template
+            staging, model, tokenizer, source, dtype, quantize, parity_steps, heldout, kv_cache, chat_template, int4
         )
         shutil.rmtree(out, ignore_errors=True)
         os.replace(staging, out)
@@ -287,6 +289,7 @@ def build_in(
     heldout: bytes | None,
     kv_cache: str,
     chat_template: str | None = None,
+    int4: Int4Options = INT4_DEFAULTS,
 ) -> contract.Manifest:
     """Export into `staging`, run the gate, and write the manifest (once, when the gate has passed)."""
     t0 = time.perf_counter()
@@ -304,15 +307,17 @@ def build_in(
     report = run_gate(model, staging, manifest, steps)
     print(format_report(report), flush=True)
     if quantize:
-        report = gate_int8(staging, model, tokenizer, manifest, report, steps, heldout)
+        report = gate_quantized(quantize, int4, staging, model, tokenizer, manifest, report, steps, heldout)
     if not report["passed"]:
-        raise ParityError(int8_failure(report) if quantize else failure_message(report), report)
+        raise ParityError(quantized_failure(quantize, report) if quantize else failure_message(report), report)
     manifest = publish(staging, replace(manifest, quantization=quantize, parity=report), tokenizer)
     say(f"parity gate passed in {time.perf_counter() - t0:.1f} s total")
     return manifest
 
 
-def gate_int8(
+def gate_quantized(
+    kind: str,
+    int4: Int4Options,
     staging: Path,
     model,
     tokenizer: Tokenizer,
@@ -321,18 +326,20 @@ def gate_int8(
     steps: int,
     heldout: bytes | None,
 ) -> dict:
-    """Quantize the float32 graph that passed, gate it on held-out loss, and put it in place."""
+    """Quantize the float32 graph that passed to `kind`, gate it on held-out loss, and put it in place."""
     if not report["passed"]:
         return report
-    say("quantizing to int8 (dynamic) and measuring held-out loss ...")
-    quantized = staging / "int8"
+    how = "dynamic" if kind == "int8" else f"weight-only, blocks of {int4.block_size}"
+    say(f"quantizing to {kind} ({how}) and measuring held-out loss ...")
+    quantized = staging / kind
     quantized.mkdir()
-    quantize_int8(staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE)
+    quantize(kind, staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE, int4)
     prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
     text = (heldout or default_heldout()).decode("utf-8", errors="replace")
-    result = int8_gate(
+    result = quantized_gate(
+        kind,
         OrtDecoder(staging, manifest=manifest),
-        OrtDecoder(quantized, manifest=replace(manifest, quantization="int8")),
+        OrtDecoder(quantized, manifest=replace(manifest, quantization=kind)),
         tokenizer.encode(text),
         tokenizer.bos_id if tokenizer.add_bos else None,
         tokenizer.byte_lengths(),
@@ -340,24 +347,26 @@ def gate_int8(
         min(steps, model.config.max_len - 13),
         block=min(128, model.config.max_len - 1),
     )
+    if kind == "int4":
+        result = {**result, "block_size": int4.block_size, "accuracy_level": int4.accuracy_level}
     os.replace(quantized / contract.MODEL_FILE, staging / contract.MODEL_FILE)
     shutil.rmtree(quantized)
     print(
-        f"int8: held-out {result['heldout_bits_per_byte_int8']:.4f} bits/byte vs float32 "
+        f"{kind}: held-out {result[f'heldout_bits_per_byte_{kind}']:.4f} bits/byte vs float32 "
         f"{result['heldout_bits_per_byte_float32']:.4f} (ratio {result['loss_ratio']:.4f}, limit "
         f"{result['max_loss_ratio']}); greedy agreement {result['greedy_token_agreement']:.1%} over "
         f"{result['greedy_steps']} steps",
         flush=True,
     )
-    return {"float32_gate": report, "int8": result, "passed": result["passed"]}
+    return {"float32_gate": report, kind: result, "passed": result["passed"]}
 
 
-def int8_failure(report: dict) -> str:
-    if "int8" not in report:
+def quantized_failure(kind: str, report: dict) -> str:
+    if kind not in report:
         return failure_message(report)
-    r = report["int8"]
+    r = report[kind]
     return (
-        f"int8 gate failed: held-out loss {r['heldout_bits_per_byte_int8']:.4f} bits/byte is "
+        f"{kind} gate failed: held-out loss {r[f'heldout_bits_per_byte_{kind}']:.4f} bits/byte is "
         f"{r['loss_ratio']:.4f}x float32's {r['heldout_bits_per_byte_float32']:.4f} (limit {r['max_loss_ratio']}x)"
     )
 

@@ -1,20 +1,102 @@
-"""int8 dynamic quantization (ONNX Runtime, CPU provider) and its gate: held-out loss.
+"""Weight quantization of a float32 export (ONNX Runtime, CPU provider) and its gate: held-out loss.
 
-Quantized logits differ from float32 by design, so this gate compares what matters: the
-held-out loss in bits per byte (within 2% of float32), and reports greedy agreement.
+int8: dynamic quantization (int8 weights, activations quantized on the fly by MatMulInteger).
+int4: weight-only blocks (MatMulNBits; GatherBlockQuantized for the token embedding): each block of
+`block_size` weights along the input axis shares one float scale, symmetric; `accuracy_level` is the
+precision MatMulNBits computes in on the CPU (4: int8 activations, the fastest; 0: unset).
+
+Quantized logits differ from float32 by design, so this gate compares what matters: the held-out
+loss in bits per byte (within each kind's ratio of float32's), and reports greedy agreement.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..runtime.ort_decoder import OrtDecoder
 
-MAX_LOSS_RATIO = 1.02
+QUANTIZATIONS = ("int8", "int4")
+MAX_LOSS_RATIO = {"int8": 1.02, "int4": 1.05}  # held-out bits per byte, quantized / float32
+INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits' and GatherBlockQuantized's: powers of two, 16 up
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits' accuracy_level: unset, float32, float16, bfloat16, int8
+
+
+@dataclass(frozen=True)
+class Int4Options:
+    block_size: int = 32
+    accuracy_level: int = 4
+
+
+INT4_DEFAULTS = Int4Options()
+
+
+def quantize(kind: str, src: Path, dst: Path, int4: Int4Options = INT4_DEFAULTS) -> None:
+    """The graph at `src` quantized to `kind` at `dst`."""
+    if kind == "int8":
+        quantize_int8(src, dst)
+    else:
+        quantize_int4(src, dst, int4)
+
+
+def quantize_int4(src: Path, dst: Path, options: Int4Options) -> None:
+    """Every MatMul by a weight to MatMulNBits and the token embedding's Gather to GatherBlockQuantized,
+    4-bit symmetric blocks of `options.block_size` along the input axis. A tied output head (a MatMul by
+    the transposed embedding) is given the transposed weight first, so that it is quantized too: at a
+    large vocabulary it is the biggest matrix a step reads."""
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(src))
+    fold_weight_transposes(model.graph)
+    quantizer = MatMulNBitsQuantizer(
+        model,
+        bits=4,
+        block_size=options.block_size,
+        is_symmetric=True,
+        accuracy_level=options.accuracy_level,
+        op_types_to_quantize=("MatMul", "Gather"),
+    )
+    chatty = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level, root = chatty.level, logging.getLogger()
+    chatty.setLevel(logging.WARNING)  # it logs a line for every node it quantizes or skips
+    root.addFilter(without_preprocessing_advice)
+    try:
+        quantizer.process()
+    finally:
+        chatty.setLevel(level)
+        root.removeFilter(without_preprocessing_advice)
+    quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+
+
+def fold_weight_transposes(graph) -> int:
+    """Each Transpose of a 2-D weight that only MatMuls read becomes a weight of its own, transposed
+    (the tied head's embedding.T); the number folded."""
+    from onnx import numpy_helper
+
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    readers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    folded = []
+    for node in graph.node:
+        if node.op_type != "Transpose" or node.input[0] not in weights or len(weights[node.input[0]].dims) != 2:
+            continue
+        if not all(
+            reader.op_type == "MatMul" and reader.input[1] == node.output[0] for reader in readers[node.output[0]]
+        ):
+            continue
+        array = numpy_helper.to_array(weights[node.input[0]]).T
+        graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(array), node.output[0]))
+        folded.append(node)
+    for node in folded:
+        graph.node.remove(node)
+    return len(folded)
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
@@ -67,9 +149,10 @@ def runtime_bits_per_byte(runtime: OrtDecoder, windows: np.ndarray, byte_lengths
     return total / count / math.log(2)
 
 
-def int8_gate(
+def quantized_gate(
+    kind: str,
     float_runtime: OrtDecoder,
-    int8_runtime: OrtDecoder,
+    quantized_runtime: OrtDecoder,
     heldout: list[int],
     bos_id: int | None,
     byte_lengths: list[int],
@@ -78,19 +161,20 @@ def int8_gate(
     block: int = 128,
     n_windows: int = 32,
 ) -> dict:
-    """Held-out loss of int8 vs float32 (enforced), greedy agreement (reported); `heldout` is token ids."""
+    """Held-out loss of the `kind` graph vs float32 (enforced), greedy agreement (reported); `heldout`
+    is token ids."""
     windows, lengths = heldout_windows(heldout, block + 1, n_windows, bos_id), np.asarray(byte_lengths)
     loss_f32 = runtime_bits_per_byte(float_runtime, windows, lengths)
-    loss_int8 = runtime_bits_per_byte(int8_runtime, windows, lengths)
-    ref, got = float_runtime.greedy(prompts, steps), int8_runtime.greedy(prompts, steps)
+    loss_quantized = runtime_bits_per_byte(quantized_runtime, windows, lengths)
+    ref, got = float_runtime.greedy(prompts, steps), quantized_runtime.greedy(prompts, steps)
     agreement = float((ref == got).mean())
-    ratio = loss_int8 / loss_f32
+    ratio = loss_quantized / loss_f32
     return {
         "heldout_bits_per_byte_float32": loss_f32,
-        "heldout_bits_per_byte_int8": loss_int8,
+        f"heldout_bits_per_byte_{kind}": loss_quantized,
         "loss_ratio": ratio,
-        "max_loss_ratio": MAX_LOSS_RATIO,
+        "max_loss_ratio": MAX_LOSS_RATIO[kind],
         "greedy_steps": steps,
         "greedy_token_agreement": agreement,
-        "passed": ratio <= MAX_LOSS_RATIO,
+        "passed": ratio <= MAX_LOSS_RATIO[kind],
     }
