@@ -227,7 +227,8 @@ def argmax_reads(model_dir, optimized) -> str:
 
 def test_the_int8_export_passes_its_gate_from_the_command_line(tiny_checkpoint, tmp_path):
     """As the README runs it: its gate on the default corpus's held-out text, no traceback after it
-    (the int8 report nests the float32 gate's) and no quantizer advice on stderr."""
+    (the int8 report nests the float32 gate's) and no quantizer advice on stderr; every MatMul by a
+    weight is quantized, the tied head's included."""
     proc = run_cli(tiny_checkpoint, "--out", tmp_path / "m", "--quantize", "int8")
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert "pre-processing" not in proc.stderr, proc.stderr
@@ -235,10 +236,9 @@ def test_the_int8_export_passes_its_gate_from_the_command_line(tiny_checkpoint, 
     manifest = contract.read_manifest(tmp_path / "m")
     assert manifest.quantization == "int8" and manifest.parity["passed"] is True
     assert manifest.parity["int8"]["loss_ratio"] <= 1.02
-    assert any(
-        "MatMulInteger" in n.op_type or "DynamicQuantize" in n.op_type
-        for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node
-    )
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph.node}
+    assert any("MatMulInteger" in op or "DynamicQuantize" in op for op in ops)
+    assert "MatMul" not in ops and "Transpose" not in ops  # the tied head is quantized too
 
 
 def test_the_int4_export_quantizes_every_weight_and_passes_its_gate(tiny_checkpoint, tmp_path):

@@ -100,13 +100,17 @@ def fold_weight_transposes(graph) -> int:
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
-    """Weights of MatMul/Gemm to int8, activations quantized on the fly."""
+    """Weights of MatMul/Gemm to int8, activations quantized on the fly; a tied head's transposed
+    embedding is given a weight of its own first, so that the head is quantized too."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    model = onnx.load(str(src))
+    fold_weight_transposes(model.graph)
     root = logging.getLogger()
     root.addFilter(without_preprocessing_advice)
     try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        quantize_dynamic(model, str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
     finally:
         root.removeFilter(without_preprocessing_advice)
 

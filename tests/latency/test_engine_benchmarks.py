@@ -103,13 +103,19 @@ def test_the_prefix_cache_benchmark_hits_only_where_prompts_share_a_preamble(tin
 
 
 def test_the_graph_benchmark_compares_two_model_directories_step_for_step(tiny_model_dir, tmp_path, capsys):
-    """benchmarks.graph_speed in small, a directory against itself: the same tokens, a ratio per batch."""
+    """benchmarks.graph_speed in small, a directory against itself: the same tokens, a ratio per batch,
+    and the same weight bytes a token on both sides, with the share of the batch-1 bandwidth limit."""
     from benchmarks.graph_speed import main as graph_speed
 
     out = tmp_path / "graph-speed.json"
     argv = ["--model", str(tiny_model_dir), "--baseline", str(tiny_model_dir), "--batch", "1,3"]
-    assert graph_speed([*argv, "--new-tokens", "8", "--repeats", "2", "--out", str(out)]) == 0
+    small = ["--new-tokens", "8", "--repeats", "2", "--bandwidth-mib", "16"]
+    assert graph_speed([*argv, *small, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == result
     assert [row["batch"] for row in result["rows"]] == [1, 3]
     assert all(row["same_tokens"] and row["ratio"]["median"] > 0 for row in result["rows"])
+    limits = result["bandwidth"]
+    assert limits["read_bytes_per_s"] > 0 and limits["model"]["weight_bytes_per_token"] > 0
+    assert limits["model"]["weight_bytes_per_token"] == limits["baseline"]["weight_bytes_per_token"]
+    assert limits["model"]["share_at_batch_1"] > 0
