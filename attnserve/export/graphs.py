@@ -51,7 +51,9 @@ ROTARY_HEAD_MULTIPLE = 16  # GroupQueryAttention turns q and k itself only for h
 
 class ArenaDecoderGraph(nn.Module):
     """DecoderGraph's signature over an in-place cache: past and present are one buffer
-    (B, H, L, D) per name, right padding, per-row lengths from the attention mask's row sums."""
+    (B, H, L, D) per name, right padding, per-row lengths from the attention mask's row sums.
+    `rotary_in_op` False writes rotary positions as separate nodes even where the op could turn them
+    (the baseline of docs/design/decisions/rotary-in-attention.md)."""
 
     def __init__(self, model: DecoderLM, rotary_in_op: bool = True):
         super().__init__()
