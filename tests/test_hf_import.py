@@ -125,7 +125,8 @@ def test_the_exported_graph_is_fused_as_onnxruntime_genai_writes_it(hf_model_dir
     """Each GroupQueryAttention turns rotary positions itself from the graph's position_ids where it can
     (head sizes of a multiple of 16; Mistral's here are 8: turned by separate nodes before it) and takes
     q/k/v packed from one projection (with or without biases) wherever nothing stands between them;
-    RMSNorm is one SimplifiedLayerNormalization (the parity gate passed on this graph)."""
+    RMSNorm is one SimplifiedLayerNormalization and GPT-2's tanh GELU one FastGelu (the parity gate
+    passed on this graph)."""
     import onnx
 
     from attnserve.export.graphs import ROTARY_HEAD_MULTIPLE
@@ -145,6 +146,8 @@ def test_the_exported_graph_is_fused_as_onnxruntime_genai_writes_it(hf_model_dir
     rms = config["norm"] == "rmsnorm"
     assert ops.count("SimplifiedLayerNormalization") == (2 * config["n_layers"] + 1 if rms else 0)
     assert "ReduceMean" not in ops if rms else ops.count("LayerNormalization") == 2 * config["n_layers"] + 1
+    assert ops.count("FastGelu") == (config["n_layers"] if config["activation"] == "gelu_tanh" else 0)
+    assert "Tanh" not in ops and "Erf" not in ops
 
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}

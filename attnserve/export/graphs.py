@@ -20,6 +20,7 @@ from torch.export import Dim
 from ..model.lm import DecoderLM
 from ..model.seq2seq import EncoderDecoder
 from ..runtime import contract
+from .activations import fuse_gelus
 from .fusions import pack_qkv
 from .gqa import InPlaceAttention, RotaryTables
 from .norms import fuse_rms_norms
@@ -57,7 +58,7 @@ class ArenaDecoderGraph(nn.Module):
 
     def __init__(self, model: DecoderLM, rotary_in_op: bool = True):
         super().__init__()
-        self.model = fuse_rms_norms(model)
+        self.model = fuse_gelus(fuse_rms_norms(model))
         self.rotary_in_op = rotary_in_op
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
