@@ -63,12 +63,12 @@ class ArenaDecoderGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
         x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
-        rotary, rope = self.model.rotary, self.model.rope(position_ids)
+        rotary = self.model.rotary
         if rotary is not None and self.rotary_in_op and self.model.config.d_k % ROTARY_HEAD_MULTIPLE == 0:
-            tables, rope = RotaryTables.of(rotary, self.model.config.max_len, position_ids, x.dtype), None
-            attention = InPlaceAttention(attention_mask, tables)
+            tables = RotaryTables.of(rotary, self.model.config.max_len, position_ids, x.dtype)
+            attention, rope = InPlaceAttention(attention_mask, tables), None
         else:
-            attention = InPlaceAttention(attention_mask)
+            attention, rope = InPlaceAttention(attention_mask), self.model.rope(position_ids)
         logits, present = self.model.run_layers(x, attention, pairs(past), rope)
         return (logits, *flatten(present), greedy_tokens(logits))
 

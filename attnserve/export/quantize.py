@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,15 +63,8 @@ def quantize_int4(src: Path, dst: Path, options: Int4Options) -> None:
         accuracy_level=options.accuracy_level,
         op_types_to_quantize=("MatMul", "Gather"),
     )
-    chatty = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level, root = chatty.level, logging.getLogger()
-    chatty.setLevel(logging.WARNING)  # it logs a line for every node it quantizes or skips
-    root.addFilter(without_preprocessing_advice)
-    try:
+    with quiet_quantizer():
         quantizer.process()
-    finally:
-        chatty.setLevel(level)
-        root.removeFilter(without_preprocessing_advice)
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
 
 
@@ -107,11 +102,22 @@ def quantize_int8(src: Path, dst: Path) -> None:
 
     model = onnx.load(str(src))
     fold_weight_transposes(model.graph)
-    root = logging.getLogger()
+    with quiet_quantizer():
+        quantize_dynamic(model, str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+
+
+@contextmanager
+def quiet_quantizer() -> Iterator[None]:
+    """ONNX Runtime's quantizers without their noise: the pre-processing advice on the root logger
+    (without_preprocessing_advice) and MatMulNBitsQuantizer's line for every node it quantizes or skips."""
+    chatty = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level, root = chatty.level, logging.getLogger()
+    chatty.setLevel(logging.WARNING)
     root.addFilter(without_preprocessing_advice)
     try:
-        quantize_dynamic(model, str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+        yield
     finally:
+        chatty.setLevel(level)
         root.removeFilter(without_preprocessing_advice)
 
 

@@ -100,7 +100,6 @@ def gpt2_config(c: dict, path: Path) -> ModelConfig:
         raise refuse("n_embd", f"/ n_head {n_heads} must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)")
     return ModelConfig(
         arch=DECODER,
-        family=MODEL_TYPES[c["architectures"][0]],
         vocab_size=int(c["vocab_size"]),
         d_model=d_model,
         n_heads=n_heads,
@@ -200,7 +199,6 @@ def llama_config(c: dict, path: Path) -> ModelConfig:
     attention_bias = bool(c.get("attention_bias", False))
     return ModelConfig(
         arch=DECODER,
-        family=MODEL_TYPES[c["architectures"][0]],
         vocab_size=int(c["vocab_size"]),
         d_model=d_model,
         n_heads=n_heads,

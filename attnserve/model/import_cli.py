@@ -19,6 +19,7 @@ from .checkpoint import build_model, save_checkpoint
 from .hf_import import (
     CONFIG_FILE,
     FAMILIES,
+    MODEL_TYPES,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
     HFImportError,
@@ -72,7 +73,7 @@ def imported(hf_dir: Path, context_length: int | None = None):
     config = read_json(config_path)
     arch = architecture(config, config_path)
     family_config, family_state = FAMILIES[arch]
-    model_config = family_config(config, config_path)
+    model_config = replace(family_config(config, config_path), family=MODEL_TYPES[arch])
     if context_length is not None:
         if not MIN_CONTEXT <= context_length <= model_config.max_len:
             raise HFImportError(
