@@ -145,7 +145,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--port", ["--port", "70000"], "--port must be 0 to 65535, got 70000"),
         ("--port", ["--port", "{busy}"], "--port {busy}: cannot listen on 127.0.0.1:{busy}: the port is in use"),
         ("--provider", ["--provider", "tpu"], "invalid choice: 'tpu'"),
-        ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: all cores but one), got -1"),
+        ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: chosen by the model's size), got -1"),
+        ("--intra-op-spinning", ["--intra-op-spinning", "fast"], "invalid choice: 'fast'"),
         ("--no-cuda-graphs", ["--no-cuda-graphs=yes"], "--no-cuda-graphs"),
         ("--engine-core", ["--engine-core", "fiber"], "invalid choice: 'fiber'"),
         ("--max-batch", ["--max-batch", "0"], "--max-batch"),
@@ -206,7 +207,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
     "ray-serve": [
         ("--model", ["--model", "/no/such/model"], "--model /no/such/model"),
         ("--provider", ["--provider", "tpu"], "invalid choice: 'tpu'"),
-        ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: all cores but one), got -1"),
+        ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: chosen by the model's size), got -1"),
         ("--kv-cache-memory", ["--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 (bytes), got 0"),
         ("--prefill-chunk", ["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
         ("--prefix-cache", ["--prefix-cache", "maybe"], "invalid choice: 'maybe'"),

@@ -89,7 +89,8 @@ def test_bad_values_are_refused_in_one_line_naming_the_flag(capsys, flags, messa
     [
         ({"port": 70000}, "--port must be 0 to 65535, got 70000"),
         ({"port": -1}, "--port must be 0 to 65535, got -1"),
-        ({"threads": -1}, "--threads must be 0 or more (0: all cores but one), got -1"),
+        ({"threads": -1}, "--threads must be 0 or more (0: chosen by the model's size), got -1"),
+        ({"intra_op_spinning": "fast"}, "--intra-op-spinning must be auto, off or on, not 'fast'"),
         ({"tls_cert": "c.pem"}, "--tls-cert and --tls-key go together"),
         ({"drain_timeout": -1.0}, "--drain-timeout must be 0 or more, got -1"),
         ({"max_queue": 0}, "--max-queue must be at least 1, got 0"),

@@ -39,12 +39,24 @@ log = logging.getLogger("attnserve.server")
 __all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads", "model_spec"]
 
 
-def default_threads() -> int:
-    """Intra-op threads when none are asked for: every core this process may use but one, which
-    is left to the gRPC event loop, which then adds far less to each token
+# A model with this many bytes of graphs and weights or more gets every core and spinning intra-op
+# threads by default; a smaller one leaves a core to the gRPC front end and lets its threads sleep
+# (docs/design/decisions/intra-op-spinning.md).
+LARGE_MODEL_BYTES = 32 << 20
+
+
+def model_bytes(model_dir: str | Path) -> int:
+    """Bytes of a model directory's graphs and their external weights (.onnx and .data files)."""
+    return sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.suffix in (".onnx", ".data"))
+
+
+def default_threads(weight_bytes: int = 0) -> int:
+    """Intra-op threads when none are asked for: every core this process may use for a model of
+    LARGE_MODEL_BYTES or more, whose steps are long enough to pay for them; every core but one for a
+    smaller one, the one left to the gRPC front end, which then adds far less to each token
     (docs/design/decisions/default-threads.md)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return cores if weight_bytes >= LARGE_MODEL_BYTES else max(1, cores - 1)
 
 
 def model_spec(manifest: contract.Manifest) -> ModelSpec:
@@ -67,10 +79,19 @@ class Prefilled:
 class ModelRunner:
     """The graphs of a model directory (decoder, and the encoder of an encoder-decoder) and its manifest."""
 
-    def __init__(self, model_dir: str | Path, provider: str = "auto", threads: int = 0, cuda_graphs: bool = True):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        provider: str = "auto",
+        threads: int = 0,
+        cuda_graphs: bool = True,
+        spinning: bool | None = None,
+    ):
         """Raises contract.ModelDirError for a bad directory, ProviderError for a bad provider.
         `cuda_graphs`: on CUDA, a decoder-only graph is opened twice, the second time for decode
-        steps replayed as CUDA graphs (fixed_steps.py)."""
+        steps replayed as CUDA graphs (fixed_steps.py). `threads` 0 and `spinning` None choose by the
+        model's size (default_threads, LARGE_MODEL_BYTES); spinning: idle intra-op threads spin
+        (ort_session.session_options)."""
         self.model_dir = Path(model_dir)
         self.manifest = contract.read_manifest(self.model_dir)
         m = self.manifest
@@ -79,11 +100,14 @@ class ModelRunner:
         self.dtype = NP_DTYPES.get(m.dtype)  # the concat layout's (float32, float16)
         decoder = m.graphs[contract.DECODER]
         self.input_names, self.output_names = list(decoder.inputs), list(decoder.outputs)
-        threads = threads or default_threads()
+        size = model_bytes(self.model_dir)
+        threads = threads or default_threads(size)
+        spinning = size >= LARGE_MODEL_BYTES if spinning is None else spinning
+        self.threads, self.spinning = threads, spinning
         provider, self.provider_note = resolve_provider(provider, m.providers, *self.describe(), cuda_available())
         if self.provider_note:
             log.warning("--provider auto: %s", self.provider_note)
-        self.session = create_session(self.model_dir / decoder.file, provider, threads)
+        self.session = create_session(self.model_dir / decoder.file, provider, threads, spinning=spinning)
         self.provider = self.session.get_providers()[0]
         self.on_device = self.provider == CUDA
         self.graph_session: ort.InferenceSession | None = None
@@ -94,7 +118,8 @@ class ModelRunner:
         if self.seq2seq:
             encoder = m.graphs[contract.ENCODER].file
             on = "cuda" if self.on_device else "cpu"
-            self.encoder = create_session(self.model_dir / encoder, on, threads, compute_stream(self.session))
+            stream = compute_stream(self.session)
+            self.encoder = create_session(self.model_dir / encoder, on, threads, stream, spinning=spinning)
         self._check_names()
         self.spec = model_spec(m)
 

@@ -29,13 +29,17 @@ class ProviderError(Exception):
 
 
 def session_options(
-    threads: int = 0, optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    threads: int = 0,
+    optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    spinning: bool = False,
 ) -> ort.SessionOptions:
-    """`threads` 0 lets ONNX Runtime choose; idle threads sleep instead of spinning (cores are shared)."""
+    """`threads` 0 lets ONNX Runtime choose. Idle intra-op threads sleep unless `spinning`: a sleeping
+    thread costs a wake-up at every parallel node, a spinning one burns a core the process may share
+    (docs/design/decisions/intra-op-spinning.md)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.graph_optimization_level = optimization
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     options.log_severity_level = 3
     return options
 
@@ -80,28 +84,35 @@ def resolve_provider(asked: str, suits: tuple[str, ...], what: str, export_hint:
 
 
 def create_session(
-    path: str | Path, provider: str = "cpu", threads: int = 0, stream: int = 0, cuda_graph: bool = False
+    path: str | Path,
+    provider: str = "cpu",
+    threads: int = 0,
+    stream: int = 0,
+    cuda_graph: bool = False,
+    spinning: bool = False,
 ) -> ort.InferenceSession:
     """A session on `provider` (auto|cuda|cpu); auto keeps CUDA only if the session really runs on it.
 
     On CUDA the session computes on a stream of ours (`stream`, or a new one): the arena's copies
     are queued on it too, so they are ordered with ONNX Runtime's kernels (arena.Device).
-    `cuda_graph`: runs may be captured and replayed as CUDA graphs (fixed_steps.py)."""
+    `cuda_graph`: runs may be captured and replayed as CUDA graphs (fixed_steps.py). `spinning`:
+    session_options'."""
+    options = session_options(threads, spinning=spinning)
     if provider == "cpu":
-        return ort.InferenceSession(str(path), session_options(threads), providers=[CPU])
+        return ort.InferenceSession(str(path), options, providers=[CPU])
     if CUDA not in ort.get_available_providers():
         if provider == "cuda":
             raise ProviderError(
                 "--provider cuda: this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)"
             )
-        return create_session(path, "cpu", threads)
+        return create_session(path, "cpu", threads, spinning=spinning)
     preload_cuda_libraries()
     session: ort.InferenceSession | None
     try:
-        options = {"device_id": "0", "user_compute_stream": str(stream or new_cuda_stream())}
+        cuda = {"device_id": "0", "user_compute_stream": str(stream or new_cuda_stream())}
         if cuda_graph:
-            options["enable_cuda_graph"] = "1"
-        session = ort.InferenceSession(str(path), session_options(threads), providers=[(CUDA, options), CPU])
+            cuda["enable_cuda_graph"] = "1"
+        session = ort.InferenceSession(str(path), options, providers=[(CUDA, cuda), CPU])
     except Exception as e:  # noqa: BLE001 - ORT raises several types when CUDA fails to start
         session, reason = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     else:
@@ -111,7 +122,7 @@ def create_session(
     if provider == "cuda":
         raise ProviderError(f"--provider cuda: {reason}")
     log.warning("--provider auto: CUDA unavailable (%s); using the CPU", reason)
-    return create_session(path, "cpu", threads)
+    return create_session(path, "cpu", threads, spinning=spinning)
 
 
 def new_cuda_stream() -> int:

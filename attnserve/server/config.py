@@ -21,6 +21,7 @@ from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
 PREFIX_CACHE = ("off", "on")
+SPINNING = ("auto", "off", "on")
 MAX_PORT = 65535
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
 TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
@@ -89,7 +90,20 @@ class ServerConfig:
         ),
     )
     threads: int = field(
-        default=0, metadata=flag("ONNX Runtime intra-op threads; 0: all cores but one, left to the gRPC event loop")
+        default=0,
+        metadata=flag(
+            "ONNX Runtime intra-op threads; 0: every core for a model of 32 MiB or more (graphs and weights), "
+            "all cores but one (left to the gRPC front end) for a smaller one"
+        ),
+    )
+    intra_op_spinning: str = field(
+        default="auto",
+        metadata=flag(
+            "on: ONNX Runtime's idle intra-op threads spin between parallel nodes instead of sleeping "
+            "(faster steps with 2 threads or more, cores kept busy); off: they sleep; auto: on for a model "
+            "of 32 MiB or more",
+            choices=SPINNING,
+        ),
     )
     no_cuda_graphs: bool = field(
         default=False,
@@ -248,6 +262,10 @@ class ServerConfig:
             (self.engine_core in ENGINE_CORES, f"--engine-core must be thread or process, not {self.engine_core!r}"),
             (self.prefix_cache in PREFIX_CACHE, f"--prefix-cache must be off or on, not {self.prefix_cache!r}"),
             (
+                self.intra_op_spinning in SPINNING,
+                f"--intra-op-spinning must be auto, off or on, not {self.intra_op_spinning!r}",
+            ),
+            (
                 self.served_model_name is None or MODEL_NAME.fullmatch(self.served_model_name) is not None,
                 f"--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', "
                 f"not {self.served_model_name!r}",
@@ -268,7 +286,7 @@ class ServerConfig:
             ("port", 0 <= self.port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("http_port", self.http_port is None or 0 <= self.http_port <= MAX_PORT, f"0 to {MAX_PORT}"),
-            ("threads", self.threads >= 0, "0 or more (0: all cores but one)"),
+            ("threads", self.threads >= 0, "0 or more (0: chosen by the model's size)"),
             ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
             (

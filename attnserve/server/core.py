@@ -73,7 +73,8 @@ def load_tokenizer(model_dir: Path, manifest: Manifest) -> Tokenizer:
 
 def load_model(config: ServerConfig) -> LoadedModel:
     """The session, tokenizer and arena of config.model; raises ModelDirError, ProviderError or StartupError."""
-    runner = ModelRunner(config.model, config.provider, config.threads, not config.no_cuda_graphs)
+    spinning = {"on": True, "off": False}.get(config.intra_op_spinning)  # auto: None, by the model's size
+    runner = ModelRunner(config.model, config.provider, config.threads, not config.no_cuda_graphs, spinning)
     tokenizer = load_tokenizer(runner.model_dir, runner.manifest)
     try:
         capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)

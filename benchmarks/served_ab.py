@@ -1,0 +1,92 @@
+"""Two `attnserve serve` settings side by side on one model directory (or two), through gRPC: the A/B
+that chooses a serving default at a given size (threads, prefill chunk, KV memory).
+
+Both servers run at once on 127.0.0.1 (idle while the other is measured); each round drives one,
+then the other (the order flips every round), with `attnserve bench` from a process of its own: S
+streams at once, each --prompt-tokens prompt ids and exactly --new-tokens tokens (--ignore-eos).
+Reports, per stream count, each side's median output tokens/s and time to first token (p50) with
+min and max, b/a per round, and each server's resident memory (its processes together) after the
+rounds; then one JSON object last. Torch-free.
+
+    python -m benchmarks.served_ab --model models/NAME --a "--threads 1" --b "--threads 2"
+        [--model-b models/OTHER] [--streams 1,16] [--prompt-tokens 16] [--new-tokens 64] [--repeats 3]
+        [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from attnserve.report_stamp import Stamp
+from benchmarks.serving import alternating, report, spread
+from benchmarks.size_ladder import Served
+
+SIDES = ("a", "b")
+TITLE = "Two serving settings through gRPC, alternating"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
+    p.add_argument("--model-b", type=Path, help="side b's model directory (default: --model)")
+    p.add_argument("--a", default="", help='side a\'s `attnserve serve` flags, one string (e.g. "--threads 1")')
+    p.add_argument("--b", default="", help="side b's flags")
+    p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
+    p.add_argument("--repeats", type=int, default=3, help="rounds, the sides alternating; medians reported")
+    p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
+    args = p.parse_args(argv)
+    streams = [int(s) for s in args.streams.split(",")]
+    models = {"a": args.model, "b": args.model_b or args.model}
+    stamp = Stamp.start(provider="cpu")
+    # --threads is a flag of the side's own; Served's default of 0 is the server's default.
+    servers = {
+        side: Served(models[side], 0, max(streams), args.new_tokens, *shlex.split(getattr(args, side)))
+        for side in SIDES
+    }
+    rows = []
+    try:
+        for count in streams:
+            prompts = [[0] * args.prompt_tokens] * count  # bench draws the ids; only the shape counts
+            for server in servers.values():
+                server.measure(prompts[: min(count, 4)], 4)  # warm-up
+            runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+            for side in alternating(SIDES, args.repeats, f"{count} streams"):
+                runs[side].append(servers[side].measure(prompts, args.new_tokens))
+            row: dict = {"streams": count}
+            for side in SIDES:
+                row[side] = {
+                    "tokens_per_s": spread([r["tokens_per_s"] for r in runs[side]]),
+                    "ttft_ms": spread([r["ttft_ms"] for r in runs[side]]),
+                    "rss_mib": round(max(r["rss_bytes"] for r in runs[side]) / 2**20),
+                }
+            row["b_over_a"] = spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["a"], runs["b"])])
+            row["ttft_b_over_a"] = spread([b["ttft_ms"] / a["ttft_ms"] for a, b in zip(runs["a"], runs["b"])])
+            rows.append(row)
+    finally:
+        for server in servers.values():
+            server.close()
+    settings = {"a": args.a, "b": args.b, "model": str(args.model), "model_b": str(models["b"])}
+    settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
+    report({**settings, "rows": rows}, stamp, args.out, None, print_table, title=TITLE)
+    return 0
+
+
+def print_table(result: dict) -> None:
+    a, b = result["a"] or "(defaults)", result["b"] or "(defaults)"
+    print(f"a: {a} on {result['model']}; b: {b} on {result['model_b']}")
+    for row in result["rows"]:
+        a, b, r, t = row["a"], row["b"], row["b_over_a"], row["ttft_b_over_a"]
+        print(
+            f"{row['streams']:>3} streams: a {a['tokens_per_s']['median']:,.1f} tokens/s, b "
+            f"{b['tokens_per_s']['median']:,.1f}, b/a {r['median']:.3f} ({r['min']:.3f}-{r['max']:.3f}); TTFT a "
+            f"{a['ttft_ms']['median']:,.1f} ms, b {b['ttft_ms']['median']:,.1f}, b/a {t['median']:.3f}; RSS a "
+            f"{a['rss_mib']:,} MiB, b {b['rss_mib']:,}"
+        )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
