@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test test-fast import-sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
+.PHONY: test test-fast import-sizes sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -98,6 +98,15 @@ perf: $(STAMP) $(GENAI_STAMP) $(PERF_MODEL)/attnserve.json
 import-sizes: $(STAMP)
 	mkdir -p reports
 	$(PY) -m benchmarks.import_sizes --work runs/sizes --out reports/import-sizes.json
+
+# The size ladder: the lectures' small preset (trained for 60 s), GPT-2-shaped 34M and 124M and SmolLM-135M's
+# shape (random weights from configs), each exported float32, int8 and int4, decoded at 1, 16 and 64 streams
+# by attnserve served through gRPC, the plain loop over its arena driver, onnxruntime-genai on the same
+# directory, PyTorch eager and CTranslate2 (the [dev] extra installs it) on the same weights, sides
+# alternating; with each export's bandwidth limit. Checkpoints and exports are kept in runs/ladder.
+sizes: $(STAMP) $(GENAI_STAMP)
+	mkdir -p reports
+	$(PY) -m benchmarks.size_ladder --work runs/ladder --out reports/size-ladder.json --plot reports/size-ladder.png
 
 # The CUDA path on a CUDA host (issue 23): train on the GPU, export float16 and bfloat16 (gated on
 # CUDA), pytest -m gpu, then ONNX Runtime CUDA vs PyTorch CUDA per token and gRPC at 1, 16, 64 streams;

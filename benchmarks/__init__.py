@@ -8,6 +8,8 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.engine_core  --engine-core process vs thread vs onnxruntime-genai through gRPC (make perf)
     python -m benchmarks.gpu_check  the CUDA path proven and measured on a CUDA host (make gpu-check)
     python -m benchmarks.import_sizes  Hugging Face checkpoints at 124M/135M: import, export, serve (make import-sizes)
+    python -m benchmarks.size_ladder  1M to 135M parameters, float32/int8/int4, five runtimes side by side (make sizes)
+    python -m benchmarks.served_ab  two `attnserve serve` settings through gRPC, alternating
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
     python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)
     python -m benchmarks.loadtest.overload  open-loop arrivals above capacity (make overload)
@@ -17,6 +19,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
 
 hf_checkpoints.py makes Hugging Face checkpoint directories from configs (the tests' and import_sizes');
 concat_runner.py and concat_cache.py are the engine the KV arena replaced, kept as kv's baseline;
-genai_bench.py is onnxruntime-genai's side, run in .venv-genai. `attnserve bench` is the user's
+genai_bench.py is onnxruntime-genai's side, run in .venv-genai; ladder_sides.py is each side of the size
+ladder in a process of its own. `attnserve bench` is the user's
 tool and stays in the package (attnserve/clients/bench.py).
 """

@@ -137,9 +137,11 @@ def save_hf(out: Path, family: str, vocab_size: int | None = None, draw_all: boo
     return out
 
 
-# Real sizes: GPT-2 small's config (124M parameters) and SmolLM-135M's (a Llama: 9 query heads, 3
-# key/value heads, 30 layers, a tied head), with transformers' own initialisation.
+# Real sizes: a GPT-2 of 34M parameters (the size ladder's middle rung), GPT-2 small's config (124M
+# parameters) and SmolLM-135M's (a Llama: 9 query heads, 3 key/value heads, 30 layers, a tied head),
+# with transformers' own initialisation.
 SIZES = {
+    "gpt2-30m": ("gpt2", dict(n_embd=512, n_layer=8, n_head=8, n_positions=1024, initializer_range=0.02), 16384),
     "gpt2-124m": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, initializer_range=0.02), 50257),
     "smollm-135m": (
         "llama",

@@ -75,7 +75,7 @@ def one_size(name: str, work: Path, steps: int, levels: str, requests: int, new_
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("runs/sizes"), help="where checkpoints and models go")
-    p.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {', '.join(SIZES)}")
+    p.add_argument("--sizes", default="gpt2-124m,smollm-135m", help=f"comma-separated, of {', '.join(SIZES)}")
     p.add_argument("--steps", type=int, default=64, help="the import proof's greedy steps per prompt")
     p.add_argument("--concurrency", default="1,4", help="attnserve bench's levels")
     p.add_argument("--requests", type=int, default=8, help="requests per level")
