@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from attnserve.report_stamp import Stamp
+from attnserve.runtime.arena_decoder import ArenaDecoder
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
 from benchmarks.bandwidth import read_bandwidth, weight_bytes_per_token
@@ -35,12 +36,24 @@ def decode(model: ModelRunner, batch: int, new_tokens: int) -> tuple[float, np.n
     """Microseconds a step (prefill included, as one step), and the (steps, batch) tokens."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, model.spec.vocab_size - 10, PROMPT_TOKENS).tolist() for _ in range(batch)]
-    decoder = open_slot_runner(model, batch, PROMPT_TOKENS * batch).decoder
+    decoder = fresh_decoder(model, prompts)
     start = time.perf_counter()
+    tokens = greedy(decoder, prompts, new_tokens)
+    return (time.perf_counter() - start) / new_tokens * 1e6, tokens
+
+
+def fresh_decoder(model: ModelRunner, prompts: list[list[int]]) -> ArenaDecoder:
+    """An arena driver with a slot for each prompt, all empty."""
+    return open_slot_runner(model, len(prompts), len(prompts) * len(prompts[0])).decoder
+
+
+def greedy(decoder: ArenaDecoder, prompts: list[list[int]], new_tokens: int) -> np.ndarray:
+    """The plain loop over the arena driver: the prompts (one length) prefilled together into its first
+    slots, then new_tokens - 1 decode steps, one argmax over the batch each; the (steps, batch) tokens."""
     tokens = [decoder.prefill(0, prompts).argmax(axis=1)]
     for _ in range(new_tokens - 1):
         tokens.append(decoder.decode(tokens[-1]).argmax(axis=1))
-    return (time.perf_counter() - start) / new_tokens * 1e6, np.stack(tokens)
+    return np.stack(tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

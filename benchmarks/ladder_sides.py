@@ -23,25 +23,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.loadtest.server_process import status_bytes
+
 Decode = Callable[[list[list[int]], int], list[int]]  # (prompts, new tokens) -> the first row's new ids
 
 
 def plain(args: argparse.Namespace) -> Decode:
-    """attnserve's arena driver in a loop, no engine: prefill the batch, then one argmax a step."""
+    """attnserve's arena driver in a loop, no engine (graph_speed's greedy loop): prefill the batch,
+    then one argmax a step."""
     from attnserve.runtime.model_runner import ModelRunner
-    from attnserve.runtime.runners import open_slot_runner
+    from benchmarks.graph_speed import fresh_decoder, greedy
 
     spinning = {"on": True, "off": False}.get(args.intra_op_spinning)  # auto: as attnserve serve chooses
     model = ModelRunner(args.model, provider="cpu", threads=args.threads, spinning=spinning)
-
-    def decode(prompts: list[list[int]], new_tokens: int) -> list[int]:
-        decoder = open_slot_runner(model, len(prompts), len(prompts) * len(prompts[0])).decoder
-        tokens = [decoder.prefill(0, prompts).argmax(axis=1)]
-        for _ in range(new_tokens - 1):
-            tokens.append(decoder.decode(tokens[-1]).argmax(axis=1))
-        return [int(step[0]) for step in tokens]
-
-    return decode
+    return lambda prompts, new_tokens: greedy(fresh_decoder(model, prompts), prompts, new_tokens)[:, 0].tolist()
 
 
 def genai(args: argparse.Namespace) -> Decode:
@@ -137,10 +132,7 @@ SIDES: dict[str, Callable[[argparse.Namespace], Decode]] = {
 def peak_rss_bytes() -> int:
     """This process's peak resident set size, VmHWM (not ru_maxrss: Linux keeps that across exec, so a
     child would report its parent's peak)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    return status_bytes("self", "VmHWM")
 
 
 def serve(decode: Decode) -> None:

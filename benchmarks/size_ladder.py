@@ -190,33 +190,11 @@ class Served:
         return {
             "tokens_per_s": level["output_tokens_per_s"],
             "ttft_ms": level["ttft_ms"]["p50"],
-            "rss_bytes": tree_rss_bytes(self.server.pid),
+            "rss_bytes": self.server.tree_rss_bytes(),
         }
 
     def close(self) -> None:
         self.server.stop()
-
-
-def tree_rss_bytes(pid: int) -> int:
-    """Resident bytes of a process and its descendants (the server and its engine-core process)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        todo += children.get(current, [])
-        try:
-            status = Path(f"/proc/{current}/status").read_text()
-        except OSError:
-            continue
-        total += next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmRSS:")), 0)
-    return total
 
 
 Side = Worker | Served

@@ -50,11 +50,9 @@ def quantize_int4(src: Path, dst: Path, options: Int4Options) -> None:
     4-bit symmetric blocks of `options.block_size` along the input axis. A tied output head (a MatMul by
     the transposed embedding) is given the transposed weight first, so that it is quantized too: at a
     large vocabulary it is the biggest matrix a step reads."""
-    import onnx
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    model = onnx.load(str(src))
-    fold_weight_transposes(model.graph)
+    model = load_with_weight_transposes_folded(src)
     quantizer = MatMulNBitsQuantizer(
         model,
         bits=4,
@@ -66,6 +64,16 @@ def quantize_int4(src: Path, dst: Path, options: Int4Options) -> None:
     with quiet_quantizer():
         quantizer.process()
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+
+
+def load_with_weight_transposes_folded(src: Path):
+    """The ONNX model at `src`, its weights' Transposes folded (fold_weight_transposes): what both
+    quantizers start from, so that a tied head is quantized too."""
+    import onnx
+
+    model = onnx.load(str(src))
+    fold_weight_transposes(model.graph)
+    return model
 
 
 def fold_weight_transposes(graph) -> int:
@@ -97,11 +105,9 @@ def fold_weight_transposes(graph) -> int:
 def quantize_int8(src: Path, dst: Path) -> None:
     """Weights of MatMul/Gemm to int8, activations quantized on the fly; a tied head's transposed
     embedding is given a weight of its own first, so that the head is quantized too."""
-    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = onnx.load(str(src))
-    fold_weight_transposes(model.graph)
+    model = load_with_weight_transposes_folded(src)
     with quiet_quantizer():
         quantize_dynamic(model, str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
 

@@ -62,11 +62,18 @@ class ServerProcess:
 
     def rss_bytes(self) -> int:
         """Resident set size now (VmRSS)."""
-        with open(f"/proc/{self.pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise RuntimeError(f"no VmRSS for process {self.pid}")
+        return status_bytes(self.pid, "VmRSS")
+
+    def tree_rss_bytes(self) -> int:
+        """Resident set size now of the server and every process under it (its engine core); a process
+        that ended meanwhile counts nothing."""
+        total = 0
+        for pid in descendants(self.pid):
+            try:
+                total += status_bytes(pid, "VmRSS")
+            except OSError:
+                continue
+        return total
 
     def metrics(self, timeout: float = 10.0) -> dict[str, float]:
         """Every sample on /metrics: 'name{label="value",...}' -> value."""
@@ -94,6 +101,33 @@ class ServerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def status_bytes(pid: int | str, field: str) -> int:
+    """A size field of /proc/PID/status in bytes (VmRSS, VmHWM, ...); pid may be "self"."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} for process {pid}")
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every living process under it, from /proc's parent ids."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children.get(found[-1], [])
+    return found
 
 
 def by_label(samples: dict[str, float], name: str, label: str) -> dict[str, float]:
