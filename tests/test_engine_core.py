@@ -15,6 +15,7 @@ import grpc
 import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 
+from attnserve.runtime.model_runner import usable_cores
 from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
 from attnserve.server.core_protocol import DeltaEvent
 from attnserve.server.metrics import resident_bytes
@@ -50,6 +51,7 @@ def generate(stub, prompt: str, **fields) -> pb.GenerateResponse:
 def test_the_core_process_decodes_the_tokens_of_the_engine_in_the_servers_process(core, server):
     """Greedy and seeded sampling, unary and streamed: the same tokens and text in both modes."""
     assert core.server.engine.process.is_alive() and core.server.info.execution_provider == "CPUExecutionProvider"
+    assert core.engine.napping is (usable_cores() > 1)  # one thread leaves a core free, where there are two
     for prompt in PROMPTS:
         for fields in ({}, {**SAMPLED, "seed": 7}):
             here, there = generate(server.stub, prompt, **fields), generate(core.stub, prompt, **fields)
@@ -57,6 +59,21 @@ def test_the_core_process_decodes_the_tokens_of_the_engine_in_the_servers_proces
             streamed = list(core.stub.GenerateStream(request(prompt, max_new_tokens=24, **fields), timeout=60))
             assert [t for m in streamed for t in m.token_ids] == list(here.token_ids)
             assert "".join(m.text for m in streamed) == here.text
+
+
+def test_a_core_whose_threads_take_every_cpu_is_waited_for_not_napped_for_and_decodes_alike(tiny_model_dir, server):
+    """Threads on every core (a large model's default): the receiver sleeps until each step comes
+    (naps.py), and nothing is lost or late: the tokens of the server's process, streamed and unary."""
+    every_core = start_server(tiny_model_dir, engine_core="process", threads=usable_cores())
+    try:
+        assert every_core.engine.napping is False
+        for prompt in PROMPTS:
+            here, there = generate(server.stub, prompt), generate(every_core.stub, prompt)
+            assert there.token_ids == here.token_ids, prompt
+            streamed = list(every_core.stub.GenerateStream(request(prompt, max_new_tokens=24), timeout=60))
+            assert [t for m in streamed for t in m.token_ids] == list(here.token_ids)
+    finally:
+        every_core.stop()
 
 
 def test_the_metrics_report_the_core_process_memory(core, server):

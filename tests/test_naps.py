@@ -1,7 +1,8 @@
 """The receiver's naps (attnserve/server/naps.py) on a clock of the test's own: short naps while they
-come back on time, long ones for BUSY_S once LATE_IN_A_ROW came back late, short ones again after."""
+come back on time, long ones for BUSY_S once LATE_IN_A_ROW came back late, short ones again after;
+and none where the core's intra-op threads take every core."""
 
-from attnserve.server.naps import BUSY_NAP_S, BUSY_S, LATE_IN_A_ROW, LATE_S, NAP_S, Naps
+from attnserve.server.naps import BUSY_NAP_S, BUSY_S, LATE_IN_A_ROW, LATE_S, NAP_S, Naps, naps_pay
 
 
 class Clock:
@@ -58,3 +59,10 @@ def test_one_late_nap_between_timely_ones_changes_nothing():
         clock.late = 0.0
         napper.nap()
     assert clock.naps == [NAP_S] * 200
+
+
+def test_naps_pay_only_while_the_cores_threads_leave_a_cpu_free_or_it_runs_on_a_gpu():
+    assert naps_pay("CPUExecutionProvider", 1, 2)
+    assert not naps_pay("CPUExecutionProvider", 2, 2)
+    assert not naps_pay("CPUExecutionProvider", 3, 2)
+    assert naps_pay("CUDAExecutionProvider", 16, 16)

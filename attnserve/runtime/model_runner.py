@@ -50,12 +50,17 @@ def model_bytes(model_dir: str | Path) -> int:
     return sum(f.stat().st_size for f in Path(model_dir).iterdir() if f.suffix in (".onnx", ".data"))
 
 
+def usable_cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_threads(weight_bytes: int = 0) -> int:
     """Intra-op threads when none are asked for: every core this process may use for a model of
     LARGE_MODEL_BYTES or more, whose steps are long enough to pay for them; every core but one for a
     smaller one, the one left to the gRPC front end, which then adds far less to each token
     (docs/design/decisions/default-threads.md)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return cores if weight_bytes >= LARGE_MODEL_BYTES else max(1, cores - 1)
 
 

@@ -250,6 +250,7 @@ def run_core(config: ServerConfig, path: str) -> None:
             loaded.slots.nbytes,
             loaded.runner.provider_note,
             loaded.slots.prefix_bytes,
+            loaded.runner.threads,
         )
     )
     engine.start()

@@ -57,6 +57,7 @@ class Ready(msgspec.Struct, tag=True):
     kv_cache_bytes: int
     provider_note: str = ""  # why it is not the one asked for
     prefix_cache_bytes: int = 0  # the prefix cache's pool (0: off)
+    threads: int = 0  # the session's intra-op threads (0: not said)
 
 
 class Failed(msgspec.Struct, tag=True):

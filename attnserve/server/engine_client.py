@@ -9,7 +9,8 @@ looks less often than the core steps) and hands their events to the callers' eve
 call per loop, as the in-process engine does; the engine's observations go to the front end's
 metrics there too. While requests are in flight it naps between looks for messages rather than
 sleeping until the core's write wakes it (a wake would cost the core's engine thread ~30 us a
-step), longer while this process's event loop is busy (naps.py).
+step), longer while this process's event loop is busy; but not while the core's threads take every
+core, where the naps' wakes would take CPU from them (naps.py).
 
 What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
 QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
@@ -38,6 +39,7 @@ from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
 from ..runtime.contract import ModelDirError
+from ..runtime.model_runner import usable_cores
 from ..runtime.ort_session import ProviderError
 from .config import ServerConfig
 from .core import StartupError, run_core
@@ -53,7 +55,7 @@ from .core_protocol import (
     Submit,
     from_wire,
 )
-from .naps import Naps
+from .naps import Naps, naps_pay
 
 log = logging.getLogger("attnserve.server")
 
@@ -114,7 +116,14 @@ class EngineClient:
         self.capacity = self.ready.capacity
         assert self.process.pid is not None, "a started process has a pid"
         self.pid: int = self.process.pid
-        log.info("engine core ready in process %d", self.pid)
+        # Naps between looks for the core's messages, or sleeps in poll until each comes (naps.py).
+        self.napping = naps_pay(self.ready.provider, self.ready.threads, usable_cores())
+        log.info(
+            "engine core ready in process %d (%d intra-op threads; the receiver %s)",
+            self.pid,
+            self.ready.threads,
+            "naps between looks" if self.napping else "sleeps until each step comes",
+        )
         self._receiver = threading.Thread(target=self._receive, name="attnserve-core-receiver", daemon=True)
 
     def _wait_ready(self) -> Ready:
@@ -233,10 +242,10 @@ class EngineClient:
             )
 
     def _receive_steps(self) -> None:
-        """Every message that has come, handed on together; then, with requests in flight, a nap (the
-        core's next write finds nobody to wake; naps.py); otherwise a sleep until one comes. The
-        core's end of the socket closes when its process dies; a waiting receiver also looks at the
-        process itself each POLL_MS."""
+        """Every message that has come, handed on together; then, with requests in flight and naps
+        paying, a nap (the core's next write finds nobody to wake; naps.py); otherwise a sleep until
+        one comes. The core's end of the socket closes when its process dies; a waiting receiver also
+        looks at the process itself each POLL_MS."""
         assert self._channel is not None, "the core connected before Ready"
         naps = Naps()
         while not self._stopping:
@@ -246,7 +255,7 @@ class EngineClient:
                 break
             if steps:
                 self._take(steps)
-            elif self.handles:
+            elif self.handles and self.napping:
                 naps.nap()
             elif not self._channel.wait(POLL_MS / 1000) and not self.process.is_alive():
                 break
