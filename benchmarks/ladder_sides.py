@@ -30,13 +30,24 @@ Decode = Callable[[list[list[int]], int], list[int]]  # (prompts, new tokens) ->
 
 def plain(args: argparse.Namespace) -> Decode:
     """attnserve's arena driver in a loop, no engine (graph_speed's greedy loop): prefill the batch,
-    then one argmax a step."""
+    then one argmax a step. The arena of a batch's size is kept for the next batch of that size, as a
+    server keeps its own: allocating it (75 MB a slot at GPT-2 124M) is start-up, not decoding."""
     from attnserve.runtime.model_runner import ModelRunner
     from benchmarks.graph_speed import fresh_decoder, greedy
 
     spinning = {"on": True, "off": False}.get(args.intra_op_spinning)  # auto: as attnserve serve chooses
     model = ModelRunner(args.model, provider="cpu", threads=args.threads, spinning=spinning)
-    return lambda prompts, new_tokens: greedy(fresh_decoder(model, prompts), prompts, new_tokens)[:, 0].tolist()
+    kept: dict = {}  # batch size -> its arena driver; one at a time
+
+    def decode(prompts: list[list[int]], new_tokens: int) -> list[int]:
+        if (decoder := kept.get(len(prompts))) is None:
+            kept.clear()
+            decoder = kept[len(prompts)] = fresh_decoder(model, prompts)
+        for slot in range(len(prompts)):
+            decoder.clear(slot)
+        return greedy(decoder, prompts, new_tokens)[:, 0].tolist()
+
+    return decode
 
 
 def genai(args: argparse.Namespace) -> Decode:

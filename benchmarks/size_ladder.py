@@ -224,8 +224,8 @@ def measure_row(rung: Rung, quantization: str, args) -> list[dict]:
     try:
         for streams in args.streams:
             prompts = genai_prompts(str(rung.exports[quantization]), streams, args.prompt_tokens)
-            for opened in sides.values():  # warm-up
-                opened.measure(prompts[: min(streams, 4)], 4)
+            for opened in sides.values():  # warm-up, at the full width (the plain loop's arena is made here)
+                opened.measure(prompts, 4)
             runs: dict[str, list[dict]] = {side: [] for side in sides}
             label = f"{rung.name} {quantization}, {streams} streams"
             for side in alternating(list(sides), args.repeats, label):

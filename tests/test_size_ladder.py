@@ -27,10 +27,13 @@ def test_every_side_decodes_the_plain_loops_tokens(hf_dir, hf_model_dir, tmp_pat
         sides["ct2"] = Worker("ct2", ct2_dir, 1)
     try:
         runs = {side: worker.run(prompts, 24) for side, worker in sides.items()}
+        again = sides["plain"].run(prompts, 24)  # on the arena it kept, each slot cleared
+        shorter = sides["plain"].run(prompts[:2], 24)  # a batch of another size gets an arena of its own
     finally:
         for worker in sides.values():
             worker.close()
     assert len(runs["plain"]["tokens"]) == 24
+    assert again["tokens"] == shorter["tokens"] == runs["plain"]["tokens"]
     for side, run in runs.items():
         assert run["tokens"] == runs["plain"]["tokens"], side
         assert run["seconds"] > 0 and run["rss_bytes"] > 0
