@@ -5,7 +5,7 @@ import threading
 import time
 
 import pytest
-from fixtures_server import start_server, wait_until
+from fixtures_server import request, start_server, wait_until
 
 from attnserve.clients import NO_RETRY, AsyncClient, Client, RetryPolicy, Unavailable
 
@@ -108,3 +108,38 @@ def test_a_stream_is_not_retried_once_tokens_arrived(tiny_model_dir):
             list(stream)  # replaying the tokens would duplicate them
     stopper.join(5)
     assert first.token_ids
+
+
+def unavailable(server) -> float:
+    """Attempts of Generate the server refused with UNAVAILABLE (its Prometheus counter)."""
+    registry = server.server.metrics.registry
+    return registry.get_sample_value("attnserve_requests_total", {"method": "Generate", "code": "UNAVAILABLE"}) or 0
+
+
+@pytest.mark.parametrize(("bucket", "most_attempts"), [(10, 1.2), (1000, 5.0)])
+def test_a_draining_server_gets_about_one_attempt_a_call_not_five(tiny_model_dir, bucket, most_attempts):
+    """Every call refused with UNAVAILABLE (the server drains behind a request it holds): the retries
+    stop once the bucket is half empty, 1.1 attempts a call over 40 calls, where a bucket too big to
+    empty lets each call take its five."""
+    running = start_server(tiny_model_dir, drain_timeout=30)
+    running.pacer.hold()
+    held = threading.Thread(target=lambda: running.stub.Generate(request(PROMPT, max_new_tokens=8), timeout=60))
+    held.start()
+    wait_until(running.pacer.held.is_set, what="the engine to hold the request")
+    draining = asyncio.run_coroutine_threadsafe(running.server.drain(), running.loop)
+    wait_until(lambda: running.server.boundary.refusal is not None, what="the server to drain")
+    quick = RetryPolicy(initial_backoff=0.01, max_backoff=0.01, throttle_tokens=bucket)
+    try:
+        with Client(running.target, timeout=5, retry=quick) as client:
+            for _ in range(40):
+                with pytest.raises(Unavailable, match="draining"):
+                    client.generate(PROMPT, max_new_tokens=2)
+        attempts = unavailable(running) / 40
+    finally:
+        running.pacer.release()
+        draining.result(30)  # the held request finished; the server stopped
+        held.join(10)
+        running.loop.call_soon_threadsafe(running.loop.stop)
+        running.thread.join(10)
+    assert attempts <= most_attempts
+    assert attempts > most_attempts - 0.2  # the bucket decides: 44 attempts, or all 200

@@ -164,10 +164,13 @@ def test_retry_policy_becomes_grpcs_service_config():
     patient = RetryPolicy(max_attempts=40).method_config()  # over gRPC's cap of 5: wait for a server
     assert patient["waitForReady"] is True and patient["retryPolicy"]["maxAttempts"] == 5
     assert "retryPolicy" not in NO_RETRY.method_config()
+    assert config["retryThrottling"] == {"maxTokens": 10, "tokenRatio": 0.1}  # gRPC's token bucket
+    assert "retryThrottling" not in json.loads(ChannelConfig(retry=NO_RETRY).service_config())
     assert RetryPolicy().method_config(timeout=0.5)["retryPolicy"]["maxAttempts"] == 3  # 0.12 + 0.24 s fit
     assert "retryPolicy" not in RetryPolicy().method_config(timeout=0.1)  # not even one backoff fits
     assert ("grpc.enable_retries", 0) in ChannelConfig(retry=NO_RETRY).channel_args()[1]
-    for bad in (dict(max_attempts=0), dict(jitter=1.0), dict(initial_backoff=0)):
+    bad_buckets = (dict(throttle_tokens=0), dict(throttle_tokens=1001), dict(throttle_ratio=0.0001))
+    for bad in (dict(max_attempts=0), dict(jitter=1.0), dict(initial_backoff=0), *bad_buckets):
         with pytest.raises(ValueError):
             RetryPolicy(**bad)
     with pytest.raises(ValueError):

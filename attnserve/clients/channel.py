@@ -140,9 +140,15 @@ class ChannelConfig:
     timeout: float | None = None  # the calls' deadline in seconds: retries that cannot fit are dropped
 
     def service_config(self) -> str:
-        """The channel's service config (JSON): round_robin over the targets, and the retry policy."""
-        method = self.retry.method_config(self.timeout)
-        return json.dumps({"loadBalancingConfig": [{"round_robin": {}}], "methodConfig": [method]})
+        """The channel's service config (JSON): round_robin over the targets, and the retry policy and
+        its throttling."""
+        config: dict[str, object] = {
+            "loadBalancingConfig": [{"round_robin": {}}],
+            "methodConfig": [self.retry.method_config(self.timeout)],
+        }
+        if (throttling := self.retry.throttling()) is not None:
+            config["retryThrottling"] = throttling
+        return json.dumps(config)
 
     def channel_args(self) -> tuple[str, list[tuple[str, object]]]:
         """The gRPC target and channel arguments: service config, fast reconnects, TLS name."""

@@ -5,7 +5,12 @@ the calls, with exponential backoff, and never once the server's first response 
 stream that may have generated text is not retried. A call's timeout covers all its attempts,
 and the attempts whose backoffs would outlast the client's timeout are left out, so that an
 unreachable server is reported as UNAVAILABLE rather than as a deadline. Health checks are left
-out, so that they answer at once. Knows nothing about the service's messages.
+out, so that they answer at once. And the retries are throttled (the service config's
+`retryThrottling`, gRPC's token bucket per server name): every call that fails with a retryable
+status takes a token, every call that succeeds gives back `throttle_ratio` of one, and while the
+bucket holds half its `throttle_tokens` or less, failed calls are not resent. A server that answers
+UNAVAILABLE to everything (down behind a proxy, draining, refusing streams) then gets about one
+attempt per call, not five: no retry storm. Knows nothing about the service's messages.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from .errors import RETRYABLE
 SERVICE = "attnserve.v1.TextGeneration"  # the methods a policy covers
 GRPC_MAX_ATTEMPTS = 5  # gRPC clamps maxAttempts to 5, and logs an error above it
 GRPC_JITTER = 0.2  # gRPC scales every backoff by a random factor in [0.8, 1.2], not configurable
+GRPC_MAX_TOKENS = 1000  # gRPC refuses a retryThrottling whose maxTokens is above it
 
 
 @dataclass(frozen=True)
@@ -29,12 +35,19 @@ class RetryPolicy:
     max_backoff: float = 2.0  # cap of one backoff, seconds
     multiplier: float = 2.0  # growth of the backoff per attempt
     jitter: float = 0.2  # no backoff comes sooner than (1 - jitter) times its nominal value
+    throttle_tokens: int = 10  # the retry bucket's size; retries stop while it holds half or less
+    throttle_ratio: float = 0.1  # tokens a call that succeeds gives back (a failed one takes 1)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1 or not 0 <= self.jitter < 1:
             raise ValueError(f"RetryPolicy needs max_attempts >= 1 and 0 <= jitter < 1, got {self}")
         if min(self.initial_backoff, self.max_backoff, self.multiplier) <= 0:
             raise ValueError(f"RetryPolicy needs positive backoffs and multiplier, got {self}")
+        if not 1 <= self.throttle_tokens <= GRPC_MAX_TOKENS or not 0.001 <= self.throttle_ratio <= self.throttle_tokens:
+            raise ValueError(
+                f"RetryPolicy needs 1 <= throttle_tokens <= {GRPC_MAX_TOKENS} and "
+                f"0.001 <= throttle_ratio <= throttle_tokens, got {self}"
+            )
 
     @property
     def retries(self) -> bool:
@@ -76,6 +89,12 @@ class RetryPolicy:
             "retryableStatusCodes": [error.code.name for error in RETRYABLE],
         }
         return config
+
+    def throttling(self) -> dict[str, Any] | None:
+        """The service config's retryThrottling for this policy (None: nothing is retried)."""
+        if not self.retries:
+            return None
+        return {"maxTokens": self.throttle_tokens, "tokenRatio": round(self.throttle_ratio, 3)}
 
 
 NO_RETRY = RetryPolicy(max_attempts=1)

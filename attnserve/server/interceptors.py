@@ -150,7 +150,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         writes = self.writes
 
         async def unary(behavior, request, context):
-            async with _Boundary(self, method, served, request, context) as call:
+            async with _Boundary(self, method, served, request, context, unary=True) as call:
                 return await call.admit(behavior)(request, context)
 
         async def stream(behavior, request, context):
@@ -177,15 +177,27 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
 class _Boundary:
     """One call's error mapping and accounting (an async context manager).
 
-    A mapped error ends a gRPC call with its status set on the context and the error swallowed,
+    A mapped error ends a gRPC stream with its status set on the context and the error swallowed,
     not with context.abort(), whose kept exception held each refused call and its HTTP/2 stream in
     a reference cycle, counted against --max-concurrent-streams, until the cycle collector ran
-    (docs/design/decisions/status-not-abort.md). With `aborts` (callers outside gRPC, Ray Serve),
-    the error is raised as abort()."""
+    (docs/design/decisions/status-not-abort.md). A `unary` call ends with abort() all the same, its
+    exception swallowed and its traceback dropped (no cycle): grpc.aio sends a unary call whose
+    status was set with an empty message before the status, and a call that got a message is
+    committed, so no gRPC client would retry its UNAVAILABLE; abort() sends the status alone
+    (Trailers-Only). With `aborts` (callers outside gRPC, Ray Serve), the error is raised as abort()."""
 
-    def __init__(self, owner: BoundaryInterceptor, method: str, served: bool, request, context, aborts: bool = False):
+    def __init__(
+        self,
+        owner: BoundaryInterceptor,
+        method: str,
+        served: bool,
+        request,
+        context,
+        aborts: bool = False,
+        unary: bool = False,
+    ):
         self.owner, self.method, self.served, self.request, self.context = owner, method, served, request, context
-        self.aborts = aborts
+        self.aborts, self.unary = aborts, unary
         # Why this call is refused (the server starts or drains), taken once as it arrives; None: served
         self.refusal = owner.refusal if served and method not in ALWAYS_ANSWERED else None
         self.tracked = served and self.refusal is None  # counted in flight
@@ -218,9 +230,19 @@ class _Boundary:
             return False
         if self.aborts:
             await self.context.abort(code, message)
+        if self.unary:
+            await self.end_with_status_alone(code, message)
+            return True
         self.context.set_code(code)
         self.context.set_details(message)
         return True
+
+    async def end_with_status_alone(self, code: grpc.StatusCode, message: str) -> None:
+        """abort(): the status goes out now, alone; its AbortError stops here, holding no frame."""
+        try:
+            await self.context.abort(code, message)
+        except grpc.aio.AbortError as aborted:
+            aborted.__traceback__ = aborted.__context__ = None
 
     def classify(self, error: BaseException | None) -> tuple[grpc.StatusCode, str | None]:
         """The call's status, and the message to abort with (None: the call already has its status)."""
