@@ -1,9 +1,9 @@
 """Overload: open-loop arrivals at several times the server's capacity, against a real server.
 
 First the capacity: --max-batch streams back to back (closed loop) for --capacity-seconds, in
-requests per second. Then Poisson arrivals at --factor times that for --duration seconds, each a
-stream of --max-new-tokens tokens, while grpc.health.v1 Check is called every 100 ms on a
-connection of its own and /metrics is read every 250 ms. What must hold: the queue never holds
+requests per second. Then Poisson arrivals at --factor times that (or at --rate calls a second) for
+--duration seconds, each a stream of --max-new-tokens tokens, while grpc.health.v1 Check is called
+every 100 ms on a connection of its own and /metrics is read every 250 ms. What must hold: the queue never holds
 more than --max-queue requests; requests beyond it are refused with RESOURCE_EXHAUSTED at once;
 health answers SERVING throughout; and accepted requests get their first token within a bound
 set by the queue ahead of them: (max_queue / max_batch + 1) times the 99th percentile of the time
@@ -117,7 +117,7 @@ async def measure(args: argparse.Namespace, target: str, server: ServerProcess |
         stub = pb_grpc.TextGenerationStub(channel)
         limits = (await stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=30)).limits
         cap = await capacity(stub, limits.max_batch_size, args.capacity_seconds, args.max_new_tokens, args.interval)
-        rate = args.factor * cap["requests_per_s"]
+        rate = args.rate or args.factor * cap["requests_per_s"]
         stop = asyncio.Event()
         health: list = []
         queue: list = []
@@ -186,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--model", help="start `attnserve serve` on this model directory")
     where.add_argument("--target", help="or load a running server at HOST:PORT (no queue gauge then)")
     parser.add_argument("--factor", type=float, default=4.0, help="offered load, times capacity (default 4)")
+    parser.add_argument("--rate", type=float, default=None, help="offered load in calls/s (instead of --factor)")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of open-loop arrivals (default 30)")
     parser.add_argument("--capacity-seconds", type=float, default=10.0, help="seconds of the capacity run")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request (default 64)")
