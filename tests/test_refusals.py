@@ -208,6 +208,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--model", ["--model", "/no/such/model"], "--model /no/such/model"),
         ("--provider", ["--provider", "tpu"], "invalid choice: 'tpu'"),
         ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: chosen by the model's size), got -1"),
+        ("--intra-op-spinning", ["--intra-op-spinning", "fast"], "invalid choice: 'fast'"),
         ("--kv-cache-memory", ["--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 (bytes), got 0"),
         ("--prefill-chunk", ["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
         ("--prefix-cache", ["--prefix-cache", "maybe"], "invalid choice: 'maybe'"),

@@ -24,6 +24,7 @@ REPLICA_FIELDS = (
     "model",
     "provider",
     "threads",
+    "intra_op_spinning",
     "max_batch",
     "kv_cache_memory",
     "prefill_chunk",

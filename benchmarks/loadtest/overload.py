@@ -3,11 +3,12 @@
 First the capacity: --max-batch streams back to back (closed loop) for --capacity-seconds, in
 requests per second. Then Poisson arrivals at --factor times that (or at --rate calls a second) for
 --duration seconds, each a stream of --max-new-tokens tokens, while grpc.health.v1 Check is called
-every 100 ms on a connection of its own and /metrics is read every 250 ms. What must hold: the queue never holds
-more than --max-queue requests; requests beyond it are refused with RESOURCE_EXHAUSTED at once;
-health answers SERVING throughout; and accepted requests get their first token within a bound
-set by the queue ahead of them: (max_queue / max_batch + 1) times the 99th percentile of the time
-an accepted request takes from its first token to its end (its turn in a slot, under this load).
+every 100 ms on a connection of its own and /metrics is read every 250 ms. What must hold: the
+queue never holds more than --max-queue requests; requests beyond it are refused with
+RESOURCE_EXHAUSTED at once; health answers SERVING throughout; and accepted requests get their
+first token within a bound set by the queue ahead of them: (max_queue / max_batch + 1) times the
+99th percentile of the time an accepted request takes from its first token to its end (its turn
+in a slot, under this load).
 The report is JSON (last line on stdout; in --out with its Markdown report) and a PNG; exit code 1
 if a check fails.
 """
