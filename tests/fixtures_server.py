@@ -168,6 +168,12 @@ def idle(engine) -> bool:
     return engine.stats() == {"active": 0, "queued": 0}
 
 
+def calls(server, method: str, code: str) -> float:
+    """Calls of `method` that a started server ended with status `code` (its Prometheus counter)."""
+    registry = server.server.metrics.registry
+    return registry.get_sample_value("attnserve_requests_total", {"method": method, "code": code}) or 0
+
+
 def request(prompt: str, **fields) -> pb.GenerateRequest:
     return pb.GenerateRequest(prompt=prompt, **fields)
 

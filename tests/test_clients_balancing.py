@@ -5,7 +5,7 @@ import threading
 import time
 
 import pytest
-from fixtures_server import request, start_server, wait_until
+from fixtures_server import calls, request, start_server, wait_until
 
 from attnserve.clients import NO_RETRY, AsyncClient, Client, RetryPolicy, Unavailable
 
@@ -14,9 +14,8 @@ PATIENT = RetryPolicy(max_attempts=40, initial_backoff=0.05, max_backoff=0.25)  
 
 
 def served(server, method: str = "Generate") -> float:
-    """Calls of `method` that server answered OK (its Prometheus counter)."""
-    registry = server.server.metrics.registry
-    return registry.get_sample_value("attnserve_requests_total", {"method": method, "code": "OK"}) or 0
+    """Calls of `method` that server answered OK."""
+    return calls(server, method, "OK")
 
 
 @pytest.fixture
@@ -110,12 +109,6 @@ def test_a_stream_is_not_retried_once_tokens_arrived(tiny_model_dir):
     assert first.token_ids
 
 
-def unavailable(server) -> float:
-    """Attempts of Generate the server refused with UNAVAILABLE (its Prometheus counter)."""
-    registry = server.server.metrics.registry
-    return registry.get_sample_value("attnserve_requests_total", {"method": "Generate", "code": "UNAVAILABLE"}) or 0
-
-
 @pytest.mark.parametrize(("bucket", "most_attempts"), [(10, 1.2), (1000, 5.0)])
 def test_a_draining_server_gets_about_one_attempt_a_call_not_five(tiny_model_dir, bucket, most_attempts):
     """Every call refused with UNAVAILABLE (the server drains behind a request it holds): the retries
@@ -134,7 +127,7 @@ def test_a_draining_server_gets_about_one_attempt_a_call_not_five(tiny_model_dir
             for _ in range(40):
                 with pytest.raises(Unavailable, match="draining"):
                     client.generate(PROMPT, max_new_tokens=2)
-        attempts = unavailable(running) / 40
+        attempts = calls(running, "Generate", "UNAVAILABLE") / 40
     finally:
         running.pacer.release()
         draining.result(30)  # the held request finished; the server stopped

@@ -62,7 +62,7 @@ def test_one_late_nap_between_timely_ones_changes_nothing():
 
 
 def test_naps_pay_only_while_the_cores_threads_leave_a_cpu_free_or_it_runs_on_a_gpu():
-    assert naps_pay("CPUExecutionProvider", 1, 2)
-    assert not naps_pay("CPUExecutionProvider", 2, 2)
-    assert not naps_pay("CPUExecutionProvider", 3, 2)
-    assert naps_pay("CUDAExecutionProvider", 16, 16)
+    assert naps_pay(True, 1, 2)
+    assert not naps_pay(True, 2, 2)
+    assert not naps_pay(True, 3, 2)
+    assert naps_pay(False, 16, 16)

@@ -5,7 +5,7 @@ import gc
 
 import grpc
 import pytest
-from fixtures_server import idle, request, start_server, wait_until
+from fixtures_server import calls, idle, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.v1 import generation_pb2 as pb
@@ -97,11 +97,6 @@ def decoding_and_held(single) -> None:
 def finished(server, reason: str) -> float:
     registry = server.server.metrics.registry
     return registry.get_sample_value("attnserve_generations_finished_total", {"reason": reason}) or 0
-
-
-def calls(server, method: str, code: str) -> float:
-    registry = server.server.metrics.registry
-    return registry.get_sample_value("attnserve_requests_total", {"method": method, "code": code}) or 0
 
 
 def test_full_queue_is_resource_exhausted_and_health_stays_serving(single):

@@ -40,7 +40,7 @@ from ..engine.sequence import Event, Handle, check_budget, post
 from ..engine.slot_runner import ModelSpec
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import usable_cores
-from ..runtime.ort_session import ProviderError
+from ..runtime.ort_session import CPU, ProviderError
 from .config import ServerConfig
 from .core import StartupError, run_core
 from .core_channel import Channel, ChannelClosed, listen
@@ -117,7 +117,7 @@ class EngineClient:
         assert self.process.pid is not None, "a started process has a pid"
         self.pid: int = self.process.pid
         # Naps between looks for the core's messages, or sleeps in poll until each comes (naps.py).
-        self.napping = naps_pay(self.ready.provider, self.ready.threads, usable_cores())
+        self.napping = naps_pay(self.ready.provider == CPU, self.ready.threads, usable_cores())
         log.info(
             "engine core ready in process %d (%d intra-op threads; the receiver %s)",
             self.pid,

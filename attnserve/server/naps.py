@@ -18,7 +18,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-CPU = "CPUExecutionProvider"
 NAP_S = 0.0002  # the receiver's look-again period while requests are in flight
 LATE_S = 0.0003  # a nap back this much later than asked waited for the GIL
 LATE_IN_A_ROW = 2  # late naps, one after the other, that mean the event loop is busy
@@ -26,13 +25,13 @@ BUSY_S = 0.05  # then long naps for this long
 BUSY_NAP_S = 0.001  # the long nap
 
 
-def naps_pay(provider: str, threads: int, cores: int) -> bool:
+def naps_pay(on_cpu: bool, threads: int, cores: int) -> bool:
     """Whether the receiver naps while requests are in flight (True) or sleeps in poll until the core's
-    next write wakes it: naps while the core runs on a GPU or its `threads` intra-op threads leave one
-    of this host's `cores` free. Threads on every core (a large model's default, spinning) share them
+    next write wakes it: naps while the core runs on a GPU (not `on_cpu`) or its `threads` intra-op
+    threads leave one of this host's `cores` free. Threads on every core (a large model's default, spinning) share them
     with the receiver, and its 5,000 wakes a second cost a served GPT-2 124M 1.2-1.3x in tokens/s
     (docs/design/decisions/receiver-naps.md)."""
-    return provider != CPU or threads < cores
+    return not on_cpu or threads < cores
 
 
 class Naps:
