@@ -37,13 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from attnserve.core.client import EngineClient
 from attnserve.engine.domain import Final, GenerationRequest, StreamInterval
 from attnserve.engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
 from attnserve.report_stamp import Stamp
 from attnserve.runtime.model_runner import ModelRunner
 from attnserve.runtime.runners import open_slot_runner
 from attnserve.server.config import ServerConfig
-from attnserve.server.engine_client import EngineClient
 from attnserve.tokenizer import from_model_dir
 from benchmarks.serving import alternating, report, spread
 
@@ -127,7 +127,7 @@ async def measure(
         prefill_chunk=PROMPT_TOKENS * max(levels),
         engine_core="process",
     )
-    core = EngineClient(config, model.spec, EngineObserver())
+    core = EngineClient(config.core(), model.spec, EngineObserver(), config.stream_buffer_events)
     core.start()
     rows = []
     try:

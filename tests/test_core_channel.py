@@ -1,4 +1,4 @@
-"""The engine core's channel (core_channel.py) on a real Unix socket pair: frames of any size arrive
+"""The engine core's channel (attnserve/core/channel.py) on a real Unix socket pair: frames of any size arrive
 whole and in order however the stream cuts them, and the other end's close is an error, not a hang."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import threading
 import msgspec
 import pytest
 
-from attnserve.server import core_channel
-from attnserve.server.core_channel import CHUNK, Channel, ChannelClosed
+from attnserve.core import channel as core_channel
+from attnserve.core.channel import CHUNK, Channel, ChannelClosed
 
 DECODER = msgspec.msgpack.Decoder()
 

@@ -28,8 +28,9 @@ from attnserve.engine.domain import (
     SamplingParams,
     StreamInterval,
 )
-from attnserve.engine.engine import Engine, EngineLimits
-from attnserve.engine.sequence import Sequence
+from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
+from attnserve.engine.outbox import LoopOutbox
+from attnserve.engine.sequence import Handle, Sequence
 from attnserve.engine.slot_runner import Enough, Logits, ModelSpec, stepwise
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -257,6 +258,61 @@ def test_cancel_frees_the_slot_at_the_next_step_for_the_queued_request():
         ("start", keys[tuple(b"queued")], tuple(b"queued"))
     )
     assert stats == {"active": 0, "queued": 0}
+
+
+class Counted(EngineObserver):
+    def __init__(self):
+        self.finals: list[Final] = []
+
+    def on_finish(self, final: Final) -> None:
+        self.finals.append(final)
+
+
+def test_a_released_queued_request_ends_cancelled_at_once_counted_and_never_started():
+    """The public way to end a request from another thread: a queued one's Final goes out at the
+    engine thread's next step boundary (the burst under way ends for it), not when a slot frees,
+    and the observer counts it."""
+    runner = FakeRunner(capacity=1)
+    runner.gate.clear()
+    observer = Counted()
+
+    async def main():
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0), observer)
+        try:
+            long, queued = engine.submit(ask("long", 50)), engine.submit(ask("queued", 3))
+            engine.start()
+            await at_gate(runner)
+            engine.release(queued)
+            runner.gate.set()
+            return await outcome(queued), await outcome(long)
+        finally:
+            runner.gate.set()
+            engine.stop()
+
+    (tokens, final), (long_tokens, _) = asyncio.run(main())
+    assert tokens == [] and isinstance(final, Final) and final.reason == FinishReason.CANCELLED
+    assert final.usage.completion_tokens == 0
+    assert tuple(b"queued") not in runner.keys_started()
+    assert long_tokens == alone(tuple(b"long"), 50)
+    assert [f.reason for f in observer.finals] == [FinishReason.CANCELLED, FinishReason.LENGTH]
+    assert runner.bursts[0] == 1  # the burst under way stopped after its step for the ending
+
+
+def test_a_refusal_handed_to_the_engine_is_its_callers_only_event():
+    """refuse(): a request never queued (the engine core found it over its bounds) gets its error
+    from the engine thread, the one that delivers every event."""
+    runner = FakeRunner(capacity=1)
+
+    async def main():
+        with running(runner) as engine:
+            engine.start()
+            handle = Handle(ask("refused", 3), asyncio.get_running_loop())
+            engine.refuse(handle, QueueFull("full"))
+            return await asyncio.wait_for(handle.next_events(), WAIT_S), engine.stats()
+
+    events, stats = asyncio.run(main())
+    assert len(events) == 1 and isinstance(events[0], QueueFull) and str(events[0]) == "full"
+    assert stats == {"active": 0, "queued": 0} and not runner.keys_started()
 
 
 class Clock:
@@ -557,17 +613,16 @@ def test_a_stream_in_a_burst_gets_each_token_as_its_step_ends():
     assert early + tokens == alone(tuple(b"stream"), 20) and unary_tokens == alone(tuple(b"unary"), 20)
 
 
-class FinalsAfterFree(Engine):
-    """The Engine, noting the engine's active count each time it hands a Final on."""
+class FinalsAfterFree(LoopOutbox):
+    """The engine's own outbox, noting the engine's active count each time it hands a Final on."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
+    def __init__(self):
         self.active_at_finals: list[int] = []
 
-    def _flush(self) -> None:
-        if any(isinstance(event, Final) for _, event in self._outbox):
-            self.active_at_finals.append(self.stats()["active"])
-        super()._flush()
+    def deliver(self, events, active, queued):
+        if any(isinstance(event, Final) for _, event in events):
+            self.active_at_finals.append(active)
+        super().deliver(events, active, queued)
 
 
 @pytest.mark.parametrize("interval", [StreamInterval(), None], ids=["stream", "unary"])
@@ -578,14 +633,15 @@ def test_a_request_that_ends_in_a_burst_is_freed_before_its_final_goes_out(inter
     runner = FakeRunner(capacity=1)
 
     async def main():
-        engine = FinalsAfterFree(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0))
+        outbox = FinalsAfterFree()
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0), outbox=outbox)
         try:
             handle = engine.submit(GenerationRequest("e", tuple(b"ends"), 5, interval=interval))
             engine.start()
-            return engine, await outcome(handle)
+            return outbox, await outcome(handle)
         finally:
             engine.stop()
 
-    engine, (tokens, final) = asyncio.run(main())
+    outbox, (tokens, final) = asyncio.run(main())
     assert tokens == alone(tuple(b"ends"), 5) and final.reason == FinishReason.LENGTH
-    assert runner.bursts == [4] and engine.active_at_finals == [0]
+    assert runner.bursts == [4] and outbox.active_at_finals == [0]

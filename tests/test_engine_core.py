@@ -15,9 +15,9 @@ import grpc
 import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 
+from attnserve.core.protocol import DeltaEvent
 from attnserve.runtime.model_runner import usable_cores
 from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
-from attnserve.server.core_protocol import DeltaEvent
 from attnserve.server.metrics import resident_bytes
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc

@@ -1,5 +1,5 @@
 """The one-way flow of the README's picture, enforced on the source: model -> export -> runtime <- engine <-
-server -> clients, with the torch-free tokenizer package below them all. The runtime implements
+core <- server -> clients, with the torch-free tokenizer package below them all. The runtime implements
 the engine's seam (it may import engine/slot_runner.py and nothing else of the engine).
 
 Checked statically (every import statement of every file), and dynamically for the two
@@ -55,9 +55,21 @@ FORBIDDEN = {
         "attnserve.engine.sampling",
         "attnserve.engine.streaming",
         "attnserve.engine.domain",
+        "attnserve.core",
     },
     # scheduling sees a model only through its seam: numpy and the tokenizer
-    "engine": {"torch", "onnx", "onnxruntime", *NO_GRPC, "attnserve.model", "attnserve.export", "attnserve.runtime"},
+    "engine": {
+        "torch",
+        "onnx",
+        "onnxruntime",
+        *NO_GRPC,
+        "attnserve.model",
+        "attnserve.export",
+        "attnserve.runtime",
+        "attnserve.core",
+    },
+    # the engine on its loaded model, in a thread or a process of its own: no front door, no gRPC
+    "core": {"torch", "onnx", "onnxscript", *NO_GRPC, "attnserve.model", "attnserve.export", "attnserve.ray_serve"},
     "server": {"torch", "onnx", "onnxscript", "attnserve.model", "attnserve.clients"},
     "clients": {
         "torch",
@@ -68,6 +80,7 @@ FORBIDDEN = {
         "attnserve.export",
         "attnserve.runtime",
         "attnserve.engine",
+        "attnserve.core",
         "attnserve.server",
     },
     **{
@@ -148,8 +161,8 @@ def test_the_engine_imports_no_runtime_and_no_grpc():
 
 def test_serving_imports_load_no_torch():
     assert_runs(
-        "import sys, importlib, pkgutil, attnserve.server, attnserve.runtime, attnserve.engine\n"
-        "for p in (attnserve.server, attnserve.runtime, attnserve.engine):\n"
+        "import sys, importlib, pkgutil, attnserve.server, attnserve.core, attnserve.runtime, attnserve.engine\n"
+        "for p in (attnserve.server, attnserve.core, attnserve.runtime, attnserve.engine):\n"
         "    for m in pkgutil.iter_modules(p.__path__): importlib.import_module(p.__name__ + '.' + m.name)\n"
         "import attnserve.cli\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -1,8 +1,8 @@
-"""The receiver's naps (attnserve/server/naps.py) on a clock of the test's own: short naps while they
+"""The receiver's naps (attnserve/core/naps.py) on a clock of the test's own: short naps while they
 come back on time, long ones for BUSY_S once LATE_IN_A_ROW came back late, short ones again after;
 and none where the core's intra-op threads take every core."""
 
-from attnserve.server.naps import BUSY_NAP_S, BUSY_S, LATE_IN_A_ROW, LATE_S, NAP_S, Naps, naps_pay
+from attnserve.core.naps import BUSY_NAP_S, BUSY_S, LATE_IN_A_ROW, LATE_S, NAP_S, Naps, naps_pay
 
 
 class Clock:

@@ -16,9 +16,9 @@ from dataclasses import MISSING, fields
 import pytest
 
 from attnserve.cli import build_parser, main, subcommand_parser
+from attnserve.core.slow_steps import SlowSteps
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.flags import flag_name
-from attnserve.server.app import SlowSteps
 from attnserve.server.config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
 
 FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]

@@ -15,7 +15,7 @@ import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from attnserve.server.core import StartupError
+from attnserve.core.loading import StartupError
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 

@@ -13,10 +13,13 @@ order; a request of n completions when n slots are free: its prompt is prefilled
 runner copies the slot to the other n - 1), runs one round of prefill (fresh prompts together, one
 chunk of a long one), runs one decode step for the whole batch, picks every plain greedy row's
 token with one argmax over the batch and every other row's with its own sampler (penalties, bias,
-masked ids, logprobs), and hands the events to each caller's event loop with one
-call_soon_threadsafe per step. While every row is plain greedy and no prompt waits, the runner runs
-up to MAX_BURST decode steps back to back instead (burst.py: each request takes its tokens when its
-Delta falls due; the step boundary's work waits for the burst's end). A request's deltas go on at
+masked ids, logprobs), and hands the step's events to its outbox (outbox.py: the callers' event
+loops, one call_soon_threadsafe per loop a step; or the engine core's channel, core/step_writer.py).
+A caller on another thread ends a request at once with release (cancelled) or refuse (an error);
+the engine thread sends those endings at its next turn. While every row is plain greedy and no
+prompt waits, the runner runs up to MAX_BURST decode steps back to back instead (burst.py: each
+request takes its tokens when its Delta falls due; the step boundary's work waits for the burst's
+end). A request's deltas go on at
 its stream interval (its Sequence holds the tokens in between; a unary call's go with its end), so
 a paced stream wakes its caller, and crosses to the front end from the engine core's process, once
 per message, not once per token. ONNX Runtime releases the GIL while it runs.
@@ -32,14 +35,15 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import Protocol
 
 import numpy as np
 
 from ..tokenizer import Tokenizer
 from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
-from .sequence import Caller, Event, Handle, Sequence, check_budget, post
+from .outbox import LoopOutbox, Outbox
+from .sequence import Caller, Event, Handle, Sequence, check_budget
 from .slot_runner import Logits, SlotRunner
 
 log = logging.getLogger("attnserve.server")
@@ -115,7 +119,7 @@ def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
 
 class EngineCalls(Protocol):
     """What the front doors and the server call of an engine: the Engine here, in the server's process,
-    or server/engine_client.py's EngineClient, whose engine core runs in a process of its own."""
+    or core/client.py's EngineClient, whose engine core runs in a process of its own."""
 
     observer: EngineObserver  # where its steps, tokens and finishes are reported
 
@@ -129,20 +133,28 @@ class EngineCalls(Protocol):
 
 
 class Engine:
-    """Owns the slot runner and the queue; callers submit and await events."""
+    """Owns the slot runner and the queue; callers submit and await events (or enqueue callers of their
+    own, whose events go to `outbox`: the engine core's process does)."""
 
     def __init__(
-        self, slots: SlotRunner, tokenizer: Tokenizer, limits: EngineLimits, observer: EngineObserver | None = None
+        self,
+        slots: SlotRunner,
+        tokenizer: Tokenizer,
+        limits: EngineLimits,
+        observer: EngineObserver | None = None,
+        outbox: Outbox | None = None,
     ):
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
         self.spec = slots.spec
         self.observer = observer or EngineObserver()
+        self.outbox = outbox or LoopOutbox()
         self._keys = itertools.count()
         self._queue: collections.deque[Sequence] = collections.deque()
         self._active: dict[int, Sequence] = {}  # request key -> decoding sequence
         self._prefilling: dict[int, Sequence] = {}  # request key -> sequence whose prompt is being prefilled
         self._cond = threading.Condition()
         self._outbox: list[tuple[Caller, Event]] = []
+        self._endings: list[Sequence | tuple[Caller, Exception]] = []  # ended by a caller's thread, sent by ours
         self._accepting, self._running, self._abort = True, False, False
         self._thread = threading.Thread(target=self._run, name="attnserve-engine", daemon=True)
 
@@ -162,9 +174,8 @@ class Engine:
         return handle
 
     def enqueue(self, caller: Caller) -> None:
-        """Queue `caller.request`; its events go to `caller` (a Handle here; a subclass that
-        delivers elsewhere overrides _flush). Raises QueueFull, Draining, or ValueError when the
-        prompt leaves no room in the context."""
+        """Queue `caller.request`; its events go to `caller` through the outbox. Raises QueueFull,
+        Draining, or ValueError when the prompt leaves no room in the context."""
         check_budget(caller.request, self.spec)
         sequence = Sequence(caller.request, caller, self.tokenizer, self.spec)
         with self._cond:
@@ -186,16 +197,28 @@ class Engine:
         if len(self._queue) >= self.limits.max_queue:
             raise queue_full(self.limits.max_queue)
 
-    def release(self, handle: Caller) -> None:
-        """The caller is gone: drop its request now if queued, else at the next step."""
-        if handle.finished:
+    def release(self, caller: Caller) -> None:
+        """The caller is gone: a queued request ends CANCELLED at once, a running one at the next step
+        boundary. Either way its Final goes out (counted; the engine core's front end counts on it)."""
+        if caller.finished:
             return
-        handle.cancel()
         with self._cond:
-            for sequence in self._queue:
-                if sequence.handle is handle:
-                    self._queue.remove(sequence)
-                    break
+            queued = next((s for s in self._queue if s.handle is caller), None)
+            if queued is not None:
+                self._queue.remove(queued)
+                self._hand_over(queued)
+        caller.cancel()  # not queued: running, dropped at the next step boundary
+
+    def refuse(self, caller: Caller, error: Exception) -> None:
+        """End `caller`'s request, never queued, with `error` as its only event (a refusal found on a
+        thread other than the caller's: the engine core's Submit)."""
+        with self._cond:
+            self._hand_over((caller, error))
+
+    def _hand_over(self, ending: Sequence | tuple[Caller, Exception]) -> None:
+        """An ending for the engine thread to send: it alone touches the outbox (hold the lock)."""
+        self._endings.append(ending)
+        self._cond.notify()
 
     def stats(self) -> dict[str, int]:
         """Active (in the batch or its prefill) and queued request counts."""
@@ -240,10 +263,11 @@ class Engine:
 
     def _idle(self) -> bool:
         """Nothing to do until a caller acts (hold the lock)."""
-        return not self._queue and not self._active and not self._prefilling and not self._abort
+        return not (self._queue or self._active or self._prefilling or self._abort or self._endings)
 
     def _step(self) -> None:
-        """One step boundary: drop finished callers, admit, prefill, then decode the batch once."""
+        """One step boundary: send endings, drop finished callers, admit, prefill, then decode the batch once."""
+        self._send_endings()
         self._drop_gone()
         self._take_queued()
         if self._prefilling:
@@ -254,6 +278,16 @@ class Engine:
             self._decode()
             if not self._active:  # the batch emptied: the gauges must not keep its last size
                 self.observer.on_step(0, len(self._queue))
+
+    def _send_endings(self) -> None:
+        """Released queued requests end CANCELLED; refused ones get their error."""
+        with self._cond:
+            endings, self._endings = self._endings, []
+        for ending in endings:
+            if isinstance(ending, Sequence):
+                self._emit(ending, ending.end_whole(FinishReason.CANCELLED))
+            else:
+                self._outbox.append(ending)
 
     def _drop_gone(self) -> None:
         """Finish aborted, cancelled and expired requests and free their slots."""
@@ -279,6 +313,7 @@ class Engine:
             while self._queue and self.slots.free_slots() >= self._queue[0].request.n:  # n slots, or it waits
                 sequence = self._queue.popleft()
                 if sequence.handle.cancelled:
+                    self._emit(sequence, sequence.end_whole(FinishReason.CANCELLED))
                     continue
                 forks = sequence.forks(self.tokenizer, self.spec)  # completions 1 to n - 1
                 keys = [next(self._keys) for _ in range(1 + len(forks))]
@@ -355,8 +390,9 @@ class Engine:
         self._free_done(list(sequences.items()))
 
     def _news(self, admits: bool) -> bool:
-        """Something the scheduler must see before the next step: a queued request it can admit, an abort."""
-        return (admits and bool(self._queue)) or self._abort
+        """Something the scheduler must see before the next step: a queued request it can admit, an abort,
+        an ending to send."""
+        return (admits and bool(self._queue)) or self._abort or bool(self._endings)
 
     def _free_done(self, advanced: list[tuple[int, Sequence]]) -> None:
         for key, sequence in advanced:
@@ -403,8 +439,7 @@ class Engine:
             self.observer.on_finish(final)
 
     def _flush(self) -> None:
-        """Hand this step's events to the callers' event loops, one call per loop (a subclass whose
-        callers are not Handles delivers them its own way)."""
-        outbox, self._outbox = self._outbox, []
-        assert all(isinstance(handle, Handle) for handle, _ in outbox), "Engine's own callers are submit's Handles"
-        post(cast(list[tuple[Handle, Event]], outbox))
+        """Hand this step's events, maybe none, to the outbox."""
+        events, self._outbox = self._outbox, []
+        counts = self.stats()
+        self.outbox.deliver(events, counts["active"], counts["queued"])

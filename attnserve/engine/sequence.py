@@ -10,10 +10,8 @@ caller through the Handle's asyncio.Queue, filled on the caller's event loop. No
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import time
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Protocol
 
@@ -115,22 +113,6 @@ class Handle:
         while not self.events.empty():
             events.append(self.events.get_nowait())
         return events
-
-
-def deliver(batch: list[tuple[Handle, Event]]) -> None:
-    """Queue events on their handles; runs on the callers' event loop."""
-    for handle, event in batch:
-        handle.put(event)
-
-
-def post(pairs: Iterable[tuple[Handle, Event]]) -> None:
-    """Hand events to their handles' event loops, one call per loop (from any thread)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Handle, Event]]] = {}
-    for handle, event in pairs:
-        by_loop.setdefault(handle.loop, []).append((handle, event))
-    for loop, batch in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is listening
-            loop.call_soon_threadsafe(deliver, batch)
 
 
 def token_budget(request: GenerationRequest, spec: ModelSpec) -> int:

@@ -2,9 +2,8 @@
 
 Reading order, outside in: app.py (start-up, health, drain) -> interceptors.py (status codes,
 auth) -> servicer.py (attnserve.v1: protobuf <-> domain) and oip_servicer.py (the Open
-Inference Protocol) -> validation.py -> the engine (attnserve/engine/) over the runtime's arena
-runner (attnserve/runtime/): by default in a process of its own (core.py, reached through
-engine_client.py over core_protocol.py's messages), else in a thread of this one (--engine-core
+Inference Protocol) -> validation.py -> the engine core (attnserve/core/): by default in a process of its own,
+reached through core/client.py's EngineClient, else in a thread of this one (--engine-core
 thread). stream_pacing.py and slow_readers.py pace and guard the streams;
 config.py, health.py and metrics.py are the process's. benchmarks/serving.py and benchmarks/kv.py
 (outside the package) measure it. A serving host needs no torch: nothing here imports it.

@@ -25,6 +25,9 @@ import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.runtime_version import VersionError
 
+from ..core.client import EngineClient
+from ..core.loading import StartupError, load_model, load_tokenizer
+from ..core.slow_steps import slowed
 from ..engine.domain import Final, GenerationRequest, StreamInterval
 from ..engine.engine import Engine, EngineCalls, EngineLimits
 from ..health.v1 import health_pb2, health_pb2_grpc
@@ -38,8 +41,6 @@ from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
-from .core import SlowSteps, StartupError, load_model, load_tokenizer
-from .engine_client import EngineClient
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE
 from .http_serving import HttpServer
@@ -203,14 +204,13 @@ class Server:
 
     def _load_here(self) -> tuple[ModelFacts, Tokenizer]:
         """--engine-core thread: the session, the arena and the Engine in this process."""
-        loaded = load_model(self.config)
+        loaded = load_model(self.config.core())
         self.runner, self.slots = loaded.runner, loaded.slots
-        delay = self.config.test_step_delay_ms
         self.engine = Engine(
             loaded.slots,
             loaded.tokenizer,
             EngineLimits(loaded.capacity, self.config.max_queue, self.config.stream_buffer_events),
-            SlowSteps(self.metrics, delay) if delay else self.metrics,
+            slowed(self.metrics, self.config.test_step_delay_ms),
         )
         self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
         self.prefix_cache_bytes = loaded.slots.prefix_bytes
@@ -224,7 +224,7 @@ class Server:
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
         tokenizer = load_tokenizer(model_dir, manifest)
         spec = model_spec(manifest)
-        client = EngineClient(self.config, spec, self.metrics, self._core_died)
+        client = EngineClient(self.config.core(), spec, self.metrics, self.config.stream_buffer_events, self._core_died)
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
         self.prefix_cache_bytes = client.ready.prefix_cache_bytes

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..core.config import CoreConfig
 from ..engine.domain import MAX_STREAM_INTERVAL_MS
 from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name, shown
 
@@ -250,6 +251,23 @@ class ServerConfig:
         """From add_cli_args' namespace (and, test-only, TEST_SWITCHES' variables in `environ`)."""
         values = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
         return cls(**values, **read_test_switches(environ))
+
+    def core(self) -> CoreConfig:
+        """The engine core's share, as the core reads it."""
+        return CoreConfig(
+            model=self.model,
+            provider=self.provider,
+            threads=self.threads,
+            intra_op_spinning=self.intra_op_spinning,
+            cuda_graphs=not self.no_cuda_graphs,
+            max_batch=self.max_batch,
+            kv_cache_memory=self.kv_cache_memory,
+            prefill_chunk=self.prefill_chunk,
+            prefix_cache=self.prefix_cache == "on",
+            prefix_cache_memory=self.prefix_cache_memory,
+            max_queue=self.max_queue,
+            test_step_delay_ms=self.test_step_delay_ms,
+        )
 
     def check(self) -> None:
         """Raise ValueError with a one-line reason naming the first flag that cannot work, its value

@@ -1,6 +1,6 @@
 """The byte stream between the front end and the engine core: one Unix socket, msgpack frames both ways.
 
-Each message (core_protocol.py) goes as its length (4 bytes, little-endian) and its msgpack bytes.
+Each message (protocol.py) goes as its length (4 bytes, little-endian) and its msgpack bytes.
 The front end listens on a socket in a folder of its own and the core it started connects.
 
 A plain socket and not ZeroMQ: a ZeroMQ send wakes the sender's own I/O thread, which on virtual

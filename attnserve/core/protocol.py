@@ -4,15 +4,14 @@ Front end -> core: Submit a request under the front end's key, Cancel a key
 (the caller went away, a slow reader was cut), Abort everything (drain timeout), Stop.
 Core -> front end: Ready once the model is loaded (or Failed, with the error's
 kind and its one-line message), then one Step message per engine step that produced anything:
-every request's events of that step, the step's metric observations, and the core's active count.
+every request's events of that step, the step's metric observations (observations.py), and the
+core's active count. channel.py carries them.
 
 The domain's dataclasses travel as themselves where msgspec can type them (GenerationRequest);
 events are tagged Structs here, so that one union decodes them. No gRPC, no ONNX Runtime.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import msgspec
 
@@ -27,6 +26,7 @@ from ..engine.domain import (
     TokenLogprob,
     Usage,
 )
+from .observations import Observation
 
 
 class Submit(msgspec.Struct, tag=True):
@@ -103,7 +103,7 @@ WireEvent = DeltaEvent | FinalEvent | ErrorEvent
 
 class Step(msgspec.Struct, tag=True):
     events: list[tuple[int, WireEvent]]  # (key, event), in the order the engine emitted them
-    observations: list[tuple[str, tuple[Any, ...]]]  # (EngineObserver hook, its arguments)
+    observations: list[Observation]  # the engine's reports since the last Step (observations.py)
     active: int  # requests in the batch or its prefill (the front end counts the rest in flight itself)
 
 

@@ -2,7 +2,7 @@
 
 While requests are in flight the receiver looks for messages every NAP_S instead of sleeping in
 poll until the core's write wakes it: on this kind of machine (virtual CPUs) the wake would cost the
-core's engine thread ~30 us a step (core_channel.py). But every nap ends by taking the GIL back, and
+core's engine thread ~30 us a step (channel.py). But every nap ends by taking the GIL back, and
 when this process's event loop is busy the loop pays a hand-off (a wake of the waiting thread) for
 each, which slows refusals and first tokens. A nap that comes back late tells: while naps come back
 late, the receiver naps BUSY_NAP_S at a time for BUSY_S, a thousand hand-offs a second at most, then

@@ -1,8 +1,8 @@
 """The front end's engine when the engine core runs in a process of its own (`--engine-core process`).
 
 EngineClient answers the calls the servicers and the Server make of an Engine (submit, release,
-stats, close, abort, start, stop) by talking to core.run_core over one Unix socket
-(core_channel.py, core_protocol.py's messages). The core is started with multiprocessing's spawn
+stats, close, abort, start, stop) by talking to process.run_core over one Unix socket
+(channel.py, protocol.py's messages). The core is started with multiprocessing's spawn
 (a fork would copy gRPC's threads) and connects to the socket this front end listens on. A
 receiver thread takes the core's Step messages (one per engine step; every one that waited, when it
 looks less often than the core steps) and hands their events to the callers' event loops with one
@@ -36,15 +36,18 @@ from pathlib import Path
 
 from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest, ends_request
 from ..engine.engine import DRAINING, EngineObserver, queue_full
-from ..engine.sequence import Event, Handle, check_budget, post
+from ..engine.outbox import post
+from ..engine.sequence import Event, Handle, check_budget
 from ..engine.slot_runner import ModelSpec
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import usable_cores
 from ..runtime.ort_session import CPU, ProviderError
-from .config import ServerConfig
-from .core import StartupError, run_core
-from .core_channel import Channel, ChannelClosed, listen
-from .core_protocol import (
+from .channel import Channel, ChannelClosed, listen
+from .config import CoreConfig
+from .loading import StartupError
+from .naps import Naps, naps_pay
+from .process import run_core
+from .protocol import (
     OUTBOUND_DECODER,
     Abort,
     Cancel,
@@ -55,9 +58,8 @@ from .core_protocol import (
     Submit,
     from_wire,
 )
-from .naps import Naps, naps_pay
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 600.0  # loading a model: sha256 of its files, session creation, the arena
 POLL_MS = 100  # how often the receiver looks at the core's process while no message comes
@@ -89,12 +91,15 @@ class EngineClient:
 
     def __init__(
         self,
-        config: ServerConfig,
+        config: CoreConfig,
         spec: ModelSpec,
         observer: EngineObserver,
+        max_buffered: int,
         on_death: Callable[[str], None] | None = None,
     ):
+        """`max_buffered`: deltas a caller may leave unread before its request is dropped (Handle)."""
         self.config, self.spec, self.observer, self.on_death = config, spec, observer, on_death
+        self.max_buffered = max_buffered
         self.handles: dict[int, Handle] = {}  # key -> request in flight
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the handles, and the order of what is sent to the core
@@ -158,7 +163,7 @@ class EngineClient:
         handle = RemoteHandle(
             request,
             loop or asyncio.get_running_loop(),
-            self.config.stream_buffer_events,
+            self.max_buffered,
             lambda: self._send(Cancel(key)),
         )
         with self._lock:
@@ -281,8 +286,8 @@ class EngineClient:
                         ready.append((handle, event))
                 self._active = step.active
         for step in steps:
-            for hook, arguments in step.observations:
-                getattr(self.observer, hook)(*arguments)
+            for observation in step.observations:
+                observation.apply(self.observer)
         for final in finals:
             self.observer.on_finish(final)
         post(ready)

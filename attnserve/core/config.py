@@ -1,0 +1,31 @@
+"""What the engine core reads of the server's configuration, and nothing else.
+
+The server builds a CoreConfig from its ServerConfig (ServerConfig.core(); the defaults and the
+flags' help live there, once) and hands it to the core, in a thread of its process or across the
+process boundary to core/process.py. No flags here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    model: str  # the model directory
+    provider: str  # auto, cuda or cpu
+    threads: int  # intra-op threads; 0: ONNX Runtime's choice by the model's size (model_runner.py)
+    intra_op_spinning: str  # auto, off or on
+    cuda_graphs: bool  # capture decode steps on CUDA
+    max_batch: int  # KV arena slots; 0: as many as kv_cache_memory holds
+    kv_cache_memory: int | None  # bytes for the arena; None: max_batch decides
+    prefill_chunk: int  # prompt tokens prefilled per round
+    prefix_cache: bool
+    prefix_cache_memory: int | None  # bytes for the prefix cache's pool; None: its default
+    max_queue: int  # requests the front end lets wait for a slot
+    test_step_delay_ms: int = 0  # TEST ONLY: every engine step with a batch sleeps this long (slow_steps.py)
+
+    @property
+    def spinning(self) -> bool | None:
+        """The intra-op threads spin (True), sleep (False), or as the model's size says (None)."""
+        return {"on": True, "off": False}.get(self.intra_op_spinning)

@@ -1,0 +1,104 @@
+"""The engine core's process (`--engine-core process`, started by core/client.py): the model's
+session, its KV arena, the scheduler and sampling, loaded once, beside the front end's process.
+
+The engine thread steps as always, its outbox (step_writer.py) writing each step's events to the
+front end as one message on the channel's socket (channel.py, protocol.py), so no event loop in
+this process wakes per token and none shares its GIL; the main thread only receives requests,
+cancels, aborts and the stop, and hands them to the engine through its public calls. Metrics live
+in the front end: the core records the engine's observations and sends them with the step.
+No gRPC here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+from ..engine.domain import Draining, QueueFull
+from ..engine.engine import Engine, EngineLimits
+from ..runtime.contract import ModelDirError
+from ..runtime.model_runner import ProviderError
+from .channel import Channel, ChannelClosed, connect
+from .config import CoreConfig
+from .loading import LoadedModel, StartupError, load_model
+from .observations import Recorder
+from .protocol import INBOUND_DECODER, Abort, Cancel, Failed, Ready, Stop, Submit
+from .slow_steps import slowed
+from .step_writer import StepWriter
+
+log = logging.getLogger(__name__)
+
+PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
+
+
+def core_engine(loaded: LoadedModel, config: CoreConfig, writer: StepWriter) -> Engine:
+    """The engine of the core's process, delivering to `writer`. The front end keeps the queue's bound
+    (requests in flight <= slots + --max-queue): here the queue may also hold what it accepted before
+    this engine admitted the requests ahead of them. Slow readers are the front end's too."""
+    limits = EngineLimits(loaded.capacity, config.max_queue + loaded.capacity, max_buffered=0)
+    observer = slowed(writer.recorder, config.test_step_delay_ms)
+    return Engine(loaded.slots, loaded.tokenizer, limits, observer, writer)
+
+
+def run_core(config: CoreConfig, path: str) -> None:
+    """The engine core process's main: connect to the front end's socket at `path`, load, say Ready (or
+    Failed), then serve messages until Stop.
+
+    SIGINT and SIGTERM are ignored: a terminal's Ctrl-C and systemd's stop reach every process of the
+    group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    channel = connect(path, INBOUND_DECODER)
+    try:
+        loaded = load_model(config)
+    except (ModelDirError, ProviderError, StartupError) as e:
+        channel.send(Failed(type(e).__name__, str(e)))
+        channel.close()
+        return
+    writer = StepWriter(channel, Recorder())
+    engine = core_engine(loaded, config, writer)
+    runner = loaded.runner
+    slots = loaded.slots
+    channel.send(
+        Ready(runner.provider, loaded.capacity, slots.nbytes, runner.provider_note, slots.prefix_bytes, runner.threads)
+    )
+    engine.start()
+    try:
+        serve_messages(engine, writer, channel)
+    finally:
+        engine.stop()
+        channel.close()
+
+
+def serve_messages(engine: Engine, writer: StepWriter, channel: Channel) -> None:
+    """Until Stop (or the front end is gone): submits, cancels and aborts, as they come. Every request
+    the front end sent ends with an event (a refusal, a Final): its count of requests in flight stays exact."""
+    parent = os.getppid()
+    while True:
+        if not channel.wait(PARENT_CHECK_MS / 1000):
+            if os.getppid() != parent:
+                log.warning("the front end is gone; the engine core stops")
+                return
+            continue
+        try:
+            messages = channel.take()
+        except ChannelClosed:
+            log.warning("the front end closed the channel; the engine core stops")
+            return
+        for message in messages:
+            if isinstance(message, Submit):
+                caller = writer.caller(message.key, message.request)
+                try:
+                    engine.enqueue(caller)
+                except (QueueFull, Draining, ValueError) as e:
+                    engine.refuse(caller, e)
+            elif isinstance(message, Cancel):
+                running = writer.callers.get(message.key)
+                if running is not None:  # else already finished
+                    engine.release(running)
+            elif isinstance(message, Abort):
+                engine.abort()
+            elif isinstance(message, Stop):
+                return
