@@ -135,6 +135,26 @@ def test_export_torch_free_modules_stay_so(module):
     assert not any(violates(n, {"torch", "onnx", "attnserve.model"}) for n in names), names
 
 
+SERVER = ROOT / "attnserve" / "server"
+DOORS = ("grpc_v1", "grpc_oip", "http_openai")  # the server's front doors, a room each
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_no_front_door_imports_another(door):
+    """The doors meet only in the session they share (server/session/) and the guards of their transport."""
+    others = {f"attnserve.server.{other}" for other in DOORS if other != door}
+    problems = offences(
+        SERVER / door, others | ({"grpc", "attnserve.server.grpc_boundary"} if door == "http_openai" else set())
+    )
+    assert not problems, "\n".join(problems)
+
+
+def test_the_request_session_speaks_no_transport():
+    doors = {f"attnserve.server.{door}" for door in DOORS}
+    problems = offences(SERVER / "session", {"grpc", "starlette", "attnserve.server.grpc_boundary", *doors})
+    assert not problems, "\n".join(problems)
+
+
 def test_the_package_never_imports_the_benchmarks():
     """benchmarks/ measures attnserve from outside and is left out of the wheel."""
     assert not offences(ROOT / "attnserve", {"benchmarks"})

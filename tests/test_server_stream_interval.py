@@ -5,7 +5,7 @@ import pytest
 from fixtures_server import request, start_server
 
 from attnserve.engine.domain import Delta, StreamInterval
-from attnserve.server.stream_pacing import StreamPacer
+from attnserve.server.session.pacing import StreamPacer
 
 TIMEOUT = 30  # far below the 60 s time bounds used here: a held-back end would run past it
 NEW_TOKENS = 40

@@ -28,8 +28,8 @@ from ..engine.engine import EngineObserver, ForwardingObserver
 from ..health.v1 import health_pb2
 from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
+from ..server.grpc_v1.servicer import TextGenerationServicer
 from ..server.health import SERVING
-from ..server.servicer import TextGenerationServicer
 from ..v1 import generation_pb2 as pb
 from .context import RayContext
 

@@ -1,10 +1,13 @@
-"""The attnserve gRPC process: front doors over one engine, on an exported model directory.
+"""The attnserve serving process: three front doors over one engine core, on an exported model directory.
 
-Reading order, outside in: app.py (start-up, health, drain) -> interceptors.py (status codes,
-auth) -> servicer.py (attnserve.v1: protobuf <-> domain) and oip_servicer.py (the Open
-Inference Protocol) -> validation.py -> the engine core (attnserve/core/): by default in a process of its own,
-reached through core/client.py's EngineClient, else in a thread of this one (--engine-core
-thread). stream_pacing.py and slow_readers.py pace and guard the streams;
-config.py, health.py and metrics.py are the process's. benchmarks/serving.py and benchmarks/kv.py
-(outside the package) measure it. A serving host needs no torch: nothing here imports it.
+Rooms, outside in: app.py (start-up, health, drain; config.py its settings, health.py, metrics.py,
+stats_log.py and http_serving.py the process's) -> the doors, each a room that speaks one protocol:
+grpc_v1/ (attnserve.v1), grpc_oip/ (the Open Inference Protocol) and http_openai/ (OpenAI's HTTP
+API) -> session/ (what every door shares: validation, the run through the engine, pacing, vLLM's
+field names) -> the engine core (attnserve/core/): by default in a process of its own, reached
+through core/client.py's EngineClient, else in a thread of this one (--engine-core thread). The gRPC
+doors stand behind grpc_boundary/ (error statuses, auth, undecodable bytes, slow readers); every
+door checks a bearer token with bearer.py. No door imports another. benchmarks/serving.py and
+benchmarks/kv.py (outside the package) measure it. A serving host needs no torch: nothing here
+imports it.
 """

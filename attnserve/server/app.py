@@ -41,19 +41,21 @@ from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
+from .grpc_boundary.auth import AuthInterceptor
+from .grpc_boundary.boundary import BoundaryInterceptor
+from .grpc_boundary.request_bytes import DecodeInterceptor
+from .grpc_boundary.slow_readers import WriteWatch
+from .grpc_oip.servicer import SERVICE as OIP_SERVICE
+from .grpc_oip.servicer import InferenceServicer
+from .grpc_v1.model_info import ModelFacts, model_info
+from .grpc_v1.servicer import TextGenerationServicer
 from .health import NOT_SERVING, SERVING, HealthServicer
 from .health import SERVICE as HEALTH_SERVICE
+from .http_openai.door import HttpFacts, OpenAIFrontDoor
 from .http_serving import HttpServer
-from .interceptors import AuthInterceptor, BoundaryInterceptor
 from .metrics import Metrics
-from .oip_servicer import SERVICE as OIP_SERVICE
-from .oip_servicer import InferenceServicer
-from .openai_http import HttpFacts, OpenAIFrontDoor
-from .request_bytes import DecodeInterceptor
-from .servicer import ModelFacts, TextGenerationServicer, model_info
-from .slow_readers import WriteWatch
+from .session.validation import RequestLimits
 from .stats_log import StatsLog
-from .validation import RequestLimits
 
 log = logging.getLogger("attnserve.server")
 

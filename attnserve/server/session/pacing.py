@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from ..engine.domain import Delta, Final, StreamInterval
+from ...engine.domain import Delta, Final, StreamInterval
 
 
 class StreamPacer:

@@ -1,7 +1,7 @@
-"""GenerateRequest -> GenerationRequest, or InvalidRequest naming the field and its limit.
+"""RequestFields -> GenerationRequest, or InvalidRequest naming the field and its limit.
 
-The only place request fields are checked: the engine trusts what comes out of here. Reads
-the protobuf message by attribute (and HasField for the optional fields); imports no gRPC.
+The only place request fields are checked, for every door: the engine trusts what comes out of
+here. An error names the field as the caller sent it (RequestFields.origins). No gRPC, no HTTP.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 import uuid
 from dataclasses import dataclass
 
-from ..engine.domain import (
+from ...engine.domain import (
     MAX_STREAM_INTERVAL_MS,
     GenerationRequest,
     Grammar,
@@ -18,8 +18,9 @@ from ..engine.domain import (
     SamplingParams,
     StreamInterval,
 )
-from ..engine.grammar import GrammarError, compile_grammar
-from ..tokenizer import Tokenizer
+from ...engine.grammar import GrammarError, compile_grammar
+from ...tokenizer import Tokenizer
+from .request import RequestFields, check_wire_ranges, renamed
 
 
 @dataclass(frozen=True)
@@ -86,21 +87,21 @@ def check_stop(stops, limits: RequestLimits) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def check_sampling(request, limits: RequestLimits) -> SamplingParams:
+def check_sampling(request: RequestFields, limits: RequestLimits) -> SamplingParams:
     temperature = check_float("temperature", request.temperature, 0.0, limits.max_temperature, True)
     if not 0 <= request.top_k <= limits.vocab_size:
         raise InvalidRequest(
             "top_k",
             f"{request.top_k} is outside [0, {limits.vocab_size}] (0 keeps all, vocab_size {limits.vocab_size})",
         )
-    top_p = check_float("top_p", request.top_p, 0.0, 1.0, False) if request.HasField("top_p") else 1.0
+    top_p = check_float("top_p", request.top_p, 0.0, 1.0, False) if request.top_p is not None else 1.0
     penalty = (
         check_float("repetition_penalty", request.repetition_penalty, 0.0, limits.max_repetition_penalty, False)
-        if request.HasField("repetition_penalty")
+        if request.repetition_penalty is not None
         else 1.0
     )
-    seed = request.seed if request.HasField("seed") else None
-    return SamplingParams(temperature, int(request.top_k), top_p, penalty, seed, check_logit_bias(request, limits))
+    bias = check_logit_bias(request, limits)
+    return SamplingParams(temperature, int(request.top_k), top_p, penalty, request.seed, bias)
 
 
 MAX_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's)
@@ -112,7 +113,7 @@ def check_token_id(name: str, token: int, limits: RequestLimits) -> int:
     return int(token)
 
 
-def check_logit_bias(request, limits: RequestLimits) -> tuple[tuple[int, float], ...]:
+def check_logit_bias(request: RequestFields, limits: RequestLimits) -> tuple[tuple[int, float], ...]:
     """logit_bias as sorted (id, bias) pairs: a bounded count, ids in the vocabulary, biases in [-100, 100]."""
     bias = request.logit_bias
     if len(bias) > limits.max_logit_bias:
@@ -130,14 +131,14 @@ def check_stop_token_ids(ids, limits: RequestLimits) -> frozenset[int]:
     return frozenset(check_token_id(f"stop_token_ids[{i}]", token, limits) for i, token in enumerate(ids))
 
 
-def check_min_new_tokens(request, max_new_tokens: int) -> int:
-    wanted = request.min_new_tokens if request.HasField("min_new_tokens") else 0
+def check_min_new_tokens(request: RequestFields, max_new_tokens: int) -> int:
+    wanted = request.min_new_tokens or 0
     if wanted > max_new_tokens:
         raise InvalidRequest("min_new_tokens", f"{wanted} is more than max_new_tokens {max_new_tokens}")
     return wanted
 
 
-def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
+def check_lengths(request: RequestFields, prompt_tokens: int, limits: RequestLimits) -> int:
     """max_new_tokens after the cap and the context; a decoder-only prompt must leave it room."""
     if prompt_tokens > limits.max_prompt_tokens:
         why = (
@@ -147,10 +148,10 @@ def check_lengths(request, prompt_tokens: int, limits: RequestLimits) -> int:
             "prompt", f"{prompt_tokens} tokens{limits.bos_note}, the limit is {limits.max_prompt_tokens} ({why})"
         )
     decoder_prompt = 1 if limits.encoder_decoder else prompt_tokens  # an encoder-decoder decodes from BOS
-    if not request.HasField("max_new_tokens"):
-        return min(limits.max_new_tokens, limits.context_length - decoder_prompt)
     wanted = request.max_new_tokens
-    if wanted == 0 and request.HasField("prompt_logprobs"):
+    if wanted is None:
+        return min(limits.max_new_tokens, limits.context_length - decoder_prompt)
+    if wanted == 0 and request.prompt_logprobs is not None:
         return 0  # the prompt is scored, nothing generated
     if not 1 <= wanted <= limits.max_new_tokens:
         raise InvalidRequest(
@@ -173,23 +174,24 @@ def check_prompt_ids(ids, limits: RequestLimits) -> list[int]:
     return [check_token_id(f"prompt_token_ids[{i}]", token, limits) for i, token in enumerate(ids)]
 
 
-def check_stream_interval(request, limits: RequestLimits) -> StreamInterval:
+def check_stream_interval(request: RequestFields, limits: RequestLimits) -> StreamInterval:
     """A stream's interval: each field the request sets replaces the server's default."""
     tokens, ms = limits.stream_interval.tokens, limits.stream_interval.ms
-    if request.HasField("stream_interval_tokens"):
+    if request.stream_interval_tokens is not None:
         tokens = request.stream_interval_tokens
         if not 1 <= tokens <= limits.max_new_tokens:
             raise InvalidRequest(
-                "stream_interval_tokens", f"{tokens} is outside [1, {limits.max_new_tokens}] (the max_new_tokens cap)"
+                request.named("stream_interval_tokens"),
+                f"{tokens} is outside [1, {limits.max_new_tokens}] (the max_new_tokens cap)",
             )
-    if request.HasField("stream_interval_ms"):
+    if request.stream_interval_ms is not None:
         ms = request.stream_interval_ms
-        if ms > MAX_STREAM_INTERVAL_MS:
-            raise InvalidRequest("stream_interval_ms", f"{ms} is outside [0, {MAX_STREAM_INTERVAL_MS}]")
+        if not 0 <= ms <= MAX_STREAM_INTERVAL_MS:
+            raise InvalidRequest(request.named("stream_interval_ms"), f"{ms} is outside [0, {MAX_STREAM_INTERVAL_MS}]")
     return StreamInterval(tokens, ms)
 
 
-def prompt_ids(request, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:
+def prompt_ids(request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer) -> list[int]:
     """The prompt's token ids: prompt encoded by the model's tokenizer, or prompt_token_ids."""
     if request.prompt and request.prompt_token_ids:
         raise InvalidRequest("prompt_token_ids", "give prompt or prompt_token_ids, not both")
@@ -207,8 +209,18 @@ def prompt_ids(request, limits: RequestLimits, tokenizer: Tokenizer) -> list[int
     return tokenizer.encode_prompt(request.prompt)
 
 
-def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: float | None = None) -> GenerationRequest:
-    """A GenerateRequest as a GenerationRequest; raises InvalidRequest on the first bad field."""
+def validate(
+    request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer, deadline: float | None = None
+) -> GenerationRequest:
+    """The request as a GenerationRequest; raises InvalidRequest on the first bad field, named as the caller sent it."""
+    try:
+        return checked(request, limits, tokenizer, deadline)
+    except InvalidRequest as error:
+        raise renamed(error, request.origins) from None
+
+
+def checked(request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer, deadline: float | None):
+    check_wire_ranges(request)
     ids = prompt_ids(request, limits, tokenizer)
     request_id = check_request_id(request.request_id, limits)
     sampling = check_sampling(request, limits)
@@ -232,15 +244,14 @@ def validate(request, limits: RequestLimits, tokenizer: Tokenizer, deadline: flo
     )
 
 
-def check_structure(request, limits: RequestLimits, tokenizer: Tokenizer) -> Grammar | None:
+def check_structure(request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer) -> Grammar | None:
     """structured_output's schema or pattern, bounded and compiled against the model's tokenizer."""
-    if not request.HasField("structured_output"):
+    if request.structured_output is None:
         return None
-    kind = request.structured_output.WhichOneof("kind")
+    kind, source = request.structured_output.kind, request.structured_output.source
     name = f"structured_output.{kind}"
     if kind is None:
         raise InvalidRequest("structured_output", "set json_schema or regex")
-    source = getattr(request.structured_output, kind)
     size = len(source.encode("utf-8"))
     if not 1 <= size <= limits.max_structure_bytes:
         raise InvalidRequest(name, f"{size} UTF-8 bytes, must be 1 to {limits.max_structure_bytes}")
@@ -250,18 +261,18 @@ def check_structure(request, limits: RequestLimits, tokenizer: Tokenizer) -> Gra
         raise InvalidRequest(name, str(e)) from None
 
 
-def check_n(request, limits: RequestLimits) -> int:
-    n = request.n if request.HasField("n") else 1
+def check_n(request: RequestFields, limits: RequestLimits) -> int:
+    n = request.n if request.n is not None else 1
     if not 1 <= n <= limits.max_n:
         raise InvalidRequest("n", f"{n} is outside [1, {limits.max_n}] (16, or the server's --max-batch if fewer)")
     return int(n)
 
 
-def check_logprobs(request, name: str, limits: RequestLimits) -> int | None:
+def check_logprobs(request: RequestFields, name: str, limits: RequestLimits) -> int | None:
     """logprobs or prompt_logprobs: None unset, else 0 to max_logprobs (prompt's: decoder-only)."""
-    if not request.HasField(name):
-        return None
     value = getattr(request, name)
+    if value is None:
+        return None
     if value > limits.max_logprobs:
         raise InvalidRequest(name, f"{value} is outside [0, {limits.max_logprobs}]")
     if name == "prompt_logprobs" and limits.encoder_decoder:

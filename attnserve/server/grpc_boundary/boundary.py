@@ -1,123 +1,34 @@
-"""The gRPC boundary: errors become status codes here, once; bearer-token auth; draining.
+"""The gRPC boundary: errors become status codes here, once; calls counted; draining.
 
 BoundaryInterceptor wraps every method: domain errors (ServeError subclasses) map to their
 status codes, anything unexpected becomes INTERNAL with a request id (the detail is logged,
 never sent), and every call is counted by status; calls of attnserve.v1 and the inference
 protocol are also counted in flight, and new ones get UNAVAILABLE while the server starts or drains; the
 responses of streaming calls are written through a WriteWatch (--write-timeout).
-AuthInterceptor checks `authorization: Bearer <token>` in constant time on every service except
-grpc.health.v1, so load balancers can probe without the token.
+The status of each error is statuses.py's; auth.py checks the bearer token.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import uuid
 from collections.abc import Callable
 from contextlib import aclosing
-from typing import Any
 
 import grpc
 
-from ..engine.domain import (
-    DeadlineExceeded,
-    Draining,
-    EngineUnavailable,
-    InvalidRequest,
-    QueueFull,
-    ServeError,
-    SlowReader,
-    Unauthenticated,
-    Undecodable,
-    UnknownModel,
-)
+from ...engine.domain import Draining, ServeError
+from .handlers import stream_of, wrap_handler
 from .slow_readers import WriteWatch
+from .statuses import ERROR_CODES
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 # The services whose calls are counted, mapped and refused while starting or draining: attnserve.v1
 # and the Open Inference Protocol. The protocol's own health calls always answer (ready: false then).
 SERVICE_PREFIXES = ("/attnserve.v1.", "/inference.GRPCInferenceService/")
 ALWAYS_ANSWERED = frozenset({"ServerLive", "ServerReady", "ModelReady"})
-HEALTH_PREFIX = "/grpc.health.v1.Health/"
-ERROR_CODES: dict[type[ServeError], grpc.StatusCode] = {
-    InvalidRequest: grpc.StatusCode.INVALID_ARGUMENT,
-    Undecodable: grpc.StatusCode.INVALID_ARGUMENT,
-    QueueFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    Draining: grpc.StatusCode.UNAVAILABLE,
-    EngineUnavailable: grpc.StatusCode.UNAVAILABLE,
-    DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
-    UnknownModel: grpc.StatusCode.NOT_FOUND,
-    SlowReader: grpc.StatusCode.CANCELLED,
-    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-}
-
-
-def wrap_handler(
-    handler: grpc.RpcMethodHandler,
-    around_unary: Callable,
-    around_stream: Callable,
-    deserializer: Callable[[bytes], Any] | None = None,
-    stream_writes: bool = False,
-):
-    """The same handler with its behavior passed through `around_*(behavior, request, context)`
-    (and its request deserializer replaced, if one is given). With `stream_writes`, around_stream
-    is a coroutine that writes the responses itself (context.write) instead of yielding them."""
-    unary = unary_behavior(around_unary)
-    stream = unary_behavior(around_stream) if stream_writes else stream_behavior(around_stream)
-    kinds = [
-        ("unary_unary", grpc.unary_unary_rpc_method_handler, unary),
-        ("unary_stream", grpc.unary_stream_rpc_method_handler, stream),
-        ("stream_unary", grpc.stream_unary_rpc_method_handler, unary),
-        ("stream_stream", grpc.stream_stream_rpc_method_handler, stream),
-    ]
-    for attribute, make, wrap in kinds:
-        behavior = getattr(handler, attribute)
-        if behavior is not None:
-            return make(
-                wrap(behavior),
-                request_deserializer=deserializer or handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-    return handler
-
-
-def unary_behavior(around: Callable) -> Callable[[Callable], Callable]:
-    """Wraps a behavior that returns one response: `around(behavior, request, context)` awaited."""
-
-    def wrap(behavior: Callable) -> Callable:
-        async def wrapped(request, context):
-            return await around(behavior, request, context)
-
-        return wrapped
-
-    return wrap
-
-
-def stream_behavior(around: Callable) -> Callable[[Callable], Callable]:
-    """Wraps a behavior that streams responses: each one `around(behavior, request, context)` yields."""
-
-    def wrap(behavior: Callable) -> Callable:
-        async def wrapped(request, context):
-            async for response in around(behavior, request, context):
-                yield response
-
-        return wrapped
-
-    return wrap
-
-
-async def stream_of(behavior, request, context):
-    """Responses of a server-streaming behavior, whether it yields or writes with context.write."""
-    result = behavior(request, context)
-    if hasattr(result, "__aiter__"):
-        async with aclosing(result):  # closed as soon as the caller stops: a request's slot is freed then
-            async for response in result:
-                yield response
-    else:
-        await result
 
 
 class BoundaryInterceptor(grpc.aio.ServerInterceptor):
@@ -259,34 +170,3 @@ class _Boundary:
         request_id = getattr(self.request, "request_id", "") or uuid.uuid4().hex
         log.error("internal error in %s, request id %s", self.method, request_id, exc_info=error)
         return grpc.StatusCode.INTERNAL, f"internal error; request id {request_id}"
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Every call but health must carry `authorization: Bearer <token>`."""
-
-    def __init__(self, token: str):
-        self.expected = f"Bearer {token}".encode()
-
-    def authorized(self, context: grpc.aio.ServicerContext) -> bool:
-        given = dict(context.invocation_metadata() or ()).get("authorization", "")
-        return hmac.compare_digest(given.encode() if isinstance(given, str) else given, self.expected)
-
-    async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
-        if handler is None or details.method.startswith(HEALTH_PREFIX):
-            return handler
-
-        async def unary(behavior, request, context):
-            await self.check(context)
-            return await behavior(request, context)
-
-        async def stream(behavior, request, context):
-            await self.check(context)
-            async for response in stream_of(behavior, request, context):
-                yield response
-
-        return wrap_handler(handler, unary, stream)
-
-    async def check(self, context) -> None:
-        if not self.authorized(context):
-            raise Unauthenticated("missing or invalid bearer token (metadata 'authorization: Bearer <token>')")

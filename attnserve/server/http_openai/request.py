@@ -1,14 +1,16 @@
-"""An OpenAI completions request (POST /v1/completions, its JSON body) as a GenerateRequest.
+"""An OpenAI completions request (POST /v1/completions, its JSON body) as the session's RequestFields,
+and a chat completions body (POST /v1/chat/completions) as a completions body: its messages rendered
+by the model's chat template into the prompt, OpenAI's chat names as the completions' names.
 
 OpenAI's fields: `model`, `prompt` (a text or token ids, or a list of one of them), `max_tokens`
 (default 16, as OpenAI's), `temperature` (default 1, as OpenAI's), `top_p`, `n`, `stop`, `seed`,
 `logprobs`, `logit_bias`, `stream`, `stream_options.include_usage`, `echo`, `user` (ignored); vLLM's
 extra sampling fields with the Open Inference Protocol's parsers (`top_k`, `repetition_penalty`,
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`, `guided_json`, `guided_regex`,
-`prompt_logprobs`, attnserve's stream interval). What the model cannot do is refused, naming the
-field: several prompts, `suffix`, `best_of` other than n, presence and frequency penalties, echo with
-logprobs. The result goes through `validation.validate` like any other request, its errors renamed to
-the field the caller sent. No HTTP, no engine.
+`prompt_logprobs`, attnserve's stream interval; session/vllm_names.py). What the model cannot do is
+refused, naming the field: several prompts, `suffix`, `best_of` other than n, presence and frequency
+penalties, echo with logprobs. The result goes through the session's `validate` like any other
+request, its errors renamed to the field the caller sent. No HTTP, no engine.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine.domain import InvalidRequest
-from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError
-from ..v1 import generation_pb2 as pb
-from .oip_request import SAMPLING_FIELDS, as_bool, as_int, fill, parse_field
+from ...engine.domain import InvalidRequest
+from ...tokenizer.chat_template import ChatTemplate, ChatTemplateError
+from ..session.request import RequestFields
+from ..session.vllm_names import SAMPLING_FIELDS, as_bool, as_int, parse_field, request_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's, when a request leaves max_tokens out
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's
@@ -37,16 +39,15 @@ ZERO_ONLY = ("presence_penalty", "frequency_penalty")  # OpenAI's penalties: rep
 class CompletionCall:
     """What one completions request asks for."""
 
-    request: pb.GenerateRequest
+    request: RequestFields
     model: str
     stream: bool
     include_usage: bool  # a last streamed chunk with the usage (stream_options.include_usage)
     echo: bool  # the text starts with the prompt
-    origins: dict[str, str]  # GenerateRequest field -> the JSON field it came from
 
 
 def read_completion(body: Any) -> CompletionCall:
-    """The request as a GenerateRequest and how to answer it; InvalidRequest names the JSON field."""
+    """The request as the session's RequestFields and how to answer it; InvalidRequest names the JSON field."""
     if not isinstance(body, dict):
         raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
     model = body.get("model")
@@ -56,16 +57,14 @@ def read_completion(body: Any) -> CompletionCall:
     stream = flag(body, "stream")
     echo = flag(body, "echo")
     include_usage = stream_options(body, stream)
-    generate = pb.GenerateRequest()
-    origins = prompt_into(generate, body.get("prompt"))
+    prompt, origins = prompt_of(body.get("prompt"))
     fields = sampling(body, origins)
     best_of = body.get("best_of")
     if best_of is not None and best_of != fields.get("n", 1):
         raise InvalidRequest("best_of", f"{best_of!r} is not supported (only best_of equal to n)")
     if echo and "logprobs" in fields:
         raise InvalidRequest("echo", "echo with logprobs is not supported (ask for prompt_logprobs)")
-    fill(generate, fields, origins)
-    return CompletionCall(generate, model, stream, include_usage, echo, origins)
+    return CompletionCall(request_of(fields, origins, **prompt), model, stream, include_usage, echo)
 
 
 def refuse_the_unsupported(body: dict[str, Any]) -> None:
@@ -81,7 +80,7 @@ def refuse_the_unsupported(body: dict[str, Any]) -> None:
 
 
 def sampling(body: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
-    """GenerateRequest fields from the sampling fields, OpenAI's defaults where left out (a JSON null:
+    """RequestFields' fields from the sampling fields, OpenAI's defaults where left out (a JSON null:
     the field's own default; max_tokens then as many as fit); `origins` learns where each came from."""
     fields: dict[str, Any] = {"max_new_tokens": DEFAULT_MAX_TOKENS, "temperature": DEFAULT_TEMPERATURE}
     origins.update(max_new_tokens="max_tokens", temperature="temperature")
@@ -118,22 +117,18 @@ def stream_options(body: dict[str, Any], stream: bool) -> bool:
     return flag(options, "include_usage")
 
 
-def prompt_into(generate: pb.GenerateRequest, prompt: Any) -> dict[str, str]:
-    """The prompt as GenerateRequest's prompt or prompt_token_ids; origins naming `prompt` for both."""
+def prompt_of(prompt: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """The prompt as RequestFields' prompt or prompt_token_ids; origins naming `prompt` for both."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a list of one prompt
+    origins = {"prompt": "prompt", "prompt_token_ids": "prompt"}
     if isinstance(prompt, str):
-        generate.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
-        try:
-            generate.prompt_token_ids.extend(prompt)
-        except ValueError:
-            raise InvalidRequest("prompt", "a token id is out of range") from None
-    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
+        return {"prompt": prompt}, origins
+    if isinstance(prompt, list) and prompt and all(isinstance(i, int) and not isinstance(i, bool) for i in prompt):
+        return {"prompt_token_ids": tuple(prompt)}, origins
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
         raise InvalidRequest("prompt", f"{len(prompt)} prompts: this server takes one prompt per request")
-    else:
-        raise InvalidRequest("prompt", "required: a text, a list of token ids, or a list of one of them")
-    return {"prompt": "prompt", "prompt_token_ids": "prompt"}
+    raise InvalidRequest("prompt", "required: a text, a list of token ids, or a list of one of them")
 
 
 CHAT_OWN = frozenset({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"})

@@ -1,8 +1,8 @@
 """The Open Inference Protocol (KServe v2 / Triton gRPC) over the same engine as attnserve.v1.
 
 Served on the same server, port, TLS, auth, limits, metrics and error mapping as the attnserve.v1
-service: requests are read as the vLLM backend reads them (oip_request.py), validated by
-validation.validate, and decoded by the same engine. ModelInfer returns the whole completion;
+service: requests are read as the vLLM backend reads them (request.py, tensors.py), validated by
+the session's validate, and decoded by the same engine. ModelInfer returns the whole completion;
 ModelStreamInfer takes requests on one stream and runs them concurrently, a response per delta
 with `stream` true (paced by the stream interval), the last one carrying the parameter
 triton_final_response = true. As in Triton, a request that fails on a stream gets an in-band
@@ -18,22 +18,26 @@ from dataclasses import replace
 
 import grpc
 
-from ..engine.domain import (
+from ...engine.domain import (
     Final,
-    FinishReason,
     GenerationRequest,
     InvalidRequest,
     ServeError,
     StreamInterval,
     UnknownModel,
 )
-from ..engine.engine import EngineCalls
-from ..inference import grpc_service_pb2 as oip
-from ..inference import grpc_service_pb2_grpc as oip_grpc
-from ..tokenizer import Tokenizer
-from ..v1 import generation_pb2 as pb
-from .interceptors import ERROR_CODES
-from .oip_request import (
+from ...engine.engine import EngineCalls
+from ...inference import grpc_service_pb2 as oip
+from ...inference import grpc_service_pb2_grpc as oip_grpc
+from ...tokenizer import Tokenizer
+from ...v1 import generation_pb2 as pb
+from ..grpc_boundary.calls import deadline_of
+from ..grpc_boundary.statuses import ERROR_CODES
+from ..session.events import completions, generation_events
+from ..session.pacing import StreamPacer
+from ..session.validation import RequestLimits, check_stream_interval, validate
+from ..session.vllm_names import FINISH_REASONS
+from .request import (
     FINISH_REASON,
     INPUTS,
     NUM_INPUT,
@@ -42,25 +46,14 @@ from .oip_request import (
     TEXT_OUTPUT,
     InferCall,
     read_call,
-    renamed,
 )
-from .oip_tensors import raw_output
-from .servicer import completions, deadline_of, generation_events
-from .stream_pacing import StreamPacer
-from .validation import RequestLimits, check_stream_interval, validate
+from .tensors import raw_output
 
 SERVICE = oip.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 VERSION = "1"  # the one version of the one model a server serves
 PLATFORM = "attnserve_onnxruntime"
 FINAL_FLAG = "triton_final_response"
 STREAM_OUT_MAX = 16  # responses of one ModelStreamInfer stream waiting to be written
-# vLLM's finish reasons: the end-of-sequence token is a "stop" there too.
-FINISH_NAMES = {
-    FinishReason.LENGTH: "length",
-    FinishReason.STOP: "stop",
-    FinishReason.EOS: "stop",
-    FinishReason.CANCELLED: "abort",
-}
 
 
 class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
@@ -168,17 +161,11 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         """The request read and validated; errors name the tensor or parameter the caller sent."""
         self.check_model(request.model_name, request.model_version)
         call = read_call(request)
-        try:
-            return call, validate(call.request, self.limits, self.tokenizer, deadline_of(context))
-        except InvalidRequest as error:
-            raise renamed(error, call.origins) from None
+        return call, validate(call.request, self.limits, self.tokenizer, deadline_of(context))
 
     def interval(self, call: InferCall) -> StreamInterval:
         """The call's stream interval; errors name the parameter the caller sent."""
-        try:
-            return check_stream_interval(call.request, self.limits)
-        except InvalidRequest as error:
-            raise renamed(error, call.origins) from None
+        return check_stream_interval(call.request, self.limits)
 
     async def whole(
         self,
@@ -189,7 +176,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         last: bool | None = None,
     ) -> oip.ModelInferResponse:
         """One response with the whole completion (the prompt first unless exclude_input_in_output)."""
-        (whole,) = await completions(self.engine, generation, context)  # n is always 1 here
+        (whole,) = await completions(self.engine, generation)  # n is always 1 here
         text, token_ids, final = whole.text, whole.token_ids, whole.end
         prompt = call.request.prompt if call.prepend_prompt else ""
         return self.response(request, call, prompt + text, final, len(generation.prompt_ids), len(token_ids), last)
@@ -205,7 +192,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         """A response per paced message; the last one carries the end and triton_final_response."""
         pacer = StreamPacer(interval)
         generation = replace(generation, interval=interval)  # the engine holds deltas as the pacer would
-        async with aclosing(generation_events(self.engine, generation, context, wait_s=pacer.wait_s)) as batches:
+        async with aclosing(generation_events(self.engine, generation, wait_s=pacer.wait_s)) as batches:
             async for batch in batches:
                 send = pacer.step(batch)
                 if send is None:
@@ -230,7 +217,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         """A response with the outputs the call asked for; `last` sets triton_final_response (ModelStreamInfer)."""
         values: dict[str, str | int] = {
             TEXT_OUTPUT: text,
-            FINISH_REASON: FINISH_NAMES[final.reason] if final is not None else "",
+            FINISH_REASON: FINISH_REASONS[final.reason] if final is not None else "",
             NUM_INPUT: prompt_tokens,
             NUM_OUTPUT: tokens,
         }

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any
 
-from ..engine.domain import InvalidRequest
-from ..inference import grpc_service_pb2 as oip
+from ...engine.domain import InvalidRequest
+from ...inference import grpc_service_pb2 as oip
 
 BYTES, BOOL, UINT32 = "BYTES", "BOOL", "UINT32"
 _LENGTH = struct.Struct("<I")

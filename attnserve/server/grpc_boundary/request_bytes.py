@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 
-from ..engine.domain import Undecodable
-from .interceptors import stream_of, wrap_handler
+from ...engine.domain import Undecodable
+from .handlers import stream_of, wrap_handler
 
 
 class UndecodableBytes:

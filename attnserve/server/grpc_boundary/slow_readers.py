@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 
-from ..engine.domain import SlowReader
+from ...engine.domain import SlowReader
 
 log = logging.getLogger("attnserve.server")
 

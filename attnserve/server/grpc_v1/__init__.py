@@ -1,0 +1,3 @@
+"""The attnserve.v1 door: servicer.py (TextGeneration over the engine), messages.py (the protocol's
+messages from the engine's events), model_info.py (GetModelInfo's answer).
+"""

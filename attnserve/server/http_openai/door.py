@@ -1,0 +1,227 @@
+"""The OpenAI-compatible HTTP front door: POST /v1/completions (unary, or server-sent events ending in
+`data: [DONE]`), GET /v1/models, GET /health, and POST /v1/chat/completions's answer that this model
+has no chat template. A Starlette app, served by uvicorn on the server's event loop (app.py).
+
+Same engine and semantics as attnserve.v1: each request becomes the session's RequestFields (request.py,
+which renders a chat's messages first) checked by the session's `validate` with the same limits
+and messages; the answer is answers.py's; errors take OpenAI's shape with the status OpenAI uses
+(errors.py). A client that disconnects frees its slot at the next step. No gRPC here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ...engine.domain import Draining, InvalidRequest, ServeError, Unauthenticated, UnknownModel
+from ...engine.engine import EngineCalls
+from ...tokenizer import Tokenizer
+from ...tokenizer.chat_template import ChatTemplate
+from ..bearer import bearer_matches
+from ..session.events import completions, generation_events, pacers_for
+from ..session.request import renamed
+from ..session.validation import RequestLimits, check_stream_interval, validate
+from .answers import Answer, ChatAnswer
+from .errors import error_response
+from .request import CompletionCall, chat_to_completion, read_completion
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer."""
+
+
+@dataclass(frozen=True)
+class HttpFacts:
+    """What the front door tells and checks that is not a request's: the model's name and context, the
+    bearer token, and why calls are refused now (starting, draining; None: serving)."""
+
+    model_name: str
+    context_length: int
+    token: str | None
+    refusal: Callable[[], str | None]
+    count: Callable[[str, int], None]  # (route, HTTP status): the metrics
+    in_flight: Callable[[int], None]
+    started: int = 0  # Unix seconds, the models list's `created`
+    chat_template: ChatTemplate | None = None  # tokenizer_config.json's: /v1/chat/completions applies it
+
+
+class OpenAIFrontDoor:
+    """The routes over one engine; `app` is the ASGI application."""
+
+    def __init__(self, engine: EngineCalls, limits: RequestLimits, tokenizer: Tokenizer, facts: HttpFacts):
+        self.engine, self.limits, self.tokenizer, self.facts = engine, limits, tokenizer, facts
+        routes = [
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+            Route("/health", self.health, methods=["GET"]),
+        ]
+        self.app = Starlette(routes=routes)
+        self.routes = {(method, route.path): route.endpoint for route in routes for method in route.methods or ()}
+
+    async def dispatch(self, request: Request) -> Response:
+        """The route's answer to `request`, for a caller that hands over Requests rather than serving the
+        ASGI app (Ray Serve's HTTP proxy); the path is taken below the application's root path."""
+        path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
+        endpoint = self.routes.get((request.method, path))
+        if endpoint is None:
+            body = {"message": f"no route {request.method} {path}", "type": "invalid_request_error"}
+            return JSONResponse({"error": {**body, "param": None, "code": "not_found"}}, 404)
+        return await endpoint(request)
+
+    # ---- routes ------------------------------------------------------------------------------
+    async def health(self, _request: Request) -> Response:
+        """200 while serving; 503 while starting or draining (a load balancer's readiness probe)."""
+        refusal = self.facts.refusal()
+        status = 503 if refusal else 200
+        self.facts.count("/health", status)
+        return JSONResponse({"status": "draining or starting" if refusal else "serving"}, status)
+
+    async def models(self, request: Request) -> Response:
+        return await self.answer("/v1/models", request, self.model_list)
+
+    async def chat(self, request: Request) -> Response:
+        return await self.answer("/v1/chat/completions", request, self.chat_complete, counted=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self.answer("/v1/completions", request, self.complete, counted=True)
+
+    # ---- the call's boundary -----------------------------------------------------------------
+    async def answer(
+        self, route: str, request: Request, handler: Callable[[Request], Awaitable[Response]], counted: bool = False
+    ) -> Response:
+        """Auth, the refusal while starting or draining, errors in OpenAI's shape, and the metrics (a
+        stream is in flight until its last event is written, or its client goes)."""
+        if counted:
+            self.facts.in_flight(+1)
+        response: Response | None = None
+        try:
+            self.check_token(request)
+            refusal = self.facts.refusal()
+            if refusal:
+                raise Draining(refusal)
+            response = await handler(request)
+        except ServeError as e:
+            response = error_response(e)
+        except (ClientGone, ClientDisconnect):  # ClientDisconnect: gone while its body was being read
+            response = Response(status_code=499)  # nobody reads it; nginx's "client closed request"
+        except Exception:
+            request_id = uuid.uuid4().hex
+            log.exception("internal error in %s, request id %s", route, request_id)
+            body = {"message": f"internal error; request id {request_id}", "type": "server_error"}
+            response = JSONResponse({"error": {**body, "param": None, "code": None}}, 500)
+        finally:
+            if counted and isinstance(response, StreamingResponse):
+                response.body_iterator = self.in_flight_until_done(response.body_iterator)
+            elif counted:
+                self.facts.in_flight(-1)
+        self.facts.count(route, response.status_code)
+        return response
+
+    async def in_flight_until_done(self, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self.facts.in_flight(-1)
+
+    def check_token(self, request: Request) -> None:
+        if self.facts.token is not None and not bearer_matches(
+            request.headers.get("authorization", ""), self.facts.token
+        ):
+            raise Unauthenticated("missing or invalid bearer token (header 'Authorization: Bearer <token>')")
+
+    async def model_list(self, _request: Request) -> Response:
+        model = {
+            "id": self.facts.model_name,
+            "object": "model",
+            "created": self.facts.started,
+            "owned_by": "attnserve",
+            "max_model_len": self.facts.context_length,
+        }
+        return JSONResponse({"object": "list", "data": [model]})
+
+    # ---- /v1/completions ---------------------------------------------------------------------
+    async def complete(self, request: Request) -> Response:
+        call = read_completion(await body_of(request))
+        return await self.respond(request, call, Answer)
+
+    async def chat_complete(self, request: Request) -> Response:
+        """A chat completion: the messages through the model's chat template, then as a completion."""
+        template = self.facts.chat_template
+        if template is None:
+            raise InvalidRequest(
+                "messages", "this model has no chat template (a plain language model): use /v1/completions"
+            )
+        completion, renames = chat_to_completion(await body_of(request), template)
+        completion["prompt"] = self.tokenizer.encode_chat(completion["prompt"])  # its special tokens as ids
+        try:
+            call = read_completion(completion)
+        except InvalidRequest as e:
+            raise renamed(e, renames) from None
+        origins = {name: renames.get(key, key) for name, key in call.request.origins.items()}
+        call = replace(call, request=replace(call.request, origins=origins))
+        return await self.respond(request, call, ChatAnswer)
+
+    async def respond(self, request: Request, call: CompletionCall, kind: type[Answer]) -> Response:
+        """The call run through the engine: one JSON response, or server-sent events."""
+        if call.model != self.facts.model_name:
+            raise UnknownModel(f"the model `{call.model}` does not exist (this server serves {self.facts.model_name})")
+        generation = validate(call.request, self.limits, self.tokenizer)
+        interval = check_stream_interval(call.request, self.limits)
+        answer = kind(call, generation.request_id, self.facts.model_name, self.tokenizer)
+        if not call.stream:
+            done = await until_gone(request, completions(self.engine, generation))
+            return JSONResponse(answer.whole(done))
+        generation = replace(generation, interval=interval)
+        pacers, waits = pacers_for(generation)
+        events = generation_events(self.engine, generation, wait_s=waits)
+        try:  # the first events before the headers: a refusal (a full queue) is still an HTTP status
+            first = await until_gone(request, anext(events))
+        except BaseException:
+            await events.aclose()
+            raise
+        return StreamingResponse(answer.stream(first, events, pacers), media_type="text/event-stream")
+
+
+async def body_of(request: Request) -> Any:
+    try:
+        return await request.json()
+    except ValueError as e:
+        raise InvalidRequest("body", f"not JSON: {e}") from None
+
+
+async def until_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ClientGone (and `work` cancelled) once the client disconnects."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise ClientGone
+
+
+async def disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

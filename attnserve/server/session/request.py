@@ -1,0 +1,98 @@
+"""A request as a caller asked for it, whatever the door: one plain, typed value that each door builds
+at its edge (from attnserve.v1's protobuf, from the Open Inference Protocol's tensors and parameters,
+from OpenAI's JSON) and the session's `validate` checks. Its fields are attnserve.v1's names; None
+(or empty) is a field the caller left out. `origins` names a field as the caller sent it, so that an
+error names what the caller wrote (`sampling_parameters.max_tokens` for max_new_tokens). A field
+one door alone speaks is a field here, not a protocol change. No gRPC, no HTTP, no protobuf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+from ...engine.domain import InvalidRequest
+
+INT32 = (-(2**31), 2**31 - 1)
+UINT32 = (0, 2**32 - 1)
+# The integer fields' ranges, as attnserve.v1's protobuf types hold them (so a value from JSON meets
+# the bounds a gRPC caller's does before any model's limit is asked); a list field's: each element's.
+WIRE_RANGES: dict[str, tuple[int, int]] = {
+    "max_new_tokens": INT32,
+    "top_k": INT32,
+    "seed": (0, 2**64 - 1),
+    "prompt_token_ids": INT32,
+    "stream_interval_tokens": UINT32,
+    "stream_interval_ms": UINT32,
+    "stop_token_ids": INT32,
+    "min_new_tokens": UINT32,
+    "logit_bias": INT32,  # its token ids
+    "priority": INT32,
+    "logprobs": UINT32,
+    "prompt_logprobs": UINT32,
+    "n": UINT32,
+}
+STRUCTURE_KINDS = ("json_schema", "regex")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """structured_output: a JSON schema or a regular expression (kind None: the caller set neither)."""
+
+    kind: str | None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class RequestFields:
+    """What one caller asked for (see the module's docstring); attnserve.v1's GenerateRequest documents each field."""
+
+    prompt: str = ""
+    prompt_token_ids: tuple[int, ...] = ()
+    request_id: str = ""
+    max_new_tokens: int | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    min_new_tokens: int | None = None
+    ignore_eos: bool = False
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    priority: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    n: int | None = None
+    structured_output: Structure | None = None
+    stream_interval_tokens: int | None = None
+    stream_interval_ms: int | None = None
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def named(self, name: str) -> str:
+        """The field `name` as the caller sent it."""
+        base, bracket, index = name.partition("[")
+        return f"{self.origins.get(base, base)}{bracket}{index}"
+
+
+FIELD_NAMES = frozenset(f.name for f in fields(RequestFields)) - {"origins"}
+
+
+def check_wire_ranges(request: RequestFields) -> None:
+    """InvalidRequest naming the first integer (or list element, or logit_bias id) outside its type's range."""
+    for name, (low, high) in WIRE_RANGES.items():
+        value = getattr(request, name)
+        values = value if isinstance(value, (tuple, Mapping)) else () if value is None else (value,)
+        for item in values:
+            if not low <= item <= high:
+                raise InvalidRequest(request.named(name), f"{item!r} is out of range")
+
+
+def renamed(error: InvalidRequest, origins: Mapping[str, str]) -> InvalidRequest:
+    """An error naming a field by another name: the name the caller sent it under (stop[1] -> ...stop[1])."""
+    base, bracket, index = error.field.partition("[")
+    where = origins.get(base)
+    if where is None:
+        return error
+    return InvalidRequest(f"{where}{bracket}{index}", error.problem)

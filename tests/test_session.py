@@ -1,0 +1,82 @@
+"""The request session every door shares (attnserve/server/session/): one plain request value, checked
+by one validate whose errors name the field as the caller sent it, whichever door read it."""
+
+import json
+
+import pytest
+
+from attnserve.engine.domain import InvalidRequest
+from attnserve.inference import grpc_service_pb2 as oip
+from attnserve.server.grpc_oip.request import read_call
+from attnserve.server.grpc_v1.request import request_fields
+from attnserve.server.http_openai.request import read_completion
+from attnserve.server.session.request import RequestFields, Structure
+from attnserve.server.session.validation import RequestLimits, check_stream_interval, validate
+from attnserve.tokenizer.utf8 import ByteTokenizer
+from attnserve.v1 import generation_pb2 as pb
+
+TOKENIZER = ByteTokenizer()
+LIMITS = RequestLimits(context_length=64, vocab_size=TOKENIZER.vocab_size, max_new_tokens=32)
+
+
+def refusal(request: RequestFields) -> tuple[str, str]:
+    with pytest.raises(InvalidRequest) as refused:
+        validate(request, LIMITS, TOKENIZER)
+    return refused.value.field, refused.value.problem
+
+
+def oip_call(**sampling) -> oip.ModelInferRequest:
+    """A ModelInferRequest of the prompt "hello", its sampling fields in the sampling_parameters tensor."""
+    request = oip.ModelInferRequest(model_name="m", id="r1")
+    text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    text.contents.bytes_contents.append(b"hello")
+    tensor = request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.append(json.dumps(sampling).encode())
+    return request
+
+
+def test_the_three_doors_read_one_request_the_same():
+    """The same request through attnserve.v1's protobuf, the Open Inference Protocol's parameters and
+    OpenAI's JSON is one GenerationRequest."""
+    asked = {"seed": 7, "top_k": 3, "temperature": 0.7, "top_p": 0.9}
+    v1 = request_fields(pb.GenerateRequest(prompt="hello", request_id="r1", max_new_tokens=5, **asked))
+    call = read_call(oip_call(max_tokens=5, **asked))
+    body = {"model": "m", "prompt": "hello", "max_tokens": 5, **asked}
+    openai = read_completion(body).request
+    generations = [validate(r, LIMITS, TOKENIZER) for r in (v1, call.request, openai)]
+    assert generations[0] == generations[1]
+    assert generations[0].sampling == generations[2].sampling
+    assert generations[0].prompt_ids == generations[2].prompt_ids == tuple(TOKENIZER.encode_prompt("hello"))
+
+
+@pytest.mark.parametrize(
+    ("door", "named"),
+    [
+        (lambda value: read_call(oip_call(priority=value)).request, "sampling_parameters.priority"),
+        (lambda value: read_completion({"model": "m", "prompt": "x", "priority": value}).request, "priority"),
+    ],
+    ids=["oip", "openai"],
+)
+def test_an_integer_outside_its_wire_type_is_refused_naming_the_field_as_sent(door, named):
+    """A JSON number has no width: a value attnserve.v1's int32 could not hold is refused as a gRPC
+    caller's would be, before any limit of the model's."""
+    assert refusal(door(2**31)) == (named, f"{2**31} is out of range")
+    assert validate(door(2**31 - 1), LIMITS, TOKENIZER).priority == 2**31 - 1
+
+
+def test_a_field_one_door_renames_is_named_as_its_caller_wrote_it():
+    call = read_call(oip_call(max_tokens=33))
+    field, problem = refusal(call.request)
+    assert field == "sampling_parameters.max_tokens" and problem.startswith("33 is outside [1, 32]")
+    openai = read_completion({"model": "m", "prompt": "x", "stop_token_ids": [1, 99999]}).request
+    assert refusal(openai)[0] == "stop_token_ids[1]"
+    paced = read_completion({"model": "m", "prompt": "x", "stream": True, "stream_interval_ms": -1}).request
+    with pytest.raises(InvalidRequest, match="stream_interval_ms: -1 is outside"):
+        check_stream_interval(paced, LIMITS)
+
+
+def test_structured_output_without_a_kind_is_refused():
+    assert refusal(RequestFields(prompt="x", structured_output=Structure(None))) == (
+        "structured_output",
+        "set json_schema or regex",
+    )
