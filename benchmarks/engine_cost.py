@@ -127,7 +127,7 @@ async def measure(
         prefill_chunk=PROMPT_TOKENS * max(levels),
         engine_core="process",
     )
-    core = EngineClient(config.core(), model.spec, EngineObserver(), config.stream_buffer_events)
+    core = EngineClient(config.core(), EngineObserver(), config.stream_buffer_events)
     core.start()
     rows = []
     try:

@@ -74,16 +74,23 @@ NOT_PEM = "not a certificate\n"
 @pytest.mark.parametrize(
     ("args", "stdin", "line"),
     [
+        (["generate", "hi", "--seed", "-1"], None, "--seed: -1 is outside [0, 18446744073709551615]"),
+        (["generate", "hi", "--seed", str(2**64)], None, f"--seed: {2**64} is outside [0, 18446744073709551615]"),
+        # the ranges that need no model, in the server's words (attnserve/request_ranges.py): never sent
         (
-            ["generate", "hi", "--seed", "-1"],
+            ["generate", "hi", "--max-new-tokens", "-5"],
             None,
-            "--seed must be 0 to 18,446,744,073,709,551,615 (an unsigned 64-bit number), got -1",
+            "--max-new-tokens: -5 is outside [0, 2147483647] (the server's cap narrows it)",
         ),
+        (["generate", "hi", "--top-p", "2"], None, "--top-p: 2 is outside (0, 1]"),
+        (["generate", "hi", "--temperature", "-1"], None, "--temperature: -1 is outside [0, 100]"),
+        (["generate", "hi", "--logit-bias", "7=101"], None, "--logit-bias[7]: 101 is outside [-100, 100]"),
         (
-            ["generate", "hi", "--seed", str(2**64)],
+            ["generate", "--prompt-token-ids", "5,-1"],
             None,
-            f"--seed must be 0 to 18,446,744,073,709,551,615 (an unsigned 64-bit number), got {2**64}",
+            "--prompt-token-ids[1]: -1 is outside [0, 2147483647] (the model's vocab_size narrows it)",
         ),
+        (["bench", "--stream-interval-ms", "60001"], None, "--stream-interval-ms: 60001 is outside [0, 60000]"),
         (
             ["generate", "hi", "--tls-ca", "/no/such/ca.pem"],
             None,

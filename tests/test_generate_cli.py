@@ -118,7 +118,7 @@ def test_stop_strings(live, capsys):
     [
         (["", "--max-new-tokens", "4"], 2, "INVALID_ARGUMENT: prompt"),
         ([PROMPT, "--max-new-tokens", "0"], 2, "INVALID_ARGUMENT: --max-new-tokens: 0 is outside"),
-        ([PROMPT, "--temperature", "-1", "--no-stream"], 2, "INVALID_ARGUMENT: --temperature: -1 is outside"),
+        ([PROMPT, "--max-new-tokens", "500", "--no-stream"], 2, "INVALID_ARGUMENT: --max-new-tokens: 500 is outside"),
     ],
 )
 def test_bad_requests_exit_2_with_one_line(live, capsys, args, status, message):

@@ -1,59 +1,12 @@
-"""The stream interval: fewer, fuller messages, the same text, the first delta and the end never held."""
+"""The stream interval through a server: fewer, fuller messages, the same text, the first delta and the end
+never held (the engine holds the tokens between messages: tests/test_engine.py tests its rule)."""
 
 import grpc
 import pytest
 from fixtures_server import request, start_server
 
-from attnserve.engine.domain import Delta, StreamInterval
-from attnserve.server.session.pacing import StreamPacer
-
 TIMEOUT = 30  # far below the 60 s time bounds used here: a held-back end would run past it
 NEW_TOKENS = 40
-
-
-def deltas(n: int) -> list[Delta]:
-    return [Delta((i,), "x") for i in range(n)]
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_pacer_sends_the_first_delta_at_once_then_every_n_tokens():
-    pacer = StreamPacer(StreamInterval(tokens=3), Clock())
-    sent = []
-    for delta in deltas(8):
-        pacer.add([delta])
-        if pacer.due():
-            sent.append(len(pacer.take()))
-    assert sent == [1, 3, 3] and pacer.tokens == 1  # the last one waits for the end (the servicer flushes it)
-
-
-def test_pacer_time_bound_comes_first_when_tokens_are_slow():
-    clock = Clock()
-    pacer = StreamPacer(StreamInterval(tokens=100, ms=50), clock)
-    pacer.add(deltas(1))
-    assert pacer.due() and pacer.wait_s() == 0.0  # the first delta: at once
-    pacer.take()
-    assert pacer.wait_s() is None  # nothing waits
-    pacer.add(deltas(2))
-    clock.now += 0.02
-    assert not pacer.due() and pacer.wait_s() == pytest.approx(0.03)
-    clock.now += 0.03
-    assert pacer.due() and pacer.wait_s() == 0.0
-    assert len(pacer.take()) == 2
-
-
-def test_pacer_counts_tokens_not_deltas():
-    pacer = StreamPacer(StreamInterval(tokens=4), Clock())
-    pacer.add([Delta((1,), "a")])
-    pacer.take()
-    pacer.add([Delta((1, 2, 3), ""), Delta((4,), "b")])  # a character cut across tokens, then whole
-    assert pacer.due()
 
 
 def stream(stub, **fields):
@@ -123,14 +76,3 @@ def test_server_default_interval_applies_and_is_reported(tiny_model_dir):
         assert len(every) > len(counts)
     finally:
         running.stop()
-
-
-def test_pacer_step_sends_what_is_due_and_everything_with_the_end():
-    from attnserve.engine.domain import Final, FinishReason, Timings, Usage
-
-    pacer = StreamPacer(StreamInterval(tokens=3), Clock())
-    end = Final(FinishReason.LENGTH, "!", Usage(1, 4), Timings(0.0, 1.0, 2.0))
-    assert pacer.step(deltas(1)) == (deltas(1), None)  # the first delta at once
-    assert pacer.step(deltas(2)) is None  # 2 of 3 tokens wait
-    assert pacer.step([*deltas(1), end]) == ([*deltas(2), *deltas(1)], end)  # the end takes what waited
-    assert pacer.step([end]) == ([], end)  # an end with nothing waiting still goes

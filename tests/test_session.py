@@ -1,15 +1,18 @@
 """The request session every door shares (attnserve/server/session/): one plain request value, checked
 by one validate whose errors name the field as the caller sent it, whichever door read it."""
 
+import asyncio
 import json
+import re
 
 import pytest
 
-from attnserve.engine.domain import InvalidRequest
+from attnserve.engine.domain import Delta, Final, FinishReason, InvalidRequest, Timings, Usage
 from attnserve.inference import grpc_service_pb2 as oip
 from attnserve.server.grpc_oip.request import read_call
 from attnserve.server.grpc_v1.request import request_fields
 from attnserve.server.http_openai.request import read_completion
+from attnserve.server.session.events import messages
 from attnserve.server.session.request import RequestFields, Structure
 from attnserve.server.session.validation import RequestLimits, check_stream_interval, validate
 from attnserve.tokenizer.utf8 import ByteTokenizer
@@ -58,9 +61,9 @@ def test_the_three_doors_read_one_request_the_same():
     ids=["oip", "openai"],
 )
 def test_an_integer_outside_its_wire_type_is_refused_naming_the_field_as_sent(door, named):
-    """A JSON number has no width: a value attnserve.v1's int32 could not hold is refused as a gRPC
-    caller's would be, before any limit of the model's."""
-    assert refusal(door(2**31)) == (named, f"{2**31} is out of range")
+    """A JSON number has no width: a value attnserve.v1's int32 could not hold is refused, naming the
+    field as the caller sent it, by the ranges the client's command line checks too."""
+    assert refusal(door(2**31)) == (named, f"{2**31} is outside [-2147483648, 2147483647]")
     assert validate(door(2**31 - 1), LIMITS, TOKENIZER).priority == 2**31 - 1
 
 
@@ -71,8 +74,10 @@ def test_a_field_one_door_renames_is_named_as_its_caller_wrote_it():
     openai = read_completion({"model": "m", "prompt": "x", "stop_token_ids": [1, 99999]}).request
     assert refusal(openai)[0] == "stop_token_ids[1]"
     paced = read_completion({"model": "m", "prompt": "x", "stream": True, "stream_interval_ms": -1}).request
-    with pytest.raises(InvalidRequest, match="stream_interval_ms: -1 is outside"):
-        check_stream_interval(paced, LIMITS)
+    assert refusal(paced) == ("stream_interval_ms", "-1 is outside [0, 60000]")
+    too_many = read_completion({"model": "m", "prompt": "x", "stream": True, "stream_interval_tokens": 33}).request
+    with pytest.raises(InvalidRequest, match=re.escape("stream_interval_tokens: 33 is outside [1, 32]")):
+        check_stream_interval(too_many, LIMITS)
 
 
 def test_structured_output_without_a_kind_is_refused():
@@ -80,3 +85,23 @@ def test_structured_output_without_a_kind_is_refused():
         "structured_output",
         "set json_schema or regex",
     )
+
+
+def test_a_streams_messages_are_one_per_completion_per_batch_in_index_order():
+    """The engine holds each completion's tokens to the stream interval; a batch of its events becomes
+    one message per completion in it, its deltas together and its Final with them."""
+    end = Final(FinishReason.LENGTH, "!", Usage(1, 3), Timings(0.0, 1.0, 2.0), index=1)
+    batches = [[Delta((1,), "a", index=1), Delta((2,), "b"), Delta((3,), "c", index=1), end], [Delta((4,), "d")]]
+
+    async def taken():
+        async def source():
+            for batch in batches:
+                yield batch
+
+        return [message async for message in messages(source())]
+
+    assert asyncio.run(taken()) == [
+        (0, [Delta((2,), "b")], None),
+        (1, [Delta((1,), "a", index=1), Delta((3,), "c", index=1)], end),
+        (0, [Delta((4,), "d")], None),
+    ]

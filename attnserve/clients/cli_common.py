@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..flags import add_field_flags, check_pem, flag_name, shown
+from ..request_ranges import problems
 from .channel import DEFAULT_TARGET, TlsConfig, parse_targets, read_token_file
 from .errors import AttnserveError, exit_status
 from .types import GenerationParams
@@ -15,7 +16,6 @@ from .types import GenerationParams
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report a Ctrl-C
 
 STREAM_INTERVAL = ("stream_interval_tokens", "stream_interval_ms")
-MAX_UINT32 = 2**32 - 1  # the protocol's stream interval fields
 
 
 def add_client_flags(p: argparse.ArgumentParser, timeout: float) -> None:
@@ -42,7 +42,7 @@ def add_stream_interval_flags(p: argparse.ArgumentParser) -> None:
 
 def check_client_flags(args: argparse.Namespace) -> None:
     """The connection and stream-interval flags, before any call: ValueError naming the flag, its
-    value and what it may be (the protocol's unsigned fields would otherwise fail in protobuf's words)."""
+    value and what it may be."""
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {shown(args.timeout)}")
     try:
@@ -53,10 +53,15 @@ def check_client_flags(args: argparse.Namespace) -> None:
         raise ValueError("--tls-server-name needs TLS: give --tls-ca (or --tls-cert and --tls-key)")
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together (mutual TLS)")
-    for name in STREAM_INTERVAL:
-        value = getattr(args, name)
-        if value is not None and not 0 <= value <= MAX_UINT32:
-            raise ValueError(f"{flag_name(name)} must be 0 to {MAX_UINT32:,} (an unsigned 32-bit number), got {value}")
+    check_ranges({name: getattr(args, name) for name in STREAM_INTERVAL})
+
+
+def check_ranges(values: dict[str, object]) -> None:
+    """ValueError naming the first flag (by its field's name) whose value is outside the ranges that
+    need no model, in the server's own words (attnserve/request_ranges.py): refused before a request is sent."""
+    for name, value in values.items():
+        for where, problem in problems(name, value):
+            raise ValueError(f"{flag_name(where)}: {problem}")
 
 
 def tls_from_args(args: argparse.Namespace) -> TlsConfig | None:

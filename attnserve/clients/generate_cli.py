@@ -23,6 +23,7 @@ from .cli_common import (
     add_client_flags,
     add_stream_interval_flags,
     check_client_flags,
+    check_ranges,
     fail,
     interrupted,
     parse_numbers,
@@ -37,8 +38,6 @@ PROG = "attnserve generate"
 SAMPLING = tuple(f.name for f in fields(GenerationParams) if "help" in f.metadata and f.name not in STREAM_INTERVAL)
 
 
-MAX_SEED = 2**64 - 1  # the protocol's seed is a uint64
-MAX_UINT32 = 2**32 - 1
 FIELD = re.compile(r"(?:structured_output\.)?(\w+)(\[\d+\])?:")  # how the server's INVALID_ARGUMENT details begin
 FLAG_FIELDS = {*(f.name for f in fields(GenerationParams)), "stop", "request_id", "prompt_token_ids"}
 
@@ -112,16 +111,9 @@ def client_from_args(args: argparse.Namespace) -> Client:
 def params_from_args(args: argparse.Namespace) -> GenerationParams:
     """GenerationParams from the sampling flags; a flag left out keeps the dataclass's default."""
     given = {f.name: getattr(args, f.name) for f in fields(GenerationParams)}
-    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
-        raise ValueError(f"--seed must be 0 to {MAX_SEED:,} (an unsigned 64-bit number), got {args.seed}")
-    for name, low in (("min_new_tokens", 0), ("logprobs", 0), ("prompt_logprobs", 0), ("n", 1)):
-        value = getattr(args, name)
-        if value is not None and not low <= value <= MAX_UINT32:
-            raise ValueError(f"{flag_name(name)} must be {low} or more, got {value}")
-    if not -(2**31) <= args.priority < 2**31:
-        raise ValueError(f"--priority must be a 32-bit integer, got {args.priority}")
     given["stop_token_ids"] = parse_numbers(args.stop_token_ids, int, "--stop-token-ids")
     given["logit_bias"] = parse_bias(args.logit_bias)
+    check_ranges({**given, "logit_bias": dict(given["logit_bias"])})
     given["json_schema"] = read_schema(args.json_schema)
     if given["json_schema"] is not None and args.regex is not None:
         raise ValueError("give --json-schema or --regex, not both")
@@ -156,7 +148,9 @@ def prompt_from_args(args: argparse.Namespace) -> Prompt:
     if args.prompt is not None and args.prompt_token_ids is not None:
         raise ValueError("give a prompt or --prompt-token-ids, not both")
     if args.prompt_token_ids is not None:
-        return parse_numbers(args.prompt_token_ids, int, "--prompt-token-ids")
+        ids = parse_numbers(args.prompt_token_ids, int, "--prompt-token-ids")
+        check_ranges({"prompt_token_ids": ids})
+        return ids
     if args.prompt is None:
         raise ValueError("give a prompt (text, or '-' for stdin) or --prompt-token-ids")
     return read_stdin() if args.prompt == "-" else args.prompt

@@ -37,8 +37,7 @@ from pathlib import Path
 from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest, ends_request
 from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.outbox import post
-from ..engine.sequence import Event, Handle, check_budget
-from ..engine.slot_runner import ModelSpec
+from ..engine.sequence import Event, Handle
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import usable_cores
 from ..runtime.ort_session import CPU, ProviderError
@@ -92,13 +91,12 @@ class EngineClient:
     def __init__(
         self,
         config: CoreConfig,
-        spec: ModelSpec,
         observer: EngineObserver,
         max_buffered: int,
         on_death: Callable[[str], None] | None = None,
     ):
         """`max_buffered`: deltas a caller may leave unread before its request is dropped (Handle)."""
-        self.config, self.spec, self.observer, self.on_death = config, spec, observer, on_death
+        self.config, self.observer, self.on_death = config, observer, on_death
         self.max_buffered = max_buffered
         self.handles: dict[int, Handle] = {}  # key -> request in flight
         self._keys = itertools.count()
@@ -158,7 +156,6 @@ class EngineClient:
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Send a validated request to the core; raises EngineUnavailable, Draining or QueueFull."""
-        check_budget(request, self.spec)
         key = next(self._keys)
         handle = RemoteHandle(
             request,

@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 
-from ..engine.domain import Draining, QueueFull
+from ..engine.domain import Draining
 from ..engine.engine import Engine, EngineLimits
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import ProviderError
@@ -33,10 +33,10 @@ PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that s
 
 
 def core_engine(loaded: LoadedModel, config: CoreConfig, writer: StepWriter) -> Engine:
-    """The engine of the core's process, delivering to `writer`. The front end keeps the queue's bound
-    (requests in flight <= slots + --max-queue): here the queue may also hold what it accepted before
-    this engine admitted the requests ahead of them. Slow readers are the front end's too."""
-    limits = EngineLimits(loaded.capacity, config.max_queue + loaded.capacity, max_buffered=0)
+    """The engine of the core's process, delivering to `writer`. The queue's bound is the front end's
+    alone (requests in flight <= slots + --max-queue, core/client.py): this queue holds what the front
+    end accepted. Slow readers are the front end's too."""
+    limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0)
     observer = slowed(writer.recorder, config.test_step_delay_ms)
     return Engine(loaded.slots, loaded.tokenizer, limits, observer, writer)
 
@@ -92,7 +92,7 @@ def serve_messages(engine: Engine, writer: StepWriter, channel: Channel) -> None
                 caller = writer.caller(message.key, message.request)
                 try:
                     engine.enqueue(caller)
-                except (QueueFull, Draining, ValueError) as e:
+                except Draining as e:  # the core stops
                     engine.refuse(caller, e)
             elif isinstance(message, Cancel):
                 running = writer.callers.get(message.key)

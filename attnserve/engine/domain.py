@@ -37,9 +37,6 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-MAX_STREAM_INTERVAL_MS = 60_000  # a stream's longest time bound between messages
-
-
 @dataclass(frozen=True)
 class StreamInterval:
     """How often a stream sends: the first delta at once, then once `tokens` wait or `ms` have passed."""

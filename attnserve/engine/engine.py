@@ -43,7 +43,7 @@ from ..tokenizer import Tokenizer
 from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
 from .outbox import LoopOutbox, Outbox
-from .sequence import Caller, Event, Handle, Sequence, check_budget
+from .sequence import Caller, Event, Handle, Sequence, fits
 from .slot_runner import Logits, SlotRunner
 
 log = logging.getLogger("attnserve.server")
@@ -65,7 +65,7 @@ class EngineLimits:
     """The engine's share of ServerConfig (its defaults live there, once)."""
 
     max_batch: int  # requests decoded together in one step
-    max_queue: int  # requests waiting for a batch slot before submit raises QueueFull
+    max_queue: int | None  # requests waiting for a batch slot before submit raises QueueFull; None: no bound
     max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
 
 
@@ -174,9 +174,10 @@ class Engine:
         return handle
 
     def enqueue(self, caller: Caller) -> None:
-        """Queue `caller.request`; its events go to `caller` through the outbox. Raises QueueFull,
-        Draining, or ValueError when the prompt leaves no room in the context."""
-        check_budget(caller.request, self.spec)
+        """Queue `caller.request`; its events go to `caller` through the outbox. Raises QueueFull or
+        Draining. The request was validated: its prompt leaves room in the context (the front end's
+        validation is the one check of that; here it is an invariant)."""
+        assert fits(caller.request, self.spec), "validation lets no request through that the context cannot hold"
         sequence = Sequence(caller.request, caller, self.tokenizer, self.spec)
         with self._cond:
             self._check_room()
@@ -194,7 +195,7 @@ class Engine:
         """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
         if not self._accepting:
             raise Draining(DRAINING)
-        if len(self._queue) >= self.limits.max_queue:
+        if self.limits.max_queue is not None and len(self._queue) >= self.limits.max_queue:
             raise queue_full(self.limits.max_queue)
 
     def release(self, caller: Caller) -> None:

@@ -120,13 +120,11 @@ def token_budget(request: GenerationRequest, spec: ModelSpec) -> int:
     return min(request.max_new_tokens, spec.context_length - len(spec.decoder_prompt(request.prompt_ids)))
 
 
-def check_budget(request: GenerationRequest, spec: ModelSpec) -> None:
-    """Raise ValueError when the request's prompt leaves no room in the context for a token (unless it
-    only scores its prompt: max_new_tokens 0 with prompt_logprobs)."""
-    if request.max_new_tokens == 0 and request.prompt_logprobs is not None:
-        return
-    if token_budget(request, spec) < 1:
-        raise ValueError(f"prompt of {len(request.prompt_ids)} tokens leaves no room in the context")
+def fits(request: GenerationRequest, spec: ModelSpec) -> bool:
+    """Whether the request's prompt leaves room in the context for a token, or it only scores its
+    prompt (max_new_tokens 0 with prompt_logprobs): what validation guarantees before it reaches an engine."""
+    scores_only = request.max_new_tokens == 0 and request.prompt_logprobs is not None
+    return scores_only or token_budget(request, spec) >= 1
 
 
 class Completions:

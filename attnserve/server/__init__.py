@@ -3,7 +3,7 @@
 Rooms, outside in: app.py (start-up, health, drain; config.py its settings, health.py, metrics.py,
 stats_log.py and http_serving.py the process's) -> the doors, each a room that speaks one protocol:
 grpc_v1/ (attnserve.v1), grpc_oip/ (the Open Inference Protocol) and http_openai/ (OpenAI's HTTP
-API) -> session/ (what every door shares: validation, the run through the engine, pacing, vLLM's
+API) -> session/ (what every door shares: the request value, validation, the run through the engine, vLLM's
 field names) -> the engine core (attnserve/core/): by default in a process of its own, reached
 through core/client.py's EngineClient, else in a thread of this one (--engine-core thread). The gRPC
 doors stand behind grpc_boundary/ (error statuses, auth, undecodable bytes, slow readers); every

@@ -35,7 +35,7 @@ from ..inference import grpc_service_pb2 as oip_pb
 from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime import contract
 from ..runtime.contract import ModelDirError
-from ..runtime.model_runner import ProviderError, model_spec
+from ..runtime.model_runner import ProviderError
 from ..tokenizer import Tokenizer
 from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat_template
 from ..v1 import generation_pb2 as pb
@@ -225,8 +225,7 @@ class Server:
         model_dir = Path(self.config.model)
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
         tokenizer = load_tokenizer(model_dir, manifest)
-        spec = model_spec(manifest)
-        client = EngineClient(self.config.core(), spec, self.metrics, self.config.stream_buffer_events, self._core_died)
+        client = EngineClient(self.config.core(), self.metrics, self.config.stream_buffer_events, self._core_died)
         self.engine = client
         self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
         self.prefix_cache_bytes = client.ready.prefix_cache_bytes

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import CoreConfig
-from ..engine.domain import MAX_STREAM_INTERVAL_MS
 from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name, shown
+from ..request_ranges import MAX_STREAM_INTERVAL_MS
 
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
@@ -312,7 +312,11 @@ class ServerConfig:
                 self.prefix_cache_memory is None or self.prefix_cache_memory >= 1,
                 "at least 1 (bytes)",
             ),
-            ("stream_interval_ms", 0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS, "0 to 60000"),
+            (
+                "stream_interval_ms",
+                0 <= self.stream_interval_ms <= MAX_STREAM_INTERVAL_MS,
+                f"0 to {MAX_STREAM_INTERVAL_MS}",
+            ),
             *((name, getattr(self, name) >= 1, "at least 1") for name in at_least_1),
             ("write_timeout", self.write_timeout > 0, "positive"),
             ("max_connection_age", self.max_connection_age is None or self.max_connection_age > 0, "positive"),

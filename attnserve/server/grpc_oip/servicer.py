@@ -4,7 +4,7 @@ Served on the same server, port, TLS, auth, limits, metrics and error mapping as
 service: requests are read as the vLLM backend reads them (request.py, tensors.py), validated by
 the session's validate, and decoded by the same engine. ModelInfer returns the whole completion;
 ModelStreamInfer takes requests on one stream and runs them concurrently, a response per delta
-with `stream` true (paced by the stream interval), the last one carrying the parameter
+with `stream` true (at the stream interval), the last one carrying the parameter
 triton_final_response = true. As in Triton, a request that fails on a stream gets an in-band
 error_message and the stream goes on; on ModelInfer the error is the call's status.
 """
@@ -33,8 +33,7 @@ from ...tokenizer import Tokenizer
 from ...v1 import generation_pb2 as pb
 from ..grpc_boundary.calls import deadline_of
 from ..grpc_boundary.statuses import ERROR_CODES
-from ..session.events import completions, generation_events
-from ..session.pacing import StreamPacer
+from ..session.events import completions, generation_events, messages
 from ..session.validation import RequestLimits, check_stream_interval, validate
 from ..session.vllm_names import FINISH_REASONS
 from .request import (
@@ -189,15 +188,11 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         interval: StreamInterval,
         context,
     ) -> AsyncGenerator[oip.ModelInferResponse, None]:
-        """A response per paced message; the last one carries the end and triton_final_response."""
-        pacer = StreamPacer(interval)
-        generation = replace(generation, interval=interval)  # the engine holds deltas as the pacer would
-        async with aclosing(generation_events(self.engine, generation, wait_s=pacer.wait_s)) as batches:
-            async for batch in batches:
-                send = pacer.step(batch)
-                if send is None:
-                    continue
-                deltas, final = send
+        """A response per message (the engine holds deltas to the stream interval); the last one carries
+        the end and triton_final_response."""
+        generation = replace(generation, interval=interval)
+        async with aclosing(generation_events(self.engine, generation)) as batches:
+            async for _, deltas, final in messages(batches):
                 body = "".join(d.text for d in deltas) + (final.text if final is not None else "")
                 count = sum(len(d.token_ids) for d in deltas)
                 yield self.response(

@@ -18,7 +18,7 @@ from ...tokenizer import Tokenizer
 from ...v1 import generation_pb2 as pb
 from ...v1 import generation_pb2_grpc as pb_grpc
 from ..grpc_boundary.calls import deadline_of
-from ..session.events import completions, generation_events, paced, pacers_for
+from ..session.events import completions, generation_events, messages
 from ..session.validation import RequestLimits, check_stream_interval, validate
 from .messages import FINISH_REASONS, final_response, logprob_messages
 from .request import request_fields
@@ -61,21 +61,19 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     async def GenerateStream(
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateStreamResponse]:
-        """Deltas as they are decoded, paced by the stream interval, then the final message.
+        """Deltas as they are decoded, at the stream interval, then the final message.
 
         Deltas ready together go in one message; with a stream interval above 1 token (or a time
-        bound), more wait for one message (session/pacing.py), and whatever waits goes out as soon
-        as the generation ends. The request id goes out at once in the initial metadata
-        (x-request-id): the caller knows its request was accepted before the first token."""
+        bound), the engine holds more for one message, and whatever it holds goes out as soon as the
+        generation ends. The request id goes out at once in the initial metadata (x-request-id): the
+        caller knows its request was accepted before the first token."""
         fields = request_fields(request)
         generation = validate(fields, self.limits, self.tokenizer, deadline_of(context))
-        # the engine holds deltas as the pacer would
         generation = replace(generation, interval=check_stream_interval(fields, self.limits))
-        pacers, waits = pacers_for(generation)
         request_id = generation.request_id
         announce = lambda: context.send_initial_metadata(((REQUEST_ID_HEADER, request_id),))
-        async with aclosing(generation_events(self.engine, generation, announce, waits)) as batches:
-            async for index, deltas, final in paced(batches, pacers):
+        async with aclosing(generation_events(self.engine, generation, announce)) as batches:
+            async for index, deltas, final in messages(batches):
                 if deltas:
                     yield pb.GenerateStreamResponse(
                         request_id=request_id,

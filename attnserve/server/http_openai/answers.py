@@ -1,5 +1,5 @@
 """The answer to one completions or chat completions call, in OpenAI's JSON: whole, or as server-sent
-events paced as gRPC streams are, ending in `data: [DONE]`. No engine calls here: the door hands in
+events at the stream interval as gRPC streams are, ending in `data: [DONE]`. No engine calls here: the door hands in
 the session's events."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from typing import Any, TypeVar
 
 from ...engine.domain import Delta, Final, ServeError, TokenLogprob, Usage
 from ...tokenizer import Tokenizer
-from ..session.events import paced
-from ..session.pacing import StreamPacer
+from ..session.events import messages
 from ..session.vllm_names import FINISH_REASONS
 from .errors import error_body
 from .request import CompletionCall
@@ -86,16 +85,17 @@ class Answer:
         }
 
     async def stream(
-        self, first: list[Delta | Final], events: AsyncGenerator[list[Delta | Final], None], pacers: list[StreamPacer]
+        self, first: list[Delta | Final], events: AsyncGenerator[list[Delta | Final], None], n: int
     ) -> AsyncIterator[str]:
-        """Chunks as the engine's events come (paced as gRPC streams are), then usage if asked, then [DONE]."""
+        """Chunks of the `n` completions as the engine's events come (at the stream interval, as gRPC
+        streams are), then usage if asked, then [DONE]."""
         prompt: Usage | None = None  # completion 0's: the prompt's counts
         generated = 0
         async with aclosing(events):
             try:
-                for opening in filter(None, map(self.opening, range(len(pacers)))):
+                for opening in filter(None, map(self.opening, range(n))):
                     yield self.chunk([opening])
-                async for index, deltas, final in paced(starting_with(first, events), pacers):
+                async for index, deltas, final in messages(starting_with(first, events)):
                     if deltas:
                         text = "".join(d.text for d in deltas)
                         picked = [p for d in deltas for p in d.logprobs]

@@ -27,7 +27,7 @@ from ...engine.engine import EngineCalls
 from ...tokenizer import Tokenizer
 from ...tokenizer.chat_template import ChatTemplate
 from ..bearer import bearer_matches
-from ..session.events import completions, generation_events, pacers_for
+from ..session.events import completions, generation_events
 from ..session.request import renamed
 from ..session.validation import RequestLimits, check_stream_interval, validate
 from .answers import Answer, ChatAnswer
@@ -187,14 +187,13 @@ class OpenAIFrontDoor:
             done = await until_gone(request, completions(self.engine, generation))
             return JSONResponse(answer.whole(done))
         generation = replace(generation, interval=interval)
-        pacers, waits = pacers_for(generation)
-        events = generation_events(self.engine, generation, wait_s=waits)
+        events = generation_events(self.engine, generation)
         try:  # the first events before the headers: a refusal (a full queue) is still an HTTP status
             first = await until_gone(request, anext(events))
         except BaseException:
             await events.aclose()
             raise
-        return StreamingResponse(answer.stream(first, events, pacers), media_type="text/event-stream")
+        return StreamingResponse(answer.stream(first, events, generation.n), media_type="text/event-stream")
 
 
 async def body_of(request: Request) -> Any:

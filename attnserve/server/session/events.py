@@ -1,7 +1,9 @@
 """One request's run through the engine, as every door drives it: submit, then the engine's events in
-batches until the Final one, the slot released however the caller stops; a stream's messages paced
-per completion; a unary call's completions gathered whole. No gRPC, no HTTP: a door writes the
-events in its own protocol's words.
+batches until the Final one, the slot released however the caller stops; a stream's messages, one
+per completion per batch; a unary call's completions gathered whole. The stream interval is the
+engine's alone (engine/sequence.py holds each completion's tokens until a Delta falls due, on the
+engine's clock, in the engine core's process): whatever comes here is due. No gRPC, no HTTP: a door
+writes the events in its own protocol's words.
 """
 
 from __future__ import annotations
@@ -12,27 +14,24 @@ from dataclasses import dataclass, field, replace
 
 from ...engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest, TokenLogprob, ends_request
 from ...engine.engine import EngineCalls
-from .pacing import StreamPacer
 
 
 async def generation_events(
     engine: EngineCalls,
     generation: GenerationRequest,
     announce: Callable[[], Awaitable[None]] | None = None,
-    wait_s: Callable[[], float | None] = lambda: None,
 ) -> AsyncGenerator[list[Delta | Final], None]:
     """Submit, then yield the engine's events in batches until the Final one (errors are raised).
 
     `announce` runs once the request is accepted (attnserve.v1 sends the request id in its initial
-    metadata). An empty batch means `wait_s()` seconds passed with no event (a paced stream's time
-    bound). The request's slot is released however the caller stops (close the generator: `aclosing`)."""
+    metadata). The request's slot is released however the caller stops (close the generator: `aclosing`)."""
     handle = engine.submit(generation)
     try:
         if announce is not None:
             await announce()
         while True:
             events: list[Delta | Final] = []
-            for event in await handle.next_events(wait_s()):
+            for event in await handle.next_events():
                 if isinstance(event, Exception):
                     raise event
                 if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
@@ -48,24 +47,16 @@ async def generation_events(
         engine.release(handle)
 
 
-def pacers_for(generation: GenerationRequest) -> tuple[list[StreamPacer], Callable[[], float | None]]:
-    """One pacer per completion of a streamed request, and how long the soonest of them may wait."""
-    assert generation.interval is not None, "a streamed request has its stream interval"
-    pacers = [StreamPacer(generation.interval) for _ in range(generation.n)]
-    waits = lambda: min((w for w in (p.wait_s() for p in pacers) if w is not None), default=None)
-    return pacers, waits
-
-
-async def paced(
-    batches: AsyncIterator[list[Delta | Final]], pacers: list[StreamPacer]
+async def messages(
+    batches: AsyncIterator[list[Delta | Final]],
 ) -> AsyncIterator[tuple[int, list[Delta], Final | None]]:
-    """The messages a stream sends, from the engine's batches of events: (completion index, the deltas
-    due, its Final once it came), each completion paced by its own pacer."""
+    """The messages a stream sends, from the engine's batches of events: per batch, one for each
+    completion with events in it, in index order: (its index, its deltas, its Final once it came)."""
     async for events in batches:
-        for index, pacer in enumerate(pacers):
-            send = pacer.step([e for e in events if e.index == index])
-            if send is not None:
-                yield (index, *send)
+        for index in sorted({event.index for event in events}):
+            mine = [event for event in events if event.index == index]
+            final = mine[-1] if isinstance(mine[-1], Final) else None
+            yield index, [event for event in mine if isinstance(event, Delta)], final
 
 
 @dataclass

@@ -12,26 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from ...engine.domain import InvalidRequest
+from ...request_ranges import RANGES, problems
 
-INT32 = (-(2**31), 2**31 - 1)
-UINT32 = (0, 2**32 - 1)
-# The integer fields' ranges, as attnserve.v1's protobuf types hold them (so a value from JSON meets
-# the bounds a gRPC caller's does before any model's limit is asked); a list field's: each element's.
-WIRE_RANGES: dict[str, tuple[int, int]] = {
-    "max_new_tokens": INT32,
-    "top_k": INT32,
-    "seed": (0, 2**64 - 1),
-    "prompt_token_ids": INT32,
-    "stream_interval_tokens": UINT32,
-    "stream_interval_ms": UINT32,
-    "stop_token_ids": INT32,
-    "min_new_tokens": UINT32,
-    "logit_bias": INT32,  # its token ids
-    "priority": INT32,
-    "logprobs": UINT32,
-    "prompt_logprobs": UINT32,
-    "n": UINT32,
-}
 STRUCTURE_KINDS = ("json_schema", "regex")
 
 
@@ -79,14 +61,15 @@ class RequestFields:
 FIELD_NAMES = frozenset(f.name for f in fields(RequestFields)) - {"origins"}
 
 
-def check_wire_ranges(request: RequestFields) -> None:
-    """InvalidRequest naming the first integer (or list element, or logit_bias id) outside its type's range."""
-    for name, (low, high) in WIRE_RANGES.items():
-        value = getattr(request, name)
-        values = value if isinstance(value, (tuple, Mapping)) else () if value is None else (value,)
-        for item in values:
-            if not low <= item <= high:
-                raise InvalidRequest(request.named(name), f"{item!r} is out of range")
+def check_ranges(request: RequestFields) -> None:
+    """InvalidRequest naming the first field (or list element, or logit_bias entry) outside the ranges
+    that need no model (attnserve/request_ranges.py: the client's command line checks the same). A
+    range the server narrows is left to validation's narrower check."""
+    for name, bound in RANGES.items():
+        if bound.narrowed:
+            continue
+        for where, problem in problems(name, getattr(request, name)):
+            raise InvalidRequest(request.named(where), problem)
 
 
 def renamed(error: InvalidRequest, origins: Mapping[str, str]) -> InvalidRequest:

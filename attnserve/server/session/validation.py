@@ -6,12 +6,10 @@ here. An error names the field as the caller sent it (RequestFields.origins). No
 
 from __future__ import annotations
 
-import math
 import uuid
 from dataclasses import dataclass
 
 from ...engine.domain import (
-    MAX_STREAM_INTERVAL_MS,
     GenerationRequest,
     Grammar,
     InvalidRequest,
@@ -19,8 +17,9 @@ from ...engine.domain import (
     StreamInterval,
 )
 from ...engine.grammar import GrammarError, compile_grammar
+from ...request_ranges import MAX_LOGPROBS, MAX_N
 from ...tokenizer import Tokenizer
-from .request import RequestFields, check_wire_ranges, renamed
+from .request import RequestFields, check_ranges, renamed
 
 
 @dataclass(frozen=True)
@@ -33,16 +32,14 @@ class RequestLimits:
     max_stop_sequences: int = 16  # stop strings per request
     max_stop_bytes: int = 128  # UTF-8 bytes per stop string
     max_request_id_chars: int = 128  # printable ASCII
-    max_temperature: float = 100.0
-    max_repetition_penalty: float = 100.0
     encoder_decoder: bool = False  # the prompt is a source: it has the encoder's context to itself
     max_token_bytes: int = 1  # the most UTF-8 bytes one token stands for (the tokenizer's)
     bos_prepended: bool = True  # a text prompt's tokens start with BOS (the byte tokenizer)
     stream_interval: StreamInterval = StreamInterval()  # for requests that leave theirs unset
     max_stop_token_ids: int = 16  # stop_token_ids per request
     max_logit_bias: int = 300  # logit_bias entries per request (OpenAI's bound)
-    max_logprobs: int = 20  # top alternatives per token (OpenAI's bound)
-    max_n: int = 16  # completions per request: 16, or the batch's slots if fewer
+    max_logprobs: int = MAX_LOGPROBS  # top alternatives per token
+    max_n: int = MAX_N  # completions per request, or the batch's slots if fewer
     max_structure_bytes: int = 32768  # a structured_output schema or pattern
 
     @property
@@ -58,15 +55,6 @@ class RequestLimits:
     def max_prompt_bytes(self) -> int:
         """A text prompt longer than this cannot fit in max_prompt_tokens, however it is tokenized."""
         return self.max_prompt_tokens * max(1, self.max_token_bytes)
-
-
-def check_float(name: str, value: float, low: float, high: float, low_inclusive: bool) -> float:
-    """`value` in [low, high] (or (low, high]), finite; else InvalidRequest."""
-    ok = math.isfinite(value) and (value >= low if low_inclusive else value > low) and value <= high
-    if not ok:
-        interval = f"{'[' if low_inclusive else '('}{low:g}, {high:g}]"
-        raise InvalidRequest(name, f"{value:g} is outside {interval}")
-    return float(value)
 
 
 def check_request_id(request_id: str, limits: RequestLimits) -> str:
@@ -88,23 +76,15 @@ def check_stop(stops, limits: RequestLimits) -> tuple[str, ...]:
 
 
 def check_sampling(request: RequestFields, limits: RequestLimits) -> SamplingParams:
-    temperature = check_float("temperature", request.temperature, 0.0, limits.max_temperature, True)
     if not 0 <= request.top_k <= limits.vocab_size:
         raise InvalidRequest(
             "top_k",
             f"{request.top_k} is outside [0, {limits.vocab_size}] (0 keeps all, vocab_size {limits.vocab_size})",
         )
-    top_p = check_float("top_p", request.top_p, 0.0, 1.0, False) if request.top_p is not None else 1.0
-    penalty = (
-        check_float("repetition_penalty", request.repetition_penalty, 0.0, limits.max_repetition_penalty, False)
-        if request.repetition_penalty is not None
-        else 1.0
-    )
+    top_p = float(request.top_p) if request.top_p is not None else 1.0
+    penalty = float(request.repetition_penalty) if request.repetition_penalty is not None else 1.0
     bias = check_logit_bias(request, limits)
-    return SamplingParams(temperature, int(request.top_k), top_p, penalty, request.seed, bias)
-
-
-MAX_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's)
+    return SamplingParams(float(request.temperature), int(request.top_k), top_p, penalty, request.seed, bias)
 
 
 def check_token_id(name: str, token: int, limits: RequestLimits) -> int:
@@ -114,14 +94,15 @@ def check_token_id(name: str, token: int, limits: RequestLimits) -> int:
 
 
 def check_logit_bias(request: RequestFields, limits: RequestLimits) -> tuple[tuple[int, float], ...]:
-    """logit_bias as sorted (id, bias) pairs: a bounded count, ids in the vocabulary, biases in [-100, 100]."""
+    """logit_bias as sorted (id, bias) pairs: a bounded count, ids in the vocabulary (its biases' range is
+    request_ranges.py's)."""
     bias = request.logit_bias
     if len(bias) > limits.max_logit_bias:
         raise InvalidRequest("logit_bias", f"{len(bias)} entries, the limit is {limits.max_logit_bias}")
     pairs = []
     for token in sorted(bias):
         check_token_id(f"logit_bias[{token}]", token, limits)
-        pairs.append((int(token), check_float(f"logit_bias[{token}]", bias[token], -MAX_BIAS, MAX_BIAS, True)))
+        pairs.append((int(token), float(bias[token])))
     return tuple(pairs)
 
 
@@ -184,10 +165,8 @@ def check_stream_interval(request: RequestFields, limits: RequestLimits) -> Stre
                 request.named("stream_interval_tokens"),
                 f"{tokens} is outside [1, {limits.max_new_tokens}] (the max_new_tokens cap)",
             )
-    if request.stream_interval_ms is not None:
+    if request.stream_interval_ms is not None:  # its range was validate's
         ms = request.stream_interval_ms
-        if not 0 <= ms <= MAX_STREAM_INTERVAL_MS:
-            raise InvalidRequest(request.named("stream_interval_ms"), f"{ms} is outside [0, {MAX_STREAM_INTERVAL_MS}]")
     return StreamInterval(tokens, ms)
 
 
@@ -220,7 +199,7 @@ def validate(
 
 
 def checked(request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer, deadline: float | None):
-    check_wire_ranges(request)
+    check_ranges(request)
     ids = prompt_ids(request, limits, tokenizer)
     request_id = check_request_id(request.request_id, limits)
     sampling = check_sampling(request, limits)
