@@ -243,7 +243,7 @@ async def run(args) -> dict:
     genai = GENAI_PYTHON.exists() and not args.no_genai
     result = {
         "model": Path(args.model).resolve().name,
-        "context_length": arena.runner.context_length,
+        "context_length": arena.facts.manifest.context_length,
         "threads": args.threads or default_threads(),
         "cores": os.cpu_count(),
         "repeats": args.repeats,

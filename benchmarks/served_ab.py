@@ -9,8 +9,10 @@ min and max, b/a per round, and each server's resident memory (its processes tog
 rounds; then one JSON object last. Torch-free.
 
     python -m benchmarks.served_ab --model models/NAME --a "--threads 1" --b "--threads 2"
-        [--model-b models/OTHER] [--streams 1,16] [--prompt-tokens 16] [--new-tokens 64] [--repeats 3]
-        [--out F.json]
+        [--model-b models/OTHER] [--tree-a DIR] [--tree-b DIR] [--streams 1,16] [--prompt-tokens 16]
+        [--new-tokens 64] [--repeats 3] [--out F.json]
+
+A before/after of a change: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
     p.add_argument("--model-b", type=Path, help="side b's model directory (default: --model)")
+    p.add_argument(
+        "--tree-a", help="a checkout side a's server runs from, e.g. a git worktree of the commit before a change"
+    )
+    p.add_argument("--tree-b", help="side b's checkout (default: this one)")
     p.add_argument("--a", default="", help='side a\'s `attnserve serve` flags, one string (e.g. "--threads 1")')
     p.add_argument("--b", default="", help="side b's flags")
     p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
@@ -41,10 +47,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     models = {"a": args.model, "b": args.model_b or args.model}
+    trees = {"a": args.tree_a, "b": args.tree_b}
     stamp = Stamp.start(provider="cpu")
     # --threads is a flag of the side's own; Served's default of 0 is the server's default.
     servers = {
-        side: Served(models[side], 0, max(streams), args.new_tokens, *shlex.split(getattr(args, side)))
+        side: Served(
+            models[side], 0, max(streams), args.new_tokens, *shlex.split(getattr(args, side)), tree=trees[side]
+        )
         for side in SIDES
     }
     rows = []
@@ -69,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.close()
-    settings = {"a": args.a, "b": args.b, "model": str(args.model), "model_b": str(models["b"])}
+    settings = {"a": args.a, "b": args.b, "model": str(args.model), "model_b": str(models["b"]), "trees": trees}
     settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
     report({**settings, "rows": rows}, stamp, args.out, None, print_table, title=TITLE)
     return 0

@@ -24,6 +24,7 @@ import pytest
 from attnserve.engine.engine import EngineObserver, ForwardingObserver
 from attnserve.server.app import Server
 from attnserve.server.config import ServerConfig
+from attnserve.server.test_switches import TestSwitches
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -42,9 +43,9 @@ class Pacer(ForwardingObserver):
       of the steps before and waits for more: a stream at interval 1 sends a message per step.
     - delay: seconds of sleep per step, for tests that want time between tokens."""
 
-    def __init__(self, inner: EngineObserver, engine, loop: asyncio.AbstractEventLoop):
+    def __init__(self, inner: EngineObserver, loop: asyncio.AbstractEventLoop):
         super().__init__(inner)
-        self.engine, self.loop = engine, loop
+        self.engine, self.loop = None, loop  # the engine: the server's, once started
         self.delay = 0.0
         self.lockstep = False
         self.open = threading.Event()
@@ -94,13 +95,13 @@ class Pacer(ForwardingObserver):
 class ServerThread:
     """A started Server on its own event loop thread; `stub` talks to it over a real channel."""
 
-    def __init__(self, config: ServerConfig):
+    def __init__(self, config: ServerConfig, switches: TestSwitches = TestSwitches()):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self.thread.start()
-        self.server = Server(config)
-        self.pacer = Pacer(self.server.metrics, self.server.engine, self.loop)
-        self.server.engine.observer = self.pacer
+        self.server = Server(config, observers=[lambda inner: Pacer(inner, self.loop)], switches=switches)
+        self.pacer = self.server.observer
+        self.pacer.engine = self.server.engine
         self.call(self.server.start())
         self.target = f"127.0.0.1:{self.server.port}"
         self.channel = grpc.insecure_channel(self.target) if not config.tls_cert else None
@@ -124,7 +125,7 @@ class ServerThread:
         self.loop.close()
 
 
-def start_server(model_dir, **overrides) -> ServerThread:
+def start_server(model_dir, switches: TestSwitches = TestSwitches(), **overrides) -> ServerThread:
     defaults = {
         "host": "127.0.0.1",
         "port": 0,
@@ -137,7 +138,7 @@ def start_server(model_dir, **overrides) -> ServerThread:
         "log_stats_interval": 0.0,  # no periodic stats lines from the tests' servers (test_server_observability.py)
     }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})
-    return ServerThread(config)
+    return ServerThread(config, switches)
 
 
 def release_when(pacer: Pacer, predicate, timeout: float = STEP_WAIT_S) -> threading.Thread:

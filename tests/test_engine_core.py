@@ -17,8 +17,8 @@ from fixtures_server import ServeProcess, request, start_server, wait_until
 
 from attnserve.core.protocol import DeltaEvent
 from attnserve.runtime.model_runner import usable_cores
-from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
 from attnserve.server.metrics import resident_bytes
+from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE, TestSwitches
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -38,7 +38,7 @@ def core(tiny_model_dir):
 def slow_core(tiny_model_dir):
     """A core of one slot and a queue of one, each step slowed to SLOW_STEP_MS."""
     running = start_server(
-        tiny_model_dir, engine_core="process", max_batch=1, max_queue=1, test_step_delay_ms=SLOW_STEP_MS
+        tiny_model_dir, TestSwitches(step_delay_ms=SLOW_STEP_MS), engine_core="process", max_batch=1, max_queue=1
     )
     yield running
     running.stop()
@@ -189,11 +189,11 @@ def test_a_client_that_stops_reading_is_cut_and_its_slot_freed_in_the_core(tiny_
     (tests/test_server_slow_reader.py)."""
     running = start_server(
         tiny_model_dir,
+        TestSwitches(step_delay_ms=20),  # 120 tokens take 2.4 s: the cut comes first
         engine_core="process",
         max_batch=1,
         stream_buffer_events=8,
         write_timeout=3.0,
-        test_step_delay_ms=20,  # 120 tokens take 2.4 s: the cut comes first
     )
     calls = lambda: running.server.metrics.registry.get_sample_value(
         "attnserve_requests_total", {"method": "GenerateStream", "code": "CANCELLED"}

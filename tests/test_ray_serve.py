@@ -27,7 +27,7 @@ import pytest
 from attnserve.health.v1 import health_pb2, health_pb2_grpc
 from attnserve.ray_serve.config import RayServeConfig
 from attnserve.ray_serve.context import REPLICA_HEADER
-from attnserve.server.config import TEST_STEP_DELAY_VARIABLE
+from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 

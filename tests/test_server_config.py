@@ -19,7 +19,8 @@ from attnserve.cli import build_parser, main, subcommand_parser
 from attnserve.core.slow_steps import SlowSteps
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.flags import flag_name
-from attnserve.server.config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
+from attnserve.server.config import ServerConfig
+from attnserve.server.test_switches import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, TestSwitches
 
 FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]
 
@@ -29,13 +30,9 @@ def serve_actions() -> dict[str, argparse.Action]:
     return {a.option_strings[0]: a for a in subcommand_parser("serve")._actions if a.option_strings}
 
 
-def test_every_field_but_two_is_a_flag_with_its_default_and_help():
-    """The two without a flag: warm-up (for code embedding a Server) and the test-only leak."""
-    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {
-        "warmup",
-        "test_leak_bytes",
-        "test_step_delay_ms",
-    }
+def test_every_field_but_one_is_a_flag_with_its_default_and_help():
+    """The one without a flag: warm-up (for code embedding a Server); no test-only switch is in the config."""
+    assert {f.name for f in fields(ServerConfig)} - {f.name for f in FLAG_FIELDS} == {"warmup"}
     actions = serve_actions()
     assert set(actions) - {"-h"} == {flag_name(f.name) for f in FLAG_FIELDS}
     for f in FLAG_FIELDS:
@@ -117,20 +114,18 @@ def test_the_engine_takes_its_limits_from_the_config_only():
     assert inspect.signature(Engine).parameters["limits"].default is inspect.Parameter.empty
 
 
-def test_the_test_only_leak_comes_from_the_environment_alone():
-    args = build_parser("serve").parse_args(["serve", "--model", "m"])
-    assert ServerConfig.from_args(args).test_leak_bytes == 0
-    assert ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4096"}).test_leak_bytes == 4096
+def test_the_test_only_switches_come_from_the_environment_alone_beside_the_config():
+    assert TestSwitches.from_environ({}) == TestSwitches(0, 0)
+    assert TestSwitches.from_environ({TEST_LEAK_VARIABLE: "4096", TEST_STEP_DELAY_VARIABLE: "5"}) == TestSwitches(
+        4096, 5
+    )
     with pytest.raises(ValueError, match="ATTNSERVE_TEST_LEAK_BYTES must be a number of bytes, not '4k'"):
-        ServerConfig.from_args(args, {TEST_LEAK_VARIABLE: "4k"})
-
-
-def test_the_test_only_step_delay_comes_from_the_environment_and_slows_every_step():
-    args = build_parser("serve").parse_args(["serve", "--model", "m"])
-    assert ServerConfig.from_args(args).test_step_delay_ms == 0
-    assert ServerConfig.from_args(args, {TEST_STEP_DELAY_VARIABLE: "5"}).test_step_delay_ms == 5
+        TestSwitches.from_environ({TEST_LEAK_VARIABLE: "4k"})
     with pytest.raises(ValueError, match=re.escape("ATTNSERVE_TEST_STEP_DELAY_MS must be a number of ms, not '5.5'")):
-        ServerConfig.from_args(args, {TEST_STEP_DELAY_VARIABLE: "5.5"})
+        TestSwitches.from_environ({TEST_STEP_DELAY_VARIABLE: "5.5"})
+
+
+def test_the_test_only_step_delay_slows_every_step_with_a_batch():
     steps = []
 
     class Steps(EngineObserver):

@@ -3,9 +3,10 @@ unit the server runs in a thread of its own process or in a process of its own, 
 engine core sits apart from its entrypoints. No gRPC, no protobuf, no front door here.
 
 Reading order: config.py (CoreConfig: what the core reads of the server's configuration) ->
-loading.py (the session, tokenizer and arena) -> process.py (the core's own process: its main,
-its engine delivering through step_writer.py, the front end's messages through the engine's public
-calls) -> protocol.py (the messages; observations.py, the engine's reports in them) over channel.py
-(one Unix socket) -> client.py (the front end's EngineClient: the engine's calls, answered by the
-core's process; its receiver naps by naps.py). slow_steps.py is a test's brake.
+starting.py (the core started in either mode, as one value) -> loading.py (the session, tokenizer
+and arena) -> process.py (the core's own process: its main, its engine delivering through
+step_writer.py, the front end's messages through the engine's public calls) -> protocol.py (the
+messages; observations.py, the engine's reports in them) over channel.py (one Unix socket) ->
+client.py (the front end's EngineClient: the engine's calls, answered by the core's process; its
+receiver naps by naps.py). slow_steps.py is a test's brake.
 """

@@ -23,7 +23,7 @@ class CoreConfig:
     prefix_cache: bool
     prefix_cache_memory: int | None  # bytes for the prefix cache's pool; None: its default
     max_queue: int  # requests the front end lets wait for a slot
-    test_step_delay_ms: int = 0  # TEST ONLY: every engine step with a batch sleeps this long (slow_steps.py)
+    engine_core: str = "process"  # where the engine runs: a process of its own, or a thread of the server's
 
     @property
     def spinning(self) -> bool | None:

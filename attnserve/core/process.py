@@ -32,18 +32,18 @@ log = logging.getLogger(__name__)
 PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
 
 
-def core_engine(loaded: LoadedModel, config: CoreConfig, writer: StepWriter) -> Engine:
+def core_engine(loaded: LoadedModel, writer: StepWriter, step_delay_ms: int) -> Engine:
     """The engine of the core's process, delivering to `writer`. The queue's bound is the front end's
     alone (requests in flight <= slots + --max-queue, core/client.py): this queue holds what the front
     end accepted. Slow readers are the front end's too."""
     limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0)
-    observer = slowed(writer.recorder, config.test_step_delay_ms)
+    observer = slowed(writer.recorder, step_delay_ms)
     return Engine(loaded.slots, loaded.tokenizer, limits, observer, writer)
 
 
-def run_core(config: CoreConfig, path: str) -> None:
+def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
     """The engine core process's main: connect to the front end's socket at `path`, load, say Ready (or
-    Failed), then serve messages until Stop.
+    Failed), then serve messages until Stop. `step_delay_ms`: a test's brake (slow_steps.py).
 
     SIGINT and SIGTERM are ignored: a terminal's Ctrl-C and systemd's stop reach every process of the
     group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
@@ -58,7 +58,7 @@ def run_core(config: CoreConfig, path: str) -> None:
         channel.close()
         return
     writer = StepWriter(channel, Recorder())
-    engine = core_engine(loaded, config, writer)
+    engine = core_engine(loaded, writer, step_delay_ms)
     runner = loaded.runner
     slots = loaded.slots
     channel.send(

@@ -1,5 +1,5 @@
 """TEST ONLY: an observer that slows every engine step, so that a test outside the server's process
-finds generations still running ($ATTNSERVE_TEST_STEP_DELAY_MS, CoreConfig.test_step_delay_ms)."""
+finds generations still running ($ATTNSERVE_TEST_STEP_DELAY_MS: server/test_switches.py)."""
 
 from __future__ import annotations
 

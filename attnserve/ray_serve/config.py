@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..flags import add_field_flags, flag, flag_name, shown
-from ..server.config import ServerConfig, read_test_switches
+from ..server.config import ServerConfig
+from ..server.test_switches import TestSwitches
 
 APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --app-name: sent as `application` metadata
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
@@ -69,6 +70,7 @@ class RayServeConfig:
     """One Ray Serve application of attnserve; every field with help is an `attnserve ray-serve` flag."""
 
     replica: ServerConfig  # each replica's server; its host, port and TLS are unused (Ray's proxy listens)
+    switches: TestSwitches  # each replica's, a test's (read from the environment; no flags)
     address: str | None = field(
         default=None,
         metadata=flag("Ray cluster to join: auto, or the head's HOST:PORT", unset="start a local head"),
@@ -121,11 +123,10 @@ class RayServeConfig:
         """From add_cli_args' namespace (and the replicas' test-only switches in `environ`)."""
         replica = ServerConfig(
             **{name: getattr(args, name) for name in REPLICA_FIELDS},
-            **read_test_switches(environ),
             engine_core="thread",  # a replica is a Ray actor process: its engine runs in a thread of it
         )
         own = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
-        return cls(replica=replica, **own)
+        return cls(replica=replica, switches=TestSwitches.from_environ(environ), **own)
 
     @property
     def max_ongoing_requests(self) -> int:

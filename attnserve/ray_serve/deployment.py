@@ -30,6 +30,7 @@ from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
 from ..server.grpc_v1.servicer import TextGenerationServicer
 from ..server.health import SERVING
+from ..server.test_switches import TestSwitches
 from ..v1 import generation_pb2 as pb
 from .context import RayContext
 
@@ -60,11 +61,11 @@ class StepClock(ForwardingObserver):
 class TextGeneration:
     """One replica: a warmed-up engine behind attnserve.v1.TextGeneration and grpc.health.v1."""
 
-    async def __init__(self, config: ServerConfig):  # type: ignore[misc]  # Ray Serve awaits an async constructor
+    async def __init__(self, config: ServerConfig, switches: TestSwitches):  # type: ignore[misc]  # Ray awaits it
         """Load and warm up; an error fails the replica's start, which Ray reports and retries."""
-        self.server = server = Server(config)
-        self.clock = StepClock(server.engine.observer)
-        server.engine.observer = self.clock
+        self.server = server = Server(config, observers=[StepClock], switches=switches)
+        assert isinstance(server.observer, StepClock), "the outermost observer is the last one given"
+        self.clock = server.observer
         self.servicer = TextGenerationServicer(server.engine, server.limits, server.tokenizer, server.info)
         self.door = server.front_door()
         self.replica = serve.get_replica_context().replica_id.unique_id

@@ -62,7 +62,7 @@ def deploy(config: RayServeConfig) -> None:
 
     deployment = serve.deployment(name=DEPLOYMENT_NAME, **config.deployment_options())(TextGeneration)
     model = str(Path(config.replica.model).resolve())  # replicas need not share this process's directory
-    app = deployment.bind(dataclasses.replace(config.replica, model=model))
+    app = deployment.bind(dataclasses.replace(config.replica, model=model), config.switches)
     serve.run(app, name=config.app_name, route_prefix=f"/{config.app_name}")  # Ray routes only apps with one
 
 

@@ -17,7 +17,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -25,22 +25,19 @@ import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.runtime_version import VersionError
 
-from ..core.client import EngineClient
-from ..core.loading import StartupError, load_model, load_tokenizer
-from ..core.slow_steps import slowed
+from ..core.loading import StartupError
+from ..core.starting import start_core
 from ..engine.domain import Final, GenerationRequest, StreamInterval
-from ..engine.engine import Engine, EngineCalls, EngineLimits
+from ..engine.engine import EngineObserver
 from ..health.v1 import health_pb2, health_pb2_grpc
 from ..inference import grpc_service_pb2 as oip_pb
 from ..inference import grpc_service_pb2_grpc as oip_grpc
-from ..runtime import contract
 from ..runtime.contract import ModelDirError
 from ..runtime.model_runner import ProviderError
-from ..tokenizer import Tokenizer
 from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat_template
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
-from .config import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, ServerConfig
+from .config import ServerConfig
 from .grpc_boundary.auth import AuthInterceptor
 from .grpc_boundary.boundary import BoundaryInterceptor
 from .grpc_boundary.request_bytes import DecodeInterceptor
@@ -56,6 +53,7 @@ from .http_serving import HttpServer
 from .metrics import Metrics
 from .session.validation import RequestLimits
 from .stats_log import StatsLog
+from .test_switches import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, TestSwitches
 
 log = logging.getLogger("attnserve.server")
 
@@ -68,6 +66,7 @@ DRAINING = "the server is draining (shutting down); retry on another replica"
 # While a connection has calls open, the server pings its client every KEEPALIVE_S and closes it when
 # no answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
 KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
+NO_SWITCHES = TestSwitches()  # a server outside the tests
 
 
 def read_token(path: str) -> str:
@@ -131,18 +130,35 @@ def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
 class Server:
     """One attnserve server: model session, engine, gRPC services and metrics."""
 
-    def __init__(self, config: ServerConfig):
-        """Load the model; raises ModelDirError, ProviderError or StartupError."""
+    def __init__(
+        self,
+        config: ServerConfig,
+        observers: Sequence[Callable[[EngineObserver], EngineObserver]] = (),
+        switches: TestSwitches = NO_SWITCHES,
+    ):
+        """Start the engine core; raises ModelDirError, ProviderError or StartupError. `observers` wrap
+        the server's metrics as the engine's observer, innermost first (Ray Serve's step clock, a
+        test's pacer): `observer` is the outermost; `switches` are a test's (test_switches.py)."""
         self.config = config
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.metrics = Metrics()
         self.died: str | None = None  # why the engine core's process is gone
-        self.engine: EngineCalls
-        if config.engine_core == "process":
-            facts, self.tokenizer = self._start_core()
-        else:
-            facts, self.tokenizer = self._load_here()
-        self.facts = facts = replace(facts, served_name=config.served_model_name)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.observer: EngineObserver = self.metrics
+        for wrap in observers:
+            self.observer = wrap(self.observer)
+        core = start_core(
+            config.core(), self.observer, config.stream_buffer_events, self._core_died, switches.step_delay_ms
+        )
+        self.engine, self.tokenizer = core.engine, core.tokenizer
+        self.max_batch, self.kv_cache_bytes, self.prefix_cache_bytes = (
+            core.capacity,
+            core.kv_cache_bytes,
+            core.prefix_cache_bytes,
+        )
+        self.metrics.watch_core(core.pid)
+        facts = ModelFacts(core.model_dir, core.manifest, core.provider, core.provider_note, config.served_model_name)
+        self.facts = facts
         m = facts.manifest
         cap = min(config.max_new_tokens_cap, m.context_length - 1)
         if cap < config.max_new_tokens_cap:
@@ -187,50 +203,21 @@ class Server:
         self.health = HealthServicer()
         self.writes = WriteWatch(config.write_timeout)
         self.boundary = BoundaryInterceptor(
-            self.metrics.count_request, self.metrics.track_in_flight, self.writes, config.test_leak_bytes
+            self.metrics.count_request, self.metrics.track_in_flight, self.writes, switches.leak_bytes
         )
         self.watchdog: asyncio.Task | None = None
         self.stats_task: asyncio.Task | None = None  # --log-stats-interval's
-        if config.test_leak_bytes:
-            log.warning("TEST ONLY: every call leaks %d bytes ($%s)", config.test_leak_bytes, TEST_LEAK_VARIABLE)
-        if config.test_step_delay_ms:
+        if switches.leak_bytes:
+            log.warning("TEST ONLY: every call leaks %d bytes ($%s)", switches.leak_bytes, TEST_LEAK_VARIABLE)
+        if switches.step_delay_ms:
             log.warning(
-                "TEST ONLY: every engine step sleeps %d ms ($%s)", config.test_step_delay_ms, TEST_STEP_DELAY_VARIABLE
+                "TEST ONLY: every engine step sleeps %d ms ($%s)", switches.step_delay_ms, TEST_STEP_DELAY_VARIABLE
             )
         self.grpc: grpc.aio.Server | None = None
         self.http: HttpServer | None = None  # --http-port's OpenAI-compatible front door
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.stopped = asyncio.Event()  # SIGTERM or SIGINT (serve() sets it), or the engine core died
         self.port = self.metrics_port = 0
         self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady
-
-    def _load_here(self) -> tuple[ModelFacts, Tokenizer]:
-        """--engine-core thread: the session, the arena and the Engine in this process."""
-        loaded = load_model(self.config.core())
-        self.runner, self.slots = loaded.runner, loaded.slots
-        self.engine = Engine(
-            loaded.slots,
-            loaded.tokenizer,
-            EngineLimits(loaded.capacity, self.config.max_queue, self.config.stream_buffer_events),
-            slowed(self.metrics, self.config.test_step_delay_ms),
-        )
-        self.max_batch, self.kv_cache_bytes = loaded.capacity, loaded.slots.nbytes
-        self.prefix_cache_bytes = loaded.slots.prefix_bytes
-        self.metrics.watch_core(os.getpid())
-        runner = loaded.runner
-        return ModelFacts(runner.model_dir, runner.manifest, runner.provider, runner.provider_note), loaded.tokenizer
-
-    def _start_core(self) -> tuple[ModelFacts, Tokenizer]:
-        """--engine-core process: the manifest and tokenizer here, the session and arena in the core."""
-        model_dir = Path(self.config.model)
-        manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
-        tokenizer = load_tokenizer(model_dir, manifest)
-        client = EngineClient(self.config.core(), self.metrics, self.config.stream_buffer_events, self._core_died)
-        self.engine = client
-        self.max_batch, self.kv_cache_bytes = client.capacity, client.ready.kv_cache_bytes
-        self.prefix_cache_bytes = client.ready.prefix_cache_bytes
-        self.metrics.watch_core(client.pid)
-        return ModelFacts(model_dir, manifest, client.ready.provider, client.ready.provider_note), tokenizer
 
     def _core_died(self, why: str) -> None:
         """The engine core's process is gone (the client's receiver thread): stop serving; serve() exits 1."""
@@ -436,11 +423,11 @@ def startup_problem(config: ServerConfig) -> str | None:
     return problem
 
 
-async def serve(config: ServerConfig) -> int:
+async def serve(config: ServerConfig, switches: TestSwitches = NO_SWITCHES) -> int:
     """Run until SIGTERM or SIGINT, then drain; the exit code."""
     server = None
     try:
-        server = Server(config)
+        server = Server(config, switches=switches)
         await server.start()
     except (ModelDirError, ProviderError, StartupError) as e:
         if server is not None:
@@ -482,7 +469,8 @@ def main(args) -> int:
     """CLI entry of `attnserve serve`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = ServerConfig.from_args(args, os.environ)
+        config = ServerConfig.from_args(args)
+        switches = TestSwitches.from_environ(os.environ)
     except ValueError as e:
         print(f"attnserve serve: error: {e}", file=sys.stderr)
         return 2
@@ -490,4 +478,4 @@ def main(args) -> int:
     if problem is not None:
         print(f"attnserve serve: error: {problem}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, switches))

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
 
 from ..core.config import CoreConfig
 from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name, shown
@@ -25,25 +23,7 @@ PREFIX_CACHE = ("off", "on")
 SPINNING = ("auto", "off", "on")
 MAX_PORT = 65535
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
-TEST_LEAK_VARIABLE = "ATTNSERVE_TEST_LEAK_BYTES"
-TEST_STEP_DELAY_VARIABLE = "ATTNSERVE_TEST_STEP_DELAY_MS"
-# Test-only settings, read from the environment at start-up (no flags): field -> (variable, unit)
-TEST_SWITCHES = {
-    "test_leak_bytes": (TEST_LEAK_VARIABLE, "bytes"),
-    "test_step_delay_ms": (TEST_STEP_DELAY_VARIABLE, "ms"),
-}
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
-
-
-def read_test_switches(environ: Mapping[str, str] | None) -> dict[str, Any]:
-    """The test-only settings in `environ` (TEST_SWITCHES), each a whole number; 0 where unset."""
-    values: dict[str, Any] = {}
-    for name, (variable, unit) in TEST_SWITCHES.items():
-        text = (environ or {}).get(variable, "0")
-        if not text.isdigit():
-            raise ValueError(f"${variable} must be a number of {unit}, not {text!r}")
-        values[name] = int(text)
-    return values
 
 
 def parse_bytes(text: str) -> int:
@@ -234,12 +214,6 @@ class ServerConfig:
     )
     drain_timeout: float = field(default=30.0, metadata=flag("seconds in-flight requests get to finish after SIGTERM"))
     warmup: bool = True  # one short generation before health says SERVING; no flag, for code embedding a Server
-    # Test-only: bytes kept forever per finished call, the soak test's negative control. No flag:
-    # `attnserve serve` reads it from $ATTNSERVE_TEST_LEAK_BYTES (TEST_LEAK_VARIABLE) at start-up.
-    test_leak_bytes: int = 0
-    # Test-only: milliseconds every engine step with a batch sleeps, so that a test outside the
-    # process finds generations still running ($ATTNSERVE_TEST_STEP_DELAY_MS; no flag).
-    test_step_delay_ms: int = 0
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -247,10 +221,10 @@ class ServerConfig:
         add_field_flags(parser, cls)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
-        """From add_cli_args' namespace (and, test-only, TEST_SWITCHES' variables in `environ`)."""
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        """From add_cli_args' namespace."""
         values = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
-        return cls(**values, **read_test_switches(environ))
+        return cls(**values)
 
     def core(self) -> CoreConfig:
         """The engine core's share, as the core reads it."""
@@ -266,7 +240,7 @@ class ServerConfig:
             prefix_cache=self.prefix_cache == "on",
             prefix_cache_memory=self.prefix_cache_memory,
             max_queue=self.max_queue,
-            test_step_delay_ms=self.test_step_delay_ms,
+            engine_core=self.engine_core,
         )
 
     def check(self) -> None:

@@ -21,7 +21,15 @@ SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*(?:\{[^}]*\})?) (\S+)$")
 class ServerProcess:
     """`attnserve serve --port 0 --metrics-port 0` on 127.0.0.1, started and ready."""
 
-    def __init__(self, model: str, *serve_args: str, env: dict[str, str] | None = None, ready_timeout: float = 120.0):
+    def __init__(
+        self,
+        model: str,
+        *serve_args: str,
+        env: dict[str, str] | None = None,
+        ready_timeout: float = 120.0,
+        cwd: str | None = None,
+    ):
+        """`cwd`: the checkout whose attnserve runs (another tree's, for a before/after A/B)."""
         command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", model, "--host", "127.0.0.1"]
         command += ["--port", "0", "--metrics-port", "0", *serve_args]
         self.proc = subprocess.Popen(
@@ -30,6 +38,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            cwd=cwd,
         )
         self.pid = self.proc.pid
         self.lines: list[str] = []

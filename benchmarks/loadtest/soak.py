@@ -30,7 +30,7 @@ from array import array
 from typing import Any
 
 from attnserve.report_stamp import Stamp, write_report
-from attnserve.server.config import TEST_LEAK_VARIABLE
+from attnserve.server.test_switches import TEST_LEAK_VARIABLE
 from benchmarks.loadtest.server_process import ServerProcess, by_label
 from benchmarks.loadtest.soak_report import summarize, write_plot
 

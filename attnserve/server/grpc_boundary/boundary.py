@@ -44,7 +44,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         leak_bytes: int = 0,
     ):
         """`in_flight(+1 or -1)` as a served call starts and ends; `writes` times streamed writes
-        (--write-timeout); `leak_bytes`: test-only, see ServerConfig.test_leak_bytes."""
+        (--write-timeout); `leak_bytes`: test-only (server/test_switches.py)."""
         self.count = count or (lambda *_: None)
         self.in_flight = in_flight or (lambda _: None)
         self.writes = writes

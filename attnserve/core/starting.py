@@ -1,0 +1,84 @@
+"""The engine core started, whatever the mode: one value the server composes its doors over.
+
+--engine-core thread loads the model here and runs the Engine in a thread of this process;
+--engine-core process starts core/process.py's process and answers the engine's calls through
+client.py's EngineClient, reading here only the manifest and the tokenizer. Either way the caller
+gets a StartedCore: the engine's calls, the tokenizer, and the facts of the model and its arena.
+No gRPC here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
+from ..runtime import contract
+from ..runtime.contract import Manifest
+from ..tokenizer import Tokenizer
+from .client import EngineClient
+from .config import CoreConfig
+from .loading import load_model, load_tokenizer
+from .slow_steps import slowed
+
+
+@dataclass(frozen=True)
+class StartedCore:
+    engine: EngineCalls  # not started: the server starts it once its doors are bound
+    tokenizer: Tokenizer
+    model_dir: Path
+    manifest: Manifest
+    provider: str  # the execution provider the session really got
+    provider_note: str  # why it is not the one asked for ("": it is)
+    capacity: int  # KV arena slots
+    kv_cache_bytes: int
+    prefix_cache_bytes: int
+    pid: int  # the process that runs the engine (this one with a thread)
+
+
+def start_core(
+    config: CoreConfig,
+    observer: EngineObserver,
+    max_buffered: int,
+    on_death: Callable[[str], None] | None = None,
+    step_delay_ms: int = 0,
+) -> StartedCore:
+    """The engine core of `config.engine_core`, reporting to `observer`; raises ModelDirError,
+    ProviderError or StartupError. `on_death`: called when a core process dies (never with a thread);
+    `step_delay_ms`: a test's brake on every step (slow_steps.py)."""
+    if config.engine_core == "process":
+        model_dir = Path(config.model)
+        manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
+        tokenizer = load_tokenizer(model_dir, manifest)
+        client = EngineClient(config, observer, max_buffered, on_death, step_delay_ms)
+        ready = client.ready
+        return StartedCore(
+            client,
+            tokenizer,
+            model_dir,
+            manifest,
+            ready.provider,
+            ready.provider_note,
+            client.capacity,
+            ready.kv_cache_bytes,
+            ready.prefix_cache_bytes,
+            client.pid,
+        )
+    loaded = load_model(config)
+    limits = EngineLimits(loaded.capacity, config.max_queue, max_buffered)
+    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, step_delay_ms))
+    runner = loaded.runner
+    return StartedCore(
+        engine,
+        loaded.tokenizer,
+        runner.model_dir,
+        runner.manifest,
+        runner.provider,
+        runner.provider_note,
+        loaded.capacity,
+        loaded.slots.nbytes,
+        loaded.slots.prefix_bytes,
+        os.getpid(),
+    )
