@@ -25,7 +25,7 @@ def package_of(module: str) -> str:
 
 
 def imports(path: Path, root: Path) -> set[str]:
-    """Absolute attnserve module names `path` imports (relative imports resolved)."""
+    """Absolute names of everything `path` imports (relative imports resolved against `root`)."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -37,7 +37,7 @@ def imports(path: Path, root: Path) -> set[str]:
                 names.add(f"{base}.{node.module}" if node.module else base)
             elif node.module:
                 names.add(node.module)
-    return {name for name in names if name.startswith("attnserve.")}
+    return names
 
 
 def structure(root: Path) -> dict:
@@ -51,7 +51,8 @@ def structure(root: Path) -> dict:
         package = package_of(module)
         files[package] += 1
         lines[package] += len(path.read_text().splitlines())
-        edges[package] |= {package_of(name) for name in imports(path, root)} - {package}
+        ours = {name for name in imports(path, root) if name.startswith("attnserve.")}
+        edges[package] |= {package_of(name) for name in ours} - {package}
     return {
         "packages": {p: {"files": files[p], "lines": lines[p]} for p in sorted(files)},
         "imports": {p: sorted(edges[p]) for p in sorted(files)},

@@ -6,7 +6,7 @@ Checked statically (every import statement of every file), and dynamically for t
 promises users rely on: a serving host needs no torch, a client host needs only grpcio.
 """
 
-import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -94,20 +94,16 @@ TORCH_FREE_EXPORT_MODULES = ["genai.py"]
 LOAD_DRIVERS_NEVER = {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export"}
 
 
+def structure_script():
+    """scripts/structure.py, which reads the imports (and finds the package's cycles) for these tests too."""
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    return importlib.import_module("structure")
+
+
 def imported_modules(path: Path) -> set[str]:
     """Absolute names of everything a file imports (relative imports resolved)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = path.relative_to(ROOT).parent.parts
-                base = ".".join(parts[: len(parts) - node.level + 1])
-                names.add(f"{base}.{node.module}" if node.module else base)
-            else:
-                names.add(node.module)
-    return names
+    return structure_script().imports(path, ROOT)
 
 
 def violates(name: str, forbidden: set[str]) -> bool:
@@ -153,6 +149,10 @@ def test_the_request_session_speaks_no_transport():
     doors = {f"attnserve.server.{door}" for door in DOORS}
     problems = offences(SERVER / "session", {"grpc", "starlette", "attnserve.server.grpc_boundary", *doors})
     assert not problems, "\n".join(problems)
+
+
+def test_the_packages_import_each_other_in_no_cycle():
+    assert structure_script().structure(ROOT)["cycles"] == []
 
 
 def test_the_package_never_imports_the_benchmarks():
