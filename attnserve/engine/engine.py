@@ -46,7 +46,7 @@ from .outbox import LoopOutbox, Outbox
 from .sequence import Caller, Event, Handle, Sequence, fits
 from .slot_runner import Logits, SlotRunner
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 DRAINING = "the server is shutting down and takes no new requests"
 # Decode steps the runner runs back to back while every request is plain greedy (burst.py): the engine's own

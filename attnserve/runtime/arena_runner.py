@@ -26,7 +26,7 @@ from .arena_decoder import ArenaDecoder
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 
 class ArenaRunner:

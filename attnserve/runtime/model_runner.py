@@ -34,7 +34,7 @@ from .ort_session import (
     resolve_provider,
 )
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 __all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads", "model_spec"]
 

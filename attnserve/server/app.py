@@ -55,7 +55,7 @@ from .session.validation import RequestLimits
 from .stats_log import StatsLog
 from .test_switches import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, TestSwitches
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ..engine.domain import FinishReason
 from .metrics import Metrics
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 
 class StatsLog:

@@ -17,7 +17,7 @@ import time
 
 from ...engine.domain import SlowReader
 
-log = logging.getLogger("attnserve.server")
+log = logging.getLogger(__name__)
 
 
 class WriteWatch:
