@@ -37,8 +37,8 @@ $(PB7_STAMP): pyproject.toml
 test: $(STAMP) $(GENAI_STAMP) $(PB7_STAMP)
 	$(PY) -m pytest
 
-# The edit loop's lane: the tests that train no model (the engine over its fake runner, tokenizers,
-# clients, the docs, the layering), stopping at the first failure.
+# The edit loop's lane (about 25 s): the tests that train, import or serve no model (the engine over
+# its fake runner, tokenizers, clients, the docs, the layering), stopping at the first failure.
 test-fast: $(STAMP)
 	$(PY) -m pytest -m fast -x -q
 

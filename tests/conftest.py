@@ -14,13 +14,15 @@ pytest_plugins = [
 
 
 # Session fixtures that train or build a model: a test that needs none of them (directly or through
-# another fixture) is marked `fast`, the edit loop's lane (`make test-fast`: pytest -m fast).
+# another fixture), and neither trains a model itself (`trains`) nor is `slow`, is marked `fast`, the
+# edit loop's lane (`make test-fast`: pytest -m fast).
 TRAINED = {"tiny_checkpoint", "tiny_bpe_checkpoint", "tiny_seq2seq_checkpoint", "gpt2_dir", "hf_dir"}
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        if TRAINED.isdisjoint(getattr(item, "fixturenames", ())) and item.get_closest_marker("slow") is None:
+        marked = item.get_closest_marker("slow") or item.get_closest_marker("trains")
+        if TRAINED.isdisjoint(getattr(item, "fixturenames", ())) and marked is None:
             item.add_marker(pytest.mark.fast)
 
 

@@ -2,14 +2,19 @@
 
 import pytest
 
-from attnserve.export.onnx_export import export_checkpoint
+
+def exported(checkpoint, out, **options) -> None:
+    """export_checkpoint, imported here (torch and onnx) only for the tests that export."""
+    from attnserve.export.onnx_export import export_checkpoint
+
+    export_checkpoint(checkpoint, out, **options)
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_checkpoint, tmp_path_factory):
     """A float32 model directory of the trained tiny model; the parity gate has passed."""
     out = tmp_path_factory.mktemp("models") / "tiny"
-    export_checkpoint(tiny_checkpoint, out)
+    exported(tiny_checkpoint, out)
     return out
 
 
@@ -17,7 +22,7 @@ def tiny_model_dir(tiny_checkpoint, tmp_path_factory):
 def tiny_float16_model_dir(tiny_checkpoint, tmp_path_factory):
     """The same model exported in float16 (runs on the CPU provider and on CUDA; gated on CUDA where there is one)."""
     out = tmp_path_factory.mktemp("models") / "tiny-float16"
-    export_checkpoint(tiny_checkpoint, out, dtype="float16")
+    exported(tiny_checkpoint, out, dtype="float16")
     return out
 
 
@@ -25,7 +30,7 @@ def tiny_float16_model_dir(tiny_checkpoint, tmp_path_factory):
 def tiny_concat_model_dir(tiny_checkpoint, tmp_path_factory):
     """The same model exported with the concat KV cache (the layout before the arena)."""
     out = tmp_path_factory.mktemp("models") / "tiny-concat"
-    export_checkpoint(tiny_checkpoint, out, kv_cache="concat")
+    exported(tiny_checkpoint, out, kv_cache="concat")
     return out
 
 
@@ -33,7 +38,7 @@ def tiny_concat_model_dir(tiny_checkpoint, tmp_path_factory):
 def tiny_bpe_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
     """The BPE tiny model exported (arena), with its tokenizer.json beside the graph."""
     out = tmp_path_factory.mktemp("models") / "tiny-bpe"
-    export_checkpoint(tiny_bpe_checkpoint, out)
+    exported(tiny_bpe_checkpoint, out)
     return out
 
 
@@ -41,5 +46,5 @@ def tiny_bpe_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
 def tiny_int4_model_dir(tiny_checkpoint, tmp_path_factory):
     """The same model with int4 weights (MatMulNBits, the defaults); its held-out loss gate has passed."""
     out = tmp_path_factory.mktemp("models") / "tiny-int4"
-    export_checkpoint(tiny_checkpoint, out, quantize="int4")
+    exported(tiny_checkpoint, out, quantize="int4")
     return out

@@ -5,11 +5,6 @@ import pytest
 from fixtures_server import start_server
 from fixtures_train import TRAIN_SEED
 
-from attnserve.export.onnx_export import export_checkpoint
-from attnserve.model.checkpoint import load_checkpoint
-from attnserve.model.config import preset
-from attnserve.model.train_seq2seq import Seq2SeqTrainConfig, train_seq2seq
-
 SEQ2SEQ_STEPS = 200
 
 
@@ -17,6 +12,9 @@ SEQ2SEQ_STEPS = 200
 def tiny_seq2seq_checkpoint(tmp_path_factory):
     """checkpoint.pt of a tiny encoder-decoder trained 200 steps on numbers into words: its greedy
     output is number words of varying length, not one repeated byte."""
+    from attnserve.model.config import preset  # torch, imported only by tests that train
+    from attnserve.model.train_seq2seq import Seq2SeqTrainConfig, train_seq2seq
+
     out = tmp_path_factory.mktemp("tiny-seq2seq-run")
     cfg = Seq2SeqTrainConfig(
         out_dir=str(out),
@@ -37,12 +35,16 @@ def tiny_seq2seq_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def seq2seq_model(tiny_seq2seq_checkpoint):
     """The PyTorch encoder-decoder the model directory is exported from."""
+    from attnserve.model.checkpoint import load_checkpoint
+
     return load_checkpoint(tiny_seq2seq_checkpoint)
 
 
 @pytest.fixture(scope="session")
 def tiny_seq2seq_model_dir(tiny_seq2seq_checkpoint, tmp_path_factory):
     """encoder.onnx + decoder.onnx of the tiny encoder-decoder; its parity gate has passed."""
+    from attnserve.export.onnx_export import export_checkpoint
+
     out = tmp_path_factory.mktemp("models") / "tiny-seq2seq"
     export_checkpoint(tiny_seq2seq_checkpoint, out)
     return out

@@ -22,7 +22,6 @@ import grpc
 import pytest
 
 from attnserve.engine.engine import EngineObserver, ForwardingObserver
-from attnserve.server.app import Server
 from attnserve.server.config import ServerConfig
 from attnserve.server.test_switches import TestSwitches
 from attnserve.v1 import generation_pb2 as pb
@@ -96,6 +95,8 @@ class ServerThread:
     """A started Server on its own event loop thread; `stub` talks to it over a real channel."""
 
     def __init__(self, config: ServerConfig, switches: TestSwitches = TestSwitches()):
+        from attnserve.server.app import Server  # ONNX Runtime and gRPC's server, only for tests that serve
+
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self.thread.start()

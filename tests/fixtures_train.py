@@ -6,10 +6,7 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from attnserve.model.config import preset
-from attnserve.model.train import TrainConfig, train
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TINY_STEPS = 400
@@ -26,6 +23,9 @@ SEQ2SEQ_IDS = {"bos_id": ByteTokenizer.bos_id, **BYTE_IDS}  # encoder-decoders u
 def tiny_checkpoint(tmp_path_factory):
     """Path to checkpoint.pt of a tiny decoder with the byte tokenizer, trained 400 steps (held-out
     ~2.8 bits per byte): greedy output is words and spaces, not one repeated byte."""
+    from attnserve.model.config import preset  # torch, imported only by tests that train
+    from attnserve.model.train import TrainConfig, train
+
     out = tmp_path_factory.mktemp("runs") / "tiny"
     cfg = TrainConfig(
         max_steps=TINY_STEPS,
@@ -47,6 +47,9 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bpe_checkpoint(tmp_path_factory):
     """The tiny decoder with a 512-id byte-level BPE trained on the default corpus's training split."""
+    from attnserve.model.config import preset  # torch, imported only by tests that train
+    from attnserve.model.train import TrainConfig, train
+
     out = tmp_path_factory.mktemp("runs") / "tiny-bpe"
     cfg = TrainConfig(
         max_steps=TINY_STEPS,
@@ -69,6 +72,8 @@ def tiny_bpe_checkpoint(tmp_path_factory):
 def two_rank_run(tmp_path, worker_source: str) -> dict:
     """Run `worker_source` (which saves {"steps", "model"} to OUT/rank{r}.pt) under torchrun with two
     gloo ranks; check both ranks stopped together with identical weights; return rank 0's."""
+    import torch
+
     (tmp_path / "worker.py").write_text(worker_source)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     proc = subprocess.run(

@@ -3,12 +3,15 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 from PIL import Image
 
 from attnserve.model.attention_map import cross_attention
 from attnserve.model.checkpoint import build_model, save_checkpoint
 from attnserve.model.config import preset
+
+pytestmark = pytest.mark.trains  # trains or imports a model with torch: out of `make test-fast`
 
 
 def checkpoint(tmp_path, name):

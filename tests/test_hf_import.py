@@ -20,6 +20,8 @@ from attnserve.cli import main as cli_main
 from attnserve.model.hf_import import ARCHITECTURES
 from attnserve.v1 import generation_pb2 as pb
 
+pytestmark = pytest.mark.trains  # trains or imports a model with torch: out of `make test-fast`
+
 PROMPTS = [
     "The",
     "def parse_args(argv):",

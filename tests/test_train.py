@@ -16,6 +16,8 @@ from attnserve.model.schedule import budget_progress, learning_rate
 from attnserve.model.train import DEFAULT_BPE_VOCAB, TrainConfig, TrainError, lm_inputs, tokenize_corpus, train
 from attnserve.tokenizer.utf8 import BOS_ID, encode
 
+pytestmark = pytest.mark.trains  # trains or imports a model with torch: out of `make test-fast`
+
 QUIET = dict(progress=False, time_budget=None, eval_windows=16, batch_size=8, threads=1)
 
 

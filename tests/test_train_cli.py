@@ -13,6 +13,8 @@ import torch
 from attnserve.model.config import preset
 from attnserve.model.train import DEFAULT_BPE_VOCAB
 
+pytestmark = pytest.mark.trains  # trains or imports a model with torch: out of `make test-fast`
+
 TRAIN = [sys.executable, "-m", "attnserve.cli", "train"]
 
 

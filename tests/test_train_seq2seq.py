@@ -13,6 +13,8 @@ from attnserve.model.train_seq2seq import Seq2SeqTrainConfig, batch_tensors, exa
 from attnserve.model.trainer import TrainError
 from attnserve.tokenizer.utf8 import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.trains  # trains or imports a model with torch: out of `make test-fast`
+
 QUIET = dict(progress=False, threads=1, batch_size=8, eval_pairs=10, precision="fp32")
 WORDS = ["cat", "dog", "sun", "map", "red", "big", "top", "cup", "hat", "pen", "box", "fox"]
 
