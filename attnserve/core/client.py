@@ -13,8 +13,8 @@ step), longer while this process's event loop is busy; but not while the core's 
 core, where the naps' wakes would take CPU from them (naps.py).
 
 What the front end decides itself, so that a refusal costs no round trip: Draining once closed,
-QueueFull once requests in flight fill the batch and the queue (the core checks again), slow
-readers (its Handles), and a prompt that leaves no room in the context. When the core dies,
+QueueFull once requests in flight fill the batch and the queue (the queue's one bound: the core's
+engine has none), and slow readers (its Handles); the context budget was validation's. When the core dies,
 every request in flight ends at once with EngineUnavailable (UNAVAILABLE), new ones are refused
 the same way, and `on_death` is called: the Server then exits non-zero for its supervisor to
 restart it (Kubernetes, systemd), the way vLLM's front end ends with its engine core.

@@ -19,10 +19,10 @@ A caller on another thread ends a request at once with release (cancelled) or re
 the engine thread sends those endings at its next turn. While every row is plain greedy and no
 prompt waits, the runner runs up to MAX_BURST decode steps back to back instead (burst.py: each
 request takes its tokens when its Delta falls due; the step boundary's work waits for the burst's
-end). A request's deltas go on at
-its stream interval (its Sequence holds the tokens in between; a unary call's go with its end), so
-a paced stream wakes its caller, and crosses to the front end from the engine core's process, once
-per message, not once per token. ONNX Runtime releases the GIL while it runs.
+end). A request's deltas go on at its stream interval (its Sequence holds the tokens in between; a
+unary call's go with its end), so a paced stream wakes its caller, and crosses to the front end
+from the engine core's process, once per message, not once per token: the interval is paced here
+alone. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations

@@ -151,14 +151,12 @@ class Server:
             config.core(), self.observer, config.stream_buffer_events, self._core_died, switches.step_delay_ms
         )
         self.engine, self.tokenizer = core.engine, core.tokenizer
-        self.max_batch, self.kv_cache_bytes, self.prefix_cache_bytes = (
-            core.capacity,
-            core.kv_cache_bytes,
-            core.prefix_cache_bytes,
-        )
+        self.max_batch = core.capacity
+        self.kv_cache_bytes, self.prefix_cache_bytes = core.kv_cache_bytes, core.prefix_cache_bytes
         self.metrics.watch_core(core.pid)
-        facts = ModelFacts(core.model_dir, core.manifest, core.provider, core.provider_note, config.served_model_name)
-        self.facts = facts
+        self.facts = facts = ModelFacts(
+            core.model_dir, core.manifest, core.provider, core.provider_note, config.served_model_name
+        )
         m = facts.manifest
         cap = min(config.max_new_tokens_cap, m.context_length - 1)
         if cap < config.max_new_tokens_cap:

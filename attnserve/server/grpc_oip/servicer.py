@@ -109,7 +109,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         if call.stream:
             raise InvalidRequest("stream", "true needs ModelStreamInfer (a response per delta)")
         self.interval(call)
-        return await self.whole(request, call, generation, context)
+        return await self.whole(request, call, generation)
 
     async def ModelStreamInfer(
         self, requests: AsyncIterator[oip.ModelInferRequest], context
@@ -124,10 +124,10 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
                 call, generation = self.accept(request, context)
                 interval = self.interval(call)
                 if not call.stream:  # one response, this request's last
-                    response = await self.whole(request, call, generation, context, last=True)
+                    response = await self.whole(request, call, generation, last=True)
                     await out.put(oip.ModelStreamInferResponse(infer_response=response))
                     return
-                async with aclosing(self.streamed(request, call, generation, interval, context)) as responses:
+                async with aclosing(self.streamed(request, call, generation, interval)) as responses:
                     async for response in responses:
                         await out.put(oip.ModelStreamInferResponse(infer_response=response))
             except ServeError as error:
@@ -171,7 +171,6 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         request: oip.ModelInferRequest,
         call: InferCall,
         generation: GenerationRequest,
-        context,
         last: bool | None = None,
     ) -> oip.ModelInferResponse:
         """One response with the whole completion (the prompt first unless exclude_input_in_output)."""
@@ -186,7 +185,6 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
         call: InferCall,
         generation: GenerationRequest,
         interval: StreamInterval,
-        context,
     ) -> AsyncGenerator[oip.ModelInferResponse, None]:
         """A response per message (the engine holds deltas to the stream interval); the last one carries
         the end and triton_final_response."""
