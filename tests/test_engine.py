@@ -619,10 +619,10 @@ class FinalsAfterFree(LoopOutbox):
     def __init__(self):
         self.active_at_finals: list[int] = []
 
-    def deliver(self, events, active, queued):
+    def deliver(self, events, counts):
         if any(isinstance(event, Final) for _, event in events):
-            self.active_at_finals.append(active)
-        super().deliver(events, active, queued)
+            self.active_at_finals.append(counts()["active"])
+        super().deliver(events, counts)
 
 
 @pytest.mark.parametrize("interval", [StreamInterval(), None], ids=["stream", "unary"])

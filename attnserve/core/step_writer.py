@@ -8,6 +8,7 @@ with its last event. No event loop in the core's process wakes per token. No gRP
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from ..engine.domain import GenerationRequest, ends_request
@@ -44,11 +45,13 @@ class StepWriter:
         caller = self.callers[key] = RemoteCaller(key, request)
         return caller
 
-    def deliver(self, events: list[tuple[Caller, Event]], active: int, queued: int) -> None:
+    def deliver(self, events: list[tuple[Caller, Event]], counts: Callable[[], dict[str, int]]) -> None:
         """A step with no event (every request holds its tokens for its stream interval, or only for its
         end) sends nothing unless its observations have waited OBSERVATIONS_WAIT_S or the engine is idle."""
+        stats = counts()
+        active = stats["active"]
         if not events:
-            busy = active or queued
+            busy = active or stats["queued"]
             if not self.recorder.seen or (busy and self.recorder.age() < OBSERVATIONS_WAIT_S):
                 return
         wire = [(self._key(caller, event), to_wire(event)) for caller, event in events]

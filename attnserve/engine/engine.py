@@ -440,7 +440,6 @@ class Engine:
             self.observer.on_finish(final)
 
     def _flush(self) -> None:
-        """Hand this step's events, maybe none, to the outbox."""
+        """Hand this step's events, maybe none, to the outbox (which asks the counts only if it needs them)."""
         events, self._outbox = self._outbox, []
-        counts = self.stats()
-        self.outbox.deliver(events, counts["active"], counts["queued"])
+        self.outbox.deliver(events, self.stats)

@@ -54,8 +54,7 @@ class RequestFields:
 
     def named(self, name: str) -> str:
         """The field `name` as the caller sent it."""
-        base, bracket, index = name.partition("[")
-        return f"{self.origins.get(base, base)}{bracket}{index}"
+        return origin(name, self.origins)
 
 
 FIELD_NAMES = frozenset(f.name for f in fields(RequestFields)) - {"origins"}
@@ -74,8 +73,11 @@ def check_ranges(request: RequestFields) -> None:
 
 def renamed(error: InvalidRequest, origins: Mapping[str, str]) -> InvalidRequest:
     """An error naming a field by another name: the name the caller sent it under (stop[1] -> ...stop[1])."""
-    base, bracket, index = error.field.partition("[")
-    where = origins.get(base)
-    if where is None:
-        return error
-    return InvalidRequest(f"{where}{bracket}{index}", error.problem)
+    where = origin(error.field, origins)
+    return error if where == error.field else InvalidRequest(where, error.problem)
+
+
+def origin(name: str, origins: Mapping[str, str]) -> str:
+    """`name` (maybe with an index: stop[1]) as `origins` renames its field; itself where they do not."""
+    base, bracket, index = name.partition("[")
+    return f"{origins.get(base, base)}{bracket}{index}"
