@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnserve.engine.slot_runner import Enough, Logits, stepwise
-from attnserve.runtime.model_runner import ModelRunner
+from attnserve.engine.seam import Enough, Logits, stepwise
+from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
 
@@ -21,7 +21,7 @@ class ConcatRunner:
 
     nbytes = 0  # the concat cache grows and shrinks with the batch; nothing is preallocated
 
-    def __init__(self, model: ModelRunner, capacity: int, pad_id: int):
+    def __init__(self, model: ModelSessions, capacity: int, pad_id: int):
         self.model, self.capacity, self.pad_id = model, capacity, pad_id
         self.spec = model.spec
         self.cache = KVCache(model.n_past, model.to_host, model.to_device)

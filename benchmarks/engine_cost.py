@@ -12,7 +12,7 @@ one run, reported as ratios (issue 22's middle rows).
   core     the same through EngineClient: the engine core in a process of its own, one message
            on a Unix socket per step back to this process's event loop (`--engine-core process`, the default)
 
-The loop and the engine run the same ONNX Runtime session (one ModelRunner, --threads), each over
+The loop and the engine run the same ONNX Runtime session (one ModelSessions, --threads), each over
 an arena of its own; the core opens its own session of the same directory with the same threads.
 The ratios are each engine's own cost: scheduling, sampling, detokenizing, timing, metrics hooks
 and the hand-off of events to the event loop. A request may end early at EOS; tokens
@@ -41,8 +41,8 @@ from attnserve.core.client import EngineClient
 from attnserve.engine.domain import Final, GenerationRequest, StreamInterval
 from attnserve.engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
 from attnserve.report_stamp import Stamp
-from attnserve.runtime.model_runner import ModelRunner
-from attnserve.runtime.runners import open_slot_runner
+from attnserve.runtime.model_sessions import ModelSessions
+from attnserve.runtime.opening import open_slot_runner
 from attnserve.server.config import ServerConfig
 from attnserve.tokenizer import from_model_dir
 from benchmarks.serving import alternating, report, spread
@@ -59,7 +59,7 @@ def prompts(vocab_size: int, specials: set[int], count: int) -> list[list[int]]:
     return [rng.choice(allowed, PROMPT_TOKENS).tolist() for _ in range(count)]
 
 
-def run_loop(model: ModelRunner, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
+def run_loop(model: ModelSessions, batch: list[list[int]], new_tokens: int) -> dict[str, float]:
     """Prefill all, then greedy decode steps with one argmax over the batch; tokens/s."""
     decoder = open_slot_runner(model, len(batch), PROMPT_TOKENS * len(batch)).decoder
     start = time.perf_counter()
@@ -111,7 +111,7 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 async def measure(
-    model: ModelRunner, levels: list[int], intervals: list[str], new_tokens: int, repeats: int, threads: int
+    model: ModelSessions, levels: list[int], intervals: list[str], new_tokens: int, repeats: int, threads: int
 ) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
@@ -167,7 +167,7 @@ def print_table(result: dict) -> None:
         )
 
 
-def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, ModelRunner]:
+def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argparse.Namespace, ModelSessions]:
     """The flags of a benchmark of the engine's own cost (this one's and benchmarks/structured.py's), and
     the model they name; p.error when the prompt and --new-tokens exceed its context."""
     p.add_argument("--model", required=True, help="model directory written by `attnserve export`")
@@ -178,7 +178,7 @@ def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argp
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
     args.levels = [int(c) for c in args.concurrency.split(",")]
-    model = ModelRunner(args.model, provider="cpu", threads=args.threads)
+    model = ModelSessions(args.model, provider="cpu", threads=args.threads)
     if PROMPT_TOKENS + args.new_tokens > model.context_length:
         p.error(
             f"--new-tokens {args.new_tokens} + {PROMPT_TOKENS} prompt tokens exceed the context {model.context_length}"

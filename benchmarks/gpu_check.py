@@ -133,12 +133,12 @@ def per_token(model_dir: Path, checkpoint: Path, dtype: str, new_tokens: int, re
 
     from attnserve.export.onnx_export import TORCH_DTYPES, load_model
     from attnserve.model.generate import decode
-    from attnserve.runtime.model_runner import ModelRunner
+    from attnserve.runtime.model_sessions import ModelSessions
+    from attnserve.runtime.opening import open_slot_runner
     from attnserve.runtime.ort_decoder import OrtDecoder
-    from attnserve.runtime.runners import open_slot_runner
 
     runtime = OrtDecoder(model_dir, threads=1, provider="cuda")
-    served = open_slot_runner(ModelRunner(model_dir, "cuda", 1), 1, PROMPT_TOKENS).decoder
+    served = open_slot_runner(ModelSessions(model_dir, "cuda", 1), 1, PROMPT_TOKENS).decoder
     model = load_model(checkpoint)[0].to("cuda", TORCH_DTYPES[dtype])
     prompt = list(range(100, 100 + PROMPT_TOKENS))
 

@@ -22,8 +22,8 @@ import numpy as np
 
 from attnserve.report_stamp import Stamp
 from attnserve.runtime.arena_decoder import ArenaDecoder
-from attnserve.runtime.model_runner import ModelRunner
-from attnserve.runtime.runners import open_slot_runner
+from attnserve.runtime.model_sessions import ModelSessions
+from attnserve.runtime.opening import open_slot_runner
 from benchmarks.bandwidth import read_bandwidth, weight_bytes_per_token
 from benchmarks.serving import alternating, report, spread
 
@@ -32,7 +32,7 @@ SIDES = ("baseline", "model")
 TITLE = "The graph's own speed: two model directories step for step"
 
 
-def decode(model: ModelRunner, batch: int, new_tokens: int) -> tuple[float, np.ndarray]:
+def decode(model: ModelSessions, batch: int, new_tokens: int) -> tuple[float, np.ndarray]:
     """Microseconds a step (prefill included, as one step), and the (steps, batch) tokens."""
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, model.spec.vocab_size - 10, PROMPT_TOKENS).tolist() for _ in range(batch)]
@@ -42,7 +42,7 @@ def decode(model: ModelRunner, batch: int, new_tokens: int) -> tuple[float, np.n
     return (time.perf_counter() - start) / new_tokens * 1e6, tokens
 
 
-def fresh_decoder(model: ModelRunner, prompts: list[list[int]]) -> ArenaDecoder:
+def fresh_decoder(model: ModelSessions, prompts: list[list[int]]) -> ArenaDecoder:
     """An arena driver with a slot for each prompt, all empty."""
     return open_slot_runner(model, len(prompts), len(prompts) * len(prompts[0])).decoder
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
     stamp = Stamp.start(provider="cpu")
-    models = {side: ModelRunner(getattr(args, side), provider="cpu", threads=args.threads) for side in SIDES}
+    models = {side: ModelSessions(getattr(args, side), provider="cpu", threads=args.threads) for side in SIDES}
     rows: list[dict] = []
     for batch in (int(b) for b in args.batch.split(",")):
         for model in models.values():  # warm-up

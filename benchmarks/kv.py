@@ -35,7 +35,7 @@ import numpy as np
 
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.report_stamp import Stamp
-from attnserve.runtime.model_runner import ModelRunner, default_threads
+from attnserve.runtime.model_sessions import ModelSessions, default_threads
 from attnserve.runtime.ort_decoder import OrtDecoder
 from attnserve.server.app import Server
 from attnserve.server.config import ServerConfig
@@ -142,7 +142,7 @@ def summary(runs: list[dict]) -> dict:
 
 def concat_engine(model_dir: str, threads: int, max_batch: int, tokenizer) -> Engine:
     """The engine before the arena, over a concat directory (attnserve serve no longer runs one)."""
-    model = ModelRunner(model_dir, "cpu", threads)
+    model = ModelSessions(model_dir, "cpu", threads)
     runner = ConcatRunner(model, max_batch, model.manifest.pad_id)
     engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch, 0))
     engine.start()

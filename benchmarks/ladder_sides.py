@@ -32,11 +32,11 @@ def plain(args: argparse.Namespace) -> Decode:
     """attnserve's arena driver in a loop, no engine (graph_speed's greedy loop): prefill the batch,
     then one argmax a step. The arena of a batch's size is kept for the next batch of that size, as a
     server keeps its own: allocating it (75 MB a slot at GPT-2 124M) is start-up, not decoding."""
-    from attnserve.runtime.model_runner import ModelRunner
+    from attnserve.runtime.model_sessions import ModelSessions
     from benchmarks.graph_speed import fresh_decoder, greedy
 
     spinning = {"on": True, "off": False}.get(args.intra_op_spinning)  # auto: as attnserve serve chooses
-    model = ModelRunner(args.model, provider="cpu", threads=args.threads, spinning=spinning)
+    model = ModelSessions(args.model, provider="cpu", threads=args.threads, spinning=spinning)
     kept: dict = {}  # batch size -> its arena driver; one at a time
 
     def decode(prompts: list[list[int]], new_tokens: int) -> list[int]:

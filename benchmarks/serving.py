@@ -36,7 +36,7 @@ from attnserve.engine.domain import Final, GenerationRequest
 from attnserve.engine.engine import EngineCalls
 from attnserve.report_stamp import Stamp, write_report
 from attnserve.runtime.contract import ModelDirError
-from attnserve.runtime.model_runner import ProviderError
+from attnserve.runtime.model_sessions import ProviderError
 from attnserve.server.app import Server, StartupError
 from attnserve.server.config import ServerConfig
 from attnserve.tokenizer import Tokenizer

@@ -32,8 +32,8 @@ from attnserve.engine.domain import Final, GenerationRequest, Grammar
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.engine.grammar import Matcher, compile_grammar
 from attnserve.report_stamp import Stamp
-from attnserve.runtime.model_runner import ModelRunner
-from attnserve.runtime.runners import open_slot_runner
+from attnserve.runtime.model_sessions import ModelSessions
+from attnserve.runtime.opening import open_slot_runner
 from attnserve.tokenizer import Tokenizer, from_model_dir
 from benchmarks.engine_cost import PROMPT_TOKENS, parse_args, prompts, settings, summary
 from benchmarks.serving import alternating, report, spread
@@ -86,7 +86,7 @@ def mask_times(grammar: Grammar, tokenizer: Tokenizer, outputs: list[list[int]])
     return times
 
 
-async def measure(model: ModelRunner, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+async def measure(model: ModelSessions, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     grammar = compile_grammar("json_schema", json.dumps(SCHEMA), tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}

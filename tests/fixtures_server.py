@@ -16,7 +16,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -28,6 +30,7 @@ from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 STEP_WAIT_S = 30.0  # the longest a paced engine step waits for a test (then it goes on, and the test fails)
 
 
@@ -37,10 +40,14 @@ class Pacer(ForwardingObserver):
 
     - hold() stops the engine at its next step with a batch, before it decodes, until release();
       hold(when=f) at the first such step where f() is true. `held` is set while it waits there;
-      the tokens of the steps before have been flushed to their callers.
+      the tokens of the steps before have been flushed to their callers. release(until=f) lets it
+      go on and holds it again at the first step where f() is true.
     - lockstep: before every decode step, wait until each request's caller has taken the events
       of the steps before and waits for more: a stream at interval 1 sends a message per step.
-    - delay: seconds of sleep per step, for tests that want time between tokens."""
+    - steps, submitted and finals count what the engine did: batch steps, requests accepted, and
+      the Finals in the order it ended them.
+    - delay: seconds of sleep per step, only for tests whose subject is wall time itself (a stream's
+      time bound, a reader's patience): every other test orders its actions by the events above."""
 
     def __init__(self, inner: EngineObserver, loop: asyncio.AbstractEventLoop):
         super().__init__(inner)
@@ -51,6 +58,7 @@ class Pacer(ForwardingObserver):
         self.open.set()
         self.held = threading.Event()
         self.when: Callable[[], bool] | None = None
+        self.steps, self.submitted, self.finals = 0, 0, []
 
     def reset(self) -> None:
         """No delay, no lockstep, not held: the engine at its own speed."""
@@ -62,14 +70,24 @@ class Pacer(ForwardingObserver):
             self.open.clear()
         self.when = when
 
-    def release(self) -> None:
-        self.when = None
+    def release(self, until: Callable[[], bool] | None = None) -> None:
+        self.when = until
+        self.held.clear()  # here, not only on the engine's thread: a test that waits for the next hold sees it
         self.open.set()
+
+    def on_submit(self, request):
+        self.inner.on_submit(request)
+        self.submitted += 1
+
+    def on_finish(self, final):
+        self.inner.on_finish(final)
+        self.finals.append(final)
 
     def on_step(self, batch_size, queue_depth):
         self.inner.on_step(batch_size, queue_depth)
         if not batch_size:
             return
+        self.steps += 1
         if self.when is not None and self.when():
             self.when = None
             self.open.clear()
@@ -155,6 +173,42 @@ def release_when(pacer: Pacer, predicate, timeout: float = STEP_WAIT_S) -> threa
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+def staggered(running: ServerThread, calls: list[Callable[[], T]], steps_apart: int) -> list[T]:
+    """Make each call on a thread of its own, call i once call i-1 is accepted and the engine has run
+    `steps_apart` more batch steps (held there until call i is accepted): each request arrives while
+    the earlier ones decode, whatever the machine's speed (or, should they all have ended, to an
+    idle engine). The calls' results, in order."""
+    pacer, engine = running.pacer, running.engine
+    pacer.hold()
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = []
+        for i, call in enumerate(calls):
+            accepted = pacer.submitted
+            futures.append(pool.submit(call))
+            wait_until(lambda a=accepted: pacer.submitted > a, STEP_WAIT_S, f"call {i} to be accepted")
+            if i == len(calls) - 1:
+                pacer.release()
+                break
+            start = pacer.steps
+            pacer.release(until=lambda s=start: pacer.steps >= s + steps_apart)
+            wait_until(lambda: pacer.held.is_set() or idle(engine), STEP_WAIT_S, f"step {start + steps_apart}")
+            if not pacer.held.is_set():
+                pacer.release()
+        return [future.result(STEP_WAIT_S) for future in futures]
+
+
+def in_flight(server) -> float:
+    """Calls whose handlers a started server has not yet ended (its Prometheus gauge)."""
+    return server.server.metrics.registry.get_sample_value("attnserve_requests_in_flight") or 0
+
+
+def release_once_ended(server) -> None:
+    """Release a held engine once every call's handler has ended, its request released: a request whose
+    caller went away ends CANCELLED at the engine's next step, never run to its length first."""
+    wait_until(lambda: in_flight(server) == 0, STEP_WAIT_S, "the calls' handlers to end")
+    server.pacer.release()
 
 
 def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:

@@ -3,7 +3,7 @@
 import asyncio
 
 import pytest
-from fixtures_server import idle, start_server, wait_until
+from fixtures_server import idle, release_once_ended, start_server, wait_until
 
 from attnserve.clients import NO_RETRY, AsyncClient, Client, DeadlineExceeded, GenerationResult, StreamDelta
 
@@ -28,9 +28,10 @@ def live(server):
 
 @pytest.fixture
 def one_slot(tiny_model_dir):
-    """A server that decodes one request at a time and queues one more; 20 ms per step."""
+    """A server that decodes one request at a time and queues one more, held at its first step with a
+    batch (the first token out) until the test releases it: a request lasts as long as the test needs."""
     running = start_server(tiny_model_dir, max_batch=1, max_queue=1)
-    running.pacer.delay = 0.02
+    running.pacer.hold()
     yield running
     running.stop()
 
@@ -98,11 +99,12 @@ def test_async_client_methods_and_concurrent_streams(live):
 
 def test_cancelling_a_stream_frees_its_slot_on_the_server(one_slot):
     with Client(one_slot.target, timeout=20) as client:
-        stream = client.stream(PROMPT, max_new_tokens=100)  # 100 steps of 20 ms
-        next(stream), next(stream)
+        stream = client.stream(PROMPT, max_new_tokens=100)
+        next(stream)  # the first token; the engine is held before the second
         stream.cancel()
         assert list(stream) == []
         assert stream.result().finish_reason == "cancelled" and stream.result().usage is None
+        release_once_ended(one_slot)
         wait_until(lambda: idle(one_slot.engine), what="the cancelled request to leave its slot")
         after = client.generate(PROMPT, max_new_tokens=3)  # admitted to the only slot
     assert after.usage.completion_tokens == 3
@@ -114,15 +116,18 @@ def test_cancelling_the_reading_task_cancels_the_call(one_slot):
         async with AsyncClient(one_slot.target, timeout=20) as client:
             stream = client.stream(PROMPT, max_new_tokens=100)
 
+            reading = asyncio.Event()
+
             async def read():
                 async for _ in stream:
-                    pass
+                    reading.set()
 
             task = asyncio.create_task(read())
-            await asyncio.sleep(0.2)
+            await reading.wait()  # the first token came; the engine is held before the second
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
+            await asyncio.to_thread(release_once_ended, one_slot)
             return await client.generate(PROMPT, max_new_tokens=2)
 
     assert asyncio.run(main()).usage.completion_tokens == 2
@@ -133,21 +138,24 @@ def test_async_stream_cancel_stops_iteration(one_slot):
     async def main():
         async with AsyncClient(one_slot.target, timeout=20) as client:
             async with client.stream(PROMPT, max_new_tokens=100) as stream:
-                await stream.__anext__()
+                await stream.__anext__()  # the first token; the engine is held before the second
                 stream.cancel()
                 assert [d async for d in stream] == []
             return await stream.result()
 
     assert asyncio.run(main()).finish_reason == "cancelled"
+    release_once_ended(one_slot)
     wait_until(lambda: idle(one_slot.engine), timeout=2, what="the cancelled request to leave")
 
 
 def test_deadline_exceeded_on_every_kind_of_call(one_slot):
-    with Client(one_slot.target, timeout=0.3) as client:  # 100 steps take 2 s
-        with pytest.raises(DeadlineExceeded):  # not the completion, which takes 2 s or more
-            client.generate(PROMPT, max_new_tokens=100)
+    """The engine is held while the calls' 0.3 s pass: each ends DEADLINE_EXCEEDED, never completed."""
+    with Client(one_slot.target, timeout=0.3) as client:
         with pytest.raises(DeadlineExceeded):
+            client.generate(PROMPT, max_new_tokens=100)
+        with pytest.raises(DeadlineExceeded):  # queued behind the first
             list(client.stream(PROMPT, max_new_tokens=100, timeout=0.3))
+        release_once_ended(one_slot)
         assert client.generate(PROMPT, max_new_tokens=2, timeout=5).usage.completion_tokens == 2
 
     async def main():
@@ -157,5 +165,7 @@ def test_deadline_exceeded_on_every_kind_of_call(one_slot):
             with pytest.raises(DeadlineExceeded):
                 await client.stream(PROMPT, max_new_tokens=100).result()
 
+    one_slot.pacer.hold()
     asyncio.run(main())
+    release_once_ended(one_slot)
     wait_until(lambda: idle(one_slot.engine), timeout=2, what="expired requests to leave")

@@ -96,16 +96,18 @@ def test_unary_calls_and_streams_retry_across_a_restart(tiny_model_dir):
 
 
 def test_a_stream_is_not_retried_once_tokens_arrived(tiny_model_dir):
+    """The server stops while the engine is held after the stream's first token."""
     running = start_server(tiny_model_dir)
-    running.pacer.delay = 0.02
-    stopper = threading.Timer(0.1, running.stop)
-    with Client(running.target, timeout=15, retry=PATIENT) as client:
-        stream = client.stream(PROMPT, max_new_tokens=100)
-        first = next(stream)
-        stopper.start()
-        with pytest.raises(Unavailable):  # a resent stream would wait for a server: DEADLINE_EXCEEDED at 15 s
-            list(stream)  # replaying the tokens would duplicate them
-    stopper.join(5)
+    running.pacer.hold()
+    try:
+        with Client(running.target, timeout=15, retry=PATIENT) as client:
+            stream = client.stream(PROMPT, max_new_tokens=100)
+            first = next(stream)
+            running.call(running.server.grpc.stop(grace=None))  # the server goes away mid-stream
+            with pytest.raises(Unavailable):  # a resent stream would wait for a server: DEADLINE_EXCEEDED at 15 s
+                list(stream)  # replaying the tokens would duplicate them
+    finally:
+        running.stop()
     assert first.token_ids
 
 

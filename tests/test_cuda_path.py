@@ -16,10 +16,10 @@ from fixtures_server import start_server
 from fixtures_train import BYTE_IDS
 
 from attnserve.export.onnx_export import ExportError, export_checkpoint
-from attnserve.runtime import contract, model_runner
+from attnserve.runtime import contract, model_sessions
 from attnserve.runtime.arena import Device
 from attnserve.runtime.arena_decoder import MASK_COLUMNS, ArenaDecoder
-from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import ProviderError, cuda_available, resolve_provider, to_float32
 from attnserve.tokenizer.utf8 import encode
@@ -110,8 +110,8 @@ def test_serve_refuses_cuda_for_a_float32_arena_in_one_line_naming_the_export(ti
 
 def test_auto_on_a_cuda_host_serves_a_float32_arena_on_the_cpu_and_says_why(tiny_model_dir, monkeypatch, caplog):
     """This onnxruntime is told it has CUDA: auto must not open the float32 arena there."""
-    monkeypatch.setattr(model_runner, "cuda_available", lambda: True)
-    runner = ModelRunner(tiny_model_dir, "auto", threads=1)
+    monkeypatch.setattr(model_sessions, "cuda_available", lambda: True)
+    runner = ModelSessions(tiny_model_dir, "auto", threads=1)
     assert runner.provider == "CPUExecutionProvider"
     note = runner.provider_note
     assert note.startswith(f"{tiny_model_dir} is a float32 arena export, which CUDA cannot run; serving on the CPU")

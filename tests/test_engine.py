@@ -30,8 +30,8 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
+from attnserve.engine.seam import Enough, Logits, ModelSpec, stepwise
 from attnserve.engine.sequence import Handle, Sequence
-from attnserve.engine.slot_runner import Enough, Logits, ModelSpec, stepwise
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()

@@ -16,7 +16,7 @@ import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 
 from attnserve.core.protocol import DeltaEvent
-from attnserve.runtime.model_runner import usable_cores
+from attnserve.runtime.model_sessions import usable_cores
 from attnserve.server.metrics import resident_bytes
 from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE, TestSwitches
 from attnserve.v1 import generation_pb2 as pb

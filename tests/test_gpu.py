@@ -18,10 +18,10 @@ from attnserve.runtime import contract
 from attnserve.runtime.arena import Device
 from attnserve.runtime.arena_decoder import ArenaDecoder
 from attnserve.runtime.cuda_runtime import CudaRuntime
-from attnserve.runtime.model_runner import ModelRunner
+from attnserve.runtime.model_sessions import ModelSessions
+from attnserve.runtime.opening import open_slot_runner
 from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import CUDA, cuda_available, session_options
-from attnserve.runtime.runners import open_slot_runner
 from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
 
@@ -50,12 +50,12 @@ def test_cuda_exports_pass_their_gate_on_the_gpu(dtype, tiny_float16_model_dir, 
 
 @pytest.mark.parametrize("provider", ["cuda", "auto"])
 def test_the_session_really_runs_on_cuda(tiny_float16_model_dir, provider):
-    runner = ModelRunner(tiny_float16_model_dir, provider, threads=1)
+    runner = ModelSessions(tiny_float16_model_dir, provider, threads=1)
     assert (runner.provider, runner.provider_note) == (CUDA, "")
 
 
 def test_a_float32_arena_never_runs_on_cuda(tiny_model_dir):
-    runner = ModelRunner(tiny_model_dir, "auto", threads=1)
+    runner = ModelSessions(tiny_model_dir, "auto", threads=1)
     assert runner.provider == "CPUExecutionProvider"
     assert "float32 arena export, which CUDA cannot run" in runner.provider_note
 
@@ -161,7 +161,7 @@ def test_an_encoder_decoder_keeps_both_arenas_on_the_device(tiny_seq2seq_checkpo
 def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode(tiny_float16_model_dir, graphs):
     """Requests joining and leaving a continuous batch (every batch size its own graph, slots refilled
     by moves): the tokens of the plain decode path, with --no-cuda-graphs as the control."""
-    runner = ModelRunner(tiny_float16_model_dir, "cuda", threads=1, cuda_graphs=graphs)
+    runner = ModelSessions(tiny_float16_model_dir, "cuda", threads=1, cuda_graphs=graphs)
     assert (runner.graph_session is not None) == graphs
     decoder = ArenaDecoder(runner.session, runner.manifest, 6, 64, graph_session=runner.graph_session)
     prompts = [encode(p) for p in ("def main(", "import os", "The quick", "x = 1", "for i in", "class A:")]
@@ -176,7 +176,7 @@ def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode
 def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(tiny_float16_model_dir):
     """Two servers' decoders (CUDA graphs on): decode_picked(rows=[1]) gives every row's greedy token
     and row 1's logits equal to a full decode's from the same state."""
-    a, b = (open_slot_runner(ModelRunner(tiny_float16_model_dir, "cuda", threads=1), 3, 64).decoder for _ in "ab")
+    a, b = (open_slot_runner(ModelSessions(tiny_float16_model_dir, "cuda", threads=1), 3, 64).decoder for _ in "ab")
     prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
     tokens = a.prefill(0, prompts).argmax(-1)
     assert np.array_equal(b.prefill(0, prompts).argmax(-1), tokens)

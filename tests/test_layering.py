@@ -1,6 +1,6 @@
 """The one-way flow of the README's picture, enforced on the source: model -> export -> runtime <- engine <-
 core <- server -> clients, with the torch-free tokenizer package below them all. The runtime implements
-the engine's seam (it may import engine/slot_runner.py and nothing else of the engine). Each package
+the engine's seam (it may import engine/seam.py and nothing else of the engine). Each package
 has a permit: everything it may import, so that a new module is judged on arrival.
 
 Checked statically (every import statement of every file), and dynamically for the two
@@ -36,7 +36,7 @@ PERMITTED = {
         "attnserve.tokenizer",
     },
     # ONNX Runtime, numpy and the tokenizer; of the engine only its seam, which the runtime implements
-    "runtime": {"onnxruntime", "numpy", "attnserve.tokenizer", "attnserve.engine.slot_runner"},
+    "runtime": {"onnxruntime", "numpy", "attnserve.tokenizer", "attnserve.engine.seam"},
     # scheduling sees a model only through its seam: numpy, the tokenizer, structured output's matcher
     "engine": {"numpy", "llguidance", "attnserve.tokenizer"},
     # the engine on its loaded model, in a thread or a process of its own: no front door, no gRPC
@@ -56,7 +56,7 @@ PERMITTED = {
         "attnserve.engine",
         "attnserve.core",
         "attnserve.runtime.contract",
-        "attnserve.runtime.model_runner",
+        "attnserve.runtime.model_sessions",
     },
     "ray_serve": {"ray", "grpc", "starlette", *PROTOCOLS, "attnserve.flags", "attnserve.engine", "attnserve.server"},
     # grpcio, the generated protocols and the standard library's (matplotlib for --plot, imported lazily)

@@ -18,7 +18,7 @@ import httpx2 as httpx  # the HTTP library of the openai client pinned in [dev]
 import manual
 import openai
 import pytest
-from fixtures_server import idle, request, start_server, wait_until
+from fixtures_server import idle, in_flight, release_once_ended, request, start_server, wait_until
 
 from attnserve.v1 import generation_pb2 as pb
 
@@ -212,25 +212,25 @@ def cancelled(running) -> float:
 
 
 def test_a_client_that_breaks_off_a_stream_frees_its_slot(live):
-    live.pacer.delay = 0.02  # the stream runs long enough to be broken off
     body = {"model": model(live), "prompt": PROMPT, "max_tokens": 100, "stream": True}
     before = cancelled(live)
-    in_flight = lambda: live.server.metrics.registry.get_sample_value("attnserve_requests_in_flight")
+    live.pacer.hold()  # after the first token, until the stream is broken off
     with httpx.stream("POST", f"{base_url(live)}/completions", json=body, timeout=TIMEOUT) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line).startswith("data: ")
-        assert live.engine.stats()["active"] == 1 and in_flight() == 1  # in flight while it streams
+        assert live.engine.stats()["active"] == 1 and in_flight(live) == 1  # in flight while it streams
+    release_once_ended(live)  # the broken-off stream leaves the in-flight gauge
     wait_until(lambda: idle(live.engine), what="the broken-off stream's slot to be freed")
     assert cancelled(live) == before + 1
-    wait_until(lambda: in_flight() == 0, what="the broken-off stream to leave the in-flight gauge")
 
 
 def test_a_unary_client_that_disconnects_frees_its_slot(live):
-    live.pacer.delay = 0.05  # 100 tokens take 5 s: the client gives up long before
     body = {"model": model(live), "prompt": PROMPT, "max_tokens": 100}
     before = cancelled(live)
+    live.pacer.hold()  # after the first token: the client gives up before the 100th
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{base_url(live)}/completions", json=body, timeout=1.0)
+    release_once_ended(live)
     wait_until(lambda: idle(live.engine), what="the disconnected request's slot to be freed")
     assert cancelled(live) == before + 1  # ended by the disconnect, not by its length
 

@@ -75,6 +75,15 @@ async def silent_streams(target: str, count: int, release: asyncio.Event):
     return channel, calls
 
 
+async def until(predicate, what: str, timeout: float = 30) -> None:
+    """wait_until on an event loop that must go on running meanwhile (the calls' client side)."""
+    end = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > end:
+            pytest.fail(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
 def test_silent_streams_are_capped_per_connection(tiny_model_dir):
     running = start_server(tiny_model_dir, max_concurrent_streams=STREAM_LIMIT, metrics_port=0)
     in_flight = lambda: running.server.metrics.registry.get_sample_value("attnserve_requests_in_flight")
@@ -82,9 +91,8 @@ def test_silent_streams_are_capped_per_connection(tiny_model_dir):
     try:
         release = asyncio.Event()
         channel, calls = loop.run_until_complete(silent_streams(running.target, 5 * STREAM_LIMIT, release))
-        loop.run_until_complete(asyncio.sleep(1.0))  # let every call that can start, start
-        wait_until(lambda: in_flight() == STREAM_LIMIT, 30, f"{STREAM_LIMIT} silent streams in flight")
-        loop.run_until_complete(asyncio.sleep(0.5))
+        loop.run_until_complete(until(lambda: in_flight() == STREAM_LIMIT, f"{STREAM_LIMIT} silent streams in flight"))
+        loop.run_until_complete(asyncio.sleep(0.5))  # an absence: the time the rest had to start, and did not
         assert in_flight() == STREAM_LIMIT  # the other 32 wait on the client's side
         # A well-behaved client on a connection of its own is served as usual.
         reply = running.stub.Generate(request("The ", max_new_tokens=8), timeout=30)

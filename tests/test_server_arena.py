@@ -7,13 +7,13 @@ import ctypes
 import itertools
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pytest
-from fixtures_server import idle, request, start_server, wait_until
+from fixtures_server import idle, request, staggered, start_server, wait_until
 from fixtures_train import BYTE_IDS
 
 from attnserve.model.generate import generate
@@ -68,16 +68,9 @@ def arena_server(tiny_model_dir):
 
 def test_ragged_continuous_batch_arriving_at_different_steps_equals_pytorch_alone(arena_server, reference_model):
     running, arena, copies = arena_server
-    running.pacer.delay = 0.004  # steps long enough for arrivals to fall between them
     reqs = [request(p, max_new_tokens=64 + 5 * (i % 3)) for i, p in enumerate(PROMPTS)]
-
-    def staggered(i):
-        time.sleep(0.03 * i)  # request i arrives while earlier ones decode
-        return running.stub.Generate(reqs[i], timeout=TIMEOUT)
-
-    with ThreadPoolExecutor(len(reqs)) as pool:
-        replies = list(pool.map(staggered, range(len(reqs))))
-    running.pacer.reset()
+    calls = [partial(running.stub.Generate, req, timeout=TIMEOUT) for req in reqs]
+    replies = staggered(running, calls, steps_apart=8)  # request i arrives while earlier ones decode
     wait_until(lambda: idle(running.engine), what="the arena server to go idle")
     for prompt, req, reply in zip(PROMPTS, reqs, replies):
         assert (
@@ -100,18 +93,23 @@ def test_decode_and_admission_copy_nothing(arena_server):
 
 def test_retiring_and_admitting_leave_a_running_request_untouched(arena_server, reference_model):
     running, _, _ = arena_server
-    running.pacer.delay = 0.004
+    pacer, engine = running.pacer, running.engine
     long_req = request("A long-running request", max_new_tokens=90)
+    alone = lambda: engine.stats() == {"active": 1, "queued": 0}
+    pacer.hold()
     with ThreadPoolExecutor(6) as pool:
         long_reply = pool.submit(running.stub.Generate, long_req, timeout=TIMEOUT)
-        for wave in range(3):  # short requests join and leave around it
+        for wave in range(3):  # short requests join and leave around it, the engine held between waves
+            wait_until(pacer.held.is_set, what=f"the long request alone before wave {wave}")
+            accepted = pacer.submitted
             shorts = [
                 pool.submit(running.stub.Generate, request(p, max_new_tokens=5 + wave), timeout=TIMEOUT)
                 for p in PROMPTS[:4]
             ]
+            wait_until(lambda a=accepted: pacer.submitted == a + 4, what=f"wave {wave} to queue")
+            pacer.release(until=alone if wave < 2 else None)
             [s.result() for s in shorts]
         got = long_reply.result()
-    running.pacer.reset()
     assert list(got.token_ids) == generate(reference_model, [encode("A long-running request")], 90, **BYTE_IDS)[0]
 
 

@@ -80,21 +80,22 @@ def test_ignore_eos_masks_eos_for_the_whole_generation(server, stub):
 
 
 def test_a_higher_priority_is_admitted_first_and_equal_ones_in_arrival_order(tiny_model_dir):
-    """One slot, held while four requests queue (priorities 0, 5, 0, 5 in that order): they finish
-    5, 5, 0, 0, each pair in its arrival order; the running one is not preempted. Each takes 20 steps
-    of at least 5 ms, so that the order the callers see is the order the engine served them in."""
+    """One slot, held while four requests queue (priorities 0, 5, 0, 5 in that order): the engine ends
+    them 5, 5, 0, 0, each pair in its arrival order; the running one is not preempted. Each asks for a
+    length of its own (20 to 23 tokens, EOS ignored), so that its Final names it."""
     running = start_server(tiny_model_dir, max_batch=1, max_queue=8)
-    finished: list[str] = []
+    lengths = {"a0": 20, "b5": 21, "c0": 22, "d5": 23}
     try:
-        running.pacer.delay = 0.005
+        warmup = len(running.pacer.finals)
         running.pacer.hold()
-        first = threading.Thread(target=lambda: running.stub.Generate(request(PROMPT, max_new_tokens=4), timeout=60))
+        first_request = request(PROMPT, max_new_tokens=4, ignore_eos=True)
+        first = threading.Thread(target=lambda: running.stub.Generate(first_request, timeout=60))
         first.start()
         wait_until(running.pacer.held.is_set, what="the first request to hold the slot")
 
         def call(name: str, priority: int) -> None:
-            running.stub.Generate(request(PROMPT, max_new_tokens=20, priority=priority, request_id=name), timeout=60)
-            finished.append(name)
+            fields = {"max_new_tokens": lengths[name], "ignore_eos": True, "priority": priority}
+            running.stub.Generate(request(PROMPT, request_id=name, **fields), timeout=60)
 
         callers = []
         for queued, (name, priority) in enumerate([("a0", 0), ("b5", 5), ("c0", 0), ("d5", 5)], 1):
@@ -104,9 +105,11 @@ def test_a_higher_priority_is_admitted_first_and_equal_ones_in_arrival_order(tin
         running.pacer.release()
         for thread in (first, *callers):
             thread.join(60)
+        ended = [final.usage.completion_tokens for final in running.pacer.finals[warmup:]]
     finally:
         running.stop()
-    assert finished == ["b5", "d5", "a0", "c0"]
+    names = {length: name for name, length in lengths.items()}
+    assert [names.get(n, n) for n in ended] == [4, "b5", "d5", "a0", "c0"]
 
 
 BAD = [

@@ -2,6 +2,7 @@
 health follows the server's state, and serving never imports torch."""
 
 import asyncio
+import logging
 import re
 import shutil
 import signal
@@ -12,7 +13,7 @@ import threading
 
 import grpc
 import pytest
-from fixtures_server import ServeProcess, request, start_server, wait_until
+from fixtures_server import ServeProcess, release_when, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from attnserve.core.loading import StartupError
@@ -25,6 +26,18 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 def health_status(channel) -> int:
     return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=TIMEOUT).status
+
+
+class LogSeen(logging.Handler):
+    """Sets `seen` once a record whose message holds `text` is logged: a server's log line as an event."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text, self.seen = text, threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen.set()
 
 
 def collect(stream, into: list) -> None:
@@ -59,14 +72,20 @@ def test_drain_refuses_new_calls_and_lets_the_stream_finish(tiny_model_dir):
 
 
 def test_drain_timeout_ends_in_flight_requests_as_cancelled(tiny_model_dir):
+    """The engine is held after the stream's first token until the drain's timeout has passed and it
+    cancels what is left (its warning is the event): the stream ends CANCELLED, not by its length."""
     running = start_server(tiny_model_dir, drain_timeout=0.2)
-    running.pacer.delay = 0.02  # 100 tokens: about 2 s
+    timed_out = LogSeen("drain timeout")
+    logging.getLogger("attnserve.server.app").addHandler(timed_out)
     try:
+        running.pacer.hold()
         stream = running.stub.GenerateStream(request("too long to wait for", max_new_tokens=100), timeout=TIMEOUT)
         next(stream)
+        release_when(running.pacer, timed_out.seen.is_set)
         running.call(running.server.drain())
         messages = list(stream)
     finally:
+        logging.getLogger("attnserve.server.app").removeHandler(timed_out)
         running.stop()
     assert messages[-1].finish_reason == pb.FINISH_REASON_CANCELLED
     assert messages[-1].usage.completion_tokens < 100

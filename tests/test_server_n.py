@@ -9,8 +9,9 @@ import threading
 
 import grpc
 import pytest
-from fixtures_server import idle, request, start_server, wait_until
+from fixtures_server import idle, release_once_ended, request, start_server, wait_until
 
+from attnserve.engine.domain import FinishReason
 from attnserve.v1 import generation_pb2 as pb
 
 PROMPT = "The list"
@@ -78,26 +79,29 @@ def test_a_request_waits_for_n_free_slots_and_a_cancel_frees_them_all(tiny_model
     """Two slots: an n=2 request waits while one runs, then gets both; a cancelled n=2 stream frees both."""
     running = start_server(tiny_model_dir, max_batch=2, max_queue=4)
     try:
-        running.pacer.delay = 0.002
         results: dict[str, pb.GenerateResponse] = {}
-        first = threading.Thread(
-            target=lambda: results.setdefault("one", running.stub.Generate(request(PROMPT, max_new_tokens=60)))
-        )
+        one = request(PROMPT, max_new_tokens=60, ignore_eos=True)
+        running.pacer.hold()  # the first request holds its slot until the pair waits
+        first = threading.Thread(target=lambda: results.setdefault("one", running.stub.Generate(one)))
         first.start()
-        wait_until(lambda: running.engine.stats()["active"] == 1, what="the first request to run")
+        wait_until(running.pacer.held.is_set, what="the first request to run")
         pair = threading.Thread(
             target=lambda: results.setdefault("pair", running.stub.Generate(request(PROMPT, max_new_tokens=8, n=2)))
         )
         pair.start()
         wait_until(lambda: running.engine.stats()["queued"] == 1, what="the n=2 request to wait")
+        running.pacer.release()
         first.join(60)
         pair.join(60)
         assert len(results["pair"].completions) == 2 and results["one"].usage.completion_tokens == 60
+        running.pacer.hold()  # the stream is cancelled before its 100 tokens, whatever the machine's speed
         stream = running.stub.GenerateStream(request(PROMPT, max_new_tokens=100, n=2))
         next(stream)
         wait_until(lambda: running.engine.stats()["active"] == 2, what="both completions to run")
         stream.cancel()
+        release_once_ended(running)
         wait_until(lambda: idle(running.engine), what="both slots to be freed")
+        assert [final.reason for final in running.pacer.finals[-2:]] == [FinishReason.CANCELLED] * 2
     finally:
         running.stop()
 

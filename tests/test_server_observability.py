@@ -2,12 +2,12 @@
 (--served-model-name), and a periodic log line of throughput, batch and queue (--log-stats-interval)."""
 
 import logging
-import time
 
 import numpy as np
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
+from attnserve.server.stats_log import StatsLog
 from attnserve.v1 import generation_pb2 as pb
 
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is a dev dependency")
@@ -48,17 +48,19 @@ def test_the_served_name_is_the_models_name_everywhere(named, tiny_model_dir):
 
 
 def test_the_stats_line_says_what_the_server_did_and_an_idle_server_says_nothing(named, caplog):
+    """The server logs its line every interval with traffic; a reader of the same metrics, asked at
+    moments the test picks (before and after one request, then again), says what the request did and
+    then nothing: an idle interval writes no line."""
     caplog.set_level(logging.INFO, logger="attnserve.server")
     wait_until(lambda: idle(named.engine), TIMEOUT)
-    time.sleep(0.5)  # the earlier requests' line is written
+    reader = StatsLog(named.server.metrics, named.engine.stats, named.server.config.log_stats_interval)
     caplog.clear()
-    lines = lambda: [r.getMessage() for r in caplog.records if r.getMessage().startswith("generated ")]
-    ended = lambda: [line for line in lines() if "1 length" in line or "1 eos" in line]
     reply = named.stub.Generate(request("The ", max_new_tokens=20), timeout=TIMEOUT)
-    wait_until(lambda: bool(ended()), TIMEOUT, "the stats line of the interval the request ended in")
-    (line,) = ended()
+    wait_until(lambda: idle(named.engine), TIMEOUT)
+    line = reader.line()
+    assert "1 length" in line or "1 eos" in line, line
     assert " tokens/s, prompt " in line and "running 0, queued 0" in line, line
     assert len(reply.token_ids) > 0
-    caplog.clear()
-    time.sleep(1.0)  # five intervals of an idle server
-    assert lines() == []
+    assert reader.line() is None  # nothing happened since
+    logged = lambda: [r.getMessage() for r in caplog.records if r.getMessage().startswith("generated ")]
+    wait_until(lambda: bool(logged()), TIMEOUT, "the server's own stats line of the request's interval")

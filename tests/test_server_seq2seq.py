@@ -2,11 +2,11 @@
 over gRPC equals PyTorch, batching sources of different lengths changes nothing, limits hold."""
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import grpc
 import pytest
-from fixtures_server import idle, request, start_server, wait_until
+from fixtures_server import idle, request, staggered, start_server, wait_until
 from fixtures_train import SEQ2SEQ_IDS
 
 from attnserve.clients import Client
@@ -47,14 +47,8 @@ def test_greedy_over_grpc_equals_pytorch(stub, seq2seq_model, source):
 
 def test_concurrent_sources_of_different_lengths_each_get_what_they_get_alone(stub, seq2seq_server):
     alone = {s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids for s in SOURCES}
-    seq2seq_server.pacer.delay = 0.003  # keep the batch busy so that requests join it mid-flight
-    try:
-        with ThreadPoolExecutor(len(SOURCES)) as pool:
-            together = list(
-                pool.map(lambda s: stub.Generate(request(s, max_new_tokens=48), timeout=TIMEOUT).token_ids, SOURCES)
-            )
-    finally:
-        seq2seq_server.pacer.reset()
+    calls = [partial(stub.Generate, request(s, max_new_tokens=48), timeout=TIMEOUT) for s in SOURCES]
+    together = [reply.token_ids for reply in staggered(seq2seq_server, calls, steps_apart=3)]  # join mid-flight
     assert [list(t) for t in together] == [list(alone[s]) for s in SOURCES]
 
 
@@ -118,19 +112,11 @@ def test_bench_drives_it(seq2seq_server, capsys):
 def test_sources_arriving_at_different_steps_through_fewer_slots_equal_pytorch(tiny_seq2seq_model_dir, seq2seq_model):
     """10 sources through a 4-slot arena, each arriving while others decode: slots are refilled by
     moves (self-attention and cross segment alike), and every answer is PyTorch's alone."""
-    import time
-
     sources = [*SOURCES, "42", "999999"]
     running = start_server(tiny_seq2seq_model_dir, max_batch=4)
-    running.pacer.delay = 0.003
     try:
-
-        def staggered(i):
-            time.sleep(0.02 * i)
-            return running.stub.Generate(request(sources[i], max_new_tokens=48), timeout=TIMEOUT).token_ids
-
-        with ThreadPoolExecutor(len(sources)) as pool:
-            got = list(pool.map(staggered, range(len(sources))))
+        calls = [partial(running.stub.Generate, request(s, max_new_tokens=48), timeout=TIMEOUT) for s in sources]
+        got = [reply.token_ids for reply in staggered(running, calls, steps_apart=6)]
     finally:
         running.stop()
     assert [list(g) for g in got] == generate_seq2seq(seq2seq_model, [encode(s) for s in sources], 48, **SEQ2SEQ_IDS)

@@ -38,7 +38,7 @@ def strict(tiny_model_dir):
 
 @pytest.fixture
 def paced(strict):
-    strict.pacer.delay = 0.004  # a token every ~4 ms: generations outlast the time the test needs to act
+    strict.pacer.delay = 0.004  # wall time is the subject (a reader's patience, gaps): a token every ~4 ms
     yield strict
     strict.pacer.reset()
     wait_until(lambda: idle(strict.engine) and gauge(strict, "attnserve_requests_in_flight") == 0, TIMEOUT)

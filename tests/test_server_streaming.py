@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from attnserve.engine.streaming import Detokenizer, TextStream, held_back
+from attnserve.engine.detokenizer import Detokenizer, TextStream, held_back
 from attnserve.tokenizer import ByteTokenizer
 from attnserve.tokenizer.bpe import BpeTokenizer, train_bpe
 from attnserve.tokenizer.byte_stream import ByteStream

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from attnserve.runtime.model_runner import LARGE_MODEL_BYTES, ModelRunner, default_threads, model_bytes
+from attnserve.runtime.model_sessions import LARGE_MODEL_BYTES, ModelSessions, default_threads, model_bytes
 
 SPINNING = "session.intra_op.allow_spinning"
 
@@ -14,7 +14,7 @@ def cores() -> int:
     return len(os.sched_getaffinity(0))
 
 
-def spinning(runner: ModelRunner) -> str:
+def spinning(runner: ModelSessions) -> str:
     return runner.session.get_session_options().get_session_config_entry(SPINNING)
 
 
@@ -26,9 +26,9 @@ def test_a_large_model_gets_every_core_and_a_small_one_leaves_one_to_the_front_e
 
 def test_a_small_model_chosen_for_sleeps_and_a_told_session_spins(tiny_model_dir):
     assert model_bytes(tiny_model_dir) < LARGE_MODEL_BYTES
-    chosen = ModelRunner(tiny_model_dir, "cpu")
+    chosen = ModelSessions(tiny_model_dir, "cpu")
     assert (chosen.threads, chosen.spinning, spinning(chosen)) == (max(1, cores() - 1), False, "0")
-    told = ModelRunner(tiny_model_dir, "cpu", threads=2, spinning=True)
+    told = ModelSessions(tiny_model_dir, "cpu", threads=2, spinning=True)
     assert (told.threads, told.spinning, spinning(told)) == (2, True, "1")
 
 
@@ -38,5 +38,5 @@ def test_a_model_of_the_bound_is_chosen_for_as_large(tiny_model_dir, tmp_path):
     for f in tiny_model_dir.iterdir():
         (model / f.name).symlink_to(f)
     (model / "padding.data").write_bytes(b"\0" * (LARGE_MODEL_BYTES - model_bytes(tiny_model_dir)))
-    runner = ModelRunner(model, "cpu")
+    runner = ModelSessions(model, "cpu")
     assert (runner.threads, runner.spinning, spinning(runner)) == (cores(), True, "1")

@@ -39,7 +39,7 @@ from ..engine.engine import DRAINING, EngineObserver, queue_full
 from ..engine.outbox import post
 from ..engine.sequence import Event, Handle
 from ..runtime.contract import ModelDirError
-from ..runtime.model_runner import usable_cores
+from ..runtime.model_sessions import usable_cores
 from ..runtime.ort_session import CPU, ProviderError
 from .channel import Channel, ChannelClosed, listen
 from .config import CoreConfig

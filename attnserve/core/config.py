@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class CoreConfig:
     model: str  # the model directory
     provider: str  # auto, cuda or cpu
-    threads: int  # intra-op threads; 0: ONNX Runtime's choice by the model's size (model_runner.py)
+    threads: int  # intra-op threads; 0: ONNX Runtime's choice by the model's size (model_sessions.py)
     intra_op_spinning: str  # auto, off or on
     cuda_graphs: bool  # capture decode steps on CUDA
     max_batch: int  # KV arena slots; 0: as many as kv_cache_memory holds

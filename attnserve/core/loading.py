@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ..runtime.arena_runner import ArenaRunner
 from ..runtime.contract import Manifest
-from ..runtime.model_runner import ModelRunner
-from ..runtime.runners import arena_capacity, open_slot_runner
+from ..runtime.model_sessions import ModelSessions
+from ..runtime.opening import arena_capacity, open_slot_runner
 from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
 from .config import CoreConfig
 
@@ -23,7 +23,7 @@ class StartupError(Exception):
 
 @dataclass
 class LoadedModel:
-    runner: ModelRunner
+    runner: ModelSessions
     tokenizer: Tokenizer
     capacity: int  # KV arena slots
     slots: ArenaRunner
@@ -41,7 +41,7 @@ def load_tokenizer(model_dir: Path, manifest: Manifest) -> Tokenizer:
 
 def load_model(config: CoreConfig) -> LoadedModel:
     """The session, tokenizer and arena of config.model; raises ModelDirError, ProviderError or StartupError."""
-    runner = ModelRunner(config.model, config.provider, config.threads, config.cuda_graphs, config.spinning)
+    runner = ModelSessions(config.model, config.provider, config.threads, config.cuda_graphs, config.spinning)
     tokenizer = load_tokenizer(runner.model_dir, runner.manifest)
     try:
         capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)

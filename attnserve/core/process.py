@@ -18,7 +18,7 @@ import signal
 from ..engine.domain import Draining
 from ..engine.engine import Engine, EngineLimits
 from ..runtime.contract import ModelDirError
-from ..runtime.model_runner import ProviderError
+from ..runtime.model_sessions import ProviderError
 from .channel import Channel, ChannelClosed, connect
 from .config import CoreConfig
 from .loading import LoadedModel, StartupError, load_model

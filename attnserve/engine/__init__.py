@@ -2,10 +2,10 @@
 sampling and detokenizing; numpy and the tokenizer only, no ONNX Runtime, gRPC or protobuf.
 
 engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and
-mailbox) -> sampling.py (one request's sampler) and streaming.py (its text, with stop strings).
+mailbox) -> sampling.py (one request's sampler) and detokenizer.py (its text, with stop strings).
 outbox.py is where each step's events go: the callers' event loops, or the engine core's channel
 (attnserve/core/).
-slot_runner.py is the seam: what the engine may know of a model (ModelSpec) and what it asks of a
+seam.py is the seam: what the engine may know of a model (ModelSpec) and what it asks of a
 runner (SlotRunner). domain.py holds the plain requests, events and errors the front doors share.
 tests/test_engine.py drives it over a fake runner in milliseconds.
 """

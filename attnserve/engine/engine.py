@@ -2,7 +2,7 @@
 layouts or devices.
 
 The engine holds request keys, token ids and logits, and sees a model only through the seam in
-slot_runner.py: a ModelSpec and a SlotRunner, which holds every tensor (arena_runner.py serves;
+seam.py: a ModelSpec and a SlotRunner, which holds every tensor (arena_runner.py serves;
 benchmarks/kv.py also drives benchmarks/concat_runner.py; tests/test_engine.py a fake). Decoder-only and
 encoder-decoder models run the same loop (an encoder-decoder's prompt is its source; its decoder
 starts from BOS).
@@ -43,8 +43,8 @@ from ..tokenizer import Tokenizer
 from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
 from .outbox import LoopOutbox, Outbox
+from .seam import Logits, SlotRunner
 from .sequence import Caller, Event, Handle, Sequence, fits
-from .slot_runner import Logits, SlotRunner
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class EngineObserver:
         """A request ended (its Final, as the engine emits it)."""
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
-        """A prefill round's prefix-cache lookups and the bytes it holds after them (slot_runner.PrefixReport)."""
+        """A prefill round's prefix-cache lookups and the bytes it holds after them (seam.PrefixReport)."""
 
 
 class ForwardingObserver(EngineObserver):

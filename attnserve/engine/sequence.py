@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .detokenizer import TextStream
 from .domain import (
     Delta,
     Final,
@@ -31,8 +32,7 @@ from .domain import (
 )
 from .grammar import Matcher
 from .sampling import Sampler, prompt_logprobs
-from .slot_runner import ModelSpec
-from .streaming import TextStream
+from .seam import ModelSpec
 
 Event = Delta | Final | Exception
 

@@ -21,9 +21,9 @@ import logging
 
 import numpy as np
 
-from ..engine.slot_runner import Enough, Logits, PrefixReport
+from ..engine.seam import Enough, Logits, PrefixReport
 from .arena_decoder import ArenaDecoder
-from .model_runner import ModelRunner
+from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class ArenaRunner:
     """Requests (by key) in the slots of one arena driver (ArenaDecoder or ArenaSeq2SeqDecoder)."""
 
-    def __init__(self, model: ModelRunner, decoder: ArenaDecoder, chunk: int, prefix: PrefixCache | None = None):
+    def __init__(self, model: ModelSessions, decoder: ArenaDecoder, chunk: int, prefix: PrefixCache | None = None):
         """`chunk`: prompt tokens per prefill run (--prefill-chunk); `prefix`: the prefix cache, if on."""
         self.model, self.decoder, self.chunk, self.prefix = model, decoder, chunk, prefix
         self.spec = model.spec

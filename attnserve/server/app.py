@@ -33,7 +33,7 @@ from ..health.v1 import health_pb2, health_pb2_grpc
 from ..inference import grpc_service_pb2 as oip_pb
 from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime.contract import ModelDirError
-from ..runtime.model_runner import ProviderError
+from ..runtime.model_sessions import ProviderError
 from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat_template
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc

@@ -42,7 +42,7 @@ class Tokenizer(Protocol):
 
     def decode_stream(self) -> Callable[[int], str | None] | None:
         """A fresh incremental decoder, if the tokenizer has a native one: fed one id at a time, it
-        returns the new text, or None while a character is still cut (engine/streaming.py's rule).
+        returns the new text, or None while a character is still cut (engine/detokenizer.py's rule).
         None: the caller decodes slices of the ids itself."""
 
     def byte_lengths(self) -> list[int]:

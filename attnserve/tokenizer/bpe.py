@@ -133,7 +133,7 @@ class BpeTokenizer:
         """A byte stream over each id's bytes (byte_stream.py) where the file is plain byte-level BPE;
         a stream that holds runs of byte tokens (fallback_stream.py) where its decoder has byte
         fallback; else Hugging Face's DecodeStream: the same two-offset incremental decoding as
-        engine/streaming.py's, in Rust (one call per token instead of two decodes of Python lists)."""
+        engine/detokenizer.py's, in Rust (one call per token instead of two decodes of Python lists)."""
         table = self.byte_table
         if table is not None:
             return table.stream()

@@ -6,7 +6,7 @@ The text of such ids is their bytes joined, decoded as UTF-8 with invalid bytes 
 U+FFFD, special ids standing for no bytes. A stream fed one id at a time keeps the bytes since the
 text it last returned; it returns the new text, or None while that text ends in U+FFFD (a character
 still cut between tokens: it waits for the next id) or is empty. That is the rule of Hugging Face's
-DecodeStream and of engine/streaming.py's slices, with the same deltas (tests/test_server_streaming.py
+DecodeStream and of engine/detokenizer.py's slices, with the same deltas (tests/test_server_streaming.py
 compares them over ids that cut characters, hold special ids and invalid bytes), in a list lookup
 per id where the id's bytes are whole characters on their own, and one decode of the bytes since the
 last text otherwise: several times cheaper than DecodeStream, a cost the engine core pays for every
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-REPLACEMENT = "\ufffd"  # what an invalid or cut UTF-8 sequence decodes to (engine/streaming.py waits on it too)
+REPLACEMENT = "\ufffd"  # what an invalid or cut UTF-8 sequence decodes to (engine/detokenizer.py waits on it too)
 
 
 def whole_text(piece: bytes) -> str | None:

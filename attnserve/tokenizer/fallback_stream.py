@@ -7,9 +7,9 @@ else into one U+FFFD per byte. So a run's text is known only once the run is ove
 "é" early and can then differ from decode() of the same ids, as a random model's invalid bytes
 show. This stream holds a run until a token that is not a byte ends it, then returns what the
 library's own decode adds. Special ids are held as well: decode() skips them, so they do not end a
-run. It keeps two offsets, as engine/streaming.py does, so that a decoder
+run. It keeps two offsets, as engine/detokenizer.py does, so that a decoder
 that strips the first token's leading space strips the same one from both slices. The flush at
-the end of a completion (engine/streaming.py) decodes a run still open as decode() would.
+the end of a completion (engine/detokenizer.py) decodes a run still open as decode() would.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from ..engine.slot_runner import ModelSpec
+from ..engine.seam import ModelSpec
 from . import contract
 from .ort_session import (
     CUDA,
@@ -36,7 +36,7 @@ from .ort_session import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelRunner", "Prefilled", "ProviderError", "default_threads", "model_spec"]
+__all__ = ["ModelSessions", "Prefilled", "ProviderError", "default_threads", "model_spec"]
 
 
 # A model with this many bytes of graphs and weights or more gets every core and spinning intra-op
@@ -81,7 +81,7 @@ class Prefilled:
     cross_mask: np.ndarray | None = None
 
 
-class ModelRunner:
+class ModelSessions:
     """The graphs of a model directory (decoder, and the encoder of an encoder-decoder) and its manifest."""
 
     def __init__(

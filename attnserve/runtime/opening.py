@@ -11,14 +11,14 @@ from . import contract
 from .arena import KVArena, device_of
 from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
-from .model_runner import ModelRunner
+from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
 
 AUTO = 0  # --max-batch auto: as many slots as --kv-cache-memory holds
 MAX_AUTO_BATCH = 1024  # the most slots `auto` picks
 
 
-def arena_bytes(model: ModelRunner, capacity: int) -> int:
+def arena_bytes(model: ModelSessions, capacity: int) -> int:
     """Bytes of an arena of `capacity` slots for this model (an encoder-decoder's slots also hold
     their source's cross-attention keys and values: twice the size)."""
     size = KVArena.bytes_needed(
@@ -27,7 +27,7 @@ def arena_bytes(model: ModelRunner, capacity: int) -> int:
     return 2 * size if model.seq2seq else size
 
 
-def arena_capacity(model: ModelRunner, max_batch: int, kv_cache_memory: int | None) -> int:
+def arena_capacity(model: ModelSessions, max_batch: int, kv_cache_memory: int | None) -> int:
     """The number of slots to allocate; raises ValueError (one line naming both numbers) when the
     requested batch does not fit the memory cap."""
     if model.manifest.kv_cache != contract.KV_ARENA:
@@ -67,7 +67,11 @@ def open_prefix_cache(arena: KVArena, memory: int | None) -> PrefixCache:
 
 
 def open_slot_runner(
-    model: ModelRunner, capacity: int, prefill_chunk: int, prefix_cache: bool = False, prefix_memory: int | None = None
+    model: ModelSessions,
+    capacity: int,
+    prefill_chunk: int,
+    prefix_cache: bool = False,
+    prefix_memory: int | None = None,
 ) -> ArenaRunner:
     """The arena runner of an arena directory (checked by arena_capacity), on the model's device, with
     a prefix cache of `prefix_memory` bytes (open_prefix_cache) if `prefix_cache` (never for an
