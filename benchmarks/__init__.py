@@ -13,6 +13,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
     python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)
     python -m benchmarks.loadtest.overload  open-loop arrivals above capacity (make overload)
+    python -m benchmarks.loadtest.refusals  the front end's CPU a refused call costs, two trees alternating
     python benchmarks/ray_bench.py          Ray Serve vs attnserve serve
     python benchmarks/tokenizer_table.py    bytes vs BPE, trained for the same budget (make tokenizer-table)
     python benchmarks/tokenizer_serving.py  the two tokenizers' models served side by side

@@ -226,7 +226,10 @@ def test_a_full_queue_refuses_and_the_queued_requests_are_served():
 
     async def main():
         with running(runner, max_queue=2) as engine:
+            engine.check_room()  # room: no error
             handles = [engine.submit(ask(f"q{i}", 2)) for i in range(2)]
+            with pytest.raises(QueueFull, match="--max-queue"):
+                engine.check_room()  # what a door asks before it reads a request
             with pytest.raises(QueueFull, match="--max-queue"):
                 engine.submit(ask("one too many", 2))
             engine.start()
@@ -357,6 +360,8 @@ def test_drain_refuses_new_requests_and_finishes_the_queued_and_active_ones():
         with running(runner) as engine:
             handles = [engine.submit(ask("active", 4)), engine.submit(ask("queued", 4))]
             engine.close()
+            with pytest.raises(Draining):
+                engine.check_room()
             with pytest.raises(Draining):
                 engine.submit(ask("too late", 4))
             engine.start()

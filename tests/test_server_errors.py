@@ -126,7 +126,8 @@ def test_refused_calls_are_freed_at_once_not_by_the_cycle_collector(single):
     """A refused call (full queue, bad request) leaves no reference cycle behind: gRPC core counts a
     call's HTTP/2 stream against --max-concurrent-streams until the call is freed, and refuses new
     streams (UNAVAILABLE to clients) once a connection holds more, so a cycle per refusal made an
-    overloaded server answer UNAVAILABLE."""
+    overloaded server answer UNAVAILABLE. With the queue full a call is refused before it is read,
+    so a bad request is RESOURCE_EXHAUSTED then, and INVALID_ARGUMENT once there is room."""
     gc.disable()  # only reference counting frees objects now
     try:
         hold_while_decoding(single)
@@ -135,20 +136,26 @@ def test_refused_calls_are_freed_at_once_not_by_the_cycle_collector(single):
         queued = [single.stub.Generate.future(request("queued", max_new_tokens=3)) for _ in range(2)]
         wait_until(lambda: single.engine.stats()["queued"] == 2, what="two queued requests")
         before = live_call_contexts()
-        codes = []
         stream = lambda message, timeout: list(single.stub.GenerateStream(message, timeout=timeout))
-        for message in (request("one too many", max_new_tokens=3), request("bad", max_new_tokens=1000)):
+
+        def refusals(message) -> set:
+            codes = set()
             for _ in range(10):
                 for call in (single.stub.Generate, stream):
                     with pytest.raises(grpc.RpcError) as info:
                         call(message, timeout=TIMEOUT)
-                    codes.append(info.value.code())
-        assert set(codes) == {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INVALID_ARGUMENT}
-        wait_until(lambda: live_call_contexts() <= before, what=f"the 40 refused calls freed (alive: {before} before)")
+                    codes.add(info.value.code())
+            return codes
+
+        bad = request("bad", max_new_tokens=1000)
+        assert refusals(request("one too many", max_new_tokens=3)) == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+        assert refusals(bad) == {grpc.StatusCode.RESOURCE_EXHAUSTED}  # refused unread
         for call in [running, *queued]:
             call.cancel()
         single.pacer.release()
         wait_until(lambda: idle(single.engine), what="cancelled requests to leave")
+        assert refusals(bad) == {grpc.StatusCode.INVALID_ARGUMENT}
+        wait_until(lambda: live_call_contexts() <= before, what=f"the 60 refused calls freed (alive: {before} before)")
     finally:
         gc.enable()
 

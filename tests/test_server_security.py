@@ -10,6 +10,7 @@ from fixtures_server import idle, request, start_server, wait_until
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
 TIMEOUT = 30
@@ -78,6 +79,24 @@ def test_bearer_token_is_required_except_for_health(tiny_model_dir, tmp_path):
         assert health.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         running.stop()
+
+
+def test_each_methods_handler_is_built_once_and_unknown_methods_are_not_kept(server):
+    """The interceptors' wrapped handler of a method is built at its first call and reused (the
+    token check above still runs on every call); a method the server does not serve is UNIMPLEMENTED
+    and leaves nothing behind, whatever names a client sends."""
+    server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT)
+    handlers = server.server.handlers.handlers
+    kept = handlers["/attnserve.v1.TextGeneration/GetModelInfo"]
+    server.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=TIMEOUT)
+    assert handlers["/attnserve.v1.TextGeneration/GetModelInfo"] is kept
+    before = set(handlers)
+    for name in ("Nope", "Nope2"):
+        unknown = server.channel.unary_unary(f"/attnserve.v1.TextGeneration/{name}")
+        with pytest.raises(grpc.RpcError) as info:
+            unknown(b"", timeout=TIMEOUT)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert set(handlers) == before
 
 
 def scrape(port: int) -> dict:

@@ -161,6 +161,7 @@ class EngineClient:
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Send a validated request to the core; raises EngineUnavailable, Draining or QueueFull."""
         key = next(self._keys)
+        self.check_room()  # before a handle is made: a refusal under overload costs none
         handle = RemoteHandle(
             request,
             loop or asyncio.get_running_loop(),
@@ -173,6 +174,11 @@ class EngineClient:
             self._channel_send(Submit(key, request))
         self.observer.on_submit(request)
         return handle
+
+    def check_room(self) -> None:
+        """Raise EngineUnavailable, Draining or QueueFull if no request could be sent now."""
+        with self._lock:
+            self._check_room()
 
     def _check_room(self) -> None:
         if self.died is not None:
@@ -248,9 +254,11 @@ class EngineClient:
             )
 
     def _receive_steps(self) -> None:
-        """Every message that has come, handed on together; then, with requests in flight and naps
-        paying, a nap (the core's next write finds nobody to wake; naps.py); otherwise a sleep until
-        one comes. The core's end of the socket closes when its process dies; a waiting receiver also
+        """Every message that has come, handed on together; then, with requests in flight, none of them
+        waiting for a slot, and naps paying, a nap (the core's next write finds nobody to wake;
+        naps.py); otherwise a sleep until one comes: while requests wait, the server is saturated and
+        callers are being refused, and the event loop needs the GIL more than the receiver needs to
+        look early. The core's end of the socket closes when its process dies; a waiting receiver also
         looks at the process itself each POLL_MS."""
         assert self._channel is not None, "the core connected before Ready"
         naps = Naps()
@@ -261,7 +269,7 @@ class EngineClient:
                 break
             if steps:
                 self._take(steps)
-            elif self.handles and self.napping:
+            elif self.napping and 0 < len(self.handles) <= self.capacity:  # in flight, none waiting for a slot
                 naps.nap()
             elif not self._channel.wait(POLL_MS / 1000) and not self.process.is_alive():
                 break

@@ -1,15 +1,18 @@
 """How long the front end's receiver naps between looks for the engine core's messages.
 
-While requests are in flight the receiver looks for messages every NAP_S instead of sleeping in
-poll until the core's write wakes it: on this kind of machine (virtual CPUs) the wake would cost the
-core's engine thread ~30 us a step (channel.py). But every nap ends by taking the GIL back, and
-when this process's event loop is busy the loop pays a hand-off (a wake of the waiting thread) for
-each, which slows refusals and first tokens. A nap that comes back late tells: while naps come back
-late, the receiver naps BUSY_NAP_S at a time for BUSY_S, a thousand hand-offs a second at most, then
-tries short naps again; a long nap takes several steps' messages at once and wakes nobody
-(docs/design/decisions/receiver-naps.md). Naps pay only while the core's ONNX Runtime threads leave
-a CPU to the front end (naps_pay): where they take every core, as a large model's do by default,
-each nap's wake takes a core from them mid-step, and the receiver sleeps in poll instead.
+While requests are in flight and none waits for a slot, the receiver looks for messages every
+NAP_S instead of sleeping in poll until the core's write wakes it: on this kind of machine
+(virtual CPUs) the wake would cost the core's engine thread ~30 us a step (channel.py). But every
+nap ends by taking the GIL back, and when this process's event loop is busy the loop pays a
+hand-off (a wake of the waiting thread) for each, which slows refusals and first tokens. A nap
+that comes back late tells: while naps come back late, the receiver naps BUSY_NAP_S at a time for
+BUSY_S, a thousand hand-offs a second at most, then tries short naps again; a long nap takes
+several steps' messages at once and wakes nobody (docs/design/decisions/receiver-naps.md). While
+requests wait for a slot (the server saturated, refusing), the receiver sleeps in poll instead:
+under open-loop overload the naps' hand-offs cost the event loop more refusals than they save the
+core (core/client.py). Naps pay only while the core's ONNX Runtime threads leave a CPU to the
+front end (naps_pay): where they take every core, as a large model's do by default, each nap's
+wake takes a core from them mid-step, and the receiver sleeps in poll instead.
 No sockets here: `sleep` and `clock` are the caller's (time.sleep and time.perf_counter).
 """
 

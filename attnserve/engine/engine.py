@@ -125,6 +125,10 @@ class EngineCalls(Protocol):
 
     def start(self) -> None: ...
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle: ...
+    def check_room(self) -> None:
+        """Raise what submit would (Draining, QueueFull, EngineUnavailable) if no request could join now:
+        a door asks before it reads a request, so that a refusal under overload costs no parsing."""
+
     def release(self, handle: Handle) -> None: ...
     def stats(self) -> dict[str, int]: ...
     def close(self) -> None: ...
@@ -172,6 +176,10 @@ class Engine:
         self.enqueue(handle)
         self.observer.on_submit(request)
         return handle
+
+    def check_room(self) -> None:
+        with self._cond:
+            self._check_room()
 
     def enqueue(self, caller: Caller) -> None:
         """Queue `caller.request`; its events go to `caller` through the outbox. Raises QueueFull or

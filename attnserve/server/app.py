@@ -40,6 +40,7 @@ from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import ServerConfig
 from .grpc_boundary.auth import AuthInterceptor
 from .grpc_boundary.boundary import BoundaryInterceptor
+from .grpc_boundary.per_method import PerMethod
 from .grpc_boundary.request_bytes import DecodeInterceptor
 from .grpc_boundary.slow_readers import WriteWatch
 from .grpc_oip.servicer import SERVICE as OIP_SERVICE
@@ -203,6 +204,7 @@ class Server:
         self.boundary = BoundaryInterceptor(
             self.metrics.count_request, self.metrics.track_in_flight, self.writes, switches.leak_bytes
         )
+        self.handlers = PerMethod()  # the interceptors' handler of each method, built at its first call
         self.watchdog: asyncio.Task | None = None
         self.stats_task: asyncio.Task | None = None  # --log-stats-interval's
         if switches.leak_bytes:
@@ -227,7 +229,7 @@ class Server:
         """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
         self.loop = asyncio.get_running_loop()
         auth = [AuthInterceptor(self.token)] if self.token else []
-        interceptors = [self.boundary, *auth, DecodeInterceptor()]  # the outermost first
+        interceptors = [self.handlers, self.boundary, *auth, DecodeInterceptor()]  # the outermost first
         self.grpc = server = grpc.aio.server(interceptors=interceptors, options=channel_options(self.config))
         pb_grpc.add_TextGenerationServicer_to_server(
             TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), server

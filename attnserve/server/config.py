@@ -168,7 +168,7 @@ class ServerConfig:
         metadata=flag("seconds a stream's write may wait for a client that reads nothing before it is cancelled"),
     )
     max_concurrent_streams: int = field(
-        default=128,
+        default=1024,
         metadata=flag("calls one client connection may have open at once (HTTP/2 streams); more wait client-side"),
     )
     max_connection_age: float | None = field(

@@ -157,7 +157,9 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     def accept(self, request: oip.ModelInferRequest, context) -> tuple[InferCall, GenerationRequest]:
-        """The request read and validated; errors name the tensor or parameter the caller sent."""
+        """The request read and validated; errors name the tensor or parameter the caller sent. With no
+        room in the engine it is refused first, unread (a refusal under overload costs no parsing)."""
+        self.engine.check_room()
         self.check_model(request.model_name, request.model_version)
         call = read_call(request)
         return call, validate(call.request, self.limits, self.tokenizer, deadline_of(context))

@@ -35,6 +35,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
         """The whole completion in one response (with n > 1: every completion in `completions`, the
         first one's also in the top-level fields, and usage counting all of them)."""
+        self.engine.check_room()  # refused under overload before the request is read
         generation = validate(request_fields(request), self.limits, self.tokenizer, deadline_of(context))
         done = await completions(self.engine, generation)
         first = done[0]
@@ -67,6 +68,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         bound), the engine holds more for one message, and whatever it holds goes out as soon as the
         generation ends. The request id goes out at once in the initial metadata (x-request-id): the
         caller knows its request was accepted before the first token."""
+        self.engine.check_room()  # refused under overload before the request is read
         fields = request_fields(request)
         generation = validate(fields, self.limits, self.tokenizer, deadline_of(context))
         generation = replace(generation, interval=check_stream_interval(fields, self.limits))

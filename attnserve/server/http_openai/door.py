@@ -156,11 +156,13 @@ class OpenAIFrontDoor:
 
     # ---- /v1/completions ---------------------------------------------------------------------
     async def complete(self, request: Request) -> Response:
+        self.engine.check_room()  # refused under overload before the body is read
         call = read_completion(await body_of(request))
         return await self.respond(request, call, Answer)
 
     async def chat_complete(self, request: Request) -> Response:
         """A chat completion: the messages through the model's chat template, then as a completion."""
+        self.engine.check_room()  # refused under overload before the body is read
         template = self.facts.chat_template
         if template is None:
             raise InvalidRequest(
