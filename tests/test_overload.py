@@ -90,6 +90,22 @@ def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cp
     assert report["achieved_rate"] > 700 and report["refused"] > report["accepted"]
 
 
+@pytest.mark.slow
+def test_attnserves_own_client_sends_each_call_once_under_overload(tiny_model_dir, tmp_path):
+    """The same arrivals through attnserve's AsyncClient, retries on: every refusal is
+    RESOURCE_EXHAUSTED, never retried, so the server's handlers see one call per call made."""
+    out = tmp_path / "client.json"
+    command = [sys.executable, "-m", "benchmarks.loadtest.overload", "--model", str(tiny_model_dir)]
+    command += ["--rate", "400", "--duration", "3", "--capacity-seconds", "1", "--client", "attnserve"]
+    command += ["--serve-arg=--max-batch=1", "--serve-arg=--max-queue=2", "--serve-arg=--threads=1"]
+    command += ["--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert out.exists(), done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert set(report["statuses"]) == {"OK", "RESOURCE_EXHAUSTED"}, report["unexpected_examples"]
+    assert report["config"]["client"] == "attnserve" and report["calls_seen_per_call"] == 1.0
+
+
 async def silent_streams(target: str, count: int, release: asyncio.Event):
     """`count` ModelStreamInfer calls on one connection that never send a request."""
 

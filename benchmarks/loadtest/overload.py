@@ -26,7 +26,9 @@ from typing import Any
 
 import grpc
 
+from attnserve.clients import AsyncClient
 from attnserve.clients.bench_report import distribution_ms, percentile
+from attnserve.clients.errors import AttnserveError
 from attnserve.health.v1 import health_pb2, health_pb2_grpc
 from attnserve.report_stamp import Stamp, write_report
 from attnserve.v1 import generation_pb2 as pb
@@ -56,6 +58,33 @@ async def request(stub, max_new_tokens: int, interval: int) -> dict[str, Any]:
             record["details"] = error.details()
     record["end"] = time.perf_counter()
     return record
+
+
+async def client_request(client, max_new_tokens: int, interval: int) -> dict[str, Any]:
+    """One stream through attnserve's own AsyncClient (its retry policy and throttling on)."""
+    start = time.perf_counter()
+    record: dict[str, Any] = {"start": start, "code": "OK", "ttft": None, "refused_after": None}
+    try:
+        async for delta in client.stream(PROMPT, max_new_tokens=max_new_tokens, stream_interval_tokens=interval):
+            if record["ttft"] is None and delta.token_ids:
+                record["ttft"] = time.perf_counter() - start
+    except AttnserveError as error:
+        record["code"] = error.status
+        if error.status == "RESOURCE_EXHAUSTED":
+            record["refused_after"] = time.perf_counter() - start
+        else:
+            record["details"] = error.details
+    record["end"] = time.perf_counter()
+    return record
+
+
+def calls_seen(server: ServerProcess | None) -> float | None:
+    """GenerateStream calls the server's handlers have seen, every status (retries included; streams
+    gRPC core refused before a handler ran are not among them)."""
+    if server is None:
+        return None
+    samples = server.metrics()
+    return sum(v for k, v in samples.items() if k.startswith("attnserve_requests_total{") and "GenerateStream" in k)
 
 
 async def capacity(stub, streams: int, seconds: float, max_new_tokens: int, interval: int) -> dict[str, float]:
@@ -100,15 +129,16 @@ async def watch_queue(server: ServerProcess | None, stop: asyncio.Event, samples
         await asyncio.sleep(0.25)
 
 
-async def open_loop(stub, rate: float, seconds: float, max_new_tokens: int, interval: int, seed: int) -> list:
-    """Poisson arrivals at `rate` per second for `seconds`; every request's record."""
+async def open_loop(send, rate: float, seconds: float, max_new_tokens: int, interval: int, seed: int) -> list:
+    """Poisson arrivals at `rate` per second for `seconds`, each `send(max_new_tokens, interval)`;
+    every request's record."""
     rng = random.Random(seed)
     tasks = []
     start = time.perf_counter()
     at = start
     while at < start + seconds:
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        tasks.append(asyncio.create_task(request(stub, max_new_tokens, interval)))
+        tasks.append(asyncio.create_task(send(max_new_tokens, interval)))
         at += rng.expovariate(rate)
     return await asyncio.gather(*tasks)
 
@@ -126,11 +156,22 @@ async def measure(args: argparse.Namespace, target: str, server: ServerProcess |
             asyncio.create_task(watch_health(probe, stop, health)),
             asyncio.create_task(watch_queue(server, stop, queue)),
         ]
+        seen_before = await asyncio.to_thread(calls_seen, server)
         t0 = time.perf_counter()
-        records = await open_loop(stub, rate, args.duration, args.max_new_tokens, args.interval, args.seed)
+        if args.client == "attnserve":
+            async with AsyncClient(target, timeout=TIMEOUT) as client:
+                send = lambda tokens, interval: client_request(client, tokens, interval)
+                records = await open_loop(send, rate, args.duration, args.max_new_tokens, args.interval, args.seed)
+        else:
+            send = lambda tokens, interval: request(stub, tokens, interval)
+            records = await open_loop(send, rate, args.duration, args.max_new_tokens, args.interval, args.seed)
         stop.set()
         await asyncio.gather(*watchers)
-    return summarize(args, limits, cap, rate, records, health, queue, t0)
+        seen_after = await asyncio.to_thread(calls_seen, server)
+    report = summarize(args, limits, cap, rate, records, health, queue, t0)
+    if seen_before is not None and seen_after is not None:
+        report["calls_seen_per_call"] = round((seen_after - seen_before) / len(records), 3)
+    return report
 
 
 def summarize(args, limits, cap, rate, records, health, queue, t0) -> dict[str, Any]:
@@ -193,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per request (default 64)")
     parser.add_argument("--interval", type=int, default=8, help="stream interval in tokens (default 8)")
     parser.add_argument("--serve-arg", action="append", default=[], help="one more `attnserve serve` argument")
+    parser.add_argument(
+        "--client",
+        choices=("grpc", "attnserve"),
+        default="grpc",
+        help="grpc: a plain grpc.aio channel, default options (default); attnserve: attnserve's AsyncClient, "
+        "its retries and their throttling on",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="write the JSON report here")
     parser.add_argument("--plot", default=None, help="write arrivals, TTFT and health latency to this PNG")
@@ -213,7 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         write_plot(report, args.plot)
     if args.out:
         write_report(args.out, report, args.plot, "Overload: open-loop arrivals above capacity")
-    shown = ("capacity_requests_per_s", "offered_rate", "achieved_rate", "accepted", "refused", "refusal_ms")
+    shown = (
+        "capacity_requests_per_s",
+        "offered_rate",
+        "achieved_rate",
+        "accepted",
+        "refused",
+        "refusal_ms",
+        "statuses",
+    )
     print(json.dumps({k: report[k] for k in (*shown, "accepted_ttft_ms", "checks")}, indent=1), file=sys.stderr)
     print(json.dumps(report))
     return 0 if report["passed"] else 1
