@@ -6,8 +6,10 @@ RESOURCE_EXHAUSTED, never UNAVAILABLE; and a client that opens more streams than
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -15,6 +17,7 @@ import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
 STREAM_LIMIT = 8
+BURNER_SHARE = 0.8 / (os.cpu_count() or 1)  # one busy CPU's worth, less a margin: the load of a burner
 ROOT = Path(__file__).resolve().parents[1]  # benchmarks/ is run from the checkout's root
 
 
@@ -62,10 +65,26 @@ def test_four_times_capacity(tiny_model_dir, tmp_path):
     assert report["health_checks"] > 30
 
 
+def busy_share(seconds: float = 1.0) -> float:
+    """The share of all CPUs busy over the next `seconds` (/proc/stat)."""
+
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    total, idle = ticks()
+    time.sleep(seconds)  # a measurement over time, not a wait before acting
+    total_after, idle_after = ticks()
+    return 1 - (idle_after - idle) / max(total_after - total, 1)
+
+
 @pytest.mark.slow
 def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cpu(tiny_model_dir, tmp_path):
     """The call rate that broke (issue 46): Poisson arrivals of 1,000 short streams a second for 8 s,
-    four slots and eight queue places, beside a CPU-burning process. Every call ends OK or
+    four slots and eight queue places, beside a CPU-burning process: one the test starts, unless the
+    machine already has one's worth of load (a busy CI host: a second would be twice the scenario's,
+    past what the front end can refuse on 2 cores, docs/reports/refusals.md). Every call ends OK or
     RESOURCE_EXHAUSTED: none gets gRPC's REFUSED_STREAM (UNAVAILABLE), which it answers once a
     connection holds more than --max-concurrent-streams calls the front end has not yet released.
     The queue bound holds and health answers SERVING. The accepted requests' TTFT bound is not
@@ -76,15 +95,22 @@ def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cp
     command += ["--rate", "1000", "--duration", "8", "--capacity-seconds", "2"]
     command += ["--serve-arg=--max-batch=4", "--serve-arg=--max-queue=8", "--serve-arg=--threads=1"]
     command += ["--out", str(out)]
-    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = busy_share()
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if busy < BURNER_SHARE else None
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
     finally:
-        burner.kill()
-        burner.wait()
+        if burner is not None:
+            burner.kill()
+            burner.wait()
     assert out.exists(), done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert set(report["statuses"]) == {"OK", "RESOURCE_EXHAUSTED"}, (report["statuses"], report["unexpected_examples"])
+    beside = f"{busy:.0%} of the CPUs busy before, {'a burner started' if burner else 'no burner added'}"
+    assert set(report["statuses"]) == {"OK", "RESOURCE_EXHAUSTED"}, (
+        beside,
+        report["statuses"],
+        report["unexpected_examples"],
+    )
     checks = report["checks"]
     assert checks["queue_bound_held"] and checks["health_always_serving"], (checks, report["health_failures"])
     assert report["achieved_rate"] > 700 and report["refused"] > report["accepted"]

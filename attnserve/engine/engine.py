@@ -178,6 +178,7 @@ class Engine:
         return handle
 
     def check_room(self) -> None:
+        """Raise Draining or QueueFull if no request could be queued now (what a door asks first)."""
         with self._cond:
             self._check_room()
 
