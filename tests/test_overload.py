@@ -14,7 +14,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fixtures_server import idle, request, start_server, wait_until
+from fixtures_server import idle, in_flight, request, start_server, wait_until
 
 STREAM_LIMIT = 8
 BURNER_SHARE = 0.8 / (os.cpu_count() or 1)  # one busy CPU's worth, less a margin: the load of a burner
@@ -157,21 +157,22 @@ async def until(predicate, what: str, timeout: float = 30) -> None:
 
 def test_silent_streams_are_capped_per_connection(tiny_model_dir):
     running = start_server(tiny_model_dir, max_concurrent_streams=STREAM_LIMIT, metrics_port=0)
-    in_flight = lambda: running.server.metrics.registry.get_sample_value("attnserve_requests_in_flight")
     loop = asyncio.new_event_loop()
     try:
         release = asyncio.Event()
         channel, calls = loop.run_until_complete(silent_streams(running.target, 5 * STREAM_LIMIT, release))
-        loop.run_until_complete(until(lambda: in_flight() == STREAM_LIMIT, f"{STREAM_LIMIT} silent streams in flight"))
+        loop.run_until_complete(
+            until(lambda: in_flight(running) == STREAM_LIMIT, f"{STREAM_LIMIT} silent streams in flight")
+        )
         loop.run_until_complete(asyncio.sleep(0.5))  # an absence: the time the rest had to start, and did not
-        assert in_flight() == STREAM_LIMIT  # the other 32 wait on the client's side
+        assert in_flight(running) == STREAM_LIMIT  # the other 32 wait on the client's side
         # A well-behaved client on a connection of its own is served as usual.
         reply = running.stub.Generate(request("The ", max_new_tokens=8), timeout=30)
         assert reply.usage.completion_tokens == 8
         for call in calls:
             call.cancel()
         loop.run_until_complete(channel.close())
-        wait_until(lambda: in_flight() == 0 and idle(running.engine), 30, "nothing in flight")
+        wait_until(lambda: in_flight(running) == 0 and idle(running.engine), 30, "nothing in flight")
     finally:
         loop.close()
         running.stop()

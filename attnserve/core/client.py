@@ -161,7 +161,6 @@ class EngineClient:
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Send a validated request to the core; raises EngineUnavailable, Draining or QueueFull."""
         key = next(self._keys)
-        self.check_room()  # before a handle is made: a refusal under overload costs none
         handle = RemoteHandle(
             request,
             loop or asyncio.get_running_loop(),

@@ -34,7 +34,7 @@ from attnserve.report_stamp import Stamp, write_report
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 from benchmarks.loadtest.overload_report import write_plot
-from benchmarks.loadtest.server_process import ServerProcess
+from benchmarks.loadtest.server_process import ServerProcess, by_label
 
 EXPECTED = ("OK", "RESOURCE_EXHAUSTED")
 TIMEOUT = 120.0
@@ -83,8 +83,7 @@ def calls_seen(server: ServerProcess | None) -> float | None:
     gRPC core refused before a handler ran are not among them)."""
     if server is None:
         return None
-    samples = server.metrics()
-    return sum(v for k, v in samples.items() if k.startswith("attnserve_requests_total{") and "GenerateStream" in k)
+    return by_label(server.metrics(), "attnserve_requests_total", "method").get("GenerateStream", 0.0)
 
 
 async def capacity(stub, streams: int, seconds: float, max_new_tokens: int, interval: int) -> dict[str, float]:

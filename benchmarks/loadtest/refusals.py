@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import time
@@ -28,17 +27,9 @@ from attnserve.report_stamp import Stamp, write_report
 from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
-from benchmarks.loadtest.server_process import ServerProcess
+from benchmarks.loadtest.server_process import ServerProcess, cpu_seconds
 
-TICKS = os.sysconf("SC_CLK_TCK")
 SERVE = ("--provider", "cpu", "--max-batch", "1", "--max-queue", "1", "--threads", "1")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of one process so far (not its children)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 async def knock(stub, stop: asyncio.Event, codes: Counter, max_new_tokens: int) -> None:

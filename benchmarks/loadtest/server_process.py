@@ -121,6 +121,13 @@ def status_bytes(pid: int | str, field: str) -> int:
     raise RuntimeError(f"no {field} for process {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of one process so far (not its children), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # from the state on: utime is 12th, stime 13th
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def descendants(pid: int) -> list[int]:
     """`pid` and every living process under it, from /proc's parent ids."""
     children: dict[int, list[int]] = {}
