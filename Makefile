@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test test-fast import-sizes sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check tokenizer-table genai-check soak overload clean
+.PHONY: test test-fast import-sizes sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check gpu-ladder tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -115,6 +115,12 @@ sizes: $(STAMP) $(GENAI_STAMP)
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_check --out reports/gpu-check.json
+
+# The size ladder on a CUDA host (issue 44): GPT-2 small's shape (random weights) in float16 and int4 on
+# CUDA, served tokens/s at 1, 16 and 64 streams against the decode step's ceiling at that batch; one
+# table, JSON in reports/gpu-ladder.json. An offline host: scripts/gpu_ladder_offline.sh.
+gpu-ladder:
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_ladder --out reports/gpu-ladder.json
 
 bench: $(STAMP) kv-bench
 	mkdir -p reports

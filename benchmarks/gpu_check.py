@@ -191,19 +191,28 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
 
 
-def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -> list[dict]:
+def serving(
+    model_dir: Path,
+    levels: list[int],
+    new_tokens: int,
+    repeats: int,
+    modes: tuple[str, ...] = ("cuda_graphs", "no_cuda_graphs"),
+    provider: str = "cuda",
+    ignore_eos: bool = False,
+) -> list[dict]:
     """Output tokens/s through gRPC at each concurrency (the engine core in a process of its own),
     decode steps replayed as CUDA graphs (the default) and launched node by node (--no-cuda-graphs):
     both servers up side by side, measured in alternating rounds after a warm-up at every level
-    (which also captures the graphs of the batch sizes it reaches)."""
+    (which also captures the graphs of the batch sizes it reaches). `modes`: either or both;
+    `ignore_eos`: every request decodes exactly `new_tokens`."""
     import grpc
 
     from attnserve.server.app import Server
     from attnserve.server.config import ServerConfig
     from attnserve.v1 import generation_pb2_grpc as pb_grpc
-    from benchmarks.serving import closed_loop, grpc_stream
+    from benchmarks.serving import closed_loop
 
-    modes = {"cuda_graphs": False, "no_cuda_graphs": True}  # -> no_cuda_graphs
+    modes = {m: m == "no_cuda_graphs" for m in modes}  # -> no_cuda_graphs
 
     async def measure() -> list[dict]:
         servers: dict = {}
@@ -211,13 +220,13 @@ def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -
         try:
             for mode, off in modes.items():
                 config = ServerConfig(
-                    model=str(model_dir), port=0, provider="cuda", max_batch=max(levels),
+                    model=str(model_dir), port=0, provider=provider, max_batch=max(levels),
                     max_queue=4 * max(levels), no_cuda_graphs=off,
                 )  # fmt: skip
                 servers[mode] = Server(config)
                 await servers[mode].start()
                 channels[mode] = grpc.aio.insecure_channel(f"127.0.0.1:{servers[mode].port}")
-            streams = {m: stub_stream(pb_grpc.TextGenerationStub(c), grpc_stream) for m, c in channels.items()}
+            streams = {m: stub_stream(pb_grpc.TextGenerationStub(c), ignore_eos) for m, c in channels.items()}
             for stream in streams.values():
                 for level in levels:
                     await closed_loop(stream, level, level, new_tokens)
@@ -230,9 +239,10 @@ def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -
             rows = []
             for level in levels:
                 row: dict = {"concurrency": level, **{m: spread(rates[m, level]) for m in modes}}
-                row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
+                if len(modes) == 2:
+                    row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
                 rows.append(row)
-                say(f"gRPC {level} streams: {row['cuda_graphs']['median']:,.0f} tokens/s with CUDA graphs")
+                say(f"gRPC {level} streams: " + ", ".join(f"{row[m]['median']:,.0f} tokens/s {m}" for m in modes))
             return rows
         finally:
             for channel in channels.values():
@@ -243,8 +253,11 @@ def serving(model_dir: Path, levels: list[int], new_tokens: int, repeats: int) -
     return asyncio.run(measure())
 
 
-def stub_stream(stub, grpc_stream):
-    return lambda prompt, n: grpc_stream(stub, prompt, n)
+def stub_stream(stub, ignore_eos: bool = False):
+    """A closed_loop stream over `stub`: greedy, stopping at EOS unless `ignore_eos`."""
+    from benchmarks.serving import grpc_stream
+
+    return lambda prompt, n: grpc_stream(stub, prompt, n, ignore_eos)
 
 
 def machine() -> dict:
@@ -259,6 +272,17 @@ def machine() -> dict:
         "onnxruntime": ort.__version__,
         "cuda": torch.version.cuda,
     }
+
+
+def per_token_line(p: dict) -> str:
+    """One line of per_token's figures."""
+    ms = p["ms_per_token"]
+    g, o, q = ms["onnxruntime_cuda_graphs"], ms["onnxruntime_cuda"], ms["pytorch_cuda"]
+    return (
+        f"  per token, 1 stream, {p['dtype']}: onnxruntime CUDA graphs {g['median']:.3f} ms "
+        f"({g['min']:.3f}-{g['max']:.3f}), node by node {o['median']:.3f} ms, PyTorch eager CUDA "
+        f"{q['median']:.3f} ms ({q['min']:.3f}-{q['max']:.3f}): {p['ort_speedup']:.2f}x PyTorch's speed"
+    )
 
 
 def print_table(result: dict) -> None:
@@ -276,13 +300,7 @@ def print_table(result: dict) -> None:
     t = result["tests"]
     print(f"  pytest -m gpu: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, {t.get('skipped', 0)} skipped")
     for p in result["per_token"]:
-        ms = p["ms_per_token"]
-        g, o, q = ms["onnxruntime_cuda_graphs"], ms["onnxruntime_cuda"], ms["pytorch_cuda"]
-        print(
-            f"  per token, 1 stream, {p['dtype']}: onnxruntime CUDA graphs {g['median']:.3f} ms "
-            f"({g['min']:.3f}-{g['max']:.3f}), node by node {o['median']:.3f} ms, PyTorch eager CUDA "
-            f"{q['median']:.3f} ms ({q['min']:.3f}-{q['max']:.3f}): {p['ort_speedup']:.2f}x PyTorch's speed"
-        )
+        print(per_token_line(p))
     for row in result["serving"]:
         g, n = row["cuda_graphs"], row["no_cuda_graphs"]
         print(

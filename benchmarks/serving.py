@@ -70,10 +70,12 @@ def stream_stats(arrivals: list[float], start: float) -> dict[str, float]:
     return {"ttft_ms": 1000 * (arrivals[0] - start), "per_token_ms": 1000 * per_token, "tokens": len(arrivals)}
 
 
-async def grpc_stream(stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens: int) -> dict[str, float]:
+async def grpc_stream(
+    stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens: int, ignore_eos: bool = False
+) -> dict[str, float]:
     """One greedy GenerateStream; every token is stamped when its message arrives."""
     start, arrivals = time.perf_counter(), []
-    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens)
+    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens, ignore_eos=ignore_eos)
     async for message in stub.GenerateStream(request, timeout=CALL_TIMEOUT_S):
         arrivals += [time.perf_counter()] * len(message.token_ids)
     return stream_stats(arrivals, start)

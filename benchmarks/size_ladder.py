@@ -68,26 +68,34 @@ class Rung:
     parameters: int = 0
 
 
-def build(name: str, work: Path, quantizations: list[str], train_budget: int) -> Rung:
-    """The rung's checkpoint, exports and CTranslate2 copy, each made once (kept under `work`)."""
+def checkpoint(name: str, work: Path, train_budget: int) -> Rung:
+    """The rung's checkpoint (and Hugging Face directory), made once (kept under `work`)."""
     run = work / "runs" / name
     if name == "small":
         rung = Rung(name, run / "checkpoint.pt")
         if not rung.checkpoint.is_file():
             progress(f"{name}: attnserve train --preset small, {train_budget} s")
             timed([*CLI, "train", "--preset", "small", "--time-budget", str(train_budget), "--out", str(run)])
-    else:
-        family, config, vocab = SIZES[name]
-        hf, ct2 = work / "hf" / name, work / "ct2" / name
-        rung = Rung(name, run / "checkpoint.pt", hf=hf, ct2=ct2)
-        if not (hf / "config.json").is_file():
-            save_hf(hf, family, vocab_size=vocab, draw_all=False, **config)
-        if not rung.checkpoint.is_file():
-            progress(f"{name}: attnserve import")
-            timed([*CLI, "import", str(hf), "--out", str(run), "--steps", "16"])
+        return rung
+    family, config, vocab = SIZES[name]
+    hf = work / "hf" / name
+    rung = Rung(name, run / "checkpoint.pt", hf=hf)
+    if not (hf / "config.json").is_file():
+        save_hf(hf, family, vocab_size=vocab, draw_all=False, **config)
+    if not rung.checkpoint.is_file():
+        progress(f"{name}: attnserve import")
+        timed([*CLI, "import", str(hf), "--out", str(run), "--steps", "16"])
+    return rung
+
+
+def build(name: str, work: Path, quantizations: list[str], train_budget: int) -> Rung:
+    """The rung's checkpoint, exports and CTranslate2 copy, each made once (kept under `work`)."""
+    rung = checkpoint(name, work, train_budget)
+    if rung.hf is not None:
+        rung.ct2 = ct2 = work / "ct2" / name
         if not (ct2 / "model.bin").is_file():
             progress(f"{name}: ct2-transformers-converter")
-            timed([str(CT2_CONVERTER), "--model", str(hf), "--output_dir", str(ct2), "--force"])
+            timed([str(CT2_CONVERTER), "--model", str(rung.hf), "--output_dir", str(ct2), "--force"])
     for quantization in quantizations:
         out = work / "models" / f"{name}-{quantization}"
         if not (out / "attnserve.json").is_file():

@@ -1,0 +1,316 @@
+"""The size ladder on a CUDA host (issue 44, item 4): GPT-2 small's shape (124M parameters, random
+weights, as `make sizes` builds it) in float16 and int4 on ONNX Runtime's CUDA provider, served
+tokens/s through gRPC at 1, 16 and 64 streams against the decode step's own ceiling at that batch.
+
+  build    the rung's checkpoint (size_ladder.checkpoint: a transformers config, random weights,
+           `attnserve import`), `attnserve export --dtype float16` (its gate on CUDA), and int4: that
+           float16 graph's weights in 4-bit blocks (MatMulNBits, GatherBlockQuantized for the
+           embedding; float16 activations and scales). `attnserve export --quantize int4` quantizes a
+           float32 graph, whose float32 arena never runs on CUDA, so the CUDA int4 is made here, ungated
+  placed   each export's nodes as ONNX Runtime's profile places them over a prefill and decode steps:
+           Memcpy nodes, and the ops on the CPU provider
+  ceiling  the decode step alone at batch B, as the server runs it (open_slot_runner: CUDA graphs, one
+           greedy id a row back): B prompts prefilled, then --steps steps; B x 1000 / ms tokens/s
+  served   `attnserve serve --provider cuda` (in process, CUDA graphs on) through gRPC at S streams, each
+           request exactly --new-tokens (ignore_eos), 2 x S requests a round (gpu_check.serving)
+  eager    float16 only: ms per token at 1 stream, ONNX Runtime vs PyTorch eager CUDA on the same
+           weights (gpu_check.per_token)
+
+The ceiling's and the served sides alternate in rounds; medians with min and max. The batch-1 bound
+from bandwidth is each export's weight bytes a token over a device-to-device copy's rate (bytes read
+and written). Prints one table last and writes the JSON to --out. Without CUDA, --provider cpu runs
+build, ceiling and served on the CPU (a smoke test of the script, not a figure).
+
+    python -m benchmarks.gpu_ladder [--rung gpt2-124m] [--streams 1,16,64] [--new-tokens 128]
+        [--steps 128] [--repeats 3] [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.report_stamp import Stamp, write_report
+from attnserve.runtime import contract
+from benchmarks.gpu_check import cuda_here, machine, per_token, per_token_line, say, serving, spread
+from benchmarks.import_sizes import CLI, timed
+from benchmarks.size_ladder import checkpoint
+
+PROMPT_TOKENS = 16
+
+
+def float16_export(ckpt: Path, out: Path) -> Path:
+    if not (out / contract.MANIFEST_FILE).is_file():
+        say(f"attnserve export --dtype float16 -> {out}")
+        timed([*CLI, "export", str(ckpt), "--out", str(out), "--dtype", "float16"])
+    return out
+
+
+def int4_of(float16_dir: Path, out: Path) -> Path:
+    """The float16 export with its weights in 4-bit blocks (our int4 quantizer on the float16 graph),
+    its manifest marked int4 and its files' sha256 renewed. Not gated: measured for speed."""
+    from attnserve.export.quantize import INT4_DEFAULTS, quantize
+
+    if (out / contract.MANIFEST_FILE).is_file():
+        return out
+    say(f"int4 blocks of {INT4_DEFAULTS.block_size} on the float16 graph -> {out}")
+    staging = out.with_name(out.name + ".staging")
+    shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(float16_dir, staging)
+    quantize("int4", float16_dir / contract.MODEL_FILE, staging / contract.MODEL_FILE, INT4_DEFAULTS)
+    manifest = contract.read_manifest(float16_dir)
+    manifest = contract.with_files(staging, replace(manifest, quantization="int4"), list(manifest.files))
+    contract.write_manifest(staging, manifest)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(staging, out)
+    return out
+
+
+def placed(model_dir: Path, provider: str, work: Path) -> dict:
+    """ONNX Runtime's profile of a prefill and 8 decode steps: Memcpy nodes, and ops on the CPU."""
+    import onnxruntime as ort
+
+    from attnserve.runtime.arena import device_of
+    from attnserve.runtime.arena_decoder import ArenaDecoder
+    from attnserve.runtime.ort_session import CPU, CUDA, new_cuda_stream, session_options
+
+    options = session_options(1)
+    options.enable_profiling = True
+    options.profile_file_prefix = str(work / f"profile-{model_dir.name}")
+    providers: list = [CPU]
+    if provider == "cuda":  # on a stream of ours, as create_session opens it, so the arena is on the device
+        providers = [(CUDA, {"device_id": "0", "user_compute_stream": str(new_cuda_stream())}), CPU]
+    session = ort.InferenceSession(str(model_dir / contract.MODEL_FILE), options, providers=providers)
+    decoder = ArenaDecoder(session, contract.read_manifest(model_dir), 2, 64, device_of(session))
+    tokens = decoder.prefill(0, [list(range(100, 100 + PROMPT_TOKENS))] * 2).argmax(-1)
+    for _ in range(8):
+        tokens = decoder.decode_greedy(tokens)
+    events = json.loads(Path(session.end_profiling()).read_text())
+    nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    ops = {e["args"].get("op_name", "") for e in nodes}
+    on_cpu = {e["args"].get("op_name", "") for e in nodes if e["args"].get("provider") == "CPUExecutionProvider"}
+    return {
+        "memcpy_nodes": sorted({e["name"] for e in nodes if "Memcpy" in e["name"]}),
+        "ops_on_cpu": sorted(on_cpu) if provider == "cuda" else [],
+        "providers": session.get_providers(),
+        "quantized_ops": sorted(ops & {"MatMulNBits", "GatherBlockQuantized"}),
+    }
+
+
+def ceiling_side(model_dir: Path, provider: str, batch: int):
+    """A timed run of the decode step alone at `batch` (the server's arena runner, its CUDA graphs):
+    () -> (ms per step, the first row's tokens)."""
+    from attnserve.runtime.model_sessions import ModelSessions
+    from attnserve.runtime.opening import open_slot_runner
+
+    decoder = open_slot_runner(ModelSessions(model_dir, provider, 1), batch, batch * PROMPT_TOKENS).decoder
+    prompts = [list(range(100 + i, 100 + i + PROMPT_TOKENS)) for i in range(batch)]
+
+    def run(steps: int) -> tuple[float, list[int]]:
+        for slot in range(batch):
+            decoder.clear(slot)
+        tokens = decoder.prefill(0, prompts).argmax(-1)
+        out = [tokens]
+        start = time.perf_counter()
+        for _ in range(steps):
+            tokens = decoder.decode_greedy(tokens)
+            out.append(tokens)
+        return 1000 * (time.perf_counter() - start) / steps, [int(t[0]) for t in out]
+
+    return run
+
+
+def ceiling(model_dir: Path, provider: str, batches: list[int], steps: int, repeats: int) -> list[dict]:
+    """Milliseconds per decode step at each batch, rounds alternating over the batches' arenas."""
+    runs = {b: ceiling_side(model_dir, provider, b) for b in batches}
+    for run in runs.values():
+        run(8)  # warm-up: the graph of each batch size is captured here
+    times: dict[int, list[float]] = {b: [] for b in batches}
+    first: dict[int, list[int]] = {}
+    for r in range(repeats):
+        for b in batches[:: 1 if r % 2 == 0 else -1]:
+            ms, first[b] = runs[b](steps)
+            times[b].append(ms)
+    rows = []
+    for b in batches:
+        ms = spread(times[b])
+        rows.append({"batch": b, "ms_per_step": ms, "tokens_per_s": 1000 * b / ms["median"], "first_row": first[b]})
+        say(f"{model_dir.name}: decode step at batch {b}: {ms['median']:.3f} ms, {rows[-1]['tokens_per_s']:,.0f} tok/s")
+    return rows
+
+
+def copy_bandwidth() -> float:
+    """Bytes a second a device-to-device copy moves on CUDA (read plus written), the best of 10."""
+    import torch
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    best = 0.0
+    for _ in range(11):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = max(best, 2 * src.numel() / (time.perf_counter() - start))
+    return best
+
+
+def smoke() -> int:
+    """onnxruntime-gpu loads and runs a float16 MatMul, LayerNorm and Softmax on CUDA, with no CPU fallback."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    f16 = TensorProto.FLOAT16
+    nodes = [
+        helper.make_node("MatMul", ["x", "x"], ["y"]),
+        helper.make_node("LayerNormalization", ["y", "g", "g"], ["z"], axis=-1),
+        helper.make_node("Softmax", ["z"], ["out"], axis=-1),
+    ]
+    g = helper.make_tensor("g", f16, [64], np.ones(64, np.float16).tobytes(), raw=True)
+    graph = helper.make_graph(
+        nodes, "smoke", [helper.make_tensor_value_info("x", f16, [64, 64])],
+        [helper.make_tensor_value_info("out", f16, [64, 64])], [g],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float16) / 8
+    got = session.run(None, {"x": x})[0].astype(np.float32)
+    y = x.astype(np.float32) @ x.astype(np.float32)
+    z = (y - y.mean(-1, keepdims=True)) / np.sqrt(y.var(-1, keepdims=True) + 1e-5) + 1
+    want = np.exp(z - z.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    error = float(np.abs(got - want).max())
+    facts = f"onnxruntime {ort.__version__} on {session.get_providers()}, onnx {onnx.__version__}"
+    print(f"smoke: {facts}: largest difference {error:.2g}")
+    return 0 if error < 1e-2 else 1
+
+
+def measure(name: str, model_dir: Path, args, bandwidth: float | None) -> dict:
+    from benchmarks.bandwidth import weight_bytes_per_token
+
+    weights = weight_bytes_per_token(model_dir)
+    row: dict = {"export": name, "dir": str(model_dir), "weight_mb_per_token": round(weights / 1e6, 1)}
+    if bandwidth:
+        row["bandwidth_tokens_per_s_batch1"] = bandwidth / 2 / weights  # the copy counted bytes twice
+    row["placed"] = placed(model_dir, args.provider, args.work)
+    say(f"{name}: {row['placed']}")
+    row["ceiling"] = ceiling(model_dir, args.provider, args.streams, args.steps, args.repeats)
+    row["served"] = serving(
+        model_dir, args.streams, args.new_tokens, args.repeats, ("cuda_graphs",), args.provider, ignore_eos=True
+    )
+    for ceil, served in zip(row["ceiling"], row["served"]):
+        served["share_of_ceiling"] = served["cuda_graphs"]["median"] / ceil["tokens_per_s"]
+    return row
+
+
+def attempt(name: str, run, *args):
+    """run(*args), or the error that stopped it as a row (the other export's figures still count)."""
+    try:
+        return run(*args)
+    except Exception as e:  # noqa: BLE001 - reported in the table and the JSON
+        say(f"{name}: {type(e).__name__}: {e}")
+        return {"export": name, "dtype": name, "error": f"{type(e).__name__}: {str(e)[:2000]}"}
+
+
+def print_table(result: dict) -> None:
+    m = result["machine"]
+    print(
+        f"gpu-ladder: {result['rung']} ({result['parameters']:,} parameters) on {m.get('gpu', m['cpu_cores'])} "
+        f"(onnxruntime {m['onnxruntime']}, torch {m['torch']}); tokens/s, median (min-max) of {result['repeats']}"
+    )
+    print(f"{'export':<8} {'B/S':>4} {'step ms':>20} {'step ceiling':>12} {'served':>24} {'share':>6}")
+    for row in [r for r in result["exports"] if "error" not in r]:
+        for ceil, served in zip(row["ceiling"], row["served"]):
+            ms, s = ceil["ms_per_step"], served["cuda_graphs"]
+            print(
+                f"{row['export']:<8} {ceil['batch']:>4} {ms['median']:>7.3f} ({ms['min']:.3f}-{ms['max']:.3f}) "
+                f"{ceil['tokens_per_s']:>12,.0f} {s['median']:>9,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
+                f"{served['share_of_ceiling']:>6.0%}"
+            )
+    for row in result["exports"] + result.get("per_token", []):
+        if "error" in row:
+            print(f"  {row['export']}: FAILED: {row['error'][:300]}")
+    for row in [r for r in result["exports"] if "error" not in r]:
+        bound = row.get("bandwidth_tokens_per_s_batch1")
+        p = row["placed"]
+        print(
+            f"  {row['export']}: {row['weight_mb_per_token']} MB of weights a token"
+            + (f", bandwidth bound at batch 1 {bound:,.0f} tok/s" if bound else "")
+            + f"; Memcpy nodes {p['memcpy_nodes'] or 'none'}; ops on the CPU {p['ops_on_cpu'] or 'none'}"
+        )
+    for p in [r for r in result.get("per_token", []) if "error" not in r]:
+        print(per_token_line(p))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rung", default="gpt2-124m", help="a size_ladder SIZES name (default: gpt2-124m)")
+    p.add_argument("--streams", default="1,16,64", help="streams served, and the decode step's batch sizes")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens per served request (default: 128)")
+    p.add_argument("--steps", type=int, default=128, help="decode steps a ceiling round (default: 128)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds; medians (default: 3)")
+    p.add_argument("--provider", default="cuda", help="cpu: a smoke test of the script")
+    p.add_argument("--work", type=Path, default=Path("runs/gpu-ladder"), help="checkpoints and exports go here")
+    p.add_argument("--out", type=Path, default=Path("reports/gpu-ladder.json"))
+    p.add_argument("--smoke", action="store_true", help="only check that onnxruntime runs on CUDA (seconds)")
+    args = p.parse_args(argv)
+    if args.smoke:
+        return smoke()
+    args.streams = [int(s) for s in args.streams.split(",")]
+    if args.provider == "cuda" and (why := cuda_here()):
+        print(f"gpu-ladder: no CUDA here ({why}); --provider cpu runs a smoke test")
+        return 0
+    stamp = Stamp.start(provider=args.provider)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    rung = checkpoint(args.rung, args.work, 0)
+    fp16 = float16_export(rung.checkpoint, args.work / "models" / f"{args.rung}-float16")
+    int4 = attempt("int4", int4_of, fp16, args.work / "models" / f"{args.rung}-int4")
+    cuda = args.provider == "cuda"
+    bandwidth = copy_bandwidth() if cuda else None
+    result: dict = {"rung": args.rung, "parameters": count(rung.checkpoint), "machine": host(cuda)}
+    result.update({k: getattr(args, k) for k in ("streams", "new_tokens", "steps", "repeats", "provider")})
+    result["copy_bandwidth_gb_per_s"] = bandwidth and bandwidth / 1e9
+    result["exports"] = []
+    for name, model_dir in (("float16", fp16), ("int4", int4)):
+        made = isinstance(model_dir, Path)  # or the error that stopped it
+        result["exports"].append(attempt(name, measure, name, model_dir, args, bandwidth) if made else model_dir)
+        args.out.with_suffix(".partial.json").write_text(json.dumps(result))  # what a timeout leaves
+    if cuda:
+        eager = attempt("float16", per_token, fp16, rung.checkpoint, "float16", 2 * args.new_tokens, args.repeats)
+        result["per_token"] = [eager]
+    result["stamp"] = stamp.finish()
+    write_report(args.out, result, title="The size ladder on a GPU: served tokens/s against the decode step's ceiling")
+    print_table(result)
+    return 0
+
+
+def count(ckpt: Path) -> int:
+    from benchmarks.size_ladder import count_parameters
+
+    return count_parameters(ckpt)
+
+
+def host(cuda: bool) -> dict:
+    if cuda:
+        return machine()
+    import platform
+
+    import onnxruntime as ort
+
+    return {"cpu_cores": os.cpu_count(), "python": platform.python_version(), "onnxruntime": ort.__version__,
+            "torch": "-"}  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())
