@@ -11,8 +11,10 @@ tokens/s through gRPC at 1, 16 and 64 streams against the decode step's own ceil
            Memcpy nodes, and the ops on the CPU provider
   ceiling  the decode step alone at batch B, as the server runs it (open_slot_runner: CUDA graphs, one
            greedy id a row back): B prompts prefilled, then --steps steps; B x 1000 / ms tokens/s
-  served   `attnserve serve --provider cuda` (in process, CUDA graphs on) through gRPC at S streams, each
-           request exactly --new-tokens (ignore_eos), 2 x S requests a round (gpu_check.serving)
+  served   `attnserve serve --provider cuda` (in process, CUDA graphs on) through gRPC at S streams, greedy,
+           2 x S requests of --new-tokens a round (gpu_check.serving); tokens/s counts the tokens that
+           came. --ignore-eos makes every request run to length, but a request that masks EOS is no longer
+           plain greedy: its logits come to the host every step, which is then what is measured
   eager    float16 only: ms per token at 1 stream, ONNX Runtime vs PyTorch eager CUDA on the same
            weights (gpu_check.per_token)
 
@@ -180,7 +182,7 @@ def smoke() -> int:
         nodes, "smoke", [helper.make_tensor_value_info("x", f16, [64, 64])],
         [helper.make_tensor_value_info("out", f16, [64, 64])], [g],
     )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
     options = ort.SessionOptions()
     options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CUDAExecutionProvider"])
@@ -207,7 +209,7 @@ def measure(name: str, model_dir: Path, args, bandwidth: float | None) -> dict:
     say(f"{name}: {row['placed']}")
     row["ceiling"] = ceiling(model_dir, args.provider, args.streams, args.steps, args.repeats)
     row["served"] = serving(
-        model_dir, args.streams, args.new_tokens, args.repeats, ("cuda_graphs",), args.provider, ignore_eos=True
+        model_dir, args.streams, args.new_tokens, args.repeats, ("cuda_graphs",), args.provider, args.ignore_eos
     )
     for ceil, served in zip(row["ceiling"], row["served"]):
         served["share_of_ceiling"] = served["cuda_graphs"]["median"] / ceil["tokens_per_s"]
@@ -263,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provider", default="cuda", help="cpu: a smoke test of the script")
     p.add_argument("--work", type=Path, default=Path("runs/gpu-ladder"), help="checkpoints and exports go here")
     p.add_argument("--out", type=Path, default=Path("reports/gpu-ladder.json"))
+    p.add_argument("--ignore-eos", action="store_true", help="served requests mask EOS (their logits come to the host)")
     p.add_argument("--smoke", action="store_true", help="only check that onnxruntime runs on CUDA (seconds)")
     args = p.parse_args(argv)
     if args.smoke:
@@ -279,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     cuda = args.provider == "cuda"
     bandwidth = copy_bandwidth() if cuda else None
     result: dict = {"rung": args.rung, "parameters": count(rung.checkpoint), "machine": host(cuda)}
-    result.update({k: getattr(args, k) for k in ("streams", "new_tokens", "steps", "repeats", "provider")})
+    settings = ("streams", "new_tokens", "steps", "repeats", "provider", "ignore_eos")
+    result.update({k: getattr(args, k) for k in settings})
     result["copy_bandwidth_gb_per_s"] = bandwidth and bandwidth / 1e9
     result["exports"] = []
     for name, model_dir in (("float16", fp16), ("int4", int4)):
