@@ -212,13 +212,13 @@ def serving(
     from attnserve.v1 import generation_pb2_grpc as pb_grpc
     from benchmarks.serving import closed_loop
 
-    modes = {m: m == "no_cuda_graphs" for m in modes}  # -> no_cuda_graphs
+    graphs_off = {m: m == "no_cuda_graphs" for m in modes}  # mode -> --no-cuda-graphs
 
     async def measure() -> list[dict]:
         servers: dict = {}
         channels: dict = {}
         try:
-            for mode, off in modes.items():
+            for mode, off in graphs_off.items():
                 config = ServerConfig(
                     model=str(model_dir), port=0, provider=provider, max_batch=max(levels),
                     max_queue=4 * max(levels), no_cuda_graphs=off,
