@@ -159,3 +159,99 @@ SIZES = {
         49152,
     ),
 }
+
+
+# A Marian translation model (MarianMTModel) as OPUS-MT's are configured (post-LN, "swish", scaled
+# embeddings, sinusoidal positions, the pad id as the decoder's start), small for the tests by default;
+# OPUS_MT_SHAPE is the real models' (~75M parameters with their 58,101-id vocabulary).
+MARIAN_CONFIG = dict(
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+    max_position_embeddings=128,
+)
+OPUS_MT_VOCAB = 58101  # opus-mt-en-de's vocab.json
+OPUS_MT_SHAPE = dict(
+    d_model=512,
+    encoder_layers=6,
+    decoder_layers=6,
+    encoder_attention_heads=8,
+    decoder_attention_heads=8,
+    encoder_ffn_dim=2048,
+    decoder_ffn_dim=2048,
+    max_position_embeddings=512,
+)
+
+
+def sentencepiece_model(lines: list[str], vocab_size: int) -> bytes:
+    """A unigram SentencePiece model trained on `lines`, as Marian's source.spm and target.spm are."""
+    import io
+
+    import sentencepiece
+
+    out = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        character_coverage=1.0,
+        minloglevel=2,
+    )
+    return out.getvalue()
+
+
+def corpus_lines(first: int, count: int) -> list[str]:
+    """Non-empty lines of CPython's pydoc topics (its docs, shipped with Python), topics first to first+count."""
+    from pydoc_data.topics import topics
+
+    texts = list(topics.values())[first : first + count]
+    return [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+
+
+def save_marian(
+    out: Path, pieces: int = 300, vocab_size: int | None = None, init_std: float = INIT_STD, **config
+) -> Path:
+    """A Marian checkpoint directory as transformers saves one: a source and a target SentencePiece model
+    trained on two different parts of CPython's docs (`pieces` each), vocab.json their union (</s> 0,
+    <unk> 1, <pad> last, as OPUS-MT's; padded with unused pieces to `vocab_size` where that is larger),
+    random weights with biases, norms and final_logits_bias drawn."""
+    import torch
+    import transformers as t
+
+    out.mkdir(parents=True, exist_ok=True)
+    models = {"source.spm": sentencepiece_model(corpus_lines(0, 40), pieces)}
+    models["target.spm"] = sentencepiece_model(corpus_lines(40, 40), pieces)
+    vocab = {"</s>": 0, "<unk>": 1}
+    for name, model_bytes in models.items():
+        (out / name).write_bytes(model_bytes)
+        import sentencepiece
+
+        sp = sentencepiece.SentencePieceProcessor(model_proto=model_bytes)
+        for i in range(sp.get_piece_size()):
+            if not (sp.is_control(i) or sp.is_unknown(i)):
+                vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    for i in range(len(vocab), (vocab_size or 0) - 1):
+        vocab[f"<extra_{i}>"] = i
+    vocab["<pad>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    tokenizer = t.MarianTokenizer(str(out / "source.spm"), str(out / "target.spm"), str(out / "vocab.json"))
+    tokenizer.save_pretrained(out)
+    pad = vocab["<pad>"]
+    settings: dict[str, Any] = dict(activation_function="swish", scale_embedding=True, init_std=init_std)
+    settings.update(MARIAN_CONFIG)
+    settings.update(vocab_size=len(vocab), pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0)
+    settings.update(forced_eos_token_id=0, bad_words_ids=[[pad]], **config)
+    torch.manual_seed(0)
+    model = t.MarianMTModel(t.MarianConfig(**settings))
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                parameter.copy_(torch.randn_like(parameter) * 0.1 + (1.0 if "weight" in name else 0.0))
+        model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
+    model.save_pretrained(out)
+    return out

@@ -16,7 +16,7 @@ pytest_plugins = [
 # Session fixtures that train or build a model: a test that needs none of them (directly or through
 # another fixture), and neither trains a model itself (`trains`) nor is `slow`, is marked `fast`, the
 # edit loop's lane (`make test-fast`: pytest -m fast).
-TRAINED = {"tiny_checkpoint", "tiny_bpe_checkpoint", "tiny_seq2seq_checkpoint", "gpt2_dir", "hf_dir"}
+TRAINED = {"tiny_checkpoint", "tiny_bpe_checkpoint", "tiny_seq2seq_checkpoint", "gpt2_dir", "hf_dir", "marian_dir"}
 
 
 def pytest_collection_modifyitems(items):

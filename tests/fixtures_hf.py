@@ -49,3 +49,32 @@ def hf_model_dir(hf_checkpoint, tmp_path_factory):
     out = tmp_path_factory.mktemp("models") / hf_checkpoint.parent.name
     export_checkpoint(hf_checkpoint, out)
     return out
+
+
+@pytest.fixture(scope="session")
+def marian_dir(tmp_path_factory):
+    """A Hugging Face Marian checkpoint directory (MarianMTModel, OPUS-MT's settings at a small width):
+    config.json, model.safetensors, source.spm, target.spm, vocab.json, trained and drawn here."""
+    from benchmarks.hf_checkpoints import save_marian
+
+    return save_marian(tmp_path_factory.mktemp("hf") / "marian-tiny")
+
+
+@pytest.fixture(scope="session")
+def marian_checkpoint(marian_dir, tmp_path_factory):
+    """runs/NAME/checkpoint.pt of the imported Marian directory; its proof against transformers has passed."""
+    from attnserve.model.import_cli import run
+
+    out = tmp_path_factory.mktemp("runs") / marian_dir.name
+    run(marian_dir, out, steps=64)
+    return out / "checkpoint.pt"
+
+
+@pytest.fixture(scope="session")
+def marian_model_dir(marian_checkpoint, tmp_path_factory):
+    """The imported Marian model exported (float32, the arena); its parity gate has passed."""
+    from attnserve.export.onnx_export import export_checkpoint
+
+    out = tmp_path_factory.mktemp("models") / marian_checkpoint.parent.name
+    export_checkpoint(marian_checkpoint, out)
+    return out

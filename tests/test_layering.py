@@ -22,7 +22,7 @@ PROTOCOLS = {"attnserve.v1", "attnserve.inference", "attnserve.health"}  # gener
 # version: attnserve's packages or modules (a name permits everything under it) and third-party
 # packages. A permit list: a new module, or a new import in an old one, is judged on arrival.
 PERMITTED = {
-    "tokenizer": {"tokenizers", "jinja2"},
+    "tokenizer": {"tokenizers", "sentencepiece", "jinja2"},
     "model": {"torch", "safetensors", "transformers", "tqdm", "matplotlib", "attnserve.flags", "attnserve.tokenizer"},
     "export": {
         "torch",

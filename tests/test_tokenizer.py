@@ -64,8 +64,15 @@ def test_bad_vocab_sizes_and_files_are_refused():
         train_bpe("abc", 100)
     with pytest.raises(TokenizerError, match=r"not a valid tokenizer\.json"):
         from_state({"kind": "bpe", "json": "{not json"})
-    with pytest.raises(TokenizerError, match="kind 'sentencepiece'"):
+    with pytest.raises(TokenizerError, match="kind 'wordpiece'"):
+        from_state({"kind": "wordpiece"})
+    with pytest.raises(TokenizerError, match="lacks source, target, vocab, decoder_start_id"):
         from_state({"kind": "sentencepiece"})
+    nothing = {"kind": "sentencepiece", "source": "", "target": "", "vocab": {}, "decoder_start_id": 0}
+    with pytest.raises(TokenizerError, match=r"source\.spm: not a SentencePiece model \(empty\)"):
+        from_state(nothing)
+    with pytest.raises(TokenizerError, match=r"source\.spm: not a SentencePiece model \(INTERNAL"):
+        from_state({**nothing, "source": "Z2FyYmFnZQ=="})  # base64 of "garbage"
     assert len(SPECIAL_TOKENS) == 3
 
 

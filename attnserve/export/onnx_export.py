@@ -26,6 +26,7 @@ from ..runtime.ort_session import cuda_available
 from ..tokenizer import Tokenizer, TokenizerError, from_state, manifest_entry
 from ..tokenizer.bpe import BpeTokenizer
 from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError
+from ..tokenizer.sentencepiece import SentencePieceTokenizer
 from .genai import genai_config
 from .graphs import (
     ArenaDecoderGraph,
@@ -86,8 +87,10 @@ def staging_dir(out: Path) -> Path:
 
 def write_tokenizer(staging: Path, tokenizer: Tokenizer, context_length: int, chat_template: str | None = None) -> dict:
     """The manifest's tokenizer entry; a BPE's tokenizer.json and tokenizer_config.json (with the chat
-    template, if given) are written beside."""
+    template, if given), or a translation model's SentencePiece files, are written beside."""
     entry = manifest_entry(tokenizer)
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        entry["files"] = tokenizer.write(staging)
     if isinstance(tokenizer, BpeTokenizer):
         (staging / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
         config = tokenizer.tokenizer_config(context_length)
@@ -103,6 +106,7 @@ def publish(staging: Path, manifest: contract.Manifest, tokenizer: Tokenizer) ->
     names = [graph.file for graph in manifest.graphs.values()]
     if tokenizer.kind == "bpe":
         names += [TOKENIZER_FILE, TOKENIZER_CONFIG_FILE]
+    names += manifest.tokenizer.get("files", [])  # a translation model's SentencePiece files
     if not manifest.seq2seq:
         (staging / contract.GENAI_CONFIG_FILE).write_text(json.dumps(genai_config(manifest), indent=2) + "\n")
         names.append(contract.GENAI_CONFIG_FILE)

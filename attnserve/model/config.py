@@ -13,8 +13,11 @@ from ..tokenizer.utf8 import VOCAB_SIZE
 DECODER, ENCODER_DECODER = "decoder", "encoder-decoder"
 ARCHITECTURES = (DECODER, ENCODER_DECODER)
 POSITIONALS = ("sinusoidal", "learned", "rotary")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")  # the lectures' ReLU; GPT-2's tanh GELU; Llama's SwiGLU
+# the lectures' ReLU; GPT-2's tanh GELU; Llama's SwiGLU; Marian's SiLU ("swish", ungated)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "silu")
 NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")  # a sub-layer's norm before it (GPT-2, Llama, the lectures') or after the residual sum
+SINUSOIDS = ("interleaved", "halves")  # sin and cos in alternate columns (Vaswani et al.), or sin then cos (Marian)
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,9 @@ class ModelConfig:
     rope_theta: float = 10000.0  # rotary positions' base
     rope_scaling: dict | None = None  # rotary scaling (positional.py's ROPE_SCALINGS), as config.json gives it
     tie_head: bool = True  # the output head is the token embedding's weight; False: a head of its own
+    norm_position: str = "pre"  # "pre" (x + f(norm(x)), final norms) or "post" (norm(x + f(x)), none: Marian's)
+    sinusoid: str = "interleaved"  # the sinusoidal table's column layout: "interleaved" or "halves" (Marian's)
+    logits_bias: bool = False  # a bias added to the logits (Marian's final_logits_bias)
     family: str = ""  # the Hugging Face model_type it was imported from ("gpt2", "llama", ...); "": attnserve's own
 
     def __post_init__(self) -> None:
@@ -51,6 +57,10 @@ class ModelConfig:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.kv_heads < 1 or self.n_heads % self.kv_heads:
             raise ValueError(f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        if self.norm_position not in NORM_POSITIONS:
+            raise ValueError(f"norm_position must be one of {NORM_POSITIONS}, got {self.norm_position!r}")
+        if self.sinusoid not in SINUSOIDS:
+            raise ValueError(f"sinusoid must be one of {SINUSOIDS}, got {self.sinusoid!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.d_model % self.n_heads:

@@ -75,11 +75,11 @@ def read_json(path: Path, required: bool = True) -> dict:
     return found
 
 
-def architecture(config: dict, path: Path) -> str:
-    """The one architecture config.json names, if attnserve imports it."""
+def architecture(config: dict, path: Path, known: tuple[str, ...] = ARCHITECTURES) -> str:
+    """The one architecture config.json names, if attnserve imports it (one of `known`)."""
     names = config.get("architectures") or []
-    if len(names) != 1 or names[0] not in ARCHITECTURES:
-        raise HFImportError(f"{path}: architectures {names}: attnserve imports {', '.join(ARCHITECTURES)}")
+    if len(names) != 1 or names[0] not in known:
+        raise HFImportError(f"{path}: architectures {names}: attnserve imports {', '.join(known)}")
     return names[0]
 
 

@@ -77,12 +77,18 @@ def prove(model: DecoderLM, hf_dir: Path, prompts: list[list[int]], steps: int, 
     reference = reference_model(hf_dir)
     report = {"logits": compare_logits(model, reference, prompts, pad_id)}
     report["greedy"] = compare_greedy(model, reference, prompts, steps, pad_id)
+    return verdict(report, "prompts")
+
+
+def verdict(report: dict, rows: str) -> dict:
+    """The report, or ImportProofError naming the check that failed (`rows`: what the greedy check
+    decoded, "prompts" or "sources")."""
     logits = report["logits"]
     if logits["max_abs_diff"] > logits["tolerance"]:
         raise ImportProofError(
             f"logits differ from transformers' by {logits['max_abs_diff']:.3g} (tolerance {logits['tolerance']:.3g})"
         )
     if not report["greedy"]["identical"]:
-        parted = [r for r in report["greedy"]["prompts"] if r["first_difference"] is not None]
-        raise ImportProofError(f"greedy tokens differ from transformers' for {len(parted)} prompts: {parted}")
+        parted = [r for r in report["greedy"][rows] if r["first_difference"] is not None]
+        raise ImportProofError(f"greedy tokens differ from transformers' for {len(parted)} {rows}: {parted}")
     return report

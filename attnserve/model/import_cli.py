@@ -11,11 +11,15 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from ..flags import check_directory
+from ..tokenizer.sentencepiece import VOCAB_FILE
 from .checkpoint import build_model, save_checkpoint
+from .config import ModelConfig
 from .hf_import import (
     CONFIG_FILE,
     FAMILIES,
@@ -28,7 +32,9 @@ from .hf_import import (
     read_tokenizer,
     read_weights,
 )
+from .hf_marian import MARIAN, marian_config, marian_state, marian_tokenizer
 from .hf_proof import ImportProofError, prove
+from .hf_proof_seq2seq import prove as prove_seq2seq
 
 DEFAULT_STEPS = 64
 MIN_CONTEXT = 8  # as attnserve train's --context-length
@@ -43,12 +49,23 @@ PROOF_TEXTS = (
     "Paris is the capital of",
     "日本語のテキスト",
 )
+# Each architecture: how to read its config, its weights and its tokenizer (a BpeTokenizer or a SentencePieceTokenizer)
+Readers = tuple[Callable[[dict, Path], ModelConfig], Callable[[dict, ModelConfig], dict], Callable[[Path, dict], Any]]
+READERS: dict[str, Readers] = {
+    **{arch: (*family, read_tokenizer) for arch, family in FAMILIES.items()},
+    MARIAN: (marian_config, marian_state, marian_tokenizer),
+}
+KINDS = {**MODEL_TYPES, MARIAN: "marian"}  # each architecture's model_type
+VOCABULARY_FILES = {"sentencepiece": VOCAB_FILE}  # the file that lists a tokenizer's ids (else tokenizer.json)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """`attnserve import`'s flags."""
     p.add_argument(
-        "hf_dir", metavar="HF_DIR", help="a Hugging Face checkpoint directory (config.json, weights, tokenizer.json)"
+        "hf_dir",
+        metavar="HF_DIR",
+        help="a Hugging Face checkpoint directory (config.json, weights, tokenizer.json; a Marian translation "
+        "model's source.spm, target.spm and vocab.json)",
     )
     p.add_argument("--out", required=True, help="run directory to write checkpoint.pt into, e.g. runs/NAME")
     p.add_argument(
@@ -71,9 +88,9 @@ def imported(hf_dir: Path, context_length: int | None = None):
     """The model (eval mode) and tokenizer of a checkpoint directory, and its architecture."""
     config_path = hf_dir / CONFIG_FILE
     config = read_json(config_path)
-    arch = architecture(config, config_path)
-    family_config, family_state = FAMILIES[arch]
-    model_config = replace(family_config(config, config_path), family=MODEL_TYPES[arch])
+    arch = architecture(config, config_path, tuple(READERS))
+    family_config, family_state, family_tokenizer = READERS[arch]
+    model_config = replace(family_config(config, config_path), family=KINDS[arch])
     if context_length is not None:
         if not MIN_CONTEXT <= context_length <= model_config.max_len:
             raise HFImportError(
@@ -81,11 +98,11 @@ def imported(hf_dir: Path, context_length: int | None = None):
                 f"got {context_length}"
             )
         model_config = replace(model_config, max_len=context_length)
-    tokenizer = read_tokenizer(hf_dir, config)
+    tokenizer = family_tokenizer(hf_dir, config)
     if tokenizer.vocab_size != model_config.vocab_size:
+        listing = VOCABULARY_FILES.get(tokenizer.kind, TOKENIZER_FILE)
         raise HFImportError(
-            f"{hf_dir}: tokenizer.json has {tokenizer.vocab_size} ids, config.json's vocab_size "
-            f"{model_config.vocab_size}"
+            f"{hf_dir}: {listing} has {tokenizer.vocab_size} ids, config.json's vocab_size {model_config.vocab_size}"
         )
     model = build_model(model_config)
     missing = model.load_state_dict(family_state(read_weights(hf_dir), model_config), strict=False).missing_keys
@@ -97,8 +114,11 @@ def imported(hf_dir: Path, context_length: int | None = None):
 def write_run(out: Path, model, tokenizer, report: dict) -> None:
     """checkpoint.pt (with the tokenizer), the tokenizer's files and import.json; the checkpoint last."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
-    (out / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer.imported_config, indent=2) + "\n")
+    if tokenizer.kind == "sentencepiece":
+        tokenizer.write(out)
+    else:
+        (out / TOKENIZER_FILE).write_text(tokenizer.json, encoding="utf-8")
+        (out / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer.imported_config, indent=2) + "\n")
     (out / "import.json").write_text(json.dumps(report, indent=2) + "\n")
     save_checkpoint(out / "checkpoint.pt", model, tokenizer=tokenizer.state(), imported=report)
 
@@ -109,7 +129,11 @@ def run(hf_dir: Path, out: Path, steps: int, context_length: int | None = None) 
     prompts = [tokenizer.encode_prompt(text) for text in PROOF_TEXTS]
     prompts = [p[: model.config.max_len // 2] for p in prompts if p]
     report = {"source": str(hf_dir), "architecture": arch, "parameters": model.num_parameters()}
-    report.update(prove(model, hf_dir, prompts, steps, tokenizer.pad_id))
+    if arch == MARIAN:
+        ids = {"start": tokenizer.bos_id, "pad": tokenizer.pad_id}
+        report.update(prove_seq2seq(model, hf_dir, prompts, steps, ids))
+    else:
+        report.update(prove(model, hf_dir, prompts, steps, tokenizer.pad_id))
     write_run(out, model, tokenizer, report)
     return report
 
@@ -138,11 +162,12 @@ def main(args) -> int:
     except ImportProofError as e:
         print(f"attnserve import: the proof failed, nothing written: {e}", file=sys.stderr)
         return 1
-    logits, greedy = report["logits"], report["greedy"]["prompts"]
+    rows = "sources" if "sources" in report["greedy"] else "prompts"  # an encoder-decoder's proof decodes sources
+    logits, greedy = report["logits"], report["greedy"][rows]
     steps = sum(r["steps"] for r in greedy)
     print(
         f"imported {args.hf_dir} ({report['architecture']}, {report['parameters']:,} parameters): logits within "
         f"{logits['max_abs_diff']:.2g} of transformers' (tolerance {logits['tolerance']:.2g}), greedy tokens "
-        f"identical over {steps} steps of {len(greedy)} prompts; wrote {args.out}/checkpoint.pt"
+        f"identical over {steps} steps of {len(greedy)} {rows}; wrote {args.out}/checkpoint.pt"
     )
     return 0

@@ -1,8 +1,8 @@
 """Transformer blocks: position-wise feed-forward, encoder layer, decoder layer.
 
 Residual connections around each sub-layer with layer norm applied first (pre-LN, as in
-GPT-2 and nanoGPT; it trains without a warm-up crutch at these sizes). Shapes as in
-attention.py.
+GPT-2 and nanoGPT; it trains without a warm-up crutch at these sizes), or after the residual
+sum (post-LN, as Vaswani et al. and Marian: an imported model's). Shapes as in attention.py.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ ACTIVATION = {  # config.activation -> the function (SwiGLU's gate is FeedForwar
     "gelu": nn.functional.gelu,
     "gelu_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
     "swiglu": nn.functional.silu,
+    "silu": nn.functional.silu,
 }
 
 
@@ -37,6 +38,7 @@ class BlockOptions:
     qkv_bias: bool = True
     o_bias: bool = True
     ffn_bias: bool = True
+    norm_position: str = "pre"  # or post: norm(x + f(x))
 
     @classmethod
     def of(cls, config: ModelConfig) -> BlockOptions:
@@ -48,10 +50,28 @@ class BlockOptions:
             config.qkv_bias,
             config.o_bias,
             config.ffn_bias,
+            config.norm_position,
         )
 
     def norm_layer(self, d_model: int) -> nn.Module:
         return nn.LayerNorm(d_model, self.eps) if self.norm == "layernorm" else nn.RMSNorm(d_model, eps=self.eps)
+
+    @property
+    def post(self) -> bool:
+        return self.norm_position == "post"
+
+
+class Residuals(nn.Module):
+    """Where a block's norms sit around its residual sums: x + f(norm(x)) (pre-LN) or norm(x + f(x))
+    (post-LN). A sub-layer reads `into(norm, x)` and the block goes on with `out(norm, x + f(...))`."""
+
+    post: bool = False
+
+    def into(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x if self.post else norm(x)
+
+    def out(self, norm: nn.Module, summed: torch.Tensor) -> torch.Tensor:
+        return norm(summed) if self.post else summed
 
 
 class FeedForward(nn.Module):
@@ -73,22 +93,23 @@ class FeedForward(nn.Module):
         return self.dropout(self.w_2(hidden))
 
 
-class EncoderLayer(nn.Module):
+class EncoderLayer(Residuals):
     """Self-attention over the whole source (padding masked), then feed-forward."""
 
-    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, dropout: float = 0.0, options=BlockOptions()):
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.ln_1, self.ln_2 = options.norm_layer(d_model), options.norm_layer(d_model)
         self.self_attn = MultiHeadAttention(d_model, n_heads, dropout)
-        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.ffn = FeedForward(d_model, d_ff, dropout, options)
         self.dropout = nn.Dropout(dropout)
+        self.post = options.post
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.self_attn(self.ln_1(x), mask)[0])
-        return x + self.ffn(self.ln_2(x))
+        x = self.out(self.ln_1, x + self.dropout(self.self_attn(self.into(self.ln_1, x), mask)[0]))
+        return self.out(self.ln_2, x + self.ffn(self.into(self.ln_2, x)))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(Residuals):
     """Masked self-attention with a KV cache, optional cross-attention, then feed-forward."""
 
     def __init__(
@@ -105,10 +126,11 @@ class DecoderLayer(nn.Module):
         self.self_attn = MultiHeadAttention(
             d_model, n_heads, dropout, options.n_kv_heads, options.qkv_bias, options.o_bias
         )
-        self.ln_2 = nn.LayerNorm(d_model) if cross else None
+        self.ln_2 = options.norm_layer(d_model) if cross else None
         self.cross_attn = MultiHeadAttention(d_model, n_heads, dropout) if cross else None
         self.ffn = FeedForward(d_model, d_ff, dropout, options)
         self.dropout = nn.Dropout(dropout)
+        self.post = options.post
 
     def forward(
         self,
@@ -120,9 +142,10 @@ class DecoderLayer(nn.Module):
         keep_weights: bool = False,
         rope: Rope | None = None,
     ) -> tuple[torch.Tensor, KV]:
-        attn, present = self.self_attn(self.ln_1(x), mask, past, rope)
-        x = x + self.dropout(attn)
+        attn, present = self.self_attn(self.into(self.ln_1, x), mask, past, rope)
+        x = self.out(self.ln_1, x + self.dropout(attn))
         if self.cross_attn is not None:
             assert cross_kv is not None and self.ln_2 is not None, "cross-attention needs the source's keys, values"
-            x = x + self.dropout(self.cross_attn.attend(self.ln_2(x), *cross_kv, cross_mask, keep_weights))
-        return x + self.ffn(self.ln_3(x)), present
+            attn = self.cross_attn.attend(self.into(self.ln_2, x), *cross_kv, cross_mask, keep_weights)
+            x = self.out(self.ln_2, x + self.dropout(attn))
+        return self.out(self.ln_3, x + self.ffn(self.into(self.ln_3, x))), present

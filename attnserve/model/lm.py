@@ -32,15 +32,18 @@ def empty_past(config: ModelConfig, batch: int, dtype=torch.float32, device=None
 
 class TokenEmbedding(nn.Module):
     """Token embedding scaled by sqrt(d_model) (unless config.embed_scale is off), plus positional
-    encoding; its weight is the output head."""
+    encoding; its weight is the output head (plus a logits bias where config.logits_bias says)."""
+
+    logits_bias: torch.Tensor | None  # (V,), a buffer saved with the weights (Marian's final_logits_bias)
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
         nn.init.normal_(self.embed.weight, std=config.d_model**-0.5)
-        self.position = positional_encoding(config.positional, config.max_len, config.d_model)
+        self.position = positional_encoding(config.positional, config.max_len, config.d_model, config.sinusoid)
         self.scale = math.sqrt(config.d_model) if config.embed_scale else 1.0
         self.dropout = nn.Dropout(config.dropout)
+        self.register_buffer("logits_bias", torch.zeros(config.vocab_size) if config.logits_bias else None)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed(input_ids)  # (B, T, d_model)
@@ -50,8 +53,10 @@ class TokenEmbedding(nn.Module):
             x = x + self.position(position_ids)
         return self.dropout(x)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.embed.weight.t()  # (B, T, V)
+    def logits(self, h: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
+        """(B, T, V) through the tied embedding, or through `head` (a model's own output layer)."""
+        logits = h @ self.embed.weight.t() if head is None else head(h)
+        return logits if self.logits_bias is None else logits + self.logits_bias
 
 
 class DecoderLM(nn.Module):
@@ -102,7 +107,7 @@ class DecoderLM(nn.Module):
             x, kv = layer(x, mask, layer_past, rope=rope)
             present.append(kv)
         h = self.ln_f(x)
-        return (self.embedding.logits(h) if self.lm_head is None else self.lm_head(h)), present
+        return self.embedding.logits(h, self.lm_head), present
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

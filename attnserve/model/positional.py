@@ -13,11 +13,14 @@ import torch
 from torch import nn
 
 
-def sinusoidal_table(max_len: int, d_model: int) -> torch.Tensor:
-    """(max_len, d_model): PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))."""
+def sinusoidal_table(max_len: int, d_model: int, layout: str = "interleaved") -> torch.Tensor:
+    """(max_len, d_model): PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)); the
+    "halves" layout (Marian's) holds the same values as PE[p, i] = sin(...), PE[p, d/2 + i] = cos(...)."""
     position = torch.arange(max_len, dtype=torch.float64)[:, None]
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
     angle = position / torch.pow(10000.0, two_i / d_model)
+    if layout == "halves":
+        return torch.cat([torch.sin(angle), torch.cos(angle)], dim=-1).float()
     table = torch.zeros(max_len, d_model, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle)
@@ -29,9 +32,9 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     table: torch.Tensor  # (max_len, d_model), a buffer: moves with the module, not saved
 
-    def __init__(self, max_len: int, d_model: int):
+    def __init__(self, max_len: int, d_model: int, layout: str = "interleaved"):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, layout), persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]  # (B, T, d_model)
@@ -49,11 +52,13 @@ class LearnedPositionalEncoding(nn.Module):
         return self.table(position_ids)  # (B, T, d_model)
 
 
-def positional_encoding(kind: str, max_len: int, d_model: int) -> nn.Module | None:
+def positional_encoding(kind: str, max_len: int, d_model: int, sinusoid: str = "interleaved") -> nn.Module | None:
     """The table added to the token embeddings; None for rotary positions, which add nothing."""
     if kind == "rotary":
         return None
-    return (SinusoidalPositionalEncoding if kind == "sinusoidal" else LearnedPositionalEncoding)(max_len, d_model)
+    if kind == "sinusoidal":
+        return SinusoidalPositionalEncoding(max_len, d_model, sinusoid)
+    return LearnedPositionalEncoding(max_len, d_model)
 
 
 ROPE_SCALINGS = ("linear", "llama3")  # rope_scaling["rope_type"]: position interpolation, Llama 3.1's

@@ -14,7 +14,7 @@ from torch import nn
 
 from .attention import causal_mask, padding_mask
 from .config import ModelConfig
-from .layers import KV, DecoderLayer, EncoderLayer
+from .layers import KV, BlockOptions, DecoderLayer, EncoderLayer
 from .lm import TokenEmbedding, default_positions, empty_past
 
 
@@ -25,16 +25,19 @@ class EncoderDecoder(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = TokenEmbedding(config)
+        options = BlockOptions.of(config)
         self.encoder_layers = nn.ModuleList(
-            EncoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout)
+            EncoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, options)
             for _ in range(config.n_encoder_layers)
         )
-        self.ln_enc = nn.LayerNorm(config.d_model)
+        final_norm = lambda: nn.Identity() if options.post else options.norm_layer(config.d_model)  # post-LN: none
+        self.ln_enc = final_norm()
         self.layers = nn.ModuleList(
-            DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, cross=True)
+            DecoderLayer(config.d_model, config.n_heads, config.d_ff, config.dropout, cross=True, options=options)
             for _ in range(config.n_layers)
         )
-        self.ln_f = nn.LayerNorm(config.d_model)
+        self.ln_f = final_norm()
+        self.lm_head = None if config.tie_head else nn.Linear(config.d_model, config.vocab_size, bias=False)
 
     def encode(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         """Encoder output (B, S, d_model) of a padded source batch."""
@@ -84,7 +87,7 @@ class EncoderDecoder(nn.Module):
         for layer, layer_past, kv in zip(self.layers, past, cross):
             x, layer_present = layer(x, mask, layer_past, kv, cross_mask, keep_weights)
             present.append(layer_present)
-        return self.embedding.logits(self.ln_f(x)), present
+        return self.embedding.logits(self.ln_f(x), self.lm_head), present
 
     def forward(
         self, src_ids: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor, tgt_mask: torch.Tensor | None = None

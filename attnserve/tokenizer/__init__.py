@@ -1,5 +1,6 @@
-"""The tokenizers of attnserve models: byte-level UTF-8, or a byte-level BPE kept as a Hugging Face
-tokenizer.json (the format onnxruntime-genai and most inference stacks read).
+"""The tokenizers of attnserve models: byte-level UTF-8, a byte-level BPE kept as a Hugging Face
+tokenizer.json (the format onnxruntime-genai and most inference stacks read), or a translation model's
+two SentencePiece models and shared vocabulary (Marian's).
 
 Torch-free and gRPC-free, below everything else: training (model/) trains and stores one in the
 checkpoint, export writes it into the model directory, the server loads it from there. Every
@@ -15,11 +16,11 @@ from typing import Protocol
 from .errors import TokenizerError
 from .utf8 import ByteTokenizer
 
-KINDS = ("bytes", "bpe")
+KINDS = ("bytes", "bpe", "sentencepiece")
 
 
 class Tokenizer(Protocol):
-    kind: str  # "bytes" or "bpe"
+    kind: str  # "bytes", "bpe" or "sentencepiece"
     vocab_size: int  # ids are 0 .. vocab_size - 1, special ids included
     bos_id: int
     eos_id: int
@@ -62,12 +63,20 @@ def from_state(state: dict | None) -> Tokenizer:
         from .bpe import BpeTokenizer
 
         return BpeTokenizer(state["json"], state.get("special"), state.get("tokenizer_config"))
+    if kind == "sentencepiece":
+        from .sentencepiece import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.from_state(state)
     raise TokenizerError(f"tokenizer kind {kind!r} is not one of {KINDS}")
 
 
 def from_model_dir(model_dir: str | Path, entry: dict) -> Tokenizer:
     """The tokenizer of an exported model directory, from its manifest entry (files already verified)."""
     state = {"kind": entry.get("kind"), "special": entry.get("special")}
+    if state["kind"] == "sentencepiece":
+        from .sentencepiece import SentencePieceTokenizer
+
+        return SentencePieceTokenizer.from_files(Path(model_dir), int(entry["bos_id"]))
     if state["kind"] == "bpe":
         path = Path(model_dir) / entry["file"]
         try:

@@ -1,0 +1,126 @@
+"""A Marian checkpoint directory (`MarianMTModel`: the OPUS-MT translation models) read into attnserve's
+encoder-decoder, the lectures' Transformer with what Marian does beyond it set in its config: norms after
+each residual sum and none at the stacks' ends, an ungated SiLU feed-forward ("swish"), the sinusoid's
+sin and cos in halves, a bias on the logits, and the decoder starting from the pad id.
+
+Reads config.json, the weights (hf_import.read_weights) and the tokenizer's files (source.spm,
+target.spm, vocab.json). What the model cannot express is refused in one line naming the field. Knows
+nothing of transformers: the proof against it is hf_proof_seq2seq.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..tokenizer import TokenizerError
+from ..tokenizer.sentencepiece import SentencePieceTokenizer
+from .config import ENCODER_DECODER, ModelConfig
+from .hf_import import HEAD_DIM_MULTIPLE, HFImportError, read_json
+
+MARIAN = "MarianMTModel"
+MARIAN_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
+# A layer's modules, ours -> Marian's (model.encoder.layers.{i}. or model.decoder.layers.{i}. before theirs)
+ATTENTION = {"w_q": "q_proj", "w_k": "k_proj", "w_v": "v_proj", "w_o": "out_proj"}
+ENCODER_LAYER = {"ln_1": "self_attn_layer_norm", "ffn.w_1": "fc1", "ffn.w_2": "fc2", "ln_2": "final_layer_norm"}
+DECODER_LAYER = {
+    "ln_1": "self_attn_layer_norm",
+    "ln_2": "encoder_attn_layer_norm",
+    "ffn.w_1": "fc1",
+    "ffn.w_2": "fc2",
+    "ln_3": "final_layer_norm",
+}
+EMBEDDINGS = ("model.shared.weight", "model.decoder.embed_tokens.weight", "model.encoder.embed_tokens.weight")
+
+
+def marian_config(c: dict, path: Path) -> ModelConfig:
+    """Marian's config.json as an encoder-decoder ModelConfig (post-LN, Marian's sinusoid, a logits bias)."""
+    refuse = lambda field, why: HFImportError(f"{path}: {field} {c.get(field)!r}: {why}")
+    activation = c.get("activation_function", "gelu")
+    if activation not in MARIAN_ACTIVATIONS:
+        raise refuse("activation_function", f"not one of {', '.join(MARIAN_ACTIVATIONS)}")
+    if not c.get("share_encoder_decoder_embeddings", True):
+        raise refuse("share_encoder_decoder_embeddings", "separate source and target vocabularies are not implemented")
+    pairs = (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim"))
+    for encoder_field, decoder_field in pairs:
+        if c.get(encoder_field) != c.get(decoder_field):
+            raise refuse(encoder_field, f"differs from {decoder_field} {c.get(decoder_field)!r}: not implemented")
+    d_model, n_heads = int(c["d_model"]), int(c["decoder_attention_heads"])
+    if d_model % n_heads or (d_model // n_heads) % HEAD_DIM_MULTIPLE:
+        raise refuse("d_model", f"/ {n_heads} heads must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)")
+    return ModelConfig(
+        arch=ENCODER_DECODER,
+        vocab_size=int(c["vocab_size"]),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_layers=int(c["decoder_layers"]),
+        n_encoder_layers=int(c["encoder_layers"]),
+        d_ff=int(c["decoder_ffn_dim"]),
+        max_len=int(c["max_position_embeddings"]),
+        positional="sinusoidal",
+        sinusoid="halves",
+        activation=MARIAN_ACTIVATIONS[activation],
+        embed_scale=bool(c.get("scale_embedding", False)),
+        norm_position="post",
+        tie_head=bool(c.get("tie_word_embeddings", True)),
+        logits_bias=True,
+    )
+
+
+def embedding(w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The one token embedding source, target and (tied) output share."""
+    found = [w[name] for name in EMBEDDINGS if name in w]
+    if not found:
+        raise HFImportError(f"the weights lack the token embedding ({EMBEDDINGS[0]})")
+    if any(not torch.equal(found[0], other) for other in found[1:]):
+        raise HFImportError("the encoder's and decoder's token embeddings differ: separate ones are not implemented")
+    return found[0]
+
+
+def marian_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """EncoderDecoder's state dict from MarianMTModel's tensors (nn.Linear's layout on both sides)."""
+    w = {name: t.float() for name, t in weights.items()}
+    embed = embedding(w)
+    state = {"embedding.embed.weight": embed, "embedding.logits_bias": w["final_logits_bias"].reshape(-1)}
+    head = w.get("lm_head.weight")
+    if config.tie_head:
+        if head is not None and not torch.equal(head, embed):
+            raise HFImportError("lm_head.weight differs from the token embedding, and tie_word_embeddings is true")
+    elif head is not None:
+        state["lm_head.weight"] = head
+    stacks = [
+        ("encoder_layers", "encoder", config.n_encoder_layers, ENCODER_LAYER),
+        ("layers", "decoder", config.n_layers, DECODER_LAYER),
+    ]
+    for ours, theirs, count, modules in stacks:
+        for i in range(count):
+            mine, hf = f"{ours}.{i}.", f"model.{theirs}.layers.{i}."
+            attention = {f"self_attn.{a}": f"self_attn.{b}" for a, b in ATTENTION.items()}
+            if theirs == "decoder":
+                attention.update({f"cross_attn.{a}": f"encoder_attn.{b}" for a, b in ATTENTION.items()})
+            for module, their_module in {**modules, **attention}.items():
+                for kind in ("weight", "bias"):
+                    found = w.get(f"{hf}{their_module}.{kind}")
+                    if found is not None:
+                        state[f"{mine}{module}.{kind}"] = found
+    return state
+
+
+def marian_tokenizer(hf_dir: Path, config: dict) -> SentencePieceTokenizer:
+    """source.spm, target.spm and vocab.json, the decoder starting from config.json's start id."""
+    token_config = read_json(hf_dir / "tokenizer_config.json", required=False)
+    if token_config.get("separate_vocabs"):
+        raise HFImportError(f"{hf_dir}: tokenizer_config.json separate_vocabs true: not implemented")
+    start = config.get("decoder_start_token_id", config.get("pad_token_id"))
+    if not isinstance(start, int):
+        raise HFImportError(f"{hf_dir / 'config.json'}: no decoder_start_token_id")
+    try:
+        tokenizer = SentencePieceTokenizer.from_files(hf_dir, start)
+    except TokenizerError as e:
+        raise HFImportError(str(e)) from None
+    for field in ("eos_token_id", "pad_token_id"):
+        said, ours = config.get(field), getattr(tokenizer, field.replace("_token", ""))
+        if isinstance(said, int) and said != ours:
+            raise HFImportError(f"{hf_dir / 'config.json'}: {field} {said}, vocab.json's {ours}")
+    return tokenizer
