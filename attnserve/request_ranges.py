@@ -18,6 +18,7 @@ MAX_STREAM_INTERVAL_MS = 60_000  # a stream's longest time bound between message
 MAX_LOGPROBS = 20  # top alternatives per token (OpenAI's bound)
 MAX_N = 16  # completions per request (the server's batch narrows it)
 MAX_BIAS = 100.0  # a logit_bias value's bound either way (OpenAI's)
+MAX_LENGTH_PENALTY = 10.0  # a beam search's length_penalty either way
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,9 @@ RANGES: dict[str, Range] = {
     "logprobs": Range(0, MAX_LOGPROBS),
     "prompt_logprobs": Range(0, MAX_LOGPROBS),
     "n": Range(1, MAX_N, narrowed="the server's --max-batch"),
+    "num_beams": Range(1, MAX_N, narrowed="the server's --max-batch"),
+    "length_penalty": Range(-MAX_LENGTH_PENALTY, MAX_LENGTH_PENALTY),
+    "num_return_sequences": Range(1, MAX_N, narrowed="num_beams"),
 }
 
 

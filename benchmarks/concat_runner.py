@@ -65,6 +65,9 @@ class ConcatRunner:
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
         return stepwise(self, next_ids, steps, enough)
 
+    def copy_cache(self, src: int, dst: int) -> None:  # noqa: ARG002 (the seam's signature)
+        raise ValueError("the concat runner (a benchmark's baseline) keeps no forks, so no beams")
+
     def release(self, key: int) -> None:
         if key in self.slot_of:
             slot = self.slot_of.pop(key)

@@ -12,13 +12,16 @@ import asyncio
 import itertools
 import threading
 from contextlib import contextmanager
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from attnserve.engine import engine as engine_module
+from attnserve.engine.beam_search import BeamSearch
 from attnserve.engine.domain import (
+    BeamParams,
     Delta,
     Draining,
     Final,
@@ -115,6 +118,10 @@ class FakeRunner:
         row = np.zeros(self.spec.vocab_size, dtype=np.float32)
         row[next_id(self.rows[key])] = 1.0
         return row
+
+    def copy_cache(self, src: int, dst: int) -> None:
+        self.log.append(("copy", src, dst))
+        self.rows[dst] = list(self.rows[src])
 
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
         """The next rows; told which keys sample, every row's argmax too and the others' rows as NaN
@@ -650,3 +657,57 @@ def test_a_request_that_ends_in_a_burst_is_freed_before_its_final_goes_out(inter
     outbox, (tokens, final) = asyncio.run(main())
     assert tokens == alone(tuple(b"ends"), 5) and final.reason == FinishReason.LENGTH
     assert runner.bursts == [4] and outbox.active_at_finals == [0]
+
+
+def beams_alone(prompt: tuple[int, ...], params: BeamParams, budget: int) -> list[tuple[tuple[int, ...], float]]:
+    """The hypotheses a beam search of `prompt` finds with the fake model and nobody else in the batch:
+    each beam's history kept whole here, no slot moved."""
+    search = BeamSearch(params, frozenset({TOKENIZER.eos_id}), budget)
+    histories = [list(prompt)] * params.num_beams
+    while True:
+        rows = np.zeros((params.num_beams, SPEC.vocab_size), np.float32)
+        for row, history in enumerate(histories):
+            rows[row, next_id(history)] = 1.0
+        moves = search.step(rows)
+        if search.done:
+            return [(h.tokens[:-1] if h.ended else h.tokens, h.score) for h in search.hypotheses()]
+        histories = [histories[parent] + [token] for parent, token in moves]
+
+
+async def hypotheses(handle) -> list[tuple[tuple[int, ...], float, FinishReason]]:
+    """A beam request's completions (tokens, score, finish reason) by index, once its last Final came."""
+    found: dict[int, list] = {}
+    while True:
+        for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
+            entry = found.setdefault(event.index, [(), 0.0, None])
+            if isinstance(event, Delta):
+                entry[0] += event.token_ids
+            else:
+                entry[1:] = [event.score, event.reason]
+                if event.remaining == 0:
+                    return [tuple(found[i]) for i in sorted(found)]
+
+
+def test_a_beam_group_waits_for_its_slots_and_decodes_beside_others_as_it_would_alone():
+    """A greedy request, a beam search of 3 beams and another greedy request through 4 slots: the group
+    is admitted with 3 free slots, the last request waits for one; the beams' slots are copied where two
+    beams continue one (the runner's copy_cache), and every result is what it is alone."""
+    params = BeamParams(num_beams=3, length_penalty=1.0, num_return_sequences=2)
+    first, last = ask("greedy one", 12), ask("greedy two", 5)
+    search = replace(ask("beam me", 9), beams=params)
+    runner = FakeRunner(capacity=4)
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(a) for a in (first, search, last)]
+            engine.start()
+            return await outcome(handles[0]), await hypotheses(handles[1]), await outcome(handles[2])
+
+    one, found, two = asyncio.run(main())
+    assert one[0] == alone(first.prompt_ids, 12) and two[0] == alone(last.prompt_ids, 5)
+    expected = beams_alone(search.prompt_ids, params, 9)
+    assert [(tokens, score) for tokens, score, _ in found] == [(tuple(t), s) for t, s in expected]
+    assert {reason for _, _, reason in found} <= {FinishReason.LENGTH, FinishReason.EOS}
+    assert any(entry[0] == "copy" for entry in runner.log)  # beams continued one beam and took another's slot
+    starts = [entry[1] for entry in runner.log if entry[0] == "start"]
+    assert len(starts) == 3 and not runner.rows  # every slot freed

@@ -101,6 +101,34 @@ def test_served_greedy_tokens_are_transformers_alone_and_batched(hf_server, refe
     assert [batched[i] for i in range(len(PROMPTS))] == expected
 
 
+def test_beam_search_of_a_decoder_is_transformers_alone_and_batched(hf_server, reference):
+    """Beam search with 4 beams, two hypotheses back, on a decoder-only model: its prompt prefilled once
+    and forked into 4 slots; tokens equal to transformers' generate(num_beams=4), alone and batched."""
+    model, tokenizer = reference
+    prompts, steps = PROMPTS[:4], 16
+    expected = []
+    for prompt in prompts:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        with torch.no_grad():
+            out = model.generate(
+                ids, num_beams=4, num_return_sequences=2, max_new_tokens=steps, pad_token_id=tokenizer.eos_token_id
+            )
+        found = [sequence[ids.shape[1] :] for sequence in out.tolist()]
+        eos = tokenizer.eos_token_id
+        expected.append([tokens[: tokens.index(eos)] if eos in tokens else tokens for tokens in found])
+    asked = dict(max_new_tokens=steps, num_beams=4, num_return_sequences=2)
+    call = lambda prompt: hf_server.stub.Generate(pb.GenerateRequest(prompt=prompt, **asked), timeout=120)
+    run = lambda prompt: [list(c.token_ids) for c in call(prompt).completions]
+    assert [run(prompt) for prompt in prompts] == expected
+    results: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda i=i: results.setdefault(i, run(prompts[i]))) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert [results[i] for i in range(4)] == expected
+
+
 def test_streamed_text_is_the_tokenizers_decode_and_seeded_sampling_holds_in_a_batch(hf_server, reference):
     _, tokenizer = reference
     stream = list(hf_server.stub.GenerateStream(pb.GenerateRequest(prompt=PROMPTS[6], max_new_tokens=40), timeout=60))

@@ -3,7 +3,9 @@ SiLU, scaled embeddings, Marian's sinusoid, final_logits_bias, the pad id as the
 the lectures' encoder-decoder, random weights and SentencePiece models trained here: the import proves
 itself against transformers, the export gates it, and the server's greedy tokens through every door
 equal transformers' own `generate` for sources of mixed lengths, alone and batched, with the text
-transformers' MarianTokenizer decodes; what cannot be imported is refused in one line naming it."""
+transformers' MarianTokenizer decodes; beam search (k = 2, 4, 5, two length penalties) gives
+transformers' `generate(num_beams=k)` hypotheses and scores, alone, batched, and beside greedy
+requests in the same batch; what cannot be imported is refused in one line naming it."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ import openai
 import pytest
 import torch
 import tritonclient.grpc as grpcclient
-from fixtures_server import start_server
+from fixtures_server import idle, release_once_ended, start_server, wait_until
 from test_oip import inputs, text_of
 
 from attnserve.cli import main as cli_main
+from attnserve.engine.domain import FinishReason
 from attnserve.tokenizer.sentencepiece import SentencePieceTokenizer
 from attnserve.v1 import generation_pb2 as pb
 
@@ -137,6 +140,126 @@ def test_every_door_translates_alike_and_a_stream_is_the_unary_text(marian_serve
             model=model, prompt=source, max_tokens=NEW_TOKENS, temperature=0, extra_body=extra
         )
     assert reply.choices[0].text == unary
+
+
+def transformers_beams(reference, source: str, k: int, penalty: float, returned: int) -> list[tuple[list[int], float]]:
+    """transformers' beam search of one source: each returned hypothesis's tokens (after the start id, its
+    EOS dropped) and score; no EOS forced at the length limit (as attnserve)."""
+    model, tokenizer = reference
+    batch = tokenizer([source], return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            **batch,
+            num_beams=k,
+            length_penalty=penalty,
+            num_return_sequences=returned,
+            max_new_tokens=NEW_TOKENS,
+            forced_eos_token_id=None,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    found = []
+    for sequence, score in zip(out.sequences.tolist(), out.sequences_scores.tolist()):
+        tokens = sequence[1:]
+        found.append((tokens[: tokens.index(0)] if 0 in tokens else tokens, score))
+    return found
+
+
+def beams(stub, source: str, k: int, penalty: float, returned: int) -> list[tuple[list[int], float]]:
+    """The server's hypotheses (tokens, score) of one source, best first."""
+    fields = dict(num_beams=k, length_penalty=penalty, num_return_sequences=returned)
+    reply = stub.Generate(pb.GenerateRequest(prompt=source, max_new_tokens=NEW_TOKENS, **fields), timeout=TIMEOUT)
+    if returned == 1:
+        return [(list(reply.token_ids), reply.score)]
+    return [(list(c.token_ids), c.score) for c in reply.completions]
+
+
+@pytest.mark.parametrize("k", [2, 4, 5])
+@pytest.mark.parametrize("penalty", [0.6, 1.0])
+def test_beam_search_is_transformers_alone_and_batched(marian_server, reference, k, penalty):
+    """16 sources of mixed lengths with k beams: every hypothesis's tokens equal transformers' (its score
+    within float32's rounding of the other arithmetic), alone, then all 16 at once through 8 slots."""
+    texts, returned = sources(), min(k, 2)
+    expected = [transformers_beams(reference, text, k, penalty, returned) for text in texts]
+    alone = [beams(marian_server.stub, text, k, penalty, returned) for text in texts]
+    for text, mine, theirs in zip(texts, alone, expected):
+        assert [tokens for tokens, _ in mine] == [tokens for tokens, _ in theirs], text
+        assert [score for _, score in mine] == pytest.approx([score for _, score in theirs], abs=1e-4), text
+    with ThreadPoolExecutor(len(texts)) as pool:
+        batched = list(pool.map(lambda text: beams(marian_server.stub, text, k, penalty, returned), texts))
+    assert batched == alone
+
+
+def test_beam_groups_share_the_batch_with_greedy_requests_and_a_cancel_frees_every_slot(marian_server):
+    """16 beam-4 requests and 16 greedy ones at once: each result is its alone result. A beam request's
+    stream sends its hypotheses at the end, each with its score; cancelled, it frees its 4 slots."""
+    texts = sources()
+    alone_beams = {text: beams(marian_server.stub, text, 4, 1.0, 2) for text in texts}
+    alone_greedy = {text: list(generate(marian_server.stub, text).token_ids) for text in texts}
+    calls = [("beam", text) for text in texts] + [("greedy", text) for text in texts]
+    run = lambda call: (
+        beams(marian_server.stub, call[1], 4, 1.0, 2)
+        if call[0] == "beam"
+        else list(generate(marian_server.stub, call[1]).token_ids)
+    )
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = list(pool.map(run, calls))
+    assert results == [alone_beams[text] if kind == "beam" else alone_greedy[text] for kind, text in calls]
+    source = texts[3]
+    stream = list(marian_server.stub.GenerateStream(beam_request(source), timeout=TIMEOUT))
+    finals = [m for m in stream if m.finish_reason != pb.FINISH_REASON_UNSPECIFIED]
+    assert [m.index for m in finals] == [0, 1] and len(stream) == 4  # each hypothesis: its tokens, its end
+    assert [list(m.token_ids) for m in stream if m.token_ids] == [tokens for tokens, _ in alone_beams[source]]
+    assert [m.score for m in finals] == [score for _, score in alone_beams[source]]
+    marian_server.pacer.hold()  # the search stops at its first step: cancelled long before its end
+    cancelled = marian_server.stub.GenerateStream(beam_request(source), timeout=TIMEOUT)
+    wait_until(lambda: marian_server.engine.stats()["active"] == 4, what="the 4 beams to take their slots")
+    cancelled.cancel()
+    release_once_ended(marian_server)
+    wait_until(lambda: idle(marian_server.engine), what="the 4 slots to be freed")
+    assert marian_server.pacer.finals[-1].reason == FinishReason.CANCELLED
+
+
+def beam_request(source: str) -> pb.GenerateRequest:
+    return pb.GenerateRequest(
+        prompt=source, max_new_tokens=NEW_TOKENS, num_beams=4, num_return_sequences=2, length_penalty=1.0
+    )
+
+
+def test_beam_search_through_the_other_doors_the_client_and_the_cli(marian_server, capsys):
+    """vLLM's names on the Open Inference Protocol (use_beam_search, best_of) and the OpenAI API (n
+    hypotheses as the choices); the Python client's result and `attnserve generate --num-beams`."""
+    from attnserve.clients.client import Client
+
+    source = sources()[7]
+    expected = beams(marian_server.stub, source, 4, 1.0, 2)
+    texts = [reference_text(marian_server, tokens) for tokens, _ in expected]
+    model = marian_server.server.info.model_name
+    triton = grpcclient.InferenceServerClient(url=marian_server.target)
+    try:
+        asked = dict(max_tokens=NEW_TOKENS, use_beam_search=True, best_of=4, temperature=0)
+        result = triton.infer(model, inputs(source, **asked), client_timeout=TIMEOUT)
+    finally:
+        triton.close()
+    assert text_of(result) == texts[0]
+    url = f"http://127.0.0.1:{marian_server.server.http.port}/v1"
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT) as client:
+        extra = {"use_beam_search": True, "best_of": 4}
+        reply = client.completions.create(model=model, prompt=source, max_tokens=NEW_TOKENS, n=2, extra_body=extra)
+    assert [choice.text for choice in sorted(reply.choices, key=lambda c: c.index)] == texts
+    with Client(marian_server.target) as client:
+        result = client.generate(source, max_new_tokens=NEW_TOKENS, num_beams=4, num_return_sequences=2)
+    assert [(list(c.token_ids), c.score) for c in result.completions] == expected
+    command = ["generate", source, "--target", marian_server.target, "--max-new-tokens", str(NEW_TOKENS)]
+    assert cli_main([*command, "--num-beams", "4", "--num-return-sequences", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert printed == "".join(
+        f"[{i}, score {score:.4f}] {text}\n" for i, ((_, score), text) in enumerate(zip(expected, texts))
+    )
+
+
+def reference_text(server, tokens: list[int]) -> str:
+    return server.engine.tokenizer.decode(tokens)
 
 
 def edited(marian_dir, tmp_path, config: dict | None = None, tokenizer_config: dict | None = None):

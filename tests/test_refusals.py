@@ -274,6 +274,33 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--prompt-logprobs", ["--prompt-logprobs", "21"], "--prompt-logprobs: 21 is outside [0, 20]"),
         ("--n", ["--n", "0"], "--n: 0 is outside [1, 16] (the server's --max-batch narrows it)"),
         ("--n", ["--n", "9"], "--n: 9 is outside [1, 8] (16, or the server's --max-batch if fewer)"),
+        (
+            "--num-beams",
+            ["--num-beams", "0"],
+            "--num-beams: 0 is outside [1, 16] (the server's --max-batch narrows it)",
+        ),
+        (
+            "--num-beams",
+            ["--num-beams", "9"],
+            "--num-beams: 9 is outside [1, 8] (16, or the server's --max-batch if fewer)",
+        ),
+        (
+            "--temperature",
+            ["--num-beams", "2", "--temperature", "0.5"],
+            "--temperature: beam search (num_beams 2) decodes",
+        ),
+        ("--length-penalty", ["--length-penalty", "11"], "--length-penalty: 11 is outside [-10, 10]"),
+        ("--early-stopping", ["--early-stopping", "soon"], "argument --early-stopping: invalid choice: 'soon'"),
+        (
+            "--num-return-sequences",
+            ["--num-return-sequences", "0"],
+            "--num-return-sequences: 0 is outside [1, 16] (num_beams narrows it)",
+        ),
+        (
+            "--num-return-sequences",
+            ["--num-beams", "2", "--num-return-sequences", "3"],
+            "--num-return-sequences: 3 is outside [1, 2] (num_beams)",
+        ),
         ("--priority", ["--priority", str(2**31)], "--priority: 2147483648 is outside [-2147483648, 2147483647]"),
         ("--stop-token-ids", ["--stop-token-ids", "x"], "--stop-token-ids takes comma-separated numbers"),
         ("--stop-token-ids", ["--stop-token-ids", "1,999"], "--stop-token-ids[1]: 999 is outside [0, 259)"),

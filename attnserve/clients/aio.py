@@ -35,6 +35,7 @@ from .types import (
     StreamAccumulator,
     StreamDelta,
     build_request,
+    completions_of,
     model_info_from_proto,
     result_from_response,
 )
@@ -149,7 +150,7 @@ class AsyncClient(ClientBase):
         request = build_request(prompt, params, request_id=request_id, **overrides)
         return AsyncStream(
             self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata),
-            request.n if request.HasField("n") else 1,
+            completions_of(request),
         )
 
     async def model_info(self, *, timeout: float | None = None) -> ModelInfo:

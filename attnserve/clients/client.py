@@ -39,6 +39,7 @@ from .types import (
     StreamAccumulator,
     StreamDelta,
     build_request,
+    completions_of,
     model_info_from_proto,
     result_from_response,
 )
@@ -190,7 +191,7 @@ class Client(ClientBase):
         request = build_request(prompt, params, request_id=request_id, **overrides)
         return Stream(
             self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata),
-            request.n if request.HasField("n") else 1,
+            completions_of(request),
         )
 
     def model_info(self, *, timeout: float | None = None) -> ModelInfo:

@@ -186,7 +186,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult
     check_client_flags(args)
     prompt = prompt_from_args(args)
     params = params_from_args(args)
-    whole = args.no_stream or (params.n or 1) > 1  # n completions are printed whole, one after the other
+    # n completions (or a beam search's hypotheses) are printed whole, one after the other
+    whole = args.no_stream or (params.n or 1) > 1 or (params.num_beams or 1) > 1
     with client_from_args(args) as client:
         if whole:
             result = client.generate(prompt, params, request_id=args.request_id)
@@ -194,6 +195,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult
             result = stream_to(None if args.json else out, client, prompt, params, args.request_id)
     if args.json:
         out.write(json.dumps(result.to_dict()) + "\n")
+    elif (params.num_beams or 1) > 1:  # each hypothesis with its score, best first
+        for c in result.completions or (result,):
+            index = getattr(c, "index", 0)
+            out.write(f"[{index}, score {c.score:.4f}] {c.text}\n")
     elif result.completions:
         out.write("".join(f"[{c.index}] {c.text}\n" for c in result.completions))
     elif whole:

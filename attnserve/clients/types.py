@@ -50,6 +50,10 @@ class ParamFields(TypedDict, total=False):
     n: int | None
     json_schema: Mapping[str, Any] | str | None
     regex: str | None
+    num_beams: int | None
+    length_penalty: float | None
+    early_stopping: str | None
+    num_return_sequences: int | None
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,36 @@ class GenerationParams:
         default=None,
         metadata=flag("the whole output matches this regular expression (Rust syntax)", unset="none", metavar="RE"),
     )
+    num_beams: int | None = field(
+        default=None,
+        metadata=flag(
+            "beam search with N beams, as transformers' generate(num_beams=N) (1-16): deterministic, the best "
+            "hypotheses come back once the search ends (printed one after the other with their scores)",
+            unset="1: no beam search",
+            metavar="N",
+        ),
+    )
+    length_penalty: float | None = field(
+        default=None,
+        metadata=flag(
+            "beam search: a hypothesis scores its log-probability over length ** X (-10 to 10; above 0 favours "
+            "longer ones)",
+            unset="1",
+            metavar="X",
+        ),
+    )
+    early_stopping: str | None = field(
+        default=None,
+        metadata=flag(
+            "beam search: when it stops (transformers' early_stopping): false, true or never",
+            unset="false",
+            choices=("false", "true", "never"),
+        ),
+    )
+    num_return_sequences: int | None = field(
+        default=None,
+        metadata=flag("beam search: the N best hypotheses come back (1 to --num-beams)", unset="1", metavar="N"),
+    )
 
     def __post_init__(self) -> None:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -163,6 +197,8 @@ class GenerationParams:
             request.structured_output.json_schema = str(self.json_schema)
         if self.regex is not None:
             request.structured_output.regex = self.regex
+        if self.early_stopping is not None:
+            request.early_stopping = self.early_stopping
         for name in (
             "max_new_tokens",
             "min_new_tokens",
@@ -174,6 +210,9 @@ class GenerationParams:
             "seed",
             "stream_interval_tokens",
             "stream_interval_ms",
+            "num_beams",
+            "length_penalty",
+            "num_return_sequences",
         ):
             value = getattr(self, name)
             if value is not None:
@@ -213,14 +252,17 @@ class GenerationResult:
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # one per prompt token after the first, when asked
     # With n > 1: every completion in index order (the fields above are completion 0's; usage counts all)
     completions: tuple[CompletionResult, ...] = ()
+    score: float = 0.0  # with num_beams > 1: the best hypothesis's (its log-probability over length ** penalty)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (token_ids as lists; logprobs and completions only when asked for)."""
+        """JSON-ready dict (token_ids as lists; logprobs, completions and scores only when asked for)."""
         out = asdict(self)
         out["token_ids"] = list(self.token_ids)
         for completion in out["completions"]:
             completion["token_ids"] = list(completion["token_ids"])
-        for name in ("logprobs", "prompt_logprobs", "completions"):
+            if not completion["score"]:
+                del completion["score"]
+        for name in ("logprobs", "prompt_logprobs", "completions", "score"):  # score: a beam search's
             if not out[name]:
                 del out[name]
         return out
@@ -236,6 +278,7 @@ class CompletionResult:
     finish_reason: str
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] = ()
+    score: float = 0.0  # a beam search hypothesis's
 
 
 @dataclass(frozen=True)
@@ -391,6 +434,13 @@ def build_request(
     return (params or GenerationParams()).replace(**overrides).request(prompt, request_id)
 
 
+def completions_of(request: pb.GenerateRequest) -> int:
+    """The completions a request's stream ends after: n, or a beam search's num_return_sequences."""
+    if request.HasField("num_beams") and request.num_beams > 1:
+        return request.num_return_sequences if request.HasField("num_return_sequences") else 1
+    return request.n if request.HasField("n") else 1
+
+
 def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
     """GenerationResult from a unary Generate response."""
     return GenerationResult(
@@ -410,9 +460,11 @@ def result_from_response(message: pb.GenerateResponse) -> GenerationResult:
                 finish_reason_name(c.finish_reason),
                 c.completion_tokens,
                 logprobs_from(c.logprobs),
+                c.score,
             )
             for c in message.completions
         ),
+        score=message.score,
     )
 
 
@@ -424,6 +476,7 @@ class _Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     reason: str = ""  # set by its final message
+    score: float = 0.0  # likewise (a beam search hypothesis's)
     usage: Usage | None = None
     timings: Timings | None = None
 
@@ -452,6 +505,7 @@ class StreamAccumulator:
         part.logprobs.extend(logprobs)
         if message.finish_reason != pb.FINISH_REASON_UNSPECIFIED:
             part.reason = finish_reason_name(message.finish_reason)
+            part.score = message.score
             part.usage = _copy_fields(Usage, message.usage)
             part.timings = _copy_fields(Timings, message.timings)
             self.prompt_logprobs = logprobs_from(message.prompt_logprobs) or self.prompt_logprobs
@@ -485,6 +539,7 @@ class StreamAccumulator:
                 part.reason or "cancelled",
                 len(part.token_ids),
                 tuple(part.logprobs),
+                part.score,
             )
             for index, part in sorted(self.parts.items())
         )
@@ -498,4 +553,5 @@ class StreamAccumulator:
             tuple(first.logprobs),
             self.prompt_logprobs,
             completions if len(completions) > 1 else (),
+            first.score,
         )

@@ -89,6 +89,7 @@ class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     index: int = 0
     remaining: int = 0
     cached_tokens: int = 0
+    score: float | None = None
 
 
 class ErrorEvent(msgspec.Struct, tag=True, array_like=True):
@@ -135,6 +136,7 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
             event.index,
             event.remaining,
             usage.cached_tokens,
+            event.score,
         )
     return ErrorEvent(type(event).__name__, str(event))
 
@@ -151,6 +153,7 @@ def from_wire(event: WireEvent) -> Delta | Final | Exception:
             domain_logprobs(event.prompt_logprobs),
             event.index,
             event.remaining,
+            event.score,
         )
     refusal = REFUSALS.get(event.kind)
     return refusal(event.message) if refusal else RuntimeError(f"{event.kind}: {event.message}")

@@ -37,6 +37,20 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+EARLY_STOPPING = ("false", "true", "never")  # transformers' early_stopping: False, True, "never"
+
+
+@dataclass(frozen=True)
+class BeamParams:
+    """Beam search as transformers' generate defines it: `num_beams` beams, hypotheses scored by their
+    log-probability over length ** `length_penalty`, `num_return_sequences` of them returned."""
+
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    early_stopping: str = "false"  # one of EARLY_STOPPING
+    num_return_sequences: int = 1
+
+
 @dataclass(frozen=True)
 class StreamInterval:
     """How often a stream sends: the first delta at once, then once `tokens` wait or `ms` have passed."""
@@ -74,6 +88,12 @@ class GenerationRequest:
     prompt_logprobs: int | None = None  # each prompt token's (after the first), and this many alternatives
     n: int = 1  # completions of the prompt, prefilled once; completion i samples with seed + i
     grammar: Grammar | None = None  # structured output: every token the grammar does not allow is masked
+    beams: BeamParams | None = None  # beam search (engine/beam_search.py); None: one completion per sample
+
+    @property
+    def slots(self) -> int:
+        """Slots the request holds at once: one per beam, or one per completion."""
+        return self.beams.num_beams if self.beams is not None else self.n
 
     @property
     def controls(self) -> tuple[str, ...]:
@@ -88,6 +108,7 @@ class GenerationRequest:
             "prompt_logprobs": self.prompt_logprobs is not None,
             "n": self.n > 1,
             "structured_output": self.grammar is not None,
+            "beams": self.beams is not None,
         }
         return tuple(name for name, used in given.items() if used)
 
@@ -140,6 +161,7 @@ class Final:
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with the request's prompt_logprobs: tokens 1..n-1
     index: int = 0  # the completion that ended (0 to n - 1)
     remaining: int = 0  # the request's completions still running after this one: 0 ends the request
+    score: float | None = None  # a beam search hypothesis's: its log-probability over length ** length_penalty
 
 
 def ends_request(event: Delta | Final | Exception) -> bool:

@@ -10,11 +10,12 @@ starts from BOS).
 One engine thread owns the runner. At every step boundary it drops cancelled and expired
 requests, starts queued ones in the runner's free slots (highest priority first, then in arrival
 order; a request of n completions when n slots are free: its prompt is prefilled once and the
-runner copies the slot to the other n - 1), runs one round of prefill (fresh prompts together, one
-chunk of a long one), runs one decode step for the whole batch, picks every plain greedy row's
-token with one argmax over the batch and every other row's with its own sampler (penalties, bias,
-masked ids, logprobs), and hands the step's events to its outbox (outbox.py: the callers' event
-loops, one call_soon_threadsafe per loop a step; or the engine core's channel, core/step_writer.py).
+runner copies the slot to the other n - 1; a beam search request of k beams likewise, its k slots a
+beam group, beam_group.py), runs one round of prefill (fresh prompts together, one chunk of a long
+one), runs one decode step for the whole batch, picks every plain greedy row's token with one argmax
+over the batch and every other row's with its own sampler (penalties, bias, masked ids, logprobs)
+and every beam group's rows by its search, and hands the step's events to its outbox (outbox.py: the
+callers' event loops, one call_soon_threadsafe per loop a step; or the engine core's channel, core/step_writer.py).
 A caller on another thread ends a request at once with release (cancelled) or refuse (an error);
 the engine thread sends those endings at its next turn. While every row is plain greedy and no
 prompt waits, the runner runs up to MAX_BURST decode steps back to back instead (burst.py: each
@@ -40,6 +41,7 @@ from typing import Protocol
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .beam_group import BeamGroup, BeamMember
 from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
 from .outbox import LoopOutbox, Outbox
@@ -109,6 +111,9 @@ class ForwardingObserver(EngineObserver):
         self.inner.on_prefix_cache(hits, misses, saved, held_bytes)
 
 
+Slot = Sequence | BeamMember  # what holds a key's slot: a completion, or one beam of a beam group
+
+
 def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
     """Each row's next token: one argmax over the batch for plain greedy rows, each other row by its
     own sampler and its own banned ids (its seed stream is its own, whatever shares the batch)."""
@@ -154,8 +159,8 @@ class Engine:
         self.outbox = outbox or LoopOutbox()
         self._keys = itertools.count()
         self._queue: collections.deque[Sequence] = collections.deque()
-        self._active: dict[int, Sequence] = {}  # request key -> decoding sequence
-        self._prefilling: dict[int, Sequence] = {}  # request key -> sequence whose prompt is being prefilled
+        self._active: dict[int, Slot] = {}  # request key -> decoding sequence (or beam)
+        self._prefilling: dict[int, Slot] = {}  # request key -> sequence (or beam) whose prompt is being prefilled
         self._cond = threading.Condition()
         self._outbox: list[tuple[Caller, Event]] = []
         self._endings: list[Sequence | tuple[Caller, Exception]] = []  # ended by a caller's thread, sent by ours
@@ -310,29 +315,37 @@ class Engine:
         for sequence in dropped:
             reason = FinishReason.CANCELLED if abort else FinishReason.DEADLINE
             self._emit(sequence, sequence.end_whole(reason))
-        for key, sequence in [*self._active.items(), *self._prefilling.items()]:
-            if abort or sequence.handle.cancelled:
-                self._retire(key, sequence, FinishReason.CANCELLED)
-            elif sequence.expired(now):
-                self._retire(key, sequence, FinishReason.DEADLINE)
+        for key, holder in [*self._active.items(), *self._prefilling.items()]:
+            if abort or holder.handle.cancelled:
+                self._retire(key, holder, FinishReason.CANCELLED)
+            elif holder.expired(now):
+                self._retire(key, holder, FinishReason.DEADLINE)
 
     def _take_queued(self) -> None:
         """Start queued requests whose callers are still waiting, up to the runner's free slots."""
         start = time.perf_counter()
         with self._cond:
-            while self._queue and self.slots.free_slots() >= self._queue[0].request.n:  # n slots, or it waits
+            while self._queue and self.slots.free_slots() >= self._queue[0].request.slots:  # all, or it waits
                 sequence = self._queue.popleft()
                 if sequence.handle.cancelled:
                     self._emit(sequence, sequence.end_whole(FinishReason.CANCELLED))
                     continue
-                forks = sequence.forks(self.tokenizer, self.spec)  # completions 1 to n - 1
-                keys = [next(self._keys) for _ in range(1 + len(forks))]
-                for each in (sequence, *forks):
-                    each.arrival, each.admitted = sequence.arrival, start
+                keys = [next(self._keys) for _ in range(sequence.request.slots)]
+                sequence.admitted = start
                 wants_rows = sequence.request.prompt_logprobs is not None
                 # an encoder-decoder's prompt is its source; each fork's slot is a copy of the prefilled one
                 self.slots.start(keys[0], sequence.request.prompt_ids, wants_rows, tuple(keys[1:]))
-                self._prefilling.update(zip(keys, (sequence, *forks)))
+                self._prefilling.update(zip(keys, self._holders(sequence, keys)))
+
+    def _holders(self, sequence: Sequence, keys: list[int]) -> list[Slot]:
+        """What holds each of an admitted request's slots: its completions (1 to n - 1 forks of it), or
+        the beams of its group."""
+        if sequence.request.beams is not None:
+            return list(BeamGroup(sequence, keys, self.tokenizer).members)
+        forks = sequence.forks(self.tokenizer, self.spec)
+        for fork in forks:
+            fork.arrival, fork.admitted = sequence.arrival, sequence.admitted
+        return [sequence, *forks]
 
     def _prefill(self) -> None:
         """One round of prefill; every request whose prompt completed takes its first token."""
@@ -341,7 +354,7 @@ class Engine:
             sequences = [self._prefilling.pop(key) for key in logits.keys]
             self._active.update(zip(logits.keys, sequences))
         for key, sequence in zip(logits.keys, sequences):
-            if key in logits.prompts:
+            if key in logits.prompts and isinstance(sequence, Sequence):
                 sequence.take_prompt(logits.prompts[key])
             sequence.cached_tokens = logits.cached.get(key, 0)
         if logits.prefix is not None:
@@ -371,7 +384,7 @@ class Engine:
         whose Delta falls due take their tokens (burst.py) and the step's events go on. The burst ends
         after a step where a request ended or picked an ending id, where a stream's ms interval or a
         deadline passed, or where a cancel, an abort or a request to admit needs the scheduler."""
-        sequences = dict(self._active)
+        sequences = {key: s for key, s in self._active.items() if isinstance(s, Sequence)}  # all: each plain greedy
         burst = Burst(sequences, self._emit)
         due = min(sequence.due_by() for sequence in sequences.values())
         deadlines = [s.request.deadline for s in sequences.values() if s.request.deadline is not None]
@@ -409,21 +422,48 @@ class Engine:
             if sequence.done:
                 self._free(key)
 
-    def _advance(self, logits: Logits, sequences: list[Sequence]) -> list[tuple[int, Sequence]]:
-        """Every row's token, picked and taken by its sequence (their events emitted); (key, sequence) pairs."""
-        if not sequences:
+    def _advance(self, logits: Logits, holders: list[Slot]) -> list[tuple[int, Sequence]]:
+        """Every row's token, picked and taken by its sequence (their events emitted), every beam group's
+        rows taken by its search; the (key, sequence) pairs of the completions (a beam group that ended
+        has freed its slots)."""
+        if not holders:
             return []
         now = time.perf_counter()
+        rows = range(len(holders))
+        singles = [i for i in rows if isinstance(holders[i], Sequence)]
+        if len(singles) < len(holders):
+            self._advance_beams(logits, {logits.keys[i]: holders[i] for i in rows if i not in singles}, now)
+        keys = [logits.keys[i] for i in singles]
+        sequences = [s for s in holders if isinstance(s, Sequence)]
+        every = len(singles) == len(holders)
+        own = logits.rows if every else logits.rows[singles]
         if logits.tokens is None:
-            tokens = pick_tokens(logits.rows, sequences)
+            tokens = pick_tokens(own, sequences)
         else:  # the runner picked the greedy rows; only the sampling rows' logits are valid
-            picked = logits.tokens.tolist()
-            tokens = [t if s.plain_greedy else s.pick(r) for t, s, r in zip(picked, sequences, logits.rows)]
+            picked = (logits.tokens if every else logits.tokens[singles]).tolist()
+            tokens = [t if s.plain_greedy else s.pick(r) for t, s, r in zip(picked, sequences, own)]
         for sequence, token in zip(sequences, tokens):
             self._emit(sequence, sequence.advance(token, now))
-        return list(zip(logits.keys, sequences))
+        return list(zip(keys, sequences))
 
-    def _retire(self, key: int, sequence: Sequence, reason: FinishReason) -> None:
+    def _advance_beams(self, logits: Logits, beams: dict[int, Slot], now: float) -> None:
+        """Each beam group's rows to its search: its cache copies made, its hypotheses emitted at its end
+        and its slots freed."""
+        groups: dict[BeamGroup, dict[int, np.ndarray]] = {}
+        for key, row in zip(logits.keys, logits.rows):
+            member = beams.get(key)
+            if isinstance(member, BeamMember):
+                groups.setdefault(member.group, {})[key] = row
+        for group, rows in groups.items():
+            events, copies = group.step(rows, now)
+            for src, dst in copies:
+                self.slots.copy_cache(src, dst)
+            self._emit(group.members[0], events)
+            if group.done:
+                for member in group.members:
+                    self._free(member.key)
+
+    def _retire(self, key: int, sequence: Slot, reason: FinishReason) -> None:
         self._emit(sequence, sequence.end(reason))
         self._free(key)
 
@@ -436,13 +476,14 @@ class Engine:
     def _fail_active(self, error: Exception) -> None:
         """After a failed run: every active request gets the error, and the runner starts over."""
         failed = [s for s in [*self._prefilling.values(), *self._active.values()] if not s.done]
-        self._outbox.extend((sequence.handle, error) for sequence in failed)
+        handles = {id(s.handle): s.handle for s in failed}  # a beam group's slots share one caller
+        self._outbox.extend((handle, error) for handle in handles.values())
         with self._cond:
             self._active.clear()
             self._prefilling.clear()
         self.slots.reset()
 
-    def _emit(self, sequence: Sequence, events: list[Event]) -> None:
+    def _emit(self, sequence: Slot, events: list[Event]) -> None:
         self._outbox.extend((sequence.handle, event) for event in events)
         final = sequence.final
         if final is not None and events and events[-1] is final:

@@ -84,8 +84,10 @@ class SlotRunner(Protocol):
     others are picked by argmax and the runner may return their tokens instead of their logits);
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
     tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
-    burst ends (the steps run come back); `release` frees a key's slot; `reset` frees every slot
-    after a failed run."""
+    burst ends (the steps run come back); `copy_cache` gives one key's slot a copy of another's cache
+    (a beam that continues another beam: the positions and the self-attention keys and values; an
+    encoder-decoder's source keys and values are the same in both and stay); `release` frees a key's
+    slot; `reset` frees every slot after a failed run."""
 
     spec: ModelSpec
 
@@ -96,6 +98,7 @@ class SlotRunner(Protocol):
     def prefill(self) -> Logits: ...
     def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits: ...
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int: ...
+    def copy_cache(self, src: int, dst: int) -> None: ...
     def release(self, key: int) -> None: ...
     def reset(self) -> None: ...
 

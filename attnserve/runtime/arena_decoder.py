@@ -264,6 +264,10 @@ class ArenaDecoder:
     def copy(self, src: int, dst: int) -> None:
         self.arena.copy(src, dst)
 
+    def copy_cache(self, src: int, dst: int) -> None:
+        """The self-attention cache only (an encoder-decoder's source keys and values stay)."""
+        self.arena.copy(src, dst)
+
 
 class ArenaSeq2SeqDecoder(ArenaDecoder):
     """An encoder-decoder arena: a slot holds its self-attention cache and, written once at admission,

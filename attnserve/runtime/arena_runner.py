@@ -230,6 +230,11 @@ class ArenaRunner:
                 return step
         return steps
 
+    def copy_cache(self, src: int, dst: int) -> None:
+        """Key dst's slot takes a copy of key src's cache (a beam that continues another: one strided
+        device copy per buffer of the used rows)."""
+        self.decoder.copy_cache(self.decoding.index(src), self.decoding.index(dst))
+
     def release(self, key: int) -> None:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
         self.prompt_rows.pop(key, None)

@@ -69,7 +69,7 @@ class Metrics(EngineObserver):
         self.controls = Counter(
             "attnserve_request_controls",
             "Accepted requests that set a control (stop_token_ids, min_new_tokens, ignore_eos, logit_bias, priority, "
-            "logprobs, prompt_logprobs, n, structured_output)",
+            "logprobs, prompt_logprobs, n, structured_output, beams)",
             ["control"],
             registry=r,
         )

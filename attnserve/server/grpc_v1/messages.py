@@ -43,4 +43,5 @@ def final_response(message_type, request_id: str, text: str, token_ids: list[int
             cached_tokens=final.usage.cached_tokens,
         ),
         timings=pb.Timings(queue_ms=t.queue_ms, time_to_first_token_ms=t.time_to_first_token_ms, total_ms=t.total_ms),
+        score=final.score or 0.0,
     )

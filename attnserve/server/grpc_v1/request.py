@@ -16,6 +16,9 @@ OPTIONAL = (
     "logprobs",
     "prompt_logprobs",
     "n",
+    "num_beams",
+    "length_penalty",
+    "num_return_sequences",
 )
 
 
@@ -36,5 +39,6 @@ def request_fields(message: pb.GenerateRequest) -> RequestFields:
         logit_bias=dict(message.logit_bias),
         priority=message.priority,
         structured_output=structure,
+        early_stopping=message.early_stopping or None,
         **{name: getattr(message, name) for name in OPTIONAL if message.HasField(name)},
     )

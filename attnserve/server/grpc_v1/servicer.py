@@ -33,8 +33,8 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
         self.engine, self.limits, self.tokenizer, self.info = engine, limits, tokenizer, info
 
     async def Generate(self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext) -> pb.GenerateResponse:
-        """The whole completion in one response (with n > 1: every completion in `completions`, the
-        first one's also in the top-level fields, and usage counting all of them)."""
+        """The whole completion in one response (with n > 1 or num_return_sequences > 1: every completion
+        in `completions`, the first one's also in the top-level fields, and usage counting all of them)."""
         self.engine.check_room()  # refused under overload before the request is read
         generation = validate(request_fields(request), self.limits, self.tokenizer, deadline_of(context))
         done = await completions(self.engine, generation)
@@ -43,7 +43,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
             pb.GenerateResponse, generation.request_id, first.text, first.token_ids, first.end, self.tokenizer
         )
         response.logprobs.extend(logprob_messages(first.logprobs, self.tokenizer))
-        if generation.n > 1:
+        if len(done) > 1:
             response.usage.completion_tokens = sum(c.end.usage.completion_tokens for c in done)
             response.timings.total_ms = max(c.end.timings.total_ms for c in done)
             response.completions.extend(
@@ -54,6 +54,7 @@ class TextGenerationServicer(pb_grpc.TextGenerationServicer):
                     finish_reason=FINISH_REASONS[c.end.reason],
                     completion_tokens=c.end.usage.completion_tokens,
                     logprobs=logprob_messages(c.logprobs, self.tokenizer),
+                    score=c.end.score or 0.0,
                 )
                 for index, c in enumerate(done)
             )

@@ -8,9 +8,12 @@ OpenAI's fields: `model`, `prompt` (a text or token ids, or a list of one of the
 extra sampling fields with the Open Inference Protocol's parsers (`top_k`, `repetition_penalty`,
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`, `guided_json`, `guided_regex`,
 `prompt_logprobs`, attnserve's stream interval; session/vllm_names.py). What the model cannot do is
-refused, naming the field: several prompts, `suffix`, `best_of` other than n, presence and frequency
-penalties, echo with logprobs. The result goes through the session's `validate` like any other
-request, its errors renamed to the field the caller sent. No HTTP, no engine.
+refused, naming the field: several prompts, `suffix`, `best_of` other than n without vLLM's
+`use_beam_search`, presence and frequency penalties, echo with logprobs. With `use_beam_search`
+(vLLM's beam search: `best_of` beams, the `n` best hypotheses as the choices, `length_penalty`,
+`early_stopping`), a request that leaves `temperature` out decodes at 0, as beam search must. The
+result goes through the session's `validate` like any other request, its errors renamed to the field
+the caller sent. No HTTP, no engine.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ FIELDS = {
     "logprobs": ("logprobs", as_int, "an integer"),
     "prompt_logprobs": ("prompt_logprobs", as_int, "an integer"),
 }
-OWN = frozenset({"model", "prompt", "stream", "stream_options", "echo", "user", "suffix", "best_of"})
+OWN = frozenset({"model", "prompt", "stream", "stream_options", "echo", "user", "suffix"})
 ZERO_ONLY = ("presence_penalty", "frequency_penalty")  # OpenAI's penalties: repetition_penalty is this model's
 
 
@@ -59,9 +62,8 @@ def read_completion(body: Any) -> CompletionCall:
     include_usage = stream_options(body, stream)
     prompt, origins = prompt_of(body.get("prompt"))
     fields = sampling(body, origins)
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != fields.get("n", 1):
-        raise InvalidRequest("best_of", f"{best_of!r} is not supported (only best_of equal to n)")
+    if fields.get("use_beam_search") and body.get("temperature") is None:
+        fields["temperature"] = 0.0  # OpenAI's default of 1 is sampling; beam search takes none
     if echo and "logprobs" in fields:
         raise InvalidRequest("echo", "echo with logprobs is not supported (ask for prompt_logprobs)")
     return CompletionCall(request_of(fields, origins, **prompt), model, stream, include_usage, echo)

@@ -77,17 +77,17 @@ class Completed:
 async def completions(engine: EngineCalls, generation: GenerationRequest) -> list[Completed]:
     """Every completion of the request, whole, in index order (errors are raised). The engine hands the
     deltas on with each Final (interval None): nobody reads them before."""
-    done = [Completed() for _ in range(generation.n)]
+    done: dict[int, Completed] = {}  # n of them, or a beam search's hypotheses (fewer, where it kept fewer)
     generation = replace(generation, interval=None)
     async with aclosing(generation_events(engine, generation)) as batches:
         async for events in batches:
             for event in events:
-                one = done[event.index]
+                one = done.setdefault(event.index, Completed())
                 one.text += event.text
                 if isinstance(event, Delta):
                     one.token_ids += event.token_ids
                     one.logprobs += event.logprobs
                 else:
                     one.final = event
-    assert all(one.final is not None for one in done), "the engine ends every completion with a Final event"
-    return done
+    assert all(one.final is not None for one in done.values()), "the engine ends every completion with a Final event"
+    return [done[index] for index in sorted(done)]

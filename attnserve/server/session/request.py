@@ -48,6 +48,10 @@ class RequestFields:
     prompt_logprobs: int | None = None
     n: int | None = None
     structured_output: Structure | None = None
+    num_beams: int | None = None
+    length_penalty: float | None = None
+    early_stopping: str | None = None
+    num_return_sequences: int | None = None
     stream_interval_tokens: int | None = None
     stream_interval_ms: int | None = None
     origins: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass
 
 from ...engine.domain import (
+    EARLY_STOPPING,
+    BeamParams,
     GenerationRequest,
     Grammar,
     InvalidRequest,
@@ -220,7 +222,47 @@ def checked(request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer,
         prompt_logprobs=check_logprobs(request, "prompt_logprobs", limits),
         n=check_n(request, limits),
         grammar=check_structure(request, limits, tokenizer),
+        beams=check_beams(request, limits),
     )
+
+
+# What beam search decodes without: each field's name and whether the request set it
+NOT_WITH_BEAMS = {
+    "temperature": lambda r: r.temperature > 0,
+    "top_k": lambda r: r.top_k > 0,
+    "top_p": lambda r: r.top_p is not None and r.top_p < 1,
+    "seed": lambda r: r.seed is not None,
+    "repetition_penalty": lambda r: r.repetition_penalty not in (None, 1.0),
+    "logit_bias": lambda r: bool(r.logit_bias),
+    "logprobs": lambda r: r.logprobs is not None,
+    "prompt_logprobs": lambda r: r.prompt_logprobs is not None,
+    "n": lambda r: r.n not in (None, 1),
+    "stop": lambda r: bool(r.stop),
+    "structured_output": lambda r: r.structured_output is not None,
+}
+
+
+def check_beams(request: RequestFields, limits: RequestLimits) -> BeamParams | None:
+    """Beam search's parameters (None without num_beams above 1); what beam search cannot take beside
+    it is refused naming that field."""
+    beams = request.num_beams if request.num_beams is not None else 1
+    returned = request.num_return_sequences if request.num_return_sequences is not None else 1
+    if not 1 <= beams <= limits.max_n:
+        raise InvalidRequest(
+            "num_beams", f"{beams} is outside [1, {limits.max_n}] (16, or the server's --max-batch if fewer)"
+        )
+    if not 1 <= returned <= beams:
+        raise InvalidRequest("num_return_sequences", f"{returned} is outside [1, {beams}] (num_beams)")
+    early = request.early_stopping if request.early_stopping is not None else "false"
+    if early not in EARLY_STOPPING:
+        raise InvalidRequest("early_stopping", f"{early!r} is not one of {', '.join(EARLY_STOPPING)}")
+    if beams == 1:
+        return None
+    for name, given in NOT_WITH_BEAMS.items():
+        if given(request):
+            raise InvalidRequest(name, f"beam search (num_beams {beams}) decodes without it")
+    penalty = request.length_penalty if request.length_penalty is not None else 1.0
+    return BeamParams(int(beams), float(penalty), early, int(returned))
 
 
 def check_structure(request: RequestFields, limits: RequestLimits, tokenizer: Tokenizer) -> Grammar | None:

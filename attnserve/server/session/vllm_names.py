@@ -75,6 +75,13 @@ def as_schema(value: Any) -> str:
     return value
 
 
+def as_early_stopping(value: Any) -> str:
+    """vLLM's early_stopping: true, false or "never" (transformers'), as attnserve.v1's string."""
+    if value == "never":
+        return value
+    return "true" if as_bool(value) else "false"
+
+
 def as_str(value: Any) -> str:
     if not isinstance(value, str):
         raise ValueError
@@ -99,6 +106,11 @@ SAMPLING_FIELDS: dict[str, tuple[str, Callable[[Any], Any], str]] = {
     "priority": ("priority", as_int, "an integer (higher is admitted first)"),
     "guided_json": ("structured_output.json_schema", as_schema, "a JSON schema (an object or its JSON text)"),
     "guided_regex": ("structured_output.regex", as_str, "a string (a regular expression)"),
+    # vLLM's beam search (its SamplingParams before 0.6.3): best_of beams, the n best hypotheses returned
+    "use_beam_search": ("use_beam_search", as_bool, "true or false"),
+    "best_of": ("best_of", as_int, "an integer"),
+    "length_penalty": ("length_penalty", as_float, "a number"),
+    "early_stopping": ("early_stopping", as_early_stopping, 'true, false or "never"'),
 }
 LIST_FIELDS = frozenset({"stop", "stop_token_ids"})  # RequestFields' tuples
 
@@ -107,6 +119,7 @@ def request_of(fields: dict[str, Any], origins: dict[str, str], **given: Any) ->
     """RequestFields from values named as SAMPLING_FIELDS names them (where each came from in
     `origins`) and the door's own fields in `given` (the prompt, the request id)."""
     values = dict(given)
+    fields = beam_fields(dict(fields), origins)
     for name, value in fields.items():
         if name.startswith("structured_output."):
             if "structured_output" in values:
@@ -115,6 +128,22 @@ def request_of(fields: dict[str, Any], origins: dict[str, str], **given: Any) ->
         else:
             values[name] = tuple(value) if name in LIST_FIELDS else value
     return RequestFields(**values, origins=origins)
+
+
+def beam_fields(fields: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
+    """vLLM's beam search names as attnserve.v1's: with use_beam_search, best_of (else n) beams and the
+    n best hypotheses returned; without it, best_of only equal to n (one completion per sample)."""
+    use, best_of = fields.pop("use_beam_search", False), fields.pop("best_of", None)
+    if not use:
+        if best_of is not None and best_of != fields.get("n", 1):
+            where = origins.get("best_of", "best_of")
+            raise InvalidRequest(where, f"{best_of!r} is not supported without use_beam_search (only best_of = n)")
+        return fields
+    fields["num_beams"] = best_of if best_of is not None else fields.get("n", 1)
+    origins["num_beams"] = origins.get("best_of" if best_of is not None else "n", "best_of")
+    if "n" in fields:
+        fields["num_return_sequences"], origins["num_return_sequences"] = fields.pop("n"), origins.get("n", "n")
+    return fields
 
 
 NON_NEGATIVE = frozenset({"seed", "min_tokens", "n", "logprobs", "prompt_logprobs"})

@@ -1,0 +1,134 @@
+"""A beam search request inside the continuous batch: its k beams are k slots of the same batch as every
+other request, its prompt (or source) prefilled once and forked into them.
+
+Each step the group takes its k rows of logits, and beam_search.py says which beam each next beam
+continues. A beam that continues its own slot's beam keeps the slot; where several continue one beam,
+the first keeps its slot and each other takes a slot whose beam ended, with a copy of the cache
+(SlotRunner.copy_cache: on the device, no host round trip; an encoder-decoder's source keys and values
+are the same in every slot of the group and are not copied or computed again). The request's events are
+its best hypotheses at the end, one completion each (index 0 best), with their scores: a stream of a
+beam request sends them once the search ends.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..tokenizer import Tokenizer
+from .domain import Delta, Final, FinishReason, Timings, Usage
+from .sequence import Event, Sequence
+
+
+class BeamGroup:
+    """One beam search request's slots (by key) and its search."""
+
+    def __init__(self, sequence: Sequence, keys: list[int], tokenizer: Tokenizer):
+        """`sequence`: the request as it was queued (its caller, arrival and banned ids); `keys`: its k slots."""
+        from .beam_search import BeamSearch  # numpy-only, imported with the first beam request
+
+        params = sequence.request.beams
+        assert params is not None and len(keys) == params.num_beams, "a beam group holds one slot per beam"
+        self.sequence, self.tokenizer = sequence, tokenizer
+        self.search = BeamSearch(params, sequence.ends, sequence.budget)
+        self.beam_keys = list(keys)  # beam i's state is in key beam_keys[i]'s slot
+        self.next_tokens: dict[int, int] = {}
+        self.final: Final | None = None
+        self.members = [BeamMember(self, key) for key in keys]
+        self.first_step: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.final is not None
+
+    def banned(self) -> tuple[int, ...]:
+        """As a completion's: the end ids before min_new_tokens, EOS under ignore_eos."""
+        s = self.sequence
+        return s.early_ban if self.search.generated < s.request.min_new_tokens else s.late_ban
+
+    def step(self, rows: dict[int, np.ndarray], now: float) -> tuple[list[Event], list[tuple[int, int]]]:
+        """This step's rows by key: the events (the hypotheses, once the search ends) and the cache copies
+        (src key, dst key) the runner makes before the next step; every src keeps its own state."""
+        self.first_step = self.first_step or now
+        moves = self.search.step(np.stack([rows[key] for key in self.beam_keys]), self.banned())
+        if self.search.done:
+            return self.finish(now), []
+        old, claimed = self.beam_keys, set()
+        keys: dict[int, int] = {}  # next beam -> its key
+        for i, (parent, _) in enumerate(moves):  # a beam that continues an unclaimed slot's beam keeps it
+            if old[parent] not in claimed:
+                claimed.add(old[parent])
+                keys[i] = old[parent]
+        free = [key for key in old if key not in claimed]  # beams no next beam continues: never a copy's source
+        copies: list[tuple[int, int]] = []
+        for i, (parent, _) in enumerate(moves):
+            if i not in keys:
+                keys[i] = free.pop()
+                copies.append((old[parent], keys[i]))
+        self.beam_keys = [keys[i] for i in range(len(moves))]
+        self.next_tokens = {key: token for key, (_, token) in zip(self.beam_keys, moves)}
+        return [], copies
+
+    def finish(self, now: float) -> list[Event]:
+        """The best hypotheses, one completion each, best first: their tokens (the end id dropped), text,
+        finish reason and score."""
+        s = self.sequence
+        hypotheses = self.search.hypotheses()
+        ms = lambda t: round(1000.0 * (t - s.arrival), 3)
+        timings = Timings(ms(s.admitted or now), ms(now), ms(now))  # the caller's first token comes with the end
+        assert hypotheses, "a search ends with a hypothesis kept (at the budget every best candidate ends)"
+        events: list[Event] = []
+        final: Final | None = None
+        for index, hypothesis in enumerate(hypotheses):
+            tokens = hypothesis.tokens[:-1] if hypothesis.ended else hypothesis.tokens
+            reason = FinishReason.LENGTH
+            if hypothesis.ended:
+                reason = FinishReason.EOS if hypothesis.tokens[-1] in s.eos_ids else FinishReason.STOP
+            usage = Usage(len(s.request.prompt_ids), len(tokens), self.members[0].cached_tokens)
+            events.append(Delta(tokens, self.tokenizer.decode(tokens), (), index))
+            remaining = len(hypotheses) - 1 - index
+            final = Final(reason, "", usage, timings, (), index, remaining, hypothesis.score)
+            events.append(final)
+        self.final = final
+        return events
+
+    def end(self, reason: FinishReason) -> list[Event]:
+        """Ended before the search did (cancelled, deadline): one Final, no hypotheses; [] once ended."""
+        if self.final is not None:
+            return []
+        s, now = self.sequence, time.perf_counter()
+        ms = lambda t: round(1000.0 * (t - s.arrival), 3)
+        usage = Usage(len(s.request.prompt_ids), 0, self.members[0].cached_tokens)
+        self.final = Final(reason, "", usage, Timings(ms(s.admitted or now), ms(now), ms(now)))
+        return [self.final]
+
+
+class BeamMember:
+    """One slot of a beam group, as the engine sees a request in a slot: its next token is the group's
+    choice; it samples nothing itself (its row of logits goes to the group)."""
+
+    plain_greedy = False  # its row of logits must come back every step
+
+    def __init__(self, group: BeamGroup, key: int):
+        self.group, self.key = group, key
+        self.request, self.handle = group.sequence.request, group.sequence.handle
+        self.cached_tokens = 0  # prompt tokens the runner copied from its prefix cache
+
+    @property
+    def next_token(self) -> int | None:
+        return self.group.next_tokens.get(self.key)
+
+    @property
+    def done(self) -> bool:
+        return self.group.done
+
+    @property
+    def final(self) -> Final | None:
+        return self.group.final
+
+    def expired(self, now_monotonic: float) -> bool:
+        return self.group.sequence.expired(now_monotonic)
+
+    def end(self, reason: FinishReason) -> list[Event]:
+        return self.group.end(reason)

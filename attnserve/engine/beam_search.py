@@ -1,0 +1,126 @@
+"""Beam search over one request's rows of logits, step by step, as transformers' `generate(num_beams=k)`
+defines it (its vectorized `_beam_search`, transformers 5): the same candidates, the same finished
+hypotheses and scores, the same stopping rules, so that the same logits give the same tokens.
+
+Each step takes the k running beams' rows (k, V): log-softmax in float32, the banned ids masked, each
+row's log-probabilities added to its beam's running score; the best `keep` of the k x V continuations
+(keep = 2k, or k per end id plus k where a model has several); of those, the best k that do not end
+(an end id, or the length budget reached) run on, and those among the best k that end become
+hypotheses, scored by their sum of log-probabilities over (generated length) ** length_penalty, the
+best k kept. It stops when every candidate ends, when no running beam can beat the worst kept
+hypothesis (transformers' heuristic, by `early_stopping`: False, True or "never"), or, with True,
+once k hypotheses are kept.
+
+Pure numpy: it knows nothing of slots, keys or the engine (beam_group.py moves the caches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .domain import BeamParams
+
+NEG = np.float32(-1.0e9)  # transformers' "never": added to a score to rule its entry out
+
+
+def top(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest scores, largest first (ties: the lower index first)."""
+    k = min(k, scores.size)
+    part = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
+    return part[np.lexsort((part, -scores[part]))]
+
+
+def log_softmax(rows: np.ndarray) -> np.ndarray:
+    """(k, V) float32 log-probabilities of rows of logits."""
+    rows = rows.astype(np.float32, copy=False)
+    shifted = rows - rows.max(axis=1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """A finished beam: its generated tokens (the end id last, where one ended it) and its score."""
+
+    tokens: tuple[int, ...]
+    score: float
+    ended: bool  # by an end id (else by the length budget)
+
+
+class BeamSearch:
+    """One request's beams: `step` takes their rows and says which beam each next beam continues."""
+
+    def __init__(self, params: BeamParams, ends: frozenset[int], budget: int):
+        """`ends`: the ids that end a hypothesis (EOS, stop ids); `budget`: tokens it may generate."""
+        self.params, self.ends, self.budget = params, np.array(sorted(ends), np.int64), budget
+        k = params.num_beams
+        self.keep = max(2, 1 + len(ends)) * k
+        self.running_scores = np.full(k, NEG, np.float32)
+        self.running_scores[0] = 0.0  # the k beams start equal: only the first one's continuations count
+        self.running: list[tuple[int, ...]] = [() for _ in range(k)]
+        self.kept_scores = np.full(k, NEG, np.float32)  # the best k hypotheses' scores (NEG: none yet)
+        self.kept: list[Hypothesis | None] = [None] * k
+        self.generated = 0  # tokens each running beam holds
+        self.can_improve = True  # transformers' early-stop heuristic, sticky once it says no
+        self.done = False
+
+    def step(self, rows: np.ndarray, banned: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+        """The k running beams' rows of logits (k, V), in beam order: each next beam as (the beam it
+        continues, its token), best first. Sets `done` when the search ends (hypotheses())."""
+        k, vocab = rows.shape
+        scores = log_softmax(rows)
+        if banned:
+            scores[:, list(banned)] = -np.inf
+        flat = (scores + self.running_scores[:, None]).reshape(-1)
+        picked = top(flat, self.keep)
+        totals, beams, tokens = flat[picked], picked // vocab, picked % vocab
+        length = self.generated + 1
+        ends = np.isin(tokens, self.ends) | (length >= self.budget)
+        self.keep_finished(totals, beams, tokens, ends, length)
+        running = (totals + ends.astype(np.float32) * NEG).astype(np.float32)
+        chosen = top(running, k)
+        self.running = [(*self.running[beams[j]], int(tokens[j])) for j in chosen]
+        self.running_scores = running[chosen]
+        self.generated = length
+        self.check_heuristic()
+        full = all(h is not None for h in self.kept) and self.params.early_stopping == "true"
+        self.done = not self.can_improve or full or bool(ends.all())
+        return [(int(beams[j]), int(tokens[j])) for j in chosen]
+
+    def keep_finished(self, totals, beams, tokens, ends, length: int) -> None:
+        """The best k of the hypotheses kept and the candidates among the best k that just ended. (A step
+        runs only while the heuristic says a beam can improve and, with early_stopping True, fewer than k
+        are kept: transformers' further rule-outs for those cases never apply here.)"""
+        k = self.params.num_beams
+        scored = (totals / np.float32(length**self.params.length_penalty)).astype(np.float32)
+        candidate = ends & (np.arange(len(totals)) < k)
+        scored = scored + np.where(candidate, np.float32(0.0), NEG).astype(np.float32)
+        merged = np.concatenate([self.kept_scores, scored]).astype(np.float32)
+        order = top(merged, k)
+        kept: list[Hypothesis | None] = []
+        for i in order:
+            if i < k:
+                kept.append(self.kept[i])
+            elif candidate[i - k]:
+                j = i - k
+                last = int(tokens[j])
+                kept.append(Hypothesis((*self.running[beams[j]], last), float(merged[i]), last in self.ends))
+            else:
+                kept.append(None)  # an entry ruled out, kept only as transformers keeps it: never returned
+        self.kept, self.kept_scores = kept, merged[order]
+
+    def check_heuristic(self) -> None:
+        """Whether a running beam could still beat the worst kept hypothesis (transformers' heuristic)."""
+        params = self.params
+        if params.early_stopping == "never" and params.length_penalty > 0.0:
+            length = self.budget
+        else:
+            length = self.generated
+        best = self.running_scores[0] / np.float32(length**params.length_penalty)
+        worst = [self.kept_scores.min() if h is not None else NEG for h in self.kept]
+        self.can_improve = self.can_improve and any(best > w for w in worst)
+
+    def hypotheses(self) -> list[Hypothesis]:
+        """The best `num_return_sequences` hypotheses, best first."""
+        return [h for h in self.kept[: self.params.num_return_sequences] if h is not None]
