@@ -245,7 +245,7 @@ def save_marian(
     settings: dict[str, Any] = dict(activation_function="swish", scale_embedding=True, init_std=init_std)
     settings.update(MARIAN_CONFIG)
     settings.update(vocab_size=len(vocab), pad_token_id=pad, decoder_start_token_id=pad, eos_token_id=0)
-    settings.update(forced_eos_token_id=0, bad_words_ids=[[pad]], **config)
+    settings.update(forced_eos_token_id=0, **config)
     torch.manual_seed(0)
     model = t.MarianMTModel(t.MarianConfig(**settings))
     with torch.no_grad():
@@ -254,4 +254,6 @@ def save_marian(
                 parameter.copy_(torch.randn_like(parameter) * 0.1 + (1.0 if "weight" in name else 0.0))
         model.final_logits_bias.copy_(torch.randn_like(model.final_logits_bias))
     model.save_pretrained(out)
+    generation = out / "generation_config.json"  # OPUS-MT's bans the pad id (transformers 5 leaves it out)
+    generation.write_text(json.dumps({**json.loads(generation.read_text()), "bad_words_ids": [[pad]]}, indent=2))
     return out

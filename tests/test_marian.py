@@ -294,3 +294,47 @@ def test_what_cannot_be_imported_is_refused_in_one_line_naming_it(
     said = capsys.readouterr().err.strip()
     assert said.startswith("attnserve import: error: ") and message in said and "\n" not in said
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def logits_scale(reference) -> float:
+    """The largest |logit| of the model's first decoder step over the test sources."""
+    model, tokenizer = reference
+    batch = tokenizer(sources(), return_tensors="pt", padding=True)
+    start = torch.full((len(sources()), 1), model.config.decoder_start_token_id)
+    with torch.no_grad():
+        return float(model(**batch, decoder_input_ids=start).logits.abs().max())
+
+
+def test_the_ids_opus_mt_bans_are_never_generated_as_transformers_never_generates_them(marian_dir, tmp_path, reference):
+    """OPUS-MT's generation config bans the pad id (bad_words_ids), which its logits can favour: here
+    its final_logits_bias is raised until the pad would be every step's argmax. The import carries the
+    ban into the export; served greedy and beam tokens are transformers' (which applies it), no pad."""
+    from safetensors.torch import load_file, save_file
+
+    from attnserve.export.onnx_export import export_checkpoint
+    from attnserve.model.import_cli import run
+
+    hf = edited(marian_dir, tmp_path)
+    weights = load_file(str(hf / "model.safetensors"))
+    pad = json.loads((hf / "config.json").read_text())["pad_token_id"]
+    scale = logits_scale(reference)
+    weights["final_logits_bias"][0, pad] = 2 * scale  # the pad above every other logit, as a zero embedding can be
+    save_file(weights, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    run(hf, tmp_path / "run", steps=8)
+    export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "model")
+    assert json.loads((tmp_path / "model" / "attnserve.json").read_text())["tokenizer"]["suppressed_ids"] == [pad]
+    from transformers import MarianMTModel
+
+    favoured = (MarianMTModel.from_pretrained(hf).eval(), reference[1])
+    running = start_server(tmp_path / "model", max_batch=8)
+    try:
+        for text in sources()[:4]:
+            greedy = list(generate(running.stub, text).token_ids)
+            assert greedy == transformers_greedy(favoured, text) and pad not in greedy
+            found = beams(running.stub, text, 4, 1.0, 2)
+            assert [tokens for tokens, _ in found] == [
+                tokens for tokens, _ in transformers_beams(favoured, text, 4, 1.0, 2)
+            ]
+            assert all(pad not in tokens for tokens, _ in found)
+    finally:
+        running.stop()

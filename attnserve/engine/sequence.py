@@ -157,8 +157,9 @@ class Sequence:
             sampling = replace(sampling, seed=(sampling.seed + index) % 2**64)
         self.sampler = Sampler(sampling, spec.vocab_size, spec.decoder_prompt(request.prompt_ids))
         self.ends = frozenset({*self.eos_ids, *request.stop_token_ids})  # ids that end the request
-        self.early_ban = tuple(sorted(self.ends))  # masked before min_new_tokens
-        self.late_ban = tuple(sorted(self.eos_ids)) if request.ignore_eos else ()  # masked after
+        never = tokenizer.suppressed_ids  # the model's: never generated
+        self.early_ban = tuple(sorted(self.ends | never))  # masked before min_new_tokens
+        self.late_ban = tuple(sorted(never | (self.eos_ids if request.ignore_eos else frozenset())))  # after
         self.stream = TextStream(tokenizer, request.stop)
         self.budget = token_budget(request, spec)
         self.generated: list[int] = []
@@ -191,7 +192,8 @@ class Sequence:
         self.prompt_logprobs = prompt_logprobs(rows, self.request.prompt_ids, top)
 
     def banned(self) -> tuple[int, ...]:
-        """Ids the next token cannot be: EOS and the stop ids before min_new_tokens, EOS under ignore_eos."""
+        """Ids the next token cannot be: EOS and the stop ids before min_new_tokens, EOS under ignore_eos,
+        and always the ids the model never generates (its tokenizer's suppressed_ids)."""
         return self.early_ban if len(self.generated) < self.request.min_new_tokens else self.late_ban
 
     def pick(self, logits: np.ndarray) -> int:

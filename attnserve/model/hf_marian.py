@@ -107,8 +107,23 @@ def marian_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[
     return state
 
 
+def suppressed(hf_dir: Path, config: dict) -> tuple[int, ...]:
+    """The ids transformers' generate never picks for this model: generation_config.json's (else
+    config.json's) bad_words_ids of one token each (OPUS-MT's: [[pad]]) and suppress_tokens."""
+    generation = read_json(hf_dir / "generation_config.json", required=False)
+    source = generation if "bad_words_ids" in generation or "suppress_tokens" in generation else config
+    ids = []
+    for words in source.get("bad_words_ids") or []:
+        if not (isinstance(words, list) and len(words) == 1 and isinstance(words[0], int)):
+            raise HFImportError(f"{hf_dir}: bad_words_ids {words!r}: only single ids are implemented")
+        ids.append(words[0])
+    ids += [i for i in source.get("suppress_tokens") or [] if isinstance(i, int)]
+    return tuple(sorted(set(ids)))
+
+
 def marian_tokenizer(hf_dir: Path, config: dict) -> SentencePieceTokenizer:
-    """source.spm, target.spm and vocab.json, the decoder starting from config.json's start id."""
+    """source.spm, target.spm and vocab.json, the decoder starting from config.json's start id, and the
+    ids its generation config bans."""
     token_config = read_json(hf_dir / "tokenizer_config.json", required=False)
     if token_config.get("separate_vocabs"):
         raise HFImportError(f"{hf_dir}: tokenizer_config.json separate_vocabs true: not implemented")
@@ -116,7 +131,7 @@ def marian_tokenizer(hf_dir: Path, config: dict) -> SentencePieceTokenizer:
     if not isinstance(start, int):
         raise HFImportError(f"{hf_dir / 'config.json'}: no decoder_start_token_id")
     try:
-        tokenizer = SentencePieceTokenizer.from_files(hf_dir, start)
+        tokenizer = SentencePieceTokenizer.from_files(hf_dir, start, suppressed(hf_dir, config))
     except TokenizerError as e:
         raise HFImportError(str(e)) from None
     for field in ("eos_token_id", "pad_token_id"):

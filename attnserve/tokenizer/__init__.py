@@ -25,6 +25,7 @@ class Tokenizer(Protocol):
     bos_id: int
     eos_id: int
     eos_ids: frozenset[int]  # every id that ends a completion, eos_id among them (an imported model may have several)
+    suppressed_ids: frozenset[int]  # ids the model never generates (a translation model's pad: bad_words_ids)
     pad_id: int
     add_bos: bool  # a text prompt starts with BOS (bytes) or not (BPE, GPT-2's way)
 
@@ -76,7 +77,8 @@ def from_model_dir(model_dir: str | Path, entry: dict) -> Tokenizer:
     if state["kind"] == "sentencepiece":
         from .sentencepiece import SentencePieceTokenizer
 
-        return SentencePieceTokenizer.from_files(Path(model_dir), int(entry["bos_id"]))
+        suppressed = tuple(int(i) for i in entry.get("suppressed_ids", ()))
+        return SentencePieceTokenizer.from_files(Path(model_dir), int(entry["bos_id"]), suppressed)
     if state["kind"] == "bpe":
         path = Path(model_dir) / entry["file"]
         try:
@@ -104,6 +106,7 @@ def manifest_entry(tokenizer: Tokenizer) -> dict:
         "pad_id": tokenizer.pad_id,
         "add_bos": tokenizer.add_bos,
         **({"special": special} if special else {}),
+        **({"suppressed_ids": sorted(tokenizer.suppressed_ids)} if tokenizer.suppressed_ids else {}),
     }
 
 

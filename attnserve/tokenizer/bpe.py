@@ -77,6 +77,7 @@ class BpeTokenizer:
     file itself (written again beside tokenizer.json by the export)."""
 
     kind = "bpe"
+    suppressed_ids: frozenset[int] = frozenset()
 
     def __init__(self, json_text: str, special: dict | None = None, tokenizer_config: dict | None = None):
         self._tok = library_tokenizer(json_text)

@@ -5,8 +5,10 @@ there, not its SentencePiece index).
 Source text in: the source model's pieces, each looked up in vocab.json (<unk> where it lacks one), a
 language code like ">>fra<<" at the start kept whole, EOS appended. Target ids out: the pieces
 vocab.json names, special ids dropped, joined by the target model, "▁" read as a space, stripped:
-what transformers' MarianTokenizer decodes (tests/test_marian.py compares the two). Reads the files
-with Google's sentencepiece library; knows nothing of models or serving.
+what transformers' MarianTokenizer decodes (tests/test_marian.py compares the two). The ids the model
+must never generate go with it (OPUS-MT's generation config bans the pad id, which Marian's own
+vocabulary never had). Reads the files with Google's sentencepiece library; knows nothing of models
+or serving.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ FILES = {"source": SOURCE_FILE, "target": TARGET_FILE, "vocab": VOCAB_FILE}
 SPECIAL_TOKENS = {"eos_id": "</s>", "unk_id": "<unk>", "pad_id": "<pad>"}
 LANGUAGE_CODE = re.compile(r">>[^<>]+<<")  # a multilingual model's target language, first in a source
 SPACE = "\u2581"  # "▁": SentencePiece's space
-STATE_KEYS = ("source", "target", "vocab", "decoder_start_id")  # what a checkpoint stores (state())
+STATE_KEYS = ("source", "target", "vocab", "decoder_start_id")  # what a checkpoint stores (state()), and
+SUPPRESSED = "suppressed_ids"  # the ids never generated, where there are any
 
 
 def processor(model: bytes, name: str):
@@ -46,7 +49,14 @@ class SentencePieceTokenizer:
     kind = "sentencepiece"
     add_bos = False
 
-    def __init__(self, source: bytes, target: bytes, vocab: dict[str, int], decoder_start_id: int):
+    def __init__(
+        self,
+        source: bytes,
+        target: bytes,
+        vocab: dict[str, int],
+        decoder_start_id: int,
+        suppressed: tuple[int, ...] = (),
+    ):
         self.source, self.target, self.vocab = source, target, vocab
         self._source, self._target = processor(source, SOURCE_FILE), processor(target, TARGET_FILE)
         missing = [token for token in SPECIAL_TOKENS.values() if token not in vocab]
@@ -61,11 +71,17 @@ class SentencePieceTokenizer:
             raise TokenizerError(f"decoder start id {decoder_start_id} is outside [0, {self.vocab_size})")
         self.bos_id = decoder_start_id
         self.eos_ids = frozenset({self.eos_id})
+        outside = [i for i in suppressed if not 0 <= i < self.vocab_size]
+        if outside:
+            raise TokenizerError(f"suppressed id {outside[0]} is outside [0, {self.vocab_size})")
+        self.suppressed_ids = frozenset(suppressed)
         self.special_ids = frozenset({self.eos_id, self.unk_id, self.pad_id})
         self.pieces = {i: piece for piece, i in vocab.items()}
 
     @classmethod
-    def from_files(cls, directory: Path, decoder_start_id: int) -> SentencePieceTokenizer:
+    def from_files(
+        cls, directory: Path, decoder_start_id: int, suppressed: tuple[int, ...] = ()
+    ) -> SentencePieceTokenizer:
         """The tokenizer of a directory holding source.spm, target.spm and vocab.json."""
         try:
             source, target = ((directory / name).read_bytes() for name in (SOURCE_FILE, TARGET_FILE))
@@ -74,7 +90,7 @@ class SentencePieceTokenizer:
             raise TokenizerError(f"{directory}: {e}") from None
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise TokenizerError(f"{directory / VOCAB_FILE}: not an object of piece -> id")
-        return cls(source, target, vocab, decoder_start_id)
+        return cls(source, target, vocab, decoder_start_id, suppressed)
 
     def encode(self, text: str) -> list[int]:
         """The source model's pieces of `text` as vocab.json's ids; a leading language code is one id."""
@@ -115,6 +131,7 @@ class SentencePieceTokenizer:
             "target": base64.b64encode(self.target).decode("ascii"),
             "vocab": self.vocab,
             "decoder_start_id": self.bos_id,
+            SUPPRESSED: sorted(self.suppressed_ids),
         }
 
     @classmethod
@@ -123,7 +140,8 @@ class SentencePieceTokenizer:
         if missing:
             raise TokenizerError(f"a SentencePiece tokenizer's state lacks {', '.join(missing)}")
         source, target = (base64.b64decode(state[side]) for side in ("source", "target"))
-        return cls(source, target, dict(state["vocab"]), int(state["decoder_start_id"]))
+        suppressed = tuple(int(i) for i in state.get(SUPPRESSED, ()))
+        return cls(source, target, dict(state["vocab"]), int(state["decoder_start_id"]), suppressed)
 
     def write(self, directory: Path) -> list[str]:
         """source.spm, target.spm and vocab.json into `directory` (an export's); their names."""

@@ -35,6 +35,7 @@ class ByteTokenizer:
     kind = "bytes"
     vocab_size, bos_id, eos_id, pad_id = VOCAB_SIZE, BOS_ID, EOS_ID, PAD_ID
     eos_ids = frozenset({EOS_ID})
+    suppressed_ids: frozenset[int] = frozenset()
     add_bos = True
 
     def encode(self, text: str) -> list[int]:
