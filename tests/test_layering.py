@@ -34,6 +34,8 @@ PERMITTED = {
         "attnserve.model",
         "attnserve.runtime",
         "attnserve.tokenizer",
+        "attnserve.engine.beam_search",  # the beam gate runs the server's search on both sides
+        "attnserve.engine.domain",  # its BeamParams
     },
     # ONNX Runtime, numpy and the tokenizer; of the engine only its seam, which the runtime implements
     "runtime": {"onnxruntime", "numpy", "attnserve.tokenizer", "attnserve.engine.seam"},

@@ -142,7 +142,9 @@ def test_every_door_translates_alike_and_a_stream_is_the_unary_text(marian_serve
     assert reply.choices[0].text == unary
 
 
-def transformers_beams(reference, source: str, k: int, penalty: float, returned: int) -> list[tuple[list[int], float]]:
+def transformers_beams(
+    reference, source: str, k: int, penalty: float, returned: int, early: bool | str = False
+) -> list[tuple[list[int], float]]:
     """transformers' beam search of one source: each returned hypothesis's tokens (after the start id, its
     EOS dropped) and score; no EOS forced at the length limit (as attnserve)."""
     model, tokenizer = reference
@@ -153,6 +155,7 @@ def transformers_beams(reference, source: str, k: int, penalty: float, returned:
             num_beams=k,
             length_penalty=penalty,
             num_return_sequences=returned,
+            early_stopping=early,
             max_new_tokens=NEW_TOKENS,
             forced_eos_token_id=None,
             output_scores=True,
@@ -165,9 +168,9 @@ def transformers_beams(reference, source: str, k: int, penalty: float, returned:
     return found
 
 
-def beams(stub, source: str, k: int, penalty: float, returned: int) -> list[tuple[list[int], float]]:
+def beams(stub, source: str, k: int, penalty: float, returned: int, early: str = "") -> list[tuple[list[int], float]]:
     """The server's hypotheses (tokens, score) of one source, best first."""
-    fields = dict(num_beams=k, length_penalty=penalty, num_return_sequences=returned)
+    fields = dict(num_beams=k, length_penalty=penalty, num_return_sequences=returned, early_stopping=early)
     reply = stub.Generate(pb.GenerateRequest(prompt=source, max_new_tokens=NEW_TOKENS, **fields), timeout=TIMEOUT)
     if returned == 1:
         return [(list(reply.token_ids), reply.score)]
@@ -188,6 +191,28 @@ def test_beam_search_is_transformers_alone_and_batched(marian_server, reference,
     with ThreadPoolExecutor(len(texts)) as pool:
         batched = list(pool.map(lambda text: beams(marian_server.stub, text, k, penalty, returned), texts))
     assert batched == alone
+
+
+@pytest.mark.parametrize(("early", "theirs"), [("true", True), ("never", "never")])
+def test_early_stopping_true_and_never_are_transformers(marian_server, reference, early, theirs):
+    """transformers' other stopping rules: once k hypotheses are kept (true), or once none could be beaten
+    at the longest length (never), with a length penalty that favours long and one that favours short."""
+    for penalty in (2.0, -1.0):
+        for text in sources()[:8]:
+            mine = beams(marian_server.stub, text, 4, penalty, 2, early)
+            expected = transformers_beams(reference, text, 4, penalty, 2, theirs)
+            assert [tokens for tokens, _ in mine] == [tokens for tokens, _ in expected], (penalty, text)
+
+
+def test_beam_search_across_the_engine_core_process(marian_server, marian_model_dir):
+    """The engine core in its own process gives the thread mode's hypotheses and scores."""
+    texts = sources()[:4]
+    here = [beams(marian_server.stub, text, 4, 0.6, 2) for text in texts]
+    core = start_server(marian_model_dir, engine_core="process")
+    try:
+        assert [beams(core.stub, text, 4, 0.6, 2) for text in texts] == here
+    finally:
+        core.stop()
 
 
 def test_beam_groups_share_the_batch_with_greedy_requests_and_a_cancel_frees_every_slot(marian_server):
@@ -338,3 +363,18 @@ def test_the_ids_opus_mt_bans_are_never_generated_as_transformers_never_generate
             assert all(pad not in tokens for tokens, _ in found)
     finally:
         running.stop()
+
+
+def test_the_beam_gate_fails_an_arena_that_loses_its_beams_copies(marian_checkpoint, tmp_path, monkeypatch):
+    """The export's beam gate runs the served search over the arena against PyTorch's: where a beam that
+    continues another's does not get its cache (copy_cache does nothing), the export fails its gate."""
+    from attnserve.export.onnx_export import export_checkpoint
+    from attnserve.export.parity import ParityError
+    from attnserve.runtime.arena_decoder import ArenaDecoder
+
+    monkeypatch.setattr(ArenaDecoder, "copy_cache", lambda self, src, dst: None)
+    with pytest.raises(
+        ParityError, match=r"parity gate failed: beam search k=\d length_penalty=[\d.]+: hypotheses differ"
+    ):
+        export_checkpoint(marian_checkpoint, tmp_path / "model")
+    assert not (tmp_path / "model").exists()

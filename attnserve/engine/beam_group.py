@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .beam_search import BeamSearch, reassign
 from .domain import Delta, Final, FinishReason, Timings, Usage
 from .sequence import Event, Sequence
 
@@ -26,8 +27,6 @@ class BeamGroup:
 
     def __init__(self, sequence: Sequence, keys: list[int], tokenizer: Tokenizer):
         """`sequence`: the request as it was queued (its caller, arrival and banned ids); `keys`: its k slots."""
-        from .beam_search import BeamSearch  # numpy-only, imported with the first beam request
-
         params = sequence.request.beams
         assert params is not None and len(keys) == params.num_beams, "a beam group holds one slot per beam"
         self.sequence, self.tokenizer = sequence, tokenizer
@@ -54,19 +53,7 @@ class BeamGroup:
         moves = self.search.step(np.stack([rows[key] for key in self.beam_keys]), self.banned())
         if self.search.done:
             return self.finish(now), []
-        old, claimed = self.beam_keys, set()
-        keys: dict[int, int] = {}  # next beam -> its key
-        for i, (parent, _) in enumerate(moves):  # a beam that continues an unclaimed slot's beam keeps it
-            if old[parent] not in claimed:
-                claimed.add(old[parent])
-                keys[i] = old[parent]
-        free = [key for key in old if key not in claimed]  # beams no next beam continues: never a copy's source
-        copies: list[tuple[int, int]] = []
-        for i, (parent, _) in enumerate(moves):
-            if i not in keys:
-                keys[i] = free.pop()
-                copies.append((old[parent], keys[i]))
-        self.beam_keys = [keys[i] for i in range(len(moves))]
+        self.beam_keys, copies = reassign(self.beam_keys, moves)
         self.next_tokens = {key: token for key, (_, token) in zip(self.beam_keys, moves)}
         return [], copies
 

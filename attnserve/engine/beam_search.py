@@ -11,7 +11,8 @@ best k kept. It stops when every candidate ends, when no running beam can beat t
 hypothesis (transformers' heuristic, by `early_stopping`: False, True or "never"), or, with True,
 once k hypotheses are kept.
 
-Pure numpy: it knows nothing of slots, keys or the engine (beam_group.py moves the caches).
+Pure numpy: it knows nothing of the engine (beam_group.py runs it over slots, and so does the
+export's beam gate); `reassign` says which slot each next beam takes and which caches to copy.
 """
 
 from __future__ import annotations
@@ -37,6 +38,24 @@ def log_softmax(rows: np.ndarray) -> np.ndarray:
     rows = rows.astype(np.float32, copy=False)
     shifted = rows - rows.max(axis=1, keepdims=True)
     return shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+
+
+def reassign(keys: list[int], moves: list[tuple[int, int]]) -> tuple[list[int], list[tuple[int, int]]]:
+    """The slot (key) each next beam takes, given the beams' keys and each next beam's (parent, token),
+    and the cache copies (src, dst) that make it so: a next beam that continues a beam whose key no
+    earlier one took keeps that key; each other takes the key of a beam no next beam continues, with a
+    copy of its parent's cache. Every src keeps its own state, so the copies may run in any order."""
+    claimed: dict[int, int] = {}  # next beam -> its key
+    for i, (parent, _) in enumerate(moves):
+        if keys[parent] not in claimed.values():
+            claimed[i] = keys[parent]
+    free = [key for key in keys if key not in claimed.values()]
+    copies = []
+    for i, (parent, _) in enumerate(moves):
+        if i not in claimed:
+            claimed[i] = free.pop()
+            copies.append((keys[parent], claimed[i]))
+    return [claimed[i] for i in range(len(moves))], copies
 
 
 @dataclass(frozen=True)

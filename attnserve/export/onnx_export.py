@@ -42,6 +42,7 @@ from .graphs import (
 )
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
 from .parity_arena import run_arena_gate
+from .parity_beams import beam_report
 from .parity_seq2seq import run_seq2seq_arena_gate, run_seq2seq_gate
 from .quantize import INT4_DEFAULTS, Int4Options, quantize, quantized_gate
 
@@ -211,13 +212,18 @@ def run_gate(model, staging: Path, manifest: contract.Manifest, steps: int) -> d
     """The gate of the manifest's architecture and KV cache layout, over the graphs in `staging`."""
     arena = manifest.kv_cache == contract.KV_ARENA
     provider = gate_provider(manifest.dtype, manifest.kv_cache)
+    runtime: OrtSeq2Seq | OrtDecoder
     if manifest.seq2seq:
         runtime = OrtSeq2Seq(staging, manifest=manifest, provider=provider)
         report = (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, runtime, steps)
     else:
-        decoder = OrtDecoder(staging, manifest=manifest, provider=provider)
-        report = (run_arena_gate if arena else run_decoder_gate)(model, decoder, steps)
-    return {**report, "provider": runtime.provider if manifest.seq2seq else decoder.provider}
+        runtime = OrtDecoder(staging, manifest=manifest, provider=provider)
+        report = (run_arena_gate if arena else run_decoder_gate)(model, runtime, steps)
+    if arena:  # the server's beam groups: served beams against the PyTorch model's
+        start = manifest.bos_id if manifest.seq2seq else None
+        report["beams"] = beam_report(model, runtime, manifest.dtype, manifest.eos_id, start)
+        report["passed"] = report["passed"] and report["beams"]["ok"]
+    return {**report, "provider": runtime.provider}
 
 
 def load_model(checkpoint: Path) -> tuple[LanguageModel, Tokenizer, dict]:

@@ -18,6 +18,7 @@ from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtGraphs
 from ..runtime.ort_session import empty_past, io_names, left_pad
 from .graphs import flatten, pairs
+from .parity_beams import beam_lines
 
 # (case name, real length of each row, past length P, new tokens T)
 DECODER_CASES = [
@@ -211,6 +212,7 @@ def format_report(report: dict) -> str:
         for i, r in enumerate(g["rows"])
         if r["excused_near_tie"]
     ]
+    lines += beam_lines(report)
     lines += [f"problem: {p}" for p in report["problems"]]
     return "\n".join(lines)
 
@@ -229,4 +231,12 @@ def failure_message(report: dict) -> str:
     for r, row in enumerate(report["greedy"]["rows"]):
         if row["first_divergence"] is not None and not row["excused_near_tie"]:
             parts.append(f"greedy row {r} diverged at step {row['first_divergence']} of {report['greedy']['steps']}")
+    beams = report.get("beams")
+    if beams is not None and not beams["ok"]:
+        parts += [
+            f"beam search k={c['num_beams']} length_penalty={c['length_penalty']:g}: hypotheses differ for "
+            f"{c['prompts'] - c['identical']} of {c['prompts']} prompts"
+            for c in beams["cases"]
+            if c["identical"] < c["prompts"]
+        ]
     return "parity gate failed: " + "; ".join(parts)
