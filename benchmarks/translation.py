@@ -93,8 +93,10 @@ class Served:
 
         def one(text: str) -> tuple:
             start = time.perf_counter()
-            fields = {"num_beams": beams} if beams > 1 else {}
-            reply = self.stub.Generate(pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens, **fields))
+            request = pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens)
+            if beams > 1:
+                request.num_beams = beams
+            reply = self.stub.Generate(request)
             return list(reply.token_ids), time.perf_counter() - start
 
         with ThreadPoolExecutor(concurrency) as pool:
@@ -149,7 +151,10 @@ def compare(args: argparse.Namespace, hf: Path, model: Path, ct2: Path) -> list[
     from transformers import MarianTokenizer
 
     texts = sentences(MarianTokenizer.from_pretrained(hf), args.sentences)
-    sides = {"attnserve": Served(model, args.threads), "ctranslate2": Ct2(ct2, hf, args.threads)}
+    sides: dict[str, Served | Ct2] = {
+        "attnserve": Served(model, args.threads),
+        "ctranslate2": Ct2(ct2, hf, args.threads),
+    }
     runs: dict[tuple, list] = {}
     try:
         for side in sides.values():  # warm-up: one pass of the smallest case
