@@ -1,8 +1,10 @@
 """Translation: attnserve served through gRPC against CTranslate2 on the same Marian weights, greedy and
 beam 4, at 1 and 16 requests at a time; and the `numbers` model's exact match, greedy against beam 4.
+With --parity, the served hypotheses against transformers' at this shape first.
 
     python -m benchmarks.translation --work runs/translation --out reports/translation.json \\
         --plot reports/translation.png
+    python -m benchmarks.translation --parity --skip-compare --skip-numbers --out reports/translation-parity.json
 
 The model is a Marian checkpoint of OPUS-MT's shape (d_model 512, 6 + 6 layers, 8 heads, d_ff 2048,
 58,101 ids; random weights and SentencePiece models trained on CPython's docs: nothing downloaded,
@@ -102,6 +104,20 @@ class Served:
         with ThreadPoolExecutor(concurrency) as pool:
             return list(pool.map(one, texts))
 
+    def hypotheses(self, texts: list[str], beams: int, penalty: float, returned: int, new_tokens: int) -> list:
+        """Each text's hypotheses' token ids (best first), every text's call at once."""
+        from attnserve.v1 import generation_pb2 as pb
+
+        def one(text: str) -> list[list[int]]:
+            request = pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens)
+            if beams > 1:
+                request.num_beams, request.length_penalty, request.num_return_sequences = beams, penalty, returned
+            reply = self.stub.Generate(request)
+            return [list(c.token_ids) for c in reply.completions] or [list(reply.token_ids)]
+
+        with ThreadPoolExecutor(len(texts)) as pool:
+            return list(pool.map(one, texts))
+
     def close(self) -> None:
         self.channel.close()
         self.server.stop()
@@ -187,6 +203,44 @@ def compare(args: argparse.Namespace, hf: Path, model: Path, ct2: Path) -> list[
     return rows
 
 
+PARITY_CASES = ((1, 1.0), (2, 0.6), (2, 1.0), (4, 0.6), (4, 1.0), (5, 0.6), (5, 1.0))  # (beams, length penalty)
+
+
+def parity(args: argparse.Namespace, hf: Path, model: Path) -> list[dict]:
+    """At this shape: 16 sources, all at once through the server, against transformers' generate (beam
+    search with two hypotheses back), for each case: how many sources give the same tokens."""
+    import torch
+    from transformers import MarianMTModel, MarianTokenizer
+
+    tokenizer, reference = MarianTokenizer.from_pretrained(hf), MarianMTModel.from_pretrained(hf).eval()
+    texts = sentences(tokenizer, 16)
+    served = Served(model, args.threads)
+    rows = []
+    try:
+        for beams, penalty in PARITY_CASES:
+            returned = min(beams, 2)
+            expected = []
+            for text in texts:
+                with torch.no_grad():
+                    out = reference.generate(
+                        **tokenizer([text], return_tensors="pt"),
+                        num_beams=beams,
+                        length_penalty=penalty,
+                        num_return_sequences=returned,
+                        max_new_tokens=args.new_tokens,
+                        forced_eos_token_id=None,
+                    )
+                found = [seq[1:] for seq in out.tolist()]
+                expected.append([seq[: seq.index(0)] if 0 in seq else seq for seq in found])
+            got = served.hypotheses(texts, beams, penalty, returned, args.new_tokens)
+            same = sum(mine == theirs for mine, theirs in zip(got, expected))
+            rows.append({"beams": beams, "length_penalty": penalty, "sources": len(texts), "identical": same})
+            progress(f"parity beams {beams} length_penalty {penalty}: {same} of {len(texts)} identical")
+    finally:
+        served.close()
+    return rows
+
+
 def numbers_match(args: argparse.Namespace) -> dict:
     """The `numbers` model's exact match on held-out numbers, greedy against beam 4, served."""
     from attnserve.model.numbers import number_pairs
@@ -215,10 +269,15 @@ def numbers_match(args: argparse.Namespace) -> dict:
 
 
 def print_table(result: dict) -> None:
+    for row in result.get("parity", []):
+        print(
+            f"parity: beams {row['beams']} length_penalty {row['length_penalty']:g}: {row['identical']} of "
+            f"{row['sources']} sources identical to transformers'"
+        )
     header = ("beams", "at a time", "attnserve tokens/s", "CTranslate2 tokens/s", "ratio", "p50 ms", "same tokens")
     print("| " + " | ".join(header) + " |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
-    for row in result["rows"]:
+    for row in result.get("rows", []):
         a, c = row["attnserve"], row["ctranslate2"]
         print(
             f"| {row['beams']} | {row['concurrency']} | {a['tokens_per_s']:.1f} | {c['tokens_per_s']:.1f} | "
@@ -264,18 +323,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--numbers-checkpoint", default=None, help="a trained numbers checkpoint (else one is trained)")
     p.add_argument("--numbers-budget", type=int, default=300, help="seconds to train the numbers model")
     p.add_argument("--skip-numbers", action="store_true")
+    p.add_argument("--skip-compare", action="store_true", help="leave out the comparison with CTranslate2")
+    p.add_argument("--parity", action="store_true", help="served hypotheses against transformers' at this shape")
     p.add_argument("--small", action="store_true", help="the tests' small Marian, not OPUS-MT's shape (a smoke run)")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     stamp = Stamp.start("CPUExecutionProvider")
     hf, model, ct2 = build(args.work, args.small)
     result: dict = {"settings": {k: str(v) for k, v in vars(args).items()}}
-    result["rows"] = compare(args, hf, model, ct2)
+    if args.parity:
+        result["parity"] = parity(args, hf, model)
+    if not args.skip_compare:
+        result["rows"] = compare(args, hf, model, ct2)
     if not args.skip_numbers:
         result["numbers"] = numbers_match(args)
     result["stamp"] = stamp.finish()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    if args.plot:
+    if args.plot and "rows" in result:
         write_plot(result, args.plot)
     write_report(args.out, result, args.plot, "Translation: attnserve and CTranslate2 on the same Marian weights")
     print_table(result)
