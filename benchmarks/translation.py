@@ -89,16 +89,21 @@ class Served:
         self.channel = grpc.insecure_channel(self.server.target)
         self.stub = generation_pb2_grpc.TextGenerationStub(self.channel)
 
+    def call(self, text: str, new_tokens: int, beams: int, penalty: float = 1.0, returned: int = 1):
+        """One unary Generate call: greedy, or beam search with `beams` beams."""
+        from attnserve.v1 import generation_pb2 as pb
+
+        request = pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens)
+        if beams > 1:
+            request.num_beams, request.length_penalty, request.num_return_sequences = beams, penalty, returned
+        return self.stub.Generate(request)
+
     def translate(self, texts: list[str], beams: int, concurrency: int, new_tokens: int) -> list[tuple]:
         """(token ids, seconds) of each text's best hypothesis, `concurrency` calls at a time."""
-        from attnserve.v1 import generation_pb2 as pb
 
         def one(text: str) -> tuple:
             start = time.perf_counter()
-            request = pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens)
-            if beams > 1:
-                request.num_beams = beams
-            reply = self.stub.Generate(request)
+            reply = self.call(text, new_tokens, beams)
             return list(reply.token_ids), time.perf_counter() - start
 
         with ThreadPoolExecutor(concurrency) as pool:
@@ -106,13 +111,9 @@ class Served:
 
     def hypotheses(self, texts: list[str], beams: int, penalty: float, returned: int, new_tokens: int) -> list:
         """Each text's hypotheses' token ids (best first), every text's call at once."""
-        from attnserve.v1 import generation_pb2 as pb
 
         def one(text: str) -> list[list[int]]:
-            request = pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens)
-            if beams > 1:
-                request.num_beams, request.length_penalty, request.num_return_sequences = beams, penalty, returned
-            reply = self.stub.Generate(request)
+            reply = self.call(text, new_tokens, beams, penalty, returned)
             return [list(c.token_ids) for c in reply.completions] or [list(reply.token_ids)]
 
         with ThreadPoolExecutor(len(texts)) as pool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..tokenizer import Tokenizer
 from .beam_search import BeamSearch, reassign
-from .domain import Delta, Final, FinishReason, Timings, Usage
+from .domain import Delta, Final, FinishReason, Usage
 from .sequence import Event, Sequence
 
 
@@ -62,8 +62,7 @@ class BeamGroup:
         finish reason and score."""
         s = self.sequence
         hypotheses = self.search.hypotheses()
-        ms = lambda t: round(1000.0 * (t - s.arrival), 3)
-        timings = Timings(ms(s.admitted or now), ms(now), ms(now))  # the caller's first token comes with the end
+        timings = s.timings(now, now)  # the caller's first token comes with the end
         assert hypotheses, "a search ends with a hypothesis kept (at the budget every best candidate ends)"
         events: list[Event] = []
         final: Final | None = None
@@ -84,10 +83,9 @@ class BeamGroup:
         """Ended before the search did (cancelled, deadline): one Final, no hypotheses; [] once ended."""
         if self.final is not None:
             return []
-        s, now = self.sequence, time.perf_counter()
-        ms = lambda t: round(1000.0 * (t - s.arrival), 3)
+        s = self.sequence
         usage = Usage(len(s.request.prompt_ids), 0, self.members[0].cached_tokens)
-        self.final = Final(reason, "", usage, Timings(ms(s.admitted or now), ms(now), ms(now)))
+        self.final = Final(reason, "", usage, s.timings(time.perf_counter(), None))
         return [self.final]
 
 

@@ -429,31 +429,28 @@ class Engine:
         if not holders:
             return []
         now = time.perf_counter()
-        rows = range(len(holders))
-        singles = [i for i in rows if isinstance(holders[i], Sequence)]
-        if len(singles) < len(holders):
-            self._advance_beams(logits, {logits.keys[i]: holders[i] for i in rows if i not in singles}, now)
-        keys = [logits.keys[i] for i in singles]
-        sequences = [s for s in holders if isinstance(s, Sequence)]
-        every = len(singles) == len(holders)
-        own = logits.rows if every else logits.rows[singles]
-        if logits.tokens is None:
-            tokens = pick_tokens(own, sequences)
+        keys, rows, picked = logits.keys, logits.rows, logits.tokens
+        sequences = [h for h in holders if isinstance(h, Sequence)]
+        if len(sequences) < len(holders):  # beam groups take their rows; the completions theirs
+            self._advance_beams(logits, holders, now)
+            singles = [i for i, h in enumerate(holders) if isinstance(h, Sequence)]
+            keys, rows = [keys[i] for i in singles], rows[singles]
+            picked = None if picked is None else picked[singles]
+        if picked is None:
+            tokens = pick_tokens(rows, sequences)
         else:  # the runner picked the greedy rows; only the sampling rows' logits are valid
-            picked = (logits.tokens if every else logits.tokens[singles]).tolist()
-            tokens = [t if s.plain_greedy else s.pick(r) for t, s, r in zip(picked, sequences, own)]
+            tokens = [t if s.plain_greedy else s.pick(r) for t, s, r in zip(picked.tolist(), sequences, rows)]
         for sequence, token in zip(sequences, tokens):
             self._emit(sequence, sequence.advance(token, now))
         return list(zip(keys, sequences))
 
-    def _advance_beams(self, logits: Logits, beams: dict[int, Slot], now: float) -> None:
+    def _advance_beams(self, logits: Logits, holders: list[Slot], now: float) -> None:
         """Each beam group's rows to its search: its cache copies made, its hypotheses emitted at its end
         and its slots freed."""
         groups: dict[BeamGroup, dict[int, np.ndarray]] = {}
-        for key, row in zip(logits.keys, logits.rows):
-            member = beams.get(key)
-            if isinstance(member, BeamMember):
-                groups.setdefault(member.group, {})[key] = row
+        for key, row, holder in zip(logits.keys, logits.rows, holders):
+            if isinstance(holder, BeamMember):
+                groups.setdefault(holder.group, {})[key] = row
         for group, rows in groups.items():
             events, copies = group.step(rows, now)
             for src, dst in copies:

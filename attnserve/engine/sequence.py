@@ -304,16 +304,21 @@ class Sequence:
             for index in range(1, self.request.n)
         ]
 
+    def timings(self, now: float, first_token: float | None) -> Timings:
+        """Its Final's milliseconds from arrival to admission, the first token and `now` (perf_counter;
+        an event that has not happened yet is `now`'s)."""
+        ms = lambda t: round(1000.0 * ((t if t is not None else now) - self.arrival), 3)
+        return Timings(ms(self.admitted), ms(first_token), ms(now))
+
     def finish(self, reason: FinishReason) -> Final:
         """The Final: the last text, usage and timings (end() hands on the held tokens before it)."""
         now = time.perf_counter()
-        ms = lambda t: round(1000.0 * ((t if t is not None else now) - self.arrival), 3)
         self.completions.remaining -= 1
         self.final = Final(
             reason,
             self.stream.finish(),
             Usage(len(self.request.prompt_ids), len(self.generated), self.cached_tokens),
-            Timings(ms(self.admitted), ms(self.first_token), ms(now)),
+            self.timings(now, self.first_token),
             self.prompt_logprobs,
             self.index,
             self.completions.remaining,
