@@ -44,6 +44,7 @@ def kserve_docs() -> list[dict]:
 
 OVERLAYS = [f"overlays/{d.name}" for d in sorted((DEPLOY / "overlays").iterdir())]
 VARIANTS = {"base": ("base", ()), "base+tls": ("base", ("tls",)), "base+auth": ("base", ("auth",))}
+VARIANTS |= {"base+tracing": ("base", ("tracing",))}
 VARIANTS |= {overlay: (overlay, ()) for overlay in OVERLAYS}
 
 

@@ -42,7 +42,9 @@ PERMITTED = {
     # scheduling sees a model only through its seam: numpy, the tokenizer, structured output's matcher
     "engine": {"numpy", "llguidance", "attnserve.tokenizer"},
     # the engine on its loaded model, in a thread or a process of its own: no front door, no gRPC
-    "core": {"msgspec", "attnserve.engine", "attnserve.runtime", "attnserve.tokenizer"},
+    "core": {"msgspec", "attnserve.engine", "attnserve.runtime", "attnserve.tokenizer", "attnserve.tracing"},
+    # OpenTelemetry's SDK and exporters (imported only with tracing on) and the engine's domain
+    "tracing": {"opentelemetry", "attnserve.engine.domain"},
     # of the runtime, only the model directory's errors and manifest (the core loads the model)
     "server": {
         "grpc",
@@ -59,6 +61,7 @@ PERMITTED = {
         "attnserve.core",
         "attnserve.runtime.contract",
         "attnserve.runtime.model_sessions",
+        "attnserve.tracing",
     },
     "ray_serve": {"ray", "grpc", "starlette", *PROTOCOLS, "attnserve.flags", "attnserve.engine", "attnserve.server"},
     # grpcio, the generated protocols and the standard library's (matplotlib for --plot, imported lazily)

@@ -129,12 +129,14 @@ class AsyncClient(ClientBase):
         *,
         request_id: str = "",
         timeout: float | None = None,
+        traceparent: str = "",
         **overrides: Unpack[ParamFields],
     ) -> GenerationResult:
         """The whole completion of `prompt` (text, or token ids); no params means greedy."""
         request = build_request(prompt, params, request_id=request_id, **overrides)
         with typed_errors():
-            response = await self._stub.Generate(request, timeout=self._timeout(timeout), metadata=self._metadata)
+            metadata = self._traced(traceparent)
+            response = await self._stub.Generate(request, timeout=self._timeout(timeout), metadata=metadata)
         return result_from_response(response)
 
     def stream(
@@ -144,12 +146,13 @@ class AsyncClient(ClientBase):
         *,
         request_id: str = "",
         timeout: float | None = None,
+        traceparent: str = "",
         **overrides: Unpack[ParamFields],
     ) -> AsyncStream:
         """Start streaming the completion of `prompt`; iterate the returned `AsyncStream`."""
         request = build_request(prompt, params, request_id=request_id, **overrides)
         return AsyncStream(
-            self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata),
+            self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._traced(traceparent)),
             completions_of(request),
         )
 

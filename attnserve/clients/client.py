@@ -156,6 +156,10 @@ class ClientBase:
     def _timeout(self, timeout: float | None) -> float:
         return check_timeout(self.timeout if timeout is None else timeout)
 
+    def _traced(self, traceparent: str) -> tuple[tuple[str, str], ...]:
+        """The call's metadata: the channel's, and a W3C `traceparent` the server's trace continues."""
+        return (*self._metadata, ("traceparent", traceparent)) if traceparent else tuple(self._metadata)
+
 
 class Client(ClientBase):
     """Blocking client: generate, stream, model_info and health, each with a deadline."""
@@ -170,11 +174,12 @@ class Client(ClientBase):
         *,
         request_id: str = "",
         timeout: float | None = None,
+        traceparent: str = "",
         **overrides: Unpack[ParamFields],
     ) -> GenerationResult:
         """The whole completion of `prompt` (text, or token ids); no params means greedy."""
         request = build_request(prompt, params, request_id=request_id, **overrides)
-        future = self._stub.Generate.future(request, timeout=self._timeout(timeout), metadata=self._metadata)
+        future = self._stub.Generate.future(request, timeout=self._timeout(timeout), metadata=self._traced(traceparent))
         with typed_errors():
             return result_from_response(_wait(future))
 
@@ -185,12 +190,13 @@ class Client(ClientBase):
         *,
         request_id: str = "",
         timeout: float | None = None,
+        traceparent: str = "",
         **overrides: Unpack[ParamFields],
     ) -> Stream:
         """Start streaming the completion of `prompt`; iterate the returned `Stream`."""
         request = build_request(prompt, params, request_id=request_id, **overrides)
         return Stream(
-            self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._metadata),
+            self._stub.GenerateStream(request, timeout=self._timeout(timeout), metadata=self._traced(traceparent)),
             completions_of(request),
         )
 

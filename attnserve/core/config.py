@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..tracing.settings import TraceSettings
+
 
 @dataclass(frozen=True)
 class CoreConfig:
@@ -24,6 +26,8 @@ class CoreConfig:
     prefix_cache_memory: int | None  # bytes for the prefix cache's pool; None: its default
     max_queue: int  # requests the front end lets wait for a slot
     engine_core: str = "process"  # where the engine runs: a process of its own, or a thread of the server's
+    traces: TraceSettings | None = None  # where the core's spans go (None: tracing off)
+    log_format: str = "text"  # the core's log lines: text, or JSON lines (core/log_lines.py)
 
     @property
     def spinning(self) -> bool | None:

@@ -41,7 +41,14 @@ class PrefixSeen(msgspec.Struct, tag=True, array_like=True):
         observer.on_prefix_cache(self.hits, self.misses, self.saved, self.held_bytes)
 
 
-Observation = StepSeen | TokensSeen | PrefixSeen
+class SpansDropped(msgspec.Struct, tag=True, array_like=True):
+    count: int
+
+    def apply(self, observer: EngineObserver) -> None:
+        observer.on_spans_dropped(self.count)
+
+
+Observation = StepSeen | TokensSeen | PrefixSeen | SpansDropped
 
 
 class Recorder(EngineObserver):

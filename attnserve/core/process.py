@@ -14,31 +14,50 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
+from collections.abc import Callable
 
 from ..engine.domain import Draining
 from ..engine.engine import Engine, EngineLimits
+from ..engine.outbox import Outbox
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError
 from .channel import Channel, ChannelClosed, connect
 from .config import CoreConfig
 from .loading import LoadedModel, StartupError, load_model
-from .observations import Recorder
+from .log_lines import configure_logging
+from .observations import Recorder, SpansDropped
 from .protocol import INBOUND_DECODER, Abort, Cancel, Failed, Ready, Stop, Submit
 from .slow_steps import slowed
 from .step_writer import StepWriter
+from .traced_outbox import TracedOutbox
 
 log = logging.getLogger(__name__)
 
 PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
 
 
-def core_engine(loaded: LoadedModel, writer: StepWriter, step_delay_ms: int) -> Engine:
-    """The engine of the core's process, delivering to `writer`. The queue's bound is the front end's
-    alone (requests in flight <= slots + --max-queue, core/client.py): this queue holds what the front
-    end accepted. Slow readers are the front end's too."""
+def core_engine(loaded: LoadedModel, writer: StepWriter, step_delay_ms: int, outbox: Outbox | None = None) -> Engine:
+    """The engine of the core's process, delivering to `writer` (through `outbox`, which hands on to it,
+    where one is given). The queue's bound is the front end's alone (requests in flight <= slots +
+    --max-queue, core/client.py): this queue holds what the front end accepted. Slow readers are the
+    front end's too."""
     limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0)
     observer = slowed(writer.recorder, step_delay_ms)
-    return Engine(loaded.slots, loaded.tokenizer, limits, observer, writer)
+    return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer)
+
+
+def traced(writer: StepWriter, config: CoreConfig, loaded: LoadedModel) -> tuple[Outbox | None, Callable[[], None]]:
+    """With tracing on (config.traces): an outbox that writes the core's spans of each request before
+    `writer` takes the step, and the call that sends the last spans at the end. Off: nothing to do."""
+    if config.traces is None:
+        return None, lambda: None
+    from ..tracing.core_spans import CoreSpans
+    from ..tracing.exporting import Tracing
+
+    tracing = Tracing(config.traces, "engine_core")
+    spans = CoreSpans(tracing, config.prefill_chunk, loaded.runner.manifest.seq2seq)
+    return TracedOutbox(writer, spans, lambda count: writer.recorder.record(SpansDropped(count))), tracing.shutdown
 
 
 def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
@@ -49,8 +68,9 @@ def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
     group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(config.log_format)
     channel = connect(path, INBOUND_DECODER)
+    loading = time.monotonic()
     try:
         loaded = load_model(config)
     except (ModelDirError, ProviderError, StartupError) as e:
@@ -58,9 +78,18 @@ def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
         channel.close()
         return
     writer = StepWriter(channel, Recorder())
-    engine = core_engine(loaded, writer, step_delay_ms)
+    outbox, end_tracing = traced(writer, config, loaded)
+    engine = core_engine(loaded, writer, step_delay_ms, outbox)
     runner = loaded.runner
     slots = loaded.slots
+    log.info(
+        "loaded %s in %.1f s on %s, %d slots (engine core process %d)",
+        runner.model_dir.name,
+        time.monotonic() - loading,
+        runner.provider,
+        loaded.capacity,
+        os.getpid(),
+    )
     channel.send(
         Ready(runner.provider, loaded.capacity, slots.nbytes, runner.provider_note, slots.prefix_bytes, runner.threads)
     )
@@ -70,6 +99,7 @@ def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
     finally:
         engine.stop()
         channel.close()
+        end_tracing()
 
 
 def serve_messages(engine: Engine, writer: StepWriter, channel: Channel) -> None:

@@ -13,8 +13,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
+from ..engine.outbox import LoopOutbox
 from ..runtime import contract
 from ..runtime.contract import Manifest
 from ..tokenizer import Tokenizer
@@ -22,6 +24,10 @@ from .client import EngineClient
 from .config import CoreConfig
 from .loading import load_model, load_tokenizer
 from .slow_steps import slowed
+from .traced_outbox import TracedOutbox
+
+if TYPE_CHECKING:
+    from ..tracing.exporting import Tracing
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,12 @@ def start_core(
     max_buffered: int,
     on_death: Callable[[str], None] | None = None,
     step_delay_ms: int = 0,
+    tracing: Tracing | None = None,
 ) -> StartedCore:
     """The engine core of `config.engine_core`, reporting to `observer`; raises ModelDirError,
     ProviderError or StartupError. `on_death`: called when a core process dies (never with a thread);
-    `step_delay_ms`: a test's brake on every step (slow_steps.py)."""
+    `step_delay_ms`: a test's brake on every step (slow_steps.py); `tracing`: the front end's, which a
+    core in a thread writes its spans with (a core process starts its own from config.traces)."""
     if config.engine_core == "process":
         model_dir = Path(config.model)
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
@@ -68,7 +76,12 @@ def start_core(
         )
     loaded = load_model(config)
     limits = EngineLimits(loaded.capacity, config.max_queue, max_buffered)
-    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, step_delay_ms))
+    outbox = None
+    if tracing is not None:  # the front end's: this process's spans go through one exporter
+        from ..tracing.core_spans import CoreSpans
+
+        outbox = TracedOutbox(LoopOutbox(), CoreSpans(tracing, config.prefill_chunk, loaded.runner.manifest.seq2seq))
+    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, step_delay_ms), outbox)
     runner = loaded.runner
     return StartedCore(
         engine,

@@ -89,6 +89,7 @@ class GenerationRequest:
     n: int = 1  # completions of the prompt, prefilled once; completion i samples with seed + i
     grammar: Grammar | None = None  # structured output: every token the grammar does not allow is masked
     beams: BeamParams | None = None  # beam search (engine/beam_search.py); None: one completion per sample
+    trace: str = ""  # the door span's W3C traceparent, for the engine core's spans ("": not traced)
 
     @property
     def slots(self) -> int:

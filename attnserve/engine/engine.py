@@ -88,6 +88,10 @@ class EngineObserver:
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         """A prefill round's prefix-cache lookups and the bytes it holds after them (seam.PrefixReport)."""
 
+    def on_spans_dropped(self, count: int) -> None:
+        """The engine core's process dropped `count` trace spans (its export queue was full, or the
+        collector failed them); the front end's own drops are its tracing's."""
+
 
 class ForwardingObserver(EngineObserver):
     """Passes every report on to `inner`; a subclass adds to the hooks it overrides."""
@@ -109,6 +113,9 @@ class ForwardingObserver(EngineObserver):
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         self.inner.on_prefix_cache(hits, misses, saved, held_bytes)
+
+    def on_spans_dropped(self, count: int) -> None:
+        self.inner.on_spans_dropped(count)
 
 
 Slot = Sequence | BeamMember  # what holds a key's slot: a completion, or one beam of a beam group

@@ -36,6 +36,7 @@ REPLICA_FIELDS = (
     "stream_interval_tokens",
     "stream_interval_ms",
     "drain_timeout",
+    "otlp_traces_endpoint",
 )
 
 

@@ -20,12 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import descriptor_pool
 from google.protobuf.runtime_version import VersionError
 
 from ..core.loading import StartupError
+from ..core.log_lines import configure_logging
 from ..core.starting import start_core
 from ..engine.domain import Final, GenerationRequest, StreamInterval
 from ..engine.engine import EngineObserver
@@ -35,6 +37,8 @@ from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError
 from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat_template
+from ..tracing.current import LoggedTraces, Traces
+from ..tracing.settings import TraceSettings
 from ..v1 import generation_pb2 as pb
 from ..v1 import generation_pb2_grpc as pb_grpc
 from .config import ServerConfig
@@ -55,6 +59,9 @@ from .metrics import Metrics
 from .session.validation import RequestLimits
 from .stats_log import StatsLog
 from .test_switches import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, TestSwitches
+
+if TYPE_CHECKING:
+    from ..tracing.exporting import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -143,13 +150,19 @@ class Server:
         self.config = config
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.metrics = Metrics()
+        self.tracing = start_tracing(config.traces(), self.metrics)
         self.died: str | None = None  # why the engine core's process is gone
         self.loop: asyncio.AbstractEventLoop | None = None
         self.observer: EngineObserver = self.metrics
         for wrap in observers:
             self.observer = wrap(self.observer)
         core = start_core(
-            config.core(), self.observer, config.stream_buffer_events, self._core_died, switches.step_delay_ms
+            config.core(),
+            self.observer,
+            config.stream_buffer_events,
+            self._core_died,
+            switches.step_delay_ms,
+            self.tracing,
         )
         self.engine, self.tokenizer = core.engine, core.tokenizer
         self.max_batch = core.capacity
@@ -204,6 +217,8 @@ class Server:
         self.boundary = BoundaryInterceptor(
             self.metrics.count_request, self.metrics.track_in_flight, self.writes, switches.leak_bytes
         )
+        self.traces = request_traces(self.tracing, facts.name, config.log_requests, config.log_format == "json")
+        self.boundary.traces = self.traces
         self.handlers = PerMethod()  # the interceptors' handler of each method, built at its first call
         self.watchdog: asyncio.Task | None = None
         self.stats_task: asyncio.Task | None = None  # --log-stats-interval's
@@ -306,6 +321,7 @@ class Server:
             self.metrics.track_in_flight,
             int(time.time()),
             chat_template(self.facts.model_dir),
+            self.traces,
         )
         return OpenAIFrontDoor(self.engine, self.limits, self.tokenizer, facts)
 
@@ -375,6 +391,33 @@ class Server:
                 task.cancel()
         self.engine.stop()
         self.metrics.close()
+        if self.tracing is not None:
+            self.tracing.shutdown()
+
+
+def start_tracing(settings: TraceSettings | None, metrics: Metrics) -> Tracing | None:
+    """This process's tracing (None: off, and OpenTelemetry is not imported)."""
+    if settings is None:
+        return None
+    from ..tracing.exporting import Tracing
+
+    return Tracing(settings, "front_end", metrics.spans_dropped.labels(process="front_end").inc)
+
+
+def request_traces(
+    tracing: Tracing | None, model: str, log_requests: bool = False, log_ids: bool = False
+) -> Traces | None:
+    """What opens each call's trace at the doors: its span (tracing on), wrapped in a LoggedTrace where
+    the logs want the call: its line as it ends (`log_requests`), or its ids in JSON lines (`log_ids`;
+    a span has them already). None where nothing wants it: a call then costs nothing."""
+    traces: Traces | None = None
+    if tracing is not None:
+        from ..tracing.request import RequestTraces
+
+        traces = RequestTraces(tracing, model)
+    if log_requests or (log_ids and traces is None):
+        return LoggedTraces(traces, log_requests)
+    return traces
 
 
 def chat_template(model_dir: Path) -> ChatTemplate | None:
@@ -467,13 +510,14 @@ async def serve(config: ServerConfig, switches: TestSwitches = NO_SWITCHES) -> i
 
 def main(args) -> int:
     """CLI entry of `attnserve serve`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = ServerConfig.from_args(args)
         switches = TestSwitches.from_environ(os.environ)
     except ValueError as e:
+        configure_logging("text")
         print(f"attnserve serve: error: {e}", file=sys.stderr)
         return 2
+    configure_logging(config.log_format)  # the engine core's process: config.core().log_format
     problem = startup_problem(config)  # before the model loads: a busy port costs nothing
     if problem is not None:
         print(f"attnserve serve: error: {problem}", file=sys.stderr)

@@ -9,6 +9,7 @@ from_args builds the config back; nothing else writes a server default. No gRPC,
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -16,11 +17,13 @@ from pathlib import Path
 from ..core.config import CoreConfig
 from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name, shown
 from ..request_ranges import MAX_STREAM_INTERVAL_MS
+from ..tracing.settings import TraceSettings, trace_settings
 
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
 PREFIX_CACHE = ("off", "on")
 SPINNING = ("auto", "off", "on")
+LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
@@ -189,6 +192,21 @@ class ServerConfig:
             "written while there is traffic; 0: off"
         ),
     )
+    log_format: str = field(
+        default="text",
+        metadata=flag(
+            "how the server and its engine core write their log lines: text, for people, or json, one JSON "
+            "object per line (time, level, logger, message, request_id, trace_id), for log collectors",
+            choices=LOG_FORMATS,
+        ),
+    )
+    log_requests: bool = field(
+        default=False,
+        metadata=flag(
+            "one INFO line per finished request at every door (logger attnserve.requests): its request id, "
+            "status, prompt and completion tokens, finish reasons and time"
+        ),
+    )
     metrics_port: int | None = field(
         default=None, metadata=flag("serve Prometheus /metrics on this port; 0 picks a free one", unset="off")
     )
@@ -198,6 +216,16 @@ class ServerConfig:
             "also serve the OpenAI-compatible HTTP API (/v1/completions, /v1/models, /health) on this port, "
             "with the same TLS and token; 0 picks a free one",
             unset="off",
+        ),
+    )
+    otlp_traces_endpoint: str | None = field(
+        default=None,
+        metadata=flag(
+            "send OpenTelemetry traces of every request (its door's span and the engine core's) to this OTLP "
+            "collector, e.g. http://127.0.0.1:4317 (gRPC) or http://127.0.0.1:4318/v1/traces (HTTP); the "
+            "standard OTEL_* variables also work (docs/guides/tracing.md)",
+            metavar="URL",
+            unset="off, unless OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is set",
         ),
     )
     reflection: bool = field(default=False, metadata=flag("enable gRPC server reflection, for grpcurl and friends"))
@@ -241,7 +269,14 @@ class ServerConfig:
             prefix_cache_memory=self.prefix_cache_memory,
             max_queue=self.max_queue,
             engine_core=self.engine_core,
+            traces=self.traces(),
+            log_format=self.log_format,
         )
+
+    def traces(self) -> TraceSettings | None:
+        """Where traces go: --otlp-traces-endpoint, or the OTEL_* variables (None: off); ValueError naming
+        the flag or the variable that is wrong."""
+        return trace_settings(self.otlp_traces_endpoint, os.environ)
 
     def check(self) -> None:
         """Raise ValueError with a one-line reason naming the first flag that cannot work, its value
@@ -257,6 +292,7 @@ class ServerConfig:
                 self.intra_op_spinning in SPINNING,
                 f"--intra-op-spinning must be auto, off or on, not {self.intra_op_spinning!r}",
             ),
+            (self.log_format in LOG_FORMATS, f"--log-format must be text or json, not {self.log_format!r}"),
             (
                 self.served_model_name is None or MODEL_NAME.fullmatch(self.served_model_name) is not None,
                 f"--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', "
@@ -266,6 +302,7 @@ class ServerConfig:
         for ok, reason in together:
             if not ok:
                 raise ValueError(reason)
+        self.traces()
         at_least_1 = (
             "max_queue",
             "max_new_tokens_cap",

@@ -109,6 +109,13 @@ class Metrics(EngineObserver):
             "Resident memory of the engine core's process (the server's own with --engine-core thread)",
             registry=r,
         )
+        self.spans_dropped = Counter(
+            "attnserve_trace_spans_dropped",
+            "Trace spans lost before the collector had them (the export queue was full, or the collector failed "
+            "or did not answer), by the process that made them: front_end or engine_core",
+            ["process"],
+            registry=r,
+        )
         self.model = Info("attnserve_model", "The served model and the execution provider it runs on", registry=r)
         self.http: WSGIServer | None = None  # the /metrics endpoint, once serve() has started it
 
@@ -172,6 +179,9 @@ class Metrics(EngineObserver):
         self.prefix_lookups.labels(result="hit").inc(hits)
         self.prefix_lookups.labels(result="miss").inc(misses)
         self.prefix_saved.inc(saved)
+
+    def on_spans_dropped(self, count: int) -> None:
+        self.spans_dropped.labels(process="engine_core").inc(count)
 
     def on_finish(self, final: Final) -> None:
         if not self.counting:

@@ -19,6 +19,7 @@ from contextlib import aclosing
 import grpc
 
 from ...engine.domain import Draining, ServeError
+from ...tracing.current import NO_TRACE, Trace, Traces, opened
 from .handlers import stream_of, wrap_handler
 from .slow_readers import WriteWatch
 from .statuses import ERROR_CODES
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 # The services whose calls are counted, mapped and refused while starting or draining: attnserve.v1
 # and the Open Inference Protocol. The protocol's own health calls always answer (ready: false then).
 SERVICE_PREFIXES = ("/attnserve.v1.", "/inference.GRPCInferenceService/")
+GENERATE = "text_completion"  # the GenAI semantic conventions' operation of both gRPC doors' calls
 ALWAYS_ANSWERED = frozenset({"ServerLive", "ServerReady", "ModelReady"})
 
 
@@ -49,6 +51,7 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         self.in_flight = in_flight or (lambda _: None)
         self.writes = writes
         self.refusal: str | None = None  # why new calls get UNAVAILABLE now (starting, draining); None: serving
+        self.traces: Traces | None = None  # tracing on: each served call's span (--otlp-traces-endpoint)
         self.leak_bytes = leak_bytes
         self.leaked: list[bytes] = []
 
@@ -56,23 +59,24 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return handler
-        method = details.method.rsplit("/", 1)[-1]
-        served = details.method.startswith(SERVICE_PREFIXES)
+        path = details.method
+        method = path.rsplit("/", 1)[-1]
+        served = path.startswith(SERVICE_PREFIXES)
         writes = self.writes
 
         async def unary(behavior, request, context):
-            async with _Boundary(self, method, served, request, context, unary=True) as call:
+            async with _Boundary(self, method, served, request, context, unary=True, path=path) as call:
                 return await call.admit(behavior)(request, context)
 
         async def stream(behavior, request, context):
-            async with _Boundary(self, method, served, request, context) as call:
+            async with _Boundary(self, method, served, request, context, path=path) as call:
                 async for response in stream_of(call.admit(behavior), request, context):
                     yield response
 
         async def stream_written(behavior, request, context):
             assert writes is not None
             async with (
-                _Boundary(self, method, served, request, context) as call,
+                _Boundary(self, method, served, request, context, path=path) as call,
                 aclosing(stream_of(call.admit(behavior), request, context)) as responses,
             ):
                 async for response in responses:
@@ -106,12 +110,17 @@ class _Boundary:
         context,
         aborts: bool = False,
         unary: bool = False,
+        path: str = "",
     ):
+        """`path`: the call's /package.Service/Method, its span's name (without it, the method's)."""
         self.owner, self.method, self.served, self.request, self.context = owner, method, served, request, context
         self.aborts, self.unary = aborts, unary
         # Why this call is refused (the server starts or drains), taken once as it arrives; None: served
         self.refusal = owner.refusal if served and method not in ALWAYS_ANSWERED else None
         self.tracked = served and self.refusal is None  # counted in flight
+        self.trace: Trace = NO_TRACE
+        if owner.traces is not None and served:
+            self.trace = opened(owner.traces, path.lstrip("/") or method, call_metadata(context), rpc_attributes(path))
 
     def admit(self, behavior: Callable) -> Callable:
         """The call's behavior, or, while it is refused, one that raises Draining: the refusal then
@@ -137,6 +146,7 @@ class _Boundary:
                 self.owner.leaked.append(b"\xa5" * self.owner.leak_bytes)
         code, message = self.classify(error)
         self.owner.count(self.method, code.name)
+        self.trace.end(code.name, message, {"rpc.grpc.status_code": code.value[0]})
         if message is None:
             return False
         if self.aborts:
@@ -170,3 +180,15 @@ class _Boundary:
         request_id = getattr(self.request, "request_id", "") or uuid.uuid4().hex
         log.error("internal error in %s, request id %s", self.method, request_id, exc_info=error)
         return grpc.StatusCode.INTERNAL, f"internal error; request id {request_id}"
+
+
+def call_metadata(context) -> dict[str, str]:
+    """The call's metadata (W3C traceparent and tracestate among it), as text."""
+    metadata = getattr(context, "invocation_metadata", lambda: None)() or ()
+    return {key: value for key, value in metadata if isinstance(value, str)}
+
+
+def rpc_attributes(path: str) -> dict[str, str]:
+    """The RPC semantic conventions' attributes of a call to /package.Service/Method."""
+    service, _, method = path.lstrip("/").rpartition("/")
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method, "gen_ai.operation.name": GENERATE}

@@ -26,6 +26,7 @@ from ...engine.domain import Draining, InvalidRequest, ServeError, Unauthenticat
 from ...engine.engine import EngineCalls
 from ...tokenizer import Tokenizer
 from ...tokenizer.chat_template import ChatTemplate
+from ...tracing.current import NO_TRACE, Trace, Traces, opened
 from ..bearer import bearer_matches
 from ..session.events import completions, generation_events
 from ..session.request import renamed
@@ -56,6 +57,7 @@ class HttpFacts:
     in_flight: Callable[[int], None]
     started: int = 0  # Unix seconds, the models list's `created`
     chat_template: ChatTemplate | None = None  # tokenizer_config.json's: /v1/chat/completions applies it
+    traces: Traces | None = None  # tracing on: each completion's span (--otlp-traces-endpoint)
 
 
 class OpenAIFrontDoor:
@@ -103,11 +105,14 @@ class OpenAIFrontDoor:
     async def answer(
         self, route: str, request: Request, handler: Callable[[Request], Awaitable[Response]], counted: bool = False
     ) -> Response:
-        """Auth, the refusal while starting or draining, errors in OpenAI's shape, and the metrics (a
-        stream is in flight until its last event is written, or its client goes)."""
+        """Auth, the refusal while starting or draining, errors in OpenAI's shape, the metrics and the
+        call's span (a stream is in flight until its last event is written, or its client goes)."""
+        trace: Trace = NO_TRACE
         if counted:
             self.facts.in_flight(+1)
+            trace = opened(self.facts.traces, f"POST {route}", request.headers, http_attributes(route))
         response: Response | None = None
+        error: str | None = None
         try:
             self.check_token(request)
             refusal = self.facts.refusal()
@@ -115,7 +120,7 @@ class OpenAIFrontDoor:
                 raise Draining(refusal)
             response = await handler(request)
         except ServeError as e:
-            response = error_response(e)
+            response, error = error_response(e), str(e)
         except (ClientGone, ClientDisconnect):  # ClientDisconnect: gone while its body was being read
             response = Response(status_code=499)  # nobody reads it; nginx's "client closed request"
         except Exception:
@@ -125,18 +130,23 @@ class OpenAIFrontDoor:
             response = JSONResponse({"error": {**body, "param": None, "code": None}}, 500)
         finally:
             if counted and isinstance(response, StreamingResponse):
-                response.body_iterator = self.in_flight_until_done(response.body_iterator)
+                response.body_iterator = self.in_flight_until_done(response.body_iterator, trace)
             elif counted:
                 self.facts.in_flight(-1)
+        if not isinstance(response, StreamingResponse):
+            trace.end(str(response.status_code), error, {"http.response.status_code": response.status_code})
         self.facts.count(route, response.status_code)
         return response
 
-    async def in_flight_until_done(self, chunks: AsyncIterable[Any]) -> AsyncIterator[Any]:
+    async def in_flight_until_done(self, chunks: AsyncIterable[Any], trace: Trace) -> AsyncIterator[Any]:
+        status = 499  # unless the last chunk was written: the client went away (nginx's "client closed request")
         try:
             async for chunk in chunks:
                 yield chunk
+            status = 200
         finally:
             self.facts.in_flight(-1)
+            trace.end(str(status), None, {"http.response.status_code": status})
 
     def check_token(self, request: Request) -> None:
         if self.facts.token is not None and not bearer_matches(
@@ -226,3 +236,9 @@ async def until_gone(request: Request, work: Awaitable[T]) -> T:
 async def disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def http_attributes(route: str) -> dict[str, str]:
+    """The HTTP and GenAI semantic conventions' attributes of a POST to `route`."""
+    operation = "chat" if route.endswith("/chat/completions") else "text_completion"
+    return {"http.request.method": "POST", "http.route": route, "gen_ai.operation.name": operation}

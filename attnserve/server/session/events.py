@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from ...engine.domain import DeadlineExceeded, Delta, Final, FinishReason, GenerationRequest, TokenLogprob, ends_request
 from ...engine.engine import EngineCalls
+from ...tracing.current import current
 
 
 async def generation_events(
@@ -24,8 +25,12 @@ async def generation_events(
     """Submit, then yield the engine's events in batches until the Final one (errors are raised).
 
     `announce` runs once the request is accepted (attnserve.v1 sends the request id in its initial
-    metadata). The request's slot is released however the caller stops (close the generator: `aclosing`)."""
-    handle = engine.submit(generation)
+    metadata). The call's trace (tracing/current.py) marks validation's end and each Final, and the
+    request carries its context to the engine core.
+
+    The request's slot is released however the caller stops (close the generator: `aclosing`)."""
+    trace = current()  # the call's, taken in its door's task (a stream's body may be written from another)
+    handle = engine.submit(trace.submitting(generation))
     try:
         if announce is not None:
             await announce()
@@ -34,11 +39,13 @@ async def generation_events(
             for event in await handle.next_events():
                 if isinstance(event, Exception):
                     raise event
-                if isinstance(event, Final) and event.reason == FinishReason.DEADLINE:
-                    raise DeadlineExceeded(
-                        f"the deadline passed after {event.usage.completion_tokens} tokens "
-                        f"({event.timings.total_ms:.0f} ms)"
-                    )
+                if isinstance(event, Final):
+                    if event.reason == FinishReason.DEADLINE:
+                        raise DeadlineExceeded(
+                            f"the deadline passed after {event.usage.completion_tokens} tokens "
+                            f"({event.timings.total_ms:.0f} ms)"
+                        )
+                    trace.finished(event)
                 events.append(event)
             yield events
             if events and ends_request(events[-1]):

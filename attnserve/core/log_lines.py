@@ -1,0 +1,61 @@
+"""How a process of the server writes its log: `attnserve serve --log-format text` (the default, for
+people) or `json` (one JSON object per line, for log collectors). The server's process and the
+engine core's both call configure_logging with the flag's value, so both write the same way to
+their shared stderr.
+
+A JSON line holds the record's time (ISO 8601, UTC, milliseconds), level, logger and message, the
+request id and trace id of the request being served (tracing/current.py; "" outside one, and always
+in the engine core's process), and the traceback of an exception, where the record has one. A
+record's own `request_id` or `trace_id` (logging's `extra=`) wins: the request log
+(`--log-requests`) writes its line after the call's task. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from ..tracing.current import current
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def iso_time(record: logging.LogRecord) -> str:
+    """The record's time in UTC, e.g. 2026-11-27T23:20:01.123Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
+
+
+class JsonLines(logging.Formatter):
+    """A record as one line of JSON (see the module's docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        trace = current()
+        line = {
+            "time": iso_time(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": str(getattr(record, "request_id", trace.request_id)),
+            "trace_id": str(getattr(record, "trace_id", trace.trace_id)),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+def formatter(log_format: str) -> logging.Formatter:
+    """--log-format's formatter: JsonLines for json, the plain text line for anything else."""
+    return JsonLines() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+
+
+def configure_logging(log_format: str = "text") -> None:
+    """INFO and up to stderr, as `log_format` says (text or json); like logging.basicConfig, nothing
+    changes where the root logger has a handler already (a test's, an embedding program's)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(formatter(log_format))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])

@@ -1,0 +1,212 @@
+"""OpenTelemetry tracing (--otlp-traces-endpoint) against a real OTLP receiver on 127.0.0.1
+(opentelemetry-proto's TraceService served by grpcio, benchmarks/otlp_receiver.py): a streamed request
+through each door (attnserve.v1, the Open Inference Protocol through tritonclient, the OpenAI API
+through openai's client), each under a caller's W3C traceparent, gives one trace: the door's server span
+as the caller's child, with validation and the last write below it, and the engine core's span from its
+own process below that, with queue, prefill and decode. A cancelled and a refused call give spans with
+their status; a collector that goes away fails no request, and its lost spans are counted."""
+
+from __future__ import annotations
+
+import json
+import queue
+import secrets
+import time
+
+import grpc
+import numpy as np
+import openai
+import pytest
+from fixtures_server import idle, release_once_ended, request, start_server, wait_until
+
+from attnserve.v1 import generation_pb2 as pb
+
+otlp = pytest.importorskip("benchmarks.otlp_receiver", reason="opentelemetry-proto comes with the [cpu] extra")
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] is a dev dependency")
+
+TIMEOUT = 60
+SERVER_KIND = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
+ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
+CORE = {"engine_core", "queue", "prefill", "decode"}
+
+
+def caller() -> tuple[str, str, str]:
+    """A caller's trace id, span id and the traceparent that carries them."""
+    trace_id, span_id = secrets.token_hex(16), secrets.token_hex(8)
+    return trace_id, span_id, f"00-{trace_id}-{span_id}-01"
+
+
+@pytest.fixture(scope="module")
+def receiver():
+    running = otlp.Receiver().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def traced(tiny_model_dir, receiver):
+    """A server whose engine core runs in a process of its own, exporting to the receiver."""
+    running = start_server(tiny_model_dir, engine_core="process", http_port=0, otlp_traces_endpoint=receiver.endpoint)
+    yield running
+    running.stop()
+
+
+def by_name(spans) -> dict:
+    return {s.name: s for s in spans}
+
+
+def check_one_trace(spans, door: str, parent: str, request_id: str | None = None) -> None:
+    """The door's span under the caller's, validation and the last write under it, the core's spans under it."""
+    named = by_name(spans)
+    top = named[door]
+    assert top.parent_id == parent and top.kind == SERVER_KIND and top.status != ERROR, top
+    assert named["validate"].parent_id == top.span_id and named["write"].parent_id == top.span_id
+    core = named["engine_core"]
+    assert core.parent_id == top.span_id, (core, top)
+    assert core.resource["attnserve.process"] == "engine_core" and top.resource["attnserve.process"] == "front_end"
+    assert core.resource["process.pid"] != top.resource["process.pid"]  # two processes, one trace
+    for name in ("queue", "prefill", "decode"):
+        assert named[name].parent_id == core.span_id
+        assert core.start_ns <= named[name].start_ns <= named[name].end_ns <= core.end_ns
+    assert named["prefill"].end_ns == named["decode"].start_ns and "first_token" in core.events
+    assert named["prefill"].attributes["attnserve.prefill.chunks"] >= 1
+    assert top.start_ns <= named["validate"].end_ns <= core.start_ns and core.end_ns <= named["write"].start_ns
+    assert top.attributes["gen_ai.usage.output_tokens"] == core.attributes["gen_ai.usage.output_tokens"] > 0
+    assert top.attributes["gen_ai.request.model"] and top.attributes["gen_ai.request.max_tokens"] == 8
+    if request_id is not None:
+        assert top.attributes["gen_ai.response.id"] == core.attributes["gen_ai.response.id"] == request_id
+
+
+def test_a_streamed_request_through_each_door_is_one_trace_across_both_processes(traced, receiver):
+    # attnserve.v1
+    trace_id, span_id, parent = caller()
+    call = traced.stub.GenerateStream(
+        request("The list", max_new_tokens=8, ignore_eos=True), timeout=TIMEOUT, metadata=(("traceparent", parent),)
+    )
+    replies = list(call)
+    spans = receiver.wait_for(trace_id, {"attnserve.v1.TextGeneration/GenerateStream", "write", *CORE})
+    check_one_trace(spans, "attnserve.v1.TextGeneration/GenerateStream", span_id, replies[-1].request_id)
+    v1 = by_name(spans)["attnserve.v1.TextGeneration/GenerateStream"]
+    assert v1.attributes["rpc.grpc.status_code"] == 0 and v1.attributes["gen_ai.request.stream"] is True
+
+    # the Open Inference Protocol, through Triton's client
+    trace_id, span_id, parent = caller()
+    client = grpcclient.InferenceServerClient(url=traced.target)
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)), headers={"traceparent": parent})
+    try:
+        tensors = [grpcclient.InferInput("text_input", [1], "BYTES"), grpcclient.InferInput("stream", [1], "BOOL")]
+        tensors[0].set_data_from_numpy(np.array([b"The list"], dtype=np.object_))
+        tensors[1].set_data_from_numpy(np.array([True], dtype=bool))
+        sampling = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+        sampling.set_data_from_numpy(np.array([json.dumps({"max_tokens": 8, "ignore_eos": True})], dtype=np.object_))
+        client.async_stream_infer(traced.server.info.model_name, [*tensors, sampling], request_id="oip-1")
+        while True:
+            result, error = results.get(timeout=TIMEOUT)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    door = "inference.GRPCInferenceService/ModelStreamInfer"
+    check_one_trace(receiver.wait_for(trace_id, {door, "write", *CORE}), door, span_id, "oip-1")
+
+    # the OpenAI API, through OpenAI's client
+    trace_id, span_id, parent = caller()
+    url = f"http://127.0.0.1:{traced.server.http.port}/v1"
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=TIMEOUT) as http:
+        chunks = list(
+            http.completions.create(
+                model=traced.server.info.model_name,
+                prompt="The list",
+                max_tokens=8,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                extra_headers={"traceparent": parent},
+            )
+        )
+    door = "POST /v1/completions"
+    spans = receiver.wait_for(trace_id, {door, "write", *CORE})
+    check_one_trace(spans, door, span_id, chunks[0].id.removeprefix("cmpl-"))
+    assert by_name(spans)[door].attributes["http.response.status_code"] == 200
+
+
+@pytest.fixture(scope="module")
+def paced(tiny_model_dir, receiver):
+    """A server whose engine runs in its thread (paced by the tests), one slot and one queue place."""
+    running = start_server(tiny_model_dir, max_batch=1, max_queue=1, otlp_traces_endpoint=receiver.endpoint)
+    yield running
+    running.stop()
+
+
+def test_a_cancelled_and_a_refused_call_give_spans_with_their_status(paced, receiver):
+    door = "attnserve.v1.TextGeneration/GenerateStream"
+    cancelled_trace, cancelled_span, cancelled_parent = caller()
+    held = request("The list", max_new_tokens=64, ignore_eos=True)
+    paced.pacer.hold(when=lambda: paced.pacer.steps >= 2)  # the first stream stays in its slot
+    first = paced.stub.GenerateStream(held, timeout=TIMEOUT, metadata=(("traceparent", cancelled_parent),))
+    next(first)
+    queued = paced.stub.GenerateStream(held, timeout=TIMEOUT)  # takes the one queue place
+    wait_until(lambda: paced.server.engine.stats()["queued"] == 1, what="the second call to queue")
+
+    refused_trace, refused_span, refused_parent = caller()
+    with pytest.raises(grpc.RpcError) as refusal:
+        list(paced.stub.GenerateStream(held, timeout=TIMEOUT, metadata=(("traceparent", refused_parent),)))
+    assert refusal.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    first.cancel()
+    queued.cancel()
+    release_once_ended(paced)
+    wait_until(lambda: idle(paced.server.engine), what="the server to go idle")
+
+    refused = by_name(receiver.wait_for(refused_trace, {door}))[door]
+    assert refused.parent_id == refused_span and refused.status == ERROR
+    assert refused.message.startswith("RESOURCE_EXHAUSTED: the queue is full")
+    assert refused.attributes["rpc.grpc.status_code"] == grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]
+    spans = by_name(receiver.wait_for(cancelled_trace, {door, "engine_core"}))
+    assert spans[door].parent_id == cancelled_span and spans[door].status == ERROR
+    assert spans[door].message == "CANCELLED"
+    core = spans["engine_core"]
+    assert core.parent_id == spans[door].span_id and core.status == ERROR and core.message == "cancelled"
+    assert 0 < core.attributes["gen_ai.usage.output_tokens"] < 64
+
+
+def dropped(running, process: str) -> float:
+    registry = running.server.metrics.registry
+    return registry.get_sample_value("attnserve_trace_spans_dropped_total", {"process": process}) or 0
+
+
+def test_a_collector_that_goes_away_fails_no_request_and_its_lost_spans_are_counted(tiny_model_dir, monkeypatch):
+    """Both processes' exports fail once the receiver is gone (after the exporter's retries, within
+    OTEL_EXPORTER_OTLP_TIMEOUT): every request still ends OK, and the metrics count the spans lost."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # seconds: the exporters' retries end sooner
+    receiver = otlp.Receiver().start()
+    running = start_server(tiny_model_dir, engine_core="process", otlp_traces_endpoint=receiver.endpoint)
+    try:
+        trace_id, _, parent = caller()
+        running.stub.Generate(request("a", max_new_tokens=4), timeout=TIMEOUT, metadata=(("traceparent", parent),))
+        receiver.wait_for(trace_id, {"engine_core", "attnserve.v1.TextGeneration/Generate"})
+        receiver.stop()
+        for i in range(8):
+            reply = running.stub.Generate(request(f"{i}", max_new_tokens=4), timeout=TIMEOUT)
+            assert reply.finish_reason in (pb.FINISH_REASON_LENGTH, pb.FINISH_REASON_EOS)
+        # the core reports its losses with a step: a request a second until both processes' are counted
+        for _ in range(60):
+            if dropped(running, "front_end") > 0 and dropped(running, "engine_core") > 0:
+                break
+            assert running.stub.Generate(request("b", max_new_tokens=2), timeout=TIMEOUT).token_ids
+            time.sleep(1)  # the exports fail on their own clock (a retry's back-off): poll it
+        assert dropped(running, "front_end") > 0 and dropped(running, "engine_core") > 0
+    finally:
+        running.stop()
+
+
+def test_attnserves_client_sends_the_callers_trace_context(traced, receiver):
+    from attnserve.clients import Client
+
+    trace_id, span_id, parent = caller()
+    with Client(traced.target) as client:
+        result = client.generate("The list", max_new_tokens=8, ignore_eos=True, traceparent=parent)
+    door = "attnserve.v1.TextGeneration/Generate"
+    check_one_trace(receiver.wait_for(trace_id, {door, "write", *CORE}), door, span_id, result.request_id)
