@@ -79,8 +79,8 @@ class Pacer(ForwardingObserver):
         self.inner.on_submit(request)
         self.submitted += 1
 
-    def on_finish(self, final):
-        self.inner.on_finish(final)
+    def on_finish(self, final, request=None):
+        self.inner.on_finish(final, request)
         self.finals.append(final)
 
     def on_step(self, batch_size, queue_depth):

@@ -274,7 +274,7 @@ class Counted(EngineObserver):
     def __init__(self):
         self.finals: list[Final] = []
 
-    def on_finish(self, final: Final) -> None:
+    def on_finish(self, final: Final, request=None) -> None:
         self.finals.append(final)
 
 

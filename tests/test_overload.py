@@ -1,7 +1,7 @@
 """Overload against real servers over the tiny model: open-loop arrivals at 4x capacity keep the
 queue bound, get fast RESOURCE_EXHAUSTED refusals, leave health answering and keep accepted
-requests' first token within the queue's bound; 1,000 calls a second beside a busy CPU end OK or
-RESOURCE_EXHAUSTED, never UNAVAILABLE; and a client that opens more streams than
+requests' first token within the queue's bound; 1,000 calls a second (scaled to the machine's speed)
+beside a busy CPU end OK or RESOURCE_EXHAUSTED, never UNAVAILABLE; and a client that opens more streams than
 --max-concurrent-streams and sends nothing holds at most that many, while others are served."""
 
 import asyncio
@@ -16,7 +16,10 @@ import grpc
 import pytest
 from fixtures_server import idle, in_flight, request, start_server, wait_until
 
+from benchmarks.loadtest import bare_refusals
+
 STREAM_LIMIT = 8
+RATE = 1000  # calls a second: issue 46's, on the machine of docs/reports/refusals.md
 BURNER_SHARE = 0.8 / (os.cpu_count() or 1)  # one busy CPU's worth, less a margin: the load of a burner
 ROOT = Path(__file__).resolve().parents[1]  # benchmarks/ is run from the checkout's root
 
@@ -89,10 +92,17 @@ def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cp
     connection holds more than --max-concurrent-streams calls the front end has not yet released.
     The queue bound holds and health answers SERVING. The accepted requests' TTFT bound is not
     checked here: at this rate the front end, not the queue, sets the first token's time
-    (docs/reports/refusals.md)."""
+    (docs/reports/refusals.md).
+
+    1,000 calls a second is the rate of the machine issue 46 was measured on. On a slower CPU (the
+    machines vary) the same calls take more of a core, so the rate is scaled by what a refusal costs
+    grpcio itself here, without attnserve (benchmarks/loadtest/bare_refusals.py: 172 us there): the
+    machine is measured, not the code under test, whose own refusal cost the rate must not follow."""
     out = tmp_path / "rate.json"
+    bare = bare_refusals.measure(seconds=3.0)
+    rate = round(RATE * min(1.0, bare_refusals.REFERENCE_US / bare["us_per_call"]))
     command = [sys.executable, "-m", "benchmarks.loadtest.overload", "--model", str(tiny_model_dir)]
-    command += ["--rate", "1000", "--duration", "8", "--capacity-seconds", "2"]
+    command += ["--rate", str(rate), "--duration", "8", "--capacity-seconds", "2"]
     command += ["--serve-arg=--max-batch=4", "--serve-arg=--max-queue=8", "--serve-arg=--threads=1"]
     command += ["--out", str(out)]
     busy = busy_share()
@@ -106,6 +116,7 @@ def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cp
     assert out.exists(), done.stderr[-3000:]
     report = json.loads(out.read_text())
     beside = f"{busy:.0%} of the CPUs busy before, {'a burner started' if burner else 'no burner added'}"
+    beside += f"; {rate} calls/s, a bare gRPC refusal {bare['us_per_call']} us here"
     assert set(report["statuses"]) == {"OK", "RESOURCE_EXHAUSTED"}, (
         beside,
         report["statuses"],
@@ -113,7 +124,7 @@ def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cp
     )
     checks = report["checks"]
     assert checks["queue_bound_held"] and checks["health_always_serving"], (checks, report["health_failures"])
-    assert report["achieved_rate"] > 700 and report["refused"] > report["accepted"]
+    assert report["achieved_rate"] > 0.7 * rate and report["refused"] > report["accepted"]
 
 
 @pytest.mark.slow

@@ -203,6 +203,15 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ),
         ("--auth-token-file", ["--auth-token-file", "{empty}"], "--auth-token-file {empty}: is empty"),
         ("--drain-timeout", ["--drain-timeout", "-1"], "--drain-timeout must be 0 or more, got -1"),
+        (
+            "--otlp-traces-endpoint",
+            ["--otlp-traces-endpoint", "collector:4317"],
+            "--otlp-traces-endpoint must be an http:// or https:// URL such as http://127.0.0.1:4317, "
+            "not 'collector:4317'",
+        ),
+        ("--otlp-traces-endpoint", ["--otlp-traces-endpoint", "http://c:99999"], "has no valid port: 'http://c:99999'"),
+        ("--log-format", ["--log-format", "yaml"], "invalid choice: 'yaml'"),
+        ("--log-requests", ["--log-requests=yes"], "--log-requests"),
     ],
     "ray-serve": [
         ("--model", ["--model", "/no/such/model"], "--model /no/such/model"),
@@ -252,6 +261,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--replica-cpus", ["--replica-cpus", "-1"], "--replica-cpus must be 0 or more, got -1"),
         ("--health-check-period", ["--health-check-period", "0"], "--health-check-period must be positive, got 0"),
         ("--reflection", ["--reflection=yes"], "--reflection"),
+        ("--otlp-traces-endpoint", ["--otlp-traces-endpoint", "ftp://c:21"], "must be an http:// or https:// URL"),
     ],
     "generate": [
         ("prompt", ["hi", "--prompt-token-ids", "1,2"], "give a prompt or --prompt-token-ids, not both"),
@@ -349,6 +359,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--max-new-tokens", ["--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
         ("--max-new-tokens", ["--max-new-tokens", "100000"], "--max-new-tokens 100000 is over the server's cap of 127"),
         ("--ignore-eos", ["--ignore-eos=yes"], "--ignore-eos"),
+        ("--trace", ["--trace=yes"], "--trace"),
         ("--warmup", ["--warmup", "-1"], "--warmup must not be negative, got -1"),
         ("--stream-interval-tokens", ["--stream-interval-tokens", "0"], "--stream-interval-tokens: 0 is outside [1, "),
         ("--stream-interval-ms", ["--stream-interval-ms", "-1"], "--stream-interval-ms: -1 is outside [0, 60000]"),

@@ -18,6 +18,7 @@ import numpy as np
 import openai
 import pytest
 from fixtures_server import idle, release_once_ended, request, start_server, wait_until
+from prometheus_client.openmetrics.exposition import generate_latest
 
 from attnserve.v1 import generation_pb2 as pb
 
@@ -86,6 +87,10 @@ def test_a_streamed_request_through_each_door_is_one_trace_across_both_processes
     replies = list(call)
     spans = receiver.wait_for(trace_id, {"attnserve.v1.TextGeneration/GenerateStream", "write", *CORE})
     check_one_trace(spans, "attnserve.v1.TextGeneration/GenerateStream", span_id, replies[-1].request_id)
+    exposition = generate_latest(traced.server.metrics.registry).decode()  # OpenMetrics: with exemplars
+    assert f'# {{request_id="{replies[-1].request_id}",trace_id="{trace_id}"}}' in exposition or (
+        f'# {{trace_id="{trace_id}",request_id="{replies[-1].request_id}"}}' in exposition
+    ), [line for line in exposition.splitlines() if "request_latency" in line and "#" in line[1:]]
     v1 = by_name(spans)["attnserve.v1.TextGeneration/GenerateStream"]
     assert v1.attributes["rpc.grpc.status_code"] == 0 and v1.attributes["gen_ai.request.stream"] is True
 
@@ -210,3 +215,21 @@ def test_attnserves_client_sends_the_callers_trace_context(traced, receiver):
         result = client.generate("The list", max_new_tokens=8, ignore_eos=True, traceparent=parent)
     door = "attnserve.v1.TextGeneration/Generate"
     check_one_trace(receiver.wait_for(trace_id, {door, "write", *CORE}), door, span_id, result.request_id)
+
+
+def test_bench_trace_sends_each_request_as_a_trace_of_its_own(traced, receiver):
+    import asyncio
+
+    from attnserve.clients.bench import BenchConfig, run_bench
+
+    door = "attnserve.v1.TextGeneration/GenerateStream"
+    before = {s.trace_id for s in receiver.spans if s.name == door}
+    config = BenchConfig(target=traced.target, concurrency=(2,), requests=3, warmup=0, max_new_tokens=4, trace=True)
+    (level,) = asyncio.run(run_bench(config))["levels"]
+    assert level["completed"] == 3
+    wait_until(lambda: len({s.trace_id for s in receiver.spans if s.name == door} - before) == 3, TIMEOUT, "3 traces")
+    new = [s for s in receiver.spans if s.name == door and s.trace_id not in before]
+    assert all(s.parent_id for s in new)  # each continues the traceparent bench sent: a parent span it made
+    for span in new:
+        core = by_name(receiver.wait_for(span.trace_id, {"engine_core"}))["engine_core"]
+        assert core.parent_id == span.span_id

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -76,6 +77,13 @@ class BenchConfig:
     )
     warmup: int = field(default=2, metadata=flag("warm-up requests before measuring", metavar="N"))
     seed: int = field(default=0, metadata=flag("seed of the prompts and the arrival times"))
+    trace: bool = field(
+        default=False,
+        metadata=flag(
+            "send each request as a trace of its own (a sampled W3C traceparent with a random trace id): a "
+            "server with --otlp-traces-endpoint then continues it"
+        ),
+    )
     timeout: float = 300.0  # deadline of each request, seconds (--timeout)
     stream_interval_tokens: int | None = None  # None: the server's (GenerationParams' flags)
     stream_interval_ms: int | None = None
@@ -180,12 +188,18 @@ class Progress:
         self.out.flush()
 
 
-async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams) -> RequestRecord:
-    """Stream one request and time its tokens; a failure is recorded, not raised."""
+def new_traceparent() -> str:
+    """A sampled W3C traceparent that starts a trace: random trace and parent ids."""
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams, trace: bool = False) -> RequestRecord:
+    """Stream one request and time its tokens (as a trace of its own with `trace`); a failure is
+    recorded, not raised."""
     record = RequestRecord(start=time.perf_counter())
     last = record.start
     try:
-        async with client.stream(prompt, params) as stream:
+        async with client.stream(prompt, params, traceparent=new_traceparent() if trace else "") as stream:
             async for delta in stream:
                 count = len(delta.token_ids)
                 if not count:
@@ -210,7 +224,12 @@ async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams)
 
 
 async def closed_loop(
-    client: AsyncClient, prompts: Sequence[Prompt], concurrency: int, params: GenerationParams, progress: Progress
+    client: AsyncClient,
+    prompts: Sequence[Prompt],
+    concurrency: int,
+    params: GenerationParams,
+    progress: Progress,
+    trace: bool = False,
 ) -> list[RequestRecord]:
     """All prompts, `concurrency` in flight: each worker sends its next one when one ends."""
     pending: Iterator[Prompt] = iter(prompts)
@@ -218,7 +237,7 @@ async def closed_loop(
 
     async def worker() -> None:
         for prompt in pending:  # one shared iterator: the event loop hands out each prompt once
-            records.append(await measure(client, prompt, params))
+            records.append(await measure(client, prompt, params, trace))
             progress.tick(records[-1])
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
@@ -226,14 +245,20 @@ async def closed_loop(
 
 
 async def open_loop(
-    client: AsyncClient, prompts: Sequence[Prompt], rate: float, params: GenerationParams, progress: Progress, seed: int
+    client: AsyncClient,
+    prompts: Sequence[Prompt],
+    rate: float,
+    params: GenerationParams,
+    progress: Progress,
+    seed: int,
+    trace: bool = False,
 ) -> list[RequestRecord]:
     """All prompts sent at Poisson arrival times of `rate` per second, whatever is in flight."""
     rng = random.Random(seed)
     due = time.perf_counter()
 
     async def one(prompt: Prompt) -> RequestRecord:
-        record = await measure(client, prompt, params)
+        record = await measure(client, prompt, params, trace)
         progress.tick(record)
         return record
 
@@ -262,15 +287,15 @@ async def run_bench(
             print(f"[{PROG}] prompts are {prompt_note}", file=sys.stderr)
         if warm:
             progress.start("warm-up", len(warm))
-            await closed_loop(client, warm, max(config.concurrency or (1,)), params, progress)
+            await closed_loop(client, warm, max(config.concurrency or (1,)), params, progress, config.trace)
         levels = []
         for c in config.concurrency:
             progress.start(f"concurrency {c}", len(prompts))
-            records = await closed_loop(client, prompts, c, params, progress)
+            records = await closed_loop(client, prompts, c, params, progress, config.trace)
             levels.append(summarize_level(records, mode="closed", concurrency=c))
         for rate in config.rates:
             progress.start(f"rate {rate:g}/s", len(prompts))
-            records = await open_loop(client, prompts, rate, params, progress, config.seed)
+            records = await open_loop(client, prompts, rate, params, progress, config.seed, config.trace)
             levels.append(summarize_level(records, mode="poisson", rate=rate))
     return {
         "tool": PROG,

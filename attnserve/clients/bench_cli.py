@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_false",
         help="prompts as ASCII text cut from one English passage (exact lengths with the byte tokenizer only)",
     )
-    add_field_flags(p, BenchConfig, only=("max_new_tokens", "ignore_eos", "warmup", "seed"))
+    add_field_flags(p, BenchConfig, only=("max_new_tokens", "ignore_eos", "warmup", "seed", "trace"))
     add_stream_interval_flags(p)
     p.add_argument("--out", default=None, help="write the JSON report to this file")
     p.add_argument("--plot", default=None, help="write throughput and latency plots to this PNG")

@@ -281,23 +281,23 @@ class EngineClient:
         observations and every Final to metrics (before the events: a caller that sees its end sees
         it counted)."""
         ready: list[tuple[Handle, Event]] = []
-        finals: list[Final] = []
+        finals: list[tuple[Final, GenerationRequest | None]] = []
         with self._lock:
             for step in steps:
                 for key, wire in step.events:
                     event = from_wire(wire)
                     last = ends_request(event)
-                    if isinstance(event, Final):
-                        finals.append(event)
                     handle = self.handles.pop(key, None) if last else self.handles.get(key)
+                    if isinstance(event, Final):
+                        finals.append((event, handle.request if handle is not None else None))
                     if handle is not None:
                         ready.append((handle, event))
                 self._active = step.active
         for step in steps:
             for observation in step.observations:
                 observation.apply(self.observer)
-        for final in finals:
-            self.observer.on_finish(final)
+        for final, request in finals:
+            self.observer.on_finish(final, request)
         post(ready)
 
     def _core_died(self, why: str) -> None:

@@ -48,8 +48,9 @@ def core_engine(loaded: LoadedModel, writer: StepWriter, step_delay_ms: int, out
 
 
 def traced(writer: StepWriter, config: CoreConfig, loaded: LoadedModel) -> tuple[Outbox | None, Callable[[], None]]:
-    """With tracing on (config.traces): an outbox that writes the core's spans of each request before
-    `writer` takes the step, and the call that sends the last spans at the end. Off: nothing to do."""
+    """With tracing on (config.traces): an outbox that hands each step to `writer`, then writes the core's
+    spans of the requests that ended in it, and the call that sends the last spans at the end. Off:
+    nothing to do."""
     if config.traces is None:
         return None, lambda: None
     from ..tracing.core_spans import CoreSpans

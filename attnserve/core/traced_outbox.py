@@ -5,6 +5,7 @@ once a request, never a token. With tracing off the engine has no such outbox: n
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -26,18 +27,21 @@ class TracedOutbox:
         self.dropped = 0  # as last reported
 
     def deliver(self, events: list[tuple[Caller, Event]], counts: Callable[[], dict[str, int]]) -> None:
+        """The step's end (time_ns) is taken before it is handed on: a request's span ends before the front
+        end can have its Final."""
+        ended = time.time_ns()
         self.inner.deliver(events, counts)
         for caller, event in events:
             if caller.request.trace and not isinstance(event, Delta):
-                self._ended(caller, event)
+                self._ended(caller, event, ended)
         if self.report_drops is not None and self.spans.tracing.dropped != self.dropped:
             dropped = self.spans.tracing.dropped
             self.report_drops(dropped - self.dropped)
             self.dropped = dropped
 
-    def _ended(self, caller: Caller, event: Event) -> None:
+    def _ended(self, caller: Caller, event: Event, ended: int) -> None:
         tokens = self.tokens.pop(id(caller), 0) + (event.usage.completion_tokens if isinstance(event, Final) else 0)
         if ends_request(event):
-            self.spans.ended(caller.request, event, tokens)  # type: ignore[arg-type]  # a Final or an error
+            self.spans.ended(caller.request, event, tokens, ended)  # type: ignore[arg-type]  # a Final or an error
         else:
             self.tokens[id(caller)] = tokens

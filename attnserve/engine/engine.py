@@ -82,8 +82,8 @@ class EngineObserver:
         """One run's token gaps in seconds, once per prefill round or decode step (not per token): from
         arrival to the first token of requests that got theirs, from the previous token for the rest."""
 
-    def on_finish(self, final: Final) -> None:
-        """A request ended (its Final, as the engine emits it)."""
+    def on_finish(self, final: Final, request: GenerationRequest | None = None) -> None:
+        """A request (or one of its completions) ended: its Final, as the engine emits it, and the request."""
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         """A prefill round's prefix-cache lookups and the bytes it holds after them (seam.PrefixReport)."""
@@ -108,8 +108,8 @@ class ForwardingObserver(EngineObserver):
     def on_tokens(self, first: list[float], inter: list[float]) -> None:
         self.inner.on_tokens(first, inter)
 
-    def on_finish(self, final: Final) -> None:
-        self.inner.on_finish(final)
+    def on_finish(self, final: Final, request: GenerationRequest | None = None) -> None:
+        self.inner.on_finish(final, request)
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         self.inner.on_prefix_cache(hits, misses, saved, held_bytes)
@@ -491,7 +491,7 @@ class Engine:
         self._outbox.extend((sequence.handle, event) for event in events)
         final = sequence.final
         if final is not None and events and events[-1] is final:
-            self.observer.on_finish(final)
+            self.observer.on_finish(final, sequence.handle.request)
 
     def _flush(self) -> None:
         """Hand this step's events, maybe none, to the outbox (which asks the counts only if it needs them)."""

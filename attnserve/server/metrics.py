@@ -19,6 +19,7 @@ from ..engine.engine import EngineObserver
 
 # Buckets in seconds: tokens of a small model take well under a millisecond on a GPU.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+EXEMPLAR_CHARACTERS = 128  # OpenMetrics' limit on an exemplar's label names and values together
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -183,13 +184,24 @@ class Metrics(EngineObserver):
     def on_spans_dropped(self, count: int) -> None:
         self.spans_dropped.labels(process="engine_core").inc(count)
 
-    def on_finish(self, final: Final) -> None:
+    def on_finish(self, final: Final, request: GenerationRequest | None = None) -> None:
         if not self.counting:
             return
         self.finished.labels(reason=final.reason.value).inc()
-        self.e2e.observe(final.timings.total_ms / 1000.0)
+        self.e2e.observe(final.timings.total_ms / 1000.0, exemplar(request))
         self.tokens.inc(final.usage.completion_tokens)
         self.prompt_tokens.inc(final.usage.prompt_tokens)
+
+
+def exemplar(request: GenerationRequest | None) -> dict[str, str] | None:
+    """The request's ids as an OpenMetrics exemplar: its request id and, when traced, its trace id (the
+    W3C traceparent's); the request id is left out where it would pass OpenMetrics' 128 characters."""
+    if request is None:
+        return None
+    labels = {"trace_id": request.trace[3:35]} if request.trace else {}
+    if len(request.request_id) + sum(len(k) + len(v) for k, v in labels.items()) + 10 <= EXEMPLAR_CHARACTERS:
+        labels["request_id"] = request.request_id
+    return labels or None
 
 
 def resident_bytes(pid: int) -> float:

@@ -5,13 +5,12 @@ core runs in a process of its own).
 One `engine_core` span from the request's arrival at the engine to its end, with children `queue` (to
 admission), `prefill` (to the first token: the chunks it took and the prompt tokens the prefix cache
 held) and `decode` (to the end), and a `first_token` event. The times are the Final's, counted back
-from now. Imported only when tracing is on.
+from the end of the step it ended in. Imported only when tracing is on.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 from opentelemetry import trace
@@ -30,10 +29,10 @@ class CoreSpans:
         self.tracing, self.tracer = tracing, tracing.tracer
         self.prefill_chunk, self.encoder_decoder = prefill_chunk, encoder_decoder
 
-    def ended(self, request: GenerationRequest, event: Final | Exception, completion_tokens: int) -> None:
+    def ended(self, request: GenerationRequest, event: Final | Exception, completion_tokens: int, now: int) -> None:
         """`request` (traced) ended with `event`, its last: a Final, or the error that refused or failed it;
-        `completion_tokens`: all its completions'."""
-        now = time.time_ns()
+        `completion_tokens`: all its completions'; `now`: the end of the step it ended in (time_ns), which
+        the Final's times count back from."""
         parent = span_context_of({"traceparent": request.trace})
         attributes: dict[str, Any] = {
             "gen_ai.response.id": request.request_id,

@@ -52,6 +52,7 @@ class BoundedExport(SpanProcessor):
         self.queue: collections.deque[ReadableSpan] = collections.deque()
         self.dropped = 0  # spans lost: the queue was full, or their export failed
         self.exported = 0
+        self._counting = threading.Lock()  # drops are seen on the threads that end spans and on this one
         self._wake = threading.Event()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="attnserve-trace-export", daemon=True)
@@ -60,8 +61,7 @@ class BoundedExport(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """On the thread that ended the span: an append, or a drop."""
         if len(self.queue) >= self.settings.queue_spans:
-            self.dropped += 1
-            self.on_drop(1)
+            self._drop(1)
             return
         self.queue.append(span)
         if len(self.queue) >= self.settings.batch_spans:
@@ -85,8 +85,12 @@ class BoundedExport(SpanProcessor):
             if result == SpanExportResult.SUCCESS:
                 self.exported += len(batch)
             else:
-                self.dropped += len(batch)
-                self.on_drop(len(batch))
+                self._drop(len(batch))
+
+    def _drop(self, count: int) -> None:
+        with self._counting:
+            self.dropped += count
+        self.on_drop(count)
 
     def shutdown(self) -> None:
         self._stopping = True
