@@ -28,7 +28,8 @@ class ReceivedSpan:
     start_ns: int
     end_ns: int
     attributes: dict[str, Any] = field(default_factory=dict)
-    events: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # names, in the order sent
+    event_ns: dict[str, int] = field(default_factory=dict)  # name -> time
     resource: dict[str, Any] = field(default_factory=dict)
 
 
@@ -68,6 +69,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
                             s.end_time_unix_nano,
                             {a.key: value_of(a.value) for a in s.attributes},
                             [e.name for e in s.events],
+                            {e.name: e.time_unix_nano for e in s.events},
                             resource,
                         )
                     )

@@ -1,10 +1,11 @@
 """OpenTelemetry tracing (--otlp-traces-endpoint) against a real OTLP receiver on 127.0.0.1
 (opentelemetry-proto's TraceService served by grpcio, benchmarks/otlp_receiver.py): a streamed request
 through each door (attnserve.v1, the Open Inference Protocol through tritonclient, the OpenAI API
-through openai's client), each under a caller's W3C traceparent, gives one trace: the door's server span
-as the caller's child, with validation and the last write below it, and the engine core's span from its
-own process below that, with queue, prefill and decode. A cancelled and a refused call give spans with
-their status; a collector that goes away fails no request, and its lost spans are counted."""
+through openai's client), each under a caller's W3C traceparent, gives one trace of two spans: the door's
+server span as the caller's child, with events where validation ended and where the last write began,
+and the engine core's span from its own process below it, with events where the queue and prefill
+ended. A cancelled and a refused call give spans with their status; a collector that goes away fails
+no request, and its lost spans are counted."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc]
 TIMEOUT = 60
 SERVER_KIND = 2  # opentelemetry.proto.trace.v1.Span.SpanKind.SPAN_KIND_SERVER
 ERROR = 2  # Status.StatusCode.STATUS_CODE_ERROR
-CORE = {"engine_core", "queue", "prefill", "decode"}
+CORE = {"engine_core"}
 
 
 def caller() -> tuple[str, str, str]:
@@ -57,25 +58,33 @@ def by_name(spans) -> dict:
 
 
 def check_one_trace(spans, door: str, parent: str, request_id: str | None = None) -> None:
-    """The door's span under the caller's, validation and the last write under it, the core's spans under it."""
+    """The door's span under the caller's, with its validated and final events; the core's span, from the
+    core's process, under it, with its admitted and first_token events, all in order."""
     named = by_name(spans)
-    top = named[door]
+    assert len(spans) == 2, spans  # a request's trace is two spans: its door's and the engine core's
+    top, core = named[door], named["engine_core"]
     assert top.parent_id == parent and top.kind == SERVER_KIND and top.status != ERROR, top
-    assert named["validate"].parent_id == top.span_id and named["write"].parent_id == top.span_id
-    core = named["engine_core"]
     assert core.parent_id == top.span_id, (core, top)
     assert core.resource["attnserve.process"] == "engine_core" and top.resource["attnserve.process"] == "front_end"
     assert core.resource["process.pid"] != top.resource["process.pid"]  # two processes, one trace
-    for name in ("queue", "prefill", "decode"):
-        assert named[name].parent_id == core.span_id
-        assert core.start_ns <= named[name].start_ns <= named[name].end_ns <= core.end_ns
-    assert named["prefill"].end_ns == named["decode"].start_ns and "first_token" in core.events
-    assert named["prefill"].attributes["attnserve.prefill.chunks"] >= 1
-    assert top.start_ns <= named["validate"].end_ns <= core.start_ns and core.end_ns <= named["write"].start_ns
-    assert top.attributes["gen_ai.usage.output_tokens"] == core.attributes["gen_ai.usage.output_tokens"] > 0
+    assert [e for e in top.events] == ["validated", "final"] and core.events == ["admitted", "first_token"]
+    validated, final = (top.event_ns[e] for e in top.events)
+    admitted, first = (core.event_ns[e] for e in core.events)
+    assert top.start_ns <= validated <= core.start_ns <= admitted <= first <= core.end_ns <= final <= top.end_ns
+    a = core.attributes
+    assert a["gen_ai.latency.e2e"] == pytest.approx((core.end_ns - core.start_ns) / 1e9, abs=2e-6)
+    queue, prefill, decode = (
+        a[f"gen_ai.latency.{k}"] for k in ("time_in_queue", "time_in_model_prefill", "time_in_model_decode")
+    )
+    assert (
+        queue + prefill + decode == pytest.approx(a["gen_ai.latency.e2e"], abs=2e-6)
+        and a["attnserve.prefill.chunks"] >= 1
+    )
+    assert top.attributes["gen_ai.usage.output_tokens"] == a["gen_ai.usage.output_tokens"] > 0
     assert top.attributes["gen_ai.request.model"] and top.attributes["gen_ai.request.max_tokens"] == 8
+    assert top.attributes["attnserve.latency.last_write"] == pytest.approx((top.end_ns - final) / 1e9, abs=2e-6)
     if request_id is not None:
-        assert top.attributes["gen_ai.response.id"] == core.attributes["gen_ai.response.id"] == request_id
+        assert top.attributes["gen_ai.response.id"] == a["gen_ai.response.id"] == request_id
 
 
 def test_a_streamed_request_through_each_door_is_one_trace_across_both_processes(traced, receiver):
@@ -85,7 +94,7 @@ def test_a_streamed_request_through_each_door_is_one_trace_across_both_processes
         request("The list", max_new_tokens=8, ignore_eos=True), timeout=TIMEOUT, metadata=(("traceparent", parent),)
     )
     replies = list(call)
-    spans = receiver.wait_for(trace_id, {"attnserve.v1.TextGeneration/GenerateStream", "write", *CORE})
+    spans = receiver.wait_for(trace_id, {"attnserve.v1.TextGeneration/GenerateStream", *CORE})
     check_one_trace(spans, "attnserve.v1.TextGeneration/GenerateStream", span_id, replies[-1].request_id)
     exposition = generate_latest(traced.server.metrics.registry).decode()  # OpenMetrics: with exemplars
     assert f'# {{request_id="{replies[-1].request_id}",trace_id="{trace_id}"}}' in exposition or (
@@ -115,7 +124,7 @@ def test_a_streamed_request_through_each_door_is_one_trace_across_both_processes
         client.stop_stream()
         client.close()
     door = "inference.GRPCInferenceService/ModelStreamInfer"
-    check_one_trace(receiver.wait_for(trace_id, {door, "write", *CORE}), door, span_id, "oip-1")
+    check_one_trace(receiver.wait_for(trace_id, {door, *CORE}), door, span_id, "oip-1")
 
     # the OpenAI API, through OpenAI's client
     trace_id, span_id, parent = caller()
@@ -132,7 +141,7 @@ def test_a_streamed_request_through_each_door_is_one_trace_across_both_processes
             )
         )
     door = "POST /v1/completions"
-    spans = receiver.wait_for(trace_id, {door, "write", *CORE})
+    spans = receiver.wait_for(trace_id, {door, *CORE})
     check_one_trace(spans, door, span_id, chunks[0].id.removeprefix("cmpl-"))
     assert by_name(spans)[door].attributes["http.response.status_code"] == 200
 
@@ -214,7 +223,7 @@ def test_attnserves_client_sends_the_callers_trace_context(traced, receiver):
     with Client(traced.target) as client:
         result = client.generate("The list", max_new_tokens=8, ignore_eos=True, traceparent=parent)
     door = "attnserve.v1.TextGeneration/Generate"
-    check_one_trace(receiver.wait_for(trace_id, {door, "write", *CORE}), door, span_id, result.request_id)
+    check_one_trace(receiver.wait_for(trace_id, {door, *CORE}), door, span_id, result.request_id)
 
 
 def test_bench_trace_sends_each_request_as_a_trace_of_its_own(traced, receiver):
@@ -233,3 +242,17 @@ def test_bench_trace_sends_each_request_as_a_trace_of_its_own(traced, receiver):
     for span in new:
         core = by_name(receiver.wait_for(span.trace_id, {"engine_core"}))["engine_core"]
         assert core.parent_id == span.span_id
+
+
+def test_a_callers_unsampled_trace_is_not_recorded_by_either_process(traced, receiver):
+    """A traceparent whose sampled flag is off (the caller's sampler said no): the server writes no span of
+    it, in either process. Each process exports in order, so once a later sampled request's two spans are
+    in, an earlier unsampled one's would be too."""
+    unsampled_trace, _, parent = caller()
+    traced.stub.Generate(
+        request("a", max_new_tokens=4), timeout=TIMEOUT, metadata=(("traceparent", parent[:-2] + "00"),)
+    )
+    trace_id, _, parent = caller()
+    traced.stub.Generate(request("a", max_new_tokens=4), timeout=TIMEOUT, metadata=(("traceparent", parent),))
+    receiver.wait_for(trace_id, {"attnserve.v1.TextGeneration/Generate", *CORE})
+    assert receiver.trace(unsampled_trace) == []

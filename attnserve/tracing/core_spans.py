@@ -2,10 +2,13 @@
 token), below the door's span whose traceparent the request carried here (in the Submit message when the
 core runs in a process of its own).
 
-One `engine_core` span from the request's arrival at the engine to its end, with children `queue` (to
-admission), `prefill` (to the first token: the chunks it took and the prompt tokens the prefix cache
-held) and `decode` (to the end), and a `first_token` event. The times are the Final's, counted back
-from the end of the step it ended in. Imported only when tracing is on.
+One `engine_core` span from the request's arrival at the engine to its end, with an `admitted` event
+(the queue's end, prefill's start) and a `first_token` event (prefill's end, decode's start), the
+durations as vLLM's span attributes name them (gen_ai.latency.time_in_queue, time_to_first_token,
+time_in_model_prefill, time_in_model_decode, e2e), the prefill's chunks and the prompt tokens the
+prefix cache held. One span, not a span a stage: the engine thread makes it, and this process's
+export encodes it, under the GIL the engine steps with. The times are the Final's, counted back from
+the end of the step it ended in. Imported only when tracing is on.
 """
 
 from __future__ import annotations
@@ -13,62 +16,57 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode
 
 from ..engine.domain import Final, FinishReason, GenerationRequest
-from .exporting import Tracing, span_context_of
+from .exporting import UNSET, Tracing, new_span_id, remote_parent
 
 MS = 1_000_000  # ns
+INTERNAL = SpanKind.INTERNAL
 
 
 class CoreSpans:
     """Writes the engine core's spans of traced requests; `prefill_chunk`: the core's --prefill-chunk."""
 
     def __init__(self, tracing: Tracing, prefill_chunk: int, encoder_decoder: bool = False):
-        self.tracing, self.tracer = tracing, tracing.tracer
+        self.tracing = tracing
         self.prefill_chunk, self.encoder_decoder = prefill_chunk, encoder_decoder
 
     def ended(self, request: GenerationRequest, event: Final | Exception, completion_tokens: int, now: int) -> None:
         """`request` (traced) ended with `event`, its last: a Final, or the error that refused or failed it;
         `completion_tokens`: all its completions'; `now`: the end of the step it ended in (time_ns), which
         the Final's times count back from."""
-        parent = span_context_of({"traceparent": request.trace})
-        attributes: dict[str, Any] = {
-            "gen_ai.response.id": request.request_id,
-            "gen_ai.usage.input_tokens": len(request.prompt_ids),
-        }
+        parent = remote_parent(request.trace)
+        if parent is None:
+            return
+        context = SpanContext(parent.trace_id, new_span_id(), False, parent.trace_flags, parent.trace_state)
+        attributes: dict[str, Any] = {"gen_ai.response.id": request.request_id}
         if not isinstance(event, Final):
-            span = self.tracer.start_span("engine_core", context=parent, start_time=now, attributes=attributes)
-            span.set_status(Status(StatusCode.ERROR, f"{type(event).__name__}: {event}"))
-            span.end(end_time=now)
+            failed = Status(StatusCode.ERROR, f"{type(event).__name__}: {event}")
+            self.tracing.write("engine_core", context, parent, INTERNAL, (now, now), attributes, (), failed)
             return
         t, usage = event.timings, event.usage
         arrival = now - round(t.total_ms * MS)
-        admitted, first = arrival + round(t.queue_ms * MS), arrival + round(t.time_to_first_token_ms * MS)
-        attributes |= {
+        events = [("admitted", arrival + round(t.queue_ms * MS))]
+        fresh = usage.prompt_tokens - usage.cached_tokens
+        attributes |= {  # the prompt's tokens and the finish reasons are the door span's
             "gen_ai.usage.output_tokens": completion_tokens,
-            "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
-            "gen_ai.response.finish_reasons": [event.reason.value],
+            "gen_ai.latency.time_in_queue": t.queue_ms / 1000,
+            "gen_ai.latency.e2e": t.total_ms / 1000,
+            "attnserve.prefill.chunks": self.chunks(fresh),
+            "attnserve.prefill.tokens": fresh,
         }
-        span = self.tracer.start_span("engine_core", context=parent, start_time=arrival, attributes=attributes)
-        inside = trace.set_span_in_context(span)
-        self.tracer.start_span("queue", context=inside, start_time=arrival).end(end_time=admitted)
-        if event.reason not in (FinishReason.CANCELLED, FinishReason.DEADLINE) or usage.completion_tokens:
-            prefill = {
-                "attnserve.prefill.chunks": self.chunks(usage.prompt_tokens - usage.cached_tokens),
-                "attnserve.prefill.tokens": usage.prompt_tokens - usage.cached_tokens,
-                "gen_ai.usage.cache_read.input_tokens": usage.cached_tokens,
-                "attnserve.prefix_cache.hit": usage.cached_tokens > 0,
+        if usage.completion_tokens:
+            events.append(("first_token", arrival + round(t.time_to_first_token_ms * MS)))
+            attributes |= {
+                "gen_ai.latency.time_to_first_token": t.time_to_first_token_ms / 1000,
+                "gen_ai.latency.time_in_model_prefill": (t.time_to_first_token_ms - t.queue_ms) / 1000,
+                "gen_ai.latency.time_in_model_decode": (t.total_ms - t.time_to_first_token_ms) / 1000,
             }
-            prefilled = self.tracer.start_span("prefill", context=inside, start_time=admitted, attributes=prefill)
-            prefilled.end(end_time=first)
-            span.add_event("first_token", timestamp=first)
-            decode = {"gen_ai.usage.output_tokens": completion_tokens}
-            self.tracer.start_span("decode", context=inside, start_time=first, attributes=decode).end(end_time=now)
+        status = UNSET
         if event.reason in (FinishReason.CANCELLED, FinishReason.DEADLINE):
-            span.set_status(Status(StatusCode.ERROR, event.reason.value))
-        span.end(end_time=now)
+            status = Status(StatusCode.ERROR, event.reason.value)
+        self.tracing.write("engine_core", context, parent, INTERNAL, (arrival, now), attributes, events, status)
 
     def chunks(self, tokens: int) -> int:
         """Prefill runs a prompt of `tokens` (after the prefix cache's) took: --prefill-chunk tokens each (an

@@ -13,14 +13,18 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import random
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
@@ -29,6 +33,7 @@ from .settings import GRPC, TraceSettings
 log = logging.getLogger(__name__)
 
 PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent and tracestate
+UNSET = Status(StatusCode.UNSET)
 SHUTDOWN_WAIT_S = 5.0  # how long a stopping process waits for its last spans to go
 
 
@@ -104,7 +109,8 @@ class BoundedExport(SpanProcessor):
 
 
 class Tracing:
-    """Tracing on, in one process: `tracer` makes the spans, `export` counts what it sent and dropped."""
+    """Tracing on, in one process: `write` hands a finished span to `export`, which counts what it sent
+    and dropped; `sampled` is the OTEL_TRACES_SAMPLER's decision (parent-based, always on, by default)."""
 
     def __init__(self, settings: TraceSettings, role: str, on_drop: Callable[[int], None] | None = None):
         """`role`: which of the server's processes this is (front_end, engine_core), a resource attribute;
@@ -114,29 +120,76 @@ class Tracing:
         resource = resource.merge(Resource({"attnserve.process": role, "process.pid": os.getpid()}))
         if "OTEL_SERVICE_NAME" in os.environ:  # the standard variable names the service, over ours
             resource = resource.merge(Resource({"service.name": os.environ["OTEL_SERVICE_NAME"]}))
-        self.provider = TracerProvider(resource=resource)
+        self.resource = resource
+        self.sampler = TracerProvider(resource=resource).sampler  # the SDK's, as OTEL_TRACES_SAMPLER says
+        self.scope = InstrumentationScope("attnserve", __version__)
         self.export = BoundedExport(otlp_exporter(settings), settings, on_drop)
-        self.provider.add_span_processor(self.export)
-        self.tracer = self.provider.get_tracer("attnserve", __version__)
         log.info("tracing: spans to %s (OTLP, %s)", settings.endpoint, settings.protocol)
 
     @property
     def dropped(self) -> int:
         return self.export.dropped
 
+    def sampled(self, parent: Context, trace_id: int, name: str, kind: SpanKind) -> bool:
+        return self.sampler.should_sample(parent, trace_id, name, kind).decision.is_sampled()
+
+    def write(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        times: tuple[int, int],
+        attributes: dict[str, Any],
+        events: Sequence[tuple[str, int]] = (),
+        status: Status = UNSET,
+    ) -> None:
+        """A finished span, made in one step (the SDK's ReadableSpan, to the export queue): a request's
+        span is written once, when it ends, never built up call by call. `times`: start and end, time_ns."""
+        span = ReadableSpan(
+            name,
+            context,
+            parent,
+            self.resource,
+            attributes,
+            tuple(Event(event, timestamp=at) for event, at in events),
+            kind=kind,
+            status=status,
+            start_time=times[0],
+            end_time=times[1],
+            instrumentation_scope=self.scope,
+        )
+        self.export.on_end(span)
+
     def shutdown(self) -> None:
         """Send what waits (up to SHUTDOWN_WAIT_S), then stop."""
-        self.provider.shutdown()
+        self.export.shutdown()
 
 
-def span_context_of(carrier: dict[str, str]) -> Context:
-    """The context a W3C `traceparent` (and `tracestate`) in `carrier` continues: a new trace's without one,
-    or with one that does not parse (the specification's rule)."""
-    return PROPAGATOR.extract(carrier)
+def new_span_id() -> int:
+    return random.getrandbits(64) or 1  # never the invalid 0
 
 
-def traceparent_of(span: trace.Span) -> str:
-    """The W3C traceparent that makes `span` the parent of another process's span."""
-    carrier: dict[str, str] = {}
-    PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
-    return carrier.get("traceparent", "")
+def new_trace_id() -> int:
+    return random.getrandbits(128) or 1
+
+
+def parent_of(carrier: Mapping[str, str]) -> tuple[Context, SpanContext | None]:
+    """The context a W3C `traceparent` (and `tracestate`) in `carrier` continues, and its span context:
+    (an empty context, None) without one, or with one that does not parse (the specification's rule)."""
+    context = PROPAGATOR.extract(carrier)
+    parent = trace.get_current_span(context).get_span_context()
+    return context, parent if parent.is_valid else None
+
+
+def traceparent(context: SpanContext) -> str:
+    """The W3C traceparent that makes the span of `context` the parent of another process's span."""
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+
+
+def remote_parent(value: str) -> SpanContext | None:
+    """The span context of a traceparent this server wrote (traceparent()); None for "" or another."""
+    parts = value.split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    return SpanContext(int(parts[1], 16), int(parts[2], 16), True, TraceFlags(int(parts[3], 16)))

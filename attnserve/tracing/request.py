@@ -1,9 +1,13 @@
 """A request's span at its door: the server span every door opens for a call of attnserve.v1, the Open
-Inference Protocol or the OpenAI API, continuing the caller's W3C trace context, with a child span for
-validation (reading, parsing, tokenizing) and one for the last write (from the request's end at the
-engine to the call's end). The engine core's spans (core_spans.py) hang below it: the request carries
-this span's traceparent across the process boundary. Attributes are those of the OpenTelemetry GenAI
-and RPC semantic conventions where they name one. Imported only when tracing is on.
+Inference Protocol or the OpenAI API, continuing the caller's W3C trace context, with events where
+validation (reading, parsing, tokenizing) ended and where the request's end reached the door (from
+there to the span's end: the last write), and their durations as attributes. The engine core's span
+(core_spans.py) hangs below it: the request carries this span's traceparent across the process
+boundary. Events, not child spans: each span costs its process (and the engine core's, its engine
+thread's GIL) a span's making and encoding, and a request's trace is two spans, each written whole
+when it ends (Tracing.write), not built up call by call through the SDK's live Span. Attributes are those
+of the OpenTelemetry GenAI and RPC semantic conventions where they name one. Imported only when
+tracing is on.
 """
 
 from __future__ import annotations
@@ -13,82 +17,94 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ..engine.domain import Final, GenerationRequest
-from .exporting import Tracing, span_context_of, traceparent_of
+from .exporting import UNSET, Tracing, new_span_id, new_trace_id, parent_of, traceparent
 
 
 class RequestTrace:
-    """One call's door span (see the module's docstring); `end` ends it with the call's status."""
+    """One call's door span (see the module's docstring), written whole by `end` with the call's status.
+    A call the sampler leaves out (OTEL_TRACES_SAMPLER, or a caller's unsampled traceparent) writes
+    nothing, and its request carries no context to the core."""
 
     __slots__ = (
+        "attributes",
         "cached",
+        "context",
+        "events",
         "final_at",
         "input_tokens",
+        "name",
         "output_tokens",
+        "parent",
         "reasons",
         "request_id",
-        "span",
         "start",
         "trace_id",
-        "tracer",
+        "tracing",
     )
 
     def __init__(self, tracing: Tracing, name: str, carrier: Mapping[str, str], attributes: dict[str, Any]):
         """`name`: the span's (rpc service/method, or HTTP method and route); `carrier`: the call's metadata
         or headers, whose traceparent and tracestate it continues."""
-        self.tracer = tracing.tracer
+        self.tracing, self.name, self.attributes = tracing, name, attributes
         self.start = time.time_ns()
-        parent = span_context_of({k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")})
-        self.span = self.tracer.start_span(
-            name, context=parent, kind=SpanKind.SERVER, start_time=self.start, attributes=attributes
-        )
-        self.trace_id = format(self.span.get_span_context().trace_id, "032x")
+        context, self.parent = parent_of({k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")})
+        trace_id = self.parent.trace_id if self.parent is not None else new_trace_id()
+        sampled = tracing.sampled(context, trace_id, name, SpanKind.SERVER)
+        flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+        state = self.parent.trace_state if self.parent is not None else None
+        self.context = SpanContext(trace_id, new_span_id(), False, flags, state)
+        self.trace_id = format(trace_id, "032x")
         self.request_id = ""
+        self.events: list[tuple[str, int]] = []
         self.final_at: int | None = None  # when the first Final reached the door (time_ns)
         self.input_tokens = self.output_tokens = self.cached = 0
         self.reasons: list[str] = []
 
     def submitting(self, generation: GenerationRequest) -> GenerationRequest:
-        """Validation's span ends now; the request's attributes; the request, carrying this span to the core."""
+        """Validation ends now (an event); the request's attributes; the request, carrying this span to the core."""
         now = time.time_ns()
-        self._child("validate", self.start).end(end_time=now)
-        self.span.set_attributes(request_attributes(generation))
+        self.events.append(("validated", now))
+        self.attributes |= request_attributes(generation)
+        self.attributes["attnserve.latency.validate"] = (now - self.start) / 1e9
         self.request_id = generation.request_id
-        return replace(generation, trace=traceparent_of(self.span))
+        if not self.context.trace_flags.sampled:
+            return generation
+        return replace(generation, trace=traceparent(self.context))
 
     def finished(self, final: Final) -> None:
         if self.final_at is None:
             self.final_at = time.time_ns()
             self.input_tokens, self.cached = final.usage.prompt_tokens, final.usage.cached_tokens
-            self.span.set_attribute("gen_ai.response.time_to_first_chunk", final.timings.time_to_first_token_ms / 1000)
+            self.attributes["gen_ai.response.time_to_first_chunk"] = final.timings.time_to_first_token_ms / 1000
         self.output_tokens += final.usage.completion_tokens
         self.reasons.append(final.reason.value)
 
     def end(self, status: str, message: str | None = None, attributes: Mapping[str, Any] | None = None) -> None:
-        """End the span: `status` is the call's (a gRPC status code's name, or an HTTP status as text);
+        """Write the span: `status` is the call's (a gRPC status code's name, or an HTTP status as text);
         an error's span status says it and `message`."""
+        if not self.context.trace_flags.sampled:
+            return
         now = time.time_ns()
         if self.final_at is not None:
-            self._child("write", self.final_at).end(end_time=now)
-            self.span.set_attributes(
-                {
-                    "gen_ai.usage.input_tokens": self.input_tokens,
-                    "gen_ai.usage.output_tokens": self.output_tokens,
-                    "gen_ai.usage.cache_read.input_tokens": self.cached,
-                    "gen_ai.response.finish_reasons": self.reasons,
-                }
-            )
+            self.events.append(("final", self.final_at))
+            self.attributes |= {
+                "attnserve.latency.last_write": (now - self.final_at) / 1e9,
+                "gen_ai.usage.input_tokens": self.input_tokens,
+                "gen_ai.usage.output_tokens": self.output_tokens,
+                "gen_ai.usage.cache_read.input_tokens": self.cached,
+                "gen_ai.response.finish_reasons": self.reasons,
+            }
         if attributes:
-            self.span.set_attributes(attributes)
-        if status not in ("OK", "200"):
-            self.span.set_status(Status(StatusCode.ERROR, f"{status}: {message}" if message else status))
-        self.span.end(end_time=now)
-
-    def _child(self, name: str, start: int) -> trace.Span:
-        return self.tracer.start_span(name, context=trace.set_span_in_context(self.span), start_time=start)
+            self.attributes |= attributes
+        failed = status not in ("OK", "200")
+        outcome = Status(StatusCode.ERROR, f"{status}: {message}" if message else status) if failed else UNSET
+        times = (self.start, now)
+        self.tracing.write(
+            self.name, self.context, self.parent, SpanKind.SERVER, times, self.attributes, self.events, outcome
+        )
 
 
 def request_attributes(generation: GenerationRequest) -> dict[str, Any]:
@@ -100,7 +116,6 @@ def request_attributes(generation: GenerationRequest) -> dict[str, Any]:
         "gen_ai.request.temperature": s.temperature,
         "gen_ai.request.choice.count": generation.n,
         "gen_ai.request.stream": generation.interval is not None,
-        "attnserve.request.prompt_tokens": len(generation.prompt_ids),
     }
     if s.top_k:
         attributes["gen_ai.request.top_k"] = s.top_k
