@@ -5,6 +5,8 @@ server exported from it; benchmarks/tracing.py stops it mid-run, as a collector 
 
 from __future__ import annotations
 
+import gzip
+import http.server
 import threading
 import time
 from concurrent import futures
@@ -48,9 +50,15 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.exports = 0
         self.lock = threading.Lock()
         self.server: grpc.Server | None = None
+        self.http: http.server.ThreadingHTTPServer | None = None  # start_http's
         self.port = 0
 
     def Export(self, request, context):  # noqa: ARG002  # the protocol's name and signature
+        self.keep(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def keep(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
+        """Every span of one export, flattened."""
         received = []
         for resource_spans in request.resource_spans:
             resource = {a.key: value_of(a.value) for a in resource_spans.resource.attributes}
@@ -76,7 +84,6 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self.lock:
             self.spans += received
             self.exports += 1
-        return trace_service_pb2.ExportTraceServiceResponse()
 
     def start(self, port: int = 0) -> Receiver:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -85,10 +92,41 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.server.start()
         return self
 
+    def start_http(self) -> Receiver:
+        """OTLP over HTTP instead (protobuf bodies POSTed to /v1/traces) on a free port of 127.0.0.1."""
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # http.server's name
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                if self.headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = trace_service_pb2.ExportTraceServiceRequest.FromString(body)
+                if self.path == "/v1/traces":
+                    receiver.keep(request)
+                answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200 if self.path == "/v1/traces" else 404)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+        self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.http.server_address[1]
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        return self
+
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop(grace=None).wait()
             self.server = None
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+            self.http = None
 
     @property
     def endpoint(self) -> str:

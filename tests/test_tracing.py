@@ -256,3 +256,19 @@ def test_a_callers_unsampled_trace_is_not_recorded_by_either_process(traced, rec
     traced.stub.Generate(request("a", max_new_tokens=4), timeout=TIMEOUT, metadata=(("traceparent", parent),))
     receiver.wait_for(trace_id, {"attnserve.v1.TextGeneration/Generate", *CORE})
     assert receiver.trace(unsampled_trace) == []
+
+
+def test_otlp_over_http_carries_both_processes_spans(tiny_model_dir):
+    """An endpoint whose path ends in /v1/traces is OTLP over HTTP (protobuf bodies), in both processes."""
+    receiver = otlp.Receiver().start_http()
+    running = start_server(tiny_model_dir, engine_core="process", otlp_traces_endpoint=f"{receiver.endpoint}/v1/traces")
+    try:
+        trace_id, span_id, parent = caller()
+        reply = running.stub.Generate(
+            request("The list", max_new_tokens=8, ignore_eos=True), timeout=TIMEOUT, metadata=(("traceparent", parent),)
+        )
+        door = "attnserve.v1.TextGeneration/Generate"
+        check_one_trace(receiver.wait_for(trace_id, {door, *CORE}), door, span_id, reply.request_id)
+    finally:
+        running.stop()
+        receiver.stop()
