@@ -104,6 +104,7 @@ class Matcher:
         self.matcher = llguidance.LLMatcher(token_space(tokenizer), grammar.text, log_level=0)
         self.vocab_size = tokenizer.vocab_size
         self.bitmask = allocate_token_bitmask(1, self.vocab_size)
+        self.stopped = False  # is_stopped() after the last token taken (complete)
 
     def allowed(self) -> np.ndarray:
         """A bool per id: may it come next? (EOS only once the text so far is complete.)"""
@@ -114,6 +115,7 @@ class Matcher:
         """The id generated; it was allowed (the engine masks the others)."""
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar refused token {token}: {one_line(self.matcher.get_error())}")
+        self.stopped = self.matcher.is_stopped()  # now, before ahead() lends the matcher to the mask thread
 
     def ahead(self) -> Future[np.ndarray]:
         """allowed(), computed by the mask thread while the engine thread runs the model."""
@@ -123,8 +125,10 @@ class Matcher:
 
     @property
     def complete(self) -> bool:
-        """The output is whole and the grammar allows nothing more after it."""
-        return self.matcher.is_stopped()
+        """The output is whole and the grammar allows nothing more after it: as of the last token taken,
+        never asked of the matcher itself, which the mask thread may hold then (llguidance's matcher is
+        borrowed mutably while it fills a mask: asking it then raised "Already mutably borrowed")."""
+        return self.stopped
 
 
 _MASKS: list[ThreadPoolExecutor] = []  # the mask thread, started on first use
