@@ -711,3 +711,65 @@ def test_a_beam_group_waits_for_its_slots_and_decodes_beside_others_as_it_would_
     assert any(entry[0] == "copy" for entry in runner.log)  # beams continued one beam and took another's slot
     starts = [entry[1] for entry in runner.log if entry[0] == "start"]
     assert len(starts) == 3 and not runner.rows  # every slot freed
+
+
+def test_a_negative_length_penalty_over_many_steps_keeps_its_hypotheses_and_fails_nobody():
+    """length_penalty -5 (in range) scores a hypothesis by its log-probability times length ** 5: past 32
+    tokens that is below a finite "ruled out" score, and a search that ranked empty slots above it ended
+    with no hypothesis (an assertion that failed the whole batch). Every request here gets its result."""
+    params = BeamParams(num_beams=2, length_penalty=-5.0, num_return_sequences=2)
+    search = replace(ask("beam me", 40), beams=params)
+    others = [ask(f"greedy {i}", 45) for i in range(3)]
+    runner = FakeRunner(capacity=5)
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(a) for a in (others[0], search, *others[1:])]
+            engine.start()
+            return await hypotheses(handles[1]), [await outcome(h) for h in handles[:1] + handles[2:]]
+
+    found, served_others = asyncio.run(main())
+    expected = beams_alone(search.prompt_ids, params, 40)
+    assert len(found) == 2 and [(tokens, score) for tokens, score, _ in found] == [(tuple(t), s) for t, s in expected]
+    assert all(len(tokens) == 40 and score < -1e9 for tokens, score, _ in found)  # below transformers' -1e9
+    for asked, (tokens, final) in zip(others, served_others):
+        assert isinstance(final, Final) and tokens == alone(asked.prompt_ids, 45)
+
+
+def fail_one(monkeypatch, cls, method: str, prompt: str, after: int = 3):
+    """`cls.method` raises for the request of `prompt` from its `after`-th call on (one row's own work)."""
+    real, calls = getattr(cls, method), itertools.count(1)
+
+    def failing(self, *args, **kwargs):
+        request = self.sequence.request if hasattr(self, "sequence") else self.request
+        if request.request_id == prompt and next(calls) >= after:
+            raise ValueError(f"injected into {method}")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, method, failing)
+
+
+@pytest.mark.parametrize(
+    ("where", "sampling"),
+    [("advance", False), ("pick", True), ("beam", False), ("advance", True)],
+)
+def test_one_requests_own_failure_ends_it_alone_and_the_busy_batch_goes_on(monkeypatch, where, sampling):
+    """An exception in one request's own work (its text and stops, its sampler, its beam search), in a burst
+    of greedy steps or a step with sampled rows: that request alone ends with the error, its slots are
+    freed, and every other request of the batch gets what it gets alone."""
+    from attnserve.engine.beam_group import BeamGroup
+
+    cls, method = {"advance": (Sequence, "advance"), "pick": (Sequence, "pick"), "beam": (BeamGroup, "step")}[where]
+    fail_one(monkeypatch, cls, method, "victim")
+    victim = ask("victim", 20)
+    if where == "beam":
+        victim = replace(victim, beams=BeamParams(num_beams=2, length_penalty=1.0, num_return_sequences=1))
+    if sampling or where == "pick":
+        victim = replace(victim, sampling=SamplingParams(temperature=0.5, seed=3), max_new_tokens=20)
+    others = [ask(f"bystander {i}", 12) for i in range(4)]
+    runner = FakeRunner(capacity=6)
+    (_, victim_end), *rest = served(runner, [victim, *others])
+    assert isinstance(victim_end, ValueError) and str(victim_end) == f"injected into {method}"
+    for asked, (tokens, final) in zip(others, rest):
+        assert isinstance(final, Final) and tokens == alone(asked.prompt_ids, 12), asked.prompt
+    assert not runner.rows and ("reset",) not in runner.log  # every slot freed, the runner never reset

@@ -23,7 +23,11 @@ import numpy as np
 
 from .domain import BeamParams
 
-NEG = np.float32(-1.0e9)  # transformers' "never": added to a score to rule its entry out
+# An entry ruled out (a beam that does not run, a hypothesis slot still empty, a candidate that did not end).
+# transformers writes -1e9, a finite score that a real one can fall below: with a negative length penalty a
+# hypothesis's score grows with length ** -penalty (-300 * 32 ** 5 is -1e10), the empty slots outranked
+# every hypothesis and a search ended with none. -inf is below every score a real entry can have.
+NEG = np.float32(-np.inf)
 
 
 def top(scores: np.ndarray, k: int) -> np.ndarray:
@@ -97,7 +101,7 @@ class BeamSearch:
         length = self.generated + 1
         ends = np.isin(tokens, self.ends) | (length >= self.budget)
         self.keep_finished(totals, beams, tokens, ends, length)
-        running = (totals + ends.astype(np.float32) * NEG).astype(np.float32)
+        running = np.where(ends, NEG, totals).astype(np.float32)
         chosen = top(running, k)
         self.running = [(*self.running[beams[j]], int(tokens[j])) for j in chosen]
         self.running_scores = running[chosen]
@@ -114,7 +118,7 @@ class BeamSearch:
         k = self.params.num_beams
         scored = (totals / np.float32(length**self.params.length_penalty)).astype(np.float32)
         candidate = ends & (np.arange(len(totals)) < k)
-        scored = scored + np.where(candidate, np.float32(0.0), NEG).astype(np.float32)
+        scored = np.where(candidate, scored, NEG).astype(np.float32)
         merged = np.concatenate([self.kept_scores, scored]).astype(np.float32)
         order = top(merged, k)
         kept: list[Hypothesis | None] = []

@@ -18,14 +18,17 @@ from collections.abc import Callable
 from .sequence import Event, Sequence
 
 Emit = Callable[[Sequence, list[Event]], None]
+Fail = Callable[[Sequence, Exception], None]
 
 
 class Burst:
     """The tokens of a burst's steps so far, and which request takes them at which step."""
 
-    def __init__(self, sequences: dict[int, Sequence], emit: Emit):
-        """`sequences`: the batch by key; `emit`: where a request's events go as it takes its tokens."""
-        self.sequences, self.emit = sequences, emit
+    def __init__(self, sequences: dict[int, Sequence], emit: Emit, fail: Fail):
+        """`sequences`: the batch by key; `emit`: where a request's events go as it takes its tokens;
+        `fail`: told of a request whose own work raised (it takes no more tokens; the burst goes on)."""
+        self.sequences, self.emit, self.fail = sequences, emit, fail
+        self.failed: set[int] = set()
         self.ends = frozenset().union(*(sequence.ends for sequence in sequences.values()))
         self.tokens: list[list[int]] = []  # each step's tokens, in the runner's row order
         self.times: list[float] = []  # when each step's tokens came (perf_counter)
@@ -65,11 +68,18 @@ class Burst:
 
     def _take(self, key: int) -> bool:
         """`key` takes its tokens since the last time; True if it ended (its later tokens are dropped)."""
+        if key in self.failed:
+            return False
         sequence, row = self.sequences[key], self.rows[key]
         for step in range(self.taken[key], len(self.tokens)):
             if sequence.done:
                 break
-            self.emit(sequence, sequence.advance(self.tokens[step][row], self.times[step]))
+            try:
+                self.emit(sequence, sequence.advance(self.tokens[step][row], self.times[step]))
+            except Exception as error:  # noqa: BLE001 -- its text or stops raised: it alone ends (logged by fail)
+                self.failed.add(key)
+                self.fail(sequence, error)
+                return True
             self.gaps.append(sequence.token_gap)
         self.taken[key] = len(self.tokens)
         if sequence.done:

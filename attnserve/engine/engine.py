@@ -121,14 +121,6 @@ class ForwardingObserver(EngineObserver):
 Slot = Sequence | BeamMember  # what holds a key's slot: a completion, or one beam of a beam group
 
 
-def pick_tokens(rows: np.ndarray, sequences: list[Sequence]) -> list[int]:
-    """Each row's next token: one argmax over the batch for plain greedy rows, each other row by its
-    own sampler and its own banned ids (its seed stream is its own, whatever shares the batch)."""
-    if all(sequence.plain_greedy for sequence in sequences):
-        return rows.argmax(axis=1).tolist()
-    return [int(row.argmax()) if s.plain_greedy else s.pick(row) for s, row in zip(sequences, rows)]
-
-
 class EngineCalls(Protocol):
     """What the front doors and the server call of an engine: the Engine here, in the server's process,
     or core/client.py's EngineClient, whose engine core runs in a process of its own."""
@@ -171,6 +163,7 @@ class Engine:
         self._cond = threading.Condition()
         self._outbox: list[tuple[Caller, Event]] = []
         self._endings: list[Sequence | tuple[Caller, Exception]] = []  # ended by a caller's thread, sent by ours
+        self._failed: dict[int, Caller] = {}  # id -> the caller of a request whose own work raised this step
         self._accepting, self._running, self._abort = True, False, False
         self._thread = threading.Thread(target=self._run, name="attnserve-engine", daemon=True)
 
@@ -300,6 +293,7 @@ class Engine:
             self._decode()
             if not self._active:  # the batch emptied: the gauges must not keep its last size
                 self.observer.on_step(0, len(self._queue))
+        self._free_failed()  # a request that failed before it held a slot (its holders could not be made)
 
     def _send_endings(self) -> None:
         """Released queued requests end CANCELLED; refused ones get their error."""
@@ -339,10 +333,15 @@ class Engine:
                     continue
                 keys = [next(self._keys) for _ in range(sequence.request.slots)]
                 sequence.admitted = start
+                try:
+                    holders = self._holders(sequence, keys)
+                except Exception as error:  # noqa: BLE001 -- its own (a grammar's matcher): it alone fails, unstarted
+                    self._fail_alone(sequence, error)
+                    continue
                 wants_rows = sequence.request.prompt_logprobs is not None
                 # an encoder-decoder's prompt is its source; each fork's slot is a copy of the prefilled one
                 self.slots.start(keys[0], sequence.request.prompt_ids, wants_rows, tuple(keys[1:]))
-                self._prefilling.update(zip(keys, self._holders(sequence, keys)))
+                self._prefilling.update(zip(keys, holders))
 
     def _holders(self, sequence: Sequence, keys: list[int]) -> list[Slot]:
         """What holds each of an admitted request's slots: its completions (1 to n - 1 forks of it), or
@@ -362,7 +361,10 @@ class Engine:
             self._active.update(zip(logits.keys, sequences))
         for key, sequence in zip(logits.keys, sequences):
             if key in logits.prompts and isinstance(sequence, Sequence):
-                sequence.take_prompt(logits.prompts[key])
+                try:
+                    sequence.take_prompt(logits.prompts[key])
+                except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
+                    self._fail_alone(sequence, error)
             sequence.cached_tokens = logits.cached.get(key, 0)
         if logits.prefix is not None:
             r = logits.prefix
@@ -371,6 +373,7 @@ class Engine:
         if advanced:
             self.observer.on_tokens([sequence.token_gap for _, sequence in advanced], [])
         self._free_done(advanced)
+        self._free_failed()
 
     def _decode(self) -> None:
         """One token for every decoding request, or a burst of steps while every request is plain greedy
@@ -385,6 +388,7 @@ class Engine:
         advanced = self._advance(logits, [self._active[key] for key in logits.keys])
         self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
         self._free_done(advanced)
+        self._free_failed()
 
     def _decode_burst(self, next_ids: dict[int, int]) -> None:
         """Up to MAX_BURST greedy decode steps run back to back by the runner; after each, the requests
@@ -392,7 +396,7 @@ class Engine:
         after a step where a request ended or picked an ending id, where a stream's ms interval or a
         deadline passed, or where a cancel, an abort or a request to admit needs the scheduler."""
         sequences = {key: s for key, s in self._active.items() if isinstance(s, Sequence)}  # all: each plain greedy
-        burst = Burst(sequences, self._emit)
+        burst = Burst(sequences, self._emit, self._fail_alone)
         due = min(sequence.due_by() for sequence in sequences.values())
         deadlines = [s.request.deadline for s in sequences.values() if s.request.deadline is not None]
         deadline = min(deadlines, default=math.inf)
@@ -418,6 +422,7 @@ class Engine:
         burst.finish()
         self.observer.on_tokens([], burst.taken_gaps())
         self._free_done(list(sequences.items()))
+        self._free_failed()
 
     def _news(self, admits: bool) -> bool:
         """Something the scheduler must see before the next step: a queued request it can admit, an abort,
@@ -443,12 +448,20 @@ class Engine:
             singles = [i for i, h in enumerate(holders) if isinstance(h, Sequence)]
             keys, rows = [keys[i] for i in singles], rows[singles]
             picked = None if picked is None else picked[singles]
-        if picked is None:
-            tokens = pick_tokens(rows, sequences)
-        else:  # the runner picked the greedy rows; only the sampling rows' logits are valid
-            tokens = [t if s.plain_greedy else s.pick(r) for t, s, r in zip(picked.tolist(), sequences, rows)]
-        for sequence, token in zip(sequences, tokens):
-            self._emit(sequence, sequence.advance(token, now))
+        if picked is None and all(sequence.plain_greedy for sequence in sequences):
+            picked = rows.argmax(axis=1)
+        greedy: list[int | None] = picked.tolist() if picked is not None else [None] * len(sequences)
+        for sequence, token, row in zip(sequences, greedy, rows):
+            if id(sequence.handle) in self._failed:
+                continue  # a completion of a request that failed this step
+            try:  # its own work: its sampler (penalties, grammar, logprobs), then its text and stops
+                if not sequence.plain_greedy:
+                    token = sequence.pick(row)
+                elif token is None:
+                    token = int(row.argmax())
+                self._emit(sequence, sequence.advance(token, now))
+            except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
+                self._fail_alone(sequence, error)
         return list(zip(keys, sequences))
 
     def _advance_beams(self, logits: Logits, holders: list[Slot], now: float) -> None:
@@ -459,13 +472,37 @@ class Engine:
             if isinstance(holder, BeamMember):
                 groups.setdefault(holder.group, {})[key] = row
         for group, rows in groups.items():
-            events, copies = group.step(rows, now)
+            try:
+                events, copies = group.step(rows, now)
+            except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
+                self._fail_alone(group.members[0], error)
+                continue
             for src, dst in copies:
                 self.slots.copy_cache(src, dst)
             self._emit(group.members[0], events)
             if group.done:
                 for member in group.members:
                     self._free(member.key)
+
+    def _fail_alone(self, holder: Slot, error: Exception) -> None:
+        """One request's own work raised (its sampler, grammar, text or beam search): that request alone ends
+        with the error (INTERNAL at its door, the detail logged there) and the batch goes on; its slots are
+        freed once the step's rows are taken (_free_failed). Every completion of it ends with it."""
+        handle = holder.handle
+        if id(handle) in self._failed:
+            return
+        log.error("request %r failed in its own work; it alone ends", handle.request.request_id, exc_info=error)
+        self._failed[id(handle)] = handle
+        self._outbox.append((handle, error))
+
+    def _free_failed(self) -> None:
+        """Free the slots of the requests that failed alone in this step."""
+        if not self._failed:
+            return
+        for key, holder in [*self._active.items(), *self._prefilling.items()]:
+            if id(holder.handle) in self._failed:
+                self._free(key)
+        self._failed.clear()
 
     def _retire(self, key: int, sequence: Slot, reason: FinishReason) -> None:
         self._emit(sequence, sequence.end(reason))
@@ -479,6 +516,7 @@ class Engine:
 
     def _fail_active(self, error: Exception) -> None:
         """After a failed run: every active request gets the error, and the runner starts over."""
+        self._failed.clear()
         failed = [s for s in [*self._prefilling.values(), *self._active.values()] if not s.done]
         handles = {id(s.handle): s.handle for s in failed}  # a beam group's slots share one caller
         self._outbox.extend((handle, error) for handle in handles.values())

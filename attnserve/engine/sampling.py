@@ -4,7 +4,7 @@ masks (banned ids, a grammar's allowed ids).
 Each request in a batch has its own Sampler and its own numpy Generator, so a seeded request
 gives the same tokens whatever else shares its batch. Greedy is np.argmax on the float32
 logits, which picks the first maximum exactly as torch.argmax does. Knows nothing of batching:
-the engine takes plain greedy rows' argmax over the whole batch itself (pick_tokens).
+the engine takes plain greedy rows' argmax over the whole batch itself (engine._advance).
 """
 
 from __future__ import annotations

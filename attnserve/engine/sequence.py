@@ -2,7 +2,7 @@
 Completions count) and its asyncio-side mailbox (Handle).
 
 The engine thread owns every Sequence: it takes the token picked from the request's row of
-logits (engine.pick_tokens), turns it into text, holds tokens and text until the request's stream
+logits (engine._advance), turns it into text, holds tokens and text until the request's stream
 interval says a Delta is due, and decides when the request is finished. Events reach the
 caller through the Handle's asyncio.Queue, filled on the caller's event loop. No gRPC here.
 """
