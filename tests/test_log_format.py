@@ -97,6 +97,44 @@ def test_text_stays_the_default_and_the_plain_line():
     assert ServerConfig(model="m", log_format="json").core().log_format == "json"
 
 
+def test_a_clients_control_characters_cannot_forge_a_text_line_or_drive_a_terminal():
+    """A request id (or any client text) with a newline, a carriage return or an ESC sequence: one line,
+    each escaped as Python writes it; the traceback after it keeps its own lines."""
+    hostile = "id\n2026-11-27 22:13:21,123 ERROR attnserve: forged\r\x1b[2J\x9b\x7f"
+    text = formatter("text").format(record("request %s failed", hostile))
+    assert "\n" not in text and "\r" not in text and "\x1b" not in text and "\x9b" not in text
+    assert text.endswith("request id\\n2026-11-27 22:13:21,123 ERROR attnserve: forged\\r\\x1b[2J\\x9b\\x7f failed")
+    try:
+        raise ValueError("broken")
+    except ValueError:
+        lines = formatter("text").format(record("with\ttab", exc_info=sys.exc_info())).splitlines()
+    assert lines[0].endswith("with\\ttab") and lines[1] == "Traceback (most recent call last):"
+
+
+def test_uvicorns_loggers_write_through_the_servers_format():
+    """The HTTP door's uvicorn configures no handlers of its own: its lines reach the root logger's, as
+    --log-format says (its own handlers once wrote plain lines into --log-format json's stream)."""
+    from attnserve.server.http_serving import HttpServer
+
+    served = HttpServer(lambda scope, receive, send: None, "127.0.0.1", 0, None, 1.0)
+    try:
+        for name in ("uvicorn", "uvicorn.error"):  # uvicorn.access: off (access_log False)
+            logger = logging.getLogger(name)
+            assert logger.handlers == [] and logger.propagate, name
+    finally:
+        served.socket.close()
+
+
+def test_credentials_in_the_otlp_endpoint_are_never_logged_or_shown():
+    from attnserve.tracing.settings import endpoint_problem, redacted
+
+    url = "http://user:s3cret@collector.example:4318/v1/traces?token=abc&x=1"
+    assert redacted(url) == "http://***@collector.example:4318/v1/traces?token=***&x=***"
+    assert redacted("http://127.0.0.1:4317") == "http://127.0.0.1:4317"
+    problem = endpoint_problem("ftp://user:s3cret@collector.example:4318")
+    assert problem is not None and "s3cret" not in problem and "***@collector.example" in problem
+
+
 def test_configure_logging_leaves_a_configured_root_alone():
     root = logging.getLogger()
     handlers = list(root.handlers)

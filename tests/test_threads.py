@@ -4,6 +4,7 @@ the real ONNX Runtime session is given when `attnserve serve` chooses, and when 
 from __future__ import annotations
 
 import os
+import shutil
 
 from attnserve.runtime.model_sessions import LARGE_MODEL_BYTES, ModelSessions, default_threads, model_bytes
 
@@ -35,8 +36,8 @@ def test_a_small_model_chosen_for_sleeps_and_a_told_session_spins(tiny_model_dir
 def test_a_model_of_the_bound_is_chosen_for_as_large(tiny_model_dir, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
-    for f in tiny_model_dir.iterdir():
-        (model / f.name).symlink_to(f)
+    for f in tiny_model_dir.iterdir():  # copied: a model directory's files may not be symlinks out of it
+        shutil.copy(f, model / f.name)
     (model / "padding.data").write_bytes(b"\0" * (LARGE_MODEL_BYTES - model_bytes(tiny_model_dir)))
     runner = ModelSessions(model, "cpu")
     assert (runner.threads, runner.spinning, spinning(runner)) == (cores(), True, "1")

@@ -7,7 +7,8 @@ A JSON line holds the record's time (ISO 8601, UTC, milliseconds), level, logger
 request id and trace id of the request being served (tracing/current.py; "" outside one, and always
 in the engine core's process), and the traceback of an exception, where the record has one. A
 record's own `request_id` or `trace_id` (logging's `extra=`) wins: the request log
-(`--log-requests`) writes its line after the call's task. Standard library only.
+(`--log-requests`) writes its line after the call's task. A text line escapes its message's control
+characters (a client's newline cannot forge a line); JSON escapes them itself. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import time
 from ..tracing.current import current
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# C0 and C1 control characters and DEL: in a client's text (a request id, a prompt quoted in an error) a
+# newline would forge a log line of its own and an ESC would drive the reader's terminal.
+CONTROLS = {code: f"\\x{code:02x}" for code in [*range(0x20), *range(0x7F, 0xA0)]}
+CONTROLS.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
 
 
 def iso_time(record: logging.LogRecord) -> str:
@@ -48,9 +53,20 @@ class JsonLines(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class TextLines(logging.Formatter):
+    """The plain text line, its message's control characters escaped (a traceback after it stays as is)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(CONTROLS)
+        return super().formatMessage(record)
+
+
 def formatter(log_format: str) -> logging.Formatter:
     """--log-format's formatter: JsonLines for json, the plain text line for anything else."""
-    return JsonLines() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    return JsonLines() if log_format == "json" else TextLines()
 
 
 def configure_logging(log_format: str = "text") -> None:

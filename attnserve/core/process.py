@@ -21,7 +21,7 @@ from ..engine.domain import Draining
 from ..engine.engine import Engine, EngineLimits
 from ..engine.outbox import Outbox
 from ..runtime.contract import ModelDirError
-from ..runtime.model_sessions import ProviderError
+from ..runtime.model_sessions import ProviderError, one_line
 from .channel import Channel, ChannelClosed, connect
 from .config import CoreConfig
 from .loading import LoadedModel, StartupError, load_model
@@ -76,6 +76,11 @@ def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
         loaded = load_model(config)
     except (ModelDirError, ProviderError, StartupError) as e:
         channel.send(Failed(type(e).__name__, str(e)))
+        channel.close()
+        return
+    except Exception as e:  # anything else (ONNX Runtime's, a bug): the front end says it, not only the exit
+        log.debug("the engine core failed to start", exc_info=e)
+        channel.send(Failed("StartupError", f"the engine core failed to start: {one_line(e)}"))
         channel.close()
         return
     writer = StepWriter(channel, Recorder())

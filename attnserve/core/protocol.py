@@ -61,7 +61,8 @@ class Ready(msgspec.Struct, tag=True):
 
 
 class Failed(msgspec.Struct, tag=True):
-    """Start-up failed: `kind` names the error class (ModelDirError, ProviderError, StartupError)."""
+    """Start-up failed: `kind` names the error class (ModelDirError, ProviderError, StartupError); any
+    other exception comes as a StartupError whose one-line message starts with its class."""
 
     kind: str
     message: str

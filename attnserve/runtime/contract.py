@@ -359,9 +359,56 @@ def read_manifest(model_dir: str | Path, verify: bool = True) -> Manifest:
         raise ModelDirError(f"{path} is malformed ({e.__class__.__name__}: {e})") from None
     if problems:
         raise ModelDirError(f"{path}: {problems[0]} (export contract format_version {FORMAT_VERSION})")
+    check_named_files(model_dir, manifest)
     if verify:
         verify_files(model_dir, manifest)
     return manifest
+
+
+def named_files(manifest: Manifest) -> list[tuple[str, Any]]:
+    """(manifest field, file name) of every file the manifest names for a runtime to read: the graphs
+    and the tokenizer's files (the checksum list's own names are checked beside them)."""
+    named: list[tuple[str, Any]] = [(f"graphs.{role}.file", g.file) for role, g in manifest.graphs.items()]
+    if "file" in manifest.tokenizer:
+        named.append(("tokenizer.file", manifest.tokenizer["file"]))
+    listed = manifest.tokenizer.get("files", [])
+    named += [
+        (f"tokenizer.files[{i}]", name) for i, name in enumerate(listed if isinstance(listed, list) else [listed])
+    ]
+    return named
+
+
+def outside(model_dir: Path, name: Any) -> str | None:
+    """Why `name` is not a file of `model_dir` (absolute, climbing with .., a symlink out); None if it is."""
+    if not isinstance(name, str) or not name:
+        return "which is not a file name"
+    if Path(name).is_absolute():
+        return "an absolute path: a model directory's files are named relative to it"
+    if ".." in Path(name).parts:
+        return "which climbs out of the directory with .."
+    try:
+        inside = (model_dir / name).resolve().is_relative_to(model_dir.resolve())
+    except (OSError, RuntimeError, ValueError) as e:  # a symlink loop, a NUL in the name
+        return f"which does not resolve ({e})"
+    return None if inside else f"which resolves outside {model_dir} (a symlink)"
+
+
+def check_named_files(model_dir: Path, manifest: Manifest) -> None:
+    """Raise ModelDirError (one line, the field and the name) unless every file the manifest names is
+    inside `model_dir` and has its sha256 in `files`, which may not be empty."""
+    path = model_dir / MANIFEST_FILE
+    if not isinstance(manifest.files, dict):
+        raise ModelDirError(f"{path}: files is {type(manifest.files).__name__}, not an object of name -> sha256")
+    named = named_files(manifest)
+    for kind, name in [*named, *(("files", name) for name in manifest.files)]:
+        problem = outside(model_dir, name)
+        if problem is not None:
+            raise ModelDirError(f"{path}: {kind} names {name!r}, {problem}")
+    if not manifest.files:
+        raise ModelDirError(f"{path}: files is empty: every file the manifest names needs its sha256 there")
+    for kind, name in named:
+        if name not in manifest.files:
+            raise ModelDirError(f"{path}: {kind} names {name!r}, which files does not list (no sha256 to check)")
 
 
 def verify_files(model_dir: str | Path, manifest: Manifest) -> None:

@@ -1,8 +1,9 @@
 """The ONNX Runtime sessions of a model directory, on the provider they really got.
 
-Reads the directory through the torch-free export contract (names, dims, sha256 check) and
-opens the decoder graph (and an encoder-decoder's encoder) on the provider asked for. The arena
-runner (arena_runner.py) drives these sessions through runtime/arena_decoder.py. `prefill` and
+Reads the directory through the torch-free export contract (names, dims, sha256 check), opens the
+decoder graph (and an encoder-decoder's encoder) on the provider asked for, and refuses a manifest
+whose dims, context or external data the graphs contradict (their declared I/O, and graph_facts.py).
+The arena runner (arena_runner.py) drives these sessions through runtime/arena_decoder.py. `prefill` and
 `run` are the concat layout's forward pass, (input_ids, attention_mask, position_ids, past) ->
 (logits, present), used only by benchmarks/concat_runner.py, the KV benchmark's baseline; on CUDA they use
 IO binding so that present stays on the device. Knows nothing of batching, sampling or gRPC.
@@ -14,14 +15,16 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
 
 from ..engine.seam import ModelSpec
 from . import contract
+from .graph_facts import read_graph
 from .ort_session import (
     CUDA,
     NP_DTYPES,
@@ -36,7 +39,20 @@ from .ort_session import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ModelSessions", "Prefilled", "ProviderError", "default_threads", "model_spec"]
+__all__ = ["ORT_ERRORS", "ModelSessions", "Prefilled", "ProviderError", "default_threads", "model_spec", "one_line"]
+
+# What ONNX Runtime raises (each class derives from Exception alone): caught where a model is opened.
+ORT_ERROR_NAMES = "Fail InvalidArgument NoSuchFile NoModel EngineError RuntimeException InvalidProtobuf ModelLoaded"
+ORT_ERROR_NAMES += " NotImplemented InvalidGraph EPFail"
+ORT_ERRORS: tuple[type[Exception], ...] = tuple(
+    getattr(ort_state, name) for name in ORT_ERROR_NAMES.split() if hasattr(ort_state, name)
+)
+KV_DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16"}
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as its class and its message on one line (ONNX Runtime's may span several)."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
 
 # A model with this many bytes of graphs and weights or more gets every core and spinning intra-op
@@ -112,21 +128,30 @@ class ModelSessions:
         provider, self.provider_note = resolve_provider(provider, m.providers, *self.describe(), cuda_available())
         if self.provider_note:
             log.warning("--provider auto: %s", self.provider_note)
-        self.session = create_session(self.model_dir / decoder.file, provider, threads, spinning=spinning)
+        self.session = self._open(decoder.file, provider, threads, spinning=spinning)
         self.provider = self.session.get_providers()[0]
         self.on_device = self.provider == CUDA
         self.graph_session: ort.InferenceSession | None = None
         if self.on_device and cuda_graphs and not self.seq2seq:
             stream = compute_stream(self.session)
-            self.graph_session = create_session(self.model_dir / decoder.file, "cuda", threads, stream, cuda_graph=True)
+            self.graph_session = self._open(decoder.file, "cuda", threads, stream, cuda_graph=True)
         self.encoder: ort.InferenceSession | None = None
         if self.seq2seq:
             encoder = m.graphs[contract.ENCODER].file
             on = "cuda" if self.on_device else "cpu"
             stream = compute_stream(self.session)
-            self.encoder = create_session(self.model_dir / encoder, on, threads, stream, spinning=spinning)
+            self.encoder = self._open(encoder, on, threads, stream, spinning=spinning)
+        self._check_graphs()
         self._check_names()
         self.spec = model_spec(m)
+
+    def _open(self, file: str, *args: Any, **kwargs: Any) -> ort.InferenceSession:
+        """create_session of one of the directory's graphs; ONNX Runtime's refusal as a ModelDirError."""
+        path = self.model_dir / file
+        try:
+            return create_session(path, *args, **kwargs)
+        except ORT_ERRORS as e:
+            raise contract.ModelDirError(f"{path}: ONNX Runtime cannot load it: {one_line(e)}") from None
 
     def describe(self) -> tuple[str, str]:
         """What this export is, and the command that exports it for the other provider (for messages)."""
@@ -135,6 +160,32 @@ class ModelSessions:
         checkpoint = m.source_checkpoint.get("path", "CHECKPOINT")
         dtype = "float32" if m.dtype == "bfloat16" else "float16"
         return what, f"export it again: attnserve export {checkpoint} --out {self.model_dir}-{dtype} --dtype {dtype}"
+
+    def _check_graphs(self) -> None:
+        """The manifest must say what the graphs hold, before the arena and the request limits are sized
+        by it: the decoder's dims (dim_problems), every graph's positions and external data (read_graph)."""
+        m = self.manifest
+        problems = dim_problems(m, self.session)
+        for graph in m.graphs.values():
+            path = self.model_dir / graph.file
+            try:
+                facts = read_graph(path)
+            except (OSError, ValueError, IndexError) as e:
+                raise contract.ModelDirError(f"{path}: not an ONNX graph attnserve can read ({e})") from None
+            for location in facts.external:  # ONNX Runtime reads them relative to the graph's folder
+                name = str(PurePosixPath(graph.file).parent / location)
+                why = contract.outside(self.model_dir, name) or (
+                    None if name in m.files else "which files does not list"
+                )
+                if why:
+                    problems.append(f"{graph.file}'s external data names {name!r}, {why}")
+            if facts.positions is not None and m.context_length > facts.positions:
+                problems.append(
+                    f"config.max_len is {m.context_length}, the graph's is {facts.positions} "
+                    f"(the rows of {graph.file}'s positional table)"
+                )
+        if problems:
+            raise contract.ModelDirError(f"{self.model_dir}: {problems[0]}")
 
     def _check_names(self) -> None:
         """The graphs must have the contract's I/O names: the runner feeds them by those names."""
@@ -223,3 +274,22 @@ class ModelSessions:
     def to_host(value: Any) -> np.ndarray:
         """A device array (OrtValue) as numpy; numpy arrays pass through."""
         return value.numpy() if isinstance(value, ort.OrtValue) else value
+
+
+def dim_problems(manifest: contract.Manifest, session: ort.InferenceSession) -> list[str]:
+    """Where the manifest's dims differ from those the decoder graph declares: its layers (past keys), KV
+    heads, head dim and dtype (past (B, H, L, D) and its type), its vocabulary (logits (B, T, V))."""
+    m = manifest
+    heads = "config.n_kv_heads" if m.config.get("n_kv_heads") else "config.n_heads"
+    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.") and ".encoder." not in i.name]
+    said: list[tuple[str, Any, Any]] = [("config.n_layers", m.n_layers, sum(i.name.endswith(".key") for i in pasts))]
+    for past in pasts:
+        _, h, _, d = past.shape if len(past.shape) == 4 else (None,) * 4  # (B, H, L, D)
+        said += [(heads, m.n_kv_heads, h), ("head_dim", m.head_dim, d), ("dtype", m.dtype, KV_DTYPES.get(past.type))]
+    logits = [o.shape[-1] for o in session.get_outputs() if o.name == contract.LOGITS and o.shape]
+    said += [("config.vocab_size", m.vocab_size, v) for v in logits]
+    return [  # a dynamic dim is a name or None: only declared ones are compared
+        f"{name} is {ours!r}, the graph's is {graph!r}"
+        for name, ours, graph in said
+        if graph is not None and graph != ours and (name == "dtype" or isinstance(graph, int))
+    ]

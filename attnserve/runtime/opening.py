@@ -28,8 +28,23 @@ def arena_bytes(model: ModelSessions, capacity: int) -> int:
 
 
 def arena_capacity(model: ModelSessions, max_batch: int, kv_cache_memory: int | None) -> int:
-    """The number of slots to allocate; raises ValueError (one line naming both numbers) when the
-    requested batch does not fit the memory cap."""
+    """The number of slots to allocate; raises ValueError (one line naming the numbers) when the
+    requested batch does not fit the memory cap or the memory free on the model's device."""
+    capacity = requested_capacity(model, max_batch, kv_cache_memory)
+    needed, device = arena_bytes(model, capacity), device_of(model.session)
+    free = device.free_bytes()
+    if needed > free:
+        auto = max_batch == AUTO
+        raise ValueError(
+            f"--max-batch {f'auto ({capacity} slots)' if auto else max_batch} with a {model.context_length}-position "
+            f"context needs a {needed:,}-byte KV arena, more than the {free:,} bytes available on {device.kind}: "
+            f"lower {'--kv-cache-memory' if auto else '--max-batch'}"
+        )
+    return capacity
+
+
+def requested_capacity(model: ModelSessions, max_batch: int, kv_cache_memory: int | None) -> int:
+    """The slots --max-batch and --kv-cache-memory ask for (ValueError where they disagree)."""
     if model.manifest.kv_cache != contract.KV_ARENA:
         raise ValueError(
             f"{model.model_dir} was exported with the concat KV cache, which attnserve serve no longer "

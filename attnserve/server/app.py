@@ -28,7 +28,7 @@ from google.protobuf.runtime_version import VersionError
 
 from ..core.loading import StartupError
 from ..core.log_lines import configure_logging
-from ..core.starting import start_core
+from ..core.starting import StartedCore, start_core
 from ..engine.domain import Final, GenerationRequest, StreamInterval
 from ..engine.engine import EngineObserver
 from ..health.v1 import health_pb2, health_pb2_grpc
@@ -164,6 +164,18 @@ class Server:
             switches.step_delay_ms,
             self.tracing,
         )
+        try:
+            self._describe(core, switches)
+        except BaseException:  # the core runs (a process, or a thread): a start-up that fails stops it
+            core.engine.stop()
+            self.metrics.close()
+            if self.tracing is not None:
+                self.tracing.shutdown()
+            raise
+
+    def _describe(self, core: StartedCore, switches: TestSwitches) -> None:
+        """The started core's model: limits, model info, metrics and the call boundary."""
+        config = self.config
         self.engine, self.tokenizer = core.engine, core.tokenizer
         self.max_batch = core.capacity
         self.kv_cache_bytes, self.prefix_cache_bytes = core.kv_cache_bytes, core.prefix_cache_bytes
@@ -477,6 +489,12 @@ async def serve(config: ServerConfig, switches: TestSwitches = NO_SWITCHES) -> i
             await server.stop()
         print(f"attnserve serve: error: {e}", file=sys.stderr, flush=True)
         return 2
+    except Exception as e:  # a bug, or a file nothing checked: logged whole, and nothing is left running
+        log.error("start-up failed", exc_info=e)
+        if server is not None:
+            await server.stop()
+        print(f"attnserve serve: error: start-up failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        return 1
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stopped.set)

@@ -28,7 +28,9 @@ class HttpServer:
 
     def __init__(self, app: Any, host: str, port: int, tls: tuple[str, str, str | None] | None, grace_s: float):
         """`tls`: (certificate, key, client CA or None) PEM files, or None for plain HTTP."""
-        options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off"}
+        # log_config None: uvicorn's loggers keep no handlers of their own and reach the root's, so that its
+        # lines are written as --log-format says (its own handlers broke --log-format json's lines)
+        options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off", "log_config": None}
         if tls is not None:
             cert, key, client_ca = tls
             options.update(ssl_certfile=cert, ssl_keyfile=key)

@@ -55,11 +55,33 @@ def read_chat_template(model_dir: str | Path) -> ChatTemplate | None:
     path = Path(model_dir) / CONFIG_FILE
     if not path.is_file():
         return None
-    config = json.loads(path.read_text(encoding="utf-8"))
-    text = config.get("chat_template")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ChatTemplateError(f"not a JSON file: {e}") from None
+    if not isinstance(config, dict):
+        raise ChatTemplateError(f"a JSON object was expected, not {type(config).__name__}")
+    text = default_template(config.get("chat_template"))
     if not text:
         return None
     return ChatTemplate(text, token_text(config.get("bos_token")), token_text(config.get("eos_token")))
+
+
+def default_template(value: Any) -> str | None:
+    """chat_template's text: a string, or from a list of named templates ({"name", "template"}, a format
+    transformers reads) the one named "default", as transformers takes it when no name is asked."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise ChatTemplateError(f"chat_template: a string or a list of named templates, not {type(value).__name__}")
+    named = {t.get("name"): t.get("template") for t in value}
+    if "default" not in named:
+        names = ", ".join(repr(name) for name in named) or "none"
+        raise ChatTemplateError(f"chat_template: no template named 'default' among the list's ({names})")
+    text = named["default"]
+    if not isinstance(text, str):
+        raise ChatTemplateError("chat_template: the template named 'default' is not a string")
+    return text
 
 
 def token_text(value: Any) -> str:

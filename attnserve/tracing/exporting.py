@@ -28,7 +28,7 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from .. import __version__
-from .settings import GRPC, TraceSettings
+from .settings import GRPC, TraceSettings, redacted
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class Tracing:
         self.sampler = TracerProvider(resource=resource).sampler  # the SDK's, as OTEL_TRACES_SAMPLER says
         self.scope = InstrumentationScope("attnserve", __version__)
         self.export = BoundedExport(otlp_exporter(settings), settings, on_drop)
-        log.info("tracing: spans to %s (OTLP, %s)", settings.endpoint, settings.protocol)
+        log.info("tracing: spans to %s (OTLP, %s)", redacted(settings.endpoint), settings.protocol)
 
     @property
     def dropped(self) -> int:

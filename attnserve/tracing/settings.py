@@ -34,15 +34,25 @@ class TraceSettings:
     export_every_s: float = EXPORT_EVERY_S
 
 
+def redacted(endpoint: str) -> str:
+    """The URL as logs and errors may show it: a user and password, and the query's values, as ***."""
+    url = urlparse(endpoint)
+    netloc = url.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(f"{part.partition('=')[0]}=***" for part in url.query.split("&")) if url.query else ""
+    return url._replace(netloc=netloc, query=query).geturl()
+
+
 def endpoint_problem(endpoint: str) -> str | None:
-    """Why `endpoint` is no OTLP endpoint (None: it is one)."""
+    """Why `endpoint` is no OTLP endpoint (None: it is one); the endpoint shown redacted."""
     url = urlparse(endpoint)
     if url.scheme not in ("http", "https") or not url.hostname:
-        return f"must be an http:// or https:// URL such as http://127.0.0.1:4317, not {endpoint!r}"
+        return f"must be an http:// or https:// URL such as http://127.0.0.1:4317, not {redacted(endpoint)!r}"
     try:
         url.port  # noqa: B018  # raises ValueError for a port out of range
     except ValueError:
-        return f"has no valid port: {endpoint!r}"
+        return f"has no valid port: {redacted(endpoint)!r}"
     return None
 
 
