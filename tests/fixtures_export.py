@@ -2,6 +2,11 @@
 
 import pytest
 
+CHAT_TEMPLATE = (  # a chat template of the Hugging Face kind, for the tiny BPE model's /v1/chat/completions
+    "{% for message in messages %}{{ message.role | capitalize }}: {{ message.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
 
 def exported(checkpoint, out, **options) -> None:
     """export_checkpoint, imported here (torch and onnx) only for the tests that export."""
@@ -47,4 +52,12 @@ def tiny_int4_model_dir(tiny_checkpoint, tmp_path_factory):
     """The same model with int4 weights (MatMulNBits, the defaults); its held-out loss gate has passed."""
     out = tmp_path_factory.mktemp("models") / "tiny-int4"
     exported(tiny_checkpoint, out, quantize="int4")
+    return out
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
+    """The tiny BPE model exported with CHAT_TEMPLATE in its tokenizer_config.json."""
+    out = tmp_path_factory.mktemp("models") / "tiny-chat"
+    exported(tiny_bpe_checkpoint, out, chat_template=CHAT_TEMPLATE)
     return out

@@ -205,6 +205,10 @@ BAD = [
         "sampling_parameters: not JSON",
     ),
     ([bytes_input("text_input", "x"), bytes_input("sampling_parameters", "[1]")], "sampling_parameters: a JSON object"),
+    (
+        [bytes_input("text_input", "x"), bytes_input("sampling_parameters", "[" * 100_000 + "]" * 100_000)],
+        "sampling_parameters: JSON nested too deep",
+    ),
     (inputs("x", max_tokens=0), "sampling_parameters.max_tokens: 0 is outside [1, "),
     (inputs("x", top_p=2), "sampling_parameters.top_p: 2 is outside (0, 1]"),
     (inputs("x", best_of=2), "sampling_parameters.best_of: 2 is not supported without use_beam_search"),

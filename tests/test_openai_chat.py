@@ -11,25 +11,16 @@ import json
 import jsonschema
 import openai
 import pytest
+from fixtures_export import CHAT_TEMPLATE
 from fixtures_server import idle, start_server, wait_until
 
 from attnserve.export.onnx_export import ExportError, export_checkpoint
 from attnserve.runtime.contract import read_manifest
 
-TEMPLATE = (
-    "{% for message in messages %}{{ message.role | capitalize }}: {{ message.content }}\n{% endfor %}"
-    "{% if add_generation_prompt %}Assistant:{% endif %}"
-)
+TEMPLATE = CHAT_TEMPLATE  # the shared chat model's (fixtures_export.py)
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The list"}]
 RENDERED = "System: Be brief.\nUser: The list\nAssistant:"  # TEMPLATE applied to MESSAGES, by hand
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def chat_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
-    out = tmp_path_factory.mktemp("models") / "tiny-chat"
-    export_checkpoint(tiny_bpe_checkpoint, out, chat_template=TEMPLATE)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -181,6 +181,12 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ),
         ("--metrics-port", ["--metrics-port", "70000"], "--metrics-port must be 0 to 65535, got 70000"),
         ("--http-port", ["--http-port", "70000"], "--http-port must be 0 to 65535, got 70000"),
+        ("--http-max-body-bytes", ["--http-max-body-bytes", "lots"], "--http-max-body-bytes"),
+        (
+            "--http-max-body-bytes",
+            ["--http-max-body-bytes", "0"],
+            "--http-max-body-bytes must be at least 1 (bytes), got 0",
+        ),
         (
             "--http-port",
             ["--port", "0", "--http-port", "{busy}"],

@@ -154,6 +154,10 @@ BAD = [
     ({"structured_output": constrained(regex="")}, "structured_output.regex: 0 UTF-8 bytes, must be 1 to 32768"),
     ({"structured_output": constrained(regex="a" * 32769)}, "structured_output.regex: 32769 UTF-8 bytes"),
     ({"structured_output": pb.StructuredOutput()}, "structured_output: set json_schema or regex"),
+    (
+        {"structured_output": constrained(json_schema="[" * 16000 + "]" * 16000)},
+        "structured_output.json_schema: JSON nes",
+    ),
 ]
 
 

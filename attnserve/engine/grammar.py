@@ -84,6 +84,8 @@ def compile_grammar(kind: str, source: str, tokenizer: Tokenizer) -> Grammar:
             schema = json.loads(source)
         except ValueError as e:
             raise GrammarError(f"not JSON: {e}") from None
+        except RecursionError:
+            raise GrammarError("JSON nested too deep") from None
         if not isinstance(schema, dict):
             raise GrammarError(f"a schema is a JSON object, not {type(schema).__name__}")
         text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)

@@ -18,8 +18,7 @@ from pathlib import Path
 import torch
 
 from ..flags import check_directory
-from ..model.checkpoint import LanguageModel, build_model, load_state
-from ..model.config import ModelConfig
+from ..model.checkpoint import LanguageModel, build_model, checked_config, load_state
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtSeq2Seq
 from ..runtime.ort_session import cuda_available
@@ -229,7 +228,7 @@ def run_gate(model, staging: Path, manifest: contract.Manifest, steps: int) -> d
 def load_model(checkpoint: Path) -> tuple[LanguageModel, Tokenizer, dict]:
     """The checkpoint's model (eval mode), its tokenizer, and where it came from."""
     state = load_state(checkpoint)
-    model = build_model(ModelConfig.from_dict(state["config"]))
+    model = build_model(checked_config(state, checkpoint))
     model.load_state_dict(state["model"])
     try:
         tokenizer = from_state(state.get("tokenizer"))

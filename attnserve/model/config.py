@@ -20,6 +20,11 @@ NORM_POSITIONS = ("pre", "post")  # a sub-layer's norm before it (GPT-2, Llama, 
 SINUSOIDS = ("interleaved", "halves")  # sin and cos in alternate columns (Vaswani et al.), or sin then cos (Marian)
 
 
+# Entries of a positional table (max_len x its width) at most: 1 GiB in float64 as a sinusoid is built.
+# A Llama of 128K positions (head size 128) holds 16.8M; a checkpoint claiming a billion positions is refused.
+MAX_POSITION_TABLE = 1 << 27
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str = DECODER  # "decoder" (language model) or "encoder-decoder"
@@ -67,6 +72,12 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if self.arch == ENCODER_DECODER and self.n_encoder_layers < 1:
             raise ValueError("an encoder-decoder model needs n_encoder_layers >= 1")
+        width = self.d_k if self.positional == "rotary" else self.d_model  # a row of its positional table
+        if not 1 <= self.max_len <= MAX_POSITION_TABLE // width:
+            raise ValueError(
+                f"max_len ({self.max_len}) must be 1 to {MAX_POSITION_TABLE // width:,}: its positional table "
+                f"of max_len x {width} is built whole"
+            )
 
     @property
     def d_k(self) -> int:

@@ -1,19 +1,18 @@
 """A Hugging Face checkpoint directory read into attnserve's model: GPT-2 (`GPT2LMHeadModel`) and the
 Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`).
 
-Reads config.json, the weights (model.safetensors, its shards, or pytorch_model.bin through
-torch.load(weights_only=True)) and the tokenizer (tokenizer.json with tokenizer_config.json and
-generation_config.json), and maps them onto a ModelConfig and DecoderLM's state dict. What the
-model cannot express is refused in one line naming the field. Knows nothing of transformers: the
-proof against it is hf_proof.py, the command import_cli.py.
+Reads config.json, the tokenizer (tokenizer.json with tokenizer_config.json and
+generation_config.json) and the weights (hf_files.py reads and checks them against each family's
+Layout here), and maps them onto a ModelConfig and DecoderLM's state dict. What the model cannot
+express is refused in one line naming the field, and so is a checkpoint that names code of its own.
+Knows nothing of transformers: the proof against it is hf_proof.py, the command import_cli.py.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -21,11 +20,11 @@ from ..tokenizer import TokenizerError
 from ..tokenizer.bpe import BpeTokenizer, library_tokenizer
 from ..tokenizer.chat_template import token_text
 from .config import DECODER, ModelConfig
+from .hf_files import Dim, HFImportError, Layout, Shape, flag, integer, number, read_json, short, table, text
 from .positional import ROPE_SCALINGS
 
-CONFIG_FILE, TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "config.json", "tokenizer.json", "tokenizer_config.json"
+TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
-SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
 GPT2 = "GPT2LMHeadModel"
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ARCHITECTURES = (GPT2, *LLAMA_FAMILY)
@@ -57,36 +56,31 @@ LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_po
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention, which the export's KV arena runs on
 
 
-class HFImportError(Exception):
-    """A checkpoint directory attnserve cannot import, in one line naming the file or the field."""
-
-
-def read_json(path: Path, required: bool = True) -> dict:
-    if not path.is_file():
-        if required:
-            raise HFImportError(f"{path}: not found")
-        return {}
-    try:
-        found = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise HFImportError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(found, dict):
-        raise HFImportError(f"{path}: not a JSON object")
-    return found
-
-
 def architecture(config: dict, path: Path, known: tuple[str, ...] = ARCHITECTURES) -> str:
     """The one architecture config.json names, if attnserve imports it (one of `known`)."""
-    names = config.get("architectures") or []
-    if len(names) != 1 or names[0] not in known:
-        raise HFImportError(f"{path}: architectures {names}: attnserve imports {', '.join(known)}")
+    names = config.get("architectures")
+    if not isinstance(names, list) or len(names) != 1 or names[0] not in known:
+        raise HFImportError(f"{path}: architectures {short(names)}: attnserve imports {', '.join(known)}")
     return names[0]
+
+
+def own_code(config: dict, path: Path, kinds: dict[str, str], arch: str) -> None:
+    """Refuses a config that would have transformers look for the checkpoint's own code: a model_type
+    other than its architecture's (`kinds`), or an auto_map (attnserve proves against transformers' code)."""
+    if config.get("model_type") != kinds[arch]:
+        raise HFImportError(
+            f"{path}: model_type {short(config.get('model_type'))} is not one attnserve imports "
+            f"({', '.join(sorted(set(kinds.values())))}; {arch} is {kinds[arch]!r})"
+        )
+    if "auto_map" in config:
+        raise HFImportError(f"{path}: auto_map names custom code, which attnserve never runs")
 
 
 def gpt2_config(c: dict, path: Path) -> ModelConfig:
     """GPT-2's config.json as a ModelConfig: learned positions, unscaled embeddings, tanh GELU, tied head."""
-    refuse = lambda field, why: HFImportError(f"{path}: {field} {c.get(field)!r}: {why}")
-    if c.get("activation_function", "gelu_new") not in GPT2_ACTIVATIONS:
+    refuse = lambda field, why: HFImportError(f"{path}: {field} {short(c.get(field))}: {why}")
+    activation = text(c, path, "activation_function", "gelu_new")
+    if activation not in GPT2_ACTIVATIONS:
         raise refuse("activation_function", f"not one of {', '.join(GPT2_ACTIVATIONS)}")
     for field, fine in (("scale_attn_by_inverse_layer_idx", False), ("add_cross_attention", False)):
         if c.get(field, fine) != fine:
@@ -95,38 +89,45 @@ def gpt2_config(c: dict, path: Path) -> ModelConfig:
         raise refuse("scale_attn_weights", "attention without the 1/sqrt(head size) scale is not implemented")
     if c.get("tie_word_embeddings", True) is not True:
         raise refuse("tie_word_embeddings", "an untied output head is not implemented for GPT-2")
-    d_model, n_heads = int(c["n_embd"]), int(c["n_head"])
+    d_model, n_heads = integer(c, path, "n_embd"), integer(c, path, "n_head")
     if d_model % n_heads or (d_model // n_heads) % HEAD_DIM_MULTIPLE:
         raise refuse("n_embd", f"/ n_head {n_heads} must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)")
     return ModelConfig(
         arch=DECODER,
-        vocab_size=int(c["vocab_size"]),
+        vocab_size=integer(c, path, "vocab_size"),
         d_model=d_model,
         n_heads=n_heads,
-        n_layers=int(c["n_layer"]),
-        d_ff=int(c.get("n_inner") or 4 * d_model),
-        max_len=int(c["n_positions"]),
+        n_layers=integer(c, path, "n_layer"),
+        d_ff=integer(c, path, "n_inner", 4 * d_model),
+        max_len=integer(c, path, "n_positions"),
         positional="learned",
-        activation=GPT2_ACTIVATIONS[c.get("activation_function", "gelu_new")],
+        activation=GPT2_ACTIVATIONS[activation],
         embed_scale=False,
-        norm_eps=float(c.get("layer_norm_epsilon", 1e-5)),
+        norm_eps=number(c, path, "layer_norm_epsilon", 1e-5),
     )
 
 
-def read_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, by its Hugging Face name."""
-    if (hf_dir / SAFETENSORS).is_file() or (hf_dir / SAFETENSORS_INDEX).is_file():
-        from safetensors.torch import load_file
-
-        index = read_json(hf_dir / SAFETENSORS_INDEX, required=False)
-        shards = sorted(set(index.get("weight_map", {}).values())) or [SAFETENSORS]
-        return {name: t for shard in shards for name, t in load_file(str(hf_dir / shard)).items()}
-    if (hf_dir / TORCH_BIN).is_file():
-        try:
-            return torch.load(hf_dir / TORCH_BIN, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 (torch raises several types for a corrupt file)
-            raise HFImportError(f"{hf_dir / TORCH_BIN}: not readable ({type(e).__name__})") from None
-    raise HFImportError(f"{hf_dir}: no weights ({SAFETENSORS}, its shards, or {TORCH_BIN})")
+def gpt2_layout(m: ModelConfig) -> Layout:
+    """GPT2LMHeadModel's tensors as config.json sizes them (its Conv1D keeps (in, out))."""
+    d, v, f = Dim(m.d_model, "n_embd"), Dim(m.vocab_size, "vocab_size"), Dim(m.d_ff, "n_inner")
+    qkv = Dim(3 * m.d_model, "n_embd", m.d_model)
+    layer: dict[str, Shape] = {
+        "ln_1.weight": (d,),
+        "ln_1.bias": (d,),
+        "attn.c_attn.weight": (d, qkv),
+        "attn.c_attn.bias": (qkv,),
+        "attn.c_proj.weight": (d, d),
+        "attn.c_proj.bias": (d,),
+        "ln_2.weight": (d,),
+        "ln_2.bias": (d,),
+        "mlp.c_fc.weight": (d, f),
+        "mlp.c_fc.bias": (f,),
+        "mlp.c_proj.weight": (f, d),
+        "mlp.c_proj.bias": (d,),
+    }
+    top = {"wte.weight": (v, d), "wpe.weight": (Dim(m.max_len, "n_positions"), d), "ln_f.weight": (d,)}
+    top["ln_f.bias"] = (d,)
+    return Layout({"h": (m.n_layers, "n_layer", layer)}, top, {"lm_head.weight": (v, d)}, prefix="transformer.")
 
 
 def conv1d(weight: torch.Tensor) -> torch.Tensor:
@@ -161,63 +162,93 @@ def gpt2_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[st
 
 def rope(c: dict, path: Path) -> tuple[float, dict | None]:
     """The rotary base and scaling (None: the default rope); refused for a scaling not implemented."""
-    parameters = c.get("rope_parameters") or {}
-    scaling = {**(c.get("rope_scaling") or {}), **parameters}
-    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    parameters = table(c, path, "rope_parameters")
     field = "rope_parameters" if parameters else "rope_scaling"
+    scaling = {**table(c, path, "rope_scaling"), **parameters}
+    where = f"{path}: {field}"
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind not in ("default", *ROPE_SCALINGS):
-        raise HFImportError(f"{path}: {field} rope_type {kind!r}: not one of default, {', '.join(ROPE_SCALINGS)}")
-    if float(scaling.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise HFImportError(f"{path}: {field} partial_rotary_factor: rotary positions on part of a head")
-    theta = float(scaling.get("rope_theta") or c.get("rope_theta") or 10000.0)
+        raise HFImportError(f"{where} rope_type {short(kind)}: not one of default, {', '.join(ROPE_SCALINGS)}")
+    if number(scaling, where, "partial_rotary_factor", 1.0) != 1.0:
+        raise HFImportError(f"{where} partial_rotary_factor: rotary positions on part of a head")
+    theta = number(scaling, where, "rope_theta", 0.0) or number(c, path, "rope_theta", 0.0) or 10000.0
     if kind == "default":
         return theta, None
     keys = ("factor",) if kind == "linear" else LLAMA3_KEYS
     missing = [key for key in keys if key not in scaling]
     if missing:
-        raise HFImportError(f"{path}: {field} rope_type {kind!r} lacks {', '.join(missing)}")
+        raise HFImportError(f"{where} rope_type {kind!r} lacks {', '.join(missing)}")
+    for key in keys:
+        number(scaling, where, key)  # each a finite number
     return theta, {"rope_type": kind, **{key: scaling[key] for key in keys}}
 
 
 def llama_config(c: dict, path: Path) -> ModelConfig:
     """A Llama-family config.json as a ModelConfig: rotary positions, RMSNorm, SwiGLU, grouped KV heads."""
-    refuse = lambda field, why: HFImportError(f"{path}: {field} {c.get(field)!r}: {why}")
-    if c.get("hidden_act", "silu") != "silu":
+    refuse = lambda field, why: HFImportError(f"{path}: {field} {short(c.get(field))}: {why}")
+    if text(c, path, "hidden_act", "silu") != "silu":
         raise refuse("hidden_act", "the feed-forward must be SwiGLU (silu)")
-    d_model, n_heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+    d_model, n_heads = integer(c, path, "hidden_size"), integer(c, path, "num_attention_heads")
     if c.get("head_dim") not in (None, d_model // n_heads):
         raise refuse("head_dim", f"must be hidden_size / num_attention_heads ({d_model // n_heads})")
-    if (d_model // n_heads) % HEAD_DIM_MULTIPLE:
+    if d_model % n_heads or (d_model // n_heads) % HEAD_DIM_MULTIPLE:
         raise refuse(
             "hidden_size", f"/ {n_heads} heads must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)"
         )
-    window = c.get("sliding_window")
-    if window is not None and c.get("use_sliding_window", True) and window < int(c["max_position_embeddings"]):
+    n_kv_heads = integer(c, path, "num_key_value_heads", n_heads)
+    if n_heads % n_kv_heads:
+        raise refuse("num_key_value_heads", f"must divide num_attention_heads {n_heads}")
+    max_len = integer(c, path, "max_position_embeddings")
+    if flag(c, path, "use_sliding_window", True) and integer(c, path, "sliding_window", max_len) < max_len:
         raise refuse("sliding_window", "sliding-window attention is not implemented")
     qwen = c["architectures"][0] == "Qwen2ForCausalLM"
     theta, scaling = rope(c, path)
-    attention_bias = bool(c.get("attention_bias", False))
+    attention_bias = flag(c, path, "attention_bias", False)
     return ModelConfig(
         arch=DECODER,
-        vocab_size=int(c["vocab_size"]),
+        vocab_size=integer(c, path, "vocab_size"),
         d_model=d_model,
         n_heads=n_heads,
-        n_layers=int(c["num_hidden_layers"]),
-        d_ff=int(c["intermediate_size"]),
-        max_len=int(c["max_position_embeddings"]),
+        n_layers=integer(c, path, "num_hidden_layers"),
+        d_ff=integer(c, path, "intermediate_size"),
+        max_len=max_len,
         positional="rotary",
         activation="swiglu",
         embed_scale=False,
         norm="rmsnorm",
-        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        n_kv_heads=int(c.get("num_key_value_heads") or n_heads),
+        norm_eps=number(c, path, "rms_norm_eps", 1e-6),
+        n_kv_heads=n_kv_heads,
         qkv_bias=qwen or attention_bias,
         o_bias=attention_bias and not qwen,
-        ffn_bias=bool(c.get("mlp_bias", False)),
+        ffn_bias=flag(c, path, "mlp_bias", False),
         rope_theta=theta,
         rope_scaling=scaling,
-        tie_head=bool(c.get("tie_word_embeddings", False)),
+        tie_head=flag(c, path, "tie_word_embeddings", False),
     )
+
+
+def llama_layout(m: ModelConfig) -> Layout:
+    """A Llama-family model's tensors as config.json sizes them (nn.Linear keeps (out, in))."""
+    d, v, f = Dim(m.d_model, "hidden_size"), Dim(m.vocab_size, "vocab_size"), Dim(m.d_ff, "intermediate_size")
+    kv = Dim(m.kv_heads * m.d_k, "num_key_value_heads", m.kv_heads)
+    linears: dict[str, tuple[Shape, bool]] = {  # each nn.Linear's (out, in), and whether it has a bias
+        "self_attn.q_proj": ((d, d), m.qkv_bias),
+        "self_attn.k_proj": ((kv, d), m.qkv_bias),
+        "self_attn.v_proj": ((kv, d), m.qkv_bias),
+        "self_attn.o_proj": ((d, d), m.o_bias),
+        "mlp.gate_proj": ((f, d), m.ffn_bias),
+        "mlp.up_proj": ((f, d), m.ffn_bias),
+        "mlp.down_proj": ((d, f), m.ffn_bias),
+    }
+    layer: dict[str, Shape] = {f"{name}.weight": shape for name, (shape, _) in linears.items()}
+    layer.update({f"{name}.bias": shape[:1] for name, (shape, bias) in linears.items() if bias})
+    layer.update({"input_layernorm.weight": (d,), "post_attention_layernorm.weight": (d,)})
+    top: dict[str, Shape] = {"embed_tokens.weight": (v, d), "norm.weight": (d,)}
+    head: dict[str, Shape] = {"lm_head.weight": (v, d)}
+    stacks = {"layers": (m.n_layers, "num_hidden_layers", layer)}
+    if m.tie_head:
+        return Layout(stacks, top, optional=head, prefix="model.")
+    return Layout(stacks, {**top, **head}, prefix="model.")
 
 
 def llama_state(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
@@ -294,8 +325,16 @@ def read_tokenizer(hf_dir: Path, config: dict) -> BpeTokenizer:
         raise HFImportError(f"{path}: {e}") from None
 
 
-Family = tuple[Callable[[dict, Path], ModelConfig], Callable[[dict[str, torch.Tensor], ModelConfig], dict]]
+class Family(NamedTuple):
+    """How an architecture is read: its config.json as a ModelConfig, the tensors that config implies, and
+    the state dict its weights map to."""
+
+    config: Callable[[dict, Path], ModelConfig]
+    layout: Callable[[ModelConfig], Layout]
+    state: Callable[[dict[str, torch.Tensor], ModelConfig], dict]
+
+
 FAMILIES: dict[str, Family] = {
-    GPT2: (gpt2_config, gpt2_state),
-    **dict.fromkeys(LLAMA_FAMILY, (llama_config, llama_state)),
+    GPT2: Family(gpt2_config, gpt2_layout, gpt2_state),
+    **dict.fromkeys(LLAMA_FAMILY, Family(llama_config, llama_layout, llama_state)),
 }

@@ -3,9 +3,9 @@ encoder-decoder, the lectures' Transformer with what Marian does beyond it set i
 each residual sum and none at the stacks' ends, an ungated SiLU feed-forward ("swish"), the sinusoid's
 sin and cos in halves, a bias on the logits, and the decoder starting from the pad id.
 
-Reads config.json, the weights (hf_import.read_weights) and the tokenizer's files (source.spm,
-target.spm, vocab.json). What the model cannot express is refused in one line naming the field. Knows
-nothing of transformers: the proof against it is hf_proof_seq2seq.py.
+Reads config.json, the weights (hf_files.py, checked against marian_layout) and the tokenizer's files
+(source.spm, target.spm, vocab.json). What the model cannot express is refused in one line naming the
+field. Knows nothing of transformers: the proof against it is hf_proof_seq2seq.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import torch
 from ..tokenizer import TokenizerError
 from ..tokenizer.sentencepiece import SentencePieceTokenizer
 from .config import ENCODER_DECODER, ModelConfig
-from .hf_import import HEAD_DIM_MULTIPLE, HFImportError, read_json
+from .hf_files import Dim, HFImportError, Layout, Shape, flag, integer, read_json, short, text
+from .hf_import import HEAD_DIM_MULTIPLE
 
 MARIAN = "MarianMTModel"
 MARIAN_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}
@@ -32,12 +33,13 @@ DECODER_LAYER = {
     "ln_3": "final_layer_norm",
 }
 EMBEDDINGS = ("model.shared.weight", "model.decoder.embed_tokens.weight", "model.encoder.embed_tokens.weight")
+MAX_POSITIONS = 1 << 16  # the sinusoid's table (max_position_embeddings x d_model) is built in memory; OPUS-MT's: 512
 
 
 def marian_config(c: dict, path: Path) -> ModelConfig:
     """Marian's config.json as an encoder-decoder ModelConfig (post-LN, Marian's sinusoid, a logits bias)."""
-    refuse = lambda field, why: HFImportError(f"{path}: {field} {c.get(field)!r}: {why}")
-    activation = c.get("activation_function", "gelu")
+    refuse = lambda field, why: HFImportError(f"{path}: {field} {short(c.get(field))}: {why}")
+    activation = text(c, path, "activation_function", "gelu")
     if activation not in MARIAN_ACTIVATIONS:
         raise refuse("activation_function", f"not one of {', '.join(MARIAN_ACTIVATIONS)}")
     if not c.get("share_encoder_decoder_embeddings", True):
@@ -46,26 +48,52 @@ def marian_config(c: dict, path: Path) -> ModelConfig:
     for encoder_field, decoder_field in pairs:
         if c.get(encoder_field) != c.get(decoder_field):
             raise refuse(encoder_field, f"differs from {decoder_field} {c.get(decoder_field)!r}: not implemented")
-    d_model, n_heads = int(c["d_model"]), int(c["decoder_attention_heads"])
+    d_model, n_heads = integer(c, path, "d_model"), integer(c, path, "decoder_attention_heads")
     if d_model % n_heads or (d_model // n_heads) % HEAD_DIM_MULTIPLE:
         raise refuse("d_model", f"/ {n_heads} heads must be a multiple of {HEAD_DIM_MULTIPLE} (GroupQueryAttention)")
+    max_len = integer(c, path, "max_position_embeddings")
+    if max_len > MAX_POSITIONS:
+        raise refuse("max_position_embeddings", f"over {MAX_POSITIONS}, the most the sinusoid's table is built for")
     return ModelConfig(
         arch=ENCODER_DECODER,
-        vocab_size=int(c["vocab_size"]),
+        vocab_size=integer(c, path, "vocab_size"),
         d_model=d_model,
         n_heads=n_heads,
-        n_layers=int(c["decoder_layers"]),
-        n_encoder_layers=int(c["encoder_layers"]),
-        d_ff=int(c["decoder_ffn_dim"]),
-        max_len=int(c["max_position_embeddings"]),
+        n_layers=integer(c, path, "decoder_layers"),
+        n_encoder_layers=integer(c, path, "encoder_layers"),
+        d_ff=integer(c, path, "decoder_ffn_dim"),
+        max_len=max_len,
         positional="sinusoidal",
         sinusoid="halves",
         activation=MARIAN_ACTIVATIONS[activation],
-        embed_scale=bool(c.get("scale_embedding", False)),
+        embed_scale=flag(c, path, "scale_embedding", False),
         norm_position="post",
-        tie_head=bool(c.get("tie_word_embeddings", True)),
+        tie_head=flag(c, path, "tie_word_embeddings", True),
         logits_bias=True,
     )
+
+
+def marian_layout(m: ModelConfig) -> Layout:
+    """MarianMTModel's tensors as config.json sizes them (nn.Linear keeps (out, in))."""
+    d, v = Dim(m.d_model, "d_model"), Dim(m.vocab_size, "vocab_size")
+    attention = lambda kind: (
+        {f"{kind}.{p}.weight": (d, d) for p in ATTENTION.values()}
+        | {f"{kind}.{p}.bias": (d,) for p in ATTENTION.values()}
+    )
+    norm = lambda name: {f"{name}.weight": (d,), f"{name}.bias": (d,)}
+
+    def layer(stack: str, cross: bool) -> dict[str, Shape]:
+        f = Dim(m.d_ff, f"{stack}_ffn_dim")
+        ffn = {"fc1.weight": (f, d), "fc1.bias": (f,), "fc2.weight": (d, f), "fc2.bias": (d,)}
+        crossed = {**attention("encoder_attn"), **norm("encoder_attn_layer_norm")} if cross else {}
+        return {**attention("self_attn"), **norm("self_attn_layer_norm"), **crossed, **ffn, **norm("final_layer_norm")}
+
+    stacks = {
+        "model.encoder.layers": (m.n_encoder_layers, "encoder_layers", layer("encoder", cross=False)),
+        "model.decoder.layers": (m.n_layers, "decoder_layers", layer("decoder", cross=True)),
+    }
+    embeddings: dict[str, Shape] = dict.fromkeys((*EMBEDDINGS, "lm_head.weight"), (v, d))
+    return Layout(stacks, {"final_logits_bias": (Dim(1, "vocab_size", m.vocab_size), v)}, embeddings)
 
 
 def embedding(w: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -111,13 +139,18 @@ def suppressed(hf_dir: Path, config: dict) -> tuple[int, ...]:
     """The ids transformers' generate never picks for this model: generation_config.json's (else
     config.json's) bad_words_ids of one token each (OPUS-MT's: [[pad]]) and suppress_tokens."""
     generation = read_json(hf_dir / "generation_config.json", required=False)
-    source = generation if "bad_words_ids" in generation or "suppress_tokens" in generation else config
+    given = "bad_words_ids" in generation or "suppress_tokens" in generation
+    source, where = (generation, "generation_config.json") if given else (config, "config.json")
+    listed = {name: source.get(name) or [] for name in ("bad_words_ids", "suppress_tokens")}
+    for name, found in listed.items():
+        if not isinstance(found, list):
+            raise HFImportError(f"{hf_dir / where}: {name} {short(found)}: not a list")
     ids = []
-    for words in source.get("bad_words_ids") or []:
+    for words in listed["bad_words_ids"]:
         if not (isinstance(words, list) and len(words) == 1 and isinstance(words[0], int)):
-            raise HFImportError(f"{hf_dir}: bad_words_ids {words!r}: only single ids are implemented")
+            raise HFImportError(f"{hf_dir}: bad_words_ids {short(words)}: only single ids are implemented")
         ids.append(words[0])
-    ids += [i for i in source.get("suppress_tokens") or [] if isinstance(i, int)]
+    ids += [i for i in listed["suppress_tokens"] if isinstance(i, int)]
     return tuple(sorted(set(ids)))
 
 

@@ -9,12 +9,14 @@ with its own KV cache (EOS does not stop either side, so every step is compared)
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import torch
 
 from .generate import decode, left_pad
+from .hf_files import HFImportError, one_line
 from .lm import DecoderLM
 
 LOGITS_TOLERANCE = 1e-4  # of max(1, max |logit|): float32 against float32, the same arithmetic in another order
@@ -24,14 +26,21 @@ class ImportProofError(Exception):
     """attnserve's model and transformers' disagree; the message carries the numbers."""
 
 
-def reference_model(hf_dir: Path):
-    """transformers' model of the directory, float32, eval mode (read from the directory alone)."""
+def reference_model(hf_dir: Path, auto_class: str = "AutoModelForCausalLM"):
+    """transformers' own model of the directory, float32, eval mode: read from the directory alone, and
+    never from code the directory carries (no question is asked on stdin either)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local directory: nothing to fetch, and nothing fetched
-    from transformers import AutoModelForCausalLM
+    import transformers
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    return AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    try:
+        model = getattr(transformers, auto_class).from_pretrained(hf_dir, dtype=torch.float32, trust_remote_code=False)
+    except Exception as e:  # noqa: BLE001 (transformers refusing a file attnserve's reading passed)
+        raise HFImportError(
+            f"{hf_dir}: transformers cannot load the reference ({type(e).__name__}: {one_line(e)})"
+        ) from None
+    return model.eval()
 
 
 @torch.no_grad()
@@ -84,6 +93,11 @@ def verdict(report: dict, rows: str) -> dict:
     """The report, or ImportProofError naming the check that failed (`rows`: what the greedy check
     decoded, "prompts" or "sources")."""
     logits = report["logits"]
+    if not (math.isfinite(logits["max_abs_diff"]) and math.isfinite(logits["scale"])):
+        raise ImportProofError(
+            f"the logits are not finite (max |ours - theirs| {logits['max_abs_diff']}, max |theirs| "
+            f"{logits['scale']}): nothing to compare"
+        )
     if logits["max_abs_diff"] > logits["tolerance"]:
         raise ImportProofError(
             f"logits differ from transformers' by {logits['max_abs_diff']:.3g} (tolerance {logits['tolerance']:.3g})"

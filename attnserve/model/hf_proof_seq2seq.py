@@ -9,24 +9,13 @@ transformers' forward with its own cache (EOS does not stop either side, so ever
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from .generate import decode_seq2seq
-from .hf_proof import LOGITS_TOLERANCE, verdict
+from .hf_proof import LOGITS_TOLERANCE, reference_model, verdict
 from .seq2seq import EncoderDecoder
-
-
-def reference_model(hf_dir: Path):
-    """transformers' model of the directory, float32, eval mode (read from the directory alone)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForSeq2SeqLM
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    return AutoModelForSeq2SeqLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
 
 
 def right_pad(sources: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +72,7 @@ def compare_greedy(model: EncoderDecoder, reference, sources: list[list[int]], s
 
 def prove(model: EncoderDecoder, hf_dir: Path, sources: list[list[int]], steps: int, ids: dict) -> dict:
     """The import's report (ids: the decoder's start id and the pad id); ImportProofError when a check fails."""
-    reference = reference_model(hf_dir)
+    reference = reference_model(hf_dir, "AutoModelForSeq2SeqLM")
     report = {"logits": compare_logits(model, reference, sources, ids["start"], ids["pad"])}
     report["greedy"] = compare_greedy(model, reference, sources, steps, ids)
     return verdict(report, "sources")

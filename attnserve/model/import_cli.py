@@ -1,8 +1,9 @@
 """`attnserve import`: a Hugging Face checkpoint directory into an attnserve checkpoint, proven first.
 
-Reading and mapping are hf_import.py's, the proof against transformers hf_proof.py's; this file
-runs them in order, writes runs/NAME/ (checkpoint.pt, the tokenizer's files, import.json with the
-proof's numbers) only once the proof has passed, and turns every refusal into one line and exit 2.
+Reading the files is hf_files.py's, mapping them hf_import.py's, the proof against transformers
+hf_proof.py's; this file runs them in order (the config compared with the weights' headers before any
+module is built), writes runs/NAME/ (checkpoint.pt, the tokenizer's files, import.json with the proof's
+numbers) only once the proof has passed, and turns every refusal into one line and exit 2.
 """
 
 from __future__ import annotations
@@ -20,19 +21,18 @@ from ..flags import check_directory
 from ..tokenizer.sentencepiece import VOCAB_FILE
 from .checkpoint import build_model, save_checkpoint
 from .config import ModelConfig
+from .hf_files import CONFIG_FILE, HFImportError, check_layout, read_headers, read_json, read_weights
 from .hf_import import (
-    CONFIG_FILE,
     FAMILIES,
     MODEL_TYPES,
     TOKENIZER_CONFIG_FILE,
     TOKENIZER_FILE,
-    HFImportError,
+    Family,
     architecture,
-    read_json,
+    own_code,
     read_tokenizer,
-    read_weights,
 )
-from .hf_marian import MARIAN, marian_config, marian_state, marian_tokenizer
+from .hf_marian import MARIAN, marian_config, marian_layout, marian_state, marian_tokenizer
 from .hf_proof import ImportProofError, prove
 from .hf_proof_seq2seq import prove as prove_seq2seq
 
@@ -49,11 +49,10 @@ PROOF_TEXTS = (
     "Paris is the capital of",
     "日本語のテキスト",
 )
-# Each architecture: how to read its config, its weights and its tokenizer (a BpeTokenizer or a SentencePieceTokenizer)
-Readers = tuple[Callable[[dict, Path], ModelConfig], Callable[[dict, ModelConfig], dict], Callable[[Path, dict], Any]]
-READERS: dict[str, Readers] = {
-    **{arch: (*family, read_tokenizer) for arch, family in FAMILIES.items()},
-    MARIAN: (marian_config, marian_state, marian_tokenizer),
+# Each architecture: how to read its config and weights, and its tokenizer (a BpeTokenizer or a SentencePieceTokenizer)
+READERS: dict[str, tuple[Family, Callable[[Path, dict], Any]]] = {
+    **{arch: (family, read_tokenizer) for arch, family in FAMILIES.items()},
+    MARIAN: (Family(marian_config, marian_layout, marian_state), marian_tokenizer),
 }
 KINDS = {**MODEL_TYPES, MARIAN: "marian"}  # each architecture's model_type
 VOCABULARY_FILES = {"sentencepiece": VOCAB_FILE}  # the file that lists a tokenizer's ids (else tokenizer.json)
@@ -84,28 +83,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def read_config(config: dict, config_path: Path, family: Family, kind: str) -> ModelConfig:
+    try:
+        return replace(family.config(config, config_path), family=kind)
+    except ValueError as e:  # a rule of ModelConfig's the family's reading does not check first
+        raise HFImportError(f"{config_path}: {e}") from None
+
+
 def imported(hf_dir: Path, context_length: int | None = None):
-    """The model (eval mode) and tokenizer of a checkpoint directory, and its architecture."""
+    """The model (eval mode) and tokenizer of a checkpoint directory, and its architecture; nothing is
+    built before config.json and the weights' headers agree."""
     config_path = hf_dir / CONFIG_FILE
     config = read_json(config_path)
     arch = architecture(config, config_path, tuple(READERS))
-    family_config, family_state, family_tokenizer = READERS[arch]
-    model_config = replace(family_config(config, config_path), family=KINDS[arch])
-    if context_length is not None:
-        if not MIN_CONTEXT <= context_length <= model_config.max_len:
-            raise HFImportError(
-                f"--context-length must be {MIN_CONTEXT} to {model_config.max_len} (the model's positions), "
-                f"got {context_length}"
-            )
-        model_config = replace(model_config, max_len=context_length)
+    own_code(config, config_path, KINDS, arch)
+    family, family_tokenizer = READERS[arch]
+    model_config = read_config(config, config_path, family, KINDS[arch])
+    if context_length is not None and not MIN_CONTEXT <= context_length <= model_config.max_len:
+        raise HFImportError(
+            f"--context-length must be {MIN_CONTEXT} to {model_config.max_len} (the model's positions), "
+            f"got {context_length}"
+        )
     tokenizer = family_tokenizer(hf_dir, config)
     if tokenizer.vocab_size != model_config.vocab_size:
         listing = VOCABULARY_FILES.get(tokenizer.kind, TOKENIZER_FILE)
         raise HFImportError(
             f"{hf_dir}: {listing} has {tokenizer.vocab_size} ids, config.json's vocab_size {model_config.vocab_size}"
         )
+    headers = read_headers(hf_dir)
+    check_layout(headers, family.layout(model_config), config_path)
+    model_config = replace(model_config, max_len=context_length or model_config.max_len)
     model = build_model(model_config)
-    missing = model.load_state_dict(family_state(read_weights(hf_dir), model_config), strict=False).missing_keys
+    missing = model.load_state_dict(family.state(read_weights(headers), model_config), strict=False).missing_keys
     if missing:
         raise HFImportError(f"{hf_dir}: the weights lack {len(missing)} tensors, e.g. {missing[0]}")
     return model.eval(), tokenizer, arch

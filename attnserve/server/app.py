@@ -331,6 +331,7 @@ class Server:
             lambda: self.boundary.refusal,
             self.metrics.count_http,
             self.metrics.track_in_flight,
+            self.config.http_max_body_bytes,
             int(time.time()),
             chat_template(self.facts.model_dir),
             self.traces,

@@ -218,6 +218,15 @@ class ServerConfig:
             unset="off",
         ),
     )
+    http_max_body_bytes: int = field(
+        default=4 * 2**20,  # gRPC's default largest received message
+        metadata=flag(
+            "largest request body the HTTP API reads, e.g. 4Mi or 16M (as gRPC's 4 MiB message limit); a larger "
+            "one is refused with 413 before it is read whole",
+            type=parse_bytes,
+            metavar="BYTES",
+        ),
+    )
     otlp_traces_endpoint: str | None = field(
         default=None,
         metadata=flag(
@@ -318,6 +327,7 @@ class ServerConfig:
             ("threads", self.threads >= 0, "0 or more (0: chosen by the model's size)"),
             ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
+            ("http_max_body_bytes", self.http_max_body_bytes >= 1, "at least 1 (bytes)"),
             (
                 "prefix_cache_memory",
                 self.prefix_cache_memory is None or self.prefix_cache_memory >= 1,

@@ -88,6 +88,8 @@ class SentencePieceTokenizer:
             vocab = json.loads((directory / VOCAB_FILE).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise TokenizerError(f"{directory}: {e}") from None
+        except RecursionError:  # JSON nested past Python's recursion limit
+            raise TokenizerError(f"{directory / VOCAB_FILE}: JSON nested too deep") from None
         if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
             raise TokenizerError(f"{directory / VOCAB_FILE}: not an object of piece -> id")
         return cls(source, target, vocab, decoder_start_id, suppressed)

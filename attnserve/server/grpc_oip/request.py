@@ -90,6 +90,8 @@ def sampling_fields(request: oip.ModelInferRequest, tensor_json: str | None) -> 
             parsed = json.loads(tensor_json) if tensor_json.strip() else {}
         except json.JSONDecodeError as e:
             raise InvalidRequest(SAMPLING, f"not JSON: {e.msg} at character {e.pos}") from None
+        except RecursionError:
+            raise InvalidRequest(SAMPLING, "JSON nested too deep") from None
         if not isinstance(parsed, dict):
             raise InvalidRequest(SAMPLING, f"a JSON object is expected, not {type(parsed).__name__}")
         given.update({key: (value, f"{SAMPLING}.{key}") for key, value in parsed.items()})

@@ -99,7 +99,7 @@ class InferenceServicer(oip_grpc.GRPCInferenceServiceServicer):
 
     def check_model(self, name: str, version: str) -> None:
         if not self.serves(name, version):
-            asked = f"{name!r}" + (f" version {version!r}" if version else "")
+            asked = f"{name!r:.80}" + (f" version {version!r:.40}" if version else "")  # a client's strings, cut
             raise UnknownModel(f"model {asked} is not served here (this server serves {self.model_name!r}, version 1)")
 
     # ---- inference ----------------------------------------------------------------------

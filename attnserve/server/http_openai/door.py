@@ -2,10 +2,12 @@
 `data: [DONE]`), GET /v1/models, GET /health, and POST /v1/chat/completions's answer that this model
 has no chat template. A Starlette app, served by uvicorn on the server's event loop (app.py).
 
-Same engine and semantics as attnserve.v1: each request becomes the session's RequestFields (request.py,
-which renders a chat's messages first) checked by the session's `validate` with the same limits
-and messages; the answer is answers.py's; errors take OpenAI's shape with the status OpenAI uses
-(errors.py). A client that disconnects frees its slot at the next step. No gRPC here.
+Same engine and semantics as attnserve.v1: each body is read within bounds (body.py: its bytes, its
+JSON's nesting), its model checked first, then it becomes the session's RequestFields (request.py,
+which renders a chat's messages first, on a worker thread with the tokenizing: one long chat never
+holds up the other calls) checked by the session's `validate` with the same limits and messages;
+the answer is answers.py's; errors take OpenAI's shape with the status OpenAI uses (errors.py). A
+client that disconnects frees its slot at the next step. No gRPC here.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from ..session.events import completions, generation_events
 from ..session.request import renamed
 from ..session.validation import RequestLimits, check_stream_interval, validate
 from .answers import Answer, ChatAnswer
+from .body import read_json
 from .errors import error_response
-from .request import CompletionCall, chat_to_completion, read_completion
+from .request import CompletionCall, chat_to_completion, model_of, read_completion
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class HttpFacts:
     refusal: Callable[[], str | None]
     count: Callable[[str, int], None]  # (route, HTTP status): the metrics
     in_flight: Callable[[int], None]
+    max_body_bytes: int  # --http-max-body-bytes: a larger body is refused (413) before it is read whole
     started: int = 0  # Unix seconds, the models list's `created`
     chat_template: ChatTemplate | None = None  # tokenizer_config.json's: /v1/chat/completions applies it
     traces: Traces | None = None  # tracing on: each completion's span (--otlp-traces-endpoint)
@@ -164,11 +168,19 @@ class OpenAIFrontDoor:
         }
         return JSONResponse({"object": "list", "data": [model]})
 
+    def check_model(self, body: Any) -> None:
+        """The first check of a body: a call for another model costs nothing more."""
+        model = model_of(body)
+        if model != self.facts.model_name:
+            shown = model if len(model) <= 80 else f"{model[:80]}..."  # a client's string, not echoed whole
+            raise UnknownModel(f"the model `{shown}` does not exist (this server serves {self.facts.model_name})")
+
     # ---- /v1/completions ---------------------------------------------------------------------
     async def complete(self, request: Request) -> Response:
         self.engine.check_room()  # refused under overload before the body is read
-        call = read_completion(await body_of(request))
-        return await self.respond(request, call, Answer)
+        body = await read_json(request, self.facts.max_body_bytes)
+        self.check_model(body)
+        return await self.respond(request, read_completion(body), Answer)
 
     async def chat_complete(self, request: Request) -> Response:
         """A chat completion: the messages through the model's chat template, then as a completion."""
@@ -178,8 +190,9 @@ class OpenAIFrontDoor:
             raise InvalidRequest(
                 "messages", "this model has no chat template (a plain language model): use /v1/completions"
             )
-        completion, renames = chat_to_completion(await body_of(request), template)
-        completion["prompt"] = self.tokenizer.encode_chat(completion["prompt"])  # its special tokens as ids
+        body = await read_json(request, self.facts.max_body_bytes)
+        self.check_model(body)
+        completion, renames = await asyncio.to_thread(self.chat_prompt, body, template)
         try:
             call = read_completion(completion)
         except InvalidRequest as e:
@@ -188,10 +201,15 @@ class OpenAIFrontDoor:
         call = replace(call, request=replace(call.request, origins=origins))
         return await self.respond(request, call, ChatAnswer)
 
+    def chat_prompt(self, body: Any, template: ChatTemplate) -> tuple[dict[str, Any], dict[str, str]]:
+        """chat_to_completion with the prompt as token ids (its special tokens as ids): on a worker thread,
+        as rendering and tokenizing take time in proportion to the messages."""
+        completion, renames = chat_to_completion(body, template, self.limits)
+        completion["prompt"] = self.tokenizer.encode_chat(completion["prompt"])
+        return completion, renames
+
     async def respond(self, request: Request, call: CompletionCall, kind: type[Answer]) -> Response:
         """The call run through the engine: one JSON response, or server-sent events."""
-        if call.model != self.facts.model_name:
-            raise UnknownModel(f"the model `{call.model}` does not exist (this server serves {self.facts.model_name})")
         generation = validate(call.request, self.limits, self.tokenizer)
         interval = check_stream_interval(call.request, self.limits)
         answer = kind(call, generation.request_id, self.facts.model_name, self.tokenizer)
@@ -206,13 +224,6 @@ class OpenAIFrontDoor:
             await events.aclose()
             raise
         return StreamingResponse(answer.stream(first, events, generation.n), media_type="text/event-stream")
-
-
-async def body_of(request: Request) -> Any:
-    try:
-        return await request.json()
-    except ValueError as e:
-        raise InvalidRequest("body", f"not JSON: {e}") from None
 
 
 async def until_gone(request: Request, work: Awaitable[T]) -> T:

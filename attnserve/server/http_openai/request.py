@@ -9,7 +9,9 @@ extra sampling fields with the Open Inference Protocol's parsers (`top_k`, `repe
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`, `guided_json`, `guided_regex`,
 `prompt_logprobs`, attnserve's stream interval; session/vllm_names.py). What the model cannot do is
 refused, naming the field: several prompts, `suffix`, `best_of` other than n without vLLM's
-`use_beam_search`, presence and frequency penalties, echo with logprobs. With `use_beam_search`
+`use_beam_search`, presence and frequency penalties, echo with logprobs. A chat's messages are
+bounded before the template renders them (MAX_CHAT_MESSAGES, and their contents' bytes by the prompt's
+byte bound), and the rendered prompt is bounded before it is tokenized. With `use_beam_search`
 (vLLM's beam search: `best_of` beams, the `n` best hypotheses as the choices, `length_penalty`,
 `early_stopping`), a request that leaves `temperature` out decodes at 0, as beam search must. The
 result goes through the session's `validate` like any other request, its errors renamed to the field
@@ -24,10 +26,12 @@ from typing import Any
 from ...engine.domain import InvalidRequest
 from ...tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from ..session.request import RequestFields
+from ..session.validation import RequestLimits
 from ..session.vllm_names import SAMPLING_FIELDS, as_bool, as_int, parse_field, request_of
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's, when a request leaves max_tokens out
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's
+MAX_CHAT_MESSAGES = 4096  # messages in one chat request: the template's work is bounded before it starts
 FIELDS = {
     **SAMPLING_FIELDS,
     "n": ("n", as_int, "an integer"),
@@ -51,11 +55,7 @@ class CompletionCall:
 
 def read_completion(body: Any) -> CompletionCall:
     """The request as the session's RequestFields and how to answer it; InvalidRequest names the JSON field."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise InvalidRequest("model", "required: the served model's name (GET /v1/models lists it)")
+    model = model_of(body)
     refuse_the_unsupported(body)
     stream = flag(body, "stream")
     echo = flag(body, "echo")
@@ -67,6 +67,16 @@ def read_completion(body: Any) -> CompletionCall:
     if echo and "logprobs" in fields:
         raise InvalidRequest("echo", "echo with logprobs is not supported (ask for prompt_logprobs)")
     return CompletionCall(request_of(fields, origins, **prompt), model, stream, include_usage, echo)
+
+
+def model_of(body: Any) -> str:
+    """The model the body names (the door checks it first); InvalidRequest without one."""
+    if not isinstance(body, dict):
+        raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model", "required: the served model's name (GET /v1/models lists it)")
+    return model
 
 
 def refuse_the_unsupported(body: dict[str, Any]) -> None:
@@ -136,19 +146,18 @@ def prompt_of(prompt: Any) -> tuple[dict[str, Any], dict[str, str]]:
 CHAT_OWN = frozenset({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"})
 
 
-def chat_to_completion(body: Any, template: ChatTemplate) -> tuple[dict[str, Any], dict[str, str]]:
+def chat_to_completion(
+    body: Any, template: ChatTemplate, limits: RequestLimits
+) -> tuple[dict[str, Any], dict[str, str]]:
     """A chat completions body as a completions body: the messages rendered by the model's chat template
-    into `prompt`, OpenAI's chat names as the completions' (max_completion_tokens, logprobs with
-    top_logprobs, response_format as guided_json); and the renames for errors (prompt -> messages)."""
+    into `prompt` (within the prompt's bounds), OpenAI's chat names as the completions' (max_completion_tokens,
+    logprobs with top_logprobs, response_format as guided_json); and the renames for errors (prompt -> messages)."""
     if not isinstance(body, dict):
         raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
     if "prompt" in body or "echo" in body:
         raise InvalidRequest("prompt" if "prompt" in body else "echo", "unknown field for chat (send messages)")
     completion = {key: value for key, value in body.items() if key not in CHAT_OWN}
-    try:
-        completion["prompt"] = template.render(chat_messages(body.get("messages")))
-    except ChatTemplateError as e:
-        raise InvalidRequest("messages", str(e)) from None
+    completion["prompt"] = rendered(template, chat_messages(body.get("messages"), limits), limits)
     renames = {"prompt": "messages"}
     if body.get("max_completion_tokens") is not None:
         completion["max_tokens"] = body["max_completion_tokens"]
@@ -165,11 +174,14 @@ def chat_to_completion(body: Any, template: ChatTemplate) -> tuple[dict[str, Any
     return completion, renames
 
 
-def chat_messages(messages: Any) -> list[dict[str, str]]:
-    """`messages` as [{"role", "content"}] with text content (a list of text parts is joined)."""
+def chat_messages(messages: Any, limits: RequestLimits) -> list[dict[str, str]]:
+    """`messages` as [{"role", "content"}] with text content (a list of text parts is joined): at most
+    MAX_CHAT_MESSAGES, their contents together no longer than a prompt may be."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequest("messages", "required: a non-empty list of {role, content}")
-    out = []
+    if len(messages) > MAX_CHAT_MESSAGES:
+        raise InvalidRequest("messages", f"{len(messages)} messages, the limit is {MAX_CHAT_MESSAGES}")
+    out, size = [], 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidRequest(f"messages[{i}]", "an object with a role and a content is expected")
@@ -178,8 +190,36 @@ def chat_messages(messages: Any) -> list[dict[str, str]]:
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise InvalidRequest(f"messages[{i}].content", "text (or a list of text parts) is expected")
+        size += utf8_bytes(content)
+        if size > limits.max_prompt_bytes:
+            raise InvalidRequest(f"messages[{i}].content", too_long(f"the contents so far are {size}", limits))
         out.append({"role": message["role"], "content": content})
     return out
+
+
+def rendered(template: ChatTemplate, messages: list[dict[str, str]], limits: RequestLimits) -> str:
+    """The prompt the template renders, refused before the tokenizer spends time on it if too long."""
+    try:
+        prompt = template.render(messages)
+    except ChatTemplateError as e:
+        raise InvalidRequest("messages", str(e)) from None
+    size = utf8_bytes(prompt)
+    if size > limits.max_prompt_bytes:
+        raise InvalidRequest("messages", too_long(f"the chat template renders them as {size}", limits))
+    return prompt
+
+
+def utf8_bytes(text: str) -> int:
+    """len(text.encode()), without encoding an ASCII text (str.isascii reads a flag: no scan, no copy)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def too_long(size: str, limits: RequestLimits) -> str:
+    """The prompt byte bound's refusal, as the session's `validate` words it for a text prompt."""
+    return (
+        f"{size} UTF-8 bytes, more than any {limits.max_prompt_tokens} tokens can hold "
+        f"(the limit is {limits.max_prompt_bytes} bytes)"
+    )
 
 
 def response_schema(response_format: Any) -> Any:
