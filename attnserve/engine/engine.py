@@ -285,14 +285,18 @@ class Engine:
         self._send_endings()
         self._drop_gone()
         self._take_queued()
+        # The step's queue as it is before its first events go: a Final sent now lets the caller's side send
+        # another request, which would wait here beside a slot freed this step, past the queue's bound.
+        queued = len(self._queue)
         if self._prefilling:
             self._prefill()
+            queued = len(self._queue)
             self._flush()  # first tokens go out now, not after the next decode step
-        self.observer.on_step(len(self._active), len(self._queue))
+        self.observer.on_step(len(self._active), queued)
         if self._active:
             self._decode()
             if not self._active:  # the batch emptied: the gauges must not keep its last size
-                self.observer.on_step(0, len(self._queue))
+                self.observer.on_step(0, queued)
         self._free_failed()  # a request that failed before it held a slot (its holders could not be made)
 
     def _send_endings(self) -> None:
