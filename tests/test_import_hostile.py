@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -68,17 +67,18 @@ def import_refused(hf: Path, tmp_path: Path, capsys) -> str:
 
 def run_cli(argv: list[str], tmp_path: Path, answer: bytes = b"y\n" * 8, timeout: float = 240):
     """`attnserve ARGV` in a process of its own with a capped address space, a stdin that answers
-    `answer` to any question, and Hugging Face's caches in tmp_path."""
+    `answer` to any question, and Hugging Face's caches in tmp_path. The child caps itself before it
+    imports anything: a preexec_fn runs in a fork of this process, whose gRPC threads (the suite's
+    servers) once wrote an error line of gRPC's into the child's stderr there."""
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    cap = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP, MEMORY_CAP))
-    code = "import sys; from attnserve.cli import main; sys.exit(main(sys.argv[1:]))"
+    cap = f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_CAP}, {MEMORY_CAP}))"
+    code = f"{cap}; import sys; from attnserve.cli import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *argv],
         input=answer,
         capture_output=True,
         env=env,
         timeout=timeout,
-        preexec_fn=cap,
         cwd=Path(__file__).resolve().parents[1],
     )
 
