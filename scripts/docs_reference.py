@@ -2,7 +2,8 @@
 
 docs/reference/cli.md comes from the parsers of `attnserve` (attnserve/cli.py), metrics.md from a
 server's Prometheus registry (attnserve/server/metrics.py), grpc-api.md from the .proto files under
-protos/ and their comments; scripts/reference_pages/ has a module per page. The pages are committed
+protos/ and their comments, request-fields.md from the table of request fields
+(attnserve/request_fields.py); scripts/reference_pages/ has a module per page. The pages are committed
 and never edited by hand: `--check` (and tests/test_docs_reference.py) renders them again and names
 each committed page that differs. Knows nothing of MkDocs, which only shows the pages.
 """
@@ -14,13 +15,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from reference_pages import cli_page, grpc_page, metrics_page
+from reference_pages import cli_page, grpc_page, metrics_page, request_fields_page
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES: dict[str, Callable[[], str]] = {  # path from the checkout's root -> its renderer
     "docs/reference/cli.md": cli_page.render,
     "docs/reference/grpc-api.md": grpc_page.render,
     "docs/reference/metrics.md": metrics_page.render,
+    "docs/reference/request-fields.md": request_fields_page.render,
 }
 
 

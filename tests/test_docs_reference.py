@@ -16,7 +16,12 @@ from attnserve.cli import subcommand_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"  # docs_reference.py and its package reference_pages/
-PAGES = ("docs/reference/cli.md", "docs/reference/metrics.md", "docs/reference/grpc-api.md")
+PAGES = (
+    "docs/reference/cli.md",
+    "docs/reference/metrics.md",
+    "docs/reference/grpc-api.md",
+    "docs/reference/request-fields.md",
+)
 
 
 def first_difference(committed: str, generated: str, name: str, lines: int = 12) -> str:

@@ -55,6 +55,7 @@ PERMITTED = {
         "uvicorn",
         *PROTOCOLS,
         "attnserve.flags",
+        "attnserve.request_fields",
         "attnserve.request_ranges",
         "attnserve.tokenizer",
         "attnserve.engine",
@@ -72,6 +73,7 @@ PERMITTED = {
         *PROTOCOLS,
         "attnserve.flags",
         "attnserve.report_stamp",
+        "attnserve.request_fields",
         "attnserve.request_ranges",
     },
     **{protocol.removeprefix("attnserve."): {"grpc", "google.protobuf"} for protocol in PROTOCOLS},
@@ -130,7 +132,14 @@ def test_package_imports_only_what_it_is_permitted(package):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize(("module", "permitted"), [("flags.py", set()), ("request_ranges.py", set())])
+CLIENT_HOST_MODULES = [
+    ("flags.py", set()),
+    ("request_ranges.py", set()),
+    ("request_fields.py", {"attnserve.request_ranges"}),
+]
+
+
+@pytest.mark.parametrize(("module", "permitted"), CLIENT_HOST_MODULES)
 def test_the_modules_a_client_host_imports_need_only_the_standard_library(module, permitted):
     names = imported_modules(ROOT / "attnserve" / module)
     assert not [name for name in names if name.split(".")[0] not in STDLIB and not violates(name, permitted)]

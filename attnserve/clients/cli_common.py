@@ -8,7 +8,7 @@ import os
 import sys
 
 from ..flags import add_field_flags, check_pem, flag_name, shown
-from ..request_ranges import problems
+from ..request_fields import problems
 from .channel import DEFAULT_TARGET, TlsConfig, parse_targets, read_token_file
 from .errors import AttnserveError, exit_status
 from .types import GenerationParams

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from attnserve.v1 import generation_pb2 as pb
 
 from ..flags import flag
+from ..request_fields import OPTIONAL
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -199,21 +200,7 @@ class GenerationParams:
             request.structured_output.regex = self.regex
         if self.early_stopping is not None:
             request.early_stopping = self.early_stopping
-        for name in (
-            "max_new_tokens",
-            "min_new_tokens",
-            "logprobs",
-            "prompt_logprobs",
-            "n",
-            "top_p",
-            "repetition_penalty",
-            "seed",
-            "stream_interval_tokens",
-            "stream_interval_ms",
-            "num_beams",
-            "length_penalty",
-            "num_return_sequences",
-        ):
+        for name in OPTIONAL:
             value = getattr(self, name)
             if value is not None:
                 setattr(request, name, value)

@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
+from ...request_fields import OPTIONAL
 from ...v1 import generation_pb2 as pb
 from ..session.request import RequestFields, Structure
-
-OPTIONAL = (
-    "max_new_tokens",
-    "top_p",
-    "repetition_penalty",
-    "seed",
-    "stream_interval_tokens",
-    "stream_interval_ms",
-    "min_new_tokens",
-    "logprobs",
-    "prompt_logprobs",
-    "n",
-    "num_beams",
-    "length_penalty",
-    "num_return_sequences",
-)
 
 
 def request_fields(message: pb.GenerateRequest) -> RequestFields:

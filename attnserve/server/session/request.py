@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from ...engine.domain import InvalidRequest
-from ...request_ranges import RANGES, problems
+from ...request_fields import RANGES, problems
 
 STRUCTURE_KINDS = ("json_schema", "regex")
 
