@@ -12,6 +12,7 @@ import time
 
 import msgspec
 
+from ..engine.domain import Final, GenerationRequest
 from ..engine.engine import EngineObserver
 
 
@@ -52,7 +53,8 @@ Observation = StepSeen | TokensSeen | PrefixSeen | SpansDropped
 
 
 class Recorder(EngineObserver):
-    """The engine's observations since the last Step message."""
+    """The engine's observations since the last Step message; it overrides every hook, so that a new one
+    is carried or declined here, not dropped by inheritance (tests/test_core_protocol.py)."""
 
     def __init__(self) -> None:
         self.seen: list[Observation] = []
@@ -70,6 +72,15 @@ class Recorder(EngineObserver):
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         self.record(PrefixSeen(hits, misses, saved, held_bytes))
+
+    def on_spans_dropped(self, count: int) -> None:
+        self.record(SpansDropped(count))
+
+    def on_submit(self, request: GenerationRequest) -> None:
+        """Not carried: the front end counts a submit as it sends it (the core's engine sees none)."""
+
+    def on_finish(self, final: Final, request: GenerationRequest | None = None) -> None:
+        """Not carried: the Final is among the step's events, and the front end counts it from there."""
 
     def record(self, observation: Observation) -> None:
         if not self.seen:
