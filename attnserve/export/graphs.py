@@ -10,7 +10,10 @@ import contextlib
 import io
 import logging
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import onnx
 import torch
@@ -208,3 +211,68 @@ def export_graph(
         )
     name_axes(path, axes)
     pack_qkv(path)
+
+
+def arena_decoder_sample_inputs(config, dtype: torch.dtype) -> tuple:
+    """An arena decoder's inputs to trace with: past and present are the (B, H, L, D) buffers; a mask
+    wider than the new tokens and a buffer longer than both, so that torch.export ties none of the
+    three lengths together (3 new tokens, a mask 5 wide, a buffer 8 long)."""
+    ids, _, _, *past = decoder_sample_inputs(config, dtype, batch=2, seq=3, past=8)
+    return (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), *past)
+
+
+def arena_seq2seq_decoder_sample_inputs(config, dtype: torch.dtype) -> tuple:
+    """As the decoder-only arena's: a mask 5 wide, a self-attention buffer 8 long."""
+    ids, _, _, src_mask, *caches = seq2seq_sample_inputs(config, dtype, past=8)[1]
+    return (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), src_mask, *caches)
+
+
+@dataclass(frozen=True)
+class GraphExport:
+    """How one graph of a model directory is exported (its file and I/O names are the contract's
+    graph_specs): the module wrapping the model, the inputs it is traced with (config, dtype), and
+    torch.export's dynamic shapes and the contract's axis names for a model of n layers."""
+
+    module: Callable[[Any], nn.Module]
+    sample_inputs: Callable[[Any, torch.dtype], tuple]
+    dynamic_shapes: Callable[[int], Any]
+    axes: Callable[[int], dict[str, dict[int, str]]]
+
+
+ENCODER_EXPORT = GraphExport(
+    Seq2SeqEncoderGraph,
+    lambda config, dtype: seq2seq_sample_inputs(config, dtype)[0],
+    lambda n: seq2seq_dynamic_shapes(n)[0],
+    contract.seq2seq_encoder_dynamic_axes,
+)
+# (architecture, KV cache layout) -> role -> how that graph is exported
+EXPORTS: dict[tuple[str, str], dict[str, GraphExport]] = {
+    (contract.DECODER_ONLY, contract.KV_CONCAT): {
+        contract.DECODER: GraphExport(
+            DecoderGraph, decoder_sample_inputs, decoder_dynamic_shapes, contract.decoder_dynamic_axes
+        ),
+    },
+    (contract.DECODER_ONLY, contract.KV_ARENA): {
+        contract.DECODER: GraphExport(
+            ArenaDecoderGraph, arena_decoder_sample_inputs, decoder_dynamic_shapes, contract.arena_decoder_dynamic_axes
+        ),
+    },
+    (contract.ENCODER_DECODER, contract.KV_CONCAT): {
+        contract.ENCODER: ENCODER_EXPORT,
+        contract.DECODER: GraphExport(
+            Seq2SeqDecoderGraph,
+            lambda config, dtype: seq2seq_sample_inputs(config, dtype)[1],
+            lambda n: seq2seq_dynamic_shapes(n)[1],
+            contract.seq2seq_decoder_dynamic_axes,
+        ),
+    },
+    (contract.ENCODER_DECODER, contract.KV_ARENA): {
+        contract.ENCODER: ENCODER_EXPORT,
+        contract.DECODER: GraphExport(
+            ArenaSeq2SeqDecoderGraph,
+            arena_seq2seq_decoder_sample_inputs,
+            lambda n: seq2seq_dynamic_shapes(n)[1],
+            contract.arena_seq2seq_decoder_dynamic_axes,
+        ),
+    },
+}

@@ -27,18 +27,7 @@ from ..tokenizer.bpe import BpeTokenizer
 from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from ..tokenizer.sentencepiece import SentencePieceTokenizer
 from .genai import genai_config
-from .graphs import (
-    ArenaDecoderGraph,
-    ArenaSeq2SeqDecoderGraph,
-    DecoderGraph,
-    Seq2SeqDecoderGraph,
-    Seq2SeqEncoderGraph,
-    decoder_dynamic_shapes,
-    decoder_sample_inputs,
-    export_graph,
-    seq2seq_dynamic_shapes,
-    seq2seq_sample_inputs,
-)
+from .graphs import EXPORTS, export_graph
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
 from .parity_arena import run_arena_gate
 from .parity_beams import beam_report
@@ -129,68 +118,23 @@ def check_chat_template(text: str, tokenizer: Tokenizer) -> None:
 
 
 def export_graphs(model, staging: Path, dtype: str, kv_cache: str) -> None:
-    """Every graph of the model's architecture, in `dtype`, with the decoder's KV cache layout."""
+    """Every graph of the model's architecture, in `dtype`, with the decoder's KV cache layout: one
+    loop over graphs.EXPORTS' row for them, each graph's file and names the contract's."""
     cfg, n = model.config, model.config.n_layers
     torch_dtype = TORCH_DTYPES[dtype]
     model = copy.deepcopy(model).to(torch_dtype) if dtype != "float32" else model
-    if kv_cache == contract.KV_ARENA and cfg.arch == contract.DECODER_ONLY:
-        # past/present are the (B, H, L, D) buffers; a mask wider than the new tokens and a buffer
-        # longer than both, so that torch.export ties none of the three lengths together
-        ids, _, _, *past = decoder_sample_inputs(cfg, torch_dtype, batch=2, seq=3, past=8)
-        args = (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), *past)
+    specs = contract.graph_specs(cfg.arch, n, kv_cache)
+    for role, graph in EXPORTS[(cfg.arch, kv_cache)].items():
+        spec = specs[role]
         export_graph(
-            ArenaDecoderGraph(model),
-            args,
-            staging / contract.MODEL_FILE,
-            contract.decoder_inputs(n),
-            contract.arena_decoder_outputs(n),
-            decoder_dynamic_shapes(n),
-            contract.arena_decoder_dynamic_axes(n),
+            graph.module(model),
+            graph.sample_inputs(cfg, torch_dtype),
+            staging / spec.file,
+            list(spec.inputs),
+            list(spec.outputs),
+            graph.dynamic_shapes(n),
+            graph.axes(n),
         )
-        return
-    if cfg.arch == contract.DECODER_ONLY:
-        export_graph(
-            DecoderGraph(model),
-            decoder_sample_inputs(cfg, torch_dtype),
-            staging / contract.MODEL_FILE,
-            contract.decoder_inputs(n),
-            contract.decoder_outputs(n),
-            decoder_dynamic_shapes(n),
-            contract.decoder_dynamic_axes(n),
-        )
-        return
-    (enc_args, dec_args), (enc_dyn, dec_dyn) = seq2seq_sample_inputs(cfg, torch_dtype), seq2seq_dynamic_shapes(n)
-    export_graph(
-        Seq2SeqEncoderGraph(model),
-        enc_args,
-        staging / contract.ENCODER_FILE,
-        contract.seq2seq_encoder_inputs(),
-        contract.seq2seq_encoder_outputs(n),
-        enc_dyn,
-        contract.seq2seq_encoder_dynamic_axes(n),
-    )
-    if kv_cache == contract.KV_ARENA:  # as for the decoder-only arena: mask 5 wide, self-attention buffer 8 long
-        ids, _, _, src_mask, *caches = seq2seq_sample_inputs(cfg, torch_dtype, past=8)[1]
-        dec_args = (ids, torch.ones(2, 5, dtype=torch.long), torch.arange(2, 5).repeat(2, 1), src_mask, *caches)
-        export_graph(
-            ArenaSeq2SeqDecoderGraph(model),
-            dec_args,
-            staging / contract.DECODER_FILE,
-            contract.seq2seq_decoder_inputs(n),
-            contract.seq2seq_decoder_outputs(n),
-            dec_dyn,
-            contract.arena_seq2seq_decoder_dynamic_axes(n),
-        )
-        return
-    export_graph(
-        Seq2SeqDecoderGraph(model),
-        dec_args,
-        staging / contract.DECODER_FILE,
-        contract.seq2seq_decoder_inputs(n),
-        contract.seq2seq_decoder_outputs(n),
-        dec_dyn,
-        contract.seq2seq_decoder_dynamic_axes(n),
-    )
 
 
 def gate_provider(dtype: str, kv_cache: str) -> str:

@@ -12,14 +12,14 @@ from collections.abc import Callable
 
 import torch
 
+from ..tokenizer import padding
 
-def left_pad(seqs: list[list[int]], pad_id: int):
-    """input_ids, attention_mask (1 = real) and position_ids (0 for padding), each (B, T)."""
-    t = max(len(s) for s in seqs)
-    ids = torch.tensor([[pad_id] * (t - len(s)) + list(s) for s in seqs], dtype=torch.long)
-    mask = torch.tensor([[0] * (t - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    return ids, mask, positions
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """input_ids, attention_mask (1 = real) and position_ids (0 for padding), each (B, T) int64
+    (tokenizer/padding.py's)."""
+    ids, mask, positions = padding.left_pad(seqs, pad_id)
+    return torch.tensor(ids), torch.tensor(mask), torch.tensor(positions)
 
 
 def next_token(

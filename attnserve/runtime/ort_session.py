@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from ..tokenizer import padding
 from .cuda_runtime import cuda_runtime, preload_cuda_libraries
 
 log = logging.getLogger(__name__)
@@ -144,11 +145,9 @@ def io_names(session: ort.InferenceSession) -> tuple[list[str], list[str]]:
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """input_ids, attention_mask (1 = real) and position_ids (0 on padding), int64 (B, T), of
-    left-padded sequences: the concat layout's batch (the arena's is right-padded)."""
-    t = max(len(s) for s in seqs)
-    ids = np.array([[pad_id] * (t - len(s)) + list(s) for s in seqs], dtype=np.int64)
-    mask = np.array([[0] * (t - len(s)) + [1] * len(s) for s in seqs], dtype=np.int64)
-    return ids, mask, np.maximum(mask.cumsum(-1) - 1, 0)
+    left-padded sequences (tokenizer/padding.py's): the concat layout's batch (the arena's is right-padded)."""
+    ids, mask, positions = padding.left_pad(seqs, pad_id)
+    return np.array(ids, np.int64), np.array(mask, np.int64), np.array(positions, np.int64)
 
 
 def empty_past(n_layers: int, n_heads: int, head_dim: int, batch: int, dtype: str) -> list[np.ndarray]:
