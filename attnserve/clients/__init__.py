@@ -2,6 +2,13 @@
 
 A client host needs only grpcio, grpcio-health-checking and the generated protos: nothing here
 imports numpy, torch or the server.
+
+client.py (`Client`) and aio.py (`AsyncClient`, its asyncio twin) over channel.py (targets, balancing,
+TLS and the token, one ChannelConfig for both) and retry.py (the one retry rule, handed to gRPC);
+types.py (plain results, and their conversions to and from the protocol's messages) and errors.py (a
+typed exception for every status code). The commands: generate_cli.py (`attnserve generate`) and bench.py
+(`attnserve bench`: its flags and outputs in bench_cli.py, its statistics, table and plot in
+bench_report.py), sharing cli_common.py's flags and errors.
 """
 
 from .aio import AsyncClient, AsyncStream

@@ -8,5 +8,7 @@ and arena) -> process.py (the core's own process: its main, its engine deliverin
 step_writer.py, the front end's messages through the engine's public calls) -> protocol.py (the
 messages; observations.py, the engine's reports in them) over channel.py (one Unix socket) ->
 client.py (the front end's EngineClient: the engine's calls, answered by the core's process; its
-receiver naps by naps.py). slow_steps.py is a test's brake.
+receiver naps by naps.py). traced_outbox.py is the engine's outbox with tracing on (the core's spans
+of each request that ended); log_lines.py writes both processes' log lines (text or JSON).
+slow_steps.py is a test's brake.
 """

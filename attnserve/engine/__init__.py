@@ -2,7 +2,10 @@
 sampling and detokenizing; numpy and the tokenizer only, no ONNX Runtime, gRPC or protobuf.
 
 engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and
-mailbox) -> sampling.py (one request's sampler) and detokenizer.py (its text, with stop strings).
+mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structured output) and
+detokenizer.py (its text, with stop strings). burst.py: greedy decode steps run back to back, and when
+each request takes its tokens. beam_group.py: a beam search request's k slots, whose beams
+beam_search.py picks (pure numpy, as transformers' beam search; export's beam gate runs it too).
 outbox.py is where each step's events go: the callers' event loops, or the engine core's channel
 (attnserve/core/).
 seam.py is the seam: what the engine may know of a model (ModelSpec) and what it asks of a

@@ -1,4 +1,13 @@
 """Export to ONNX: a checkpoint becomes a model directory, written by the contract in
 runtime/contract.py and gated by parity against PyTorch, driven through the runtime exactly as
-serving drives it. The modules here import torch, except genai.py and quantize.py.
+serving drives it. The modules here import torch, except genai.py, quantize.py and fusions.py.
+
+export_cli.py (`attnserve export`: flags, one-line errors) -> onnx_export.py (the export run: checkpoint in,
+model directory out once the gates pass) -> graphs.py (modules with the exported graphs' signatures, and the
+export call), whose layers become ONNX Runtime's fused ops through gqa.py (GroupQueryAttention over the
+in-place KV cache), norms.py (RMSNorm) and activations.py (GELU); fusions.py packs each attention's three
+projections into one MatMul. The gates: parity.py (a decoder's graphs against PyTorch, and the report every
+gate shares), parity_arena.py (an arena graph, driven as the server drives it), parity_seq2seq.py (an
+encoder-decoder's graphs), parity_beams.py (beam search, hypothesis for hypothesis) and quantize.py (int8 and
+int4 weights, gated by held-out loss). genai.py writes genai_config.json for onnxruntime-genai.
 """

@@ -1,7 +1,8 @@
 """The attnserve serving process: three front doors over one engine core, on an exported model directory.
 
 Rooms, outside in: app.py (start-up, health, drain; config.py its settings, health.py, metrics.py,
-stats_log.py and http_serving.py the process's) -> the doors, each a room that speaks one protocol:
+stats_log.py and http_serving.py the process's; test_switches.py a test's switches, read from the
+environment) -> the doors, each a room that speaks one protocol:
 grpc_v1/ (attnserve.v1), grpc_oip/ (the Open Inference Protocol) and http_openai/ (OpenAI's HTTP
 API) -> session/ (what every door shares: the request value, validation, the run through the engine, vLLM's
 field names) -> the engine core (attnserve/core/): by default in a process of its own, reached

@@ -5,6 +5,11 @@ two SentencePiece models and shared vocabulary (Marian's).
 Torch-free and gRPC-free, below everything else: training (model/) trains and stores one in the
 checkpoint, export writes it into the model directory, the server loads it from there. Every
 tokenizer answers the same few questions (see `Tokenizer`).
+
+utf8.py (the byte tokenizer), bpe.py (the byte-level BPE) and sentencepiece.py (Marian's); byte_stream.py
+and fallback_stream.py (incremental decoding, for ids that stand for bytes and for byte fallback's byte
+tokens); chat_template.py (a chat's messages rendered into one prompt); padding.py (a batch of sequences
+left-padded, for model/ and runtime/ alike); errors.py (the package's one error).
 """
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
-"""The attnserve.v1 door: servicer.py (TextGeneration over the engine), messages.py (the protocol's
+"""The attnserve.v1 door: servicer.py (TextGeneration over the engine), request.py (a GenerateRequest as
+the session's RequestFields), messages.py (the protocol's
 messages from the engine's events), model_info.py (GetModelInfo's answer).
 """
