@@ -33,8 +33,8 @@ SUBCOMMANDS = {
     ),
     "import": Subcommand(
         "import a Hugging Face checkpoint directory (GPT-2, Llama, Mistral, Qwen2), proven against transformers",
-        "attnserve.model.import_cli:add_arguments",
-        "attnserve.model.import_cli:main",
+        "attnserve.model.hf.import_cli:add_arguments",
+        "attnserve.model.hf.import_cli:main",
     ),
     "export": Subcommand(
         "export a checkpoint to an ONNX model directory, gated on parity",

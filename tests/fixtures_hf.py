@@ -34,7 +34,7 @@ def hf_dir(request, tmp_path_factory, gpt2_dir, llama_dir):
 @pytest.fixture(scope="session")
 def hf_checkpoint(hf_dir, tmp_path_factory):
     """runs/NAME/checkpoint.pt of the imported directory; its proof against transformers has passed."""
-    from attnserve.model.import_cli import run
+    from attnserve.model.hf.import_cli import run
 
     out = tmp_path_factory.mktemp("runs") / hf_dir.name
     run(hf_dir, out, steps=64)
@@ -63,7 +63,7 @@ def marian_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def marian_checkpoint(marian_dir, tmp_path_factory):
     """runs/NAME/checkpoint.pt of the imported Marian directory; its proof against transformers has passed."""
-    from attnserve.model.import_cli import run
+    from attnserve.model.hf.import_cli import run
 
     out = tmp_path_factory.mktemp("runs") / marian_dir.name
     run(marian_dir, out, steps=64)

@@ -17,7 +17,7 @@ import torch
 from fixtures_server import start_server
 
 from attnserve.cli import main as cli_main
-from attnserve.model.hf_import import ARCHITECTURES
+from attnserve.model.hf.decoders import ARCHITECTURES
 from attnserve.v1 import generation_pb2 as pb
 
 pytestmark = pytest.mark.trains  # trains or imports a model with torch: out of `make test-fast`
@@ -246,7 +246,7 @@ def test_an_imported_llama_exports_in_float16_int8_and_int4_through_their_gates(
     """The export's gates hold for an imported model as for a trained one (grouped KV heads, rotary;
     the quantized gates on the default corpus's held-out text)."""
     from attnserve.export.onnx_export import export_checkpoint
-    from attnserve.model.import_cli import run
+    from attnserve.model.hf.import_cli import run
 
     run(llama_dir, tmp_path / "run", steps=4)
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "model", **kind)

@@ -357,7 +357,7 @@ def test_the_ids_opus_mt_bans_are_never_generated_as_transformers_never_generate
     from safetensors.torch import load_file, save_file
 
     from attnserve.export.onnx_export import export_checkpoint
-    from attnserve.model.import_cli import run
+    from attnserve.model.hf.import_cli import run
 
     hf = edited(marian_dir, tmp_path)
     weights = load_file(str(hf / "model.safetensors"))

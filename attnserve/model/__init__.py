@@ -14,7 +14,7 @@ ranks and devices) and progress.py (the progress bar). The decoder's Task is tra
 windows; the encoder-decoder's is train_seq2seq.py, on numbers.py's pairs (numbers into English words, or
 a file of pairs). attention_map.py (`attnserve attention-map`) draws an encoder-decoder's cross-attention.
 
-Import: import_cli.py (`attnserve import`) reads a Hugging Face checkpoint's files as untrusted input
-(hf_files.py), maps them onto this model (hf_import.py: GPT-2 and the Llama family; hf_marian.py: Marian)
-and proves the result against transformers before writing it (hf_proof.py; hf_proof_seq2seq.py for Marian).
+Import: hf/ (`attnserve import`) reads a Hugging Face checkpoint's files as untrusted input, maps them
+onto this model (GPT-2, the Llama family, Marian) and proves the result against transformers before
+writing it.
 """

@@ -3,7 +3,7 @@ JSON bounded in size and depth, config.json's fields typed, safetensors headers 
 dtypes; no tensor loaded), every weight file kept inside the directory, the weights' layer count and
 shapes compared with those the config implies, and every tensor loaded checked finite. Each refusal is
 one HFImportError line naming the file and the field. Knows no architecture: each family's Layout is
-hf_import.py's or hf_marian.py's.
+decoders.py's or marian.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .checkpoint import layers_held
+from ..checkpoint import layers_held
 
 CONFIG_FILE = "config.json"
 SAFETENSORS, SAFETENSORS_INDEX, TORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"

@@ -1,5 +1,5 @@
 """The import's proof for an encoder-decoder (Marian): attnserve's model against transformers' on the same
-checkpoint, before anything is written, as hf_proof.py proves a decoder.
+checkpoint, before anything is written, as proof.py proves a decoder.
 
 Two checks: the logits of a ragged source batch (right-padded, as transformers' tokenizers pad) with a
 teacher-forced target after the decoder's start id, within a tolerance of the logits' scale at every
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from .generate import decode_seq2seq
-from .hf_proof import LOGITS_TOLERANCE, reference_model, verdict
-from .seq2seq import EncoderDecoder
+from ..generate import decode_seq2seq
+from ..seq2seq import EncoderDecoder
+from .proof import LOGITS_TOLERANCE, reference_model, verdict
 
 
 def right_pad(sources: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

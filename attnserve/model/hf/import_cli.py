@@ -1,9 +1,10 @@
 """`attnserve import`: a Hugging Face checkpoint directory into an attnserve checkpoint, proven first.
 
-Reading the files is hf_files.py's, mapping them hf_import.py's, the proof against transformers
-hf_proof.py's; this file runs them in order (the config compared with the weights' headers before any
-module is built), writes runs/NAME/ (checkpoint.pt, the tokenizer's files, import.json with the proof's
-numbers) only once the proof has passed, and turns every refusal into one line and exit 2.
+Reading the files is files.py's, mapping them decoders.py's (marian.py's for Marian), the proof against
+transformers proof.py's (proof_seq2seq.py's for Marian); this file runs them in order (the config
+compared with the weights' headers before any module is built), writes runs/NAME/ (checkpoint.pt, the
+tokenizer's files, import.json with the proof's numbers) only once the proof has passed, and turns every
+refusal into one line and exit 2.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..flags import check_directory
-from ..tokenizer.sentencepiece import VOCAB_FILE
-from .checkpoint import build_model, save_checkpoint
-from .config import ModelConfig
-from .hf_files import CONFIG_FILE, HFImportError, check_layout, read_headers, read_json, read_weights
-from .hf_import import (
+from ...flags import check_directory
+from ...tokenizer.sentencepiece import VOCAB_FILE
+from ..checkpoint import build_model, save_checkpoint
+from ..config import ModelConfig
+from .decoders import (
     FAMILIES,
     MODEL_TYPES,
     TOKENIZER_CONFIG_FILE,
@@ -32,9 +32,10 @@ from .hf_import import (
     own_code,
     read_tokenizer,
 )
-from .hf_marian import MARIAN, marian_config, marian_layout, marian_state, marian_tokenizer
-from .hf_proof import ImportProofError, prove
-from .hf_proof_seq2seq import prove as prove_seq2seq
+from .files import CONFIG_FILE, HFImportError, check_layout, read_headers, read_json, read_weights
+from .marian import MARIAN, marian_config, marian_layout, marian_state, marian_tokenizer
+from .proof import ImportProofError, prove
+from .proof_seq2seq import prove as prove_seq2seq
 
 DEFAULT_STEPS = 64
 MIN_CONTEXT = 8  # as attnserve train's --context-length

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from .generate import decode, left_pad
-from .hf_files import HFImportError, one_line
-from .lm import DecoderLM
+from ..generate import decode, left_pad
+from ..lm import DecoderLM
+from .files import HFImportError, one_line
 
 LOGITS_TOLERANCE = 1e-4  # of max(1, max |logit|): float32 against float32, the same arithmetic in another order
 

@@ -3,9 +3,9 @@ encoder-decoder, the lectures' Transformer with what Marian does beyond it set i
 each residual sum and none at the stacks' ends, an ungated SiLU feed-forward ("swish"), the sinusoid's
 sin and cos in halves, a bias on the logits, and the decoder starting from the pad id.
 
-Reads config.json, the weights (hf_files.py, checked against marian_layout) and the tokenizer's files
+Reads config.json, the weights (files.py, checked against marian_layout) and the tokenizer's files
 (source.spm, target.spm, vocab.json). What the model cannot express is refused in one line naming the
-field. Knows nothing of transformers: the proof against it is hf_proof_seq2seq.py.
+field. Knows nothing of transformers: the proof against it is proof_seq2seq.py.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..tokenizer import TokenizerError
-from ..tokenizer.sentencepiece import SentencePieceTokenizer
-from .config import ENCODER_DECODER, ModelConfig
-from .hf_files import Dim, HFImportError, Layout, Shape, flag, integer, read_json, short, text
-from .hf_import import HEAD_DIM_MULTIPLE
+from ...tokenizer import TokenizerError
+from ...tokenizer.sentencepiece import SentencePieceTokenizer
+from ..config import ENCODER_DECODER, ModelConfig
+from .decoders import HEAD_DIM_MULTIPLE
+from .files import Dim, HFImportError, Layout, Shape, flag, integer, read_json, short, text
 
 MARIAN = "MarianMTModel"
 MARIAN_ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}

@@ -2,10 +2,10 @@
 Llama family (`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`).
 
 Reads config.json, the tokenizer (tokenizer.json with tokenizer_config.json and
-generation_config.json) and the weights (hf_files.py reads and checks them against each family's
+generation_config.json) and the weights (files.py reads and checks them against each family's
 Layout here), and maps them onto a ModelConfig and DecoderLM's state dict. What the model cannot
 express is refused in one line naming the field, and so is a checkpoint that names code of its own.
-Knows nothing of transformers: the proof against it is hf_proof.py, the command import_cli.py.
+Knows nothing of transformers: the proof against it is proof.py, the command import_cli.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..tokenizer import TokenizerError
-from ..tokenizer.bpe import BpeTokenizer, library_tokenizer
-from ..tokenizer.chat_template import token_text
-from .config import DECODER, ModelConfig
-from .hf_files import Dim, HFImportError, Layout, Shape, flag, integer, number, read_json, short, table, text
-from .positional import ROPE_SCALINGS
+from ...tokenizer import TokenizerError
+from ...tokenizer.bpe import BpeTokenizer, library_tokenizer
+from ...tokenizer.chat_template import token_text
+from ..config import DECODER, ModelConfig
+from ..positional import ROPE_SCALINGS
+from .files import Dim, HFImportError, Layout, Shape, flag, integer, number, read_json, short, table, text
 
 TOKENIZER_FILE, TOKENIZER_CONFIG_FILE = "tokenizer.json", "tokenizer_config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
