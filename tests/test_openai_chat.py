@@ -2,7 +2,8 @@
 OpenAI's own client gets the completion of the prompt the template renders (written out by hand here),
 unary and streamed, with chat's shapes (an assistant message, deltas, logprobs.content) and
 response_format's JSON schema honoured; a model without a template, bad messages and a template that
-does not compile are refused as documented."""
+does not compile are refused as documented; the chat request reads straight into the session's fields,
+each named as chat sent it."""
 
 from __future__ import annotations
 
@@ -14,8 +15,13 @@ import pytest
 from fixtures_export import CHAT_TEMPLATE
 from fixtures_server import idle, start_server, wait_until
 
+from attnserve.engine.domain import InvalidRequest
 from attnserve.export.onnx_export import ExportError, export_checkpoint
 from attnserve.runtime.contract import read_manifest
+from attnserve.server.http_openai.request import read_chat
+from attnserve.server.session.request import Structure
+from attnserve.server.session.validation import RequestLimits
+from attnserve.tokenizer.chat_template import ChatTemplate
 
 TEMPLATE = CHAT_TEMPLATE  # the shared chat model's (fixtures_export.py)
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The list"}]
@@ -109,6 +115,39 @@ def test_bad_chat_input_is_400_naming_the_chat_field(chat_server, client, fields
     with pytest.raises(openai.BadRequestError) as error:
         client.chat.completions.create(model=chat_server.server.info.model_name, **fields)
     assert error.value.body["param"] == param and error.value.body["message"].startswith(message)
+
+
+def test_a_chat_reads_into_the_sessions_fields_named_as_chat_sent_them():
+    limits = RequestLimits(context_length=256, vocab_size=256, max_new_tokens=128)
+    encoded = []
+
+    def encode(text: str) -> list[int]:
+        encoded.append(text)
+        return list(text.encode())
+
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 9, "max_completion_tokens": 5, "logprobs": True}
+    body.update(top_logprobs=2, response_format={"type": "json_object"}, stream=True, seed=3)
+    call = read_chat(body, ChatTemplate(TEMPLATE), limits, encode)
+    request = call.request
+    assert encoded == [RENDERED] and request.prompt_token_ids == tuple(RENDERED.encode()) and not request.prompt
+    assert (request.max_new_tokens, request.logprobs, request.seed) == (5, 2, 3)
+    assert request.structured_output == Structure("json_schema", '{"type": "object"}')
+    assert (call.model, call.stream, call.echo) == ("m", True, False)
+    named = {name: request.named(name) for name in ("prompt_token_ids", "max_new_tokens", "logprobs", "seed")}
+    named["structured_output.json_schema"] = request.named("structured_output.json_schema")
+    assert named == {
+        "prompt_token_ids": "messages",
+        "max_new_tokens": "max_completion_tokens",
+        "logprobs": "top_logprobs",
+        "seed": "seed",
+        "structured_output.json_schema": "response_format",
+    }
+    with pytest.raises(InvalidRequest, match="top_logprobs: -1 is not a non-negative integer"):
+        read_chat({**body, "top_logprobs": -1}, ChatTemplate(TEMPLATE), limits, encode)
+    encoded.clear()
+    with pytest.raises(InvalidRequest, match="echo: unknown field for chat"):
+        read_chat({**body, "echo": True}, ChatTemplate(TEMPLATE), limits, encode)
+    assert encoded == []  # refused before the template renders or the tokenizer runs
 
 
 def test_the_export_refuses_a_template_that_does_not_compile_or_a_byte_tokenizer(

@@ -3,8 +3,8 @@
 has no chat template. A Starlette app, served by uvicorn on the server's event loop (app.py).
 
 Same engine and semantics as attnserve.v1: each body is read within bounds (body.py: its bytes, its
-JSON's nesting), its model checked first, then it becomes the session's RequestFields (request.py,
-which renders a chat's messages first, on a worker thread with the tokenizing: one long chat never
+JSON's nesting), its model checked first, then it becomes the session's RequestFields (request.py;
+a chat's on a worker thread, as rendering and tokenizing its messages take time: one long chat never
 holds up the other calls) checked by the session's `validate` with the same limits and messages;
 the answer is answers.py's; errors take OpenAI's shape with the status OpenAI uses (errors.py). A
 client that disconnects frees its slot at the next step. No gRPC here.
@@ -31,12 +31,11 @@ from ...tokenizer.chat_template import ChatTemplate
 from ...tracing.current import NO_TRACE, Trace, Traces, opened
 from ..bearer import bearer_matches
 from ..session.events import completions, generation_events
-from ..session.request import renamed
 from ..session.validation import RequestLimits, check_stream_interval, validate
 from .answers import Answer, ChatAnswer
 from .body import read_json
 from .errors import error_response
-from .request import CompletionCall, chat_to_completion, model_of, read_completion
+from .request import CompletionCall, model_of, read_chat, read_completion
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ class OpenAIFrontDoor:
         return await self.respond(request, read_completion(body), Answer)
 
     async def chat_complete(self, request: Request) -> Response:
-        """A chat completion: the messages through the model's chat template, then as a completion."""
+        """A chat completion: the messages through the model's chat template, then answered as a completion."""
         self.engine.check_room()  # refused under overload before the body is read
         template = self.facts.chat_template
         if template is None:
@@ -192,21 +191,9 @@ class OpenAIFrontDoor:
             )
         body = await read_json(request, self.facts.max_body_bytes)
         self.check_model(body)
-        completion, renames = await asyncio.to_thread(self.chat_prompt, body, template)
-        try:
-            call = read_completion(completion)
-        except InvalidRequest as e:
-            raise renamed(e, renames) from None
-        origins = {name: renames.get(key, key) for name, key in call.request.origins.items()}
-        call = replace(call, request=replace(call.request, origins=origins))
+        # on a worker thread: rendering and tokenizing take time in proportion to the messages
+        call = await asyncio.to_thread(read_chat, body, template, self.limits, self.tokenizer.encode_chat)
         return await self.respond(request, call, ChatAnswer)
-
-    def chat_prompt(self, body: Any, template: ChatTemplate) -> tuple[dict[str, Any], dict[str, str]]:
-        """chat_to_completion with the prompt as token ids (its special tokens as ids): on a worker thread,
-        as rendering and tokenizing take time in proportion to the messages."""
-        completion, renames = chat_to_completion(body, template, self.limits)
-        completion["prompt"] = self.tokenizer.encode_chat(completion["prompt"])
-        return completion, renames
 
     async def respond(self, request: Request, call: CompletionCall, kind: type[Answer]) -> Response:
         """The call run through the engine: one JSON response, or server-sent events."""

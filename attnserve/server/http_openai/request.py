@@ -1,6 +1,5 @@
-"""An OpenAI completions request (POST /v1/completions, its JSON body) as the session's RequestFields,
-and a chat completions body (POST /v1/chat/completions) as a completions body: its messages rendered
-by the model's chat template into the prompt, OpenAI's chat names as the completions' names.
+"""An OpenAI completions request (POST /v1/completions, its JSON body) and a chat completions request
+(POST /v1/chat/completions) as the session's RequestFields, each field's origin the name the caller sent.
 
 OpenAI's fields: `model`, `prompt` (a text or token ids, or a list of one of them), `max_tokens`
 (default 16, as OpenAI's), `temperature` (default 1, as OpenAI's), `top_p`, `n`, `stop`, `seed`,
@@ -9,17 +8,21 @@ extra sampling fields with the Open Inference Protocol's parsers (`top_k`, `repe
 `min_tokens`, `ignore_eos`, `stop_token_ids`, `priority`, `guided_json`, `guided_regex`,
 `prompt_logprobs`, attnserve's stream interval; session/vllm_names.py). What the model cannot do is
 refused, naming the field: several prompts, `suffix`, `best_of` other than n without vLLM's
-`use_beam_search`, presence and frequency penalties, echo with logprobs. A chat's messages are
-bounded before the template renders them (MAX_CHAT_MESSAGES, and their contents' bytes by the prompt's
-byte bound), and the rendered prompt is bounded before it is tokenized. With `use_beam_search`
+`use_beam_search`, presence and frequency penalties, echo with logprobs. With `use_beam_search`
 (vLLM's beam search: `best_of` beams, the `n` best hypotheses as the choices, `length_penalty`,
-`early_stopping`), a request that leaves `temperature` out decodes at 0, as beam search must. The
-result goes through the session's `validate` like any other request, its errors renamed to the field
-the caller sent. No HTTP, no engine.
+`early_stopping`), a request that leaves `temperature` out decodes at 0, as beam search must.
+
+A chat takes `messages` for the prompt and has fields of its own (CHAT_OWN), each parsed by the
+completions' parser of the field it stands for and named as chat's: `max_completion_tokens` (max_tokens),
+`logprobs: true` with `top_logprobs` (logprobs), `response_format` (guided_json). Its messages are
+bounded before the template renders them (MAX_CHAT_MESSAGES, and their contents' bytes by the prompt's
+byte bound), and the rendered prompt is bounded before it is tokenized. The result goes through the
+session's `validate` like any other request. No HTTP, no engine.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +47,7 @@ ZERO_ONLY = ("presence_penalty", "frequency_penalty")  # OpenAI's penalties: rep
 
 @dataclass(frozen=True)
 class CompletionCall:
-    """What one completions request asks for."""
+    """What one completions (or chat) request asks for."""
 
     request: RequestFields
     model: str
@@ -62,8 +65,6 @@ def read_completion(body: Any) -> CompletionCall:
     include_usage = stream_options(body, stream)
     prompt, origins = prompt_of(body.get("prompt"))
     fields = sampling(body, origins)
-    if fields.get("use_beam_search") and body.get("temperature") is None:
-        fields["temperature"] = 0.0  # OpenAI's default of 1 is sampling; beam search takes none
     if echo and "logprobs" in fields:
         raise InvalidRequest("echo", "echo with logprobs is not supported (ask for prompt_logprobs)")
     return CompletionCall(request_of(fields, origins, **prompt), model, stream, include_usage, echo)
@@ -91,19 +92,26 @@ def refuse_the_unsupported(body: dict[str, Any]) -> None:
         raise InvalidRequest("suffix", "is not supported by this model")
 
 
-def sampling(body: dict[str, Any], origins: dict[str, str]) -> dict[str, Any]:
+def sampling(
+    body: dict[str, Any], origins: dict[str, str], own: Mapping[str, tuple[Any, str]] | None = None
+) -> dict[str, Any]:
     """RequestFields' fields from the sampling fields, OpenAI's defaults where left out (a JSON null:
-    the field's own default; max_tokens then as many as fit); `origins` learns where each came from."""
+    the field's own default; max_tokens then as many as fit); `origins` learns where each came from.
+    `own`: a door's own fields, as the FIELDS key whose parser reads each -> (its value, its name as sent)."""
     fields: dict[str, Any] = {"max_new_tokens": DEFAULT_MAX_TOKENS, "temperature": DEFAULT_TEMPERATURE}
     origins.update(max_new_tokens="max_tokens", temperature="temperature")
-    for key, value in body.items():
+    sent = {key: (value, key) for key, value in body.items()}
+    sent.update(own or {})  # a door's own field in the place of the one whose parser reads it
+    for key, (value, where) in sent.items():
         if key not in FIELDS:
             continue
         if value is None:
             fields.pop(FIELDS[key][0], None)
             continue
-        name, parsed = parse_field(FIELDS, key, value, key)
-        fields[name], origins[name] = parsed, key
+        name, parsed = parse_field(FIELDS, key, value, where)
+        fields[name], origins[name] = parsed, where
+    if fields.get("use_beam_search") and body.get("temperature") is None:
+        fields["temperature"] = 0.0  # OpenAI's default of 1 is sampling; beam search takes none
     return fields
 
 
@@ -146,32 +154,44 @@ def prompt_of(prompt: Any) -> tuple[dict[str, Any], dict[str, str]]:
 CHAT_OWN = frozenset({"messages", "max_completion_tokens", "logprobs", "top_logprobs", "response_format"})
 
 
-def chat_to_completion(
-    body: Any, template: ChatTemplate, limits: RequestLimits
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """A chat completions body as a completions body: the messages rendered by the model's chat template
-    into `prompt` (within the prompt's bounds), OpenAI's chat names as the completions' (max_completion_tokens,
-    logprobs with top_logprobs, response_format as guided_json); and the renames for errors (prompt -> messages)."""
-    if not isinstance(body, dict):
-        raise InvalidRequest("body", f"a JSON object is expected, not {type(body).__name__}")
+def read_chat(
+    body: Any, template: ChatTemplate, limits: RequestLimits, encode: Callable[[str], list[int]]
+) -> CompletionCall:
+    """The chat request as the session's RequestFields, its errors naming chat's fields: the messages bounded,
+    rendered by the model's chat template and the prompt bounded before `encode` (the tokenizer's encode_chat)
+    spends time on it; then the rest read as a completion's, chat's own fields by the parsers they share."""
+    model = model_of(body)
     if "prompt" in body or "echo" in body:
         raise InvalidRequest("prompt" if "prompt" in body else "echo", "unknown field for chat (send messages)")
-    completion = {key: value for key, value in body.items() if key not in CHAT_OWN}
-    completion["prompt"] = rendered(template, chat_messages(body.get("messages"), limits), limits)
-    renames = {"prompt": "messages"}
+    prompt = rendered(template, chat_messages(body.get("messages"), limits), limits)
+    own = chat_own(body)
+    ids = encode(prompt)
+    rest = {key: value for key, value in body.items() if key not in CHAT_OWN}
+    refuse_the_unsupported(rest)
+    stream = flag(rest, "stream")
+    include_usage = stream_options(rest, stream)
+    if not ids:
+        raise InvalidRequest("messages", "required: a text, a list of token ids, or a list of one of them")
+    origins = {"prompt": "messages", "prompt_token_ids": "messages"}
+    fields = sampling(rest, origins, own)
+    return CompletionCall(request_of(fields, origins, prompt_token_ids=tuple(ids)), model, stream, include_usage, False)
+
+
+def chat_own(body: dict[str, Any]) -> dict[str, tuple[Any, str]]:
+    """Chat's own fields as the completions' fields whose parsers read them -> (the value, chat's name):
+    max_completion_tokens as max_tokens, logprobs: true with top_logprobs as logprobs, response_format's
+    schema as guided_json."""
+    own: dict[str, tuple[Any, str]] = {}
     if body.get("max_completion_tokens") is not None:
-        completion["max_tokens"] = body["max_completion_tokens"]
-        renames["max_tokens"] = "max_completion_tokens"
+        own["max_tokens"] = (body["max_completion_tokens"], "max_completion_tokens")
     if flag(body, "logprobs"):
-        completion["logprobs"] = body.get("top_logprobs") or 0
-        renames["logprobs"] = "top_logprobs"
+        own["logprobs"] = (body.get("top_logprobs") or 0, "top_logprobs")
     elif body.get("top_logprobs") is not None:
         raise InvalidRequest("top_logprobs", "needs logprobs: true")
     schema = response_schema(body.get("response_format"))
     if schema is not None:
-        completion["guided_json"] = schema
-        renames["guided_json"] = "response_format"
-    return completion, renames
+        own["guided_json"] = (schema, "response_format")
+    return own
 
 
 def chat_messages(messages: Any, limits: RequestLimits) -> list[dict[str, str]]:
