@@ -25,7 +25,6 @@ import pytest
 
 from attnserve.engine.engine import EngineObserver, ForwardingObserver
 from attnserve.server.config import ServerConfig
-from attnserve.server.test_switches import TestSwitches
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -112,13 +111,13 @@ class Pacer(ForwardingObserver):
 class ServerThread:
     """A started Server on its own event loop thread; `stub` talks to it over a real channel."""
 
-    def __init__(self, config: ServerConfig, switches: TestSwitches = TestSwitches()):
+    def __init__(self, config: ServerConfig):
         from attnserve.server.app import Server  # ONNX Runtime and gRPC's server, only for tests that serve
 
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self.thread.start()
-        self.server = Server(config, observers=[lambda inner: Pacer(inner, self.loop)], switches=switches)
+        self.server = Server(config, observers=[lambda inner: Pacer(inner, self.loop)])
         self.pacer = self.server.observer
         self.pacer.engine = self.server.engine
         self.call(self.server.start())
@@ -144,7 +143,7 @@ class ServerThread:
         self.loop.close()
 
 
-def start_server(model_dir, switches: TestSwitches = TestSwitches(), **overrides) -> ServerThread:
+def start_server(model_dir, **overrides) -> ServerThread:
     defaults = {
         "host": "127.0.0.1",
         "port": 0,
@@ -157,7 +156,7 @@ def start_server(model_dir, switches: TestSwitches = TestSwitches(), **overrides
         "log_stats_interval": 0.0,  # no periodic stats lines from the tests' servers (test_server_observability.py)
     }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})
-    return ServerThread(config, switches)
+    return ServerThread(config)
 
 
 def release_when(pacer: Pacer, predicate, timeout: float = STEP_WAIT_S) -> threading.Thread:

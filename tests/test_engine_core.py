@@ -18,7 +18,7 @@ from fixtures_server import ServeProcess, request, start_server, wait_until
 from attnserve.core.protocol import DeltaEvent
 from attnserve.runtime.model_sessions import usable_cores
 from attnserve.server.metrics import resident_bytes
-from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE, TestSwitches
+from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -35,11 +35,11 @@ def core(tiny_model_dir):
 
 
 @pytest.fixture
-def slow_core(tiny_model_dir):
-    """A core of one slot and a queue of one, each step slowed to SLOW_STEP_MS."""
-    running = start_server(
-        tiny_model_dir, TestSwitches(step_delay_ms=SLOW_STEP_MS), engine_core="process", max_batch=1, max_queue=1
-    )
+def slow_core(tiny_model_dir, monkeypatch):
+    """A core of one slot and a queue of one, each step slowed to SLOW_STEP_MS (its process reads the
+    switch from the environment it inherits)."""
+    monkeypatch.setenv(TEST_STEP_DELAY_VARIABLE, str(SLOW_STEP_MS))
+    running = start_server(tiny_model_dir, engine_core="process", max_batch=1, max_queue=1)
     yield running
     running.stop()
 
@@ -182,14 +182,14 @@ def test_a_cancelled_stream_frees_its_slot_in_the_core(slow_core):
 STALLED = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
 
 
-def test_a_client_that_stops_reading_is_cut_and_its_slot_freed_in_the_core(tiny_model_dir):
+def test_a_client_that_stops_reading_is_cut_and_its_slot_freed_in_the_core(tiny_model_dir, monkeypatch):
     """Slow readers across the boundary: the front end's Handle cuts a stream whose client stopped
     reading once --stream-buffer-events deltas waited a second, its Cancel frees the slot in the core,
     and the call ends CANCELLED after --write-timeout, as with the engine in the server's process
     (tests/test_server_slow_reader.py)."""
+    monkeypatch.setenv(TEST_STEP_DELAY_VARIABLE, "20")  # 120 tokens take 2.4 s: the cut comes first
     running = start_server(
         tiny_model_dir,
-        TestSwitches(step_delay_ms=20),  # 120 tokens take 2.4 s: the cut comes first
         engine_core="process",
         max_batch=1,
         stream_buffer_events=8,

@@ -80,7 +80,7 @@ PERMITTED = {
 }
 # export's modules that a host without torch may import
 TORCH_FREE_EXPORT_MODULES = ["genai.py"]
-# load drivers run a server process from outside: gRPC, /metrics, /proc (and the leak switch's name)
+# load drivers run a server process from outside: gRPC, /metrics, /proc (and the test switches' names)
 LOAD_DRIVERS_NEVER = {"torch", "numpy", "onnx", "onnxruntime", "attnserve.model", "attnserve.export"}
 
 

@@ -8,19 +8,22 @@ limits carry no defaults of their own. No server is started here.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import inspect
 import re
 import time
 from dataclasses import MISSING, fields
 
+import grpc
 import pytest
 
 from attnserve.cli import build_parser, main, subcommand_parser
-from attnserve.core.slow_steps import SlowSteps
+from attnserve.core.loading import StartupError
+from attnserve.core.slow_steps import STEP_DELAY_VARIABLE, SlowSteps, step_delay_ms
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.flags import flag_name
 from attnserve.server.config import ServerConfig
-from attnserve.server.test_switches import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, TestSwitches
+from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE, LeakInterceptor
 
 FLAG_FIELDS = [f for f in fields(ServerConfig) if "help" in f.metadata]
 
@@ -114,15 +117,36 @@ def test_the_engine_takes_its_limits_from_the_config_only():
     assert inspect.signature(Engine).parameters["limits"].default is inspect.Parameter.empty
 
 
-def test_the_test_only_switches_come_from_the_environment_alone_beside_the_config():
-    assert TestSwitches.from_environ({}) == TestSwitches(0, 0)
-    assert TestSwitches.from_environ({TEST_LEAK_VARIABLE: "4096", TEST_STEP_DELAY_VARIABLE: "5"}) == TestSwitches(
-        4096, 5
-    )
-    with pytest.raises(ValueError, match="ATTNSERVE_TEST_LEAK_BYTES must be a number of bytes, not '4k'"):
-        TestSwitches.from_environ({TEST_LEAK_VARIABLE: "4k"})
-    with pytest.raises(ValueError, match=re.escape("ATTNSERVE_TEST_STEP_DELAY_MS must be a number of ms, not '5.5'")):
-        TestSwitches.from_environ({TEST_STEP_DELAY_VARIABLE: "5.5"})
+def test_the_test_only_step_delay_comes_from_the_environment_the_core_reads():
+    """server/test_switches.py names the variable for tests and load drivers; the core reads its own copy."""
+    assert TEST_STEP_DELAY_VARIABLE == STEP_DELAY_VARIABLE == "ATTNSERVE_TEST_STEP_DELAY_MS"
+    assert step_delay_ms({}) == 0 and step_delay_ms({TEST_STEP_DELAY_VARIABLE: "5"}) == 5
+    with pytest.raises(StartupError, match=re.escape("ATTNSERVE_TEST_STEP_DELAY_MS must be a number of ms, not '5.5'")):
+        step_delay_ms({TEST_STEP_DELAY_VARIABLE: "5.5"})
+
+
+def test_the_test_only_leak_keeps_its_bytes_on_every_call_through_it():
+    """The soak's negative control: an interceptor passed in, not a switch inside the server."""
+    leak = LeakInterceptor(4096)
+
+    async def echo(request, context):
+        return request
+
+    async def tokens(request, context):
+        for token in request:
+            yield token
+
+    async def calls():
+        unary = await leak.intercept_service(lambda _: answer(grpc.unary_unary_rpc_method_handler(echo)), None)
+        stream = await leak.intercept_service(lambda _: answer(grpc.unary_stream_rpc_method_handler(tokens)), None)
+        assert await unary.unary_unary(b"x", None) == b"x"
+        return [token async for token in stream.unary_stream(b"ab", None)]
+
+    async def answer(handler):
+        return handler
+
+    assert asyncio.run(calls()) == [97, 98]
+    assert [len(kept) for kept in leak.leaked] == [4096, 4096]
 
 
 def test_the_test_only_step_delay_slows_every_step_with_a_batch():

@@ -94,10 +94,8 @@ class EngineClient:
         observer: EngineObserver,
         max_buffered: int,
         on_death: Callable[[str], None] | None = None,
-        step_delay_ms: int = 0,
     ):
-        """`max_buffered`: deltas a caller may leave unread before its request is dropped (Handle);
-        `step_delay_ms`: a test's brake on the core's steps (slow_steps.py)."""
+        """`max_buffered`: deltas a caller may leave unread before its request is dropped (Handle)."""
         self.config, self.observer, self.on_death = config, observer, on_death
         self.max_buffered = max_buffered
         self.handles: dict[int, Handle] = {}  # key -> request in flight
@@ -111,9 +109,7 @@ class EngineClient:
         self._listener = listen(path)
         self._channel: Channel | None = None
         spawn = multiprocessing.get_context("spawn")
-        self.process = spawn.Process(
-            target=run_core, args=(config, path, step_delay_ms), name="attnserve-engine-core", daemon=True
-        )
+        self.process = spawn.Process(target=run_core, args=(config, path), name="attnserve-engine-core", daemon=True)
         self.process.start()
         try:
             self.ready = self._wait_ready()

@@ -28,7 +28,7 @@ from .loading import LoadedModel, StartupError, load_model
 from .log_lines import configure_logging
 from .observations import Recorder, SpansDropped
 from .protocol import INBOUND_DECODER, Abort, Cancel, Failed, Ready, Stop, Submit
-from .slow_steps import slowed
+from .slow_steps import slowed, step_delay_ms
 from .step_writer import StepWriter
 from .traced_outbox import TracedOutbox
 
@@ -37,13 +37,13 @@ log = logging.getLogger(__name__)
 PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
 
 
-def core_engine(loaded: LoadedModel, writer: StepWriter, step_delay_ms: int, outbox: Outbox | None = None) -> Engine:
+def core_engine(loaded: LoadedModel, writer: StepWriter, delay_ms: int, outbox: Outbox | None = None) -> Engine:
     """The engine of the core's process, delivering to `writer` (through `outbox`, which hands on to it,
     where one is given). The queue's bound is the front end's alone (requests in flight <= slots +
     --max-queue, core/client.py): this queue holds what the front end accepted. Slow readers are the
-    front end's too."""
+    front end's too. `delay_ms`: a test's brake on every step, which run_core read (slow_steps.py)."""
     limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0)
-    observer = slowed(writer.recorder, step_delay_ms)
+    observer = slowed(writer.recorder, delay_ms)
     return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer)
 
 
@@ -61,9 +61,10 @@ def traced(writer: StepWriter, config: CoreConfig, loaded: LoadedModel) -> tuple
     return TracedOutbox(writer, spans, lambda count: writer.recorder.record(SpansDropped(count))), tracing.shutdown
 
 
-def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
+def run_core(config: CoreConfig, path: str) -> None:
     """The engine core process's main: connect to the front end's socket at `path`, load, say Ready (or
-    Failed), then serve messages until Stop. `step_delay_ms`: a test's brake (slow_steps.py).
+    Failed), then serve messages until Stop. A test's brake on every step comes from this process's
+    environment (slow_steps.py), which it inherits from the front end.
 
     SIGINT and SIGTERM are ignored: a terminal's Ctrl-C and systemd's stop reach every process of the
     group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
@@ -73,6 +74,7 @@ def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
     channel = connect(path, INBOUND_DECODER)
     loading = time.monotonic()
     try:
+        delay = step_delay_ms()
         loaded = load_model(config)
     except (ModelDirError, ProviderError, StartupError) as e:
         channel.send(Failed(type(e).__name__, str(e)))
@@ -85,7 +87,7 @@ def run_core(config: CoreConfig, path: str, step_delay_ms: int = 0) -> None:
         return
     writer = StepWriter(channel, Recorder())
     outbox, end_tracing = traced(writer, config, loaded)
-    engine = core_engine(loaded, writer, step_delay_ms, outbox)
+    engine = core_engine(loaded, writer, delay, outbox)
     runner = loaded.runner
     slots = loaded.slots
     log.info(

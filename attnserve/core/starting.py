@@ -23,7 +23,7 @@ from ..tokenizer import Tokenizer
 from .client import EngineClient
 from .config import CoreConfig
 from .loading import load_model, load_tokenizer
-from .slow_steps import slowed
+from .slow_steps import slowed, step_delay_ms
 from .traced_outbox import TracedOutbox
 
 if TYPE_CHECKING:
@@ -49,18 +49,17 @@ def start_core(
     observer: EngineObserver,
     max_buffered: int,
     on_death: Callable[[str], None] | None = None,
-    step_delay_ms: int = 0,
     tracing: Tracing | None = None,
 ) -> StartedCore:
     """The engine core of `config.engine_core`, reporting to `observer`; raises ModelDirError,
     ProviderError or StartupError. `on_death`: called when a core process dies (never with a thread);
-    `step_delay_ms`: a test's brake on every step (slow_steps.py); `tracing`: the front end's, which a
-    core in a thread writes its spans with (a core process starts its own from config.traces)."""
+    `tracing`: the front end's, which a core in a thread writes its spans with (a core process starts
+    its own from config.traces). Either core reads a test's brake from its environment (slow_steps.py)."""
     if config.engine_core == "process":
         model_dir = Path(config.model)
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
         tokenizer = load_tokenizer(model_dir, manifest)
-        client = EngineClient(config, observer, max_buffered, on_death, step_delay_ms)
+        client = EngineClient(config, observer, max_buffered, on_death)
         ready = client.ready
         return StartedCore(
             client,
@@ -74,6 +73,7 @@ def start_core(
             ready.prefix_cache_bytes,
             client.pid,
         )
+    delay = step_delay_ms()
     loaded = load_model(config)
     limits = EngineLimits(loaded.capacity, config.max_queue, max_buffered)
     outbox = None
@@ -81,7 +81,7 @@ def start_core(
         from ..tracing.core_spans import CoreSpans
 
         outbox = TracedOutbox(LoopOutbox(), CoreSpans(tracing, config.prefill_chunk, loaded.runner.manifest.seq2seq))
-    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, step_delay_ms), outbox)
+    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, delay), outbox)
     runner = loaded.runner
     return StartedCore(
         engine,

@@ -11,13 +11,11 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from ..flags import add_field_flags, flag, flag_name, shown
 from ..server.config import ServerConfig
-from ..server.test_switches import TestSwitches
 
 APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --app-name: sent as `application` metadata
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
@@ -71,7 +69,6 @@ class RayServeConfig:
     """One Ray Serve application of attnserve; every field with help is an `attnserve ray-serve` flag."""
 
     replica: ServerConfig  # each replica's server; its host, port and TLS are unused (Ray's proxy listens)
-    switches: TestSwitches  # each replica's, a test's (read from the environment; no flags)
     address: str | None = field(
         default=None,
         metadata=flag("Ray cluster to join: auto, or the head's HOST:PORT", unset="start a local head"),
@@ -120,14 +117,14 @@ class RayServeConfig:
         add_field_flags(parser, cls)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RayServeConfig:
-        """From add_cli_args' namespace (and the replicas' test-only switches in `environ`)."""
+    def from_args(cls, args: argparse.Namespace) -> RayServeConfig:
+        """From add_cli_args' namespace."""
         replica = ServerConfig(
             **{name: getattr(args, name) for name in REPLICA_FIELDS},
             engine_core="thread",  # a replica is a Ray actor process: its engine runs in a thread of it
         )
         own = {f.name: getattr(args, f.name) for f in fields(cls) if "help" in f.metadata}
-        return cls(replica=replica, switches=TestSwitches.from_environ(environ), **own)
+        return cls(replica=replica, **own)
 
     @property
     def max_ongoing_requests(self) -> int:

@@ -1,12 +1,13 @@
 """The Ray Serve replica: one attnserve engine, the attnserve.v1 and grpc.health.v1 RPCs as methods.
 
 Ray's gRPC proxy calls a replica's method named like the RPC, with the request message and a
-RayServegRPCContext. Each replica is a Server built as `attnserve serve` builds it (model
-directory checked, ONNX Runtime session, tokenizer, KV arena, engine, one warm-up generation)
-that binds no port; its RPCs go through the unchanged TextGenerationServicer inside the server's
-own error boundary, so validation, limits, error codes, the stream interval and streaming are
-those of a direct server. Ray starts routing to a replica once its constructor (the warm-up
-included) has returned, and calls check_health() every --health-check-period seconds.
+RayServegRPCContext. Each replica is a Server built and started as `attnserve serve` builds and
+starts it (model directory checked, ONNX Runtime session, tokenizer, KV arena, engine, one warm-up
+generation: Server.start), except that it binds no port; its RPCs go through the server's own
+TextGenerationServicer inside the server's own error boundary, so validation, limits, error codes,
+the stream interval and streaming are those of a direct server. Ray starts routing to a replica
+once its constructor (the warm-up included) has returned, and calls check_health() every
+--health-check-period seconds.
 """
 
 from __future__ import annotations
@@ -28,9 +29,6 @@ from ..engine.engine import EngineObserver, ForwardingObserver
 from ..health.v1 import health_pb2
 from ..server.app import SERVICE, Server
 from ..server.config import ServerConfig
-from ..server.grpc_v1.servicer import TextGenerationServicer
-from ..server.health import SERVING
-from ..server.test_switches import TestSwitches
 from ..v1 import generation_pb2 as pb
 from .context import RayContext
 
@@ -61,19 +59,15 @@ class StepClock(ForwardingObserver):
 class TextGeneration:
     """One replica: a warmed-up engine behind attnserve.v1.TextGeneration and grpc.health.v1."""
 
-    async def __init__(self, config: ServerConfig, switches: TestSwitches):  # type: ignore[misc]  # Ray awaits it
+    async def __init__(self, config: ServerConfig):  # type: ignore[misc]  # Ray awaits it
         """Load and warm up; an error fails the replica's start, which Ray reports and retries."""
-        self.server = server = Server(config, observers=[StepClock], switches=switches)
+        self.server = server = Server(config, observers=[StepClock])
         assert isinstance(server.observer, StepClock), "the outermost observer is the last one given"
         self.clock = server.observer
-        self.servicer = TextGenerationServicer(server.engine, server.limits, server.tokenizer, server.info)
+        self.servicer = server.servicers.v1
         self.door = server.front_door()
         self.replica = serve.get_replica_context().replica_id.unique_id
-        server.engine.start()
-        await server.warm_up()
-        for service in HEALTH_SERVICES:
-            await server.health.set(service, SERVING)
-        server.serving = True
+        await server.start(listen=False, health_services=HEALTH_SERVICES)  # Ray's proxies are the doors
         log.info("replica %s serving %s, %d slots", self.replica, server.info.model_name, server.max_batch)
 
     def context(self, grpc_context: Any) -> grpc.aio.ServicerContext:

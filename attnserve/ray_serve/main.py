@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
@@ -62,7 +61,7 @@ def deploy(config: RayServeConfig) -> None:
 
     deployment = serve.deployment(name=DEPLOYMENT_NAME, **config.deployment_options())(TextGeneration)
     model = str(Path(config.replica.model).resolve())  # replicas need not share this process's directory
-    app = deployment.bind(dataclasses.replace(config.replica, model=model), config.switches)
+    app = deployment.bind(dataclasses.replace(config.replica, model=model))
     serve.run(app, name=config.app_name, route_prefix=f"/{config.app_name}")  # Ray routes only apps with one
 
 
@@ -99,7 +98,7 @@ def main(args) -> int:
     """CLI entry of `attnserve ray-serve`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        config = RayServeConfig.from_args(args, os.environ)
+        config = RayServeConfig.from_args(args)
         config.check()
         config.replica.check_files()
     except ValueError as e:

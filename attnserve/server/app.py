@@ -2,137 +2,73 @@
 
 Start-up: model directory (sha256-verified) -> ONNX Runtime session on the provider asked for ->
 engine -> grpc.aio server with health (NOT_SERVING), optional reflection, TLS or mTLS, auth ->
-a warm-up generation -> SERVING. Anything that prevents serving ends the process with a one-line
-reason and a non-zero exit. SIGTERM: health NOT_SERVING, new calls UNAVAILABLE, in-flight
+a warm-up generation -> SERVING. Server's parts are built by assembly.py's functions, and Ray Serve's
+replicas start through the same Server.start. Anything that prevents serving ends the process with a
+one-line reason and a non-zero exit. SIGTERM: health NOT_SERVING, new calls UNAVAILABLE, in-flight
 requests get --drain-timeout seconds to finish, then exit 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
-import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from types import ModuleType
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import grpc
-from google.protobuf import descriptor_pool
-from google.protobuf.runtime_version import VersionError
 
 from ..core.loading import StartupError
 from ..core.log_lines import configure_logging
 from ..core.starting import StartedCore, start_core
-from ..engine.domain import Final, GenerationRequest, StreamInterval
+from ..engine.domain import Final, GenerationRequest
 from ..engine.engine import EngineObserver
-from ..health.v1 import health_pb2, health_pb2_grpc
-from ..inference import grpc_service_pb2 as oip_pb
-from ..inference import grpc_service_pb2_grpc as oip_grpc
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError
-from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError, read_chat_template
-from ..tracing.current import LoggedTraces, Traces
-from ..tracing.settings import TraceSettings
-from ..v1 import generation_pb2 as pb
-from ..v1 import generation_pb2_grpc as pb_grpc
+from .assembly import (
+    SERVICE,
+    add_servicers,
+    call_boundary,
+    channel_options,
+    chat_template,
+    enable_reflection,
+    interceptor_chain,
+    model_description,
+    model_facts,
+    observer_chain,
+    read_token,
+    report_core,
+    request_limits,
+    request_traces,
+    server_credentials,
+    servicers,
+    start_tracing,
+)
 from .config import ServerConfig
-from .grpc_boundary.auth import AuthInterceptor
-from .grpc_boundary.boundary import BoundaryInterceptor
 from .grpc_boundary.per_method import PerMethod
-from .grpc_boundary.request_bytes import DecodeInterceptor
 from .grpc_boundary.slow_readers import WriteWatch
 from .grpc_oip.servicer import SERVICE as OIP_SERVICE
-from .grpc_oip.servicer import InferenceServicer
-from .grpc_v1.model_info import ModelFacts, model_info
-from .grpc_v1.servicer import TextGenerationServicer
 from .health import NOT_SERVING, SERVING, HealthServicer
-from .health import SERVICE as HEALTH_SERVICE
 from .http_openai.door import HttpFacts, OpenAIFrontDoor
 from .http_serving import HttpServer
 from .metrics import Metrics
-from .session.validation import RequestLimits
 from .stats_log import StatsLog
-from .test_switches import TEST_LEAK_VARIABLE, TEST_STEP_DELAY_VARIABLE, TestSwitches
 
 if TYPE_CHECKING:
     from ..tracing.exporting import Tracing
 
 log = logging.getLogger(__name__)
 
-SERVICE = pb.DESCRIPTOR.services_by_name["TextGeneration"].full_name
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
 WARMUP_TIMEOUT_S = 120.0
 # Why attnserve.v1 and Open Inference Protocol calls get UNAVAILABLE (health says NOT_SERVING then)
 STARTING = "the server is starting (its warm-up generation runs); retry once its health says SERVING"
 DRAINING = "the server is draining (shutting down); retry on another replica"
-# While a connection has calls open, the server pings its client every KEEPALIVE_S and closes it when
-# no answer comes within KEEPALIVE_TIMEOUT_S: a peer that vanished without closing TCP frees its calls.
-KEEPALIVE_S, KEEPALIVE_TIMEOUT_S = 60, 20
-NO_SWITCHES = TestSwitches()  # a server outside the tests
-
-
-def read_token(path: str) -> str:
-    try:
-        token = Path(path).read_text().strip()
-    except OSError as e:
-        raise StartupError(f"--auth-token-file {path}: {e.strerror}") from None
-    if not token:
-        raise StartupError(f"--auth-token-file {path} is empty")
-    return token
-
-
-def server_credentials(cert_file: str, key_file: str, client_ca_file: str | None) -> grpc.ServerCredentials:
-    """TLS from --tls-cert/--tls-key; with --tls-client-ca, clients must present a certificate (mTLS)."""
-    try:
-        key, cert = Path(key_file).read_bytes(), Path(cert_file).read_bytes()
-        ca = Path(client_ca_file).read_bytes() if client_ca_file else None
-    except OSError as e:
-        raise StartupError(f"TLS file {e.filename}: {e.strerror}") from None
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
-
-
-def enable_reflection(server: grpc.aio.Server) -> None:
-    """--reflection: grpcio-reflection, imported only here, so that a host whose copy cannot import
-    (its generated code follows one protobuf major version) serves without it."""
-    try:
-        from grpc_reflection.v1alpha import reflection, reflection_pb2
-    except (ImportError, VersionError) as e:
-        raise StartupError(f"--reflection needs grpcio-reflection, which does not import here: {e}") from None
-    names = (SERVICE, OIP_SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME)
-    protocols = (pb, oip_pb, health_pb2, reflection_pb2)
-    reflection.enable_server_reflection(names, server, pool=descriptor_pool_of(protocols))
-
-
-def descriptor_pool_of(modules: tuple[ModuleType, ...]) -> descriptor_pool.DescriptorPool:
-    """One pool with every generated module's file, for reflection to describe each service it lists:
-    attnserve.v1 lives in protobuf's default pool, the Open Inference Protocol and health in pools of
-    their own (protos/generate.py says why), which the reflection servicer would not see."""
-    pool = descriptor_pool.DescriptorPool()
-    for module in modules:
-        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
-    return pool
-
-
-def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
-    """gRPC core's limits per connection: streams, age, and keepalive pings that find dead peers."""
-    options = [
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_concurrent_streams", config.max_concurrent_streams),
-        ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
-    ]
-    if config.max_connection_age is not None:
-        options += [
-            ("grpc.max_connection_age_ms", int(config.max_connection_age * 1000)),
-            ("grpc.max_connection_age_grace_ms", int(config.drain_timeout * 1000)),
-        ]
-    return options
 
 
 class Server:
@@ -142,106 +78,42 @@ class Server:
         self,
         config: ServerConfig,
         observers: Sequence[Callable[[EngineObserver], EngineObserver]] = (),
-        switches: TestSwitches = NO_SWITCHES,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ):
-        """Start the engine core; raises ModelDirError, ProviderError or StartupError. `observers` wrap
-        the server's metrics as the engine's observer, innermost first (Ray Serve's step clock, a
-        test's pacer): `observer` is the outermost; `switches` are a test's (test_switches.py)."""
+        """Start the engine core and build the parts over it (assembly.py); raises ModelDirError,
+        ProviderError or StartupError. `observers` wrap the server's metrics as the engine's observer,
+        innermost first (Ray Serve's step clock, a test's pacer): `observer` is the outermost;
+        `interceptors` join the gRPC chain inside the boundary and the token check (a test's leak)."""
         self.config = config
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.metrics = Metrics()
         self.tracing = start_tracing(config.traces(), self.metrics)
+        self.observer = observer_chain(self.metrics, observers)
         self.died: str | None = None  # why the engine core's process is gone
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.observer: EngineObserver = self.metrics
-        for wrap in observers:
-            self.observer = wrap(self.observer)
-        core = start_core(
-            config.core(),
-            self.observer,
-            config.stream_buffer_events,
-            self._core_died,
-            switches.step_delay_ms,
-            self.tracing,
-        )
-        try:
-            self._describe(core, switches)
-        except BaseException:  # the core runs (a process, or a thread): a start-up that fails stops it
-            core.engine.stop()
-            self.metrics.close()
-            if self.tracing is not None:
-                self.tracing.shutdown()
-            raise
-
-    def _describe(self, core: StartedCore, switches: TestSwitches) -> None:
-        """The started core's model: limits, model info, metrics and the call boundary."""
-        config = self.config
-        self.engine, self.tokenizer = core.engine, core.tokenizer
-        self.max_batch = core.capacity
-        self.kv_cache_bytes, self.prefix_cache_bytes = core.kv_cache_bytes, core.prefix_cache_bytes
-        self.metrics.watch_core(core.pid)
-        self.facts = facts = ModelFacts(
-            core.model_dir, core.manifest, core.provider, core.provider_note, config.served_model_name
-        )
-        m = facts.manifest
-        cap = min(config.max_new_tokens_cap, m.context_length - 1)
-        if cap < config.max_new_tokens_cap:
-            log.log(
-                logging.INFO if config.max_new_tokens_cap == ServerConfig.max_new_tokens_cap else logging.WARNING,
-                "--max-new-tokens-cap %d is more than a %d-position context leaves: requests may ask for at most %d",
-                config.max_new_tokens_cap,
-                m.context_length,
-                cap,
+        core = start_core(config.core(), self.observer, config.stream_buffer_events, self._core_died, self.tracing)
+        with stopped_on_failure(core, self.metrics, self.tracing):
+            self.engine, self.tokenizer, self.max_batch = core.engine, core.tokenizer, core.capacity
+            self.kv_cache_bytes, self.prefix_cache_bytes = core.kv_cache_bytes, core.prefix_cache_bytes
+            self.facts = model_facts(core, config.served_model_name)
+            self.limits = request_limits(config, core.manifest, core.tokenizer, core.capacity)
+            self.info = model_description(self.facts, core, self.limits, config.max_queue)
+            report_core(self.metrics, self.facts, core, config.engine_core)
+            self.traces = request_traces(
+                self.tracing, self.facts.name, config.log_requests, config.log_format == "json"
             )
-        self.limits = RequestLimits(
-            m.context_length,
-            m.vocab_size,
-            cap,
-            encoder_decoder=m.seq2seq,
-            max_token_bytes=max(self.tokenizer.byte_lengths()),
-            bos_prepended=self.tokenizer.add_bos,
-            stream_interval=StreamInterval(config.stream_interval_tokens, config.stream_interval_ms),
-            max_n=min(RequestLimits.max_n, self.max_batch),
-        )
-        self.metrics.describe_model(facts.name, facts.provider, m.dtype, m.quantization or "")
-        self.metrics.kv_cache_bytes.set(self.kv_cache_bytes)
-        self.metrics.prefix_cache_capacity.set(self.prefix_cache_bytes)
-        log.info(
-            "KV cache: %s, %d slots of %d positions, %s bytes; prefix cache %s bytes; engine core in a %s",
-            m.kv_cache,
-            self.max_batch,
-            m.context_length,
-            f"{self.kv_cache_bytes:,}",
-            f"{self.prefix_cache_bytes:,}",
-            config.engine_core,
-        )
-        self.info = model_info(
-            facts,
-            self.tokenizer,
-            self.limits,
-            self.max_batch,
-            config.max_queue,
-            self.kv_cache_bytes,
-            self.prefix_cache_bytes,
-        )
-        self.health = HealthServicer()
-        self.writes = WriteWatch(config.write_timeout)
-        self.boundary = BoundaryInterceptor(
-            self.metrics.count_request, self.metrics.track_in_flight, self.writes, switches.leak_bytes
-        )
-        self.traces = request_traces(self.tracing, facts.name, config.log_requests, config.log_format == "json")
-        self.boundary.traces = self.traces
-        self.handlers = PerMethod()  # the interceptors' handler of each method, built at its first call
-        self.watchdog: asyncio.Task | None = None
-        self.stats_task: asyncio.Task | None = None  # --log-stats-interval's
-        if switches.leak_bytes:
-            log.warning("TEST ONLY: every call leaks %d bytes ($%s)", switches.leak_bytes, TEST_LEAK_VARIABLE)
-        if switches.step_delay_ms:
-            log.warning(
-                "TEST ONLY: every engine step sleeps %d ms ($%s)", switches.step_delay_ms, TEST_STEP_DELAY_VARIABLE
+            self.writes = WriteWatch(config.write_timeout)
+            self.boundary = call_boundary(self.metrics, self.writes, self.traces)
+            self.handlers = PerMethod()  # the interceptors' handler of each method, built at its first call
+            self.interceptors = interceptor_chain(self.handlers, self.boundary, self.token, interceptors)
+            self.health = HealthServicer()
+            self.servicers = servicers(
+                self.engine, self.limits, self.tokenizer, self.info, lambda: self.serving, self.metrics.count_request
             )
         self.grpc: grpc.aio.Server | None = None
         self.http: HttpServer | None = None  # --http-port's OpenAI-compatible front door
+        self.watchdog: asyncio.Task | None = None
+        self.stats_task: asyncio.Task | None = None  # --log-stats-interval's
         self.stopped = asyncio.Event()  # SIGTERM or SIGINT (serve() sets it), or the engine core died
         self.port = self.metrics_port = 0
         self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady
@@ -252,23 +124,32 @@ class Server:
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.stopped.set)
 
-    async def start(self) -> None:
-        """Bind, serve health as NOT_SERVING, warm up, then SERVING."""
+    async def start(self, listen: bool = True, health_services: Sequence[str] = HEALTH_SERVICES) -> None:
+        """Bind the doors (health NOT_SERVING, calls refused), start the engine and what runs beside it,
+        warm up, then SERVING. `attnserve serve` and Ray Serve's replicas both start here; a replica
+        does not `listen` (Ray's proxies are its doors: ray_serve/deployment.py) and answers health for
+        the services Ray routes to it."""
         self.loop = asyncio.get_running_loop()
-        auth = [AuthInterceptor(self.token)] if self.token else []
-        interceptors = [self.handlers, self.boundary, *auth, DecodeInterceptor()]  # the outermost first
-        self.grpc = server = grpc.aio.server(interceptors=interceptors, options=channel_options(self.config))
-        pb_grpc.add_TextGenerationServicer_to_server(
-            TextGenerationServicer(self.engine, self.limits, self.tokenizer, self.info), server
-        )
-        oip_grpc.add_GRPCInferenceServiceServicer_to_server(
-            InferenceServicer(
-                self.engine, self.limits, self.tokenizer, self.info, lambda: self.serving, self.metrics.count_request
-            ),
-            server,
-        )
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        for service in HEALTH_SERVICES:
+        if listen:
+            await self._open_doors(health_services)
+        self.engine.start()
+        self._run_beside_engine()
+        if self.config.warmup:
+            self.metrics.counting = False  # the warm-up is not traffic: calls are refused until it ends
+            try:
+                await self.warm_up()
+            finally:
+                self.metrics.counting = True
+        for service in health_services:
+            await self.health.set(service, SERVING)
+        self.boundary.refusal = None
+        self.serving = True
+
+    async def _open_doors(self, health_services: Sequence[str]) -> None:
+        """The gRPC server (and --http-port's) bound and answering: health NOT_SERVING, calls refused."""
+        self.grpc = server = grpc.aio.server(interceptors=self.interceptors, options=channel_options(self.config))
+        add_servicers(server, self.servicers, self.health)
+        for service in health_services:
             await self.health.set(service, NOT_SERVING)
         if self.config.reflection:
             enable_reflection(server)
@@ -279,28 +160,21 @@ class Server:
         await server.start()
         if self.http is not None:
             await self.http.start()
-        self.engine.start()
+
+    def _run_beside_engine(self) -> None:
+        """The slow readers' watchdog, --log-stats-interval's lines and --metrics-port's server."""
+        config = self.config
         self.watchdog = asyncio.create_task(self.writes.run())
-        if self.config.log_stats_interval:
-            stats_log = StatsLog(self.metrics, self.engine.stats, self.config.log_stats_interval)
+        if config.log_stats_interval:
+            stats_log = StatsLog(self.metrics, self.engine.stats, config.log_stats_interval)
             self.stats_task = asyncio.create_task(stats_log.run())
-        if self.config.metrics_port is not None:
+        if config.metrics_port is not None:
             try:
-                self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
+                self.metrics_port = self.metrics.serve(config.host, config.metrics_port)
             except OSError as e:
                 raise StartupError(
-                    f"cannot serve metrics on {self.config.host}:{self.config.metrics_port}: {e.strerror}"
+                    f"cannot serve metrics on {config.host}:{config.metrics_port}: {e.strerror}"
                 ) from None
-        if self.config.warmup:
-            self.metrics.counting = False  # the warm-up is not traffic: calls are refused until it ends
-            try:
-                await self.warm_up()
-            finally:
-                self.metrics.counting = True
-        for service in HEALTH_SERVICES:
-            await self.health.set(service, SERVING)
-        self.boundary.refusal = None
-        self.serving = True
 
     def _bind(self, server: grpc.aio.Server) -> int:
         config = self.config
@@ -408,37 +282,17 @@ class Server:
             self.tracing.shutdown()
 
 
-def start_tracing(settings: TraceSettings | None, metrics: Metrics) -> Tracing | None:
-    """This process's tracing (None: off, and OpenTelemetry is not imported)."""
-    if settings is None:
-        return None
-    from ..tracing.exporting import Tracing
-
-    return Tracing(settings, "front_end", metrics.spans_dropped.labels(process="front_end").inc)
-
-
-def request_traces(
-    tracing: Tracing | None, model: str, log_requests: bool = False, log_ids: bool = False
-) -> Traces | None:
-    """What opens each call's trace at the doors: its span (tracing on), wrapped in a LoggedTrace where
-    the logs want the call: its line as it ends (`log_requests`), or its ids in JSON lines (`log_ids`;
-    a span has them already). None where nothing wants it: a call then costs nothing."""
-    traces: Traces | None = None
-    if tracing is not None:
-        from ..tracing.request import RequestTraces
-
-        traces = RequestTraces(tracing, model)
-    if log_requests or (log_ids and traces is None):
-        return LoggedTraces(traces, log_requests)
-    return traces
-
-
-def chat_template(model_dir: Path) -> ChatTemplate | None:
-    """The model directory's chat template, for /v1/chat/completions; StartupError if it does not compile."""
+@contextlib.contextmanager
+def stopped_on_failure(core: StartedCore, metrics: Metrics, tracing: Tracing | None) -> Iterator[None]:
+    """The core runs (a process, or a thread): a start-up that fails after it started stops it."""
     try:
-        return read_chat_template(model_dir)
-    except ChatTemplateError as e:
-        raise StartupError(f"{model_dir / 'tokenizer_config.json'}: {e}") from None
+        yield
+    except BaseException:
+        core.engine.stop()
+        metrics.close()
+        if tracing is not None:
+            tracing.shutdown()
+        raise
 
 
 def listen_problem(host: str, port: int, flag: str = "--port") -> str | None:
@@ -479,11 +333,11 @@ def startup_problem(config: ServerConfig) -> str | None:
     return problem
 
 
-async def serve(config: ServerConfig, switches: TestSwitches = NO_SWITCHES) -> int:
-    """Run until SIGTERM or SIGINT, then drain; the exit code."""
+async def serve(config: ServerConfig, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> int:
+    """Run until SIGTERM or SIGINT, then drain; the exit code. `interceptors`: Server's."""
     server = None
     try:
-        server = Server(config, switches=switches)
+        server = Server(config, interceptors=interceptors)
         await server.start()
     except (ModelDirError, ProviderError, StartupError) as e:
         if server is not None:
@@ -527,11 +381,10 @@ async def serve(config: ServerConfig, switches: TestSwitches = NO_SWITCHES) -> i
     return 0
 
 
-def main(args) -> int:
-    """CLI entry of `attnserve serve`."""
+def main(args, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> int:
+    """CLI entry of `attnserve serve` (`interceptors`: Server's; test_switches.py's leaking serve passes one)."""
     try:
         config = ServerConfig.from_args(args)
-        switches = TestSwitches.from_environ(os.environ)
     except ValueError as e:
         configure_logging("text")
         print(f"attnserve serve: error: {e}", file=sys.stderr)
@@ -541,4 +394,4 @@ def main(args) -> int:
     if problem is not None:
         print(f"attnserve serve: error: {problem}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(config, switches))
+    return asyncio.run(serve(config, interceptors))

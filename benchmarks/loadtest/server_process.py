@@ -28,9 +28,11 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         ready_timeout: float = 120.0,
         cwd: str | None = None,
+        entry: tuple[str, ...] = ("attnserve.cli", "serve"),
     ):
-        """`cwd`: the checkout whose attnserve runs (another tree's, for a before/after A/B)."""
-        command = [sys.executable, "-m", "attnserve.cli", "serve", "--model", model, "--host", "127.0.0.1"]
+        """`cwd`: the checkout whose attnserve runs (another tree's, for a before/after A/B); `entry`: the
+        module run with `python -m` and its first arguments (a test's leaking serve: soak.py)."""
+        command = [sys.executable, "-m", *entry, "--model", model, "--host", "127.0.0.1"]
         command += ["--port", "0", "--metrics-port", "0", *serve_args]
         self.proc = subprocess.Popen(
             command,

@@ -11,8 +11,9 @@ It passes when: no request ended with a status outside its behavior's set (clien
 server counted no INTERNAL or UNKNOWN; after the load, nothing is left in flight, in the batch or
 in the queue; the server's RSS grew by at most --rss-growth-limit-mb from the end of the warm-up
 (the first --warmup-fraction of the run; medians of up to 10 samples on each side) to the end; and the
-server drained and exited 0. It proves it can fail: --test-leak-bytes starts the server with the
-test-only leak (ATTNSERVE_TEST_LEAK_BYTES), and the RSS verdict catches it. The JSON report is the
+server drained and exited 0. It proves it can fail: --test-leak-bytes starts the server with a
+test-only leak passed in (attnserve/server/test_switches.py's LeakInterceptor), and the RSS verdict
+catches it. The JSON report is the
 last line on stdout (in --out with its Markdown report); exit code 0 on pass, 1 on fail.
 """
 
@@ -30,7 +31,6 @@ from array import array
 from typing import Any
 
 from attnserve.report_stamp import Stamp, write_report
-from attnserve.server.test_switches import TEST_LEAK_VARIABLE
 from benchmarks.loadtest.server_process import ServerProcess, by_label
 from benchmarks.loadtest.soak_report import summarize, write_plot
 
@@ -114,10 +114,16 @@ def settle(server: ServerProcess, timeout: float = 30.0) -> tuple[float, float, 
     return left
 
 
+def server_entry(leak_bytes: int) -> tuple[str, ...]:
+    """`attnserve serve`, or with --test-leak-bytes the same server with a LeakInterceptor passed in."""
+    if not leak_bytes:
+        return ("attnserve.cli", "serve")
+    return ("attnserve.server.test_switches", "--leak-bytes", str(leak_bytes))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    env = {TEST_LEAK_VARIABLE: str(args.test_leak_bytes)} if args.test_leak_bytes else None
     serve_args = ["--provider", "cpu", "--max-batch", str(args.max_batch), "--max-queue", str(4 * args.streams)]
-    server = ServerProcess(args.model, *serve_args, *args.serve_arg, env=env)
+    server = ServerProcess(args.model, *serve_args, *args.serve_arg, entry=server_entry(args.test_leak_bytes))
     rss: list[tuple[float, int]] = []
     gauges: list[tuple[float, float, float, float]] = []
     stop = threading.Event()

@@ -43,17 +43,14 @@ class BoundaryInterceptor(grpc.aio.ServerInterceptor):
         count: Callable[[str, str], None] | None = None,
         in_flight: Callable[[int], None] | None = None,
         writes: WriteWatch | None = None,
-        leak_bytes: int = 0,
     ):
         """`in_flight(+1 or -1)` as a served call starts and ends; `writes` times streamed writes
-        (--write-timeout); `leak_bytes`: test-only (server/test_switches.py)."""
+        (--write-timeout)."""
         self.count = count or (lambda *_: None)
         self.in_flight = in_flight or (lambda _: None)
         self.writes = writes
         self.refusal: str | None = None  # why new calls get UNAVAILABLE now (starting, draining); None: serving
         self.traces: Traces | None = None  # tracing on: each served call's span (--otlp-traces-endpoint)
-        self.leak_bytes = leak_bytes
-        self.leaked: list[bytes] = []
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -142,8 +139,6 @@ class _Boundary:
     async def __aexit__(self, kind, error, traceback) -> bool:
         if self.tracked:
             self.owner.in_flight(-1)
-            if self.owner.leak_bytes:
-                self.owner.leaked.append(b"\xa5" * self.owner.leak_bytes)
         code, message = self.classify(error)
         self.owner.count(self.method, code.name)
         self.trace.end(code.name, message, {"rpc.grpc.status_code": code.value[0]})
