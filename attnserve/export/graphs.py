@@ -72,7 +72,7 @@ class ArenaDecoderGraph(nn.Module):
             attention, rope = InPlaceAttention(attention_mask, tables), None
         else:
             attention, rope = InPlaceAttention(attention_mask), self.model.rope(position_ids)
-        logits, present = self.model.run_layers(x, attention, pairs(past), rope)
+        logits, present = self.model.run_layers(x, None, pairs(past), rope, cache=attention)
         return (logits, *flatten(present), greedy_tokens(logits))
 
 
@@ -128,7 +128,12 @@ class ArenaSeq2SeqDecoderGraph(nn.Module):
         n = 2 * self.model.config.n_layers
         x = self.model.embedding(input_ids, position_ids)  # (B, T, d_model)
         logits, present = self.model.run_layers(
-            x, InPlaceAttention(attention_mask), pairs(caches[:n]), pairs(caches[n:]), encoder_attention_mask
+            x,
+            None,
+            pairs(caches[:n]),
+            pairs(caches[n:]),
+            encoder_attention_mask,
+            cache=InPlaceAttention(attention_mask),
         )
         return (logits, *flatten(present))
 

@@ -143,13 +143,19 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         return self.attend_heads(self.split_heads(self.w_q(x)), k, v, mask, keep_weights)
 
-    def forward(self, x: torch.Tensor, mask, past: tuple[torch.Tensor, torch.Tensor] | None = None, rope=None):
-        """Self-attention over past + x; returns (output, present) with present (B, H_kv, P+T, D).
-
-        `mask` is the additive mask, or a CacheAttention that does the attention itself (the
-        export's in-place cache, where past and present are one buffer)."""
-        if isinstance(mask, CacheAttention):
-            return mask(self, x, past, rope)
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: tuple[torch.Tensor, torch.Tensor] | None = None,
+        rope=None,
+        cache: CacheAttention | None = None,
+    ):
+        """Self-attention over past + x under the additive `mask`; returns (output, present) with present
+        (B, H_kv, P+T, D). A `cache` strategy does the attention itself instead (the export's in-place
+        cache, where past and present are one buffer and the mask is its own)."""
+        if cache is not None:
+            return cache(self, x, past, rope)
         q, k, v = self.project(x, rope)
         if past is not None:
             k = torch.cat([past[0], k], dim=2)

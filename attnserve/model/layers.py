@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention, Rope
+from .attention import CacheAttention, MultiHeadAttention, Rope
 from .config import ModelConfig
 
 KV = tuple[torch.Tensor, torch.Tensor]
@@ -135,14 +135,16 @@ class DecoderLayer(Residuals):
     def forward(
         self,
         x: torch.Tensor,
-        mask: torch.Tensor,
+        mask: torch.Tensor | None,
         past: KV | None = None,
         cross_kv: KV | None = None,
         cross_mask: torch.Tensor | None = None,
         keep_weights: bool = False,
         rope: Rope | None = None,
+        cache: CacheAttention | None = None,
     ) -> tuple[torch.Tensor, KV]:
-        attn, present = self.self_attn(self.into(self.ln_1, x), mask, past, rope)
+        """One decoder layer; its self-attention under `mask`, or done by the `cache` strategy (export's)."""
+        attn, present = self.self_attn(self.into(self.ln_1, x), mask, past, rope, cache)
         x = self.out(self.ln_1, x + self.dropout(attn))
         if self.cross_attn is not None:
             assert cross_kv is not None and self.ln_2 is not None, "cross-attention needs the source's keys, values"

@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from .attention import Rope, causal_mask
+from .attention import CacheAttention, Rope, causal_mask
 from .config import ModelConfig
 from .layers import KV, BlockOptions, DecoderLayer
 from .positional import RotaryEmbedding, positional_encoding
@@ -100,11 +100,19 @@ class DecoderLM(nn.Module):
         mask = causal_mask(attention_mask, t, x.dtype)  # (B, 1, T, P+T)
         return self.run_layers(x, mask, past, self.rope(position_ids))
 
-    def run_layers(self, x: torch.Tensor, mask, past: list[KV], rope: Rope | None = None):
-        """The decoder stack over embedded tokens: (logits (B, T, V), present per layer)."""
+    def run_layers(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: list[KV],
+        rope: Rope | None = None,
+        cache: CacheAttention | None = None,
+    ):
+        """The decoder stack over embedded tokens: (logits (B, T, V), present per layer); self-attention
+        under `mask`, or done by the `cache` strategy (the export's in-place cache)."""
         present = []
         for layer, layer_past in zip(self.layers, past):
-            x, kv = layer(x, mask, layer_past, rope=rope)
+            x, kv = layer(x, mask, layer_past, rope=rope, cache=cache)
             present.append(kv)
         h = self.ln_f(x)
         return self.embedding.logits(h, self.lm_head), present

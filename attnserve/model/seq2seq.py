@@ -12,7 +12,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from .attention import causal_mask, padding_mask
+from .attention import CacheAttention, causal_mask, padding_mask
 from .config import ModelConfig
 from .layers import KV, BlockOptions, DecoderLayer, EncoderLayer
 from .lm import TokenEmbedding, default_positions, empty_past
@@ -79,13 +79,21 @@ class EncoderDecoder(nn.Module):
         return self.run_layers(x, mask, past, cross, src_mask, keep_weights)
 
     def run_layers(
-        self, x: torch.Tensor, mask, past: list[KV], cross: list[KV], src_mask: torch.Tensor, keep_weights: bool = False
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        past: list[KV],
+        cross: list[KV],
+        src_mask: torch.Tensor,
+        keep_weights: bool = False,
+        cache: CacheAttention | None = None,
     ):
-        """The decoder stack over embedded target tokens: (logits (B, T, V), present self-attention cache)."""
+        """The decoder stack over embedded target tokens: (logits (B, T, V), present self-attention cache);
+        self-attention under `mask`, or done by the `cache` strategy (the export's in-place cache)."""
         cross_mask = padding_mask(src_mask, x.dtype)  # (B, 1, 1, S)
         present = []
         for layer, layer_past, kv in zip(self.layers, past, cross):
-            x, layer_present = layer(x, mask, layer_past, kv, cross_mask, keep_weights)
+            x, layer_present = layer(x, mask, layer_past, kv, cross_mask, keep_weights, cache=cache)
             present.append(layer_present)
         return self.embedding.logits(self.ln_f(x), self.lm_head), present
 

@@ -17,7 +17,8 @@ from typing import Any
 
 EXPORTER = "torch.onnx.export(dynamo=True)"  # the one exporter we use, stated once
 OPSET = 18
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # version 2 names its kv_cache always; version 1 (still read) left concat out
+READABLE_VERSIONS = (1, FORMAT_VERSION)
 
 DECODER_ONLY, ENCODER_DECODER = "decoder", "encoder-decoder"  # the manifest's "architecture"
 ARCHITECTURES = (DECODER_ONLY, ENCODER_DECODER)
@@ -277,7 +278,10 @@ class Manifest:
         """Raises KeyError, TypeError or ValueError on a malformed object (read_manifest names the file)."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in raw.items() if k in known}
-        values.setdefault("kv_cache", KV_CONCAT)  # directories exported before the arena
+        if raw.get("format_version") == 1:
+            values.setdefault("kv_cache", KV_CONCAT)  # version 1: directories exported before the arena
+        elif "kv_cache" not in values:
+            raise KeyError("kv_cache")
         values["providers"] = tuple(values.get("providers") or providers_for(values["dtype"], values["kv_cache"]))
         values["graphs"] = {
             role: GraphSpec(g["file"], tuple(g["inputs"]), tuple(g["outputs"])) for role, g in raw["graphs"].items()
@@ -349,9 +353,10 @@ def read_manifest(model_dir: str | Path, verify: bool = True) -> Manifest:
         raw = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ModelDirError(f"{path} is not valid JSON ({e.__class__.__name__})") from None
-    if not isinstance(raw, dict) or raw.get("format_version") != FORMAT_VERSION:
+    if not isinstance(raw, dict) or raw.get("format_version") not in READABLE_VERSIONS:
         version = raw.get("format_version") if isinstance(raw, dict) else None
-        raise ModelDirError(f"{path}: format_version {version!r}, expected {FORMAT_VERSION}")
+        readable = " or ".join(map(str, READABLE_VERSIONS))
+        raise ModelDirError(f"{path}: format_version {version!r}, expected {readable}")
     try:
         manifest = Manifest.from_dict(raw)
         problems = manifest.problems()
