@@ -249,6 +249,14 @@ def stub(server):
     wait_until(lambda: idle(server.engine), what="the shared server to go idle")
 
 
+@pytest.fixture(scope="module")
+def chat_server(chat_model_dir):
+    """The chat model (fixtures_export.py) served with its OpenAI-compatible door, one per test module."""
+    running = start_server(chat_model_dir, http_port=0)
+    yield running
+    running.stop()
+
+
 @pytest.fixture(scope="session")
 def reference_model(tiny_checkpoint):
     """The PyTorch model the tiny model directory was exported from (tests may import torch)."""

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx2 as httpx  # the HTTP library of the openai client pinned in [dev]
 import pytest
-from fixtures_server import ServeProcess, idle, start_server, wait_until
+from fixtures_server import ServeProcess, idle, wait_until
 
 from attnserve.server.http_openai.body import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH
 from attnserve.server.http_openai.request import MAX_CHAT_MESSAGES
@@ -32,13 +32,6 @@ DEFAULT_BODY_LIMIT = 4 * 2**20  # --http-max-body-bytes' default, as gRPC's larg
 ROOMY_BODY_LIMIT = 32 * 2**20  # a server whose body limit lets a 16 MB chat reach the chat's own bounds
 MB = 2**20
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def chat_server(chat_model_dir):
-    running = start_server(chat_model_dir, http_port=0)
-    yield running
-    running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 from fixtures_export import CHAT_TEMPLATE
-from fixtures_server import idle, start_server, wait_until
+from fixtures_server import idle, wait_until
 
 from attnserve.engine.domain import InvalidRequest
 from attnserve.export.onnx_export import ExportError, export_checkpoint
@@ -27,13 +27,6 @@ TEMPLATE = CHAT_TEMPLATE  # the shared chat model's (fixtures_export.py)
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "The list"}]
 RENDERED = "System: Be brief.\nUser: The list\nAssistant:"  # TEMPLATE applied to MESSAGES, by hand
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def chat_server(chat_model_dir):
-    running = start_server(chat_model_dir, http_port=0)
-    yield running
-    running.stop()
 
 
 @pytest.fixture
