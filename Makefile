@@ -34,13 +34,17 @@ $(PB7_STAMP): pyproject.toml
 	$(PB7_VENV)/bin/python -m pip install -q --upgrade -e '.[cpu]' 'protobuf>=7'
 	touch $(PB7_STAMP)
 
+# The suite in two workers (pytest-xdist), each test file whole on one of them; the models the fixtures
+# train, import and export are built once and shared (tests/built_once.py). Alone it kept one core of
+# two busy (docs/reports/test-suite.md). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(GENAI_STAMP) $(PB7_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-# The edit loop's lane (about 25 s): the tests that train, import or serve no model (the engine over
+# The edit loop's lane (about 20 s): the tests that train, import or serve no model (the engine over
 # its fake runner, tokenizers, clients, the docs, the layering), stopping at the first failure.
 test-fast: $(STAMP)
-	$(PY) -m pytest -m fast -x -q
+	$(PY) -m pytest -m fast -x -q -n $(TEST_WORKERS)
 
 # The habits as tools (configured in pyproject.toml): ruff's lint and format check, then mypy.
 lint: $(STAMP)

@@ -1,7 +1,9 @@
-"""Runs `attnserve` command lines one after another in this one process, for tests/test_refusals.py:
-importing a subcommand's code once (torch takes a second) instead of once per command line.
+"""Runs `attnserve` command lines one after another in this one process, for the tests of the
+command's refusals (test_refusals.py, test_export.py, test_attention_map.py): importing a
+subcommand's code once (torch takes a second) instead of once per command line.
 
     python tests/cli_driver.py RUNS.json RESULTS.json
+    run_in_one_process(argvs, workdir)      # from a test: the same, in a fresh Python process
 
 RUNS.json holds {"argvs": [[...], ...], "tripwires": ["module:function", ...], "timeout": seconds}.
 Each command line's stdout and stderr are caught at their file descriptors (so that log handlers,
@@ -18,9 +20,11 @@ import importlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 import traceback
+from pathlib import Path
 
 
 class WorkStarted(Exception):
@@ -72,6 +76,15 @@ def run(argv: list[str], timeout: int) -> dict:
         out.seek(0)
         err.seek(0)
         return {"rc": rc, "stdout": out.read().decode(errors="replace"), "stderr": err.read().decode(errors="replace")}
+
+
+def run_in_one_process(argvs: list[list[str]], workdir: Path, tripwires=(), timeout: int = 60) -> list[dict]:
+    """Each command line's {"rc", "stdout", "stderr"}, all run by one fresh Python process (this file)."""
+    runs, results = workdir / "runs.json", workdir / "results.json"
+    argvs = [[str(a) for a in argv] for argv in argvs]
+    runs.write_text(json.dumps({"argvs": argvs, "tripwires": list(tripwires), "timeout": timeout}))
+    subprocess.run([sys.executable, __file__, str(runs), str(results)], check=True, timeout=600)
+    return json.loads(results.read_text())
 
 
 def main(runs_path: str, results_path: str) -> None:

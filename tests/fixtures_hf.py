@@ -5,6 +5,7 @@ attnserve and exported, each once."""
 from __future__ import annotations
 
 import pytest
+from built_once import built_once
 
 from benchmarks.hf_checkpoints import save_hf
 
@@ -14,13 +15,13 @@ FAMILIES = ("gpt2", "llama", "qwen2", "mistral")
 @pytest.fixture(scope="session")
 def gpt2_dir(tmp_path_factory):
     """A Hugging Face GPT-2 checkpoint directory: config.json, model.safetensors, tokenizer.json, ..."""
-    return save_hf(tmp_path_factory.mktemp("hf") / "gpt2-tiny", "gpt2")
+    return built_once(tmp_path_factory, "hf/gpt2-tiny", lambda out: save_hf(out, "gpt2"))
 
 
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory):
     """A Hugging Face Llama checkpoint directory (grouped KV heads, an untied head, BOS first)."""
-    return save_hf(tmp_path_factory.mktemp("hf") / "llama-tiny", "llama")
+    return built_once(tmp_path_factory, "hf/llama-tiny", lambda out: save_hf(out, "llama"))
 
 
 @pytest.fixture(scope="session", params=FAMILIES)
@@ -28,7 +29,7 @@ def hf_dir(request, tmp_path_factory, gpt2_dir, llama_dir):
     """A checkpoint directory of each family in turn."""
     made = {"gpt2": gpt2_dir, "llama": llama_dir}
     family = request.param
-    return made.get(family) or save_hf(tmp_path_factory.mktemp("hf") / f"{family}-tiny", family)
+    return made.get(family) or built_once(tmp_path_factory, f"hf/{family}-tiny", lambda out: save_hf(out, family))
 
 
 @pytest.fixture(scope="session")
@@ -36,9 +37,7 @@ def hf_checkpoint(hf_dir, tmp_path_factory):
     """runs/NAME/checkpoint.pt of the imported directory; its proof against transformers has passed."""
     from attnserve.model.hf.import_cli import run
 
-    out = tmp_path_factory.mktemp("runs") / hf_dir.name
-    run(hf_dir, out, steps=64)
-    return out / "checkpoint.pt"
+    return built_once(tmp_path_factory, f"runs/{hf_dir.name}", lambda out: run(hf_dir, out, steps=64)) / "checkpoint.pt"
 
 
 @pytest.fixture(scope="session")
@@ -46,9 +45,8 @@ def hf_model_dir(hf_checkpoint, tmp_path_factory):
     """The imported model exported (float32, the arena); the export's parity gate has passed."""
     from attnserve.export.onnx_export import export_checkpoint
 
-    out = tmp_path_factory.mktemp("models") / hf_checkpoint.parent.name
-    export_checkpoint(hf_checkpoint, out)
-    return out
+    name = f"models/{hf_checkpoint.parent.name}"
+    return built_once(tmp_path_factory, name, lambda out: export_checkpoint(hf_checkpoint, out))
 
 
 @pytest.fixture(scope="session")
@@ -57,7 +55,7 @@ def marian_dir(tmp_path_factory):
     config.json, model.safetensors, source.spm, target.spm, vocab.json, trained and drawn here."""
     from benchmarks.hf_checkpoints import save_marian
 
-    return save_marian(tmp_path_factory.mktemp("hf") / "marian-tiny")
+    return built_once(tmp_path_factory, "hf/marian-tiny", save_marian)
 
 
 @pytest.fixture(scope="session")
@@ -65,9 +63,8 @@ def marian_checkpoint(marian_dir, tmp_path_factory):
     """runs/NAME/checkpoint.pt of the imported Marian directory; its proof against transformers has passed."""
     from attnserve.model.hf.import_cli import run
 
-    out = tmp_path_factory.mktemp("runs") / marian_dir.name
-    run(marian_dir, out, steps=64)
-    return out / "checkpoint.pt"
+    name = f"runs/{marian_dir.name}"
+    return built_once(tmp_path_factory, name, lambda out: run(marian_dir, out, steps=64)) / "checkpoint.pt"
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +72,5 @@ def marian_model_dir(marian_checkpoint, tmp_path_factory):
     """The imported Marian model exported (float32, the arena); its parity gate has passed."""
     from attnserve.export.onnx_export import export_checkpoint
 
-    out = tmp_path_factory.mktemp("models") / marian_checkpoint.parent.name
-    export_checkpoint(marian_checkpoint, out)
-    return out
+    name = f"models/{marian_checkpoint.parent.name}"
+    return built_once(tmp_path_factory, name, lambda out: export_checkpoint(marian_checkpoint, out))

@@ -1,7 +1,10 @@
 """Session fixtures for the encoder-decoder path: a `tiny-seq2seq` model trained briefly on the
 number task, its exported model directory, and a real server over it, each built once."""
 
+from functools import partial
+
 import pytest
+from built_once import built_once
 from fixtures_server import start_server
 from fixtures_train import TRAIN_SEED
 
@@ -15,21 +18,22 @@ def tiny_seq2seq_checkpoint(tmp_path_factory):
     from attnserve.model.config import preset  # torch, imported only by tests that train
     from attnserve.model.train_seq2seq import Seq2SeqTrainConfig, train_seq2seq
 
-    out = tmp_path_factory.mktemp("tiny-seq2seq-run")
-    cfg = Seq2SeqTrainConfig(
-        out_dir=str(out),
-        max_steps=SEQ2SEQ_STEPS,
-        batch_size=16,  # 32 learns no better here and costs half as much again
-        lr=3e-3,
-        warmup_steps=30,
-        eval_interval=SEQ2SEQ_STEPS,
-        eval_pairs=20,
-        precision="fp32",  # bf16 autocast is slower for a model this small on a CPU
-        progress=False,
-        seed=TRAIN_SEED,
-    )
-    train_seq2seq(preset("tiny-seq2seq"), cfg, log=lambda _: None)
-    return out / "checkpoint.pt"
+    def build(out):
+        cfg = Seq2SeqTrainConfig(
+            out_dir=str(out),
+            max_steps=SEQ2SEQ_STEPS,
+            batch_size=16,  # 32 learns no better here and costs half as much again
+            lr=3e-3,
+            warmup_steps=30,
+            eval_interval=SEQ2SEQ_STEPS,
+            eval_pairs=20,
+            precision="fp32",  # bf16 autocast is slower for a model this small on a CPU
+            progress=False,
+            seed=TRAIN_SEED,
+        )
+        train_seq2seq(preset("tiny-seq2seq"), cfg, log=lambda _: None)
+
+    return built_once(tmp_path_factory, "runs/tiny-seq2seq", build) / "checkpoint.pt"
 
 
 @pytest.fixture(scope="session")
@@ -45,9 +49,7 @@ def tiny_seq2seq_model_dir(tiny_seq2seq_checkpoint, tmp_path_factory):
     """encoder.onnx + decoder.onnx of the tiny encoder-decoder; its parity gate has passed."""
     from attnserve.export.onnx_export import export_checkpoint
 
-    out = tmp_path_factory.mktemp("models") / "tiny-seq2seq"
-    export_checkpoint(tiny_seq2seq_checkpoint, out)
-    return out
+    return built_once(tmp_path_factory, "models/tiny-seq2seq", partial(export_checkpoint, tiny_seq2seq_checkpoint))
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,10 @@ a real checkpoint (export, server). Trains in about ten seconds on one core."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from built_once import built_once
 
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -19,54 +21,42 @@ BYTE_IDS = {"eos_id": ByteTokenizer.eos_id, "pad_id": ByteTokenizer.pad_id}
 SEQ2SEQ_IDS = {"bos_id": ByteTokenizer.bos_id, **BYTE_IDS}  # encoder-decoders use the byte tokenizer
 
 
+def trained_tiny(tmp_path_factory, name: str, **tokenizer) -> Path:
+    """runs/NAME/checkpoint.pt: the tiny decoder trained TINY_STEPS steps on the default corpus, once
+    per test run, with the tokenizer options given."""
+    from attnserve.model.config import preset  # torch, imported only by tests that train
+    from attnserve.model.train import TrainConfig, train
+
+    def build(out):
+        cfg = TrainConfig(
+            max_steps=TINY_STEPS,
+            time_budget=None,
+            out_dir=str(out),
+            progress=False,
+            batch_size=16,
+            lr=1e-2,
+            warmup_steps=10,
+            eval_interval=TINY_STEPS,
+            threads=1,
+            seed=TRAIN_SEED,
+            **tokenizer,
+        )
+        train(preset("tiny"), cfg, log=lambda _: None)
+
+    return built_once(tmp_path_factory, f"runs/{name}", build) / "checkpoint.pt"
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Path to checkpoint.pt of a tiny decoder with the byte tokenizer, trained 400 steps (held-out
     ~2.8 bits per byte): greedy output is words and spaces, not one repeated byte."""
-    from attnserve.model.config import preset  # torch, imported only by tests that train
-    from attnserve.model.train import TrainConfig, train
-
-    out = tmp_path_factory.mktemp("runs") / "tiny"
-    cfg = TrainConfig(
-        max_steps=TINY_STEPS,
-        time_budget=None,
-        out_dir=str(out),
-        progress=False,
-        batch_size=16,
-        lr=1e-2,
-        warmup_steps=10,
-        eval_interval=TINY_STEPS,
-        threads=1,
-        seed=TRAIN_SEED,
-        tokenizer="bytes",
-    )
-    train(preset("tiny"), cfg, log=lambda _: None)
-    return out / "checkpoint.pt"
+    return trained_tiny(tmp_path_factory, "tiny", tokenizer="bytes")
 
 
 @pytest.fixture(scope="session")
 def tiny_bpe_checkpoint(tmp_path_factory):
     """The tiny decoder with a 512-id byte-level BPE trained on the default corpus's training split."""
-    from attnserve.model.config import preset  # torch, imported only by tests that train
-    from attnserve.model.train import TrainConfig, train
-
-    out = tmp_path_factory.mktemp("runs") / "tiny-bpe"
-    cfg = TrainConfig(
-        max_steps=TINY_STEPS,
-        time_budget=None,
-        out_dir=str(out),
-        progress=False,
-        batch_size=16,
-        lr=1e-2,
-        warmup_steps=10,
-        eval_interval=TINY_STEPS,
-        threads=1,
-        seed=TRAIN_SEED,
-        tokenizer="bpe",
-        vocab_size=512,
-    )
-    train(preset("tiny"), cfg, log=lambda _: None)
-    return out / "checkpoint.pt"
+    return trained_tiny(tmp_path_factory, "tiny-bpe", tokenizer="bpe", vocab_size=512)
 
 
 def two_rank_run(tmp_path, worker_source: str) -> dict:

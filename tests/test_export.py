@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from cli_driver import run_in_one_process
 
 from attnserve.export.onnx_export import export_checkpoint
 from attnserve.export.parity import run_decoder_gate
@@ -143,6 +144,7 @@ def test_gate_fails_with_numbers_on_a_perturbed_graph(
 
 PERTURBED_EXPORT = """
 import sys
+sys.path.insert(0, "tests")  # this module's own imports (cli_driver)
 import attnserve.export.onnx_export as ex
 from tests.test_export import perturb
 real = ex.export_graphs
@@ -184,18 +186,19 @@ def test_cli_errors_are_one_line(tmp_path, tiny_checkpoint):
     precious = tmp_path / "precious"
     precious.mkdir()
     (precious / "notes.txt").write_text("not a model")
-    for args, expected in [
+    cases = [
         ((tmp_path / "missing.pt", "--out", tmp_path / "m"), "checkpoint not found"),
         ((corrupt, "--out", tmp_path / "m"), "corrupt or unreadable"),
         ((tiny_checkpoint, "--out", blocker / "m"), f"--out {blocker / 'm'}: {blocker} is a file, not a directory"),
         ((tiny_checkpoint, "--out", precious), "refusing to replace it"),
         ((tiny_checkpoint, "--out", tmp_path / "m", "--parity-steps", "0"), "--parity-steps must be at least 1, got 0"),
         ((tiny_checkpoint, "--out", tmp_path / "m", "--parity-steps", "-3"), "--parity-steps must be at least 1"),
-    ]:
-        proc = run_cli(*args)
-        assert proc.returncode == 2, proc.stderr
-        assert expected in proc.stderr and "Traceback" not in proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+    ]
+    got = run_in_one_process([["export", *args] for args, _ in cases], tmp_path)
+    for (args, expected), result in zip(cases, got):
+        assert result["rc"] == 2, (args, result["stderr"])
+        assert expected in result["stderr"] and "Traceback" not in result["stderr"]
+        assert len(result["stderr"].strip().splitlines()) == 1
     assert (precious / "notes.txt").read_text() == "not a model"
 
 

@@ -20,13 +20,10 @@ exits 0 and fails the row.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cli_driver import run_in_one_process
 
 from attnserve.cli import SUBCOMMANDS, subcommand_parser
 
@@ -454,12 +451,10 @@ def command_line(command: str, flag: str, args: list[str]) -> list[str]:
 def test_each_bad_value_is_one_line_and_exit_2(command, places, tmp_path):
     rows = TABLE[command]
     argvs = [[a.format(**places) for a in command_line(command, flag, args)] for flag, args, _ in rows]
-    runs, results = tmp_path / "runs.json", tmp_path / "results.json"
-    runs.write_text(json.dumps({"argvs": argvs, "tripwires": TRIPWIRES.get(command, []), "timeout": 60}))
-    driver = Path(__file__).with_name("cli_driver.py")
-    subprocess.run([sys.executable, str(driver), str(runs), str(results)], check=True, timeout=600)
     problems = []
-    for (flag, _, fragment), argv, got in zip(rows, argvs, json.loads(results.read_text())):
+    for (flag, _, fragment), argv, got in zip(
+        rows, argvs, run_in_one_process(argvs, tmp_path, TRIPWIRES.get(command, []))
+    ):
         lines = got["stderr"].splitlines()
         fragment = fragment.format(**places)
         prefix = f"attnserve {command}: error: "
