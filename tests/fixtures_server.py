@@ -44,7 +44,7 @@ class Pacer(ForwardingObserver):
     - lockstep: before every decode step, wait until each request's caller has taken the events
       of the steps before and waits for more: a stream at interval 1 sends a message per step.
     - steps, submitted and finals count what the engine did: batch steps, requests accepted, and
-      the Finals in the order it ended them.
+      the Finals in the order it ended them; requests holds the requests accepted.
     - delay: seconds of sleep per step, only for tests whose subject is wall time itself (a stream's
       time bound, a reader's patience): every other test orders its actions by the events above."""
 
@@ -58,6 +58,7 @@ class Pacer(ForwardingObserver):
         self.held = threading.Event()
         self.when: Callable[[], bool] | None = None
         self.steps, self.submitted, self.finals = 0, 0, []
+        self.requests = []  # the GenerationRequests accepted, in order
 
     def reset(self) -> None:
         """No delay, no lockstep, not held: the engine at its own speed."""
@@ -77,6 +78,7 @@ class Pacer(ForwardingObserver):
     def on_submit(self, request):
         self.inner.on_submit(request)
         self.submitted += 1
+        self.requests.append(request)
 
     def on_finish(self, final, request=None):
         self.inner.on_finish(final, request)

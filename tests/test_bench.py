@@ -1,6 +1,7 @@
 """`attnserve bench` against a real server: the report's numbers agree with the server's."""
 
 import json
+from collections import Counter
 
 import pytest
 from fixtures_server import idle, release_when, start_server, wait_until
@@ -247,3 +248,71 @@ def test_stream_interval_flags_reach_the_server_and_the_report_counts_messages(l
         runs[interval] = json.loads(out.strip().splitlines()[-1])["levels"][0]
     assert runs["8"]["output_tokens"] == runs["1"]["output_tokens"] == 64
     assert runs["8"]["messages_per_request"] <= 2 + 32 // 8 < runs["1"]["messages_per_request"]
+
+
+def accepted_since(server, before: int) -> list:
+    """The requests the server accepted after the first `before`."""
+    return server.pacer.requests[before:]
+
+
+def test_the_sampling_flags_reach_the_server_with_a_seed_of_the_runs(live, capsys):
+    """Every request decodes as the flags say, with a seed drawn from --seed: the same run twice
+    sends the same seeds."""
+    flags = ["--temperature", "0.8", "--top-p", "0.95", "--top-k", "50", "--repetition-penalty", "1.1"]
+    common = ["--target", live.target, "--concurrency", "2", "--requests", "3", "--warmup", "0"]
+    common += ["--max-new-tokens", "4"]
+    seeds = []
+    for _ in range(2):
+        before = len(live.pacer.requests)
+        status, out, _ = bench(capsys, *common, *flags, "--logprobs", "3")
+        assert status == 0
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["levels"][0]["completed"] == 3
+        sampling = {"temperature": 0.8, "top_k": 50, "top_p": 0.95, "repetition_penalty": 1.1, "logprobs": 3}
+        name = "temperature 0.8, top_k 50, top_p 0.95, repetition_penalty 1.1, logprobs 3"
+        assert report["kinds"] == [{"kind": name, "share": 1.0, "sampling": sampling, "requests": 3}]
+        requests = accepted_since(live, before)
+        assert len(requests) == 3
+        for request in requests:
+            s = request.sampling
+            sent = (s.temperature, s.top_p, s.top_k, s.repetition_penalty)
+            assert sent == pytest.approx((0.8, 0.95, 50, 1.1))  # float32 on the wire
+            assert request.logprobs == 3 and s.seed is not None
+        seeds.append(sorted(r.sampling.seed for r in requests))
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == 3
+
+
+def test_a_mix_sends_each_kind_its_share(live, capsys):
+    """--mix production over 10 requests: 7 sampled at temperature 0.7, top_p 0.9 (each with a seed),
+    2 greedy, 1 greedy with logprobs 5; the report says so."""
+    before = len(live.pacer.requests)
+    common = ["--target", live.target, "--concurrency", "4", "--requests", "10", "--warmup", "0"]
+    status, out, _ = bench(capsys, *common, "--max-new-tokens", "4", "--mix", "production")
+    assert status == 0
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["levels"][0]["completed"] == 10
+    assert [(k["kind"], k["requests"]) for k in report["kinds"]] == [
+        ("temperature 0.7, top_p 0.9", 7),
+        ("greedy", 2),
+        ("greedy, logprobs 5", 1),
+    ]
+    kinds = Counter(
+        (round(r.sampling.temperature, 6), round(r.sampling.top_p, 6), r.logprobs, r.sampling.seed is not None)
+        for r in accepted_since(live, before)
+    )
+    assert kinds == {(0.7, 0.9, None, True): 7, (0.0, 1.0, None, False): 2, (0.0, 1.0, 5, False): 1}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--top-p", "0"), "--top-p: 0 is outside (0, 1]"),
+        (("--logprobs", "21"), "--logprobs: 21 is outside [0, 20]"),
+        (("--temperature", "-1"), "--temperature: -1 is outside [0, 100]"),
+        (("--mix", "production", "--temperature", "0.8"), "--mix production sets each request's sampling: give it"),
+    ],
+)
+def test_bad_sampling_flags_are_refused_before_connecting(capsys, flags, message):
+    status, out, err = bench(capsys, "--target", "127.0.0.1:1", "--timeout", "0.5", *flags)
+    assert (status, out) == (2, "")
+    assert err.startswith(f"attnserve bench: error: {message}") and len(err.strip().splitlines()) == 1, err

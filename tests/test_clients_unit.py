@@ -278,3 +278,18 @@ def test_the_report_says_what_prompt_tokens_means_for_each_tokenizer():
 def test_bench_config_refuses_what_cannot_run(bad):
     with pytest.raises(ValueError):
         BenchConfig(**bad).check()
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 10, 32, 101])
+def test_a_mix_gives_each_kind_its_share_of_the_requests_in_an_order_drawn_from_the_seed(count):
+    from attnserve.clients.bench_mix import MIXES, assign
+
+    kinds = MIXES["production"]
+    assert sum(k.share for k in kinds) == pytest.approx(1.0)
+    assigned = assign(kinds, count, seed=3)
+    assert len(assigned) == count
+    for kind in kinds:
+        assert abs(assigned.count(kind) - kind.share * count) < 1, (kind.name, count)
+    assert assign(kinds, count, seed=3) == assigned
+    if count >= 10:
+        assert any(assign(kinds, count, seed=s) != assigned for s in range(4, 8))

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 
 from ..flags import flag, flag_name, shown
 from .aio import AsyncClient
+from .bench_mix import MIXES, Kind, assign, check_sampling, kinds_for, summary
 from .bench_report import RequestRecord, summarize_level
 from .channel import DEFAULT_TARGET, TlsConfig
 from .errors import AttnserveError, InvalidArgument
@@ -84,6 +85,17 @@ class BenchConfig:
             "server with --otlp-traces-endpoint then continues it"
         ),
     )
+    mix: str | None = field(
+        default=None,
+        metadata=flag(
+            "send a mix of request kinds instead of one: production is 70%% temperature 0.7 with top_p 0.9, "
+            "20%% greedy, 10%% greedy with logprobs 5 (each request's kind drawn from --seed)",
+            unset="every request decodes as the sampling flags say",
+            choices=sorted(MIXES),
+        ),
+    )
+    # The sampling flags given (GenerationParams' fields unlike their defaults): every request's, without --mix
+    sampling: tuple[tuple[str, Any], ...] = ()
     timeout: float = 300.0  # deadline of each request, seconds (--timeout)
     stream_interval_tokens: int | None = None  # None: the server's (GenerationParams' flags)
     stream_interval_ms: int | None = None
@@ -110,15 +122,38 @@ class BenchConfig:
             raise ValueError(f"--stream-interval-tokens must be at least 1, got {self.stream_interval_tokens}")
         if self.stream_interval_ms is not None and self.stream_interval_ms < 0:
             raise ValueError(f"--stream-interval-ms must not be negative, got {self.stream_interval_ms}")
+        check_sampling(self.mix, self.sampling)
 
-    def params(self) -> GenerationParams:
-        """What every request of the run decodes with: greedy, max_new_tokens each (ignore_eos), the stream interval."""
+    def kinds(self) -> tuple[Kind, ...]:
+        """The kinds of request the run sends: the mix's, or one of the sampling flags."""
+        return kinds_for(self.mix, dict(self.sampling))
+
+    def params(self, kind: Kind, seed: int) -> GenerationParams:
+        """What a request of `kind` decodes with: its sampling fields (and `seed` if it samples),
+        max_new_tokens (ignore_eos), the stream interval."""
         return GenerationParams(
             max_new_tokens=self.max_new_tokens,
             ignore_eos=self.ignore_eos,
             stream_interval_tokens=self.stream_interval_tokens,
             stream_interval_ms=self.stream_interval_ms,
+            seed=seed if kind.sampled else None,
+            **kind.sampling,
         )
+
+    def requests_of(self, prompts: Sequence[Prompt], seed: int) -> list[Request]:
+        """Each prompt with what it decodes with: its kind drawn from `seed`, a seed of its own."""
+        rng = random.Random(seed)
+        kinds = assign(self.kinds(), len(prompts), seed)
+        return [Request(p, self.params(k, rng.getrandbits(63)), k.name) for p, k in zip(prompts, kinds)]
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a run: its prompt, what it decodes with, and its kind's name."""
+
+    prompt: Prompt
+    params: GenerationParams
+    kind: str
 
 
 def make_prompts(count: int, prompt_tokens: int, seed: int) -> list[str]:
@@ -193,13 +228,14 @@ def new_traceparent() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
-async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams, trace: bool = False) -> RequestRecord:
+async def measure(client: AsyncClient, request: Request, trace: bool = False) -> RequestRecord:
     """Stream one request and time its tokens (as a trace of its own with `trace`); a failure is
     recorded, not raised."""
     record = RequestRecord(start=time.perf_counter())
     last = record.start
+    traceparent = new_traceparent() if trace else ""
     try:
-        async with client.stream(prompt, params, traceparent=new_traceparent() if trace else "") as stream:
+        async with client.stream(request.prompt, request.params, traceparent=traceparent) as stream:
             async for delta in stream:
                 count = len(delta.token_ids)
                 if not count:
@@ -225,48 +261,46 @@ async def measure(client: AsyncClient, prompt: Prompt, params: GenerationParams,
 
 async def closed_loop(
     client: AsyncClient,
-    prompts: Sequence[Prompt],
+    requests: Sequence[Request],
     concurrency: int,
-    params: GenerationParams,
     progress: Progress,
     trace: bool = False,
 ) -> list[RequestRecord]:
-    """All prompts, `concurrency` in flight: each worker sends its next one when one ends."""
-    pending: Iterator[Prompt] = iter(prompts)
+    """All requests, `concurrency` in flight: each worker sends its next one when one ends."""
+    pending: Iterator[Request] = iter(requests)
     records: list[RequestRecord] = []
 
     async def worker() -> None:
-        for prompt in pending:  # one shared iterator: the event loop hands out each prompt once
-            records.append(await measure(client, prompt, params, trace))
+        for request in pending:  # one shared iterator: the event loop hands out each request once
+            records.append(await measure(client, request, trace))
             progress.tick(records[-1])
 
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
     return records
 
 
 async def open_loop(
     client: AsyncClient,
-    prompts: Sequence[Prompt],
+    requests: Sequence[Request],
     rate: float,
-    params: GenerationParams,
     progress: Progress,
     seed: int,
     trace: bool = False,
 ) -> list[RequestRecord]:
-    """All prompts sent at Poisson arrival times of `rate` per second, whatever is in flight."""
+    """All requests sent at Poisson arrival times of `rate` per second, whatever is in flight."""
     rng = random.Random(seed)
     due = time.perf_counter()
 
-    async def one(prompt: Prompt) -> RequestRecord:
-        record = await measure(client, prompt, params, trace)
+    async def one(request: Request) -> RequestRecord:
+        record = await measure(client, request, trace)
         progress.tick(record)
         return record
 
     tasks = []
-    for prompt in prompts:
+    for request in requests:
         due += rng.expovariate(rate)
         await asyncio.sleep(max(0.0, due - time.perf_counter()))
-        tasks.append(asyncio.create_task(one(prompt)))
+        tasks.append(asyncio.create_task(one(request)))
     return list(await asyncio.gather(*tasks))
 
 
@@ -279,23 +313,22 @@ async def run_bench(
     async with AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls, retry=NO_RETRY) as client:
         info = await client.model_info()
         check_fits(config, info)
-        prompts = prompts_for(config, info, config.requests, config.seed)
-        warm = prompts_for(config, info, config.warmup, config.seed + 1)
+        requests = config.requests_of(prompts_for(config, info, config.requests, config.seed), config.seed)
+        warm = config.requests_of(prompts_for(config, info, config.warmup, config.seed + 1), config.seed + 1)
         prompt_note = describe_prompts(config, info.tokenizer)
-        params = config.params()
         if not config.prompt_ids and info.tokenizer.kind != "bytes":
             print(f"[{PROG}] prompts are {prompt_note}", file=sys.stderr)
         if warm:
             progress.start("warm-up", len(warm))
-            await closed_loop(client, warm, max(config.concurrency or (1,)), params, progress, config.trace)
+            await closed_loop(client, warm, max(config.concurrency or (1,)), progress, config.trace)
         levels = []
         for c in config.concurrency:
-            progress.start(f"concurrency {c}", len(prompts))
-            records = await closed_loop(client, prompts, c, params, progress, config.trace)
+            progress.start(f"concurrency {c}", len(requests))
+            records = await closed_loop(client, requests, c, progress, config.trace)
             levels.append(summarize_level(records, mode="closed", concurrency=c))
         for rate in config.rates:
-            progress.start(f"rate {rate:g}/s", len(prompts))
-            records = await open_loop(client, prompts, rate, params, progress, config.seed, config.trace)
+            progress.start(f"rate {rate:g}/s", len(requests))
+            records = await open_loop(client, requests, rate, progress, config.seed, config.trace)
             levels.append(summarize_level(records, mode="poisson", rate=rate))
     return {
         "tool": PROG,
@@ -303,6 +336,7 @@ async def run_bench(
         "started_at": started_at,
         "config": asdict(config),
         "prompts": prompt_note,
+        "kinds": summary(config.kinds(), assign(config.kinds(), config.requests, config.seed)),
         "model": info.to_dict(),
         "levels": levels,
     }
@@ -319,6 +353,9 @@ def check_fits(config: BenchConfig, info: ModelInfo) -> None:
             "the server reports no tokenizer vocab_size for token-id prompts (it predates prompt_token_ids); "
             "use --prompt-text"
         )
+    top_k = max(kind.sampling.get("top_k", 0) for kind in config.kinds())
+    if info.tokenizer.vocab_size and top_k > info.tokenizer.vocab_size:
+        raise InvalidArgument(f"--top-k {top_k} is over the model's vocab_size of {info.tokenizer.vocab_size}")
     if config.max_new_tokens > info.limits.max_new_tokens:
         raise InvalidArgument(
             f"--max-new-tokens {config.max_new_tokens} is over the server's cap of {info.limits.max_new_tokens}"

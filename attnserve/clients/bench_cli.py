@@ -18,6 +18,7 @@ from typing import Any
 from ..flags import add_field_flags, check_output
 from ..report_stamp import Stamp, write_report
 from .bench import PROG, BenchConfig, run_bench
+from .bench_mix import SAMPLING
 from .bench_report import format_table, write_plot
 from .cli_common import (
     add_client_flags,
@@ -30,6 +31,7 @@ from .cli_common import (
     token_from_args,
 )
 from .errors import AttnserveError
+from .types import GenerationParams
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="prompts as ASCII text cut from one English passage (exact lengths with the byte tokenizer only)",
     )
     add_field_flags(p, BenchConfig, only=("max_new_tokens", "ignore_eos", "warmup", "seed", "trace"))
+    add_field_flags(p, GenerationParams, only=SAMPLING)
+    add_field_flags(p, BenchConfig, only=("mix",))
     add_stream_interval_flags(p)
     p.add_argument("--out", default=None, help="write the JSON report to this file")
     p.add_argument("--plot", default=None, help="write throughput and latency plots to this PNG")
@@ -75,8 +79,12 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     concurrency = parse_numbers(args.concurrency, int, "--concurrency")
     if args.concurrency is None:
         concurrency = () if rates else BenchConfig.concurrency
-    given = {f.name: getattr(args, f.name) for f in fields(BenchConfig) if f.name not in ("concurrency", "rates")}
-    config = BenchConfig(**given, concurrency=concurrency, rates=rates)
+    given = {
+        f.name: getattr(args, f.name) for f in fields(BenchConfig) if f.name not in ("concurrency", "rates", "sampling")
+    }
+    defaults = {f.name: f.default for f in fields(GenerationParams)}
+    sampling = tuple((name, getattr(args, name)) for name in SAMPLING if getattr(args, name) != defaults[name])
+    config = BenchConfig(**given, concurrency=concurrency, rates=rates, sampling=sampling)
     config.check()
     return config
 

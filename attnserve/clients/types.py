@@ -110,7 +110,7 @@ class GenerationParams:
     logprobs: int | None = field(
         default=None,
         metadata=flag(
-            "each token's log-probability and the N most likely alternatives (0-20; --json prints them)",
+            "each token's log-probability and the N most likely alternatives (0-20; generate --json prints them)",
             unset="none",
             metavar="N",
         ),
