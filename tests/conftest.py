@@ -1,6 +1,9 @@
 """Shared fixtures. Each fixture module owns one kind of artefact (trained checkpoint,
 exported model directory, running server), built once per test run and shared."""
 
+import os
+import sys
+
 import pytest
 
 pytest_plugins = [
@@ -26,11 +29,15 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.fast)
 
 
+# Torch's threads per test process: two alone; one in each of make test's two workers, where two
+# each oversubscribed the cores (the torch-heavy files, two workers alternating: 120 and 132 s with
+# two threads each, 95 and 83 s with one; docs/reports/test-suite.md).
+TORCH_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads():
     """Keep tests from oversubscribing the 2 cores when torch is loaded."""
-    import sys
-
     if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(2)
+        sys.modules["torch"].set_num_threads(TORCH_THREADS)
     yield
