@@ -155,6 +155,28 @@ def test_vllms_extra_fields_go_through_extra_body(live, client):
     assert reply.choices[0].finish_reason == "stop"
 
 
+def test_openais_penalties_and_vllms_min_p_reach_the_engine_and_decode_as_generate(live, client):
+    """presence_penalty and frequency_penalty under OpenAI's names, min_p as vLLM's extra field: the
+    engine gets each, and the completion is Generate's with the same fields."""
+    fields = {"presence_penalty": 1.5, "frequency_penalty": 0.5, "min_p": 0.05, "seed": 11}
+    expected = live.stub.Generate(request(PROMPT, max_new_tokens=16, temperature=0.9, **fields), timeout=TIMEOUT)
+    before = len(live.pacer.requests)
+    reply = client.completions.create(
+        model=model(live),
+        prompt=PROMPT,
+        max_tokens=16,
+        temperature=0.9,
+        presence_penalty=1.5,
+        frequency_penalty=0.5,
+        seed=11,
+        extra_body={"min_p": 0.05},
+    )
+    assert reply.choices[0].text == expected.text
+    (sent,) = live.pacer.requests[before:]
+    got = (sent.sampling.presence_penalty, sent.sampling.frequency_penalty, sent.sampling.min_p)
+    assert got == pytest.approx((1.5, 0.5, 0.05))
+
+
 BAD = [
     ({"top_p": 2}, "top_p", "top_p: 2 is outside (0, 1]"),
     ({"max_tokens": 500}, "max_tokens", "max_tokens: 500 is outside [1, 127]"),
@@ -162,7 +184,9 @@ BAD = [
     ({"logprobs": 21}, "logprobs", "logprobs: 21 is outside [0, 20]"),
     ({"prompt": ["a", "b"]}, "prompt", "prompt: 2 prompts: this server takes one prompt per request"),
     ({"prompt": [1, 999]}, "prompt[1]", "prompt[1]: 999 is outside [0, 259)"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "presence_penalty: 0.5 is not supported"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty: 2.5 is outside [-2, 2]"),
+    ({"frequency_penalty": -3}, "frequency_penalty", "frequency_penalty: -3 is outside [-2, 2]"),
+    ({"extra_body": {"min_p": 1.5}}, "min_p", "min_p: 1.5 is outside [0, 1]"),
     ({"echo": True, "logprobs": 1}, "echo", "echo: echo with logprobs is not supported"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream_options: only allowed with stream"),
     ({"extra_body": {"guided_json": '{"type": 7}'}}, "guided_json", "guided_json: type must be a string"),

@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from attnserve.engine.domain import SamplingParams
-from attnserve.engine.sampling import Sampler, apply_repetition_penalty, top_k_filter, top_p_filter
+from attnserve.engine.sampling import (
+    Sampler,
+    apply_occurrence_penalties,
+    apply_repetition_penalty,
+    min_p_filter,
+    top_k_filter,
+    top_p_filter,
+)
 from attnserve.model.generate import next_token
 
 V = 259
@@ -127,3 +134,47 @@ def test_extreme_valid_parameters_stay_finite(penalty, temperature):
         tokens = [sampler(logits) for _ in range(8)]
     if penalty < 1e-20 and temperature < 1e-5:  # seen positive logits / penalty dwarf the rest
         assert set(tokens) <= {2, 6}, tokens
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.01, 0.1, 0.5, 1.0])
+def test_min_p_keeps_what_transformers_min_p_keeps(min_p):
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    for seed in range(20):
+        row = logits_rows(1, seed=seed)[0].astype(np.float64)
+        if seed % 4 == 0:
+            row = np.round(row, 0)  # ties, some at the edge
+        kept = np.isfinite(min_p_filter(row, min_p))
+        reference = torch.from_numpy(row)[None]
+        if min_p > 0:
+            reference = MinPLogitsWarper(min_p)(None, reference)
+        assert kept.tolist() == torch.isfinite(reference)[0].tolist(), (min_p, seed)
+        assert kept[np.argmax(row)]
+
+
+def test_presence_and_frequency_penalties_are_openais_formula():
+    """mu[j] - c[j] * frequency - (c[j] > 0) * presence (OpenAI's parameter details), c the count in
+    the completion: the prompt's ids do not count."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, V).astype(np.float32)
+    counts = np.zeros(V, dtype=np.int64)
+    counts[[5, 9, 40]] = [1, 3, 2]
+    expected = [float(logits[j]) - counts[j] * 0.7 - (counts[j] > 0) * 1.5 for j in range(V)]
+    assert apply_occurrence_penalties(logits, counts, 1.5, 0.7).tolist() == pytest.approx(expected, abs=1e-12)
+
+    sampler = Sampler(SamplingParams(presence_penalty=1.5, frequency_penalty=0.7), V, prompt_ids=(256, 65, 66))
+    tokens = [sampler(logits) for _ in range(30)]
+    assert sampler.counts.tolist() == np.bincount(tokens, minlength=V).tolist()
+    assert not sampler.plain_greedy
+
+
+@pytest.mark.parametrize(("presence", "frequency"), [(2.0, 0.0), (0.0, 2.0), (-2.0, 0.0)])
+def test_the_occurrence_penalties_steer_greedy_by_the_completion_alone(presence, frequency):
+    """Two ids 1.0 apart: greedy takes the first; once the completion holds it, a penalty of 2 takes
+    the second, and a negative one keeps the first. The prompt holding them changes nothing."""
+    logits = np.zeros(V, dtype=np.float32)
+    logits[65], logits[66] = 3.0, 2.0
+    sampler = Sampler(SamplingParams(presence_penalty=presence, frequency_penalty=frequency), V, prompt_ids=(65, 66))
+    first, second = sampler(logits), sampler(logits)
+    assert first == 65
+    assert second == (65 if presence + frequency < 0 else 66)

@@ -41,7 +41,8 @@ def oip_call(**sampling) -> oip.ModelInferRequest:
 def test_the_three_doors_read_one_request_the_same():
     """The same request through attnserve.v1's protobuf, the Open Inference Protocol's parameters and
     OpenAI's JSON is one GenerationRequest."""
-    asked = {"seed": 7, "top_k": 3, "temperature": 0.7, "top_p": 0.9}
+    asked = {"seed": 7, "top_k": 3, "temperature": 0.7, "top_p": 0.9, "min_p": 0.05}
+    asked |= {"presence_penalty": 0.5, "frequency_penalty": -0.25}
     v1 = request_fields(pb.GenerateRequest(prompt="hello", request_id="r1", max_new_tokens=5, **asked))
     call = read_call(oip_call(max_tokens=5, **asked))
     body = {"model": "m", "prompt": "hello", "max_tokens": 5, **asked}
@@ -49,6 +50,8 @@ def test_the_three_doors_read_one_request_the_same():
     generations = [validate(r, LIMITS, TOKENIZER) for r in (v1, call.request, openai)]
     assert generations[0] == generations[1]
     assert generations[0].sampling == generations[2].sampling
+    sampling = generations[0].sampling
+    assert (sampling.min_p, sampling.presence_penalty, sampling.frequency_penalty) == pytest.approx((0.05, 0.5, -0.25))
     assert generations[0].prompt_ids == generations[2].prompt_ids == tuple(TOKENIZER.encode_prompt("hello"))
 
 
@@ -78,6 +81,16 @@ def test_a_field_one_door_renames_is_named_as_its_caller_wrote_it():
     too_many = read_completion({"model": "m", "prompt": "x", "stream": True, "stream_interval_tokens": 33}).request
     with pytest.raises(InvalidRequest, match=re.escape("stream_interval_tokens: 33 is outside [1, 32]")):
         check_stream_interval(too_many, LIMITS)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", -0.5), ("repetition_penalty", 1.2)],
+)
+def test_beam_search_refuses_each_sampling_field_beside_it_naming_it(field, value):
+    request = RequestFields(prompt="x", num_beams=2, **{field: value})
+    assert refusal(request) == (field, "beam search (num_beams 2) decodes without it")
+    assert validate(RequestFields(prompt="x", num_beams=2), LIMITS, TOKENIZER).beams is not None
 
 
 def test_structured_output_without_a_kind_is_refused():

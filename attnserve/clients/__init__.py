@@ -7,8 +7,9 @@ client.py (`Client`) and aio.py (`AsyncClient`, its asyncio twin) over channel.p
 TLS and the token, one ChannelConfig for both) and retry.py (the one retry rule, handed to gRPC);
 types.py (plain results, and their conversions to and from the protocol's messages) and errors.py (a
 typed exception for every status code). The commands: generate_cli.py (`attnserve generate`) and bench.py
-(`attnserve bench`: its flags and outputs in bench_cli.py, its statistics, table and plot in
-bench_report.py), sharing cli_common.py's flags and errors.
+(`attnserve bench`: its flags and outputs in bench_cli.py, the kinds of request it sends and the
+production mix in bench_mix.py, its statistics, table and plot in bench_report.py), sharing
+cli_common.py's flags and errors.
 """
 
 from .aio import AsyncClient, AsyncStream

@@ -18,7 +18,16 @@ from ..flags import flag_name
 from ..request_fields import problems
 
 # The sampling flags `attnserve bench` takes (GenerationParams' fields, their help written there).
-SAMPLING = ("temperature", "top_k", "top_p", "repetition_penalty", "logprobs")
+SAMPLING = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,10 @@ class ParamFields(TypedDict, total=False):
     temperature: float
     top_k: int
     top_p: float | None
+    min_p: float | None
     repetition_penalty: float | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
     seed: int | None
     stop: Sequence[str]
     stream_interval_tokens: int | None
@@ -70,8 +73,20 @@ class GenerationParams:
     temperature: float = field(default=0.0, metadata=flag("0 is greedy decoding; above 0 samples"))
     top_k: int = field(default=0, metadata=flag("sample from the k most likely tokens; 0: all of them", metavar="K"))
     top_p: float | None = field(default=None, metadata=flag("nucleus sampling threshold in (0, 1]", unset="off"))
+    min_p: float | None = field(
+        default=None,
+        metadata=flag("sample only ids at least P times as likely as the likeliest (0-1)", unset="off", metavar="P"),
+    )
     repetition_penalty: float | None = field(
         default=None, metadata=flag("> 1 discourages repeats (1: off)", unset="off")
+    )
+    presence_penalty: float | None = field(
+        default=None,
+        metadata=flag("subtracted from each generated id's logit (-2 to 2, OpenAI's)", unset="off", metavar="P"),
+    )
+    frequency_penalty: float | None = field(
+        default=None,
+        metadata=flag("times each id's count in the output, subtracted (-2 to 2, OpenAI's)", unset="off", metavar="F"),
     )
     seed: int | None = field(
         default=None, metadata=flag("seed of this request's sampler", unset="the server draws one")

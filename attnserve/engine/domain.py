@@ -31,6 +31,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # 1: off; > 1 discourages tokens already seen
     seed: int | None = None  # None: a fresh random seed
     logit_bias: tuple[tuple[int, float], ...] = ()  # (id, bias) added to the logits; ids distinct
+    min_p: float = 0.0  # 0: off; sampling keeps the ids at least min_p times as likely as the likeliest
+    presence_penalty: float = 0.0  # 0: off; subtracted from the logit of each id the completion holds
+    frequency_penalty: float = 0.0  # 0: off; times each id's count in the completion, subtracted
 
     @property
     def greedy(self) -> bool:

@@ -1,5 +1,5 @@
-"""Per-request token selection in numpy: greedy, temperature, top-k, top-p, repetition penalty, and the
-masks (banned ids, a grammar's allowed ids).
+"""Per-request token selection in numpy: greedy, temperature, min-p, top-k, top-p, the repetition,
+presence and frequency penalties, and the masks (banned ids, a grammar's allowed ids).
 
 Each request in a batch has its own Sampler and its own numpy Generator, so a seeded request
 gives the same tokens whatever else shares its batch. Greedy is np.argmax on the float32
@@ -23,6 +23,13 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     return out
 
 
+def apply_occurrence_penalties(logits: np.ndarray, counts: np.ndarray, presence: float, frequency: float) -> np.ndarray:
+    """OpenAI's presence and frequency penalties (as vLLM applies them): each id's logit less
+    `frequency` times its count in the completion and `presence` once if it occurs there at all.
+    The prompt's ids do not count. In float64, a copy."""
+    return logits.astype(np.float64) - (frequency * counts + presence * (counts > 0))
+
+
 def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> np.ndarray:
     """A float64 copy of `logits` with each (id, bias) added and the banned ids at -inf."""
     out = logits.astype(np.float64)  # a copy: `logits` may be the runner's buffer
@@ -38,6 +45,14 @@ def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
         return logits
     kth = np.partition(logits, -k)[-k]
     return np.where(logits >= kth, logits, -np.inf)
+
+
+def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
+    """Keep the ids whose probability is at least min_p times the likeliest id's (vLLM's and
+    transformers' min_p: a logit at least the largest plus log(min_p)), -inf elsewhere."""
+    if min_p <= 0.0:
+        return logits
+    return np.where(logits >= np.max(logits) + np.log(min_p), logits, -np.inf)
 
 
 def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
@@ -88,24 +103,27 @@ class Sampler:
         self.rng = np.random.default_rng(params.seed)
         self.seen = np.zeros(vocab_size, dtype=bool)  # tokens of prompt and completion
         self.seen[[i for i in prompt_ids if 0 <= i < vocab_size]] = True
+        self.counts = np.zeros(vocab_size, dtype=np.int64)  # each id's count in the completion
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy with no penalty and no bias: the token is the row's argmax, which the engine takes for
-        the whole batch at once (`seen` then matters to nobody)."""
-        return self.params.greedy and self.params.repetition_penalty == 1.0 and not self.params.logit_bias
+        the whole batch at once (`seen` and `counts` then matter to nobody)."""
+        p = self.params
+        penalized = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        return p.greedy and not penalized and not p.logit_bias
 
     def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = (), allowed: np.ndarray | None = None) -> int:
         """The next token from this request's logits (V,), never one of `banned`, and one of `allowed`
-        (a bool per id) if given; remembers it for the penalty. The penalty, then the bias, then the ban
-        and the grammar's mask, then greedy or temperature, top-k and top-p."""
+        (a bool per id) if given; remembers it for the penalties. The penalties, then the bias, then the
+        ban and the grammar's mask, then greedy or temperature, min-p, top-k and top-p."""
         return self.take(self.processed(logits, banned, allowed))
 
     def with_logprobs(
         self, logits: np.ndarray, banned: tuple[int, ...], top: int, allowed: np.ndarray | None = None
     ) -> tuple[int, TokenLogprob]:
-        """__call__'s token, and its log-probability under the processed distribution (after the penalty,
-        the bias, the masks and the temperature; before top-k and top-p, as vLLM's processed_logprobs),
+        """__call__'s token, and its log-probability under the processed distribution (after the penalties,
+        the bias, the masks and the temperature; before min-p, top-k and top-p, as vLLM's processed_logprobs),
         with the `top` most likely ids."""
         processed = self.processed(logits, banned, allowed)
         token = self.take(processed)
@@ -114,11 +132,13 @@ class Sampler:
         return token, TokenLogprob(token, float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best))
 
     def processed(self, logits: np.ndarray, banned: tuple[int, ...], allowed: np.ndarray | None = None) -> np.ndarray:
-        """The row a token is picked from: the penalty, the bias, the ban and the mask, then (sampling)
-        the temperature."""
+        """The row a token is picked from: the penalties (repetition, then presence and frequency), the
+        bias, the ban and the mask, then (sampling) the temperature."""
         p = self.params
         if p.repetition_penalty != 1.0:
             logits = apply_repetition_penalty(logits, self.seen, p.repetition_penalty)
+        if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            logits = apply_occurrence_penalties(logits, self.counts, p.presence_penalty, p.frequency_penalty)
         if p.logit_bias or banned:
             logits = bias_and_ban(logits, p.logit_bias, banned)
         if allowed is not None:
@@ -126,15 +146,16 @@ class Sampler:
         return logits if p.greedy else logits.astype(np.float64) / p.temperature
 
     def take(self, processed: np.ndarray) -> int:
-        """Greedy argmax, or a draw after top-k and top-p; the token is remembered for the penalty."""
+        """Greedy argmax, or a draw after min-p, top-k and top-p; the token is remembered for the penalties."""
         token = int(np.argmax(processed)) if self.params.greedy else self._sample(processed)
         if 0 <= token < self.seen.size:
             self.seen[token] = True
+            self.counts[token] += 1
         return token
 
     def _sample(self, scaled: np.ndarray) -> int:
         p = self.params
-        scaled = top_p_filter(top_k_filter(scaled, p.top_k), p.top_p)
+        scaled = top_p_filter(top_k_filter(min_p_filter(scaled, p.min_p), p.top_k), p.top_p)
         cumulative = np.cumsum(softmax(scaled))
         index = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
         return int(min(index, scaled.size - 1))

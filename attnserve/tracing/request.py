@@ -123,8 +123,14 @@ def request_attributes(generation: GenerationRequest) -> dict[str, Any]:
         attributes["gen_ai.request.top_p"] = s.top_p
     if s.seed is not None:
         attributes["gen_ai.request.seed"] = s.seed
+    if s.min_p:
+        attributes["attnserve.request.min_p"] = s.min_p
     if s.repetition_penalty != 1.0:
         attributes["attnserve.request.repetition_penalty"] = s.repetition_penalty
+    if s.presence_penalty:
+        attributes["gen_ai.request.presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        attributes["gen_ai.request.frequency_penalty"] = s.frequency_penalty
     if generation.stop:
         attributes["gen_ai.request.stop_sequences"] = list(generation.stop)
     if generation.beams is not None:

@@ -42,7 +42,6 @@ FIELDS = {
     "prompt_logprobs": ("prompt_logprobs", as_int, "an integer"),
 }
 OWN = frozenset({"model", "prompt", "stream", "stream_options", "echo", "user", "suffix"})
-ZERO_ONLY = ("presence_penalty", "frequency_penalty")  # OpenAI's penalties: repetition_penalty is this model's
 
 
 @dataclass(frozen=True)
@@ -81,13 +80,10 @@ def model_of(body: Any) -> str:
 
 
 def refuse_the_unsupported(body: dict[str, Any]) -> None:
-    """InvalidRequest for an unknown field, a penalty OpenAI has and this model has not, or a suffix."""
-    unknown = [key for key in body if key not in FIELDS and key not in OWN and key not in ZERO_ONLY]
+    """InvalidRequest for an unknown field or a suffix."""
+    unknown = [key for key in body if key not in FIELDS and key not in OWN]
     if unknown:
-        raise InvalidRequest(unknown[0], f"unknown field (known: {', '.join(sorted({*FIELDS, *OWN, *ZERO_ONLY}))})")
-    for key in ZERO_ONLY:
-        if body.get(key) not in (None, 0, 0.0):
-            raise InvalidRequest(key, f"{body[key]!r} is not supported (0 only; this server has repetition_penalty)")
+        raise InvalidRequest(unknown[0], f"unknown field (known: {', '.join(sorted({*FIELDS, *OWN}))})")
     if body.get("suffix") not in (None, ""):
         raise InvalidRequest("suffix", "is not supported by this model")
 

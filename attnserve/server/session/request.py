@@ -36,7 +36,10 @@ class RequestFields:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float | None = None
+    min_p: float | None = None
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()

@@ -83,10 +83,21 @@ def check_sampling(request: RequestFields, limits: RequestLimits) -> SamplingPar
             "top_k",
             f"{request.top_k} is outside [0, {limits.vocab_size}] (0 keeps all, vocab_size {limits.vocab_size})",
         )
-    top_p = float(request.top_p) if request.top_p is not None else 1.0
-    penalty = float(request.repetition_penalty) if request.repetition_penalty is not None else 1.0
-    bias = check_logit_bias(request, limits)
-    return SamplingParams(float(request.temperature), int(request.top_k), top_p, penalty, request.seed, bias)
+
+    def given(value: float | None, unset: float) -> float:
+        return float(value) if value is not None else unset
+
+    return SamplingParams(
+        temperature=float(request.temperature),
+        top_k=int(request.top_k),
+        top_p=given(request.top_p, 1.0),
+        repetition_penalty=given(request.repetition_penalty, 1.0),
+        seed=request.seed,
+        logit_bias=check_logit_bias(request, limits),
+        min_p=given(request.min_p, 0.0),
+        presence_penalty=given(request.presence_penalty, 0.0),
+        frequency_penalty=given(request.frequency_penalty, 0.0),
+    )
 
 
 def check_token_id(name: str, token: int, limits: RequestLimits) -> int:
@@ -231,8 +242,11 @@ NOT_WITH_BEAMS = {
     "temperature": lambda r: r.temperature > 0,
     "top_k": lambda r: r.top_k > 0,
     "top_p": lambda r: r.top_p is not None and r.top_p < 1,
+    "min_p": lambda r: r.min_p not in (None, 0.0),
     "seed": lambda r: r.seed is not None,
     "repetition_penalty": lambda r: r.repetition_penalty not in (None, 1.0),
+    "presence_penalty": lambda r: r.presence_penalty not in (None, 0.0),
+    "frequency_penalty": lambda r: r.frequency_penalty not in (None, 0.0),
     "logit_bias": lambda r: bool(r.logit_bias),
     "logprobs": lambda r: r.logprobs is not None,
     "prompt_logprobs": lambda r: r.prompt_logprobs is not None,
