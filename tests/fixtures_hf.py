@@ -4,8 +4,11 @@ attnserve and exported, each once."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from built_once import built_once
+from fixtures_export import exported
 
 from benchmarks.hf_checkpoints import save_hf
 
@@ -32,21 +35,25 @@ def hf_dir(request, tmp_path_factory, gpt2_dir, llama_dir):
     return made.get(family) or built_once(tmp_path_factory, f"hf/{family}-tiny", lambda out: save_hf(out, family))
 
 
+def imported(tmp_path_factory, checkpoint_dir: Path) -> Path:
+    """runs/NAME/checkpoint.pt of a Hugging Face directory imported once per test run (attnserve
+    import, its proof against transformers over 64 steps passed)."""
+    from attnserve.model.hf.import_cli import run
+
+    name = f"runs/{checkpoint_dir.name}"
+    return built_once(tmp_path_factory, name, lambda out: run(checkpoint_dir, out, steps=64)) / "checkpoint.pt"
+
+
 @pytest.fixture(scope="session")
 def hf_checkpoint(hf_dir, tmp_path_factory):
     """runs/NAME/checkpoint.pt of the imported directory; its proof against transformers has passed."""
-    from attnserve.model.hf.import_cli import run
-
-    return built_once(tmp_path_factory, f"runs/{hf_dir.name}", lambda out: run(hf_dir, out, steps=64)) / "checkpoint.pt"
+    return imported(tmp_path_factory, hf_dir)
 
 
 @pytest.fixture(scope="session")
 def hf_model_dir(hf_checkpoint, tmp_path_factory):
     """The imported model exported (float32, the arena); the export's parity gate has passed."""
-    from attnserve.export.onnx_export import export_checkpoint
-
-    name = f"models/{hf_checkpoint.parent.name}"
-    return built_once(tmp_path_factory, name, lambda out: export_checkpoint(hf_checkpoint, out))
+    return exported(tmp_path_factory, hf_checkpoint.parent.name, hf_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -61,16 +68,10 @@ def marian_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def marian_checkpoint(marian_dir, tmp_path_factory):
     """runs/NAME/checkpoint.pt of the imported Marian directory; its proof against transformers has passed."""
-    from attnserve.model.hf.import_cli import run
-
-    name = f"runs/{marian_dir.name}"
-    return built_once(tmp_path_factory, name, lambda out: run(marian_dir, out, steps=64)) / "checkpoint.pt"
+    return imported(tmp_path_factory, marian_dir)
 
 
 @pytest.fixture(scope="session")
 def marian_model_dir(marian_checkpoint, tmp_path_factory):
     """The imported Marian model exported (float32, the arena); its parity gate has passed."""
-    from attnserve.export.onnx_export import export_checkpoint
-
-    name = f"models/{marian_checkpoint.parent.name}"
-    return built_once(tmp_path_factory, name, lambda out: export_checkpoint(marian_checkpoint, out))
+    return exported(tmp_path_factory, marian_checkpoint.parent.name, marian_checkpoint)

@@ -1,10 +1,9 @@
 """Session fixtures for the encoder-decoder path: a `tiny-seq2seq` model trained briefly on the
 number task, its exported model directory, and a real server over it, each built once."""
 
-from functools import partial
-
 import pytest
 from built_once import built_once
+from fixtures_export import exported
 from fixtures_server import start_server
 from fixtures_train import TRAIN_SEED
 
@@ -47,9 +46,7 @@ def seq2seq_model(tiny_seq2seq_checkpoint):
 @pytest.fixture(scope="session")
 def tiny_seq2seq_model_dir(tiny_seq2seq_checkpoint, tmp_path_factory):
     """encoder.onnx + decoder.onnx of the tiny encoder-decoder; its parity gate has passed."""
-    from attnserve.export.onnx_export import export_checkpoint
-
-    return built_once(tmp_path_factory, "models/tiny-seq2seq", partial(export_checkpoint, tiny_seq2seq_checkpoint))
+    return exported(tmp_path_factory, "tiny-seq2seq", tiny_seq2seq_checkpoint)
 
 
 @pytest.fixture(scope="session")

@@ -336,7 +336,7 @@ async def run_bench(
         "started_at": started_at,
         "config": asdict(config),
         "prompts": prompt_note,
-        "kinds": summary(config.kinds(), assign(config.kinds(), config.requests, config.seed)),
+        "kinds": summary(config.kinds(), [request.kind for request in requests]),
         "model": info.to_dict(),
         "levels": levels,
     }

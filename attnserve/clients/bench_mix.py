@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..flags import flag_name
-from ..request_fields import problems
+from .cli_common import check_ranges
 
 # The sampling flags `attnserve bench` takes (GenerationParams' fields, their help written there).
 SAMPLING = (
@@ -59,13 +59,11 @@ def describe(sampling: Mapping[str, Any]) -> str:
 
 def check_sampling(mix: str | None, sampling: tuple[tuple[str, Any], ...]) -> None:
     """ValueError naming the flag: --mix beside a sampling flag, or a value the server would refuse
-    (in its own words, attnserve/request_fields.py)."""
+    (in its own words, cli_common.check_ranges)."""
     if mix is not None and sampling:
         given = " ".join(flag_name(name) for name, _ in sampling)
         raise ValueError(f"--mix {mix} sets each request's sampling: give it or {given}, not both")
-    for name, value in sampling:
-        for where, problem in problems(name, value):
-            raise ValueError(f"{flag_name(where)}: {problem}")
+    check_ranges(dict(sampling))
 
 
 def kinds_for(mix: str | None, sampling: Mapping[str, Any]) -> tuple[Kind, ...]:
@@ -88,8 +86,10 @@ def assign(kinds: tuple[Kind, ...], count: int, seed: int) -> list[Kind]:
     return order
 
 
-def summary(kinds: tuple[Kind, ...], assigned: list[Kind]) -> list[dict[str, Any]]:
-    """The report's lines: each kind, its share, its fields and how many of the requests it got."""
+def summary(kinds: tuple[Kind, ...], assigned: list[str]) -> list[dict[str, Any]]:
+    """The report's lines: each kind, its share, its fields and how many of the requests it got
+    (`assigned`: each request's kind name)."""
     return [
-        {"kind": k.name, "share": k.share, "sampling": dict(k.sampling), "requests": assigned.count(k)} for k in kinds
+        {"kind": k.name, "share": k.share, "sampling": dict(k.sampling), "requests": assigned.count(k.name)}
+        for k in kinds
     ]
