@@ -8,9 +8,11 @@ rebuilds it through the host (concat_cache.py). attnserve serve does not run it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
-from attnserve.engine.seam import Enough, Logits, stepwise
+from attnserve.engine.seam import Enough, Logits, PassRow, stepwise
 from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -53,7 +55,12 @@ class ConcatRunner:
             self.slot_of[key], self.key_of[slot] = slot, key
         return Logits(list(keys), np.asarray(logits, np.float32))
 
-    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:  # noqa: ARG002
+    def decode(
+        self,
+        next_ids: dict[int, int],
+        sampled: frozenset[int] | None = None,  # noqa: ARG002 (every row comes back)
+        passes: Mapping[int, PassRow] | None = None,  # noqa: ARG002 (the engine picks them)
+    ) -> Logits:
         self.cache.compact()
         keys = [self.key_of[slot] for slot in self.cache.slots]
         ids = np.array([[next_ids[key]] for key in keys], dtype=np.int64)  # (B, 1)

@@ -29,6 +29,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 
@@ -290,7 +291,10 @@ def write_plot(result: dict, path: str) -> None:
     fig.savefig(path, dpi=100)
 
 
-def alternating(sides: Sequence[str], repeats: int, label: str) -> Iterator[str]:
+T = TypeVar("T")
+
+
+def alternating(sides: Sequence[T], repeats: int, label: str) -> Iterator[T]:
     """The sides to run, round after round, in turn forwards and backwards (neither side always runs
     first on a machine that warms or cools), with a progress line per round."""
     for r in range(repeats):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from types import SimpleNamespace
@@ -33,7 +34,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
-from attnserve.engine.seam import Enough, Logits, ModelSpec, stepwise
+from attnserve.engine.seam import Enough, Logits, ModelSpec, PassRow, stepwise
 from attnserve.engine.sequence import Handle, Sequence
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -123,7 +124,12 @@ class FakeRunner:
         self.log.append(("copy", src, dst))
         self.rows[dst] = list(self.rows[src])
 
-    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
+    def decode(
+        self,
+        next_ids: dict[int, int],
+        sampled: frozenset[int] | None = None,
+        passes: Mapping[int, PassRow] | None = None,
+    ) -> Logits:
         """The next rows; told which keys sample, every row's argmax too and the others' rows as NaN
         (stale, as the arena runner leaves them)."""
         self.decodes += 1

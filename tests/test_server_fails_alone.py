@@ -56,16 +56,22 @@ def test_a_failure_injected_into_one_row_ends_it_with_internal_and_the_others_co
     stub = busy.stub
     sampled = {"temperature": 0.8, "top_p": 0.95, "seed": 7}
     alone = [streamed(stub, p, **sampled) for p in PROMPTS[:5]] + [streamed(stub, p) for p in PROMPTS]
-    real, calls = Sequence.pick, []
+    calls = []
 
-    def pick(self, logits):
-        if self.request.request_id == "victim":
-            calls.append(1)
-            if len(calls) >= 5:
-                raise ValueError("injected into one row's sampler")
-        return real(self, logits)
+    def failing(real):
+        """The sampler's side of a pick (on the host, or of the runner's batched pass): the victim's fifth fails."""
 
-    monkeypatch.setattr(Sequence, "pick", pick)
+        def pick(self, row):
+            if self.request.request_id == "victim":
+                calls.append(1)
+                if len(calls) >= 5:
+                    raise ValueError("injected into one row's sampler")
+            return real(self, row)
+
+        return pick
+
+    monkeypatch.setattr(Sequence, "pick", failing(Sequence.pick))
+    monkeypatch.setattr(Sequence, "take_pick", failing(Sequence.take_pick))
     with ThreadPoolExecutor(16) as pool:
         victim = pool.submit(streamed, stub, "def victim():", request_id="victim", **sampled)
         others = [pool.submit(streamed, stub, p, **sampled) for p in PROMPTS[:5]]

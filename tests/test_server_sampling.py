@@ -9,13 +9,18 @@ from attnserve.engine.sampling import (
     Sampler,
     apply_occurrence_penalties,
     apply_repetition_penalty,
-    min_p_filter,
-    top_k_filter,
-    top_p_filter,
+    kept_ids,
 )
 from attnserve.model.generate import next_token
 
 V = 259
+
+
+def kept(row: np.ndarray, min_p: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Which ids of the row sampling keeps (a bool per id)."""
+    mask = np.zeros(row.size, dtype=bool)
+    mask[kept_ids(row.astype(np.float64), min_p, top_k, top_p)[0]] = True
+    return mask
 
 
 def logits_rows(n: int, seed: int = 0) -> np.ndarray:
@@ -33,26 +38,26 @@ def test_greedy_is_torch_argmax_including_ties():
 @pytest.mark.parametrize("k", [1, 5, 40, V])
 def test_top_k_keeps_the_same_tokens_as_the_reference(k):
     row = logits_rows(1, seed=k)[0]
-    kept = np.isfinite(top_k_filter(row.astype(np.float64), k))
+    kept_ = kept(row, top_k=k)
     reference = torch.from_numpy(row)[None]
     kth = reference.topk(min(k, V), dim=-1).values[:, -1:]
-    assert kept.tolist() == (reference >= kth)[0].tolist()
+    assert kept_.tolist() == (reference >= kth)[0].tolist()
 
 
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
 def test_top_p_keeps_the_same_tokens_as_the_reference(p):
     row = logits_rows(1, seed=int(p * 1000))[0].astype(np.float64)
-    kept = np.isfinite(top_p_filter(row, p))
+    kept_ = kept(row, top_p=p)
     logits = torch.from_numpy(row)[None]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     drop = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1) >= p
     reference = logits.scatter(-1, order, sorted_logits.masked_fill(drop, float("-inf")))
-    assert kept.tolist() == torch.isfinite(reference)[0].tolist()
-    assert kept.sum() >= 1
+    assert kept_.tolist() == torch.isfinite(reference)[0].tolist()
+    assert kept_.sum() >= 1
 
 
 def top_p_by_stable_sort(logits: np.ndarray, p: float) -> np.ndarray:
-    """top_p_filter as it was written first: a stable argsort of the whole row (equal logits by id)."""
+    """Top-p as it was written first: a stable argsort of the whole row (equal logits by id)."""
     order = np.argsort(-logits, kind="stable")
     shifted = np.exp(logits[order] - logits[order].max())
     probs = shifted / shifted.sum()
@@ -62,9 +67,9 @@ def top_p_by_stable_sort(logits: np.ndarray, p: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("vocab", [V, 2048])
-def test_top_p_sorting_values_keeps_exactly_what_a_stable_sort_of_the_ids_keeps(vocab):
-    """Sorting the values instead of the ids keeps the very same ids, equal logits at the edge included
-    (lowest ids first), with masked ids, flat rows and p near 1."""
+def test_top_p_keeps_exactly_what_a_stable_sort_of_the_whole_row_keeps(vocab):
+    """Sorting only the ids min-p and top-k keep keeps the very same ids, equal logits at the edge
+    included (lowest ids first), with masked ids, flat rows and p near 1."""
     rng = np.random.default_rng(vocab)
     for trial in range(400):
         row = rng.normal(0, [0.05, 1, 3, 20][trial % 4], vocab)
@@ -75,7 +80,7 @@ def test_top_p_sorting_values_keeps_exactly_what_a_stable_sort_of_the_ids_keeps(
         if trial % 11 == 0:
             row[:] = 0.5  # every id alike
         p = [0.05, 0.5, 0.9, 0.95, 0.999999][trial % 5]
-        assert np.array_equal(top_p_filter(row, p), top_p_by_stable_sort(row, p)), (trial, p)
+        assert np.array_equal(kept(row, top_p=p), np.isfinite(top_p_by_stable_sort(row, p))), (trial, p)
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens():
@@ -144,12 +149,12 @@ def test_min_p_keeps_what_transformers_min_p_keeps(min_p):
         row = logits_rows(1, seed=seed)[0].astype(np.float64)
         if seed % 4 == 0:
             row = np.round(row, 0)  # ties, some at the edge
-        kept = np.isfinite(min_p_filter(row, min_p))
+        kept_ = kept(row, min_p=min_p)
         reference = torch.from_numpy(row)[None]
         if min_p > 0:
             reference = MinPLogitsWarper(min_p)(None, reference)
-        assert kept.tolist() == torch.isfinite(reference)[0].tolist(), (min_p, seed)
-        assert kept[np.argmax(row)]
+        assert kept_.tolist() == torch.isfinite(reference)[0].tolist(), (min_p, seed)
+        assert kept_[np.argmax(row)]
 
 
 def test_presence_and_frequency_penalties_are_openais_formula():

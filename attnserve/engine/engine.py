@@ -388,7 +388,8 @@ class Engine:
             self._decode_burst(next_ids)
             return
         sampled = frozenset(key for key, s in self._active.items() if not s.plain_greedy)
-        logits = self.slots.decode(next_ids, sampled)
+        passes = {key: row for key in sampled if (row := self._active[key].pass_row()) is not None}
+        logits = self.slots.decode(next_ids, sampled, passes)
         advanced = self._advance(logits, [self._active[key] for key in logits.keys])
         self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
         self._free_done(advanced)
@@ -455,11 +456,13 @@ class Engine:
         if picked is None and all(sequence.plain_greedy for sequence in sequences):
             picked = rows.argmax(axis=1)
         greedy: list[int | None] = picked.tolist() if picked is not None else [None] * len(sequences)
-        for sequence, token, row in zip(sequences, greedy, rows):
+        for key, sequence, token, row in zip(keys, sequences, greedy, rows):
             if id(sequence.handle) in self._failed:
                 continue  # a completion of a request that failed this step
             try:  # its own work: its sampler (penalties, grammar, logprobs), then its text and stops
-                if not sequence.plain_greedy:
+                if key in logits.picks:  # picked by the runner's batched pass
+                    token = sequence.take_pick(logits.picks[key])
+                elif not sequence.plain_greedy:
                     token = sequence.pick(row)
                 elif token is None:
                     token = int(row.argmax())

@@ -1,17 +1,39 @@
 """Per-request token selection in numpy: greedy, temperature, min-p, top-k, top-p, the repetition,
 presence and frequency penalties, and the masks (banned ids, a grammar's allowed ids).
 
-Each request in a batch has its own Sampler and its own numpy Generator, so a seeded request
-gives the same tokens whatever else shares its batch. Greedy is np.argmax on the float32
-logits, which picks the first maximum exactly as torch.argmax does. Knows nothing of batching:
-the engine takes plain greedy rows' argmax over the whole batch itself (engine._advance).
+Each request in a batch has its own Sampler. A draw takes one uniform number made from the
+request's seed and the token's position alone (counter_uniform: stateless), and picks by inverse
+CDF over the kept ids in descending order, lower id first on ties; so a seeded request gives the
+same tokens whatever else shares its batch, whichever side picks them, and after a restart. Greedy
+is np.argmax on the float32 logits, which picks the first maximum exactly as torch.argmax does.
+Knows nothing of batching: the engine takes plain greedy rows' argmax over the whole batch itself
+(engine._advance), and a runner may pick the rows a Sampler describes as a PassRow in one batched
+pass where the logits are (seam.py); this module is that pass's oracle and its host side.
 """
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 
 from .domain import SamplingParams, TokenLogprob
+from .seam import PassRow, Pick
+
+MASK64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit integers that scatters every bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def counter_uniform(seed: int, position: int) -> float:
+    """A uniform number in [0, 1) from (seed, position) alone: counter-based, so a draw depends on
+    nothing else. 24 bits, exact in float32 (the batched pass's input)."""
+    return (mix64((mix64(seed & MASK64) + position) & MASK64) >> 40) / float(1 << 24)
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
@@ -39,38 +61,43 @@ def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned
     return out
 
 
-def top_k_filter(logits: np.ndarray, k: int) -> np.ndarray:
-    """Keep logits at least as large as the k-th largest (ties kept), -inf elsewhere."""
-    if k <= 0 or k >= logits.size:
-        return logits
-    kth = np.partition(logits, -k)[-k]
-    return np.where(logits >= kth, logits, -np.inf)
+def kept_ids(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The ids min-p, top-k and top-p keep of a temperature-scaled row, in descending order (lower id first
+    on ties), with their weights (exp of the logit less the row's largest). Each keeps a prefix of that
+    order: min-p the ids at least min_p times as likely as the likeliest (vLLM's and transformers'),
+    top-k those at least as likely as the k-th (ties kept), top-p the smallest prefix whose probability
+    reaches p (the crossing id kept). A -inf id is never kept. Sorts only what min-p and top-k keep."""
+    shifted = scaled - np.max(scaled)
+    edge = np.log(min_p) if min_p > 0.0 else -np.inf
+    if 0 < top_k < shifted.size:
+        edge = max(edge, np.partition(shifted, -top_k)[-top_k])
+    kept = np.flatnonzero((shifted >= edge) & (shifted > -np.inf))
+    order = kept[np.argsort(-shifted[kept], kind="stable")]
+    weights = np.exp(shifted[order])
+    if top_p < 1.0:
+        inside = np.cumsum(weights) - weights < top_p * weights.sum()
+        order, weights = order[inside], weights[inside]
+    return order, weights
 
 
-def min_p_filter(logits: np.ndarray, min_p: float) -> np.ndarray:
-    """Keep the ids whose probability is at least min_p times the likeliest id's (vLLM's and
-    transformers' min_p: a logit at least the largest plus log(min_p)), -inf elsewhere."""
-    if min_p <= 0.0:
-        return logits
-    return np.where(logits >= np.max(logits) + np.log(min_p), logits, -np.inf)
+def draw(scaled: np.ndarray, min_p: float, top_k: int, top_p: float, uniform: float) -> int:
+    """One id of a temperature-scaled row: of the ids kept_ids keeps, the first whose cumulative weight
+    passes `uniform` times their total (numpy's searchsorted, right)."""
+    order, weights = kept_ids(scaled, min_p, top_k, top_p)
+    cumulative = np.cumsum(weights)
+    rank = np.searchsorted(cumulative, uniform * cumulative[-1], side="right")
+    return int(order[min(rank, order.size - 1)])
 
 
-def top_p_filter(logits: np.ndarray, p: float) -> np.ndarray:
-    """Keep the smallest set of most likely tokens whose probability reaches p (equal logits in the
-    order of their ids), -inf elsewhere. Sorts the values, not the ids (a stable argsort of a 2048-id
-    row cost 70 us a token): the kept set is every id above the crossing token's logit and, at that
-    logit, as many of its ids as the cumulative count reached, lowest ids first."""
-    if p >= 1.0:
-        return logits
-    ranked = -np.sort(-logits)  # descending: the order a stable argsort gives, by value
-    probs = softmax(ranked)
-    # the first dropped (the token that crosses p is kept; the first is never dropped): how many are kept
-    count = int(np.argmax(np.cumsum(probs) - probs >= p)) or logits.size
-    edge = ranked[count - 1]
-    keep = logits > edge
-    ties = np.flatnonzero(logits == edge)[: count - int(keep.sum())]
-    keep[ties] = True
-    return np.where(keep, logits, -np.inf)
+def best(logprobs: np.ndarray, top: int) -> tuple[tuple[int, float], ...]:
+    """The `top` most likely ids of a row of log-probabilities with theirs, lower id first on ties (a
+    stable sort of only the ids at least as likely as the top-th)."""
+    if top <= 0:
+        return ()
+    top = min(top, logprobs.size)
+    candidates = np.flatnonzero(logprobs >= np.partition(logprobs, -top)[-top])
+    ids = candidates[np.argsort(-logprobs[candidates], kind="stable")][:top]
+    return tuple((int(i), float(logprobs[i])) for i in ids)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -83,16 +110,20 @@ def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tupl
     """Each prompt token after the first: its log-probability given the ones before it (the model's
     raw distribution, row i of `rows` predicting token i + 1) and the `top` most likely ids there."""
     logprobs = log_softmax(rows[:-1])
-    best = np.argsort(-logprobs, axis=1, kind="stable")[:, :top]
-    return tuple(
-        TokenLogprob(token, float(row[token]), tuple((int(i), float(row[i])) for i in ids))
-        for token, row, ids in zip(prompt[1:], logprobs, best)
-    )
+    return tuple(TokenLogprob(token, float(row[token]), best(row, top)) for token, row in zip(prompt[1:], logprobs))
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - np.max(logits))
-    return shifted / shifted.sum()
+def pick_row(logits: np.ndarray, row: PassRow) -> Pick:
+    """The batched pass's pick of one row (V,) in float64: what a Sampler with no penalty and no mask
+    picks, and the pass's oracle."""
+    biased = logits.astype(np.float64)
+    for token, value in row.bias:
+        biased[token] += value
+    scaled = biased / row.temperature if row.temperature > 0 else biased
+    logprobs = log_softmax(scaled)
+    greedy = row.temperature == 0
+    token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
+    return Pick(token, float(logprobs[token]), best(logprobs, row.top))
 
 
 class Sampler:
@@ -100,7 +131,8 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, vocab_size: int, prompt_ids: tuple[int, ...] = ()):
         self.params = params
-        self.rng = np.random.default_rng(params.seed)
+        self.seed = params.seed if params.seed is not None else secrets.randbits(64)
+        self.position = 0  # tokens taken so far: the next draw's counter
         self.seen = np.zeros(vocab_size, dtype=bool)  # tokens of prompt and completion
         self.seen[[i for i in prompt_ids if 0 <= i < vocab_size]] = True
         self.counts = np.zeros(vocab_size, dtype=np.int64)  # each id's count in the completion
@@ -128,8 +160,20 @@ class Sampler:
         processed = self.processed(logits, banned, allowed)
         token = self.take(processed)
         logprobs = log_softmax(processed)
-        best = np.argsort(-logprobs, kind="stable")[:top]
-        return token, TokenLogprob(token, float(logprobs[token]), tuple((int(i), float(logprobs[i])) for i in best))
+        return token, TokenLogprob(token, float(logprobs[token]), best(logprobs, top))
+
+    def pass_row(self, banned: tuple[int, ...], top: int) -> PassRow | None:
+        """This step's pick as the batched pass makes it (the same steps as processed() and take() with no
+        penalty and no mask), or None if this sampler penalizes: its counts stay on the host."""
+        p = self.params
+        if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            return None
+        bias = p.logit_bias + tuple((token, -np.inf) for token in banned)
+        return PassRow(p.temperature, p.top_k, p.top_p, p.min_p, self.uniform(), bias, top)
+
+    def uniform(self) -> float:
+        """This step's uniform number (unused by greedy, drawn all the same: stateless)."""
+        return counter_uniform(self.seed, self.position)
 
     def processed(self, logits: np.ndarray, banned: tuple[int, ...], allowed: np.ndarray | None = None) -> np.ndarray:
         """The row a token is picked from: the penalties (repetition, then presence and frequency), the
@@ -147,15 +191,14 @@ class Sampler:
 
     def take(self, processed: np.ndarray) -> int:
         """Greedy argmax, or a draw after min-p, top-k and top-p; the token is remembered for the penalties."""
-        token = int(np.argmax(processed)) if self.params.greedy else self._sample(processed)
+        p = self.params
+        token = int(np.argmax(processed)) if p.greedy else draw(processed, p.min_p, p.top_k, p.top_p, self.uniform())
+        self.record(token)
+        return token
+
+    def record(self, token: int) -> None:
+        """`token` was taken (here or by the batched pass): for the penalties and the next draw's counter."""
         if 0 <= token < self.seen.size:
             self.seen[token] = True
             self.counts[token] += 1
-        return token
-
-    def _sample(self, scaled: np.ndarray) -> int:
-        p = self.params
-        scaled = top_p_filter(top_k_filter(min_p_filter(scaled, p.min_p), p.top_k), p.top_p)
-        cumulative = np.cumsum(softmax(scaled))
-        index = np.searchsorted(cumulative, self.rng.random() * cumulative[-1], side="right")
-        return int(min(index, scaled.size - 1))
+        self.position += 1

@@ -42,6 +42,33 @@ class PrefixReport:
 
 
 @dataclass(frozen=True)
+class PassRow:
+    """What the batched logits pass does to one row (a Sampler's pick with no penalty and no mask):
+    add `bias` (sparse; a banned id's is -inf), divide by `temperature` (0: greedy, the row's argmax),
+    keep by `min_p` (0: off), `top_k` (0: off) and `top_p` (1: off), then draw with `uniform` in
+    [0, 1) (sampling.draw); the token's log-probability comes back, and the `top` likeliest ids' too."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    uniform: float
+    bias: tuple[tuple[int, float], ...] = ()
+    top: int = 0
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A row picked by a runner's batched pass: its token, the token's log-probability under the processed
+    distribution (after the bias and the temperature), and the likeliest ids with theirs (at least as
+    many as its PassRow's `top`, descending, lower id first on ties)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Logits:
     """One run's rows of logits by request key: `keys[i]`'s row is `rows[i]`, rows (n, V) float32.
 
@@ -51,7 +78,9 @@ class Logits:
     and then only the sampling keys' rows are valid. A prefill brings back `prompts` for the keys started
     with prompt_logits: every position's logits of the prompt (n, V) float32, row i predicting token i + 1.
     A runner with a prefix cache says, for the keys whose prompt completed, how many of its tokens
-    came from the cache (`cached`), and what its cache did this round (`prefix`)."""
+    came from the cache (`cached`), and what its cache did this round (`prefix`). A decode told which
+    sampling keys its batched pass may pick (`passes`) brings back `picks` for those it picked; the
+    row of every other sampling key is valid."""
 
     keys: list[int]
     rows: np.ndarray
@@ -59,6 +88,7 @@ class Logits:
     prompts: dict[int, np.ndarray] = field(default_factory=dict)  # key -> its whole prompt's logits (n, V)
     cached: dict[int, int] = field(default_factory=dict)  # key -> prompt tokens served from the prefix cache
     prefix: PrefixReport | None = None  # None: the runner has no prefix cache
+    picks: dict[int, Pick] = field(default_factory=dict)  # key -> its row picked by the runner's pass
 
     @classmethod
     def of(cls, rows: Mapping[int, np.ndarray]) -> Logits:
@@ -81,7 +111,9 @@ class SlotRunner(Protocol):
     round of prompt work and returns the logits of the last token of every prompt it completed (a long
     prompt may take several rounds); `decode` feeds one
     token per decoding key and returns its next logits (given `sampled`, the keys that sample, the
-    others are picked by argmax and the runner may return their tokens instead of their logits);
+    others are picked by argmax and the runner may return their tokens instead of their logits; given
+    `passes`, some sampling keys' PassRows, the runner may pick those rows itself, in one batched pass
+    where the logits are, and return Picks instead of their rows);
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
     tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
     burst ends (the steps run come back); `copy_cache` gives one key's slot a copy of another's cache
@@ -96,7 +128,12 @@ class SlotRunner(Protocol):
         self, key: int, prompt: tuple[int, ...], prompt_logits: bool = False, forks: tuple[int, ...] = ()
     ) -> None: ...
     def prefill(self) -> Logits: ...
-    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits: ...
+    def decode(
+        self,
+        next_ids: dict[int, int],
+        sampled: frozenset[int] | None = None,
+        passes: Mapping[int, PassRow] | None = None,
+    ) -> Logits: ...
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int: ...
     def copy_cache(self, src: int, dst: int) -> None: ...
     def release(self, key: int) -> None: ...

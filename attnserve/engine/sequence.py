@@ -32,7 +32,7 @@ from .domain import (
 )
 from .grammar import Matcher
 from .sampling import Sampler, prompt_logprobs
-from .seam import ModelSpec
+from .seam import ModelSpec, PassRow, Pick
 
 Event = Delta | Final | Exception
 
@@ -209,6 +209,20 @@ class Sequence:
             return self.sampler(logits, banned, allowed)
         token, self.picked = self.sampler.with_logprobs(logits, banned, self.request.logprobs, allowed)
         return token
+
+    def pass_row(self) -> PassRow | None:
+        """This step's pick as a runner's batched pass makes it, or None where its row must come to the
+        host: its grammar's mask, or a penalty's counts."""
+        if self.mask is not None:
+            return None
+        return self.sampler.pass_row(self.banned(), self.request.logprobs or 0)
+
+    def take_pick(self, pick: Pick) -> int:
+        """The token a runner's batched pass picked by pass_row (with its log-probabilities, if asked)."""
+        self.sampler.record(pick.token)
+        if self.request.logprobs is not None:
+            self.picked = TokenLogprob(pick.token, pick.logprob, pick.top[: self.request.logprobs])
+        return pick.token
 
     @property
     def done(self) -> bool:

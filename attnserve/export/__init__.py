@@ -1,6 +1,6 @@
-"""Export to ONNX: a checkpoint becomes a model directory, written by the contract in
-runtime/contract.py and gated by parity against PyTorch, driven through the runtime exactly as
-serving drives it. The modules here import torch, except genai.py, quantize.py and fusions.py.
+"""Export to ONNX: a checkpoint becomes a model directory, written by the contract in runtime/contract.py and
+gated by parity against PyTorch, driven through the runtime exactly as serving drives it. The modules here
+import torch, except genai.py, quantize.py, fusions.py and logits_pass_graph.py.
 
 export_cli.py (`attnserve export`: flags, one-line errors) -> onnx_export.py (the export run: checkpoint in,
 model directory out once the gates pass) -> graphs.py (modules with the exported graphs' signatures, and the
@@ -10,4 +10,6 @@ projections into one MatMul. The gates: parity.py (a decoder's graphs against Py
 gate shares), parity_arena.py (an arena graph, driven as the server drives it), parity_seq2seq.py (an
 encoder-decoder's graphs), parity_beams.py (beam search, hypothesis for hypothesis) and quantize.py (int8 and
 int4 weights, gated by held-out loss). genai.py writes genai_config.json for onnxruntime-genai.
+logits_pass_graph.py builds the serving runtime's batched logits pass (runtime/logits_pass.py runs it),
+checked into the package, not written per export.
 """

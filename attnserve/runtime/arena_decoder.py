@@ -14,9 +14,11 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
+from ..engine.seam import PassRow, Pick
 from . import contract
 from .arena import Device, KVArena, device_of
 from .fixed_steps import FixedSteps
+from .logits_pass import LogitsPass
 from .ort_session import HOST_DTYPES, to_float32
 from .step_inputs import StepInputs
 
@@ -77,6 +79,9 @@ class ArenaDecoder:
         self.last_shape = (0, 0)  # (B, T) of the last run whose logits are in the host buffer
         self.columns = np.arange(self.context + 1)[None, :]  # a decode step's mask compares positions to these
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
+        threads = session.get_session_options().intra_op_num_threads
+        # the batched logits pass over a picked step's logits buffer (a graph with NEXT_TOKEN has one)
+        self.logits_pass = LogitsPass(self.dtype, self.device, threads) if self.greedy_outputs else None
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
 
@@ -193,6 +198,21 @@ class ArenaDecoder:
         picked = self.step(tokens, picked=True)
         address = self.step_logits.data_ptr() if rows else 0  # no rows: nothing is read from it
         return picked, self.read_rows(address, len(tokens), rows)
+
+    def decode_passed(
+        self, tokens: np.ndarray, rows: list[int], passed: list[int], plan: list[PassRow]
+    ) -> tuple[np.ndarray, np.ndarray, list[Pick | None]]:
+        """decode_picked, and the slots `passed` picked where the logits are by the batched pass
+        (logits_pass.py), each by its PassRow in `plan`: a Pick each, or None for a row the pass could
+        not hold, whose logits come back with those of `rows`. A graph without NEXT_TOKEN picks nothing."""
+        if self.logits_pass is None:
+            picked, logits = self.decode_picked(tokens, rows + passed)
+            return picked, logits, [None] * len(passed)
+        picked = self.fixed.step_ids(tokens) if self.fixed is not None else self.step(tokens, picked=True)
+        picks = self.logits_pass.run(self.step_logits, passed, plan) if passed else []
+        host = rows + [row for row, pick in zip(passed, picks) if pick is None]
+        address = self.step_logits.data_ptr() if host else 0  # no rows: nothing is read from it
+        return picked, self.read_rows(address, len(tokens), host), picks
 
     def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
         """Each slot's greedy next token (B,) int64, and no logits leave the device."""

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 
-from ..engine.seam import Enough, Logits, PrefixReport
+from ..engine.seam import Enough, Logits, PassRow, PrefixReport
 from .arena_decoder import ArenaDecoder
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
@@ -208,16 +209,27 @@ class ArenaRunner:
         self._store(slot, prompt)
         return {key: logits, **self._fork(key, slot, logits)}
 
-    def decode(self, next_ids: dict[int, int], sampled: frozenset[int] | None = None) -> Logits:
+    def decode(
+        self,
+        next_ids: dict[int, int],
+        sampled: frozenset[int] | None = None,
+        passes: Mapping[int, PassRow] | None = None,
+    ) -> Logits:
         """One token for every decoding request; their logits (B, V), a view valid until the next run.
         Given `sampled`, every request's greedy token comes back and only the sampled ones' logits
-        leave the device (the others' rows are stale)."""
+        leave the device (the others' rows are stale); of those, the keys in `passes` are picked where
+        the logits are, in one batched pass (their Picks come back, and the rows of those it could
+        not hold)."""
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
         if sampled is None:
             return Logits(list(self.decoding), self.decoder.decode(tokens))
-        rows = [row for row, key in enumerate(self.decoding) if key in sampled]
-        picked, logits = self.decoder.decode_picked(tokens, rows)
-        return Logits(list(self.decoding), logits, picked)
+        passes = passes or {}
+        rows = [row for row, key in enumerate(self.decoding) if key in sampled and key not in passes]
+        passed = [row for row, key in enumerate(self.decoding) if key in passes]
+        plan = [passes[self.decoding[row]] for row in passed]
+        picked, logits, picks = self.decoder.decode_passed(tokens, rows, passed, plan)
+        got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
+        return Logits(list(self.decoding), logits, picked, picks=got)
 
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
         """Up to `steps` greedy decode steps of the whole block, each fed the tokens the last picked

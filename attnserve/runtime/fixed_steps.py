@@ -40,10 +40,15 @@ class FixedSteps:
     def decode_picked(self, tokens: np.ndarray, rows: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """ArenaDecoder.decode_picked through a graph of its own per batch size: B ids and the logits
         of `rows` cross the bus."""
+        d = self.decoder
+        picked = self.step_ids(tokens)
+        return picked, d.read_rows(d.step_logits.data_ptr(), len(tokens), rows)
+
+    def step_ids(self, tokens: np.ndarray) -> np.ndarray:
+        """One picked step: each slot's greedy token (B,) on the host; the logits stay on the device."""
         d, b = self.decoder, len(tokens)
         self.run(tokens, picked=True)
-        picked = d.device.read(self.ids.data_ptr(), d.next_ids[:b]).copy()
-        return picked, d.read_rows(d.step_logits.data_ptr(), b, rows)
+        return d.device.read(self.ids.data_ptr(), d.next_ids[:b]).copy()
 
     def run(self, tokens: np.ndarray, picked: bool) -> None:
         d, b = self.decoder, len(tokens)

@@ -1,0 +1,89 @@
+"""The batched logits pass: one run of a small ONNX graph over a decode step's logits where they are.
+
+The graph (logits_pass.<dtype>.onnx beside this file, written by export/logits_pass_graph.py)
+runs on the model's own provider, on the same CUDA stream as its session, fed the step's logits
+buffer by IO binding (nothing is copied to the host first). For each row it is asked about it
+applies the row's PassRow (seam.py: bias and bans, temperature, min-p, top-k, top-p, greedy or a
+draw) and brings back only the token, its log-probability and the top ids: a few bytes a row
+instead of the row. A row whose filters keep more ids than the graph's head comes back as not
+picked; its runner reads that row and the engine picks it on the host by the same steps
+(engine/sampling.py, the pass's oracle). Knows nothing of requests or scheduling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from ..engine.seam import PassRow, Pick
+from .arena import Device
+from .ort_session import create_session
+
+HERE = Path(__file__).resolve().parent
+INPUTS = ("rows", "temperature", "top_k", "top_p", "min_p", "uniform", "bias_ids", "bias_values")
+OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact")
+
+
+def graph_file(dtype: str) -> Path:
+    """The pass for logits of `dtype` (float32, float16, bfloat16)."""
+    return HERE / f"logits_pass.{dtype}.onnx"
+
+
+def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.ndarray]:
+    """The graph's inputs besides the logits: each planned row's index in the logits and its PassRow,
+    the sparse biases padded with (0, 0.0), which adds nothing."""
+    width = max((len(p.bias) for p in plan), default=0) or 1
+    bias_ids = np.zeros((len(plan), width), np.int64)
+    bias_values = np.zeros((len(plan), width), np.float32)
+    for i, p in enumerate(plan):
+        if p.bias:
+            ids, values = zip(*p.bias)
+            bias_ids[i, : len(ids)], bias_values[i, : len(ids)] = ids, values
+    column = lambda values, dtype: np.array(values, dtype)
+    return {
+        "rows": column(rows, np.int64),
+        "temperature": column([p.temperature for p in plan], np.float32),
+        "top_k": column([p.top_k for p in plan], np.int64),
+        "top_p": column([p.top_p for p in plan], np.float32),
+        "min_p": column([p.min_p for p in plan], np.float32),
+        "uniform": column([p.uniform for p in plan], np.float32),
+        "bias_ids": bias_ids,
+        "bias_values": bias_values,
+    }
+
+
+class LogitsPass:
+    """The pass on one device, for logits of one dtype."""
+
+    def __init__(self, dtype: str, device: Device, threads: int = 0):
+        provider = "cpu" if device.kind == "cpu" else "cuda"
+        self.session = create_session(graph_file(dtype), provider, threads, device.stream)
+        self.device = device
+
+    def run(self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]) -> list[Pick | None]:
+        """Rows `rows` of `logits` (slots, 1, V), each picked by its PassRow in `plan`: a Pick, or None
+        where the row's filters keep more ids than the graph looks at (pick it on the host)."""
+        binding = self.session.io_binding()
+        if isinstance(logits, ort.OrtValue):
+            binding.bind_ortvalue_input("logits", logits)
+        else:
+            binding.bind_cpu_input("logits", logits)
+        for name, value in pass_inputs(rows, plan).items():
+            binding.bind_cpu_input(name, value)
+        for name in OUTPUTS:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        token, logprob, top_ids, top_logprobs, exact = (value.numpy() for value in binding.get_outputs())
+        return [
+            Pick(
+                int(token[i]),
+                float(logprob[i]),
+                tuple(zip(top_ids[i, : p.top].tolist(), top_logprobs[i, : p.top].tolist())),
+            )
+            if exact[i]
+            else None
+            for i, p in enumerate(plan)
+        ]

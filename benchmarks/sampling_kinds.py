@@ -1,0 +1,151 @@
+"""Each kind of request production sends against plain greedy, served through gRPC: what a request
+costs for asking more than argmax (issue 60's table), on one server, and before/after a change.
+
+One `attnserve serve` per side on 127.0.0.1 (this checkout; with --tree-a, also that checkout's
+on the same model), each driven by `attnserve bench` from a process of its own: S streams at once,
+each --prompt-tokens prompt ids and up to --new-tokens tokens, every stream of one kind. Each round
+runs every side and every kind once, sides and kinds in turn forwards and backwards. Reports, per
+stream count and side, each kind's median output tokens/s with min and max, its ratio to greedy on
+the same server in the same round, and (with --tree-a) each kind's after/before ratio; then one
+JSON object last (--out also writes its Markdown report, --plot a PNG). Torch-free.
+
+    python -m benchmarks.sampling_kinds --model models/NAME [--tree-a DIR] [--streams 1,16]
+        [--prompt-tokens 16] [--new-tokens 64] [--repeats 5] [--kinds greedy,ignore_eos,...]
+        [--threads N] [--out F.json] [--plot F.png]
+
+A before/after: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from attnserve.report_stamp import Stamp
+from benchmarks.serving import alternating, report, spread
+from benchmarks.size_ladder import Served
+
+TITLE = "Request kinds against greedy through gRPC, alternating"
+# each kind's `attnserve bench` flags; greedy ends at EOS like the sampled kinds, ignore_eos never does
+KINDS = {
+    "greedy": [],
+    "ignore_eos": ["--ignore-eos"],
+    "temperature 0.8, top_p 0.95": ["--temperature", "0.8", "--top-p", "0.95"],
+    "temperature 1, top_k 50": ["--temperature", "1", "--top-k", "50"],
+    "greedy, logprobs 5": ["--logprobs", "5"],
+    "temperature 0.7, repetition_penalty 1.1": ["--temperature", "0.7", "--repetition-penalty", "1.1"],
+    "production mix": ["--mix", "production"],
+}
+BASELINE = "greedy"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
+    p.add_argument("--tree-a", help="a checkout to serve as side a (the before), e.g. a git worktree")
+    p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream, at most (EOS may end one)")
+    p.add_argument("--repeats", type=int, default=5, help="rounds, sides and kinds alternating; medians reported")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
+    p.add_argument("--threads", type=int, default=0, help="the servers' --threads (0: their default)")
+    p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
+    p.add_argument("--plot", help="write a PNG of each kind's ratio to greedy here")
+    args = p.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",")]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        p.error(f"--kinds: unknown {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
+    kinds = [BASELINE, *(k for k in kinds if k != BASELINE)]
+    streams = [int(s) for s in args.streams.split(",")]
+    trees = {"a": args.tree_a, "b": None} if args.tree_a else {"b": None}
+    stamp = Stamp.start(provider="cpu")
+    servers = {
+        side: Served(args.model, args.threads, max(streams), args.new_tokens, tree=tree) for side, tree in trees.items()
+    }
+    runs = [(side, kind) for side in servers for kind in kinds]
+    rows = []
+    try:
+        for count in streams:
+            prompts = [[0] * args.prompt_tokens] * count  # bench draws the ids; only the shape counts
+            for server in servers.values():
+                server.measure(prompts[: min(count, 4)], 4, [])  # warm-up
+            measured: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
+            for run in alternating(runs, args.repeats, f"{count} streams"):
+                side, kind = run
+                measured[run].append(servers[side].measure(prompts, args.new_tokens, KINDS[kind])["tokens_per_s"])
+            rows.append(summary(count, measured, servers, kinds))
+    finally:
+        for server in servers.values():
+            server.close()
+    settings = {"model": str(args.model), "tree_a": args.tree_a, "threads": args.threads, "kinds": kinds}
+    settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
+    settings["flags"] = {kind: " ".join(KINDS[kind]) for kind in kinds}
+    report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
+    return 0
+
+
+def summary(count: int, measured: dict[tuple[str, str], list[float]], servers: dict, kinds: list[str]) -> dict:
+    """One stream count's figures: per side and kind, tokens/s and the ratio to greedy (round by round,
+    same server); per kind, b over a (round by round) when there are two sides."""
+    row: dict = {"streams": count, "sides": {}}
+    for side in servers:
+        base = measured[side, BASELINE]
+        row["sides"][side] = {
+            kind: {
+                "tokens_per_s": spread(measured[side, kind]),
+                "over_greedy": spread([k / g for k, g in zip(measured[side, kind], base)]),
+            }
+            for kind in kinds
+        }
+    if "a" in servers:
+        row["b_over_a"] = {
+            kind: spread([b / a for a, b in zip(measured["a", kind], measured["b", kind])]) for kind in kinds
+        }
+    return row
+
+
+def print_table(result: dict) -> None:
+    print(f"{result['model']}; a: {result['tree_a'] or '-'}, b: this checkout")
+    for row in result["rows"]:
+        for side, kinds in row["sides"].items():
+            for kind, figures in kinds.items():
+                t, r = figures["tokens_per_s"], figures["over_greedy"]
+                line = f"{row['streams']:>3} streams {side} {kind:<42} {t['median']:>9,.1f} tokens/s"
+                line += f"  {r['median']:.2f}x greedy ({r['min']:.2f}-{r['max']:.2f})"
+                if side == "b" and "b_over_a" in row:
+                    ba = row["b_over_a"][kind]
+                    line += f"  b/a {ba['median']:.2f} ({ba['min']:.2f}-{ba['max']:.2f})"
+                print(line)
+
+
+def write_plot(result: dict, path: str) -> None:
+    """One panel per stream count: each kind's ratio to greedy, a bar per side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, axes = plt.subplots(1, len(rows), figsize=(6 * len(rows), 4), squeeze=False)
+    kinds = result["kinds"][1:]
+    for ax, row in zip(axes[0], rows):
+        sides = list(row["sides"])
+        width = 0.8 / len(sides)
+        for i, side in enumerate(sides):
+            values = [row["sides"][side][kind]["over_greedy"]["median"] for kind in kinds]
+            label = {"a": "before (a)", "b": "after (b)"}[side]
+            ax.bar([k + i * width for k in range(len(kinds))], values, width, label=label, color=f"C{i}")
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))])
+        ax.set_xticklabels(kinds, rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("tokens/s over greedy's, same server and round", fontsize=8)
+        ax.set_title(f"{row['streams']} streams", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"request kinds against greedy: {Path(result['model']).name}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

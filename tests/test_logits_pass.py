@@ -1,0 +1,219 @@
+"""The batched logits pass (runtime/logits_pass.py) against its numpy oracle (engine/sampling.py's
+pick_row), on a real ONNX Runtime session: every transform and their combinations on random rows,
+the draw's distribution, a row's pick whatever shares its batch, every dtype's graph; then on a real
+server over the tiny model: the rows it picks are what the host side picks, and a seeded request's
+tokens are the same alone and beside 15 others."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from fixtures_server import idle, request, start_server, wait_until
+
+from attnserve.engine.sampling import counter_uniform, pick_row
+from attnserve.engine.seam import PassRow
+from attnserve.engine.sequence import Sequence
+from attnserve.export import logits_pass_graph
+from attnserve.runtime.arena import Device
+from attnserve.runtime.logits_pass import LogitsPass, graph_file
+from attnserve.runtime.ort_session import BFLOAT16
+
+V = 3001
+TIMEOUT = 120
+PROMPTS = [f"def f{i}(x):" for i in range(8)]
+# what production asks, each served by the pass: sampling (top-p, top-k, min-p), logprobs, fixed length, a bias
+KINDS = [
+    {"temperature": 0.8, "top_p": 0.95, "seed": 7},
+    {"temperature": 1.0, "top_k": 50, "seed": 3, "logprobs": 2},
+    {"temperature": 0.7, "min_p": 0.1, "seed": 5},
+    {"logprobs": 5},
+    {"ignore_eos": True},
+    {"logit_bias": {101: -100.0, 32: 3.0}},
+]
+
+
+@pytest.fixture(scope="module")
+def pass_cpu():
+    return LogitsPass("float32", Device(), threads=1)
+
+
+def random_rows(rng: np.random.Generator, n: int, vocab: int = V) -> np.ndarray:
+    """Rows as a model's look: a few likely ids over a long tail, some flat, some with ties."""
+    rows = rng.normal(0, 1, (n, vocab))
+    for i in range(n):
+        rows[i, rng.integers(0, vocab, 20)] += rng.uniform(2, 12)  # a head of likely ids
+        if i % 5 == 0:
+            rows[i] = np.round(rows[i], 1)  # ties
+    return rows.astype(np.float32)
+
+
+def plans(rng: np.random.Generator, n: int, vocab: int = V) -> list[PassRow]:
+    """Every kind a request can ask, and combinations: greedy, temperature, min-p, top-k, top-p,
+    banned ids, biases and top log-probabilities."""
+    out = []
+    for i in range(n):
+        temperature = [0.0, 0.7, 1.0, 1.3][i % 4]
+        top_k = [0, 1, 5, 50][(i // 4) % 4]
+        top_p = [1.0, 0.9, 0.5, 0.99][(i // 16) % 4]
+        min_p = [0.0, 0.05][(i // 64) % 2]
+        bias = tuple((int(t), float(rng.uniform(-5, 5))) for t in rng.choice(vocab, i % 3, replace=False))
+        if i % 7 == 0:
+            bias += ((int(rng.integers(0, vocab)), -np.inf),)  # a banned id (ignore_eos, min_tokens)
+        out.append(PassRow(temperature, top_k, top_p, min_p, float(rng.random()), bias, [0, 1, 5, 20][i % 4]))
+    return out
+
+
+def test_the_checked_in_graphs_are_what_the_builder_writes():
+    """`python -m attnserve.export.logits_pass_graph` wrote the graphs the package serves."""
+    for dtype in logits_pass_graph.DTYPES:
+        assert graph_file(dtype).read_bytes() == logits_pass_graph.serialized(dtype), dtype
+
+
+def test_the_pass_picks_what_the_oracle_picks(pass_cpu):
+    """Greedy ids exact, drawn ids exact (one uniform number each, the same steps), log-probabilities
+    within 1e-5, the top ids exact, on 128 rows of every combination; rows the head cannot hold come
+    back unpicked, and are rare on rows shaped like a model's."""
+    rng = np.random.default_rng(0)
+    rows = random_rows(rng, 128)
+    plan = plans(rng, 128)
+    picks = pass_cpu.run(rows[:, None, :], list(range(128)), plan)
+    held = [i for i, pick in enumerate(picks) if pick is not None]
+    assert len(held) >= 100, len(held)
+    for i in held:
+        ours, oracle = picks[i], pick_row(rows[i], plan[i])
+        assert ours.token == oracle.token, (i, plan[i])
+        assert ours.logprob == pytest.approx(oracle.logprob, abs=1e-5)
+        assert [t for t, _ in ours.top] == [t for t, _ in oracle.top], i
+        assert np.allclose([lp for _, lp in ours.top], [lp for _, lp in oracle.top], atol=1e-5)
+
+
+def test_a_row_the_head_cannot_hold_comes_back_unpicked(pass_cpu):
+    """A flat row under top-p 0.99 keeps nearly every id, and under top-k 10 every id (ties are kept):
+    more than the graph's head. Greedy is picked all the same, and top-k 10 of a row without ties."""
+    logits = np.zeros((2, 1, V), np.float32)
+    logits[1, 0] = -np.arange(V) / V  # descending, no ties
+    plan = [PassRow(1.0, 0, 0.99, 0.0, 0.5), PassRow(1.0, 10, 1.0, 0.0, 0.5), PassRow(0.0, 0, 1.0, 0.0, 0.5, top=3)]
+    picks = pass_cpu.run(logits, [0, 0, 0, 1], [*plan, PassRow(1.0, 10, 1.0, 0.0, 0.5)])
+    assert picks[0] is None and picks[1] is None
+    assert picks[2] is not None and picks[2].token == 0 and [t for t, _ in picks[2].top] == [0, 1, 2]
+    assert picks[3] is not None and picks[3].token == pick_row(logits[1, 0], PassRow(1.0, 10, 1.0, 0.0, 0.5)).token
+
+
+def test_a_rows_pick_does_not_depend_on_its_batch(pass_cpu):
+    """The same row and PassRow alone and among 15 others, at another index: the same Pick."""
+    rng = np.random.default_rng(1)
+    rows = random_rows(rng, 16)
+    plan = plans(rng, 16)
+    together = pass_cpu.run(rows[:, None, :], list(range(16)), plan)
+    for i in range(16):
+        alone = pass_cpu.run(rows[i : i + 1, None, :], [0], [plan[i]])[0]
+        assert alone == together[i], i
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        PassRow(1.0, 0, 1.0, 0.0, 0.0),
+        PassRow(0.7, 0, 1.0, 0.0, 0.0),
+        PassRow(1.0, 3, 1.0, 0.0, 0.0),
+        PassRow(1.0, 0, 0.8, 0.0, 0.0),
+        PassRow(1.0, 0, 1.0, 0.2, 0.0),
+    ],
+    ids=["temperature", "temperature 0.7", "top_k 3", "top_p 0.8", "min_p 0.2"],
+)
+def test_the_draws_follow_the_distribution(pass_cpu, row):
+    """100,000 draws from fixed logits, one uniform number each from (seed, position): their counts pass
+    a chi-square test against the distribution the filters leave (p > 0.001)."""
+    logits = np.log(np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05], np.float32))
+    draws = 100_000
+    rows = np.broadcast_to(logits, (draws, 1, logits.size))
+    plan = [PassRow(row.temperature, row.top_k, row.top_p, row.min_p, counter_uniform(7, n)) for n in range(draws)]
+    tokens = np.array([pick.token for pick in pass_cpu.run(np.ascontiguousarray(rows), list(range(draws)), plan)])
+    scaled = logits.astype(np.float64) / row.temperature
+    p = np.exp(scaled - scaled.max())
+    p /= p.sum()
+    keep = p >= row.min_p * p.max()
+    if row.top_k:
+        keep &= np.arange(p.size) < row.top_k  # p descends by id here
+    before = np.cumsum(np.where(keep, p, 0)) - np.where(keep, p, 0)
+    keep &= before < row.top_p * np.where(keep, p, 0).sum()
+    expected = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
+    counts = np.bincount(tokens, minlength=p.size)
+    assert not counts[~keep].any()
+    assert chi_square_p(counts[keep], expected[keep] * draws) > 0.001
+
+
+def chi_square_p(observed: np.ndarray, expected: np.ndarray) -> float:
+    """Pearson's chi-square test's p-value (the upper regularized gamma function of torch)."""
+    import torch
+
+    statistic = float(((observed - expected) ** 2 / expected).sum())
+    df = observed.size - 1
+    if df == 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(statistic / 2)))
+
+
+def test_every_dtypes_graph_picks_what_float32_picks_of_the_same_values(pass_cpu):
+    """float16 and bfloat16 logits (a float16 export's, a bfloat16 one's), bound as they are: the picks
+    float32's graph makes of the same values."""
+    rng = np.random.default_rng(3)
+    rows, plan = random_rows(rng, 32), plans(rng, 32)
+    half = rows.astype(np.float16)
+    expected = pass_cpu.run(half.astype(np.float32)[:, None, :], list(range(32)), plan)
+    assert LogitsPass("float16", Device(), 1).run(half[:, None, :], list(range(32)), plan) == expected
+    bits = (rows.view(np.uint32) >> 16).astype(np.uint16)  # bfloat16: a float32's top half
+    expected = pass_cpu.run((bits.astype(np.uint32) << 16).view(np.float32)[:, None, :], list(range(32)), plan)
+    bound = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits[:, None, :], BFLOAT16)
+    assert LogitsPass("bfloat16", Device(), 1).run(bound, list(range(32)), plan) == expected
+
+
+@pytest.fixture(scope="module")
+def busy(tiny_model_dir):
+    running = start_server(tiny_model_dir, max_batch=16)
+    yield running
+    running.stop()
+
+
+def generated(stub, prompt: str, **fields) -> tuple[list[int], list[tuple[int, float, list[int]]]]:
+    """A unary call's token ids and logprobs (id, logprob, top ids)."""
+    reply = stub.Generate(request(prompt, max_new_tokens=24, **fields), timeout=TIMEOUT)
+    return list(reply.token_ids), [(p.token_id, p.logprob, [t.token_id for t in p.top]) for p in reply.logprobs]
+
+
+def test_served_rows_are_picked_by_the_pass_as_the_host_picks_them(busy, monkeypatch):
+    """Every kind production sends, served: its rows after the first token come back as the pass's
+    picks, and its tokens, logprobs (within 1e-5) and top ids are those of the same requests picked on
+    the host, row by row (every pass_row None)."""
+    taken: list[int] = []
+    real = Sequence.take_pick
+    monkeypatch.setattr(Sequence, "take_pick", lambda self, pick: (taken.append(pick.token), real(self, pick))[1])
+    on_device = [generated(busy.stub, PROMPTS[0], **kind) for kind in KINDS]
+    assert len(taken) >= 10 * len(KINDS), len(taken)
+    monkeypatch.setattr(Sequence, "pass_row", lambda self: None)
+    taken.clear()
+    on_host = [generated(busy.stub, PROMPTS[0], **kind) for kind in KINDS]
+    assert not taken
+    for kind, (tokens, logprobs), (host_tokens, host_logprobs) in zip(KINDS, on_device, on_host):
+        assert tokens == host_tokens, kind
+        assert [(t, top) for t, _, top in logprobs] == [(t, top) for t, _, top in host_logprobs], kind
+        assert [lp for _, lp, _ in logprobs] == pytest.approx([lp for _, lp, _ in host_logprobs], abs=1e-5)
+    assert 101 not in on_device[-1][0]
+
+
+def test_a_seeded_request_decodes_alike_alone_and_beside_15_others(busy):
+    """Each kind's request alone, then all of them at once with more beside them (16 in the batch):
+    the same tokens and logprobs, the row's pick independent of its batch."""
+    alone = [generated(busy.stub, prompt, **kind) for prompt, kind in zip(PROMPTS, KINDS)]
+    others = [{"temperature": 0.9, "top_p": 0.9}, {}, {"logprobs": 1}, {"temperature": 1.2, "top_k": 5}]
+    with ThreadPoolExecutor(16) as pool:
+        mine = [pool.submit(generated, busy.stub, prompt, **kind) for prompt, kind in zip(PROMPTS, KINDS)]
+        rest = [pool.submit(generated, busy.stub, PROMPTS[i % 8], **others[i % 4]) for i in range(16 - len(KINDS))]
+        together = [f.result() for f in mine]
+        for f in rest:
+            f.result()
+    assert together == alone
+    wait_until(lambda: idle(busy.engine), what="the batch to empty")
