@@ -9,17 +9,19 @@ from attnserve.engine.sampling import (
     Sampler,
     apply_occurrence_penalties,
     apply_repetition_penalty,
-    kept_ids,
+    kept,
 )
 from attnserve.model.generate import next_token
 
 V = 259
 
 
-def kept(row: np.ndarray, min_p: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """Which ids of the row sampling keeps (a bool per id)."""
-    mask = np.zeros(row.size, dtype=bool)
-    mask[kept_ids(row.astype(np.float64), min_p, top_k, top_p)[0]] = True
+def kept_mask(row: np.ndarray, min_p: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """Which ids of the row sampling keeps (a bool per id): those above the last kept logit, and as many
+    of the ids at it as were kept, lowest first."""
+    shifted, values = kept(row.astype(np.float64), min_p, top_k, top_p)
+    mask = shifted > values[-1]
+    mask[np.flatnonzero(shifted == values[-1])[: values.size - int(mask.sum())]] = True
     return mask
 
 
@@ -38,7 +40,7 @@ def test_greedy_is_torch_argmax_including_ties():
 @pytest.mark.parametrize("k", [1, 5, 40, V])
 def test_top_k_keeps_the_same_tokens_as_the_reference(k):
     row = logits_rows(1, seed=k)[0]
-    kept_ = kept(row, top_k=k)
+    kept_ = kept_mask(row, top_k=k)
     reference = torch.from_numpy(row)[None]
     kth = reference.topk(min(k, V), dim=-1).values[:, -1:]
     assert kept_.tolist() == (reference >= kth)[0].tolist()
@@ -47,7 +49,7 @@ def test_top_k_keeps_the_same_tokens_as_the_reference(k):
 @pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
 def test_top_p_keeps_the_same_tokens_as_the_reference(p):
     row = logits_rows(1, seed=int(p * 1000))[0].astype(np.float64)
-    kept_ = kept(row, top_p=p)
+    kept_ = kept_mask(row, top_p=p)
     logits = torch.from_numpy(row)[None]
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     drop = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1) >= p
@@ -80,7 +82,7 @@ def test_top_p_keeps_exactly_what_a_stable_sort_of_the_whole_row_keeps(vocab):
         if trial % 11 == 0:
             row[:] = 0.5  # every id alike
         p = [0.05, 0.5, 0.9, 0.95, 0.999999][trial % 5]
-        assert np.array_equal(kept(row, top_p=p), np.isfinite(top_p_by_stable_sort(row, p))), (trial, p)
+        assert np.array_equal(kept_mask(row, top_p=p), np.isfinite(top_p_by_stable_sort(row, p))), (trial, p)
 
 
 def test_same_seed_same_tokens_other_seed_other_tokens():
@@ -149,7 +151,7 @@ def test_min_p_keeps_what_transformers_min_p_keeps(min_p):
         row = logits_rows(1, seed=seed)[0].astype(np.float64)
         if seed % 4 == 0:
             row = np.round(row, 0)  # ties, some at the edge
-        kept_ = kept(row, min_p=min_p)
+        kept_ = kept_mask(row, min_p=min_p)
         reference = torch.from_numpy(row)[None]
         if min_p > 0:
             reference = MinPLogitsWarper(min_p)(None, reference)
