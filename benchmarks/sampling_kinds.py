@@ -1,24 +1,27 @@
 """Each kind of request production sends against plain greedy, served through gRPC: what a request
 costs for asking more than argmax (issue 60's table), on one server, and before/after a change.
 
-One `attnserve serve` per side on 127.0.0.1 (this checkout; with --tree-a, also that checkout's
-on the same model), each driven by `attnserve bench` from a process of its own: S streams at once,
-each --prompt-tokens prompt ids and up to --new-tokens tokens, every stream of one kind. Each round
-runs every side and every kind once, sides and kinds in turn forwards and backwards. Reports, per
-stream count and side, each kind's median output tokens/s with min and max, its ratio to greedy on
-the same server in the same round, and (with --tree-a) each kind's after/before ratio; then one
-JSON object last (--out also writes its Markdown report, --plot a PNG). Torch-free.
+One `attnserve serve` per side on 127.0.0.1 (b: this checkout with --b's flags; with --tree-a or
+--a, also side a: that checkout, or this one, with --a's flags, on the same model), each driven by
+`attnserve bench` from a process of its own: S streams at once, each --prompt-tokens prompt ids and
+up to --new-tokens tokens, every stream of one kind. Each round runs every side and every kind once,
+sides and kinds in turn forwards and backwards. Reports, per stream count and side, each kind's
+median output tokens/s with min and max, its ratio to greedy on the same server in the same round,
+and (with side a) each kind's b/a ratio, round by round; then one JSON object last (--out also writes its
+Markdown report, --plot a PNG). Torch-free.
 
-    python -m benchmarks.sampling_kinds --model models/NAME [--tree-a DIR] [--streams 1,16]
+    python -m benchmarks.sampling_kinds --model models/NAME [--tree-a DIR] [--a FLAGS] [--b FLAGS] [--streams 1,16]
         [--prompt-tokens 16] [--new-tokens 64] [--repeats 5] [--kinds greedy,ignore_eos,...]
         [--threads N] [--out F.json] [--plot F.png]
 
-A before/after: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
+A before/after: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`; two settings of
+one tree: `--a "--logits-pass off" --b "--logits-pass auto"`.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
@@ -26,15 +29,15 @@ from benchmarks.serving import alternating, report, spread
 from benchmarks.size_ladder import Served
 
 TITLE = "Request kinds against greedy through gRPC, alternating"
-# each kind's `attnserve bench` flags; greedy ends at EOS like the sampled kinds, ignore_eos never does
+# each kind's `attnserve bench` flags (issue 60's kinds); greedy ends at EOS like the sampled kinds, ignore_eos never
 KINDS = {
     "greedy": [],
     "ignore_eos": ["--ignore-eos"],
-    "temperature 0.8, top_p 0.95": ["--temperature", "0.8", "--top-p", "0.95"],
-    "temperature 1, top_k 50": ["--temperature", "1", "--top-k", "50"],
-    "greedy, logprobs 5": ["--logprobs", "5"],
-    "temperature 0.7, repetition_penalty 1.1": ["--temperature", "0.7", "--repetition-penalty", "1.1"],
-    "production mix": ["--mix", "production"],
+    "top_p": ["--temperature", "0.8", "--top-p", "0.95"],
+    "top_k": ["--temperature", "1", "--top-k", "50"],
+    "logprobs": ["--logprobs", "5"],
+    "repetition": ["--temperature", "0.7", "--repetition-penalty", "1.1"],
+    "mix": ["--mix", "production"],
 }
 BASELINE = "greedy"
 
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
     p.add_argument("--tree-a", help="a checkout to serve as side a (the before), e.g. a git worktree")
+    p.add_argument("--a", default="", help='side a\'s `attnserve serve` flags, one string (e.g. "--logits-pass off")')
+    p.add_argument("--b", default="", help="side b's flags")
     p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream, at most (EOS may end one)")
@@ -58,10 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--kinds: unknown {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
     kinds = [BASELINE, *(k for k in kinds if k != BASELINE)]
     streams = [int(s) for s in args.streams.split(",")]
-    trees = {"a": args.tree_a, "b": None} if args.tree_a else {"b": None}
+    trees = {"a": args.tree_a, "b": None} if args.tree_a or args.a else {"b": None}
+    flags = {"a": shlex.split(args.a), "b": shlex.split(args.b)}
     stamp = Stamp.start(provider="cpu")
     servers = {
-        side: Served(args.model, args.threads, max(streams), args.new_tokens, tree=tree) for side, tree in trees.items()
+        side: Served(args.model, args.threads, max(streams), args.new_tokens, *flags[side], tree=tree)
+        for side, tree in trees.items()
     }
     runs = [(side, kind) for side in servers for kind in kinds]
     rows = []
@@ -78,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.close()
-    settings = {"model": str(args.model), "tree_a": args.tree_a, "threads": args.threads, "kinds": kinds}
+    settings = {"model": str(args.model), "tree_a": args.tree_a, "a": args.a, "b": args.b, "threads": args.threads}
+    settings["kinds"] = kinds
     settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
     settings["flags"] = {kind: " ".join(KINDS[kind]) for kind in kinds}
     report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
@@ -106,12 +114,14 @@ def summary(count: int, measured: dict[tuple[str, str], list[float]], servers: d
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['model']}; a: {result['tree_a'] or '-'}, b: this checkout")
+    a = f"{result['tree_a'] or 'this checkout'} {result['a']}" if "a" in result["rows"][0]["sides"] else "-"
+    print(f"{result['model']}; a: {a}; b: this checkout {result['b']}")
     for row in result["rows"]:
         for side, kinds in row["sides"].items():
             for kind, figures in kinds.items():
                 t, r = figures["tokens_per_s"], figures["over_greedy"]
-                line = f"{row['streams']:>3} streams {side} {kind:<42} {t['median']:>9,.1f} tokens/s"
+                flags = result["flags"][kind] or "(greedy)"
+                line = f"{row['streams']:>3} streams {side} {kind:<10} {flags:<48} {t['median']:>9,.1f} tokens/s"
                 line += f"  {r['median']:.2f}x greedy ({r['min']:.2f}-{r['max']:.2f})"
                 if side == "b" and "b_over_a" in row:
                     ba = row["b_over_a"][kind]
@@ -134,11 +144,13 @@ def write_plot(result: dict, path: str) -> None:
         width = 0.8 / len(sides)
         for i, side in enumerate(sides):
             values = [row["sides"][side][kind]["over_greedy"]["median"] for kind in kinds]
-            label = {"a": "before (a)", "b": "after (b)"}[side]
+            label = (
+                f"{side}: {result['tree_a'] or 'this checkout'} {result['a']}" if side == "a" else f"b: {result['b']}"
+            )
             ax.bar([k + i * width for k in range(len(kinds))], values, width, label=label, color=f"C{i}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))])
-        ax.set_xticklabels(kinds, rotation=30, ha="right", fontsize=7)
+        ax.set_xticklabels([result["flags"][kind] for kind in kinds], rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("tokens/s over greedy's, same server and round", fontsize=8)
         ax.set_title(f"{row['streams']} streams", fontsize=9)
         ax.legend(fontsize=7)

@@ -18,7 +18,7 @@ from attnserve.engine.seam import PassRow
 from attnserve.engine.sequence import Sequence
 from attnserve.export import logits_pass_graph
 from attnserve.runtime.arena import Device
-from attnserve.runtime.logits_pass import LogitsPass, graph_file
+from attnserve.runtime.logits_pass import LogitsPass, graph_file, worth_passing
 from attnserve.runtime.ort_session import BFLOAT16
 
 V = 3001
@@ -171,9 +171,28 @@ def test_every_dtypes_graph_picks_what_float32_picks_of_the_same_values(pass_cpu
     assert LogitsPass("bfloat16", Device(), 1).run(bound, list(range(32)), plan) == expected
 
 
+def test_auto_passes_the_rows_whose_host_work_costs_more():
+    """On the CPU, auto passes sampled and logprobs rows of a large vocabulary, a small vocabulary's only
+    when enough of them share the step, and never a greedy row that only bans ids (a copy and an argmax
+    on the host); on CUDA every row; on and off are what they say."""
+    sample, logprobs, ban = (
+        PassRow(0.8, 0, 0.95, 0.0, 0.5),
+        PassRow(0.0, 0, 1.0, 0.0, 0.5, top=5),
+        PassRow(0.0, 0, 1.0, 0.0, 0.5, ((0, -np.inf),)),
+    )
+    cpu, cuda = Device(), Device("cuda", 0, 1)
+    assert worth_passing([sample, logprobs, ban], 50257, cpu) == [True, True, False]
+    assert worth_passing([sample], 2048, cpu) == [False]
+    assert worth_passing([sample] * 16, 2048, cpu) == [True] * 16
+    assert worth_passing([ban] * 64, 50257, cpu) == [False] * 64
+    assert worth_passing([sample, ban], 2048, cuda) == [True, True]
+    assert worth_passing([ban], 50257, cpu, "on") == [True]
+    assert worth_passing([sample] * 16, 50257, cpu, "off") == [False] * 16
+
+
 @pytest.fixture(scope="module")
 def busy(tiny_model_dir):
-    running = start_server(tiny_model_dir, max_batch=16)
+    running = start_server(tiny_model_dir, max_batch=16, logits_pass="on")  # a tiny vocabulary: auto passes none
     yield running
     running.stop()
 
@@ -184,10 +203,10 @@ def generated(stub, prompt: str, **fields) -> tuple[list[int], list[tuple[int, f
     return list(reply.token_ids), [(p.token_id, p.logprob, [t.token_id for t in p.top]) for p in reply.logprobs]
 
 
-def test_served_rows_are_picked_by_the_pass_as_the_host_picks_them(busy, monkeypatch):
-    """Every kind production sends, served: its rows after the first token come back as the pass's
-    picks, and its tokens, logprobs (within 1e-5) and top ids are those of the same requests picked on
-    the host, row by row (every pass_row None)."""
+def test_served_rows_are_picked_by_the_pass_as_the_host_picks_them(busy, tiny_model_dir, monkeypatch):
+    """Every kind production sends, served with --logits-pass on: its rows after the first token come
+    back as the pass's picks, and its tokens, logprobs (within 1e-5) and top ids are those of the same
+    requests picked on the host, row by row (every pass_row None), and of a server with --logits-pass off."""
     taken: list[int] = []
     real = Sequence.take_pick
     monkeypatch.setattr(Sequence, "take_pick", lambda self, pick: (taken.append(pick.token), real(self, pick))[1])
@@ -197,6 +216,14 @@ def test_served_rows_are_picked_by_the_pass_as_the_host_picks_them(busy, monkeyp
     taken.clear()
     on_host = [generated(busy.stub, PROMPTS[0], **kind) for kind in KINDS]
     assert not taken
+    monkeypatch.undo()
+    off = start_server(tiny_model_dir, logits_pass="off")
+    try:
+        taken.clear()
+        on_host_off = [generated(off.stub, PROMPTS[0], **kind) for kind in KINDS]
+    finally:
+        off.stop()
+    assert on_host_off == on_host
     for kind, (tokens, logprobs), (host_tokens, host_logprobs) in zip(KINDS, on_device, on_host):
         assert tokens == host_tokens, kind
         assert [(t, top) for t, _, top in logprobs] == [(t, top) for t, _, top in host_logprobs], kind

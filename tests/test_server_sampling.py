@@ -17,12 +17,8 @@ V = 259
 
 
 def kept_mask(row: np.ndarray, min_p: float = 0.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """Which ids of the row sampling keeps (a bool per id): those above the last kept logit, and as many
-    of the ids at it as were kept, lowest first."""
-    shifted, values = kept(row.astype(np.float64), min_p, top_k, top_p)
-    mask = shifted > values[-1]
-    mask[np.flatnonzero(shifted == values[-1])[: values.size - int(mask.sum())]] = True
-    return mask
+    """Which ids of the row sampling keeps (a bool per id)."""
+    return kept(row.astype(np.float64), min_p, top_k, top_p)[0]
 
 
 def logits_rows(n: int, seed: int = 0) -> np.ndarray:

@@ -28,6 +28,7 @@ class CoreConfig:
     engine_core: str = "process"  # where the engine runs: a process of its own, or a thread of the server's
     traces: TraceSettings | None = None  # where the core's spans go (None: tracing off)
     log_format: str = "text"  # the core's log lines: text, or JSON lines (core/log_lines.py)
+    logits_pass: str = "auto"  # which rows the batched logits pass picks: auto, on or off (runtime/logits_pass.py)
 
     @property
     def spinning(self) -> bool | None:

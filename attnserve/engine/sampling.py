@@ -3,7 +3,7 @@ presence and frequency penalties, and the masks (banned ids, a grammar's allowed
 
 Each request in a batch has its own Sampler. A draw takes one uniform number made from the
 request's seed and the token's position alone (counter_uniform: stateless), and picks by inverse
-CDF over the kept ids in descending order, lower id first on ties; so a seeded request gives the
+CDF over the kept ids in id order; so a seeded request gives the
 same tokens whatever else shares its batch, whichever side picks them, and after a restart. Greedy
 is np.argmax on the float32 logits, which picks the first maximum exactly as torch.argmax does.
 Knows nothing of batching: the engine takes plain greedy rows' argmax over the whole batch itself
@@ -62,31 +62,36 @@ def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned
 
 
 def kept(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """The row less its largest logit, and the logits min-p, top-k and top-p keep of it, descending. In
-    the order of the ids by logit, descending, lower id first on ties, each keeps a prefix: min-p the ids
-    at least min_p times as likely as the likeliest (vLLM's and transformers'), top-k those at least as
-    likely as the k-th (ties kept), top-p the shortest whose probability reaches p (the crossing id
-    kept; of ids tied at its logit, the lower ones). A -inf id is never kept. Sorts values, not ids
-    (an id sort of a flat 50,257-id row costs twice as much)."""
+    """Which ids min-p, top-k and top-p keep of a temperature-scaled row (a bool each), and the row less
+    its largest logit. In the order of the ids by logit, descending, lower id first on ties, each keeps a
+    prefix: min-p the ids at least min_p times as likely as the likeliest (vLLM's and transformers'),
+    top-k those at least as likely as the k-th (ties kept), top-p the shortest whose probability reaches
+    p (the crossing id kept; of ids tied at its logit, the lower ones). A -inf id is never kept. Only
+    top-p sorts, and values, not ids (an id sort of a flat 50,257-id row costs twice as much)."""
     shifted = scaled - np.max(scaled)
     edge = np.log(min_p) if min_p > 0.0 else -np.inf
     if 0 < top_k < shifted.size:
         edge = max(edge, np.partition(shifted, -top_k)[-top_k])
-    values = np.sort(shifted[(shifted >= edge) & (shifted > -np.inf)])[::-1]
+    keep = (shifted >= edge) & (shifted > -np.inf)
     if top_p < 1.0:
+        values = np.sort(shifted[keep])[::-1]
         weights = np.exp(values)
-        values = values[np.cumsum(weights) - weights < top_p * weights.sum()]
-    return shifted, values
+        count = int(np.count_nonzero(np.cumsum(weights) - weights < top_p * weights.sum()))
+        last = values[count - 1]  # the crossing id's logit: those above it are kept, and some at it
+        keep &= shifted >= last
+        at_last = np.flatnonzero(keep & (shifted == last))
+        keep[at_last[count - int(np.count_nonzero(values > last)) :]] = False
+    return keep, shifted
 
 
 def draw(scaled: np.ndarray, min_p: float, top_k: int, top_p: float, uniform: float) -> int:
-    """One id of a temperature-scaled row: in the order `kept` keeps, the first kept id whose cumulative
+    """One id of a temperature-scaled row: of the ids `kept` keeps, in id order, the first whose cumulative
     weight passes `uniform` times their total (numpy's searchsorted, right)."""
-    shifted, values = kept(scaled, min_p, top_k, top_p)
-    cumulative = np.cumsum(np.exp(values))
-    rank = min(int(np.searchsorted(cumulative, uniform * cumulative[-1], side="right")), values.size - 1)
-    tied = rank - int(np.searchsorted(-values, -values[rank], side="left"))  # kept ids before it at its logit
-    return int(np.flatnonzero(shifted == values[rank])[tied])
+    keep, shifted = kept(scaled, min_p, top_k, top_p)
+    ids = np.flatnonzero(keep)
+    cumulative = np.cumsum(np.exp(shifted[ids]))
+    rank = np.searchsorted(cumulative, uniform * cumulative[-1], side="right")
+    return int(ids[min(rank, ids.size - 1)])
 
 
 def best(logprobs: np.ndarray, top: int) -> tuple[tuple[int, float], ...]:

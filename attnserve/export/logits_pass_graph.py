@@ -5,7 +5,7 @@ runtime/logits_pass.py on the model's own provider, fed the decode step's logits
 One run over the rows that ask for it: each row's bias (sparse; a banned id's is -inf), its
 temperature, then its min-p, top-k and top-p over the row's HEAD most likely ids (TopK, fixed
 in the graph: no host-side k), then greedy or one draw by inverse CDF over the kept ids in
-descending order (ties: lower id first) with the row's own uniform number. What comes back is
+id order with the row's own uniform number. What comes back is
 small: each row's token, its log-probability under the processed distribution (after the bias
 and the temperature; before min-p, top-k and top-p, as vLLM's processed logprobs), the TOP most
 likely ids with theirs, and whether the head held every id the filters kept (`exact`; a row
@@ -76,6 +76,7 @@ def build(dtype: str) -> onnx.ModelProto:
     i64("top_cap", TOP)
     i64("row_align", ROW_ALIGN)
     i64("align_repeats", 1, ROW_ALIGN)
+    scalar("past_ids", np.iinfo(np.int64).max)  # after every id, in an id sort
     scalar("axis1_s", 1)  # 0-D: CumSum's axis, Clip's bounds, indices
     scalar("zero_i", 0)
     scalar("one_i", 1)
@@ -157,21 +158,28 @@ def build(dtype: str) -> onnx.ModelProto:
     b.op("Or", ["head_holds", "whole_row"], "held")
     b.op("Or", ["held", "greedy"], "exact")
 
-    # the draw: the first kept id whose cumulative weight passes uniform * total (numpy's searchsorted, right)
+    # the draw: the kept ids in id order (the others after them), then the first whose cumulative weight
+    # passes uniform * total (numpy's searchsorted, right); greedy takes the head's first
+    b.op("Where", ["kept", "head_ids", "past_ids"], "kept_ids_first")
+    b.op("TopK", ["kept_ids_first", "k"], ["by_id", "by_id_rank"], axis=1, largest=0, sorted=1)
     b.op("Cast", ["kept"], "kept_f", to=TensorProto.FLOAT)
-    b.op("Mul", ["head_weights", "kept_f"], "draw_weights")
+    b.op("Mul", ["head_weights", "kept_f"], "head_draw_weights")
+    b.op("GatherElements", ["head_draw_weights", "by_id_rank"], "draw_weights", axis=1)
     b.op("CumSum", ["draw_weights", "axis1_s"], "draw_cum")
     b.op("ReduceMax", ["draw_cum", "axis1"], "draw_total", keepdims=1)
     b.op("Unsqueeze", ["uniform", "axis1"], "uniform_col")
     b.op("Mul", ["uniform_col", "draw_total"], "target")
     b.op("LessOrEqual", ["draw_cum", "target"], "passed")
     b.op("Cast", ["passed"], "passed_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["passed_i", "axis1"], "drawn_rank", keepdims=0)
+    b.op("ReduceSum", ["passed_i", "axis1"], "drawn", keepdims=0)
     b.op("Cast", ["kept"], "kept_i", to=TensorProto.INT64)
     b.op("ReduceSum", ["kept_i", "axis1"], "kept_count", keepdims=0)
-    b.op("Sub", ["kept_count", "one_i"], "last_kept_rank")
-    b.op("Min", ["drawn_rank", "last_kept_rank"], "drawn_clipped")
-    b.op("Where", ["sampling", "drawn_clipped", "zero_i"], "rank")
+    b.op("Sub", ["kept_count", "one_i"], "last_kept")
+    b.op("Min", ["drawn", "last_kept"], "drawn_clipped")
+    b.op("Unsqueeze", ["drawn_clipped", "axis1"], "drawn_col")
+    b.op("GatherElements", ["by_id_rank", "drawn_col"], "drawn_head_col", axis=1)  # its place in the head
+    b.op("Squeeze", ["drawn_head_col", "axis1"], "drawn_head")
+    b.op("Where", ["sampling", "drawn_head", "zero_i"], "rank")
     b.op("Unsqueeze", ["rank", "axis1"], "rank_col")
     b.op("GatherElements", ["head_ids", "rank_col"], "token_col", axis=1)
     b.op("Squeeze", ["token_col", "axis1"], "token")

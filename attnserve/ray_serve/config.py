@@ -24,6 +24,7 @@ REPLICA_FIELDS = (
     "provider",
     "threads",
     "intra_op_spinning",
+    "logits_pass",
     "max_batch",
     "kv_cache_memory",
     "prefill_chunk",

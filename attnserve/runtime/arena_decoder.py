@@ -52,9 +52,11 @@ class ArenaDecoder:
         max_tokens: int,
         device: Device | None = None,
         graph_session: ort.InferenceSession | None = None,
+        logits_pass: str = "auto",
     ):
         """`graph_session`: the same graph opened with CUDA graphs on: decode steps go through it with
-        fixed shapes (fixed_steps.py); prefill and chunks stay on `session`."""
+        fixed shapes (fixed_steps.py); prefill and chunks stay on `session`. `logits_pass`: which rows the
+        batched logits pass picks (auto, on, off: logits_pass.worth_passing)."""
         self.session, self.pad_id = session, manifest.pad_id
         self.context, self.vocab_size = manifest.context_length, manifest.vocab_size
         self.n_layers, self.device, self.dtype = manifest.n_layers, device or device_of(session), manifest.dtype
@@ -81,7 +83,8 @@ class ArenaDecoder:
         self.fixed = FixedSteps(graph_session, self) if graph_session is not None else None
         threads = session.get_session_options().intra_op_num_threads
         # the batched logits pass over a picked step's logits buffer (a graph with NEXT_TOKEN has one)
-        self.logits_pass = LogitsPass(self.dtype, self.device, threads) if self.greedy_outputs else None
+        passing = self.greedy_outputs and logits_pass != "off"
+        self.logits_pass = LogitsPass(self.dtype, self.device, threads, logits_pass) if passing else None
 
     part = ""  # the segment of the self-attention names (Optimum's seq2seq names add "decoder")
 
@@ -204,12 +207,17 @@ class ArenaDecoder:
     ) -> tuple[np.ndarray, np.ndarray, list[Pick | None]]:
         """decode_picked, and the slots `passed` picked where the logits are by the batched pass
         (logits_pass.py), each by its PassRow in `plan`: a Pick each, or None for a row the pass could
-        not hold, whose logits come back with those of `rows`. A graph without NEXT_TOKEN picks nothing."""
-        if self.logits_pass is None:
+        not hold or was not worth it for (LogitsPass.worth), whose logits come back with those
+        of `rows`. A graph without NEXT_TOKEN picks nothing."""
+        if self.logits_pass is None or not any(worth := self.logits_pass.worth(plan, self.vocab_size)):
             picked, logits = self.decode_picked(tokens, rows + passed)
             return picked, logits, [None] * len(passed)
         picked = self.fixed.step_ids(tokens) if self.fixed is not None else self.step(tokens, picked=True)
-        picks = self.logits_pass.run(self.step_logits, passed, plan) if passed else []
+        chosen = [i for i, passing in enumerate(worth) if passing]
+        ran = self.logits_pass.run(self.step_logits, [passed[i] for i in chosen], [plan[i] for i in chosen])
+        picks: list[Pick | None] = [None] * len(passed)
+        for i, pick in zip(chosen, ran):
+            picks[i] = pick
         host = rows + [row for row, pick in zip(passed, picks) if pick is None]
         address = self.step_logits.data_ptr() if host else 0  # no rows: nothing is read from it
         return picked, self.read_rows(address, len(tokens), host), picks

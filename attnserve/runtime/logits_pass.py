@@ -23,6 +23,14 @@ from .arena import Device
 from .ort_session import create_session
 
 HERE = Path(__file__).resolve().parent
+# What picking a row costs, measured on the project's 2-core AMD EPYC, one thread
+# (docs/design/decisions/logits-pass.md): on the host, by the work per id its PassRow asks; in the pass,
+# a run's fixed cost, then a cost per row and per id. On the CPU provider a row is passed only where
+# that saves time; on CUDA every row is (a row picked on the host is a row across the bus).
+HOST_NS_PER_ID = {"argmax": 0.4, "logprobs": 15.0, "draw": 50.0}
+PASS_RUN_US = 110.0
+PASS_ROW_US = 20.0
+PASS_NS_PER_ID = 5.0
 INPUTS = ("rows", "temperature", "top_k", "top_p", "min_p", "uniform", "bias_ids", "bias_values")
 OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact")
 
@@ -55,13 +63,37 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
     }
 
 
-class LogitsPass:
-    """The pass on one device, for logits of one dtype."""
+def host_us(row: PassRow, vocab: int) -> float:
+    """Microseconds to pick `row` on the host: a draw sorts, logprobs take a log-softmax and a partition,
+    a greedy row with bans or a bias only copies and takes its argmax."""
+    work = "draw" if row.temperature > 0 else "logprobs" if row.top else "argmax"
+    return HOST_NS_PER_ID[work] * vocab / 1000
 
-    def __init__(self, dtype: str, device: Device, threads: int = 0):
+
+def worth_passing(plan: Sequence[PassRow], vocab: int, device: Device, mode: str = "auto") -> list[bool]:
+    """Which rows of `plan` the pass should pick (`mode` auto; on: all; off: none): on CUDA all; on the CPU
+    those whose host work costs more than their share of the pass, if together they save more than the
+    run's fixed cost."""
+    if mode != "auto" or device.kind != "cpu":
+        return [mode != "off"] * len(plan)
+    share = PASS_ROW_US + PASS_NS_PER_ID * vocab / 1000
+    saving = [host_us(row, vocab) - share for row in plan]
+    if sum(s for s in saving if s > 0) <= PASS_RUN_US:
+        return [False] * len(plan)
+    return [s > 0 for s in saving]
+
+
+class LogitsPass:
+    """The pass on one device, for logits of one dtype; `mode` says which rows it picks (worth_passing)."""
+
+    def __init__(self, dtype: str, device: Device, threads: int = 0, mode: str = "auto"):
         provider = "cpu" if device.kind == "cpu" else "cuda"
         self.session = create_session(graph_file(dtype), provider, threads, device.stream)
-        self.device = device
+        self.device, self.mode = device, mode
+
+    def worth(self, plan: Sequence[PassRow], vocab: int) -> list[bool]:
+        """Which rows of `plan` this pass should pick (worth_passing)."""
+        return worth_passing(plan, vocab, self.device, self.mode)
 
     def run(self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]) -> list[Pick | None]:
         """Rows `rows` of `logits` (slots, 1, V), each picked by its PassRow in `plan`: a Pick, or None

@@ -87,16 +87,17 @@ def open_slot_runner(
     prefill_chunk: int,
     prefix_cache: bool = False,
     prefix_memory: int | None = None,
+    logits_pass: str = "auto",
 ) -> ArenaRunner:
     """The arena runner of an arena directory (checked by arena_capacity), on the model's device, with
     a prefix cache of `prefix_memory` bytes (open_prefix_cache) if `prefix_cache` (never for an
-    encoder-decoder, whose prompt is a source: its decoder starts from BOS)."""
+    encoder-decoder, whose prompt is a source: its decoder starts from BOS), its rows picked by the
+    batched logits pass as `logits_pass` says (auto, on, off: logits_pass.worth_passing)."""
     device = device_of(model.session)
     if model.seq2seq:  # a source is encoded whole: never in chunks
         decoder: ArenaDecoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
         return ArenaRunner(model, decoder, model.context_length)
-    decoder = ArenaDecoder(
-        model.session, model.manifest, capacity, max(prefill_chunk, capacity), device, model.graph_session
-    )
+    chunk = max(prefill_chunk, capacity)
+    decoder = ArenaDecoder(model.session, model.manifest, capacity, chunk, device, model.graph_session, logits_pass)
     prefix = open_prefix_cache(decoder.arena, prefix_memory) if prefix_cache else None
     return ArenaRunner(model, decoder, prefill_chunk, prefix)

@@ -23,6 +23,7 @@ PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
 PREFIX_CACHE = ("off", "on")
 SPINNING = ("auto", "off", "on")
+LOGITS_PASS = ("auto", "on", "off")
 LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
@@ -94,6 +95,16 @@ class ServerConfig:
         metadata=flag(
             "on CUDA, launch decode steps node by node instead of replaying them as CUDA graphs (one per batch "
             "size, captured at its first steps; 1.6-2.9x faster steps on an H100)"
+        ),
+    )
+    logits_pass: str = field(
+        default="auto",
+        metadata=flag(
+            "where a decode step's sampled, logprobs and banned-id rows are picked: on, in one batched pass on "
+            "the model's device (a small ONNX graph over the step's logits, where they are); off, each row on "
+            "the host in numpy; auto: on CUDA every row in the pass, on the CPU the rows whose host work costs "
+            "more (a large vocabulary's sampling and logprobs)",
+            choices=LOGITS_PASS,
         ),
     )
     engine_core: str = field(
@@ -271,6 +282,7 @@ class ServerConfig:
             threads=self.threads,
             intra_op_spinning=self.intra_op_spinning,
             cuda_graphs=not self.no_cuda_graphs,
+            logits_pass=self.logits_pass,
             max_batch=self.max_batch,
             kv_cache_memory=self.kv_cache_memory,
             prefill_chunk=self.prefill_chunk,
