@@ -144,9 +144,8 @@ def write_plot(result: dict, path: str) -> None:
         width = 0.8 / len(sides)
         for i, side in enumerate(sides):
             values = [row["sides"][side][kind]["over_greedy"]["median"] for kind in kinds]
-            label = (
-                f"{side}: {result['tree_a'] or 'this checkout'} {result['a']}" if side == "a" else f"b: {result['b']}"
-            )
+            tree = result["tree_a"] if side == "a" and result["tree_a"] else "this checkout"
+            label = f"{side}: {tree} {result[side]}"
             ax.bar([k + i * width for k in range(len(kinds))], values, width, label=label, color=f"C{i}")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xticks([k + 0.4 - width / 2 for k in range(len(kinds))])

@@ -155,6 +155,7 @@ def start_server(model_dir, **overrides) -> ServerThread:
         "max_queue": 64,
         "drain_timeout": 5.0,
         "engine_core": "thread",  # the tests look at the engine and pace its steps (test_engine_core.py: a process)
+        "logits_pass": "on",  # every row the pass can pick (auto passes none of a tiny vocabulary on the CPU)
         "log_stats_interval": 0.0,  # no periodic stats lines from the tests' servers (test_server_observability.py)
     }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})

@@ -95,13 +95,13 @@ class BeamMember:
 
     plain_greedy = False  # its row of logits must come back every step
 
-    def pass_row(self) -> None:
-        """Never picked by a runner's batched pass: the group's search takes its row."""
-
     def __init__(self, group: BeamGroup, key: int):
         self.group, self.key = group, key
         self.request, self.handle = group.sequence.request, group.sequence.handle
         self.cached_tokens = 0  # prompt tokens the runner copied from its prefix cache
+
+    def pass_row(self) -> None:
+        """Never picked by a runner's batched pass: the group's search takes its row."""
 
     @property
     def next_token(self) -> int | None:

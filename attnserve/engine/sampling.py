@@ -3,9 +3,9 @@ presence and frequency penalties, and the masks (banned ids, a grammar's allowed
 
 Each request in a batch has its own Sampler. A draw takes one uniform number made from the
 request's seed and the token's position alone (counter_uniform: stateless), and picks by inverse
-CDF over the kept ids in id order; so a seeded request gives the
-same tokens whatever else shares its batch, whichever side picks them, and after a restart. Greedy
-is np.argmax on the float32 logits, which picks the first maximum exactly as torch.argmax does.
+CDF over the kept ids in id order; so a seeded request gives the same tokens whatever else shares
+its batch, whichever side picks them, and after a restart. Greedy is np.argmax on the float32
+logits, which picks the first maximum exactly as torch.argmax does.
 Knows nothing of batching: the engine takes plain greedy rows' argmax over the whole batch itself
 (engine._advance), and a runner may pick the rows a Sampler describes as a PassRow in one batched
 pass where the logits are (seam.py); this module is that pass's oracle and its host side.
@@ -141,14 +141,16 @@ class Sampler:
         self.seen = np.zeros(vocab_size, dtype=bool)  # tokens of prompt and completion
         self.seen[[i for i in prompt_ids if 0 <= i < vocab_size]] = True
         self.counts = np.zeros(vocab_size, dtype=np.int64)  # each id's count in the completion
+        p = params
+        self.penalized = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        self.banned: tuple[int, ...] | None = None  # the bans of pass_row's last bias
+        self.bias: tuple[tuple[int, float], ...] = ()  # the logit bias and those bans at -inf
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy with no penalty and no bias: the token is the row's argmax, which the engine takes for
         the whole batch at once (`seen` and `counts` then matter to nobody)."""
-        p = self.params
-        penalized = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-        return p.greedy and not penalized and not p.logit_bias
+        return self.params.greedy and not self.penalized and not self.params.logit_bias
 
     def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = (), allowed: np.ndarray | None = None) -> int:
         """The next token from this request's logits (V,), never one of `banned`, and one of `allowed`
@@ -171,10 +173,11 @@ class Sampler:
         """This step's pick as the batched pass makes it (the same steps as processed() and take() with no
         penalty and no mask), or None if this sampler penalizes: its counts stay on the host."""
         p = self.params
-        if p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+        if self.penalized:
             return None
-        bias = p.logit_bias + tuple((token, -np.inf) for token in banned)
-        return PassRow(p.temperature, p.top_k, p.top_p, p.min_p, self.uniform(), bias, top)
+        if banned is not self.banned:  # a Sequence's bans change once (min_new_tokens): the bias is kept
+            self.banned, self.bias = banned, p.logit_bias + tuple((token, -np.inf) for token in banned)
+        return PassRow(p.temperature, p.top_k, p.top_p, p.min_p, 0.0 if p.greedy else self.uniform(), self.bias, top)
 
     def uniform(self) -> float:
         """This step's uniform number (unused by greedy, drawn all the same: stateless)."""

@@ -31,7 +31,6 @@ HOST_NS_PER_ID = {"argmax": 0.4, "logprobs": 15.0, "draw": 50.0}
 PASS_RUN_US = 110.0
 PASS_ROW_US = 20.0
 PASS_NS_PER_ID = 5.0
-INPUTS = ("rows", "temperature", "top_k", "top_p", "min_p", "uniform", "bias_ids", "bias_values")
 OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact")
 
 
