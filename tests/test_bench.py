@@ -1,6 +1,7 @@
 """`attnserve bench` against a real server: the report's numbers agree with the server's."""
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -284,7 +285,8 @@ def test_the_sampling_flags_reach_the_server_with_a_seed_of_the_runs(live, capsy
 
 def test_a_mix_sends_each_kind_its_share(live, capsys):
     """--mix production over 10 requests: 7 sampled at temperature 0.7, top_p 0.9 (each with a seed),
-    2 greedy, 1 greedy with logprobs 5; the report says so."""
+    2 greedy, 1 greedy with logprobs 5; the report says so, and breaks each level down by kind (its
+    requests, tokens and latencies; the table a row each)."""
     before = len(live.pacer.requests)
     common = ["--target", live.target, "--concurrency", "4", "--requests", "10", "--warmup", "0"]
     status, out, _ = bench(capsys, *common, "--max-new-tokens", "4", "--mix", "production")
@@ -301,6 +303,20 @@ def test_a_mix_sends_each_kind_its_share(live, capsys):
         for r in accepted_since(live, before)
     )
     assert kinds == {(0.7, 0.9, None, True): 7, (0.0, 1.0, None, False): 2, (0.0, 1.0, 5, False): 1}
+    level = report["levels"][0]
+    split = level["by_kind"]
+    assert {kind: k["requests"] for kind, k in split.items()} == {
+        "temperature 0.7, top_p 0.9": 7,
+        "greedy": 2,
+        "greedy, logprobs 5": 1,
+    }
+    assert sum(k["output_tokens"] for k in split.values()) == level["output_tokens"]
+    assert sum(k["output_token_share"] for k in split.values()) == pytest.approx(1.0, abs=1e-3)
+    assert all(k["completed"] == k["requests"] and k["ttft_ms"]["p50"] > 0 for k in split.values())
+    table = [re.split(r"\s{2,}", line.strip())[:4] for line in out.splitlines()]
+    assert ["greedy, logprobs 5:", "1", "0", "10%"] in table, out
+    _, plain, _ = bench(capsys, *common, "--max-new-tokens", "4")
+    assert json.loads(plain.strip().splitlines()[-1])["levels"][0]["by_kind"] == {}  # one kind: no breakdown
 
 
 @pytest.mark.parametrize(

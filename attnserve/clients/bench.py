@@ -231,7 +231,7 @@ def new_traceparent() -> str:
 async def measure(client: AsyncClient, request: Request, trace: bool = False) -> RequestRecord:
     """Stream one request and time its tokens (as a trace of its own with `trace`); a failure is
     recorded, not raised."""
-    record = RequestRecord(start=time.perf_counter())
+    record = RequestRecord(start=time.perf_counter(), kind=request.kind)
     last = record.start
     traceparent = new_traceparent() if trace else ""
     try:

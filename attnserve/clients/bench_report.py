@@ -31,6 +31,7 @@ class RequestRecord:
     prompt_tokens: int | None = None  # usage.prompt_tokens, the server's count
     finish_reason: str = ""
     status: str = "OK"  # gRPC status name of a failed request
+    kind: str = ""  # the request's kind (bench_mix.Kind's name)
 
     @property
     def ok(self) -> bool:
@@ -95,7 +96,32 @@ def summarize_level(
         "itl_ms": distribution_ms([gap for r in done for gap in r.itl]),
         "e2e_ms": distribution_ms([r.end - r.start for r in done]),
         "tpot_ms": distribution_ms([r.time_per_output_token for r in done if r.time_per_output_token is not None]),
+        "by_kind": by_kind(records),
     }
+
+
+def by_kind(records: Sequence[RequestRecord]) -> dict[str, dict[str, Any]]:
+    """Each kind's share of a level that sent more than one ({} otherwise): its requests, output tokens
+    and latencies. Its tokens/s would be its tokens over a wall time every kind shares, so there is
+    none; its share of the level's output tokens says as much."""
+    kinds = list(dict.fromkeys(r.kind for r in records))
+    if len(kinds) < 2:
+        return {}
+    total = sum(r.tokens for r in records if r.ok) or 1
+    out = {}
+    for kind in kinds:
+        done = [r for r in records if r.kind == kind and r.ok]
+        out[kind] = {
+            "requests": sum(r.kind == kind for r in records),
+            "completed": len(done),
+            "output_tokens": sum(r.tokens for r in done),
+            "output_token_share": round(sum(r.tokens for r in done) / total, 4),
+            "ttft_ms": distribution_ms([r.first_token - r.start for r in done if r.first_token is not None]),
+            "itl_ms": distribution_ms([gap for r in done for gap in r.itl]),
+            "e2e_ms": distribution_ms([r.end - r.start for r in done]),
+            "tpot_ms": distribution_ms([r.time_per_output_token for r in done if r.time_per_output_token is not None]),
+        }
+    return out
 
 
 def level_label(level: dict[str, Any]) -> str:
@@ -114,7 +140,8 @@ def _triple(stats: dict[str, float | None]) -> str:
 
 
 def format_table(levels: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table, one row per level; output bytes/s beside tokens/s; latencies in ms."""
+    """A fixed-width table, one row per level (and under it one per kind of a mix, with its share of the
+    output tokens); output bytes/s beside tokens/s; latencies in ms."""
     header = (
         "level",
         "ok",
@@ -126,20 +153,35 @@ def format_table(levels: Sequence[dict[str, Any]]) -> str:
         "ITL ms p50/p90/p99",
         "E2E ms p50/p90/p99",
     )
-    rows = [header] + [
-        (
-            level_label(lv),
-            str(lv["completed"]),
-            str(lv["requests"] - lv["completed"]),
-            _fmt(lv["requests_per_s"], 2),
-            _fmt(lv["output_tokens_per_s"]),
-            _fmt(lv["output_bytes_per_s"]),
-            _triple(lv["ttft_ms"]),
-            _triple(lv["itl_ms"]),
-            _triple(lv["e2e_ms"]),
+    rows = [header]
+    for lv in levels:
+        rows.append(
+            (
+                level_label(lv),
+                str(lv["completed"]),
+                str(lv["requests"] - lv["completed"]),
+                _fmt(lv["requests_per_s"], 2),
+                _fmt(lv["output_tokens_per_s"]),
+                _fmt(lv["output_bytes_per_s"]),
+                _triple(lv["ttft_ms"]),
+                _triple(lv["itl_ms"]),
+                _triple(lv["e2e_ms"]),
+            )
         )
-        for lv in levels
-    ]
+        rows += [  # a mix's kinds, each under its level: its share of the tokens instead of a rate
+            (
+                f"{kind}:",
+                str(k["completed"]),
+                str(k["requests"] - k["completed"]),
+                "",
+                f"{100 * k['output_token_share']:.0f}%",
+                "",
+                _triple(k["ttft_ms"]),
+                _triple(k["itl_ms"]),
+                _triple(k["e2e_ms"]),
+            )
+            for kind, k in lv.get("by_kind", {}).items()
+        ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
