@@ -6,9 +6,12 @@ mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structure
 detokenizer.py (its text, with stop strings). burst.py: greedy decode steps run back to back, and when
 each request takes its tokens. beam_group.py: a beam search request's k slots, whose beams
 beam_search.py picks (pure numpy, as transformers' beam search; export's beam gate runs it too).
+search.py is the one interface the engine hands a step's rows to: a completion (its own search) or a
+beam group; no slot is routed by its type.
 outbox.py is where each step's events go: the callers' event loops, or the engine core's channel
 (attnserve/core/).
 seam.py is the seam: what the engine may know of a model (ModelSpec) and what it asks of a
-runner (SlotRunner). domain.py holds the plain requests, events and errors the front doors share.
+runner (SlotRunner: rows of logits, or the picks of its batched pass, PassRow and Pick). domain.py
+holds the plain requests, events and errors the front doors share.
 tests/test_engine.py drives it over a fake runner in milliseconds.
 """

@@ -19,7 +19,8 @@ import numpy as np
 from ..tokenizer import Tokenizer
 from .beam_search import BeamSearch, reassign
 from .domain import Delta, Final, FinishReason, Usage
-from .sequence import Event, Sequence
+from .seam import Logits
+from .sequence import Caller, Event, Sequence
 
 
 class BeamGroup:
@@ -40,6 +41,23 @@ class BeamGroup:
     @property
     def done(self) -> bool:
         return self.final is not None
+
+    @property
+    def handle(self) -> Caller:
+        return self.sequence.handle
+
+    def take(
+        self,
+        logits: Logits,
+        rows: dict[int, int],
+        picked: np.ndarray | None,  # noqa: ARG002 (a beam's token is its search's, not the row's argmax)
+        now: float,
+    ) -> tuple[list[Event], list[tuple[int, int]]]:
+        """Its k rows (search.Search): step()'s events and cache copies."""
+        return self.step({key: logits.rows[row] for key, row in rows.items()}, now)
+
+    def token_gaps(self) -> list[float]:
+        return []  # its tokens go out at its end
 
     def banned(self) -> tuple[int, ...]:
         """As a completion's: the end ids before min_new_tokens, EOS under ignore_eos."""
@@ -100,8 +118,16 @@ class BeamMember:
         self.request, self.handle = group.sequence.request, group.sequence.handle
         self.cached_tokens = 0  # prompt tokens the runner copied from its prefix cache
 
+    @property
+    def owner(self) -> BeamGroup:
+        """The search that takes this slot's rows (search.py): its group."""
+        return self.group
+
     def pass_row(self) -> None:
         """Never picked by a runner's batched pass: the group's search takes its row."""
+
+    def take_prompt(self, rows: np.ndarray) -> None:
+        """A beam search asks no prompt logprobs (validation refuses them beside num_beams)."""
 
     @property
     def next_token(self) -> int | None:

@@ -12,9 +12,11 @@ requests, starts queued ones in the runner's free slots (highest priority first,
 order; a request of n completions when n slots are free: its prompt is prefilled once and the
 runner copies the slot to the other n - 1; a beam search request of k beams likewise, its k slots a
 beam group, beam_group.py), runs one round of prefill (fresh prompts together, one chunk of a long
-one), runs one decode step for the whole batch, picks every plain greedy row's token with one argmax
-over the batch and every other row's with its own sampler (penalties, bias, masked ids, logprobs)
-and every beam group's rows by its search, and hands the step's events to its outbox (outbox.py: the
+one), runs one decode step for the whole batch, and hands each request's rows to its search
+(search.py: a completion's own, one slot; a beam group's, k slots; routed by the slot's owner, never
+by its type): every plain greedy row's token is the batch's one argmax, every sampled one the runner's
+batched pass picked or its sampler picks on the host (penalties, bias, masked ids, logprobs). The
+step's events go to its outbox (outbox.py: the
 callers' event loops, one call_soon_threadsafe per loop a step; or the engine core's channel, core/step_writer.py).
 A caller on another thread ends a request at once with release (cancelled) or refuse (an error);
 the engine thread sends those endings at its next turn. While every row is plain greedy and no
@@ -36,7 +38,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -46,6 +48,7 @@ from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
 from .outbox import LoopOutbox, Outbox
 from .seam import Logits, SlotRunner
+from .search import Search
 from .sequence import Caller, Event, Handle, Sequence, fits
 
 log = logging.getLogger(__name__)
@@ -118,7 +121,7 @@ class ForwardingObserver(EngineObserver):
         self.inner.on_spans_dropped(count)
 
 
-Slot = Sequence | BeamMember  # what holds a key's slot: a completion, or one beam of a beam group
+Slot = Sequence | BeamMember  # what holds a key's slot: a completion, or one beam of a beam group (its owner searches)
 
 
 class EngineCalls(Protocol):
@@ -162,7 +165,9 @@ class Engine:
         self._prefilling: dict[int, Slot] = {}  # request key -> sequence (or beam) whose prompt is being prefilled
         self._cond = threading.Condition()
         self._outbox: list[tuple[Caller, Event]] = []
-        self._endings: list[Sequence | tuple[Caller, Exception]] = []  # ended by a caller's thread, sent by ours
+        # ended by a caller's thread, sent by ours: released queued requests, and refusals
+        self._released: list[Sequence] = []
+        self._refused: list[tuple[Caller, Exception]] = []
         self._failed: dict[int, Caller] = {}  # id -> the caller of a request whose own work raised this step
         self._accepting, self._running, self._abort = True, False, False
         self._thread = threading.Thread(target=self._run, name="attnserve-engine", daemon=True)
@@ -221,19 +226,16 @@ class Engine:
             queued = next((s for s in self._queue if s.handle is caller), None)
             if queued is not None:
                 self._queue.remove(queued)
-                self._hand_over(queued)
+                self._released.append(queued)  # the engine thread alone touches the outbox
+                self._cond.notify()
         caller.cancel()  # not queued: running, dropped at the next step boundary
 
     def refuse(self, caller: Caller, error: Exception) -> None:
         """End `caller`'s request, never queued, with `error` as its only event (a refusal found on a
         thread other than the caller's: the engine core's Submit)."""
         with self._cond:
-            self._hand_over((caller, error))
-
-    def _hand_over(self, ending: Sequence | tuple[Caller, Exception]) -> None:
-        """An ending for the engine thread to send: it alone touches the outbox (hold the lock)."""
-        self._endings.append(ending)
-        self._cond.notify()
+            self._refused.append((caller, error))  # the engine thread alone touches the outbox
+            self._cond.notify()
 
     def stats(self) -> dict[str, int]:
         """Active (in the batch or its prefill) and queued request counts."""
@@ -278,7 +280,7 @@ class Engine:
 
     def _idle(self) -> bool:
         """Nothing to do until a caller acts (hold the lock)."""
-        return not (self._queue or self._active or self._prefilling or self._abort or self._endings)
+        return not (self._queue or self._active or self._prefilling or self._abort or self._released or self._refused)
 
     def _step(self) -> None:
         """One step boundary: send endings, drop finished callers, admit, prefill, then decode the batch once."""
@@ -302,12 +304,11 @@ class Engine:
     def _send_endings(self) -> None:
         """Released queued requests end CANCELLED; refused ones get their error."""
         with self._cond:
-            endings, self._endings = self._endings, []
-        for ending in endings:
-            if isinstance(ending, Sequence):
-                self._emit(ending, ending.end_whole(FinishReason.CANCELLED))
-            else:
-                self._outbox.append(ending)
+            released, self._released = self._released, []
+            refused, self._refused = self._refused, []
+        for sequence in released:
+            self._emit(sequence, sequence.end_whole(FinishReason.CANCELLED))
+        self._outbox.extend(refused)
 
     def _drop_gone(self) -> None:
         """Finish aborted, cancelled and expired requests and free their slots."""
@@ -364,7 +365,7 @@ class Engine:
             sequences = [self._prefilling.pop(key) for key in logits.keys]
             self._active.update(zip(logits.keys, sequences))
         for key, sequence in zip(logits.keys, sequences):
-            if key in logits.prompts and isinstance(sequence, Sequence):
+            if key in logits.prompts:
                 try:
                     sequence.take_prompt(logits.prompts[key])
                 except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
@@ -373,10 +374,9 @@ class Engine:
         if logits.prefix is not None:
             r = logits.prefix
             self.observer.on_prefix_cache(r.hits, r.misses, r.saved, r.held_bytes)
-        advanced = self._advance(logits, sequences)
-        if advanced:
-            self.observer.on_tokens([sequence.token_gap for _, sequence in advanced], [])
-        self._free_done(advanced)
+        gaps = self._advance(logits, sequences)
+        if gaps:
+            self.observer.on_tokens(gaps, [])
         self._free_failed()
 
     def _decode(self) -> None:
@@ -390,9 +390,7 @@ class Engine:
         sampled = frozenset(key for key, s in self._active.items() if not s.plain_greedy)
         passes = {key: row for key in sampled if (row := self._active[key].pass_row()) is not None}
         logits = self.slots.decode(next_ids, sampled, passes)
-        advanced = self._advance(logits, [self._active[key] for key in logits.keys])
-        self.observer.on_tokens([], [sequence.token_gap for _, sequence in advanced])
-        self._free_done(advanced)
+        self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         self._free_failed()
 
     def _decode_burst(self, next_ids: dict[int, int]) -> None:
@@ -400,7 +398,8 @@ class Engine:
         whose Delta falls due take their tokens (burst.py) and the step's events go on. The burst ends
         after a step where a request ended or picked an ending id, where a stream's ms interval or a
         deadline passed, or where a cancel, an abort or a request to admit needs the scheduler."""
-        sequences = {key: s for key, s in self._active.items() if isinstance(s, Sequence)}  # all: each plain greedy
+        # a burst runs only while every slot is plain greedy: every slot a completion (a beam never is)
+        sequences = cast(dict[int, Sequence], dict(self._active))
         burst = Burst(sequences, self._emit, self._fail_alone)
         due = min(sequence.due_by() for sequence in sequences.values())
         deadlines = [s.request.deadline for s in sequences.values() if s.request.deadline is not None]
@@ -426,72 +425,48 @@ class Engine:
         self.slots.decode_steps(next_ids, MAX_BURST, take)
         burst.finish()
         self.observer.on_tokens([], burst.taken_gaps())
-        self._free_done(list(sequences.items()))
+        for key, sequence in sequences.items():
+            if sequence.done:
+                self._free(key)
         self._free_failed()
 
     def _news(self, admits: bool) -> bool:
         """Something the scheduler must see before the next step: a queued request it can admit, an abort,
         an ending to send."""
-        return (admits and bool(self._queue)) or self._abort or bool(self._endings)
+        return (admits and bool(self._queue)) or self._abort or bool(self._released) or bool(self._refused)
 
-    def _free_done(self, advanced: list[tuple[int, Sequence]]) -> None:
-        for key, sequence in advanced:
-            if sequence.done:
-                self._free(key)
-
-    def _advance(self, logits: Logits, holders: list[Slot]) -> list[tuple[int, Sequence]]:
-        """Every row's token, picked and taken by its sequence (their events emitted), every beam group's
-        rows taken by its search; the (key, sequence) pairs of the completions (a beam group that ended
-        has freed its slots)."""
+    def _advance(self, logits: Logits, holders: list[Slot]) -> list[float]:
+        """Every search's rows (search.py: a completion's one, a beam group's k) taken by it, its events
+        emitted, its cache copies made, its slots freed once it is done; the token gaps of the step.
+        Every row's argmax is taken once for the batch where every row is plain greedy."""
         if not holders:
             return []
         now = time.perf_counter()
-        keys, rows, picked = logits.keys, logits.rows, logits.tokens
-        sequences = [h for h in holders if isinstance(h, Sequence)]
-        if len(sequences) < len(holders):  # beam groups take their rows; the completions theirs
-            self._advance_beams(logits, holders, now)
-            singles = [i for i, h in enumerate(holders) if isinstance(h, Sequence)]
-            keys, rows = [keys[i] for i in singles], rows[singles]
-            picked = None if picked is None else picked[singles]
-        if picked is None and all(sequence.plain_greedy for sequence in sequences):
-            picked = rows.argmax(axis=1)
-        greedy: list[int | None] = picked.tolist() if picked is not None else [None] * len(sequences)
-        for key, sequence, token, row in zip(keys, sequences, greedy, rows):
-            if id(sequence.handle) in self._failed:
+        picked = logits.tokens
+        if picked is None and all(holder.plain_greedy for holder in holders):
+            picked = logits.rows.argmax(axis=1)
+        searches: dict[int, tuple[Search, dict[int, int]]] = {}  # id -> the search and its rows (key -> index)
+        for row, (key, holder) in enumerate(zip(logits.keys, holders)):
+            searches.setdefault(id(holder.owner), (holder.owner, {}))[1][key] = row
+        gaps: list[float] = []
+        for search, rows in searches.values():
+            if id(search.handle) in self._failed:
                 continue  # a completion of a request that failed this step
-            try:  # its own work: its sampler (penalties, grammar, logprobs), then its text and stops
-                if key in logits.picks:  # picked by the runner's batched pass
-                    token = sequence.take_pick(logits.picks[key])
-                elif not sequence.plain_greedy:
-                    token = sequence.pick(row)
-                elif token is None:
-                    token = int(row.argmax())
-                self._emit(sequence, sequence.advance(token, now))
+            try:  # its own work: its sampler or search, then its text and stops
+                events, copies = search.take(logits, rows, picked, now)
             except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
-                self._fail_alone(sequence, error)
-        return list(zip(keys, sequences))
-
-    def _advance_beams(self, logits: Logits, holders: list[Slot], now: float) -> None:
-        """Each beam group's rows to its search: its cache copies made, its hypotheses emitted at its end
-        and its slots freed."""
-        groups: dict[BeamGroup, dict[int, np.ndarray]] = {}
-        for key, row, holder in zip(logits.keys, logits.rows, holders):
-            if isinstance(holder, BeamMember):
-                groups.setdefault(holder.group, {})[key] = row
-        for group, rows in groups.items():
-            try:
-                events, copies = group.step(rows, now)
-            except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
-                self._fail_alone(group.members[0], error)
+                self._fail_alone(search, error)
                 continue
             for src, dst in copies:
                 self.slots.copy_cache(src, dst)
-            self._emit(group.members[0], events)
-            if group.done:
-                for member in group.members:
-                    self._free(member.key)
+            self._emit(search, events)
+            gaps += search.token_gaps()
+            if search.done:
+                for key in rows:
+                    self._free(key)
+        return gaps
 
-    def _fail_alone(self, holder: Slot, error: Exception) -> None:
+    def _fail_alone(self, holder: Slot | Search, error: Exception) -> None:
         """One request's own work raised (its sampler, grammar, text or beam search): that request alone ends
         with the error (INTERNAL at its door, the detail logged there) and the batch goes on; its slots are
         freed once the step's rows are taken (_free_failed). Every completion of it ends with it."""
@@ -532,7 +507,7 @@ class Engine:
             self._prefilling.clear()
         self.slots.reset()
 
-    def _emit(self, sequence: Slot, events: list[Event]) -> None:
+    def _emit(self, sequence: Slot | Search, events: list[Event]) -> None:
         self._outbox.extend((sequence.handle, event) for event in events)
         final = sequence.final
         if final is not None and events and events[-1] is final:

@@ -32,7 +32,7 @@ from .domain import (
 )
 from .grammar import Matcher
 from .sampling import Sampler, prompt_logprobs
-from .seam import ModelSpec, PassRow, Pick
+from .seam import Logits, ModelSpec, PassRow, Pick
 
 Event = Delta | Final | Exception
 
@@ -209,6 +209,28 @@ class Sequence:
             return self.sampler(logits, banned, allowed)
         token, self.picked = self.sampler.with_logprobs(logits, banned, self.request.logprobs, allowed)
         return token
+
+    @property
+    def owner(self) -> Sequence:
+        """The search that takes this slot's rows (search.py): a completion is its own."""
+        return self
+
+    def take(
+        self, logits: Logits, rows: dict[int, int], picked: np.ndarray | None, now: float
+    ) -> tuple[list[Event], list[tuple[int, int]]]:
+        """Its one row's token (search.Search): the runner's pass's pick, or its sampler's on the host, or
+        the row's argmax for plain greedy; then its events. No cache copies."""
+        ((key, row),) = rows.items()
+        if key in logits.picks:  # picked by the runner's batched pass
+            token = self.take_pick(logits.picks[key])
+        elif not self.plain_greedy:
+            token = self.pick(logits.rows[row])
+        else:
+            token = int(picked[row]) if picked is not None else int(logits.rows[row].argmax())
+        return self.advance(token, now), []
+
+    def token_gaps(self) -> list[float]:
+        return [self.token_gap]
 
     def pass_row(self) -> PassRow | None:
         """This step's pick as a runner's batched pass makes it, or None where its row must come to the
