@@ -121,9 +121,7 @@ def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tupl
 def pick_row(logits: np.ndarray, row: PassRow) -> Pick:
     """The batched pass's pick of one row (V,) in float64: what a Sampler with no penalty and no mask
     picks, and the pass's oracle."""
-    biased = logits.astype(np.float64)
-    for token, value in row.bias:
-        biased[token] += value
+    biased = bias_and_ban(logits, row.bias, ())  # a ban is its id's -inf bias
     scaled = biased / row.temperature if row.temperature > 0 else biased
     logprobs = log_softmax(scaled)
     greedy = row.temperature == 0
