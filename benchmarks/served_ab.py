@@ -10,7 +10,7 @@ rounds; then one JSON object last. Torch-free.
 
     python -m benchmarks.served_ab --model models/NAME --a "--threads 1" --b "--threads 2"
         [--model-b models/OTHER] [--tree-a DIR] [--tree-b DIR] [--streams 1,16] [--prompt-tokens 16]
-        [--new-tokens 64] [--repeats 3] [--out F.json]
+        [--new-tokens 64] [--repeats 3] [--out F.json] [--plot F.png]
 
 A before/after of a change: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
 """
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
     p.add_argument("--repeats", type=int, default=3, help="rounds, the sides alternating; medians reported")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
+    p.add_argument("--plot", help="write a PNG of b/a (tokens/s and time to first token) per stream count here")
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     models = {"a": args.model, "b": args.model_b or args.model}
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
     settings = {"a": args.a, "b": args.b, "model": str(args.model), "model_b": str(models["b"]), "trees": trees}
     settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
-    report({**settings, "rows": rows}, stamp, args.out, None, print_table, title=TITLE)
+    report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 
@@ -95,6 +96,31 @@ def print_table(result: dict) -> None:
             f"{a['ttft_ms']['median']:,.1f} ms, b {b['ttft_ms']['median']:,.1f}, b/a {t['median']:.3f}; RSS a "
             f"{a['rss_mib']:,} MiB, b {b['rss_mib']:,}"
         )
+
+
+def write_plot(result: dict, path: str) -> None:
+    """b/a of tokens/s and of time to first token, a pair of bars per stream count, round-to-round
+    min and max as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 4))
+    for i, (key, label) in enumerate([("b_over_a", "tokens/s, b/a"), ("ttft_b_over_a", "time to first token, b/a")]):
+        spreads = [row[key] for row in rows]
+        medians = [s["median"] for s in spreads]
+        errors = [[m - s["min"] for m, s in zip(medians, spreads)], [s["max"] - m for m, s in zip(medians, spreads)]]
+        ax.bar([k + i * 0.4 for k in range(len(rows))], medians, 0.4, yerr=errors, label=label, color=f"C{i}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks([k + 0.2 for k in range(len(rows))])
+    ax.set_xticklabels([f"{row['streams']} streams" for row in rows])
+    ax.legend(fontsize=7)
+    a, b = Path(result["model"]).name, Path(result["model_b"]).name
+    ax.set_title(f"b: {b} {result['b']}\nagainst a: {a} {result['a']}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,12 @@ def tiny_int4_model_dir(tiny_checkpoint, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_int8_model_dir(tiny_checkpoint, tmp_path_factory):
+    """The same model with int8 weights and activations quantized row by row; its gates have passed."""
+    return exported(tmp_path_factory, "tiny-int8", tiny_checkpoint, quantize="int8")
+
+
+@pytest.fixture(scope="session")
 def chat_model_dir(tiny_bpe_checkpoint, tmp_path_factory):
     """The tiny BPE model exported with CHAT_TEMPLATE in its tokenizer_config.json."""
     return exported(tmp_path_factory, "tiny-chat", tiny_bpe_checkpoint, chat_template=CHAT_TEMPLATE)

@@ -38,6 +38,11 @@ def test_onnxruntime_genai_decodes_the_int4_export_alike(tiny_int4_model_dir):
     genai_check(tiny_int4_model_dir)
 
 
+def test_onnxruntime_genai_decodes_the_int8_export_alike(tiny_int8_model_dir):
+    """The row-quantized int8 MatMuls (MatMulIntegerToFloat) run in genai as in attnserve."""
+    genai_check(tiny_int8_model_dir)
+
+
 def test_onnxruntime_genai_decodes_an_imported_model_alike(hf_model_dir):
     """A Hugging Face checkpoint of each family imported and exported (tests/fixtures_hf.py): genai reads
     its tokenizer.json and genai_config.json (the model type its builder writes for the family) and

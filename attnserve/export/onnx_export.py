@@ -28,6 +28,7 @@ from ..tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from ..tokenizer.sentencepiece import SentencePieceTokenizer
 from .genai import genai_config
 from .graphs import EXPORTS, export_graph
+from .invariance import invariance_failure, invariance_line, invariance_report
 from .parity import ParityError, failure_message, format_report, run_decoder_gate
 from .parity_arena import run_arena_gate
 from .parity_beams import beam_report
@@ -160,8 +161,11 @@ def run_gate(model, staging: Path, manifest: contract.Manifest, steps: int) -> d
         runtime = OrtSeq2Seq(staging, manifest=manifest, provider=provider)
         report = (run_seq2seq_arena_gate if arena else run_seq2seq_gate)(model, runtime, steps)
     else:
-        runtime = OrtDecoder(staging, manifest=manifest, provider=provider)
+        runtime = decoder = OrtDecoder(staging, manifest=manifest, provider=provider)
         report = (run_arena_gate if arena else run_decoder_gate)(model, runtime, steps)
+        if arena:  # a request's tokens alone, in any batch, in any chunks
+            report["invariance"] = invariance_report(decoder, steps)
+            report["passed"] = report["passed"] and report["invariance"]["passed"]
     if arena:  # the server's beam groups: served beams against the PyTorch model's
         start = manifest.bos_id if manifest.seq2seq else None
         report["beams"] = beam_report(model, runtime, manifest.dtype, manifest.eos_id, start)
@@ -282,17 +286,18 @@ def gate_quantized(
     """Quantize the float32 graph that passed to `kind`, gate it on held-out loss, and put it in place."""
     if not report["passed"]:
         return report
-    how = "dynamic" if kind == "int8" else f"weight-only, blocks of {int4.block_size}"
+    how = "activations quantized per row" if kind == "int8" else f"weight-only, blocks of {int4.block_size}"
     say(f"quantizing to {kind} ({how}) and measuring held-out loss ...")
     quantized = staging / kind
     quantized.mkdir()
     quantize(kind, staging / contract.MODEL_FILE, quantized / contract.MODEL_FILE, int4)
     prompts = [list(range(97, 97 + n)) for n in (1, 13, 5)]
     text = (heldout or default_heldout()).decode("utf-8", errors="replace")
+    quantized_runtime = OrtDecoder(quantized, manifest=replace(manifest, quantization=kind))
     result = quantized_gate(
         kind,
         OrtDecoder(staging, manifest=manifest),
-        OrtDecoder(quantized, manifest=replace(manifest, quantization=kind)),
+        quantized_runtime,
         tokenizer.encode(text),
         tokenizer.bos_id if tokenizer.add_bos else None,
         tokenizer.byte_lengths(),
@@ -302,6 +307,10 @@ def gate_quantized(
     )
     if kind == "int4":
         result = {**result, "block_size": int4.block_size, "accuracy_level": int4.accuracy_level}
+    if manifest.kv_cache == contract.KV_ARENA:
+        invariance = invariance_report(quantized_runtime, steps)
+        result = {**result, "invariance": invariance, "passed": result["passed"] and invariance["passed"]}
+    del quantized_runtime
     os.replace(quantized / contract.MODEL_FILE, staging / contract.MODEL_FILE)
     shutil.rmtree(quantized)
     print(
@@ -311,6 +320,8 @@ def gate_quantized(
         f"{result['greedy_steps']} steps",
         flush=True,
     )
+    if "invariance" in result:
+        print(f"{kind}: {invariance_line(result['invariance'])}", flush=True)
     return {"float32_gate": report, kind: result, "passed": result["passed"]}
 
 
@@ -318,6 +329,8 @@ def quantized_failure(kind: str, report: dict) -> str:
     if kind not in report:
         return failure_message(report)
     r = report[kind]
+    if r["loss_ratio"] <= r["max_loss_ratio"]:
+        return f"{kind} gate failed: {invariance_failure(r['invariance'])}"
     return (
         f"{kind} gate failed: held-out loss {r[f'heldout_bits_per_byte_{kind}']:.4f} bits/byte is "
         f"{r['loss_ratio']:.4f}x float32's {r['heldout_bits_per_byte_float32']:.4f} (limit {r['max_loss_ratio']}x)"

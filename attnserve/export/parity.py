@@ -18,6 +18,7 @@ from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtGraphs
 from ..runtime.ort_session import empty_past, io_names, left_pad
 from .graphs import flatten, pairs
+from .invariance import invariance_failure, invariance_line
 from .parity_beams import beam_lines
 
 # (case name, real length of each row, past length P, new tokens T)
@@ -213,6 +214,8 @@ def format_report(report: dict) -> str:
         if r["excused_near_tie"]
     ]
     lines += beam_lines(report)
+    if "invariance" in report:
+        lines.append(invariance_line(report["invariance"]))
     lines += [f"problem: {p}" for p in report["problems"]]
     return "\n".join(lines)
 
@@ -239,4 +242,7 @@ def failure_message(report: dict) -> str:
             for c in beams["cases"]
             if c["identical"] < c["prompts"]
         ]
+    invariance = report.get("invariance")
+    if invariance is not None and not invariance["passed"]:
+        parts.append(invariance_failure(invariance))
     return "parity gate failed: " + "; ".join(parts)

@@ -1,6 +1,8 @@
 """Weight quantization of a float32 export (ONNX Runtime, CPU provider) and its gate: held-out loss.
 
-int8: dynamic quantization (int8 weights, activations quantized on the fly by MatMulInteger).
+int8: int8 weights (one scale per output column) times activations quantized on the fly, one scale per
+row (int8_rows.py): a row's result does not depend on its batch, unlike ONNX Runtime's quantize_dynamic,
+whose one scale per tensor spans every row of the batch.
 int4: weight-only blocks (MatMulNBits; GatherBlockQuantized for the token embedding): each block of
 `block_size` weights along the input axis shares one float scale, symmetric; `accuracy_level` is the
 precision MatMulNBits computes in on the CPU (4: int8 activations, the fastest; 0: unset).
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..runtime.ort_decoder import OrtDecoder
+from .int8_rows import quantize_rows
 
 QUANTIZATIONS = ("int8", "int4")
 MAX_LOSS_RATIO = {"int8": 1.02, "int4": 1.05}  # held-out bits per byte, quantized / float32
@@ -103,36 +106,25 @@ def fold_weight_transposes(graph) -> int:
 
 
 def quantize_int8(src: Path, dst: Path) -> None:
-    """Weights of MatMul/Gemm to int8, activations quantized on the fly; a tied head's transposed
-    embedding is given a weight of its own first, so that the head is quantized too."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    """Every MatMul by a weight to the row-quantized int8 product (int8_rows.quantize_rows); a tied
+    head's transposed embedding is given a weight of its own first, so that the head is quantized too."""
+    import onnx
 
     model = load_with_weight_transposes_folded(src)
-    with quiet_quantizer():
-        quantize_dynamic(model, str(dst), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"])
+    quantize_rows(model)
+    onnx.save(model, str(dst))
 
 
 @contextmanager
 def quiet_quantizer() -> Iterator[None]:
-    """ONNX Runtime's quantizers without their noise: the pre-processing advice on the root logger
-    (without_preprocessing_advice) and MatMulNBitsQuantizer's line for every node it quantizes or skips."""
+    """MatMulNBitsQuantizer without its INFO line for every node it quantizes or skips."""
     chatty = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
-    level, root = chatty.level, logging.getLogger()
+    level = chatty.level
     chatty.setLevel(logging.WARNING)
-    root.addFilter(without_preprocessing_advice)
     try:
         yield
     finally:
         chatty.setLevel(level)
-        root.removeFilter(without_preprocessing_advice)
-
-
-def without_preprocessing_advice(record: logging.LogRecord) -> bool:
-    """Drops ONNX Runtime's "Please consider to run pre-processing before quantization" (logged on the
-    root logger on every call): its pre-processing is shape inference and graph optimization for
-    static quantization; dynamic int8 of these MatMuls does not need it, and the gate measures the
-    result. Everything else the quantizer logs passes."""
-    return "pre-processing before quantization" not in record.getMessage()
 
 
 def heldout_windows(ids: list[int], block: int, n_windows: int, bos_id: int | None) -> np.ndarray:

@@ -1,7 +1,7 @@
-"""The int4 export served (tests/fixtures_export.py: the trained tiny model, MatMulNBits blocks of 32):
-greedy tokens over gRPC are the arena driver's own on the same directory, alone and in one batch, and
-a prefix-cache hit changes nothing but usage.cached_tokens. onnxruntime-genai's check of the same
-directory is in tests/test_genai.py."""
+"""The quantized exports served (tests/fixtures_export.py: the trained tiny model in int4, MatMulNBits
+blocks of 32, and in int8, activations quantized row by row): greedy tokens over gRPC are the arena
+driver's own on the same directory, alone and in one batch, and a prefix-cache hit changes nothing
+but usage.cached_tokens. onnxruntime-genai's check of the same directories is in tests/test_genai.py."""
 
 from __future__ import annotations
 
@@ -20,10 +20,12 @@ PROMPTS = [PREAMBLE + ending for ending in (" Then:", " Why", " For x in", "")]
 NEW_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def int4_server(tiny_int4_model_dir):
-    running = start_server(tiny_int4_model_dir)
-    yield running
+@pytest.fixture(scope="module", params=["int4", "int8"])
+def quantized(request):
+    """(the model directory, its server)."""
+    model_dir = request.getfixturevalue(f"tiny_{request.param}_model_dir")
+    running = start_server(model_dir)
+    yield model_dir, running
     running.stop()
 
 
@@ -32,16 +34,15 @@ def generate(stub, prompt: str) -> pb.GenerateResponse:
     return stub.Generate(request, timeout=60)
 
 
-def test_served_int4_tokens_are_the_arena_drivers_alone_batched_and_from_the_prefix_cache(
-    int4_server, tiny_int4_model_dir
-):
-    tokenizer = from_model_dir(tiny_int4_model_dir, read_manifest(tiny_int4_model_dir).tokenizer)
-    driver = OrtDecoder(tiny_int4_model_dir)
+def test_served_quantized_tokens_are_the_arena_drivers_alone_batched_and_from_the_prefix_cache(quantized):
+    model_dir, server = quantized
+    tokenizer = from_model_dir(model_dir, read_manifest(model_dir).tokenizer)
+    driver = OrtDecoder(model_dir)
     expected = [driver.greedy([tokenizer.encode_prompt(p)], NEW_TOKENS)[0].tolist() for p in PROMPTS]
-    alone = [generate(int4_server.stub, prompt) for prompt in PROMPTS]  # the preamble is cached after the first
+    alone = [generate(server.stub, prompt) for prompt in PROMPTS]  # the preamble is cached after the first
     batched: dict[int, pb.GenerateResponse] = {}
     threads = [
-        threading.Thread(target=lambda i=i: batched.__setitem__(i, generate(int4_server.stub, PROMPTS[i])))
+        threading.Thread(target=lambda i=i: batched.__setitem__(i, generate(server.stub, PROMPTS[i])))
         for i in range(len(PROMPTS))
     ]
     for thread in threads:
