@@ -1,8 +1,9 @@
-"""Batch invariance (export/invariance.py, export/int8_rows.py) on the trained tiny model: a row's
-logits are the same bits alone, in a batch and prefilled in chunks, for the float32 export and the
-row-quantized int8 export, where ONNX Runtime's per-tensor dynamic int8 of the same graph changes
-them; every export's manifest holds its invariance gate; and the gate names the cases of a graph
-whose tokens depend on the batch or on the chunking, and refuses it."""
+"""Batch invariance (export/invariance.py, export/int8_rows.py): the row-quantized int8 MatMul gives a
+row the same bits alone, in a batch and in chunks, where ONNX Runtime's per-tensor dynamic int8
+does not; a long prompt is split without a run of one token; on the trained tiny model, the int8
+export's graph is what int8_rows.py writes, every export's manifest holds its passed invariance gate,
+and the gate names the cases of a graph whose tokens depend on the batch or on the chunking, and
+refuses it."""
 
 from __future__ import annotations
 
@@ -12,15 +13,17 @@ from dataclasses import replace
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from attnserve.export.int8_rows import quantize_rows
 from attnserve.export.invariance import CASES, invariance_failure, invariance_line, invariance_report
 from attnserve.runtime import contract
+from attnserve.runtime.arena_decoder import next_run
 from attnserve.runtime.ort_decoder import OrtDecoder
 
-PROMPTS = [[5, 17, 3, 99, 41, 7, 12, 60, 2], [88, 4], [31, 9, 70, 11, 6, 54]]
-CHUNK = 3
+CHUNK = 5
 
 
 def with_graph(model_dir, out, edit, quantization=None):
@@ -40,44 +43,67 @@ def per_tensor_int8(model) -> None:
     """ONNX Runtime's dynamic quantization, one activation scale per tensor (what --quantize int8 was)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from attnserve.export.quantize import fold_weight_transposes
-
-    fold_weight_transposes(model.graph)
     with tempfile.TemporaryDirectory() as tmp:
         quantize_dynamic(model, f"{tmp}/q.onnx", weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"])
-        quantized = onnx.load(f"{tmp}/q.onnx")
-    model.CopyFrom(quantized)
+        model.CopyFrom(onnx.load(f"{tmp}/q.onnx"))
 
 
-def logits_three_ways(model_dir) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each prompt's last logits prefilled alone, prefilled together in one batch, and prefilled alone
-    CHUNK ids at a time."""
-    runtime = OrtDecoder(model_dir)
-    decoder = runtime.arena(len(PROMPTS), 64)
-    alone = []
-    for prompt in PROMPTS:
-        decoder.arena.lengths[:] = 0
-        alone.append(decoder.prefill(0, [prompt])[0].copy())
-    decoder.arena.lengths[:] = 0
-    together = decoder.prefill(0, PROMPTS).copy()
-    chunked = []
-    for prompt in PROMPTS:
-        decoder.arena.lengths[:] = 0
-        for start in range(0, len(prompt), CHUNK):
-            logits = decoder.extend(0, prompt[start : start + CHUNK])
-        chunked.append(logits.copy())
-    return np.array(alone), together, np.array(chunked)
+def one_matmul(weight: np.ndarray):
+    """A graph of one MatMul of x (B, T, K) by `weight` (K, N)."""
+    k, n = weight.shape
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["b", "t", k])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["b", "t", n])
+    graph = helper.make_graph([node], "g", [x], [y], [numpy_helper.from_array(weight, "w")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", contract.OPSET)])
 
 
-def test_row_int8_logits_are_the_same_bits_alone_batched_and_chunked_unlike_per_tensor_int8(
-    tiny_model_dir, tiny_int8_model_dir, tmp_path
-):
-    per_tensor = with_graph(tiny_model_dir, tmp_path / "per-tensor", per_tensor_int8, "int8")
-    for model_dir in (tiny_model_dir, tiny_int8_model_dir):
-        alone, together, chunked = logits_three_ways(model_dir)
-        assert np.array_equal(alone, together) and np.array_equal(alone, chunked), model_dir
-    alone, together, chunked = logits_three_ways(per_tensor)
-    assert not np.array_equal(alone, together) and not np.array_equal(alone, chunked)
+def rows_three_ways(model, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The product of every row of x (1, T, K) computed in one run, each row alone, and in chunks of CHUNK."""
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    whole = session.run(None, {"x": x})[0][0]
+    alone = np.concatenate([session.run(None, {"x": x[:, [t]]})[0][0] for t in range(x.shape[1])])
+    chunks = [session.run(None, {"x": x[:, t : t + CHUNK]})[0][0] for t in range(0, x.shape[1], CHUNK)]
+    return whole, alone, np.concatenate(chunks)
+
+
+def test_row_int8_gives_a_row_the_same_bits_alone_batched_and_chunked_unlike_per_tensor_int8():
+    """The MatMul int8_rows.py writes: every row's product is the same bits whatever rows share its run,
+    and within 2% of float32's; ONNX Runtime's per-tensor form of the same weight changes with them."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((64, 96)).astype(np.float32) * 0.1
+    x = rng.standard_normal((1, 24, 64)).astype(np.float32) * rng.uniform(0.1, 10, (1, 24, 1)).astype(np.float32)
+    rows, per_tensor = one_matmul(weight), one_matmul(weight)
+    assert quantize_rows(rows) == 1
+    per_tensor_int8(per_tensor)
+    whole, alone, chunked = rows_three_ways(rows, x)
+    assert np.array_equal(whole, alone) and np.array_equal(whole, chunked)
+    exact = x[0] @ weight
+    assert (np.abs(whole - exact).max(axis=1) / np.abs(exact).max(axis=1)).max() < 0.02
+    whole, alone, chunked = rows_three_ways(per_tensor, x)
+    assert not np.array_equal(whole, alone) and not np.array_equal(whole, chunked)
+
+
+@pytest.mark.parametrize(
+    ("length", "chunk", "runs"),
+    [
+        (8, 4, [4, 4]),
+        (9, 4, [4, 3, 2]),
+        (13, 4, [4, 4, 3, 2]),
+        (5, 4, [3, 2]),
+        (4, 4, [4]),
+        (1, 4, [1]),
+        (3, 2, [2, 1]),
+    ],
+)
+def test_a_long_prompt_is_split_into_chunks_without_a_run_of_one_token(length, chunk, runs):
+    """next_run, as the server splits a long prompt (one token alone takes another attention path);
+    a chunk of 2 cannot avoid it."""
+    done, got = 0, []
+    while done < length:
+        got.append(next_run(length - done, chunk))
+        done += got[-1]
+    assert got == runs
 
 
 def test_row_int8_quantizes_every_weight_matmul_once_per_activation(tiny_int8_model_dir):
@@ -106,30 +132,35 @@ def parity_key(model_dir) -> str:
 
 
 def batch_and_length_dependent(model) -> None:
-    """The logits plus 100 for id 0 per extra row in the batch, and 100 for id 1 per extra position in
-    the step: a graph whose tokens depend on what shares the batch and on how a prompt is chunked."""
+    """The logits plus 100 for id 2 per extra row in the batch, and 50 for id 1 in a run of an odd
+    number of positions, for id 0 in an even one: a graph whose tokens depend on what shares the
+    batch and on how a prompt is split."""
     graph = model.graph
     (producer,) = [n for n in graph.node if contract.LOGITS in n.output]
     raw = contract.LOGITS + ".raw"
     producer.output[list(producer.output).index(contract.LOGITS)] = raw
     v = next(o for o in graph.output if o.name == contract.LOGITS).type.tensor_type.shape.dim[2].dim_value
-    bonus = np.zeros((2, v), np.float32)
-    bonus[0, 0] = bonus[1, 1] = 100.0
+    bonus = np.zeros((3, v), np.float32)
+    bonus[0, 2], bonus[1, 1], bonus[2, 0] = 100.0, 50.0, 50.0
     graph.initializer.extend(
         [
             numpy_helper.from_array(bonus, "bonus"),
-            numpy_helper.from_array(np.array([0], np.int64), "first"),
-            numpy_helper.from_array(np.array([2], np.int64), "second"),
-            numpy_helper.from_array(np.array(1, np.float32), "one_row"),
+            numpy_helper.from_array(np.array([0], np.int64), "zero"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([2], np.int64), "two"),
         ]
     )
     added = [
         helper.make_node("Shape", [raw], ["shape"]),
-        helper.make_node("Slice", ["shape", "first", "second"], ["batch_and_steps"]),
-        helper.make_node("Cast", ["batch_and_steps"], ["sizes"], to=onnx.TensorProto.FLOAT),
-        helper.make_node("Sub", ["sizes", "one_row"], ["extra"]),
-        helper.make_node("Unsqueeze", ["extra", "first"], ["extra_row"]),
-        helper.make_node("MatMul", ["extra_row", "bonus"], ["shift"]),
+        helper.make_node("Slice", ["shape", "zero", "one"], ["rows"]),
+        helper.make_node("Slice", ["shape", "one", "two"], ["positions"]),
+        helper.make_node("Sub", ["rows", "one"], ["extra_rows"]),
+        helper.make_node("Mod", ["positions", "two"], ["odd"]),
+        helper.make_node("Sub", ["one", "odd"], ["even"]),
+        helper.make_node("Concat", ["extra_rows", "odd", "even"], ["terms"], axis=0),
+        helper.make_node("Cast", ["terms"], ["weights"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["weights", "zero"], ["weights_row"]),
+        helper.make_node("MatMul", ["weights_row", "bonus"], ["shift"]),
         helper.make_node("Add", [raw, "shift"], [contract.LOGITS]),
     ]
     at = list(graph.node).index(producer) + 1

@@ -85,7 +85,7 @@ def fill(kv: KVArena, slot: int, seed: int) -> None:
         kv.device.upload(buffer.data_ptr() + slot * kv.slot_bytes, values)
 
 
-def test_a_loaded_prefix_is_byte_for_byte_what_was_stored_and_never_the_last_token():
+def test_a_loaded_prefix_is_byte_for_byte_what_was_stored_and_never_the_last_two_tokens():
     kv = arena()
     cache = PrefixCache(kv, 8 * block_bytes(2, 2, 8, "float32"))
     prompt = tokens(8, 3 * BLOCK)  # exactly three blocks: the last token stays to be prefilled
@@ -97,7 +97,10 @@ def test_a_loaded_prefix_is_byte_for_byte_what_was_stored_and_never_the_last_tok
     assert cache.load(1, prompt) == 2 * BLOCK and kv.lengths[1] == 2 * BLOCK
     for stored, loaded in zip(kv.read(0), kv.read(1)):
         np.testing.assert_array_equal(stored[:, : 2 * BLOCK], loaded)
+    one_more = prompt + tokens(9, 1)  # three blocks would leave one token: a run of one query (next_run)
+    assert cache.match(one_more) == 2 * BLOCK
     longer = prompt + tokens(9, 5)
+    assert cache.match(longer) == 3 * BLOCK
     assert cache.load(2, longer) == 3 * BLOCK
     for stored, loaded in zip(kv.read(0), kv.read(2)):
         np.testing.assert_array_equal(stored, loaded)

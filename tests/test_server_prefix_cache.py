@@ -82,6 +82,17 @@ def test_a_shared_100_token_prefix_is_copied_and_the_output_is_the_same(stub, pl
     assert prefilled == [5 + len(q) for q in QUESTIONS for _ in range(2)]
 
 
+def test_a_hit_that_would_leave_one_token_leaves_a_block_and_one(stub, plain):
+    """A 97-token prompt over the cached preamble's 6 blocks: 5 are copied and 17 tokens prefilled (a
+    run of one token takes another attention path: arena_decoder.SHORTEST_PROMPT_RUN), and the output
+    is the uncached server's."""
+    generate(stub, PREAMBLE + "!")
+    prompt = PREAMBLE[:96]  # with BOS, 6 blocks and one token
+    hit, miss = generate(stub, prompt, logprobs=5), generate(plain.stub, prompt, logprobs=5)
+    assert (hit.usage.cached_tokens, miss.usage.cached_tokens) == (5 * BLOCK, 0)
+    assert_same_output(hit, miss)
+
+
 def test_prompt_logprobs_are_prefilled_whole_and_equal_the_uncached(stub, plain):
     generate(stub, PREAMBLE + "?")
     prompt = PREAMBLE + QUESTIONS[0]
@@ -98,7 +109,7 @@ def test_a_small_cache_under_pressure_evicts_and_stays_exact(tiny_model_dir, pla
     try:
         info = small.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
         assert info.prefix_cache_bytes == 8 * TOKEN_BLOCK_BYTES
-        texts = [f"{n} {PREAMBLE[n * 7 :]}{PREAMBLE[: n * 7]}"[:80] for n in range(4)]  # 5 whole blocks each
+        texts = [f"{n} {PREAMBLE[n * 7 :]}{PREAMBLE[: n * 7]}"[:81] for n in range(4)]  # 5 whole blocks each
         cached = []
         for prompt in [*texts, *texts[::-1], *texts]:
             hit, miss = generate(small.stub, prompt, logprobs=2), generate(plain.stub, prompt, logprobs=2)
@@ -107,7 +118,7 @@ def test_a_small_cache_under_pressure_evicts_and_stays_exact(tiny_model_dir, pla
             held = small.server.metrics.prefix_held._value.get()
             assert held <= 8 * TOKEN_BLOCK_BYTES
         assert cached[:4] == [0, 0, 0, 0]
-        assert cached[4] == 5 * BLOCK  # the last one stored is still there (81 tokens: all but the last copied)
+        assert cached[4] == 5 * BLOCK  # the last one stored is still there (82 tokens: all but the last 2 copied)
         assert 0 in cached[5:]  # 8 blocks do not hold 4 prompts of 5: some were evicted
     finally:
         small.stop()

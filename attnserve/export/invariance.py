@@ -6,18 +6,22 @@ Each prompt is decoded greedily alone (prefilled whole, then one slot), and agai
 - prefilled together: every prompt in one right-padded prefill, then decoded in one batch;
 - arriving: requests joining at different steps and leaving when done, the last slot moved into a
   freed one (the server's continuous batch);
-- chunked: alone, its prompt prefilled CHUNK ids at a time.
+- chunked: alone, its prompt prefilled CHUNK ids at a time, split as the server splits a long prompt
+  or a cached prefix's rest (never a run of one token: arena_decoder.SHORTEST_PROMPT_RUN).
 Every case must give the tokens it gave alone. The report names each case's rows that differ and the
-first step they do. ONNX Runtime's CPU kernels give the same bits for a row whatever its batch when
-each row is computed on its own (float MatMuls, GroupQueryAttention, row-quantized int8), so the gate
-is enforced on the CPU provider; on CUDA its result is reported, not enforced (cuBLAS may choose
-another kernel, with another summation order, for another batch size).
+first step they do. On the CPU provider the MatMuls, float and row-quantized int8 (int8_rows.py), give
+a row the same bits whatever shares its run; GroupQueryAttention's sums can differ in the last bits
+with the length of the run a position is computed in (the server never runs a prompt position
+alone: arena_decoder.SHORTEST_PROMPT_RUN), which tokens survive but for a near tie. The gate is
+enforced on the CPU provider; on CUDA its result is reported, not enforced (cuBLAS may choose another
+kernel, with another summation order, for another batch size).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..runtime.arena_decoder import next_run
 from ..runtime.ort_decoder import OrtDecoder, continuous_greedy
 from ..runtime.ort_session import CPU
 
@@ -29,11 +33,15 @@ CASES = ("prefilled together", "arriving", "chunked")
 
 
 def greedy_alone(decoder, prompt: list[int], steps: int, chunk: int = 0) -> list[int]:
-    """Greedy tokens of `prompt` in slot 0 of an empty `decoder`, prefilled whole or `chunk` ids at a time."""
+    """Greedy tokens of `prompt` in slot 0 of an empty `decoder`, prefilled whole or in runs of up to
+    `chunk` ids (next_run)."""
     decoder.arena.lengths[:] = 0
     if chunk:
-        for start in range(0, len(prompt), chunk):
-            logits = decoder.extend(0, prompt[start : start + chunk])
+        done = 0
+        while done < len(prompt):
+            count = next_run(len(prompt) - done, chunk)
+            logits = decoder.extend(0, prompt[done : done + count])
+            done += count
     else:
         logits = decoder.prefill(0, [prompt])[0]
     tokens = [int(logits.argmax())]

@@ -27,6 +27,23 @@ from .step_inputs import StepInputs
 # zeros past the longest change nothing, and a step's binding keeps its mask for up to 32 steps.
 MASK_COLUMNS = 32
 
+# The fewest prompt tokens one run computes after a slot's earlier positions (a chunk, or the rest of
+# a prompt after a cached prefix). ONNX Runtime's CPU GroupQueryAttention takes another path for a
+# single query, whose sums differ from a longer run's in the last bits at nearly every length, and a
+# prompt position computed alone changes what follows it: a request's tokens would depend on how its
+# prompt was split or cached. Runs of two or more give the same bits at most lengths (not all: the
+# export's batch-invariance gate checks the tokens). A one-token prompt is one query whatever shares
+# its batch, and attends only to itself.
+SHORTEST_PROMPT_RUN = 2
+
+
+def next_run(rest: int, chunk: int) -> int:
+    """How many of a prompt's `rest` remaining tokens its next run takes, at most `chunk` (at least
+    3): all of them if they fit, else a chunk, or one fewer where a chunk would leave a single token."""
+    if rest <= chunk:
+        return rest
+    return chunk - 1 if rest - chunk < SHORTEST_PROMPT_RUN and chunk > SHORTEST_PROMPT_RUN else chunk
+
 
 def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """input_ids and attention_mask (B, T) of right-padded sequences."""

@@ -4,8 +4,9 @@ The decoding requests hold slots [0, n) of runtime/arena.py's in-place arena, in
 order; a finished request's slot is refilled by moving the last one into it, so every decode
 step runs over one contiguous block. Fresh prompts are prefilled together, right-padded, into
 the slots after the block (up to `chunk` tokens per run) and join it at once. A prompt longer
-than a chunk is prefilled one chunk per call in the top slot, then moved down to the block's
-end: a long prompt delays the running batch by at most one chunk per step. With a prefix cache
+than a chunk is prefilled one chunk per call in the top slot (never leaving one token for a run of
+its own: arena_decoder.next_run), then moved down to the block's end: a long prompt delays the
+running batch by at most one chunk per step. With a prefix cache
 (prefix_cache.py), a prompt whose first blocks are cached gets them copied into its slot when its
 prefill begins and only the rest is prefilled (one extend run each, up to a chunk of such rests
 per round); every prompt's whole blocks are cached once it is prefilled. A request that wants its
@@ -23,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..engine.seam import Enough, Logits, PassRow, PrefixReport
-from .arena_decoder import ArenaDecoder
+from .arena_decoder import ArenaDecoder, next_run
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
 
@@ -195,9 +196,10 @@ class ArenaRunner:
         assert self.chunking is not None, "called only while a long prompt is being prefilled"
         key, prompt, done = self.chunking
         top = self.capacity - 1
-        logits = self.decoder.extend(top, prompt[done : done + self.chunk])
-        self._keep_rows(key, 0, len(prompt[done : done + self.chunk]))
-        done += self.chunk
+        count = next_run(len(prompt) - done, self.chunk)
+        logits = self.decoder.extend(top, prompt[done : done + count])
+        self._keep_rows(key, 0, count)
+        done += count
         if done < len(prompt):
             self.chunking = (key, prompt, done)
             return {}

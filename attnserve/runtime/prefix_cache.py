@@ -2,9 +2,10 @@
 
 When a prompt is prefilled, its whole blocks (prefix_blocks.BLOCK tokens) are copied from its
 arena slot into pool blocks; when a later prompt starts with cached blocks, they are copied into
-its slot and only the rest of it is prefilled. Exact, because a position's keys and values depend
-only on the tokens up to it: a cached block holds what a prefill of the same tokens computes, and
-nothing ever writes a pool block between its insertion and its eviction. A copy is one strided
+its slot and only the rest of it is prefilled. Exact, bit for bit, because a position's keys and values
+depend only on the tokens up to it: a cached block holds what a prefill of the same tokens computes,
+nothing ever writes a pool block between its insertion and its eviction, and the rest is never a
+single token (arena_decoder.SHORTEST_PROMPT_RUN). A copy is one strided
 device copy per buffer per run of consecutive pool blocks (the pool lays a head's positions out
 as a slot does, so a chain stored in a run of free blocks comes back in one copy per buffer).
 
@@ -15,6 +16,7 @@ Knows nothing of requests or scheduling; arena_runner.py decides when to load an
 from __future__ import annotations
 
 from .arena import KVArena
+from .arena_decoder import SHORTEST_PROMPT_RUN
 from .prefix_blocks import BLOCK, PrefixBlocks
 
 
@@ -50,14 +52,15 @@ class PrefixCache:
         return len(self.index) * self.block_bytes
 
     def match(self, prompt: list[int]) -> int:
-        """Positions of `prompt` a load would copy now (never its last token: its logits must be computed)."""
-        return len(self.index.match(prompt, len(prompt) - 1)) * BLOCK
+        """Positions of `prompt` a load would copy now: never its last two tokens (its last token's
+        logits must be computed, in a run of more than one token: SHORTEST_PROMPT_RUN)."""
+        return len(self.index.match(prompt, len(prompt) - SHORTEST_PROMPT_RUN)) * BLOCK
 
     def load(self, slot: int, prompt: list[int]) -> int:
         """Copy the longest cached prefix of `prompt` (as match() measures it) into the empty `slot`;
         returns the number of positions copied (0: a miss)."""
         assert not self.arena.lengths[slot], "a prefix is loaded into an empty slot"
-        chain = self.index.match(prompt, len(prompt) - 1)
+        chain = self.index.match(prompt, len(prompt) - SHORTEST_PROMPT_RUN)
         for number, block, count in runs(list(enumerate(chain))):
             self._copy(slot, number, block, count, to_pool=False)
         self.arena.lengths[slot] = len(chain) * BLOCK
