@@ -117,7 +117,9 @@ def test_row_int8_quantizes_every_weight_matmul_once_per_activation(tiny_int8_mo
     assert int8 and all(w.dtype == np.int8 and np.abs(w).max() == 127 for w in int8)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_model_dir", "tiny_int8_model_dir", "tiny_int4_model_dir"])
+@pytest.mark.parametrize(
+    "fixture", ["tiny_model_dir", "tiny_float16_model_dir", "tiny_int8_model_dir", "tiny_int4_model_dir"]
+)
 def test_every_export_records_its_invariance_gate(fixture, request):
     model_dir = request.getfixturevalue(fixture)
     parity = contract.read_manifest(model_dir).parity

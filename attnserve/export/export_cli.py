@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--quantize",
         choices=QUANTIZATIONS,
         default=None,
-        help="weights for the CPU provider, gated on held-out loss: int8 (dynamic) or int4 (weight-only blocks, "
-        "MatMulNBits) (default: none)",
+        help="weights for the CPU provider, gated on held-out loss and batch invariance: int8 (activations "
+        "quantized per row) or int4 (weight-only blocks, MatMulNBits) (default: none)",
     )
     p.add_argument(
         "--int4-block-size",

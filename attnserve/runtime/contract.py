@@ -212,7 +212,7 @@ class Manifest:
     head_dim: int  # d_model // n_heads
     tokenizer: dict[str, Any]  # the tokenizer package's entry: kind, vocab_size, bos_id, eos_id, pad_id, ...
     dtype: str  # of the KV cache and logits
-    quantization: str | None  # None, "int8" (dynamic) or "int4" (weight-only blocks)
+    quantization: str | None  # None, "int8" (activations quantized per row) or "int4" (weight-only blocks)
     kv_cache: str  # KV_ARENA (in place, right padding) or KV_CONCAT (left padding)
     graphs: dict[str, GraphSpec]  # role (ENCODER, DECODER) -> file and I/O names
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256
