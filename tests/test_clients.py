@@ -76,6 +76,28 @@ def test_model_info_and_health(live):
         assert closed.health(timeout=1) is False
 
 
+def test_every_model_info_field_the_proto_has_reaches_the_python_type(live):
+    """The client's ModelInfo, Limits and TokenizerInfo hold every field of the server's messages, with
+    its value (the prefix cache's size among them)."""
+    import dataclasses
+
+    import grpc
+
+    from attnserve.v1 import generation_pb2 as pb
+    from attnserve.v1 import generation_pb2_grpc as rpc
+
+    with grpc.insecure_channel(live.target) as channel:
+        message = rpc.TextGenerationStub(channel).GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+    with Client(live.target, timeout=10) as client:
+        info = client.model_info()
+    for proto, typed in ((message, info), (message.limits, info.limits), (message.tokenizer, info.tokenizer)):
+        names = {f.name for f in proto.DESCRIPTOR.fields}
+        assert names <= {f.name for f in dataclasses.fields(typed)}, names - {f.name for f in dataclasses.fields(typed)}
+        for name in names - {"limits", "tokenizer"}:
+            assert getattr(typed, name) == getattr(proto, name), name
+    assert info.prefix_cache_bytes == message.prefix_cache_bytes > 0
+
+
 def test_async_client_methods_and_concurrent_streams(live):
     async def main():
         async with AsyncClient(live.target, timeout=10) as client:

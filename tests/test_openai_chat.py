@@ -68,6 +68,28 @@ def test_a_chat_completion_is_the_completion_of_the_rendered_prompt(chat_server,
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == chat.usage.completion_tokens
 
 
+def test_a_chats_prompt_logprobs_are_at_its_top_and_the_rendered_prompts(chat_server, client):
+    """vLLM's chat puts prompt_logprobs at the response's top, once: the same entries as a completion
+    of the rendered prompt; streamed, in the chunk that ends the first choice."""
+    name, extra = chat_server.server.info.model_name, {"prompt_logprobs": 2}
+    plain = client.completions.create(model=name, prompt=RENDERED, max_tokens=0, temperature=0, extra_body=extra)
+    chat = client.chat.completions.create(
+        model=name, messages=MESSAGES, max_completion_tokens=2, temperature=0, n=2, extra_body=extra
+    )
+    expected = plain.choices[0].model_extra["prompt_logprobs"]
+    assert chat.model_extra["prompt_logprobs"] == expected and expected[0] is None
+    assert len(expected) == chat.usage.prompt_tokens and all(
+        "prompt_logprobs" not in c.model_extra for c in chat.choices
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model=name, messages=MESSAGES, max_tokens=2, temperature=0, stream=True, extra_body=extra
+        )
+    )
+    (ending,) = [c for c in chunks if (c.model_extra or {}).get("prompt_logprobs")]
+    assert ending.model_extra["prompt_logprobs"] == expected and ending.choices[0].finish_reason is not None
+
+
 def test_chat_logprobs_and_a_json_schema_response_format(chat_server, client):
     name = chat_server.server.info.model_name
     chat = client.chat.completions.create(

@@ -69,6 +69,45 @@ def test_unary_completion_equals_generate(live, client):
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
 
 
+def vllm_prompt_logprobs_match(got: list, expected: pb.GenerateResponse) -> None:
+    """vLLM's prompt_logprobs against the gRPC door's: None first, then each prompt token's entry (its
+    logprob, rank, decoded text) and its top alternatives (ranks 1 to k)."""
+    assert got[0] is None and len(got) == len(expected.prompt_logprobs) + 1
+    for position, want in zip(got[1:], expected.prompt_logprobs):
+        token = position[str(want.token_id)]
+        assert token["logprob"] == pytest.approx(want.logprob, abs=1e-6)
+        assert token["decoded_token"] == want.text
+        above = sum(t.logprob > want.logprob for t in want.top)
+        assert token["rank"] == 1 + above if above < len(want.top) else token["rank"] > len(want.top)
+        for rank, alternative in enumerate(want.top, 1):
+            entry = position[str(alternative.token_id)]
+            assert entry["logprob"] == pytest.approx(alternative.logprob, abs=1e-6)
+            assert entry["decoded_token"] == alternative.text
+            assert entry["rank"] == (token["rank"] if alternative.token_id == want.token_id else rank)
+        assert set(position) == {str(want.token_id), *(str(t.token_id) for t in want.top)}
+
+
+def test_prompt_logprobs_score_a_prompt_as_vllm_returns_them(live):
+    """vLLM's prompt_logprobs on /v1/completions: with max_tokens 0 the prompt is only scored, each
+    choice gets them (streamed: in the chunk that ends it), the gRPC door's values; none unasked.
+    A chat's: tests/test_openai_chat.py."""
+    text = "The list of the items"
+    expected = live.stub.Generate(request(text, max_new_tokens=0, prompt_logprobs=3), timeout=TIMEOUT)
+    url, fields = base_url(live), {"model": model(live), "prompt_logprobs": 3, "temperature": 0}
+    scored = httpx.post(f"{url}/completions", json={**fields, "prompt": text, "max_tokens": 0}, timeout=TIMEOUT)
+    (choice,) = scored.json()["choices"]
+    assert scored.status_code == 200 and choice["text"] == "" and scored.json()["usage"]["completion_tokens"] == 0
+    vllm_prompt_logprobs_match(choice["prompt_logprobs"], expected)
+    body = {**fields, "prompt": text, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{url}/completions", json=body, timeout=TIMEOUT) as streamed:
+        chunks = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    (ending,) = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    vllm_prompt_logprobs_match(ending["prompt_logprobs"], expected)
+    assert not any("prompt_logprobs" in c["choices"][0] for c in chunks if c["choices"] and c["choices"][0] != ending)
+    unasked = httpx.post(f"{url}/completions", json={"model": model(live), "prompt": text}, timeout=TIMEOUT)
+    assert "prompt_logprobs" not in unasked.json()["choices"][0]
+
+
 def test_usage_says_how_many_prompt_tokens_the_prefix_cache_served(live, client):
     """OpenAI's usage.prompt_tokens_details.cached_tokens: a prompt sent again finds its whole 16-token
     blocks (BOS and 39 bytes: two of them) in the cache, and the text is the same."""

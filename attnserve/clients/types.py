@@ -336,6 +336,8 @@ class Limits:
     max_stop_token_ids: int = 0  # 0 from an older server, which has no such field
     max_logit_bias: int = 0
     max_logprobs: int = 0
+    max_n: int = 0  # completions one request may ask for
+    max_structure_bytes: int = 0  # a structured-output schema or grammar, in bytes
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,7 @@ class ModelInfo:
     n_encoder_layers: int = 0  # encoder-decoder models; 0 for decoder-only
     kv_cache: str = ""  # "arena": keys/values written in place in preallocated slots
     kv_cache_bytes: int = 0  # the arena's size, fixed at the server's start-up
+    prefix_cache_bytes: int = 0  # the prefix cache's pool, fixed at start-up; 0 when it is off
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict."""

@@ -68,7 +68,7 @@ class Failed(msgspec.Struct, tag=True):
     message: str
 
 
-WireLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...]], ...]  # TokenLogprob's fields, each
+WireLogprobs = tuple[tuple[int, float, tuple[tuple[int, float], ...], int], ...]  # TokenLogprob's fields, each
 
 
 class DeltaEvent(msgspec.Struct, tag=True, array_like=True):
@@ -113,11 +113,13 @@ Outbound = Ready | Failed | Step
 
 
 def wire_logprobs(logprobs: tuple[TokenLogprob, ...]) -> WireLogprobs:
-    return tuple((p.token_id, p.logprob, p.top) for p in logprobs)
+    return tuple((p.token_id, p.logprob, p.top, p.rank) for p in logprobs)
 
 
 def domain_logprobs(wire: WireLogprobs) -> tuple[TokenLogprob, ...]:
-    return tuple(TokenLogprob(token, logprob, tuple((i, p) for i, p in top)) for token, logprob, top in wire)
+    return tuple(
+        TokenLogprob(token, logprob, tuple((i, p) for i, p in top), rank) for token, logprob, top, rank in wire
+    )
 
 
 def to_wire(event: Delta | Final | Exception) -> WireEvent:

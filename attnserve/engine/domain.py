@@ -141,6 +141,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+    rank: int = 0  # a prompt token's rank in its distribution, 1 the likeliest (0: not counted)
 
 
 @dataclass(frozen=True)

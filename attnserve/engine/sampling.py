@@ -113,9 +113,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tuple[TokenLogprob, ...]:
     """Each prompt token after the first: its log-probability given the ones before it (the model's
-    raw distribution, row i of `rows` predicting token i + 1) and the `top` most likely ids there."""
+    raw distribution, row i of `rows` predicting token i + 1), its rank there (1 + the ids more
+    likely) and the `top` most likely ids there."""
     logprobs = log_softmax(rows[:-1])
-    return tuple(TokenLogprob(token, float(row[token]), best(row, top)) for token, row in zip(prompt[1:], logprobs))
+    return tuple(
+        TokenLogprob(token, float(row[token]), best(row, top), 1 + int((row > row[token]).sum()))
+        for token, row in zip(prompt[1:], logprobs)
+    )
 
 
 def pick_row(logits: np.ndarray, row: PassRow) -> Pick:

@@ -1,6 +1,8 @@
 """The answer to one completions or chat completions call, in OpenAI's JSON: whole, or as server-sent
-events at the stream interval as gRPC streams are, ending in `data: [DONE]`. No engine calls here: the door hands in
-the session's events."""
+events at the stream interval as gRPC streams are, ending in `data: [DONE]`. With vLLM's `prompt_logprobs`,
+each prompt token's logprob, rank and top alternatives as vLLM writes them: in each choice of a completion,
+at the top of a chat's response (streamed: in the chunk that ends the choice). No engine calls here: the
+door hands in the session's events."""
 
 from __future__ import annotations
 
@@ -42,13 +44,47 @@ class Answer:
         self.echo = (prompt.prompt or tokenizer.decode(list(prompt.prompt_token_ids))) if call.echo else ""
         self.offsets = [len(self.echo)] * max(1, prompt.n or 1)  # each completion's text so far (text_offset)
         self.wants_logprobs = call.request.logprobs is not None
+        self.wants_prompt_logprobs = call.request.prompt_logprobs is not None
 
     def whole(self, done: list) -> dict[str, Any]:
         choices = [
             self.choice(i, self.echo + c.text, c.logprobs, FINISH_REASONS[c.end.reason]) for i, c in enumerate(done)
         ]
         generated = sum(c.end.usage.completion_tokens for c in done)
-        return {**self.head, "object": self.OBJECT, "choices": choices, "usage": usage(done[0].end.usage, generated)}
+        body = {**self.head, "object": self.OBJECT, "choices": choices, "usage": usage(done[0].end.usage, generated)}
+        if self.wants_prompt_logprobs:
+            self.add_prompt_logprobs(body, [c.end for c in done])
+        return body
+
+    def add_prompt_logprobs(self, body: dict[str, Any], finals: list[Final]) -> None:
+        """vLLM's completions: each choice's prompt_logprobs."""
+        for choice, final in zip(body["choices"], finals):
+            choice["prompt_logprobs"] = self.prompt_logprobs(final)
+
+    def prompt_logprobs(self, final: Final) -> list[dict[str, Any] | None]:
+        """vLLM's prompt_logprobs: None for the first prompt token (nothing predicts it), then for each
+        one a dict by token id of it and the top alternatives asked for, each with its logprob, rank (1:
+        the likeliest) and decoded_token."""
+        entry = lambda token_id, value, rank: {
+            "logprob": logprob(value),
+            "rank": rank,
+            "decoded_token": self.tokenizer.decode([token_id]),
+        }
+        positions: list[dict[str, Any] | None] = [None]
+        for p in final.prompt_logprobs:
+            position = {str(p.token_id): entry(p.token_id, p.logprob, p.rank)}
+            for rank, (token_id, value) in enumerate(p.top, 1):
+                position.setdefault(str(token_id), entry(token_id, value, rank))
+            positions.append(position)
+        return positions
+
+    def ending(self, index: int, final: Final) -> str:
+        """The streamed chunk that ends completion `index`: its last text and finish reason (and, for
+        completions, its prompt_logprobs, if asked)."""
+        piece = self.piece(index, final.text, [], FINISH_REASONS[final.reason])
+        if self.wants_prompt_logprobs:
+            piece["prompt_logprobs"] = self.prompt_logprobs(final)
+        return self.chunk([piece])
 
     def chunk(self, choices: list[dict[str, Any]], **more: Any) -> str:
         return sse({**self.head, "object": self.CHUNK, "choices": choices, **more})
@@ -101,7 +137,7 @@ class Answer:
                         picked = [p for d in deltas for p in d.logprobs]
                         yield self.chunk([self.piece(index, text, picked, None)])
                     if final is not None:
-                        yield self.chunk([self.piece(index, final.text, [], FINISH_REASONS[final.reason])])
+                        yield self.ending(index, final)
                         prompt = final.usage
                         generated += final.usage.completion_tokens
             except ServeError as e:  # after the headers: the error as the last event
@@ -132,6 +168,17 @@ class ChatAnswer(Answer):
             "logprobs": self.logprobs(index, logprobs) if self.wants_logprobs and reason is None else None,
             "finish_reason": reason,
         }
+
+    def add_prompt_logprobs(self, body: dict[str, Any], finals: list[Final]) -> None:
+        """vLLM's chat completions: the response's prompt_logprobs, once (the prompt is every choice's)."""
+        body["prompt_logprobs"] = self.prompt_logprobs(finals[0])
+
+    def ending(self, index: int, final: Final) -> str:
+        """The streamed chunk that ends completion `index` (the first: with the prompt_logprobs, if asked)."""
+        piece = self.piece(index, final.text, [], FINISH_REASONS[final.reason])
+        if self.wants_prompt_logprobs and index == 0:
+            return self.chunk([piece], prompt_logprobs=self.prompt_logprobs(final))
+        return self.chunk([piece])
 
     def opening(self, index: int) -> dict[str, Any]:
         """The first chunk of each completion says the assistant's role, as OpenAI's do."""
