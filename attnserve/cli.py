@@ -56,6 +56,11 @@ SUBCOMMANDS = {
         "attnserve.ray_serve.config:RayServeConfig.add_cli_args",
         "attnserve.ray_serve.main:main",
     ),
+    "tokenize": Subcommand(
+        "a model directory's token ids (and their texts) for a text, or the text of ids",
+        "attnserve.runtime.tokenize_cli:add_arguments",
+        "attnserve.runtime.tokenize_cli:main",
+    ),
     "generate": Subcommand(
         "generate a completion from a running server (streamed by default)",
         "attnserve.clients.generate_cli:add_arguments",

@@ -25,6 +25,7 @@ SECTIONS = {
     "export": "docs/guides/export.md",
     "serve": "docs/guides/serving.md",
     "generate": "docs/guides/generation.md",
+    "tokenize": "docs/guides/generation.md",
     "bench": "docs/guides/benchmarking.md",
     "ray-serve": "docs/guides/ray-serve.md",
     "attention-map": "docs/guides/encoder-decoder.md",
@@ -119,14 +120,15 @@ def shell_examples() -> list[tuple[list[str], list[str]]]:
     return examples
 
 
-def test_the_manuals_shell_examples_print_what_it_shows(server):
-    """Each `$ attnserve ...` example runs as written (a client's gets the tests' server as --target)
-    and prints exactly the lines the manual shows under it."""
+def test_the_manuals_shell_examples_print_what_it_shows(server, tiny_model_dir):
+    """Each `$ attnserve ...` example runs as written (a client's gets the tests' server as --target,
+    `models/tiny` is the tests' tiny model) and prints exactly the lines the manual shows under it."""
     examples = shell_examples()
     assert len(examples) >= 3
     for argv, shown in examples:
         if argv[1] in ("generate", "bench"):
             argv = [*argv, "--target", server.target]
+        argv = [str(tiny_model_dir) if a == "models/tiny" else a for a in argv]
         done = subprocess.run([sys.executable, "-m", "attnserve.cli", *argv[1:]], capture_output=True, text=True)
         assert (done.stdout + done.stderr).splitlines() == shown, argv
 

@@ -298,7 +298,7 @@ def test_a_unary_client_that_disconnects_frees_its_slot(live):
     assert cancelled(live) == before + 1  # ended by the disconnect, not by its length
 
 
-def test_the_bearer_token_is_required_except_for_health(tiny_model_dir, tmp_path):
+def test_the_bearer_token_is_required_except_for_health_and_version(tiny_model_dir, tmp_path):
     (tmp_path / "token").write_text("s3cret\n")
     running = start_server(tiny_model_dir, http_port=0, auth_token_file=str(tmp_path / "token"))
     try:
@@ -309,9 +309,66 @@ def test_the_bearer_token_is_required_except_for_health(tiny_model_dir, tmp_path
             assert error.value.status_code == 401 and error.value.body["code"] == "invalid_api_key"
         with openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0) as right:
             assert right.completions.create(model=model(running), prompt=PROMPT, max_tokens=2).choices[0].text
-        assert httpx.get(f"http://127.0.0.1:{running.server.http.port}/health").status_code == 200
+        root = f"http://127.0.0.1:{running.server.http.port}"
+        assert httpx.get(f"{root}/health").status_code == 200 and httpx.get(f"{root}/version").status_code == 200
+        for method, route in (("GET", "/metrics"), ("POST", "/tokenize"), ("POST", "/detokenize")):
+            refused = httpx.request(method, f"{root}{route}", json={"prompt": "x", "tokens": [1]})
+            assert refused.status_code == 401, route
+            allowed = httpx.request(method, f"{root}{route}", headers={"Authorization": "Bearer s3cret"}, json={})
+            assert allowed.status_code in (200, 400), route  # past the token: the empty body is what is wrong
     finally:
         running.stop()
+
+
+def test_vllms_tokenize_detokenize_version_and_metrics_routes(live):
+    """POST /tokenize and /detokenize in vLLM's shapes (the model's tokenizer, BOS where a prompt gets
+    it), bounded, one-line 400s naming the field; GET /version; GET /metrics: the --metrics-port
+    registry's exposition, OpenMetrics where asked for."""
+    from attnserve import __version__
+    from attnserve.runtime.contract import read_manifest
+    from attnserve.tokenizer import from_model_dir
+
+    model_dir = live.server.config.model
+    tokenizer = from_model_dir(model_dir, read_manifest(model_dir).tokenizer)
+    root, text = f"http://127.0.0.1:{live.server.http.port}", "The list of héllo"
+    got = httpx.post(f"{root}/tokenize", json={"model": model(live), "prompt": text}).json()
+    assert got == {
+        "count": len(tokenizer.encode_prompt(text)),
+        "max_model_len": live.server.info.context_length,
+        "tokens": tokenizer.encode_prompt(text),
+        "token_strs": None,
+    }
+    plain = httpx.post(
+        f"{root}/tokenize", json={"prompt": text, "add_special_tokens": False, "return_token_strs": True}
+    )
+    assert plain.json()["tokens"] == tokenizer.encode(text) and got["tokens"][0] == tokenizer.bos_id
+    assert plain.json()["token_strs"] == [tokenizer.decode([i]) for i in tokenizer.encode(text)]
+    back = httpx.post(f"{root}/detokenize", json={"tokens": plain.json()["tokens"]})
+    assert back.status_code == 200 and back.json() == {"prompt": text}
+    expected = live.stub.Generate(pb.GenerateRequest(prompt=text, max_new_tokens=0, prompt_logprobs=0), timeout=TIMEOUT)
+    assert expected.usage.prompt_tokens == got["count"]  # the same ids the generate door counts
+    vocab, context = live.server.info.vocab_size, live.server.info.context_length
+    for route, body, field, words in (
+        ("/detokenize", {"tokens": [1, vocab]}, "tokens", f"id {vocab} is outside [0, {vocab})"),
+        ("/detokenize", {"tokens": [1] * (context + 1)}, "tokens", f"more than the context length {context}"),
+        ("/detokenize", {"tokens": "1 2"}, "tokens", "a list of token ids"),
+        ("/tokenize", {"prompt": 5}, "prompt", "a string"),
+        ("/tokenize", {"prompt": "x" * (1 << 20)}, "prompt", "longer than the longest prompt"),
+        ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, "add_special_tokens", "true or false"),
+        ("/tokenize", {"prompt": "x", "messages": []}, "messages", "unknown field"),
+    ):
+        refused = httpx.post(f"{root}{route}", json=body)
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error["param"] == field and words in error["message"], error
+    other = httpx.post(f"{root}/tokenize", json={"model": "other", "prompt": "x"})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "model_not_found"
+    assert httpx.get(f"{root}/version").json() == {"version": __version__}
+    metrics = httpx.get(f"{root}/metrics")
+    assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+    assert 'attnserve_http_requests_total{route="/tokenize",status="200"}' in metrics.text
+    open_metrics = httpx.get(f"{root}/metrics", headers={"Accept": "application/openmetrics-text"})
+    assert open_metrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert open_metrics.text.rstrip().endswith("# EOF")
 
 
 def test_a_full_queue_is_429_and_a_drain_503_while_the_stream_in_flight_finishes(tiny_model_dir):

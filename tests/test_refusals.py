@@ -37,6 +37,7 @@ BASE = {
     "attention-map": ["--out", "{tmp}/map.png"],
     "serve": ["--model", "{model}", "--port", "{busy}", "--threads", "1"],
     "ray-serve": ["--model", "{model}"],
+    "tokenize": ["--model", "{model}"],
     "generate": ["--target", "{target}", "--max-new-tokens", "2"],
     "bench": [
         "--target",
@@ -53,13 +54,22 @@ BASE = {
 }
 
 # The positional arguments, which a row for a positional argument replaces with its own.
-POSITIONALS = {"import": ["{hf}"], "export": ["{ckpt}"], "attention-map": ["{s2s}", "42"], "generate": ["hi"]}
+POSITIONALS = {
+    "import": ["{hf}"],
+    "export": ["{ckpt}"],
+    "attention-map": ["{s2s}", "42"],
+    "tokenize": ["hi"],
+    "generate": ["hi"],
+}
 
-INSTEAD_OF_POSITIONALS = {"--prompt-token-ids"}  # the prompt's other form: its rows give no text prompt
+INSTEAD_OF_POSITIONALS = {"--prompt-token-ids", "--ids"}  # a text's other form: their rows give no text
 
 # A flag whose every value means something has no row: the reason why.
 NO_BAD_VALUE = {
     ("bench", "--seed"): "any integer seeds the prompt ids' draw (Python's random)",
+    ("tokenize", "text"): "any text has ids",
+    ("tokenize", "--no-bos"): "a switch",
+    ("tokenize", "--json"): "a switch",
 }
 
 TABLE: dict[str, list[tuple[str, list[str], str]]] = {
@@ -267,6 +277,12 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--health-check-period", ["--health-check-period", "0"], "--health-check-period must be positive, got 0"),
         ("--reflection", ["--reflection=yes"], "--reflection"),
         ("--otlp-traces-endpoint", ["--otlp-traces-endpoint", "ftp://c:21"], "must be an http:// or https:// URL"),
+    ],
+    "tokenize": [
+        ("--model", ["--model", "/no/such/model"], "--model /no/such/model: model directory not found"),
+        ("--model", ["--model", "{file}"], "--model {file}"),
+        ("--ids", ["--ids", "1,x"], "--ids '1,x': comma-separated integers expected"),
+        ("--ids", ["--ids", "1,99999"], "--ids: id 99999 is outside this model's [0, 259)"),
     ],
     "generate": [
         ("prompt", ["hi", "--prompt-token-ids", "1,2"], "give a prompt or --prompt-token-ids, not both"),

@@ -11,6 +11,7 @@ values beside the arena, indexed by prefix_blocks.py). logits_pass.py runs the b
 (logits_pass.<dtype>.onnx, which export/logits_pass_graph.py writes) over a decode step's logits where they
 are. ort_decoder.py is the simplest correct greedy loop, which export's parity gate and the benchmarks drive
 (benchmarks/concat_runner.py, outside the package, keeps the engine the arena replaced as the KV benchmark's
-baseline). Knows nothing of scheduling or gRPC, and samples only as the engine's PassRows say; imports only
-the engine's seam (engine/seam.py: ModelSpec, PassRow, Pick).
+baseline). tokenize_cli.py is `attnserve tokenize`: a directory's tokenizer from the command line. Knows
+nothing of scheduling or gRPC, and samples only as the engine's PassRows say; imports only the engine's seam
+(engine/seam.py: ModelSpec, PassRow, Pick).
 """

@@ -209,6 +209,7 @@ class Server:
             int(time.time()),
             chat_template(self.facts.model_dir),
             self.traces,
+            self.metrics.exposition,
         )
         return OpenAIFrontDoor(self.engine, self.limits, self.tokenizer, facts)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, start_http_server
+from prometheus_client.exposition import choose_encoder
 
 from ..engine.domain import Final, GenerationRequest
 from ..engine.engine import EngineObserver
@@ -142,6 +143,12 @@ class Metrics(EngineObserver):
         """Start /metrics on host:port in a daemon thread; returns the bound port."""
         self.http, _ = start_http_server(port, addr=host, registry=self.registry)
         return self.http.server_port
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The registry as --metrics-port writes it for a scrape with this Accept header (OpenMetrics,
+        with exemplars, where asked for): the HTTP door's /metrics. The body and its content type."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
     def close(self) -> None:
         if self.http is not None:

@@ -1,6 +1,8 @@
 """The OpenAI-compatible HTTP front door: POST /v1/completions (unary, or server-sent events ending in
-`data: [DONE]`), GET /v1/models, GET /health, and POST /v1/chat/completions's answer that this model
-has no chat template. A Starlette app, served by uvicorn on the server's event loop (app.py).
+`data: [DONE]`), POST /v1/chat/completions (or its answer that this model has no chat template), GET
+/v1/models, GET /health; and vLLM's other routes: POST /tokenize and /detokenize (tokenize.py), GET
+/version, GET /metrics (the server's Prometheus registry, as on --metrics-port). A Starlette app,
+served by uvicorn on the server's event loop (app.py).
 
 Same engine and semantics as attnserve.v1: each body is read within bounds (body.py: its bytes, its
 JSON's nesting), its model checked first, then it becomes the session's RequestFields (request.py;
@@ -24,6 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ... import __version__
 from ...engine.domain import Draining, InvalidRequest, ServeError, Unauthenticated, UnknownModel
 from ...engine.engine import EngineCalls
 from ...tokenizer import Tokenizer
@@ -36,6 +39,7 @@ from .answers import Answer, ChatAnswer
 from .body import read_json
 from .errors import error_response
 from .request import CompletionCall, model_of, read_chat, read_completion
+from .tokenize import read_detokenize, read_tokenize, tokenized
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,7 @@ class HttpFacts:
     started: int = 0  # Unix seconds, the models list's `created`
     chat_template: ChatTemplate | None = None  # tokenizer_config.json's: /v1/chat/completions applies it
     traces: Traces | None = None  # tracing on: each completion's span (--otlp-traces-endpoint)
+    metrics: Callable[[str], tuple[bytes, str]] | None = None  # Accept header -> Prometheus exposition, its type
 
 
 class OpenAIFrontDoor:
@@ -73,6 +78,10 @@ class OpenAIFrontDoor:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/models", self.models, methods=["GET"]),
             Route("/health", self.health, methods=["GET"]),
+            Route("/version", self.version, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/detokenize", self.detokenize, methods=["POST"]),
         ]
         self.app = Starlette(routes=routes)
         self.routes = {(method, route.path): route.endpoint for route in routes for method in route.methods or ()}
@@ -83,9 +92,14 @@ class OpenAIFrontDoor:
         path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
         endpoint = self.routes.get((request.method, path))
         if endpoint is None:
-            body = {"message": f"no route {request.method} {path}", "type": "invalid_request_error"}
-            return JSONResponse({"error": {**body, "param": None, "code": "not_found"}}, 404)
+            return await self.dispatch_missing(request)
         return await endpoint(request)
+
+    async def dispatch_missing(self, request: Request) -> Response:
+        """404 in OpenAI's error shape."""
+        path = request.url.path.removeprefix(request.scope.get("root_path", "")) or "/"
+        body = {"message": f"no route {request.method} {path}", "type": "invalid_request_error"}
+        return JSONResponse({"error": {**body, "param": None, "code": "not_found"}}, 404)
 
     # ---- routes ------------------------------------------------------------------------------
     async def health(self, _request: Request) -> Response:
@@ -94,6 +108,31 @@ class OpenAIFrontDoor:
         status = 503 if refusal else 200
         self.facts.count("/health", status)
         return JSONResponse({"status": "draining or starting" if refusal else "serving"}, status)
+
+    async def version(self, _request: Request) -> Response:
+        """attnserve's version, as vLLM's /version (no token needed)."""
+        self.facts.count("/version", 200)
+        return JSONResponse({"version": __version__})
+
+    async def metrics(self, request: Request) -> Response:
+        """The server's Prometheus metrics, the registry --metrics-port serves (the bearer token, if set),
+        also while starting or draining."""
+        try:
+            self.check_token(request)
+        except ServeError as e:
+            self.facts.count("/metrics", 401)
+            return error_response(e)
+        if self.facts.metrics is None:
+            return await self.dispatch_missing(request)
+        body, content_type = self.facts.metrics(request.headers.get("accept", ""))
+        self.facts.count("/metrics", 200)
+        return Response(body, media_type=content_type)
+
+    async def tokenize(self, request: Request) -> Response:
+        return await self.answer("/tokenize", request, self.tokenize_text)
+
+    async def detokenize(self, request: Request) -> Response:
+        return await self.answer("/detokenize", request, self.detokenize_ids)
 
     async def models(self, request: Request) -> Response:
         return await self.answer("/v1/models", request, self.model_list)
@@ -166,6 +205,21 @@ class OpenAIFrontDoor:
             "max_model_len": self.facts.context_length,
         }
         return JSONResponse({"object": "list", "data": [model]})
+
+    async def tokenize_text(self, request: Request) -> Response:
+        body = await read_json(request, self.facts.max_body_bytes)
+        if isinstance(body, dict) and "model" in body:
+            self.check_model(body)
+        call = read_tokenize(body, self.limits)
+        # on a worker thread: tokenizing takes time in proportion to the text
+        return JSONResponse(await asyncio.to_thread(tokenized, call, self.tokenizer, self.facts.context_length))
+
+    async def detokenize_ids(self, request: Request) -> Response:
+        body = await read_json(request, self.facts.max_body_bytes)
+        if isinstance(body, dict) and "model" in body:
+            self.check_model(body)
+        ids = read_detokenize(body, self.limits)
+        return JSONResponse({"prompt": await asyncio.to_thread(self.tokenizer.decode, ids)})
 
     def check_model(self, body: Any) -> None:
         """The first check of a body: a call for another model costs nothing more."""
