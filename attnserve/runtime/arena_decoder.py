@@ -38,8 +38,9 @@ SHORTEST_PROMPT_RUN = 2
 
 
 def next_run(rest: int, chunk: int) -> int:
-    """How many of a prompt's `rest` remaining tokens its next run takes, at most `chunk` (at least
-    3): all of them if they fit, else a chunk, or one fewer where a chunk would leave a single token."""
+    """How many of a prompt's `rest` remaining tokens its next run takes, at most `chunk`: all of them
+    if they fit, else a chunk, or one fewer where a chunk would leave a single token (a chunk of 3 or
+    more; with a chunk of 1 or 2 every run is that size)."""
     if rest <= chunk:
         return rest
     return chunk - 1 if rest - chunk < SHORTEST_PROMPT_RUN and chunk > SHORTEST_PROMPT_RUN else chunk

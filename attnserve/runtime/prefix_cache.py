@@ -2,10 +2,12 @@
 
 When a prompt is prefilled, its whole blocks (prefix_blocks.BLOCK tokens) are copied from its
 arena slot into pool blocks; when a later prompt starts with cached blocks, they are copied into
-its slot and only the rest of it is prefilled. Exact, bit for bit, because a position's keys and values
-depend only on the tokens up to it: a cached block holds what a prefill of the same tokens computes,
-nothing ever writes a pool block between its insertion and its eviction, and the rest is never a
-single token (arena_decoder.SHORTEST_PROMPT_RUN). A copy is one strided
+its slot and only the rest of it is prefilled. Exact, because a position's keys and values depend
+only on the tokens up to it: a cached block holds what a prefill of the same tokens computes, and
+nothing ever writes a pool block between its insertion and its eviction. (ONNX Runtime's attention
+may sum in another order for a run of another length, which moves last bits; the rest is never a
+single token, where that is the rule rather than the exception: arena_decoder.SHORTEST_PROMPT_RUN.)
+A copy is one strided
 device copy per buffer per run of consecutive pool blocks (the pool lays a head's positions out
 as a slot does, so a chain stored in a run of free blocks comes back in one copy per buffer).
 
