@@ -1,6 +1,10 @@
 """An OTLP trace receiver on 127.0.0.1: OpenTelemetry's own protocol definitions (opentelemetry-proto's
 TraceService) served by grpcio, keeping every span it is sent, flattened. The tracing tests read what a
-server exported from it; benchmarks/tracing.py stops it mid-run, as a collector that goes down.
+server exported from it; benchmarks/tracing.py stops it mid-run, as a collector that goes down. Run as a
+command with --print, it is a way to look at traces without Jaeger: each trace, once its spans stop
+coming, as an indented tree of spans with their events and attributes (trace_tree).
+
+    python -m benchmarks.otlp_receiver [--port 4317] [--print [--settle S]] [--every S]
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ import gzip
 import http.server
 import threading
 import time
+from collections import defaultdict
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +57,7 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         self.server: grpc.Server | None = None
         self.http: http.server.ThreadingHTTPServer | None = None  # start_http's
         self.port = 0
+        self.arrived: dict[str, float] = {}  # trace id -> when its last span came (time.monotonic())
 
     def Export(self, request, context):  # noqa: ARG002  # the protocol's name and signature
         self.keep(request)
@@ -84,6 +90,13 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         with self.lock:
             self.spans += received
             self.exports += 1
+            self.arrived.update((span.trace_id, time.monotonic()) for span in received)
+
+    def settled(self, quiet: float) -> list[str]:
+        """The traces no span has come for in `quiet` seconds, oldest first."""
+        now = time.monotonic()
+        with self.lock:
+            return [t for t, when in sorted(self.arrived.items(), key=lambda item: item[1]) if now - when >= quiet]
 
     def start(self, port: int = 0) -> Receiver:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -148,21 +161,64 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
             time.sleep(0.02)
 
 
+KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+STATUSES = {0: "unset", 1: "ok", 2: "error"}
+
+
+def trace_tree(spans: list[ReceivedSpan]) -> list[str]:
+    """One trace as lines: `trace ID`, then each span under its parent (spans whose parent is not in
+    the trace, such as a caller's, at the top), earliest first: its name, kind, duration and status,
+    and below it its events (time from the span's start) and attributes, one a line."""
+    ids = {s.span_id for s in spans}
+    children: dict[str, list[ReceivedSpan]] = defaultdict(list)
+    for span in sorted(spans, key=lambda s: s.start_ns):
+        children[span.parent_id if span.parent_id in ids else ""].append(span)
+    lines = [f"trace {spans[0].trace_id}"]
+
+    def walk(span: ReceivedSpan, depth: int) -> None:
+        pad, status = "  " * depth, STATUSES.get(span.status, str(span.status))
+        status += f": {span.message}" if span.message else ""
+        ms = (span.end_ns - span.start_ns) / 1e6
+        lines.append(f"{pad}{span.name}  [{KINDS.get(span.kind, span.kind)}, {ms:.2f} ms, {status}]")
+        lines.extend(
+            f"{pad}    event {name} at +{(span.event_ns[name] - span.start_ns) / 1e6:.2f} ms" for name in span.events
+        )
+        lines.extend(f"{pad}    {key} = {value!r}" for key, value in sorted(span.attributes.items()))
+        for child in children[span.span_id]:
+            walk(child, depth + 1)
+
+    for root in children[""]:
+        walk(root, 1)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m benchmarks.otlp_receiver [--port 4317]`: serve until interrupted, printing the spans
-    received every --every seconds (a stand-in collector for benchmarks and for trying tracing out)."""
+    received every --every seconds (a stand-in collector for benchmarks and for trying tracing out);
+    with --print, each trace as a tree once no span has come for it in --settle seconds."""
     import argparse
 
-    p = argparse.ArgumentParser(description="An OTLP/gRPC trace receiver that counts what it is sent")
-    p.add_argument("--port", type=int, default=4317)
-    p.add_argument("--every", type=float, default=5.0, help="seconds between count lines")
+    p = argparse.ArgumentParser(description="An OTLP/gRPC trace receiver that counts, or prints, what it is sent")
+    p.add_argument("--port", type=int, default=4317, help="0: any free port (printed)")
+    p.add_argument("--every", type=float, default=5.0, help="seconds between count lines (without --print)")
+    p.add_argument("--print", action="store_true", help="print each trace as an indented tree of its spans")
+    p.add_argument(
+        "--settle", type=float, default=1.0, help="--print: seconds without a new span before a trace prints"
+    )
     args = p.parse_args(argv)
     receiver = Receiver().start(args.port)
     print(f"OTLP receiver on {receiver.endpoint}", flush=True)
+    printed: set[str] = set()
     try:
         while True:
-            time.sleep(args.every)
-            print(f"{len(receiver.spans)} spans in {receiver.exports} exports", flush=True)
+            time.sleep(min(args.every, args.settle / 4) if args.print else args.every)
+            if not args.print:
+                print(f"{len(receiver.spans)} spans in {receiver.exports} exports", flush=True)
+                continue
+            for trace_id in receiver.settled(args.settle):
+                if trace_id not in printed:
+                    printed.add(trace_id)
+                    print("\n".join(trace_tree(receiver.trace(trace_id))), flush=True)
     except KeyboardInterrupt:
         receiver.stop()
     return 0

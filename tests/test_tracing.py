@@ -5,7 +5,7 @@ through openai's client), each under a caller's W3C traceparent, gives one trace
 server span as the caller's child, with events where validation ended and where the last write began,
 and the engine core's span from its own process below it, with events where the queue and prefill
 ended. A cancelled and a refused call give spans with their status; a collector that goes away fails
-no request, and its lost spans are counted."""
+no request, and its lost spans are counted. The receiver prints a trace as a tree (its --print)."""
 
 from __future__ import annotations
 
@@ -272,3 +272,53 @@ def test_otlp_over_http_carries_both_processes_spans(tiny_model_dir):
     finally:
         running.stop()
         receiver.stop()
+
+
+def test_a_trace_prints_as_a_tree_of_its_spans_events_and_attributes(traced, receiver):
+    """trace_tree (the receiver's --print) on a real trace: the door's span at the top (its parent, the
+    caller's, is not in the trace), the engine core's below it, each with its events and attributes."""
+    trace_id, _, parent = caller()
+    reply = traced.stub.Generate(
+        request("The list", max_new_tokens=4, ignore_eos=True), timeout=TIMEOUT, metadata=(("traceparent", parent),)
+    )
+    door = "attnserve.v1.TextGeneration/Generate"
+    lines = otlp.trace_tree(receiver.wait_for(trace_id, {door, *CORE}))
+    assert lines[0] == f"trace {trace_id}"
+    assert lines[1].startswith(f"  {door}  [server, ") and lines[1].endswith(" ms, unset]")
+    (core,) = [i for i, line in enumerate(lines) if line.startswith("    engine_core  [internal, ")]
+    assert f"      gen_ai.response.id = '{reply.request_id}'" in lines[2:core]
+    assert any(line.startswith("      event validated at +") for line in lines[2:core])
+    assert f"        gen_ai.response.id = '{reply.request_id}'" in lines[core + 1 :]
+    assert lines[core + 1].startswith("        event admitted at +")
+    assert all(line.startswith("        ") for line in lines[core + 1 :])
+
+
+def test_the_receiver_command_prints_each_trace_once_its_spans_stop_coming(tmp_path):
+    """`python -m benchmarks.otlp_receiver --print`, sent two spans by OpenTelemetry's own SDK exporter."""
+    import subprocess
+    import sys
+
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    command = [sys.executable, "-m", "benchmarks.otlp_receiver", "--port", "0", "--print", "--settle", "0.3"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        endpoint = proc.stdout.readline().split()[-1]
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=endpoint, insecure=True)))
+        tracer = provider.get_tracer("test")
+        with (
+            tracer.start_as_current_span("outer", attributes={"k": 7}) as outer,
+            tracer.start_as_current_span("inner") as inner,
+        ):
+            inner.add_event("halfway")
+        provider.shutdown()
+        lines = [proc.stdout.readline().rstrip("\n") for _ in range(5)]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert lines[0] == f"trace {outer.get_span_context().trace_id:032x}"
+    assert lines[1].startswith("  outer  [internal, ") and lines[2] == "      k = 7"
+    assert lines[3].startswith("    inner  [internal, ") and lines[4].startswith("        event halfway at +")
