@@ -121,16 +121,12 @@ def test_row_int8_quantizes_every_weight_matmul_once_per_activation(tiny_int8_mo
     "fixture", ["tiny_model_dir", "tiny_float16_model_dir", "tiny_int8_model_dir", "tiny_int4_model_dir"]
 )
 def test_every_export_records_its_invariance_gate(fixture, request):
-    model_dir = request.getfixturevalue(fixture)
-    parity = contract.read_manifest(model_dir).parity
-    gate = parity[parity_key(model_dir)]["invariance"] if "float32_gate" in parity else parity["invariance"]
+    manifest = contract.read_manifest(request.getfixturevalue(fixture))
+    parity = manifest.parity
+    gate = parity[manifest.quantization]["invariance"] if manifest.quantization else parity["invariance"]
     assert gate["ok"] and gate["enforced"] and gate["passed"]
     assert set(gate["differing"]) == set(CASES) and not any(gate["differing"].values())
     assert gate["steps"] > 0 and gate["prompts"] == 5
-
-
-def parity_key(model_dir) -> str:
-    return contract.read_manifest(model_dir).quantization
 
 
 def batch_and_length_dependent(model) -> None:

@@ -207,19 +207,20 @@ class OpenAIFrontDoor:
         return JSONResponse({"object": "list", "data": [model]})
 
     async def tokenize_text(self, request: Request) -> Response:
-        body = await read_json(request, self.facts.max_body_bytes)
-        if isinstance(body, dict) and "model" in body:
-            self.check_model(body)
-        call = read_tokenize(body, self.limits)
+        call = read_tokenize(await self.body_naming_the_model_or_none(request), self.limits)
         # on a worker thread: tokenizing takes time in proportion to the text
         return JSONResponse(await asyncio.to_thread(tokenized, call, self.tokenizer, self.facts.context_length))
 
     async def detokenize_ids(self, request: Request) -> Response:
+        ids = read_detokenize(await self.body_naming_the_model_or_none(request), self.limits)
+        return JSONResponse({"prompt": await asyncio.to_thread(self.tokenizer.decode, ids)})
+
+    async def body_naming_the_model_or_none(self, request: Request) -> Any:
+        """A tokenizer route's JSON body, whose `model` is optional, as vLLM's: given, it must be the served one."""
         body = await read_json(request, self.facts.max_body_bytes)
         if isinstance(body, dict) and "model" in body:
             self.check_model(body)
-        ids = read_detokenize(body, self.limits)
-        return JSONResponse({"prompt": await asyncio.to_thread(self.tokenizer.decode, ids)})
+        return body
 
     def check_model(self, body: Any) -> None:
         """The first check of a body: a call for another model costs nothing more."""
