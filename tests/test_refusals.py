@@ -148,6 +148,11 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
     "serve": [
         ("--model", ["--model", "/no/such/model"], "--model /no/such/model: no such directory"),
         ("--served-model-name", ["--served-model-name", "my model"], "--served-model-name must be"),
+        ("--dtype", ["--dtype", "float8"], "invalid choice: 'float8'"),
+        ("--dtype", ["--dtype", "float16"], "--dtype float16 is for a Hugging Face checkpoint directory (config.json)"),
+        ("--quantize", ["--quantize", "int3"], "invalid choice: 'int3'"),
+        ("--quantize", ["--quantize", "int4"], "--quantize int4 is for a Hugging Face checkpoint directory"),
+        ("--export-cache", ["--export-cache", "{file}/exports"], "--export-cache {file}/exports: {file} is a file"),
         ("--host", ["--host", "256.1.1.1"], "--host 256.1.1.1: cannot listen on 256.1.1.1:"),
         ("--port", ["--port", "70000"], "--port must be 0 to 65535, got 70000"),
         ("--port", ["--port", "{busy}"], "--port {busy}: cannot listen on 127.0.0.1:{busy}: the port is in use"),
@@ -229,6 +234,10 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
     ],
     "ray-serve": [
         ("--model", ["--model", "/no/such/model"], "--model /no/such/model"),
+        ("--dtype", ["--dtype", "float8"], "invalid choice: 'float8'"),
+        ("--dtype", ["--dtype", "bfloat16"], "--dtype bfloat16 is for a Hugging Face checkpoint directory"),
+        ("--quantize", ["--quantize", "int8"], "--quantize int8 is for a Hugging Face checkpoint directory"),
+        ("--export-cache", ["--export-cache", "{file}/exports"], "--export-cache {file}/exports: {file} is a file"),
         ("--provider", ["--provider", "tpu"], "invalid choice: 'tpu'"),
         ("--threads", ["--threads", "-1"], "--threads must be 0 or more (0: chosen by the model's size), got -1"),
         ("--intra-op-spinning", ["--intra-op-spinning", "fast"], "invalid choice: 'fast'"),

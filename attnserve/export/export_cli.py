@@ -13,7 +13,7 @@ from ..model.checkpoint import CheckpointError
 from ..runtime import contract
 from .onnx_export import DEFAULT_PARITY_STEPS, ExportError, export_checkpoint
 from .parity import ParityError
-from .quantize import ACCURACY_LEVELS, INT4_BLOCK_SIZES, QUANTIZATIONS, Int4Options
+from .quantize import ACCURACY_LEVELS, INT4_BLOCK_SIZES, Int4Options
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--quantize",
-        choices=QUANTIZATIONS,
+        choices=contract.QUANTIZATIONS,
         default=None,
         help="weights for the CPU provider, gated on held-out loss and batch invariance: int8 (activations "
         "quantized per row) or int4 (weight-only blocks, MatMulNBits) (default: none)",

@@ -25,7 +25,6 @@ import numpy as np
 from ..runtime.ort_decoder import OrtDecoder
 from .int8_rows import quantize_rows
 
-QUANTIZATIONS = ("int8", "int4")
 MAX_LOSS_RATIO = {"int8": 1.02, "int4": 1.05}  # held-out bits per byte, quantized / float32
 INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)  # MatMulNBits' and GatherBlockQuantized's: powers of two, 16 up
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits' accuracy_level: unset, float32, float16, bfloat16, int8

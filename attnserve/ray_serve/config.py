@@ -21,6 +21,9 @@ APP_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")  # --app-name: sent as `applicati
 # ServerConfig fields that are `attnserve ray-serve` flags too, with the same meaning per replica.
 REPLICA_FIELDS = (
     "model",
+    "dtype",
+    "quantize",
+    "export_cache",
     "provider",
     "threads",
     "intra_op_spinning",

@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ..server.checkpoint_exports import CheckpointExportError, serving_export
 from .config import RayServeConfig
 
 PROG = "attnserve ray-serve"
@@ -86,6 +87,11 @@ def describe_replicas(config: RayServeConfig) -> str:
     return f"{count} (autoscaled {low} to {config.max_replicas})"
 
 
+def served_name(replica) -> str:
+    """The model's name as the replicas serve it: --served-model-name, else its folder's."""
+    return replica.served_model_name or Path(replica.model).resolve().name
+
+
 def wait_for_signal() -> None:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -113,6 +119,11 @@ def main(args) -> int:
             file=sys.stderr,
         )
         return 2
+    try:  # a Hugging Face checkpoint: its export, made once, which every replica loads
+        config = dataclasses.replace(config, replica=serving_export(config.replica))
+    except CheckpointExportError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
     try:
         start_ray(config)
         deploy(config)
@@ -122,7 +133,7 @@ def main(args) -> int:
         return 2
     print(
         f"{PROG}: attnserve.v1 on 0.0.0.0:{config.grpc_port} through Ray Serve's gRPC proxy, application "
-        f"{config.app_name}, {describe_replicas(config)} of {Path(config.replica.model).resolve().name}, "
+        f"{config.app_name}, {describe_replicas(config)} of {served_name(config.replica)}, "
         f"max {config.max_ongoing_requests} ongoing requests each",
         flush=True,
     )

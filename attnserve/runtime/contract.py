@@ -39,6 +39,7 @@ KV_ARENA = "arena"  # GroupQueryAttention, past and present one in-place buffer,
 KV_CONCAT = "concat"  # present = concat(past, new), left padding (directories older than the arena)
 KV_LAYOUTS = (KV_ARENA, KV_CONCAT)
 DTYPES = ("float32", "float16", "bfloat16")  # of the KV cache and logits
+QUANTIZATIONS = ("int8", "int4")  # the manifest's "quantization" of the weights, when not None
 CPU_PROVIDER, CUDA_PROVIDER = "cpu", "cuda"  # the manifest's "providers" (--provider's names)
 
 
@@ -212,7 +213,9 @@ class Manifest:
     head_dim: int  # d_model // n_heads
     tokenizer: dict[str, Any]  # the tokenizer package's entry: kind, vocab_size, bos_id, eos_id, pad_id, ...
     dtype: str  # of the KV cache and logits
-    quantization: str | None  # None, "int8" (activations quantized per row) or "int4" (weight-only blocks)
+    quantization: (
+        str | None
+    )  # None or of QUANTIZATIONS: int8 (activations quantized per row), int4 (weight-only blocks)
     kv_cache: str  # KV_ARENA (in place, right padding) or KV_CONCAT (left padding)
     graphs: dict[str, GraphSpec]  # role (ENCODER, DECODER) -> file and I/O names
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256

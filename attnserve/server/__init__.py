@@ -11,5 +11,6 @@ a process of its own, reached through core/client.py's EngineClient, else in a t
 (--engine-core thread). The gRPC doors stand behind grpc_boundary/ (error statuses, auth,
 undecodable bytes, slow readers); every door checks a bearer token with bearer.py. No door imports
 another. benchmarks/serving.py and benchmarks/kv.py (outside the package) measure it. A serving host
-needs no torch: nothing here imports it.
+needs no torch: nothing here imports it; checkpoint_exports.py serves a Hugging Face checkpoint
+directory by running `attnserve import` and `export` once, in child processes, into a cache.
 """

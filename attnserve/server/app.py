@@ -49,6 +49,7 @@ from .assembly import (
     servicers,
     start_tracing,
 )
+from .checkpoint_exports import CheckpointExportError, serving_export
 from .config import ServerConfig
 from .grpc_boundary.per_method import PerMethod
 from .grpc_boundary.slow_readers import WriteWatch
@@ -394,5 +395,10 @@ def main(args, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> int:
     problem = startup_problem(config)  # before the model loads: a busy port costs nothing
     if problem is not None:
         print(f"attnserve serve: error: {problem}", file=sys.stderr)
+        return 2
+    try:
+        config = serving_export(config)  # a Hugging Face checkpoint: its export, made once
+    except CheckpointExportError as e:
+        print(f"attnserve serve: error: {e}", file=sys.stderr)
         return 2
     return asyncio.run(serve(config, interceptors))

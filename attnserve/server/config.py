@@ -15,9 +15,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..core.config import CoreConfig
-from ..flags import add_field_flags, check_pem, check_text_file, flag, flag_name, shown
+from ..flags import add_field_flags, check_directory, check_pem, check_text_file, flag, flag_name, shown
 from ..request_ranges import MAX_STREAM_INTERVAL_MS
+from ..runtime.contract import DTYPES, QUANTIZATIONS
 from ..tracing.settings import TraceSettings, trace_settings
+from .checkpoint_exports import CACHE_VARIABLE, is_checkpoint
 
 PROVIDERS = ("auto", "cuda", "cpu")
 ENGINE_CORES = ("thread", "process")
@@ -56,7 +58,38 @@ def parse_max_batch(text: str) -> int:
 class ServerConfig:
     """One server's settings; every field with help is also an `attnserve serve` flag."""
 
-    model: str = field(metadata=flag("model directory written by `attnserve export`, e.g. models/NAME"))
+    model: str = field(
+        metadata=flag(
+            "model directory written by `attnserve export`, e.g. models/NAME; or a Hugging Face checkpoint "
+            "directory (GPT-2, Llama, Mistral, Qwen2, Marian: config.json, weights, tokenizer), imported and "
+            "exported once into --export-cache, then served"
+        )
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=flag(
+            "for a Hugging Face checkpoint: the export's dtype, as attnserve export --dtype (an exported model "
+            "directory keeps the one it was exported with)",
+            choices=DTYPES,
+            unset=DTYPES[0],
+        ),
+    )
+    quantize: str | None = field(
+        default=None,
+        metadata=flag(
+            "for a Hugging Face checkpoint: the export's weights, int8 or int4, as attnserve export --quantize",
+            choices=QUANTIZATIONS,
+        ),
+    )
+    export_cache: str | None = field(
+        default=None,
+        metadata=flag(
+            "folder keeping the exports of Hugging Face checkpoints, one per checkpoint's files and export "
+            "flags, so that the next start serves it at once",
+            metavar="DIR",
+            unset=f"${CACHE_VARIABLE}, else ~/.cache/attnserve ($XDG_CACHE_HOME/attnserve if set)",
+        ),
+    )
     served_model_name: str | None = field(
         default=None,
         metadata=flag(
@@ -314,6 +347,11 @@ class ServerConfig:
                 f"--intra-op-spinning must be auto, off or on, not {self.intra_op_spinning!r}",
             ),
             (self.log_format in LOG_FORMATS, f"--log-format must be text or json, not {self.log_format!r}"),
+            (self.dtype in (None, *DTYPES), f"--dtype must be {', '.join(DTYPES)}, not {self.dtype!r}"),
+            (
+                self.quantize in (None, *QUANTIZATIONS),
+                f"--quantize must be {' or '.join(QUANTIZATIONS)}, not {self.quantize!r}",
+            ),
             (
                 self.served_model_name is None or MODEL_NAME.fullmatch(self.served_model_name) is not None,
                 f"--served-model-name must be 1 to 128 letters, digits, '.', '_', '-' or '/', "
@@ -369,3 +407,13 @@ class ServerConfig:
         check_text_file("--auth-token-file", self.auth_token_file)
         if not Path(self.model).is_dir():
             raise ValueError(f"--model {self.model}: no such directory")
+        if self.export_cache:
+            check_directory("--export-cache", self.export_cache)
+        export_flags = [
+            f"{flag_name(name)} {getattr(self, name)}" for name in ("dtype", "quantize") if getattr(self, name)
+        ]
+        if export_flags and not is_checkpoint(self.model):
+            raise ValueError(
+                f"{export_flags[0]} is for a Hugging Face checkpoint directory (config.json); {self.model} is an "
+                "exported model directory, served as it was exported (attnserve export makes another)"
+            )
