@@ -10,6 +10,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.import_sizes  Hugging Face checkpoints at 124M/135M: import, export, serve (make import-sizes)
     python -m benchmarks.size_ladder  1M to 135M parameters, float32/int8/int4, five runtimes side by side (make sizes)
     python -m benchmarks.served_ab  two `attnserve serve` settings through gRPC, alternating
+    python -m benchmarks.bench_doors  `attnserve bench` on the gRPC door vs the HTTP door, one server
     python -m benchmarks.batch_invariance  a request's tokens alone, batched and from the prefix cache
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
     python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)

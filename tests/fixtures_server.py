@@ -253,6 +253,14 @@ def stub(server):
 
 
 @pytest.fixture(scope="module")
+def http_server(tiny_model_dir):
+    """A server of the tiny model with the OpenAI-compatible HTTP door and metrics, one per test module."""
+    running = start_server(tiny_model_dir, http_port=0, metrics_port=0)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
 def chat_server(chat_model_dir):
     """The chat model (fixtures_export.py) served with its OpenAI-compatible door, one per test module."""
     running = start_server(chat_model_dir, http_port=0)

@@ -9,7 +9,8 @@ import grpc
 import pytest
 
 from attnserve.clients import errors
-from attnserve.clients.bench import BenchConfig, describe_prompts, make_prompts, make_token_prompts
+from attnserve.clients.bench import BenchConfig, describe_prompts
+from attnserve.clients.bench_prompts import make_prompts, make_token_prompts
 from attnserve.clients.bench_report import RequestRecord, distribution_ms, format_table, percentile, summarize_level
 from attnserve.clients.channel import ChannelConfig, TlsConfig, parse_targets, split_host_port
 from attnserve.clients.retry import NO_RETRY, RetryPolicy, check_timeout

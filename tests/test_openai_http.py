@@ -26,13 +26,6 @@ PROMPT = "The list"
 TIMEOUT = 60
 
 
-@pytest.fixture(scope="module")
-def http_server(tiny_model_dir):
-    running = start_server(tiny_model_dir, http_port=0, metrics_port=0)
-    yield running
-    running.stop()
-
-
 @pytest.fixture
 def live(http_server):
     http_server.pacer.reset()

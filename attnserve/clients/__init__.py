@@ -8,8 +8,9 @@ TLS and the token, one ChannelConfig for both) and retry.py (the one retry rule,
 types.py (plain results, and their conversions to and from the protocol's messages) and errors.py (a
 typed exception for every status code). The commands: generate_cli.py (`attnserve generate`) and bench.py
 (`attnserve bench`: its flags and outputs in bench_cli.py, the kinds of request it sends and the
-production mix in bench_mix.py, its statistics, table and plot in bench_report.py), sharing
-cli_common.py's flags and errors.
+production mix in bench_mix.py, its prompts in bench_prompts.py, its statistics, table and plot in
+bench_report.py; bench_openai.py drives an OpenAI-compatible server instead, over http_events.py's
+server-sent events on asyncio's streams), sharing cli_common.py's flags and errors.
 """
 
 from .aio import AsyncClient, AsyncStream

@@ -12,6 +12,10 @@ vocabulary GetModelInfo reports, less BOS/EOS/PAD), as vLLM's random data set is
 --prompt-text, ASCII text cut from PASSAGE, --prompt-tokens long for the byte tokenizer (BOS +
 bytes; a BPE tokenizer makes fewer tokens of it, which the server's usage counts).
 
+The server is attnserve over attnserve.v1 (AttnserveBackend, here), or with --backend openai any
+OpenAI-compatible server over HTTP (bench_openai.py: text prompts, its chunks timed as vLLM's
+`bench serve` times them); both are driven through the same loops into the same report.
+
 Output: progress on stderr; the table, then the JSON report as one line (always the last line
 of stdout), on stdout; --out writes the same JSON to a file, --plot a PNG. Statistics, table
 and plot live in bench_report.py, the flags and outputs in bench_cli.py.
@@ -27,11 +31,13 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 from ..flags import flag, flag_name, shown
 from .aio import AsyncClient
 from .bench_mix import MIXES, Kind, assign, check_sampling, kinds_for, summary
+from .bench_openai import ENDPOINTS, OpenAIBackend
+from .bench_prompts import make_prompts, make_token_prompts
 from .bench_report import RequestRecord, summarize_level
 from .channel import DEFAULT_TARGET, TlsConfig
 from .errors import AttnserveError, InvalidArgument
@@ -39,27 +45,41 @@ from .retry import NO_RETRY
 from .types import GenerationParams, ModelInfo, Prompt, TokenizerInfo
 
 PROG = "attnserve bench"
-
-# The local text prompts are cut from: varied slices, so no two requests share a prefix.
-PASSAGE = (
-    "An attention function can be described as mapping a query and a set of key-value pairs "
-    "to an output, where the query, keys, values, and output are all vectors. The output is "
-    "computed as a weighted sum of the values, where the weight assigned to each value is "
-    "computed by a compatibility function of the query with the corresponding key. "
-    "Multi-head attention allows the model to jointly attend to information from different "
-    "representation subspaces at different positions. Since our model contains no recurrence "
-    "and no convolution, in order for the model to make use of the order of the sequence, we "
-    "must inject some information about the relative or absolute position of the tokens in "
-    "the sequence. def parse_args(argv=None):\n    parser = argparse.ArgumentParser()\n"
-    "    return parser.parse_args(argv)\nfor key, value in sorted(items.items()):\n"
-)
+ATTNSERVE, OPENAI = "attnserve", "openai"  # --backend: attnserve.v1 over gRPC, or an OpenAI-compatible URL
+BACKENDS = (ATTNSERVE, OPENAI)
+DEFAULT_URL = "http://127.0.0.1:8000/v1"  # --target of --backend openai when none is given
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     """One benchmark run, as the command line describes it; fields with help are `attnserve bench` flags."""
 
-    target: str = DEFAULT_TARGET
+    target: str = DEFAULT_TARGET  # HOST:PORT (several, comma-separated), or --backend openai's URL
+    backend: str = field(
+        default=ATTNSERVE,
+        metadata=flag(
+            "what --target speaks: attnserve (attnserve.v1 over gRPC) or openai (an OpenAI-compatible HTTP "
+            f"server such as vLLM, llama.cpp's, TGI or attnserve's --http-port, its URL the --target, default "
+            f"{DEFAULT_URL}; prompts are text)",
+            choices=BACKENDS,
+        ),
+    )
+    endpoint: str = field(
+        default=ENDPOINTS[0],
+        metadata=flag(
+            "--backend openai: the route each request streams from: completions (/v1/completions) or chat "
+            "(/v1/chat/completions, the prompt as one user message)",
+            choices=ENDPOINTS,
+        ),
+    )
+    model: str | None = field(
+        default=None,
+        metadata=flag(
+            "--backend openai: the model each request names (one /v1/models lists)",
+            metavar="NAME",
+            unset="the first /v1/models lists",
+        ),
+    )
     concurrency: tuple[int, ...] = (1, 4, 16)  # closed-loop levels (without --concurrency, none with --rate)
     rates: tuple[float, ...] = ()  # open-loop levels, requests per second
     requests: int = field(default=32, metadata=flag("requests per level"))
@@ -123,6 +143,19 @@ class BenchConfig:
         if self.stream_interval_ms is not None and self.stream_interval_ms < 0:
             raise ValueError(f"--stream-interval-ms must not be negative, got {self.stream_interval_ms}")
         check_sampling(self.mix, self.sampling)
+        self.check_backend()
+
+    def check_backend(self) -> None:
+        """The flags that go with one --backend only."""
+        if self.backend == OPENAI and self.prompt_ids:
+            raise ValueError(
+                "--prompt-ids needs the server's vocabulary, which an OpenAI-compatible server does not report: "
+                "--backend openai sends --prompt-text"
+            )
+        openai_only = {"endpoint": self.endpoint != ENDPOINTS[0], "model": self.model is not None}
+        for name, given in openai_only.items():
+            if given and self.backend != OPENAI:
+                raise ValueError(f"{flag_name(name)} is for --backend openai")
 
     def kinds(self) -> tuple[Kind, ...]:
         """The kinds of request the run sends: the mix's, or one of the sampling flags."""
@@ -154,21 +187,6 @@ class Request:
     prompt: Prompt
     params: GenerationParams
     kind: str
-
-
-def make_prompts(count: int, prompt_tokens: int, seed: int) -> list[str]:
-    """`count` ASCII prompts of prompt_tokens byte tokenizer tokens (BOS + bytes), from PASSAGE."""
-    rng = random.Random(seed)
-    length = prompt_tokens - 1
-    text = PASSAGE * (length // len(PASSAGE) + 2)
-    return [text[start : start + length] for start in (rng.randrange(len(PASSAGE)) for _ in range(count))]
-
-
-def make_token_prompts(count: int, prompt_tokens: int, seed: int, tokenizer: TokenizerInfo) -> list[list[int]]:
-    """`count` prompts of exactly prompt_tokens ids, drawn from the vocabulary less BOS/EOS/PAD."""
-    rng = random.Random(seed)
-    ids = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_ids]
-    return [rng.choices(ids, k=prompt_tokens) for _ in range(count)]
 
 
 def prompts_for(config: BenchConfig, info: ModelInfo, count: int, seed: int) -> Sequence[Prompt]:
@@ -228,12 +246,74 @@ def new_traceparent() -> str:
     return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
 
 
-async def measure(client: AsyncClient, request: Request, trace: bool = False) -> RequestRecord:
-    """Stream one request and time its tokens (as a trace of its own with `trace`); a failure is
-    recorded, not raised."""
+class Backend(Protocol):
+    """A server as the run drives it (AttnserveBackend, bench_openai.OpenAIBackend)."""
+
+    async def __aenter__(self) -> Backend: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+    async def describe(self) -> dict[str, Any]:
+        """The report's "model"; raises what makes the run impossible."""
+
+    def prompts(self, count: int, seed: int) -> Sequence[Prompt]:
+        """`count` prompts drawn from `seed`."""
+
+    def prompt_note(self) -> str:
+        """What the report's prompt lengths mean for these prompts."""
+
+    async def measure(self, request: Request, traceparent: str) -> RequestRecord:
+        """Stream one request and time it; a failure is recorded, not raised."""
+
+
+class AttnserveBackend:
+    """An attnserve server over attnserve.v1 (gRPC), as the run drives it: its model, the prompts it
+    takes (token ids by default), and one request streamed and timed."""
+
+    def __init__(self, config: BenchConfig, tls: TlsConfig | None, token: str | None):
+        self.config = config
+        self.client = AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls, retry=NO_RETRY)
+        self.info: ModelInfo | None = None
+
+    async def __aenter__(self) -> AttnserveBackend:
+        await self.client.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.__aexit__(*exc)
+
+    async def describe(self) -> dict[str, Any]:
+        """The report's "model" (GetModelInfo's); a run the server would refuse is refused first."""
+        self.info = await self.client.model_info()
+        check_fits(self.config, self.info)
+        if not self.config.prompt_ids and self.info.tokenizer.kind != "bytes":
+            print(f"[{PROG}] prompts are {self.prompt_note()}", file=sys.stderr)
+        return self.info.to_dict()
+
+    def prompts(self, count: int, seed: int) -> Sequence[Prompt]:
+        assert self.info is not None, "describe() first"
+        return prompts_for(self.config, self.info, count, seed)
+
+    def prompt_note(self) -> str:
+        assert self.info is not None, "describe() first"
+        return describe_prompts(self.config, self.info.tokenizer)
+
+    async def measure(self, request: Request, traceparent: str) -> RequestRecord:
+        return await measure(self.client, request, traceparent)
+
+
+def backend_of(config: BenchConfig, tls: TlsConfig | None, token: str | None) -> Backend:
+    """The server the run drives, by --backend."""
+    if config.backend == OPENAI:
+        return OpenAIBackend(config, tls, token)
+    return AttnserveBackend(config, tls, token)
+
+
+async def measure(client: AsyncClient, request: Request, traceparent: str = "") -> RequestRecord:
+    """Stream one request and time its tokens (as part of the trace `traceparent` names, if given); a
+    failure is recorded, not raised."""
     record = RequestRecord(start=time.perf_counter(), kind=request.kind)
     last = record.start
-    traceparent = new_traceparent() if trace else ""
     try:
         async with client.stream(request.prompt, request.params, traceparent=traceparent) as stream:
             async for delta in stream:
@@ -255,12 +335,13 @@ async def measure(client: AsyncClient, request: Request, trace: bool = False) ->
         record.output_bytes = len(result.text.encode("utf-8"))
     except AttnserveError as error:
         record.status = error.status
+        record.error = str(error)
     record.end = time.perf_counter()
     return record
 
 
 async def closed_loop(
-    client: AsyncClient,
+    backend: Backend,
     requests: Sequence[Request],
     concurrency: int,
     progress: Progress,
@@ -272,7 +353,7 @@ async def closed_loop(
 
     async def worker() -> None:
         for request in pending:  # one shared iterator: the event loop hands out each request once
-            records.append(await measure(client, request, trace))
+            records.append(await backend.measure(request, new_traceparent() if trace else ""))
             progress.tick(records[-1])
 
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
@@ -280,7 +361,7 @@ async def closed_loop(
 
 
 async def open_loop(
-    client: AsyncClient,
+    backend: Backend,
     requests: Sequence[Request],
     rate: float,
     progress: Progress,
@@ -292,7 +373,7 @@ async def open_loop(
     due = time.perf_counter()
 
     async def one(request: Request) -> RequestRecord:
-        record = await measure(client, request, trace)
+        record = await backend.measure(request, new_traceparent() if trace else "")
         progress.tick(record)
         return record
 
@@ -310,36 +391,43 @@ async def run_bench(
     """Warm up, measure every level, and return the report (a JSON-ready dict)."""
     progress = progress or Progress()
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    async with AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls, retry=NO_RETRY) as client:
-        info = await client.model_info()
-        check_fits(config, info)
-        requests = config.requests_of(prompts_for(config, info, config.requests, config.seed), config.seed)
-        warm = config.requests_of(prompts_for(config, info, config.warmup, config.seed + 1), config.seed + 1)
-        prompt_note = describe_prompts(config, info.tokenizer)
-        if not config.prompt_ids and info.tokenizer.kind != "bytes":
-            print(f"[{PROG}] prompts are {prompt_note}", file=sys.stderr)
+    async with backend_of(config, tls, token) as backend:
+        model = await backend.describe()
+        requests = config.requests_of(backend.prompts(config.requests, config.seed), config.seed)
+        warm = config.requests_of(backend.prompts(config.warmup, config.seed + 1), config.seed + 1)
         if warm:
             progress.start("warm-up", len(warm))
-            await closed_loop(client, warm, max(config.concurrency or (1,)), progress, config.trace)
+            say_failure(
+                "warm-up", await closed_loop(backend, warm, max(config.concurrency or (1,)), progress, config.trace)
+            )
         levels = []
         for c in config.concurrency:
             progress.start(f"concurrency {c}", len(requests))
-            records = await closed_loop(client, requests, c, progress, config.trace)
+            records = await closed_loop(backend, requests, c, progress, config.trace)
+            say_failure(f"concurrency {c}", records)
             levels.append(summarize_level(records, mode="closed", concurrency=c))
         for rate in config.rates:
             progress.start(f"rate {rate:g}/s", len(requests))
-            records = await open_loop(client, requests, rate, progress, config.seed, config.trace)
+            records = await open_loop(backend, requests, rate, progress, config.seed, config.trace)
+            say_failure(f"rate {rate:g}/s", records)
             levels.append(summarize_level(records, mode="poisson", rate=rate))
     return {
         "tool": PROG,
         "target": config.target,
         "started_at": started_at,
         "config": asdict(config),
-        "prompts": prompt_note,
+        "prompts": backend.prompt_note(),
         "kinds": summary(config.kinds(), [request.kind for request in requests]),
-        "model": info.to_dict(),
+        "model": model,
         "levels": levels,
     }
+
+
+def say_failure(label: str, records: Sequence[RequestRecord]) -> None:
+    """The first failed request's error of a level, on stderr (the report counts them by status)."""
+    failed = next((r for r in records if not r.ok), None)
+    if failed is not None:
+        print(f"[{PROG}] {label}: first failure: {failed.status}: {failed.error}", file=sys.stderr)
 
 
 def check_fits(config: BenchConfig, info: ModelInfo) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 
 from ..flags import add_field_flags, check_output
 from ..report_stamp import Stamp, write_report
-from .bench import PROG, BenchConfig, run_bench
+from .bench import ATTNSERVE, DEFAULT_URL, OPENAI, PROG, BenchConfig, run_bench
 from .bench_mix import SAMPLING
 from .bench_report import format_table, write_plot
+from .channel import DEFAULT_TARGET
 from .cli_common import (
     add_client_flags,
     add_stream_interval_flags,
@@ -31,6 +32,7 @@ from .cli_common import (
     token_from_args,
 )
 from .errors import AttnserveError
+from .http_events import Endpoint, HttpError
 from .types import GenerationParams
 
 
@@ -48,21 +50,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma-separated requests in flight per level (default: {levels}; none with --rate alone)",
     )
     p.add_argument("--rate", default=None, help="comma-separated open-loop request rates per second (Poisson)")
+    add_field_flags(p, BenchConfig, only=("backend", "endpoint", "model"))
     add_field_flags(p, BenchConfig, only=("requests", "prompt_tokens"))
     prompts = p.add_mutually_exclusive_group()
     prompts.add_argument(
         "--prompt-ids",
         dest="prompt_ids",
         action="store_true",
-        default=BenchConfig.prompt_ids,
-        help="the default: prompts as token ids, drawn (from --seed) from the vocabulary less BOS/EOS/PAD, "
-        "so every tokenizer gets exactly --prompt-tokens",
+        default=None,
+        help="the default with --backend attnserve: prompts as token ids, drawn (from --seed) from the "
+        "vocabulary less BOS/EOS/PAD, so every tokenizer gets exactly --prompt-tokens",
     )
     prompts.add_argument(
         "--prompt-text",
         dest="prompt_ids",
         action="store_false",
-        help="prompts as ASCII text cut from one English passage (exact lengths with the byte tokenizer only)",
+        help="prompts as ASCII text cut from one English passage (exact lengths with the byte tokenizer only); "
+        "the default with --backend openai",
     )
     add_field_flags(p, BenchConfig, only=("max_new_tokens", "ignore_eos", "warmup", "seed", "trace"))
     add_field_flags(p, GenerationParams, only=SAMPLING)
@@ -82,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     given = {
         f.name: getattr(args, f.name) for f in fields(BenchConfig) if f.name not in ("concurrency", "rates", "sampling")
     }
+    if args.prompt_ids is None:  # neither --prompt-ids nor --prompt-text: token ids where the server has them
+        given["prompt_ids"] = args.backend == ATTNSERVE
     defaults = {f.name: f.default for f in fields(GenerationParams)}
     sampling = tuple((name, getattr(args, name)) for name in SAMPLING if getattr(args, name) != defaults[name])
     config = BenchConfig(**given, concurrency=concurrency, rates=rates, sampling=sampling)
@@ -119,10 +125,25 @@ def write_outputs(report: dict[str, Any], out: str | None, plot: str | None) -> 
     print(json.dumps(report), flush=True)
 
 
+def check_url(args: argparse.Namespace) -> None:
+    """--backend openai's --target: a URL (DEFAULT_URL when --target is not given); ValueError naming it."""
+    if args.target == DEFAULT_TARGET:
+        args.target = DEFAULT_URL
+    try:
+        endpoint = Endpoint.parse(args.target)
+    except ValueError as e:
+        raise ValueError(f"--target {args.target} (--backend openai): {e}") from None
+    tls = next((flag for flag in ("tls_ca", "tls_cert", "tls_server_name") if getattr(args, flag)), None)
+    if tls and not endpoint.secure:
+        raise ValueError(f"--{tls.replace('_', '-')} needs an https:// --target, not {args.target}")
+
+
 def main(args: argparse.Namespace) -> int:
     """CLI entry of `attnserve bench`: 0, or 1 if no request succeeded (or the run failed)."""
     try:
-        check_client_flags(args)
+        if args.backend == OPENAI:
+            check_url(args)
+        check_client_flags(args, targets=args.backend == ATTNSERVE)
         config = config_from_args(args)
         check_output("--out", args.out)
         check_output("--plot", args.plot)
@@ -135,6 +156,9 @@ def main(args: argparse.Namespace) -> int:
         write_outputs(report, args.out, args.plot)
     except KeyboardInterrupt:
         return interrupted(PROG)
+    except HttpError as error:  # as gRPC's: a request to fix exits 2, a server that failed it 1
+        print(f"{PROG}: error: {error}", file=sys.stderr, flush=True)
+        return 2 if 400 <= error.status < 500 else 1
     except (AttnserveError, OSError, ValueError) as error:  # OSError, ValueError: files, flags
         return fail(PROG, error)
     return 0 if any(level["completed"] for level in report["levels"]) else 1

@@ -30,7 +30,8 @@ class RequestRecord:
     reported_tokens: int | None = None  # usage.completion_tokens of the final message
     prompt_tokens: int | None = None  # usage.prompt_tokens, the server's count
     finish_reason: str = ""
-    status: str = "OK"  # gRPC status name of a failed request
+    status: str = "OK"  # gRPC status name of a failed request ("HTTP 400" over HTTP)
+    error: str = ""  # a failed request's message
     kind: str = ""  # the request's kind (bench_mix.Kind's name)
 
     @property

@@ -40,13 +40,14 @@ def add_stream_interval_flags(p: argparse.ArgumentParser) -> None:
     add_field_flags(p, GenerationParams, only=STREAM_INTERVAL)
 
 
-def check_client_flags(args: argparse.Namespace) -> None:
+def check_client_flags(args: argparse.Namespace, targets: bool = True) -> None:
     """The connection and stream-interval flags, before any call: ValueError naming the flag, its
-    value and what it may be."""
+    value and what it may be. `targets`: --target is gRPC's HOST:PORT list (else a URL, checked apart)."""
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {shown(args.timeout)}")
     try:
-        parse_targets(args.target)
+        if targets:
+            parse_targets(args.target)
     except ValueError as e:
         raise ValueError(f"--target {args.target}: {e}") from None
     if args.tls_server_name is not None and not (args.tls_ca or args.tls_cert or args.tls_key):
