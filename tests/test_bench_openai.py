@@ -152,3 +152,25 @@ def test_https_with_mutual_tls_and_a_bearer_token(tiny_model_dir, pki, tmp_path,
         assert status == 1 and err.startswith(f"attnserve bench: error: cannot connect to {https}: ")
     finally:
         running.stop()
+
+
+def test_request_bodies_name_each_field_as_openai_and_vllm_do():
+    from attnserve.clients.bench_openai import request_body
+    from attnserve.clients.types import GenerationParams
+
+    greedy = request_body("completions", "m", "hi", GenerationParams(max_new_tokens=4))
+    assert greedy == {
+        "model": "m",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 4,
+        "temperature": 0.0,  # OpenAI's default is 1: greedy must say 0
+        "prompt": "hi",
+    }
+    sampled = GenerationParams(max_new_tokens=4, temperature=0.7, top_p=0.9, top_k=5, seed=0, logprobs=3)
+    chat = request_body("chat", "m", "hi", sampled)
+    assert chat["messages"] == [{"role": "user", "content": "hi"}] and "prompt" not in chat
+    assert (chat["top_p"], chat["top_k"], chat["seed"]) == (0.9, 5, 0)
+    assert (chat["logprobs"], chat["top_logprobs"]) == (True, 3)
+    assert request_body("completions", "m", "hi", sampled)["logprobs"] == 3
+    assert request_body("completions", "m", "hi", GenerationParams(ignore_eos=True))["ignore_eos"] is True

@@ -34,9 +34,9 @@ if TYPE_CHECKING:
 COMPLETIONS, CHAT = "completions", "chat"
 ENDPOINTS = (COMPLETIONS, CHAT)
 PATHS = {COMPLETIONS: "/completions", CHAT: "/chat/completions"}
-# GenerationParams' fields sent under the same name when set (OpenAI's, and vLLM's extra ones)
+# GenerationParams' fields sent under the same name when set (OpenAI's, and vLLM's extra ones); top_k's
+# default is 0, the others' None
 SAME_NAMES = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed")
-UNSET = (None, 0)  # GenerationParams' defaults of those fields: not sent
 
 
 def ssl_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
@@ -67,7 +67,9 @@ def request_body(endpoint: str, model: str, prompt: str, params: GenerationParam
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    body.update({name: getattr(params, name) for name in SAME_NAMES if getattr(params, name) not in UNSET})
+    body.update({name: getattr(params, name) for name in SAME_NAMES if getattr(params, name) not in (None, 0)})
+    if params.seed == 0:  # a seed of 0 is a seed
+        body["seed"] = 0
     if params.logprobs:
         body.update(
             {"logprobs": True, "top_logprobs": params.logprobs} if endpoint == CHAT else {"logprobs": params.logprobs}
