@@ -115,3 +115,17 @@ def test_a_checkpoint_that_cannot_be_imported_is_refused_and_leaves_no_export(gp
     assert "attnserve import: error:" in output  # the importer's own reason
     assert "attnserve serve: error: attnserve import " in output and "failed (exit 2)" in output
     assert [p.name for p in (cache / "exports").iterdir() if not p.name.endswith(".lock")] == []
+
+
+def test_context_length_is_the_served_models_and_names_its_own_export(gpt2_dir, tmp_path):
+    cache = tmp_path / "cache"
+    served = serve(gpt2_dir, cache, "--context-length", "32")
+    try:
+        with Client(f"127.0.0.1:{served.port}", timeout=60) as client:
+            info = client.model_info()
+            assert info.context_length == 32  # the checkpoint's n_positions is larger
+            assert client.generate(PROMPT, max_new_tokens=4).text
+    finally:
+        stopped(served)
+    (export,) = [p for p in (cache / "exports").iterdir() if p.is_dir()]
+    assert export.name == export_key(gpt2_dir, "float32", None, 32) and export.name.endswith("-float32-ctx32")

@@ -23,6 +23,7 @@ REPLICA_FIELDS = (
     "model",
     "dtype",
     "quantize",
+    "context_length",
     "export_cache",
     "provider",
     "threads",

@@ -4,8 +4,8 @@ A directory with config.json and no attnserve.json is a checkpoint, not a model 
 (`attnserve import`: proven against transformers) and exported (`attnserve export`: the parity and
 invariance gates) into the export cache, each in a child process, since the server never imports torch.
 The export's folder is named by the checkpoint's sha256 (its top-level files: config, weights, tokenizer)
-and the export flags (--dtype, --quantize), so the next start with the same files and flags serves it
-at once, and a changed file makes a new one. A lock file keeps two starts from exporting one key
+and the export flags (--dtype, --quantize, --context-length), so the next start with the same files
+and flags serves it at once, and a changed file makes a new one. A lock file keeps two starts from exporting one key
 together, and an export is moved into place only once it is whole: a start cut off leaves no half
 export. The proof's report is kept beside the export (import.json), and each start says where it serves
 from and what was proven.
@@ -77,10 +77,10 @@ def checkpoint_digest(checkpoint: Path) -> str:
     return digest.hexdigest()
 
 
-def export_key(checkpoint: Path, dtype: str, quantize: str | None) -> str:
+def export_key(checkpoint: Path, dtype: str, quantize: str | None, context_length: int | None = None) -> str:
     """The export's folder name: the checkpoint's name, its digest's first 16 hex digits, the flags."""
     name = UNSAFE.sub("-", checkpoint.resolve().name).strip("-.") or "checkpoint"
-    flags = dtype + (f"-{quantize}" if quantize else "")
+    flags = dtype + (f"-{quantize}" if quantize else "") + (f"-ctx{context_length}" if context_length else "")
     return f"{name[:64]}-{checkpoint_digest(checkpoint)[:16]}-{flags}"
 
 
@@ -106,12 +106,13 @@ def attnserve(*argv: str) -> None:
         )
 
 
-def export_checkpoint(checkpoint: Path, dtype: str, quantize: str | None, into: Path) -> None:
-    """Import and export `checkpoint` into the folder `into` (made whole, then moved into place)."""
+def export_checkpoint(export: Export, into: Path) -> None:
+    """Import and export a checkpoint into the folder `into` (made whole, then moved into place)."""
     work = Path(tempfile.mkdtemp(prefix=f".{into.name}.", dir=into.parent))
+    context = ("--context-length", str(export.context_length)) if export.context_length else ()
     try:
-        attnserve("import", str(checkpoint), "--out", str(work / "run"))
-        flags = ["--dtype", dtype, *(("--quantize", quantize) if quantize else ())]
+        attnserve("import", str(export.checkpoint), "--out", str(work / "run"), *context)
+        flags = ["--dtype", export.dtype, *(("--quantize", export.quantize) if export.quantize else ())]
         attnserve("export", str(work / "run" / "checkpoint.pt"), "--out", str(work / "model"), *flags)
         shutil.copy(work / "run" / IMPORT_REPORT, work / "model" / IMPORT_REPORT)
         os.rename(work / "model", into)
@@ -131,21 +132,34 @@ def proven(export: Path) -> str:
     return f"{proof}; parity gate passed"
 
 
-def served_export(checkpoint: str | Path, dtype: str | None, quantize: str | None, cache: str | None) -> Path:
+@dataclasses.dataclass(frozen=True)
+class Export:
+    """What to export: a checkpoint and the export flags."""
+
+    checkpoint: Path
+    dtype: str = DTYPES[0]
+    quantize: str | None = None
+    context_length: int | None = None
+
+    @property
+    def key(self) -> str:
+        return export_key(self.checkpoint, self.dtype, self.quantize, self.context_length)
+
+
+def served_export(wanted: Export, cache: str | None) -> Path:
     """The model directory `attnserve serve` runs for a checkpoint: the cached export of these files
     and flags, made now if there is none."""
-    checkpoint = Path(checkpoint)
+    checkpoint = wanted.checkpoint
     exports = cache_root(cache) / "exports"
     exports.mkdir(parents=True, exist_ok=True)
-    dtype = dtype or DTYPES[0]
-    key = export_key(checkpoint, dtype, quantize)
+    key = wanted.key
     export = exports / key
     with locked(exports / f".{key}.lock"):
         if (export / MANIFEST_FILE).is_file():
             log.info("%s: serving its export %s (made before: %s)", checkpoint, export, proven(export))
             return export
         log.info("%s: a Hugging Face checkpoint; importing and exporting it once into %s", checkpoint, export)
-        export_checkpoint(checkpoint, dtype, quantize, export)
+        export_checkpoint(wanted, export)
     log.info("%s: exported to %s (%s); the next start reuses it", checkpoint, export, proven(export))
     return export
 
@@ -157,7 +171,8 @@ def serving_export(config: ServerConfig) -> ServerConfig:
     if not is_checkpoint(config.model):
         return config
     try:
-        export = served_export(config.model, config.dtype, config.quantize, config.export_cache)
+        wanted = Export(Path(config.model), config.dtype or DTYPES[0], config.quantize, config.context_length)
+        export = served_export(wanted, config.export_cache)
     except OSError as e:
         raise CheckpointExportError(f"--export-cache {e.filename}: {e.strerror}") from None
     name = config.served_model_name or Path(config.model).resolve().name

@@ -28,6 +28,7 @@ SPINNING = ("auto", "off", "on")
 LOGITS_PASS = ("auto", "on", "off")
 LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
+MIN_CONTEXT_LENGTH = 8  # attnserve import's least --context-length (its MIN_CONTEXT)
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
 
@@ -79,6 +80,15 @@ class ServerConfig:
         metadata=flag(
             "for a Hugging Face checkpoint: the export's weights, int8 or int4, as attnserve export --quantize",
             choices=QUANTIZATIONS,
+        ),
+    )
+    context_length: int | None = field(
+        default=None,
+        metadata=flag(
+            "for a Hugging Face checkpoint: serve at most N positions, fewer than it was trained for, so that "
+            "the KV arena's slots are smaller (attnserve import --context-length; vLLM's max_model_len)",
+            metavar="N",
+            unset="the config's max_position_embeddings or n_positions",
         ),
     )
     export_cache: str | None = field(
@@ -375,6 +385,11 @@ class ServerConfig:
             ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("http_port", self.http_port is None or 0 <= self.http_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("threads", self.threads >= 0, "0 or more (0: chosen by the model's size)"),
+            (
+                "context_length",
+                self.context_length is None or self.context_length >= MIN_CONTEXT_LENGTH,
+                f"at least {MIN_CONTEXT_LENGTH}",
+            ),
             ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
             ("http_max_body_bytes", self.http_max_body_bytes >= 1, "at least 1 (bytes)"),
@@ -410,7 +425,9 @@ class ServerConfig:
         if self.export_cache:
             check_directory("--export-cache", self.export_cache)
         export_flags = [
-            f"{flag_name(name)} {getattr(self, name)}" for name in ("dtype", "quantize") if getattr(self, name)
+            f"{flag_name(name)} {getattr(self, name)}"
+            for name in ("dtype", "quantize", "context_length")
+            if getattr(self, name)
         ]
         if export_flags and not is_checkpoint(self.model):
             raise ValueError(
