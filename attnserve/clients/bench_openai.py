@@ -20,6 +20,7 @@ import ssl
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from .bench_prompts import make_prompts
@@ -34,9 +35,9 @@ if TYPE_CHECKING:
 COMPLETIONS, CHAT = "completions", "chat"
 ENDPOINTS = (COMPLETIONS, CHAT)
 PATHS = {COMPLETIONS: "/completions", CHAT: "/chat/completions"}
-# GenerationParams' fields sent under the same name when set (OpenAI's, and vLLM's extra ones); top_k's
-# default is 0, the others' None
+# GenerationParams' fields sent under the same name when unlike their defaults (OpenAI's, and vLLM's extra ones)
 SAME_NAMES = ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "seed")
+DEFAULTS = {f.name: f.default for f in fields(GenerationParams)}
 
 
 def ssl_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
@@ -67,9 +68,7 @@ def request_body(endpoint: str, model: str, prompt: str, params: GenerationParam
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
-    body.update({name: getattr(params, name) for name in SAME_NAMES if getattr(params, name) not in (None, 0)})
-    if params.seed == 0:  # a seed of 0 is a seed
-        body["seed"] = 0
+    body.update({name: getattr(params, name) for name in SAME_NAMES if getattr(params, name) != DEFAULTS[name]})
     if params.logprobs:
         body.update(
             {"logprobs": True, "top_logprobs": params.logprobs} if endpoint == CHAT else {"logprobs": params.logprobs}

@@ -45,11 +45,11 @@ def check_client_flags(args: argparse.Namespace, targets: bool = True) -> None:
     value and what it may be. `targets`: --target is gRPC's HOST:PORT list (else a URL, checked apart)."""
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {shown(args.timeout)}")
-    try:
-        if targets:
+    if targets:
+        try:
             parse_targets(args.target)
-    except ValueError as e:
-        raise ValueError(f"--target {args.target}: {e}") from None
+        except ValueError as e:
+            raise ValueError(f"--target {args.target}: {e}") from None
     if args.tls_server_name is not None and not (args.tls_ca or args.tls_cert or args.tls_key):
         raise ValueError("--tls-server-name needs TLS: give --tls-ca (or --tls-cert and --tls-key)")
     if (args.tls_cert is None) != (args.tls_key is None):

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from ..server.checkpoint_exports import CheckpointExportError, serving_export
+from ..server.config import ServerConfig
 from .config import RayServeConfig
 
 PROG = "attnserve ray-serve"
@@ -87,7 +88,7 @@ def describe_replicas(config: RayServeConfig) -> str:
     return f"{count} (autoscaled {low} to {config.max_replicas})"
 
 
-def served_name(replica) -> str:
+def served_name(replica: ServerConfig) -> str:
     """The model's name as the replicas serve it: --served-model-name, else its folder's."""
     return replica.served_model_name or Path(replica.model).resolve().name
 
