@@ -12,6 +12,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.served_ab  two `attnserve serve` settings through gRPC, alternating
     python -m benchmarks.bench_doors  `attnserve bench` on the gRPC door vs the HTTP door, one server
     python -m benchmarks.batch_invariance  a request's tokens alone, batched and from the prefix cache
+    python -m benchmarks.pass_speed  the batched logits pass alone, two checkouts alternating
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
     python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)
     python -m benchmarks.loadtest.overload  open-loop arrivals above capacity (make overload)

@@ -7,6 +7,7 @@ tokens are the same alone and beside 15 others."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import onnxruntime as ort
@@ -69,7 +70,8 @@ def plans(rng: np.random.Generator, n: int, vocab: int = V) -> list[PassRow]:
 def test_the_checked_in_graphs_are_what_the_builder_writes():
     """`python -m attnserve.export.logits_pass_graph` wrote the graphs the package serves."""
     for dtype in logits_pass_graph.DTYPES:
-        assert graph_file(dtype).read_bytes() == logits_pass_graph.serialized(dtype), dtype
+        for width in logits_pass_graph.WIDTHS:
+            assert graph_file(dtype, width.name).read_bytes() == logits_pass_graph.serialized(dtype, width), dtype
 
 
 def test_the_pass_picks_what_the_oracle_picks(pass_cpu):
@@ -100,6 +102,72 @@ def test_a_row_the_head_cannot_hold_comes_back_unpicked(pass_cpu):
     assert picks[0] is None and picks[1] is None
     assert picks[2] is not None and picks[2].token == 0 and [t for t, _ in picks[2].top] == [0, 1, 2]
     assert picks[3] is not None and picks[3].token == pick_row(logits[1, 0], PassRow(1.0, 10, 1.0, 0.0, 0.5)).token
+
+
+@pytest.mark.parametrize("width", [0, 1], ids=["narrow", "wide"])
+def test_a_row_each_width_calls_exact_is_the_oracles_pick(pass_cpu, width):
+    """Each width alone, on rows of 20,011 ids (1,251 groups: both leave groups out), peaked, flat and
+    tied, under every plan (and top-k 100, past the narrow pass's candidates on a flat row): where it
+    says exact, its pick is the oracle's; and it says so of most peaked rows."""
+    vocab = 20_011
+    rng = np.random.default_rng(4 + width)
+    rows = random_rows(rng, 96, vocab)
+    rows[1::3] *= 0.05  # flat: its top-p and min-p rows keep thousands of ids
+    plan = [replace(p, top_k=100) if i % 5 == 2 else p for i, p in enumerate(plans(rng, 96, vocab))]
+    picks, _ = pass_cpu.run_width(width, rows[:, None, :], list(range(96)), plan)
+    for i, pick in enumerate(picks):
+        if pick is not None:
+            oracle = pick_row(rows[i], plan[i])
+            assert (pick.token, [t for t, _ in pick.top]) == (oracle.token, [t for t, _ in oracle.top]), (i, plan[i])
+            assert pick.logprob == pytest.approx(oracle.logprob, abs=1e-5)
+    peaked = [pick for i, pick in enumerate(picks) if i % 3 != 1]
+    assert sum(pick is not None for pick in peaked) >= 0.75 * len(peaked)
+
+
+def test_the_narrow_pass_widens_only_rows_the_wide_one_might_pick(pass_cpu):
+    """Rows of 50,257 ids with 0 to 400 likely ids over a flat tail, under top-p, top-k and min-p: a row
+    the narrow pass leaves and does not widen, the wide pass cannot pick either (it would be a wasted
+    run); one it widens, the wide pass picks mostly; a flat row under top-p is not widened."""
+    vocab, n = 50_257, 48
+    rng = np.random.default_rng(8)
+    rows = rng.normal(0, 1, (n, vocab)).astype(np.float32)
+    for i in range(n):
+        rows[i, rng.choice(vocab, [0, 20, 100, 200, 400][i % 5], replace=False)] += 9
+    kinds = [PassRow(0.8, 0, 0.95, 0.0, 0.3), PassRow(1.0, 150, 1.0, 0.0, 0.3), PassRow(1.0, 300, 1.0, 0.0, 0.3)]
+    plan = [kinds[i % 3] for i in range(n)]
+    narrow, widen = pass_cpu.run_width(0, rows[:, None, :], list(range(n)), plan)
+    wide, _ = pass_cpu.run_width(1, rows[:, None, :], list(range(n)), plan)
+    for i in range(n):
+        if narrow[i] is None and not widen[i]:
+            assert wide[i] is None, (i, plan[i])
+        if narrow[i] is not None:
+            assert not widen[i]
+    widened = [i for i in range(n) if widen[i]]
+    assert widened and sum(wide[i] is not None for i in widened) >= 0.5 * len(widened)
+    assert not widen[0]  # flat, top-p 0.95
+
+
+def test_a_row_tied_at_the_left_out_groups_maximum_comes_back_unpicked(pass_cpu):
+    """Of 8,000 ids, three likely and the rest tied at 0 (500 groups, all but the likely ones' at 0): the
+    groups the pass looks at are some of those tied, so an id at 0 it might keep or report could be
+    another; such a row comes back unpicked. The three likely ids are picked and reported exactly."""
+    vocab = 8000
+    logits = np.zeros((1, 1, vocab), np.float32)
+    logits[0, 0, [4000, 7000, 9]] = [12.0, 11.0, 10.0]
+    cases = {
+        PassRow(0.0, 0, 1.0, 0.0, 0.0, top=3): True,  # greedy with the 3 likely ids
+        PassRow(1.0, 2, 1.0, 0.0, 0.3, top=2): True,  # top-k 2: the two likeliest
+        PassRow(1.0, 0, 0.5, 0.0, 0.3): True,  # top-p 0.5: the likeliest alone
+        PassRow(0.0, 0, 1.0, 0.0, 0.0, top=5): False,  # two of its top ids are at 0: which two?
+        PassRow(1.0, 5, 1.0, 0.0, 0.3): False,  # top-k 5 keeps every id at 0
+        PassRow(1.0, 0, 0.9999, 0.0, 0.3): False,  # top-p reaches into the ids at 0
+    }
+    picks = pass_cpu.run(logits, [0] * len(cases), list(cases))
+    for (row, exact), pick in zip(cases.items(), picks):
+        assert (pick is not None) == exact, row
+        if pick is not None:
+            oracle = pick_row(logits[0, 0], row)
+            assert [t for t, _ in pick.top] == [t for t, _ in oracle.top] and pick.token == oracle.token, row
 
 
 def test_a_rows_pick_does_not_depend_on_its_batch(pass_cpu):

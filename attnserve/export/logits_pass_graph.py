@@ -1,22 +1,27 @@
-"""The batched logits pass as an ONNX graph: built here with onnx, checked into the package as
-runtime/logits_pass.<dtype>.onnx (a serving host has ONNX Runtime, not onnx), run by
+"""The batched logits pass as ONNX graphs: built here with onnx, checked into the package as
+runtime/logits_pass.<width>.<dtype>.onnx (a serving host has ONNX Runtime, not onnx), run by
 runtime/logits_pass.py on the model's own provider, fed the decode step's logits where they are.
 
 One run over the rows that ask for it: each row's bias (sparse; a banned id's is -inf), its
-temperature, then its min-p, top-k and top-p over the row's HEAD most likely ids (TopK, fixed
-in the graph: no host-side k), then greedy or one draw by inverse CDF over the kept ids in
-id order with the row's own uniform number. What comes back is
+temperature and its log-softmax over the whole row; then, without sorting the row, the candidates:
+the ids of the groups of ROW_ALIGN ids with the largest maxima (every id above the last such
+group's maximum, the floor, is one); the head, the candidates' most likely ids (TopK: the sizes are
+fixed in the graph, no host-side k); min-p, top-k and top-p over the head; then greedy or one draw
+by inverse CDF over the kept ids in id order with the row's own uniform number. What comes back is
 small: each row's token, its log-probability under the processed distribution (after the bias
 and the temperature; before min-p, top-k and top-p, as vLLM's processed logprobs), the TOP most
-likely ids with theirs, and whether the head held every id the filters kept (`exact`; a row
-that is not is picked again on the host by the same steps over the whole row, the engine's
-sampling.pick_row). The same steps in numpy, in float64, are sampling.pick_row: the oracle the
-tests hold this graph to. `python -m attnserve.export.logits_pass_graph` writes the files.
+likely ids with theirs, and whether all of that is the whole row's (`exact`: every id it kept or
+reported is above the floor, and the head held every id the filters kept). The narrow width looks
+at 64 groups, the wide one at 256: a row the narrow pass cannot pick exactly goes through the wide
+one, and one that neither can is picked again on the host by the same steps over the whole row
+(the engine's sampling.pick_row). The same steps in numpy, in float64, are sampling.pick_row: the
+oracle the tests hold these graphs to. `python -m attnserve.export.logits_pass_graph` writes the files.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +29,29 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-HEAD = 256  # the most likely ids a row's filters and draw look at; a row that keeps more is picked on the host
 TOP = 20  # top log-probabilities a row may ask for (the request table's logprobs bound)
-ROW_ALIGN = 16  # float32 columns: 64 bytes, a cache line and an AVX-512 register
+ROW_ALIGN = 16  # float32 columns: 64 bytes, a cache line and an AVX-512 register; also a group's ids
 OPSET = 18
 DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 HERE = Path(__file__).resolve().parent.parent / "runtime"
 
 
-def graph_path(dtype: str) -> Path:
-    return HERE / f"logits_pass.{dtype}.onnx"
+@dataclass(frozen=True)
+class Width:
+    """How much of a row a pass looks at: the ids of its `groups` groups of ROW_ALIGN ids with the largest
+    maxima (the candidates), of which it keeps the `head` most likely."""
+
+    name: str
+    groups: int
+    head: int
+
+
+# every row first goes through the narrow pass; a row it cannot pick exactly, through the wide one
+WIDTHS = (Width("narrow", 64, 128), Width("wide", 256, 256))
+
+
+def graph_path(dtype: str, width: str = "narrow") -> Path:
+    return HERE / f"logits_pass.{width}.{dtype}.onnx"
 
 
 class Builder:
@@ -62,85 +80,133 @@ def aligned_log(b: Builder, column: str, out: str) -> None:
     b.op("Slice", [f"{out}_wide", "zero_1d", "axis1", "axis1"], out)
 
 
-def build(dtype: str) -> onnx.ModelProto:
-    """The pass for logits of `dtype`, any vocabulary size (K = min(V padded, HEAD), N = min(V, TOP))."""
-    b = Builder()
+def at(b: Builder, table: str, index: str, out: str) -> None:
+    """`out` (R,): each row's element of `table` (R, K) at its `index` (R,)."""
+    b.op("Unsqueeze", [index, "axis1"], f"{out}_index")
+    b.op("GatherElements", [table, f"{out}_index"], f"{out}_col", axis=1)
+    b.op("Squeeze", [f"{out}_col", "axis1"], out)
+
+
+def constants(b: Builder, width: Width) -> None:
     i64 = lambda name, *v: b.const(name, np.array(v, np.int64))
-    f32 = lambda name, v: b.const(name, np.array(v, np.float32))
     scalar = lambda name, v: b.const(name, np.array(v, np.int64))
+    f32 = lambda name, v: b.const(name, np.array(v, np.float32))
     i64("axis1", 1)  # 1-D: axes, shapes, slices
+    i64("axis2", 2)
     i64("minus1", -1)
     i64("zero_1d", 0)
     i64("end", np.iinfo(np.int64).max)
-    i64("head_cap", HEAD)
+    i64("groups_cap", width.groups)
+    i64("head_cap", width.head)
     i64("top_cap", TOP)
     i64("row_align", ROW_ALIGN)
     i64("align_repeats", 1, ROW_ALIGN)
+    i64("group_shape", 0, -1, ROW_ALIGN)  # (R, G, ROW_ALIGN)
+    i64("row_shape", 0, -1)
+    b.const("group_offsets", np.arange(ROW_ALIGN, dtype=np.int64))
     scalar("past_ids", np.iinfo(np.int64).max)  # after every id, in an id sort
     scalar("axis1_s", 1)  # 0-D: CumSum's axis, Clip's bounds, indices
     scalar("zero_i", 0)
     scalar("one_i", 1)
+    scalar("align_i", ROW_ALIGN)
     f32("zero_f", 0.0)
     f32("one_f", 1.0)
     f32("minus_inf", -np.inf)
 
-    # the rows asked for, float32, (R, V); bias added (duplicates add; a banned id's -inf)
+
+def processed(b: Builder, dtype: str) -> None:
+    """`logprobs` (R, V padded): each asked row's processed distribution, as log-probabilities: the row
+    (float32), its bias added (duplicates add; a banned id's -inf), -inf columns up to a multiple of
+    ROW_ALIGN (every row starts aligned, so a row's sums, vectorized from its first aligned element, add
+    in the same order whichever rows share its batch; and it splits into groups), over its temperature
+    (greedy rows: 1), log-softmaxed."""
     b.op("Gather", ["logits", "rows"], "gathered", axis=0)
     b.op("Shape", ["logits"], "logits_shape")
     b.op("Slice", ["logits_shape", "minus1", "end"], "vocab")  # [V]
     b.op("Squeeze", ["gathered", "axis1"], "raw")
-    b.op("Cast", ["raw"], "raw32", to=TensorProto.FLOAT)
-    b.op("ScatterElements", ["raw32", "bias_ids", "bias_values"], "unpadded", axis=1, reduction="add")
-    # -inf columns up to a multiple of ROW_ALIGN: every row starts aligned, so a row's sums (vectorized from
-    # its first aligned element) add in the same order whichever rows share its batch
+    if dtype != "float32":
+        b.op("Cast", ["raw"], "raw32", to=TensorProto.FLOAT)
+    raw = "raw32" if dtype != "float32" else "raw"
+    b.op("ScatterElements", [raw, "bias_ids", "bias_values"], "unpadded", axis=1, reduction="add")
     b.op("Sub", ["row_align", "vocab"], "short")
     b.op("Mod", ["short", "row_align"], "pad_width")
     b.op("Concat", ["zero_1d", "zero_1d", "zero_1d", "pad_width"], "pads", axis=0)
     b.op("Pad", ["unpadded", "pads", "minus_inf"], "biased", mode="constant")
-
-    # temperature (greedy rows: 1), the processed distribution's log-normalizer
     b.op("Greater", ["temperature", "zero_f"], "sampling")
     b.op("Where", ["sampling", "temperature", "one_f"], "divisor")
     b.op("Unsqueeze", ["divisor", "axis1"], "divisor_col")
     b.op("Div", ["biased", "divisor_col"], "scaled")
-    b.op("ReduceMax", ["scaled", "axis1"], "row_max", keepdims=1)
-    b.op("Sub", ["scaled", "row_max"], "shifted")  # <= 0, the largest 0
-    b.op("Exp", ["shifted"], "weights")
-    b.op("ReduceSum", ["weights", "axis1"], "mass", keepdims=1)
-    aligned_log(b, "mass", "log_mass")  # log-probability = shifted - log_mass
+    b.op("LogSoftmax", ["scaled"], "logprobs", axis=1)
 
-    # the head: K most likely, descending, lower id first on ties (K a multiple of ROW_ALIGN: the pad's
-    # -inf columns come last and are never kept)
-    b.op("Shape", ["biased"], "padded_shape")
-    b.op("Slice", ["padded_shape", "minus1", "end"], "padded_vocab")
-    b.op("Min", ["padded_vocab", "head_cap"], "k")
-    b.op("TopK", ["shifted", "k"], ["head", "head_ids"], axis=1, largest=1, sorted=1)
+
+def candidates(b: Builder) -> None:
+    """The ids of the KG groups (ROW_ALIGN ids each) with the largest maxima, KG = min(G, width's groups),
+    in id order (`candidates`, their ids `candidate_ids`), and `floor`: the KG-th group's maximum where a
+    group was left out (-inf where none was). Every id above the floor is a candidate (the group that
+    holds it has a larger maximum)."""
+    b.op("Reshape", ["logprobs", "group_shape"], "groups")
+    b.op("ReduceMax", ["groups", "axis2"], "group_max", keepdims=0)  # (R, G)
+    b.op("Shape", ["group_max"], "group_max_shape")
+    b.op("Slice", ["group_max_shape", "minus1", "end"], "group_count")
+    b.op("Min", ["group_count", "groups_cap"], "kg")
+    b.op("TopK", ["group_max", "kg"], ["best_groups", "best_group_ids"], axis=1, largest=1, sorted=1)
+    b.op("TopK", ["best_group_ids", "kg"], ["candidate_groups", "candidate_group_order"], axis=1, largest=0, sorted=1)
+    b.op("Unsqueeze", ["candidate_groups", "axis2"], "candidate_index")  # (R, KG, 1)
+    b.op("GatherND", ["groups", "candidate_index"], "candidate_rows", batch_dims=1)  # (R, KG, ROW_ALIGN)
+    b.op("Reshape", ["candidate_rows", "row_shape"], "candidates")
+    b.op("Mul", ["candidate_index", "align_i"], "candidate_firsts")
+    b.op("Add", ["candidate_firsts", "group_offsets"], "candidate_id_rows")
+    b.op("Reshape", ["candidate_id_rows", "row_shape"], "candidate_ids")
+    b.op("Squeeze", ["kg"], "kg_s")
+    b.op("Sub", ["kg_s", "one_i"], "kg_last")
+    b.op("Gather", ["best_groups", "kg_last"], "last_group_max", axis=1)  # (R,)
+    b.op("Less", ["kg", "group_count"], "groups_left_out")
+    b.op("Where", ["groups_left_out", "last_group_max", "minus_inf"], "floor")
+
+
+def head(b: Builder) -> None:
+    """The head: the K most likely candidates (K = min(candidates, width's head)), descending, lower id
+    first on ties: `head_logprobs`, `head_ids`, and `head`, their log-weights below the row's best (<= 0;
+    the pad's -inf columns come last and are never kept)."""
+    b.op("Shape", ["candidates"], "candidates_shape")
+    b.op("Slice", ["candidates_shape", "minus1", "end"], "candidate_count")
+    b.op("Min", ["candidate_count", "head_cap"], "k")
+    b.op("TopK", ["candidates", "k"], ["head_logprobs", "head_places"], axis=1, largest=1, sorted=1)
+    b.op("GatherElements", ["candidate_ids", "head_places"], "head_ids", axis=1)
+    b.op("Slice", ["head_logprobs", "zero_1d", "axis1", "axis1"], "row_max")  # (R, 1)
+    b.op("Sub", ["head_logprobs", "row_max"], "head")
     b.op("Squeeze", ["k"], "k_s")
     b.op("Sub", ["k_s", "one_i"], "k_last")
 
-    # the keep threshold: min-p's (log(min_p) below the best; log 0 = -inf) and top-k's (the k-th value, ties kept)
+
+def filters(b: Builder) -> None:
+    """`kept` (R, K): what min-p (log(min_p) below the best; log 0 = -inf), top-k (the k-th value, ties
+    kept) and then top-p keep of the head. Top-p keeps while the mass before an id is below p times the
+    mass min-p and top-k keep over the whole row: with neither, the row's; else the candidates' (exact
+    where their edge is above the floor)."""
     b.op("Unsqueeze", ["min_p", "axis1"], "min_p_col")
     aligned_log(b, "min_p_col", "min_p_edge")
     b.op("Sub", ["top_k", "one_i"], "kth_rank")
     b.op("Clip", ["kth_rank", "zero_i", "k_last"], "kth_clipped")
-    b.op("Unsqueeze", ["kth_clipped", "axis1"], "kth_col")
-    b.op("GatherElements", ["head", "kth_col"], "kth_value", axis=1)
+    at(b, "head", "kth_clipped", "kth_value")
     b.op("Greater", ["top_k", "zero_i"], "top_k_on")
-    b.op("Unsqueeze", ["top_k_on", "axis1"], "top_k_on_col")
-    b.op("Where", ["top_k_on_col", "kth_value", "minus_inf"], "top_k_edge")
-    b.op("Max", ["min_p_edge", "top_k_edge"], "edge")  # (R, 1)
-
-    # top-p over what min-p and top-k keep (its mass over the whole row): keep while the mass before is < p
-    b.op("GreaterOrEqual", ["shifted", "edge"], "row_kept")
-    b.op("Cast", ["row_kept"], "row_kept_f", to=TensorProto.FLOAT)
-    b.op("Mul", ["weights", "row_kept_f"], "row_kept_weights")
-    b.op("ReduceSum", ["row_kept_weights", "axis1"], "kept_mass", keepdims=1)
+    b.op("Where", ["top_k_on", "kth_value", "minus_inf"], "top_k_edge")
+    b.op("Unsqueeze", ["top_k_edge", "axis1"], "top_k_edge_col")
+    b.op("Max", ["min_p_edge", "top_k_edge_col"], "edge")  # (R, 1), below the best
+    b.op("Neg", ["row_max"], "log_mass")  # the row's mass in weights below its best: exp(-best log-probability)
+    b.op("Exp", ["log_mass"], "mass")
+    b.op("Sub", ["candidates", "row_max"], "candidates_shifted")
+    b.op("GreaterOrEqual", ["candidates_shifted", "edge"], "candidates_kept")
+    b.op("Exp", ["candidates_shifted"], "candidate_weights")
+    b.op("Where", ["candidates_kept", "candidate_weights", "zero_f"], "candidate_kept_weights")
+    b.op("ReduceSum", ["candidate_kept_weights", "axis1"], "candidate_kept_mass", keepdims=1)
+    b.op("Equal", ["edge", "minus_inf"], "no_edge")
+    b.op("Where", ["no_edge", "mass", "candidate_kept_mass"], "kept_mass")
     b.op("GreaterOrEqual", ["head", "edge"], "head_above")
     b.op("Greater", ["head", "minus_inf"], "head_finite")  # a banned id is never kept
     b.op("And", ["head_above", "head_finite"], "head_kept")
     b.op("Exp", ["head"], "head_weights")
-    b.op("Cast", ["head_kept"], "head_kept_f", to=TensorProto.FLOAT)
-    b.op("Mul", ["head_weights", "head_kept_f"], "head_kept_weights")
+    b.op("Where", ["head_kept", "head_weights", "zero_f"], "head_kept_weights")
     b.op("CumSum", ["head_kept_weights", "axis1_s"], "head_cum")
     b.op("Sub", ["head_cum", "head_kept_weights"], "mass_before")
     b.op("Unsqueeze", ["top_p", "axis1"], "top_p_col")
@@ -149,21 +215,89 @@ def build(dtype: str) -> onnx.ModelProto:
     b.op("GreaterOrEqual", ["top_p_col", "one_f"], "top_p_off")
     b.op("Or", ["under_p", "top_p_off"], "p_kept")
     b.op("And", ["head_kept", "p_kept"], "kept")
+    b.op("Cast", ["kept"], "kept_i", to=TensorProto.INT64)
+    b.op("ReduceSum", ["kept_i", "axis1"], "kept_count", keepdims=0)
+    b.op("Sub", ["kept_count", "one_i"], "last_kept")
 
-    # exact: the head's last id was not kept (every kept id is in the head), or the head is the row
-    b.op("Gather", ["kept", "k_last"], "last_kept_row", axis=1)
-    b.op("Not", ["last_kept_row"], "head_holds")
+
+def exactness(b: Builder) -> None:
+    """`exact` (R,): the row's pick is the one over the whole row. Its top ids are above the floor (or it
+    asks none); and a sampling row's kept ids are too, the head's last is not kept (or the head is the
+    row), top-p's mass is known (top-p off, no edge, or the edge above the floor) and top-k's edge is in
+    the head."""
+    b.op("Sub", ["top", "one_i"], "top_last")
+    b.op("Clip", ["top_last", "zero_i", "k_last"], "top_last_clipped")
+    at(b, "head_logprobs", "top_last_clipped", "top_last_value")
+    b.op("Greater", ["top_last_value", "floor"], "top_above_floor")
+    b.op("LessOrEqual", ["top", "zero_i"], "no_top")
+    b.op("Or", ["top_above_floor", "no_top"], "top_exact")
+
+    at(b, "head_logprobs", "last_kept", "last_kept_value")
+    b.op("Greater", ["last_kept_value", "floor"], "kept_above_floor")
+    b.op("Shape", ["biased"], "padded_shape")
+    b.op("Slice", ["padded_shape", "minus1", "end"], "padded_vocab")
     b.op("Equal", ["k", "padded_vocab"], "whole_row")
-    b.op("Not", ["sampling"], "greedy")
+    b.op("Less", ["kept_count", "k"], "head_holds")
     b.op("Or", ["head_holds", "whole_row"], "held")
-    b.op("Or", ["held", "greedy"], "exact")
+    b.op("Squeeze", ["edge", "axis1"], "edge_row")
+    b.op("Squeeze", ["row_max", "axis1"], "row_max_row")
+    b.op("Add", ["edge_row", "row_max_row"], "edge_logprob")
+    b.op("Greater", ["edge_logprob", "floor"], "edge_above_floor")
+    b.op("Squeeze", ["top_p_off", "axis1"], "top_p_off_row")
+    b.op("Squeeze", ["no_edge", "axis1"], "no_edge_row")
+    b.op("Or", ["edge_above_floor", "no_edge_row"], "edge_known")
+    b.op("Or", ["edge_known", "top_p_off_row"], "p_known")
+    b.op("Greater", ["top_k", "k"], "top_k_past_head")
+    b.op("Less", ["top_k", "vocab"], "top_k_short")
+    b.op("And", ["top_k_past_head", "top_k_short"], "top_k_unknown")
+    b.op("Not", ["top_k_unknown"], "top_k_known")
+    b.op("And", ["held", "kept_above_floor"], "kept_exact")
+    b.op("And", ["kept_exact", "p_known"], "kept_known")
+    b.op("And", ["kept_known", "top_k_known"], "draw_exact")
+    b.op("Not", ["sampling"], "greedy")
+    b.op("Or", ["draw_exact", "greedy"], "pick_exact")
+    b.op("And", ["pick_exact", "top_exact"], "exact")
 
-    # the draw: the kept ids in id order (the others after them), then the first whose cumulative weight
-    # passes uniform * total (numpy's searchsorted, right); greedy takes the head's first
+
+def widening(b: Builder, wider: int) -> None:
+    """`widen` (R,): a row not picked exactly that a pass with a head of `wider` ids might pick. Not where
+    top-k asks past that head, nor where top-p's prefix provably outgrows it: the head kept whole, and
+    its weights (each at least the floor's, as an id left out might be) and `wider - K` more at its
+    last's still short of p times the mass min-p and top-k keep (when that mass is known)."""
+    b.op("Less", ["top_k", "vocab"], "top_k_below_vocab")
+    b.const("wider", np.array(wider, np.int64))
+    b.op("Greater", ["top_k", "wider"], "top_k_past_wider")
+    b.op("And", ["top_k_past_wider", "top_k_below_vocab"], "top_k_past")
+    b.op("Sub", ["floor", "row_max_row"], "floor_shifted")
+    b.op("Unsqueeze", ["floor_shifted", "axis1"], "floor_col")
+    b.op("Max", ["head", "floor_col"], "head_at_least")
+    b.op("Exp", ["head_at_least"], "head_bound_weights")
+    b.op("ReduceSum", ["head_bound_weights", "axis1"], "head_bound", keepdims=0)
+    b.op("Gather", ["head_bound_weights", "k_last"], "last_bound_weight", axis=1)
+    b.op("Sub", ["wider", "k_s"], "more")
+    b.op("Cast", ["more"], "more_f", to=TensorProto.FLOAT)
+    b.op("Mul", ["last_bound_weight", "more_f"], "more_bound")
+    b.op("Add", ["head_bound", "more_bound"], "wider_bound")
+    b.op("Squeeze", ["p_mass", "axis1"], "p_mass_row")
+    b.op("Less", ["wider_bound", "p_mass_row"], "outgrows")
+    b.op("Not", ["head_holds"], "head_kept_whole")
+    b.op("Not", ["top_p_off_row"], "top_p_on_row")
+    b.op("And", ["head_kept_whole", "top_p_on_row"], "p_crosses_later")
+    b.op("And", ["p_crosses_later", "edge_known"], "p_judged")
+    b.op("And", ["p_judged", "outgrows"], "top_p_past")
+    b.op("Or", ["top_k_past", "top_p_past"], "past_wider")
+    b.op("And", ["past_wider", "sampling"], "hopeless")
+    b.op("Or", ["exact", "hopeless"], "settled")
+    b.op("Not", ["settled"], "widen")
+
+
+def draw(b: Builder) -> None:
+    """`token` and its `logprob`: greedy takes the head's first; a draw, of the kept ids in id order (the
+    others after them), the first whose cumulative weight passes uniform * total (numpy's searchsorted,
+    right)."""
     b.op("Where", ["kept", "head_ids", "past_ids"], "kept_ids_first")
     b.op("TopK", ["kept_ids_first", "k"], ["by_id", "by_id_rank"], axis=1, largest=0, sorted=1)
-    b.op("Cast", ["kept"], "kept_f", to=TensorProto.FLOAT)
-    b.op("Mul", ["head_weights", "kept_f"], "head_draw_weights")
+    b.op("Where", ["kept", "head_weights", "zero_f"], "head_draw_weights")
     b.op("GatherElements", ["head_draw_weights", "by_id_rank"], "draw_weights", axis=1)
     b.op("CumSum", ["draw_weights", "axis1_s"], "draw_cum")
     b.op("ReduceMax", ["draw_cum", "axis1"], "draw_total", keepdims=1)
@@ -172,27 +306,28 @@ def build(dtype: str) -> onnx.ModelProto:
     b.op("LessOrEqual", ["draw_cum", "target"], "passed")
     b.op("Cast", ["passed"], "passed_i", to=TensorProto.INT64)
     b.op("ReduceSum", ["passed_i", "axis1"], "drawn", keepdims=0)
-    b.op("Cast", ["kept"], "kept_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["kept_i", "axis1"], "kept_count", keepdims=0)
-    b.op("Sub", ["kept_count", "one_i"], "last_kept")
     b.op("Min", ["drawn", "last_kept"], "drawn_clipped")
-    b.op("Unsqueeze", ["drawn_clipped", "axis1"], "drawn_col")
-    b.op("GatherElements", ["by_id_rank", "drawn_col"], "drawn_head_col", axis=1)  # its place in the head
-    b.op("Squeeze", ["drawn_head_col", "axis1"], "drawn_head")
+    at(b, "by_id_rank", "drawn_clipped", "drawn_head")  # its place in the head
     b.op("Where", ["sampling", "drawn_head", "zero_i"], "rank")
-    b.op("Unsqueeze", ["rank", "axis1"], "rank_col")
-    b.op("GatherElements", ["head_ids", "rank_col"], "token_col", axis=1)
-    b.op("Squeeze", ["token_col", "axis1"], "token")
-    b.op("GatherElements", ["head", "rank_col"], "token_shifted", axis=1)
-    b.op("Sub", ["token_shifted", "log_mass"], "logprob_col")
-    b.op("Squeeze", ["logprob_col", "axis1"], "logprob")
-
-    # the top ids and their log-probabilities
+    at(b, "head_ids", "rank", "token")
+    at(b, "head_logprobs", "rank", "logprob")
     b.op("Min", ["vocab", "top_cap"], "n")
     b.op("Slice", ["head_ids", "zero_1d", "n", "axis1"], "top_ids")
-    b.op("Slice", ["head", "zero_1d", "n", "axis1"], "top_shifted")
-    b.op("Sub", ["top_shifted", "log_mass"], "top_logprobs")
+    b.op("Slice", ["head_logprobs", "zero_1d", "n", "axis1"], "top_logprobs")
 
+
+def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onnx.ModelProto:
+    """The pass for logits of `dtype`, any vocabulary size, looking at `width` of each row (N = min(V, TOP));
+    `widen` says which rows a pass with a head of `wider` ids might pick (default: this width's)."""
+    b = Builder()
+    constants(b, width)
+    processed(b, dtype)
+    candidates(b)
+    head(b)
+    filters(b)
+    exactness(b)
+    widening(b, wider or width.head)
+    draw(b)
     rows = lambda name, kind: helper.make_tensor_value_info(name, kind, ["R"])
     table = lambda name, kind, width: helper.make_tensor_value_info(name, kind, ["R", width])
     inputs = [
@@ -203,6 +338,7 @@ def build(dtype: str) -> onnx.ModelProto:
         rows("top_p", TensorProto.FLOAT),  # 1: off
         rows("min_p", TensorProto.FLOAT),  # 0: off
         rows("uniform", TensorProto.FLOAT),  # the row's draw in [0, 1)
+        rows("top", TensorProto.INT64),  # the top log-probabilities it asks for
         table("bias_ids", TensorProto.INT64, "M"),
         table("bias_values", TensorProto.FLOAT, "M"),
     ]
@@ -212,22 +348,27 @@ def build(dtype: str) -> onnx.ModelProto:
         table("top_ids", TensorProto.INT64, "N"),
         table("top_logprobs", TensorProto.FLOAT, "N"),
         rows("exact", TensorProto.BOOL),
+        rows("widen", TensorProto.BOOL),
     ]
-    graph = helper.make_graph(b.nodes, f"attnserve_logits_pass_{dtype}", inputs, outputs, b.constants)
+    name = f"attnserve_logits_pass_{width.name}_{dtype}"
+    graph = helper.make_graph(b.nodes, name, inputs, outputs, b.constants)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="attnserve")
     model.ir_version = 8  # ONNX Runtime 1.20's oldest
     onnx.checker.check_model(model)
     return model
 
 
-def serialized(dtype: str) -> bytes:
-    return build(dtype).SerializeToString(deterministic=True)
+def serialized(dtype: str, width: Width) -> bytes:
+    """The graph of `width` for `dtype`, whose `widen` looks ahead to the next width's head."""
+    wider = WIDTHS[WIDTHS.index(width) + 1].head if width != WIDTHS[-1] else None
+    return build(dtype, width, wider).SerializeToString(deterministic=True)
 
 
 def main() -> int:
     for dtype in DTYPES:
-        graph_path(dtype).write_bytes(serialized(dtype))
-        print(graph_path(dtype))
+        for width in WIDTHS:
+            graph_path(dtype, width.name).write_bytes(serialized(dtype, width))
+            print(graph_path(dtype, width.name))
     return 0
 
 

@@ -1,11 +1,12 @@
 """The batched logits pass: one run of a small ONNX graph over a decode step's logits where they are.
 
-The graph (logits_pass.<dtype>.onnx beside this file, written by export/logits_pass_graph.py)
-runs on the model's own provider, on the same CUDA stream as its session, fed the step's logits
-buffer by IO binding (nothing is copied to the host first). For each row it is asked about it
+The graphs (logits_pass.<width>.<dtype>.onnx beside this file, written by export/logits_pass_graph.py)
+run on the model's own provider, on the same CUDA stream as its session, fed the step's logits
+buffer by IO binding (nothing is copied to the host first). For each row it is asked about, a graph
 applies the row's PassRow (seam.py: bias and bans, temperature, min-p, top-k, top-p, greedy or a
 draw) and brings back only the token, its log-probability and the top ids: a few bytes a row
-instead of the row. A row whose filters keep more ids than the graph's head comes back as not
+instead of the row. The narrow graph looks at fewer ids and costs less; a row it cannot pick exactly
+goes through the wide one; a row whose filters keep more ids than that one looks at comes back as not
 picked; its runner reads that row and the engine picks it on the host by the same steps
 (engine/sampling.py, the pass's oracle). Knows nothing of requests or scheduling.
 """
@@ -28,15 +29,18 @@ HERE = Path(__file__).resolve().parent
 # a run's fixed cost, then a cost per row and per id. On the CPU provider a row is passed only where
 # that saves time; on CUDA every row is (a row picked on the host is a row across the bus).
 HOST_NS_PER_ID = {"argmax": 0.4, "logprobs": 15.0, "draw": 50.0}
-PASS_RUN_US = 110.0
-PASS_ROW_US = 20.0
-PASS_NS_PER_ID = 5.0
-OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact")
+PASS_RUN_US = 90.0
+PASS_ROW_US = 43.0
+PASS_NS_PER_ID = 1.8
+OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact", "widen")
 
 
-def graph_file(dtype: str) -> Path:
-    """The pass for logits of `dtype` (float32, float16, bfloat16)."""
-    return HERE / f"logits_pass.{dtype}.onnx"
+WIDTHS = ("narrow", "wide")  # every row goes through the narrow pass, a row it cannot pick through the wide one
+
+
+def graph_file(dtype: str, width: str = "narrow") -> Path:
+    """The pass for logits of `dtype` (float32, float16, bfloat16) that looks at `width` of a row."""
+    return HERE / f"logits_pass.{width}.{dtype}.onnx"
 
 
 def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.ndarray]:
@@ -57,6 +61,7 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
         "top_p": column([p.top_p for p in plan], np.float32),
         "min_p": column([p.min_p for p in plan], np.float32),
         "uniform": column([p.uniform for p in plan], np.float32),
+        "top": column([p.top for p in plan], np.int64),
         "bias_ids": bias_ids,
         "bias_values": bias_values,
     }
@@ -86,8 +91,9 @@ class LogitsPass:
     """The pass on one device, for logits of one dtype; `mode` says which rows it picks (worth_passing)."""
 
     def __init__(self, dtype: str, device: Device, threads: int = 0, mode: str = "auto"):
+        """A session of each width's graph on `device` (the model's), with `threads` intra-op threads."""
         provider = "cpu" if device.kind == "cpu" else "cuda"
-        self.session = create_session(graph_file(dtype), provider, threads, device.stream)
+        self.sessions = [create_session(graph_file(dtype, width), provider, threads, device.stream) for width in WIDTHS]
         self.device, self.mode = device, mode
 
     def worth(self, plan: Sequence[PassRow], vocab: int) -> list[bool]:
@@ -96,8 +102,26 @@ class LogitsPass:
 
     def run(self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]) -> list[Pick | None]:
         """Rows `rows` of `logits` (slots, 1, V), each picked by its PassRow in `plan`: a Pick, or None
-        where the row's filters keep more ids than the graph looks at (pick it on the host)."""
-        binding = self.session.io_binding()
+        where the row's filters keep more ids than the wide pass looks at (pick it on the host). Every row
+        goes through the narrow pass; those it cannot pick exactly, through the wide one."""
+        picks: list[Pick | None] = [None] * len(plan)
+        left = list(range(len(plan)))
+        for width in range(len(self.sessions)):
+            ran, widen = self.run_width(width, logits, [rows[i] for i in left], [plan[i] for i in left])
+            for i, pick in zip(left, ran):
+                picks[i] = pick
+            left = [i for i, wider in zip(left, widen) if wider]
+            if not left:
+                break
+        return picks
+
+    def run_width(
+        self, width: int, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]
+    ) -> tuple[list[Pick | None], list[bool]]:
+        """run() through the graph of WIDTHS[width] alone: None where it cannot pick the row exactly; and
+        for each row whether a wider pass might (False where it picked the row)."""
+        session = self.sessions[width]
+        binding = session.io_binding()
         if isinstance(logits, ort.OrtValue):
             binding.bind_ortvalue_input("logits", logits)
         else:
@@ -106,9 +130,9 @@ class LogitsPass:
             binding.bind_cpu_input(name, value)
         for name in OUTPUTS:
             binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding)
-        token, logprob, top_ids, top_logprobs, exact = (value.numpy() for value in binding.get_outputs())
-        return [
+        session.run_with_iobinding(binding)
+        token, logprob, top_ids, top_logprobs, exact, widen = (value.numpy() for value in binding.get_outputs())
+        picks = [
             Pick(
                 int(token[i]),
                 float(logprob[i]),
@@ -118,3 +142,4 @@ class LogitsPass:
             else None
             for i, p in enumerate(plan)
         ]
+        return picks, widen.tolist()

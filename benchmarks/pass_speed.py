@@ -1,0 +1,121 @@
+"""The batched logits pass alone, two checkouts against each other: one LogitsPass.run over R rows of
+V random logits shaped like a model's (a few likely ids over a long tail), per request kind.
+
+Each side runs in a process of its own with its checkout first on sys.path (so two versions of the
+pass compare on one machine), one intra-op thread each by default, spinning off as served. Each
+round runs both sides (the order flips every round); each side times --calls runs after a warm-up
+and reports the fastest of five such batches. Reports each side's median microseconds per run with
+min and max and b/a per round, and how many rows each side picked (the rest go to the host); then
+one JSON object last. Torch-free.
+
+    python -m benchmarks.pass_speed --tree-a DIR [--tree-b DIR] [--vocab 50257] [--rows 1,16]
+        [--threads 1] [--repeats 5] [--out F.json]
+
+A before/after of a change: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from attnserve.report_stamp import Stamp
+from benchmarks.serving import spread
+
+HERE = Path(__file__).resolve().parent.parent
+# each kind's PassRow fields (temperature, top_k, top_p, min_p, uniform, bias, top)
+KINDS = {
+    "top_k": (1.0, 50, 1.0, 0.0, 0.4, (), 0),
+    "top_p": (0.8, 0, 0.95, 0.0, 0.4, (), 0),
+    "logprobs": (0.0, 0, 1.0, 0.0, 0.0, (), 5),
+    "ignore_eos": (0.0, 0, 1.0, 0.0, 0.0, ((0, float("-inf")),), 0),
+}
+TIMING = """
+import json, sys, time
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from attnserve.engine.seam import PassRow
+from attnserve.runtime.arena import Device
+from attnserve.runtime.logits_pass import LogitsPass
+vocab, rows, threads, calls, kind = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+fields = json.loads(sys.argv[7])
+fields[5] = tuple(tuple(pair) for pair in fields[5])
+rng = np.random.default_rng(0)
+logits = rng.normal(0, 1, (rows, 1, vocab)).astype(np.float32)
+for row in range(rows):
+    logits[row, 0, rng.integers(0, vocab, 20)] += rng.uniform(6, 12)
+plan = [PassRow(*fields)] * rows
+p = LogitsPass("float32", Device(), threads=threads, mode="on")
+for _ in range(10):
+    picks = p.run(logits, list(range(rows)), plan)
+best = float("inf")
+for _ in range(5):
+    start = time.perf_counter()
+    for _ in range(calls):
+        p.run(logits, list(range(rows)), plan)
+    best = min(best, (time.perf_counter() - start) / calls * 1e6)
+print(json.dumps({"us": best, "picked": sum(pick is not None for pick in picks)}))
+"""
+
+
+def timed(tree: str, vocab: int, rows: int, threads: int, calls: int, kind: str) -> dict:
+    """One side's run in a process of its own: microseconds per call, rows picked."""
+    argv = [tree, str(vocab), str(rows), str(threads), str(calls), kind, json.dumps(KINDS[kind])]
+    out = subprocess.run([sys.executable, "-c", TIMING, *argv], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree-a", required=True, help="side a's checkout, e.g. a git worktree of the commit before")
+    p.add_argument("--tree-b", default=str(HERE), help="side b's checkout (default: this one)")
+    p.add_argument("--vocab", type=int, default=50257, help="ids per row")
+    p.add_argument("--rows", default="1,16", help="comma-separated rows per run")
+    p.add_argument("--threads", type=int, default=1, help="the pass's intra-op threads")
+    p.add_argument("--calls", type=int, default=30, help="runs per timed batch")
+    p.add_argument("--repeats", type=int, default=5, help="rounds, the sides alternating; medians reported")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    p.add_argument("--out", help="write the JSON result here")
+    args = p.parse_args(argv)
+    stamp = Stamp.start(provider="cpu")
+    trees = {"a": str(Path(args.tree_a).resolve()), "b": str(Path(args.tree_b).resolve())}
+    results = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        for kind in args.kinds.split(","):
+            runs: dict[str, list[dict]] = {"a": [], "b": []}
+            for round_ in range(args.repeats):
+                for side in "ab" if round_ % 2 == 0 else "ba":
+                    runs[side].append(timed(trees[side], args.vocab, rows, args.threads, args.calls, kind))
+            us = {side: [run["us"] for run in runs[side]] for side in runs}
+            row = {
+                "rows": rows,
+                "kind": kind,
+                "us": {side: spread(values) for side, values in us.items()},
+                "picked": {side: runs[side][-1]["picked"] for side in runs},
+                "b_over_a": spread([b / a for a, b in zip(us["a"], us["b"])]),
+            }
+            results.append(row)
+            a, b, r, picked = row["us"]["a"], row["us"]["b"], row["b_over_a"], row["picked"]
+            print(
+                f"{rows:>3} rows {kind:<10} a {a['median']:>7,.0f} us  b {b['median']:>7,.0f} us  "
+                f"b/a {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})  picked a {picked['a']} b {picked['b']}",
+                flush=True,
+            )
+    settings = {"trees": trees, "vocab": args.vocab, "threads": args.threads, "calls": args.calls}
+    result = {
+        "title": "The batched logits pass alone, two checkouts",
+        "stamp": stamp.finish(),
+        "settings": settings,
+        "results": results,
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

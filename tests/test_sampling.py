@@ -1,0 +1,66 @@
+"""The host's top-p (engine/sampling.py's top_p_crossing, which sorts one bucket of a row, not the row)
+against its definition by a full sort, on rows peaked, flat, tied and degenerate; and the host's draw
+under top-p against the distribution it leaves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_logits_pass import chi_square_p
+
+from attnserve.engine.domain import SamplingParams
+from attnserve.engine.sampling import BUCKETS, Sampler, kept, top_p_crossing
+
+
+def by_sort(values: np.ndarray, top_p: float) -> tuple[int, float]:
+    """The definition: sorted descending, the shortest prefix whose mass before its last is below p of all."""
+    ordered = np.sort(values)[::-1]
+    weights = np.exp(ordered)
+    count = int(np.count_nonzero(np.cumsum(weights) - weights < top_p * weights.sum()))
+    return count, float(ordered[count - 1])
+
+
+def shapes(rng: np.random.Generator) -> list[np.ndarray]:
+    """Log-weights (the largest 0) as rows come: peaked, flat, tied, two values, one value, a far outlier."""
+    peaked = rng.normal(0, 1, 5000)
+    peaked[rng.integers(0, 5000, 20)] += 9
+    rows = [peaked, rng.normal(0, 0.05, 50257), np.round(rng.normal(0, 1, 3000), 1), np.array([0.0, -1.0] * 50)]
+    rows += [np.zeros(7), np.append(rng.normal(0, 0.1, 1000), -1e6)]  # one value; a far one: most share a bucket
+    return [row - row.max() for row in rows]
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
+def test_top_p_crossing_is_the_sorted_prefix(top_p):
+    """How many ids top-p keeps and the last one's value: the full sort's, on every shape."""
+    for values in shapes(np.random.default_rng(int(top_p * 1000))):
+        assert top_p_crossing(values, top_p) == by_sort(values, top_p), (values.size, top_p)
+
+
+def test_a_bucket_holds_every_value_and_the_answer_holds():
+    """Values spread over far fewer distinct levels than BUCKETS, and over far more: the same answers."""
+    rng = np.random.default_rng(9)
+    few = -rng.integers(0, 3, 10_000).astype(np.float64) / 7
+    many = -rng.random(20 * BUCKETS) * 3
+    for values in (few - few.max(), many - many.max()):
+        for top_p in (0.3, 0.8, 0.97):
+            assert top_p_crossing(values, top_p) == by_sort(values, top_p)
+
+
+def test_ties_at_the_crossing_keep_the_lower_ids():
+    """Four ids tied at the crossing, top-p needing two of them: the two lower ids are kept."""
+    scaled = np.log(np.array([0.1, 0.3, 0.1, 0.3, 0.1, 0.1]))  # ids 1 and 3 at 0.3, then 0, 2, 4, 5 at 0.1
+    keep, _ = kept(scaled, 0.0, 0, 0.75)  # the mass before each: 0, 0.3, 0.6, 0.7 (< 0.75: kept), 0.8
+    assert np.flatnonzero(keep).tolist() == [0, 1, 2, 3]
+
+
+def test_the_hosts_top_p_draws_follow_the_distribution():
+    """100,000 seeded positions of one Sampler under temperature 1 and top-p 0.8 over fixed logits: the
+    counts pass a chi-square test against the distribution top-p leaves, and no dropped id comes."""
+    p = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])
+    logits = np.log(p).astype(np.float32)
+    sampler = Sampler(SamplingParams(temperature=1.0, top_p=0.8, seed=11), p.size)
+    counts = np.bincount([sampler(logits) for _ in range(100_000)], minlength=p.size)
+    keep = (np.cumsum(p) - p) < 0.8 * p.sum()
+    expected = np.where(keep, p, 0) / p[keep].sum()
+    assert not counts[~keep].any()
+    assert chi_square_p(counts[keep], expected[keep] * 100_000) > 0.001
