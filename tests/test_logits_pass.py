@@ -14,18 +14,19 @@ import onnxruntime as ort
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
-from attnserve.engine.sampling import counter_uniform, pick_row
+from attnserve.engine.sampling import counter_uniform, log_softmax, pick_row, processed_row
 from attnserve.engine.seam import PassRow
 from attnserve.engine.sequence import Sequence
 from attnserve.export import logits_pass_graph
 from attnserve.runtime.arena import Device
-from attnserve.runtime.logits_pass import LogitsPass, graph_file, worth_passing
+from attnserve.runtime.logits_pass import LogitsPass, draws_whole, graph_file, worth_passing
 from attnserve.runtime.ort_session import BFLOAT16
 
 V = 3001
 TIMEOUT = 120
 PROMPTS = [f"def f{i}(x):" for i in range(8)]
-# what production asks, each served by the pass: sampling (top-p, top-k, min-p), logprobs, fixed length, a bias
+# what production asks, each served by the pass: sampling (top-p, top-k, min-p), logprobs, fixed length, a bias,
+# the penalties
 KINDS = [
     {"temperature": 0.8, "top_p": 0.95, "seed": 7},
     {"temperature": 1.0, "top_k": 50, "seed": 3, "logprobs": 2},
@@ -33,6 +34,8 @@ KINDS = [
     {"logprobs": 5},
     {"ignore_eos": True},
     {"logit_bias": {101: -100.0, 32: 3.0}},
+    {"temperature": 0.7, "repetition_penalty": 1.3, "seed": 2},
+    {"presence_penalty": 1.0, "frequency_penalty": 0.5, "logprobs": 3},
 ]
 
 
@@ -67,6 +70,24 @@ def plans(rng: np.random.Generator, n: int, vocab: int = V) -> list[PassRow]:
     return out
 
 
+def penalized(rng: np.random.Generator, rows: np.ndarray, plan: list[PassRow]) -> list[PassRow]:
+    """Penalties on some of `plan`'s rows, at ids that matter: a row's 10 likeliest and 30 others seen
+    (repetition 1.3 or 0.7), its 5 likeliest and 10 others occurred 1 to 4 times (presence and
+    frequency, either sign)."""
+    out = []
+    for i, (row, p) in enumerate(zip(rows, plan)):
+        likeliest = np.argsort(row)[::-1]
+        if i % 3 == 1:
+            seen = np.unique(np.concatenate([likeliest[:10], rng.choice(row.size, 30, replace=False)]))
+            p = replace(p, repetition=[1.3, 0.7][i % 2], seen=rng.permutation(seen))
+        if i % 4 == 2:
+            occurred = np.unique(np.concatenate([likeliest[:5], rng.choice(row.size, 10, replace=False)]))
+            counts = rng.integers(1, 5, occurred.size)
+            p = replace(p, presence=[0.5, -0.4][i % 2], frequency=[0.3, -0.2][i % 2], occurred=occurred, counts=counts)
+        out.append(p)
+    return out
+
+
 def test_the_checked_in_graphs_are_what_the_builder_writes():
     """`python -m attnserve.export.logits_pass_graph` wrote the graphs the package serves."""
     for dtype in logits_pass_graph.DTYPES:
@@ -76,20 +97,33 @@ def test_the_checked_in_graphs_are_what_the_builder_writes():
 
 def test_the_pass_picks_what_the_oracle_picks(pass_cpu):
     """Greedy ids exact, drawn ids exact (one uniform number each, the same steps), log-probabilities
-    within 1e-5, the top ids exact, on 128 rows of every combination; rows the head cannot hold come
-    back unpicked, and are rare on rows shaped like a model's."""
+    within 1e-5, the top ids exact, on 128 rows of every combination, penalties among them; rows the
+    head cannot hold come back unpicked, and are rare on rows shaped like a model's."""
     rng = np.random.default_rng(0)
     rows = random_rows(rng, 128)
-    plan = plans(rng, 128)
+    plan = penalized(rng, rows, plans(rng, 128))
     picks = pass_cpu.run(rows[:, None, :], list(range(128)), plan)
     held = [i for i, pick in enumerate(picks) if pick is not None]
     assert len(held) >= 100, len(held)
     for i in held:
         ours, oracle = picks[i], pick_row(rows[i], plan[i])
-        assert ours.token == oracle.token, (i, plan[i])
+        if draws_whole(plan[i], V):
+            assert_drawn_at(rows[i], plan[i], ours.token)
+        else:
+            assert ours.token == oracle.token, (i, plan[i])
         assert ours.logprob == pytest.approx(oracle.logprob, abs=1e-5)
         assert [t for t, _ in ours.top] == [t for t, _ in oracle.top], i
         assert np.allclose([lp for _, lp in ours.top], [lp for _, lp in oracle.top], atol=1e-5)
+
+
+def assert_drawn_at(logits: np.ndarray, row: PassRow, token: int, tolerance: float = 1e-5) -> None:
+    """`token` is where the row's uniform number falls in its distribution over every id in id order
+    (the oracle's steps in float64), to within `tolerance` of an edge: the whole pass sums in float32."""
+    probabilities = np.exp(log_softmax(processed_row(logits, row)))
+    cumulative = np.cumsum(probabilities)
+    target = row.uniform * cumulative[-1]
+    assert probabilities[token] > 0, token
+    assert cumulative[token] - probabilities[token] - tolerance <= target <= cumulative[token] + tolerance, token
 
 
 def test_a_row_the_head_cannot_hold_comes_back_unpicked(pass_cpu):
@@ -104,13 +138,13 @@ def test_a_row_the_head_cannot_hold_comes_back_unpicked(pass_cpu):
     assert picks[3] is not None and picks[3].token == pick_row(logits[1, 0], PassRow(1.0, 10, 1.0, 0.0, 0.5)).token
 
 
-@pytest.mark.parametrize("width", [0, 1], ids=["narrow", "wide"])
+@pytest.mark.parametrize("width", ["narrow", "wide"])
 def test_a_row_each_width_calls_exact_is_the_oracles_pick(pass_cpu, width):
     """Each width alone, on rows of 20,011 ids (1,251 groups: both leave groups out), peaked, flat and
     tied, under every plan (and top-k 100, past the narrow pass's candidates on a flat row): where it
     says exact, its pick is the oracle's; and it says so of most peaked rows."""
     vocab = 20_011
-    rng = np.random.default_rng(4 + width)
+    rng = np.random.default_rng(4)
     rows = random_rows(rng, 96, vocab)
     rows[1::3] *= 0.05  # flat: its top-p and min-p rows keep thousands of ids
     plan = [replace(p, top_k=100) if i % 5 == 2 else p for i, p in enumerate(plans(rng, 96, vocab))]
@@ -135,8 +169,8 @@ def test_the_narrow_pass_widens_only_rows_the_wide_one_might_pick(pass_cpu):
         rows[i, rng.choice(vocab, [0, 20, 100, 200, 400][i % 5], replace=False)] += 9
     kinds = [PassRow(0.8, 0, 0.95, 0.0, 0.3), PassRow(1.0, 150, 1.0, 0.0, 0.3), PassRow(1.0, 300, 1.0, 0.0, 0.3)]
     plan = [kinds[i % 3] for i in range(n)]
-    narrow, widen = pass_cpu.run_width(0, rows[:, None, :], list(range(n)), plan)
-    wide, _ = pass_cpu.run_width(1, rows[:, None, :], list(range(n)), plan)
+    narrow, widen = pass_cpu.run_width("narrow", rows[:, None, :], list(range(n)), plan)
+    wide, _ = pass_cpu.run_width("wide", rows[:, None, :], list(range(n)), plan)
     for i in range(n):
         if narrow[i] is None and not widen[i]:
             assert wide[i] is None, (i, plan[i])
@@ -145,6 +179,29 @@ def test_the_narrow_pass_widens_only_rows_the_wide_one_might_pick(pass_cpu):
     widened = [i for i in range(n) if widen[i]]
     assert widened and sum(wide[i] is not None for i in widened) >= 0.5 * len(widened)
     assert not widen[0]  # flat, top-p 0.95
+
+
+def test_a_draw_from_the_whole_distribution_is_picked_whatever_its_width(pass_cpu):
+    """Rows of 50,257 ids, flat and peaked, drawing with no top-k, top-p or min-p (some penalized, some
+    banning an id, some asking logprobs): the whole pass picks every one, where its uniform number falls
+    in the distribution over every id (to within float32's sums), never a banned id."""
+    vocab, n = 50_257, 24
+    rng = np.random.default_rng(6)
+    rows = rng.normal(0, 1, (n, vocab)).astype(np.float32)
+    rows[::2, :50] += 6  # peaked
+    plan = [
+        PassRow([1.0, 0.7, 1.5][i % 3], 0, 1.0, 0.0, float(rng.random()), ((7, -np.inf),) if i % 4 == 0 else (), i % 3)
+        for i in range(n)
+    ]
+    plan = penalized(rng, rows, plan)
+    picks = pass_cpu.run(rows[:, None, :], list(range(n)), plan)
+    for i, pick in enumerate(picks):
+        assert pick is not None and draws_whole(plan[i], vocab)
+        assert_drawn_at(rows[i], plan[i], pick.token, tolerance=1e-4)
+        expected = log_softmax(processed_row(rows[i], plan[i]))
+        assert pick.logprob == pytest.approx(float(expected[pick.token]), abs=1e-5)
+        assert [t for t, _ in pick.top] == [int(t) for t in np.argsort(-expected, kind="stable")[: plan[i].top]]
+        assert not (plan[i].bias and pick.token == 7)
 
 
 def test_a_row_tied_at_the_left_out_groups_maximum_comes_back_unpicked(pass_cpu):

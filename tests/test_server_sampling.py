@@ -163,11 +163,15 @@ def test_presence_and_frequency_penalties_are_openais_formula():
     counts = np.zeros(V, dtype=np.int64)
     counts[[5, 9, 40]] = [1, 3, 2]
     expected = [float(logits[j]) - counts[j] * 0.7 - (counts[j] > 0) * 1.5 for j in range(V)]
-    assert apply_occurrence_penalties(logits, counts, 1.5, 0.7).tolist() == pytest.approx(expected, abs=1e-12)
+    ids = np.array([40, 5, 9])
+    penalized = apply_occurrence_penalties(logits, ids, counts[ids], 1.5, 0.7)
+    assert penalized.tolist() == pytest.approx(expected, abs=1e-12)
 
     sampler = Sampler(SamplingParams(presence_penalty=1.5, frequency_penalty=0.7), V, prompt_ids=(256, 65, 66))
     tokens = [sampler(logits) for _ in range(30)]
-    assert sampler.counts.tolist() == np.bincount(tokens, minlength=V).tolist()
+    occurred = np.zeros(V, dtype=np.int64)
+    occurred[sampler.occurred.ids] = sampler.occurred.counts
+    assert occurred.tolist() == np.bincount(tokens, minlength=V).tolist()
     assert not sampler.plain_greedy
 
 

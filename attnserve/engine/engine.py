@@ -7,25 +7,24 @@ benchmarks/kv.py also drives benchmarks/concat_runner.py; tests/test_engine.py a
 encoder-decoder models run the same loop (an encoder-decoder's prompt is its source; its decoder
 starts from BOS).
 
-One engine thread owns the runner. At every step boundary it drops cancelled and expired
-requests, starts queued ones in the runner's free slots (highest priority first, then in arrival
-order; a request of n completions when n slots are free: its prompt is prefilled once and the
-runner copies the slot to the other n - 1; a beam search request of k beams likewise, its k slots a
-beam group, beam_group.py), runs one round of prefill (fresh prompts together, one chunk of a long
-one), runs one decode step for the whole batch, and hands each request's rows to its search
-(search.py: a completion's own, one slot; a beam group's, k slots; routed by the slot's owner, never
-by its type): every plain greedy row's token is the batch's one argmax, every sampled one the runner's
-batched pass picked or its sampler picks on the host (penalties, bias, masked ids, logprobs). The
-step's events go to its outbox (outbox.py: the
-callers' event loops, one call_soon_threadsafe per loop a step; or the engine core's channel, core/step_writer.py).
-A caller on another thread ends a request at once with release (cancelled) or refuse (an error);
-the engine thread sends those endings at its next turn. While every row is plain greedy and no
-prompt waits, the runner runs up to MAX_BURST decode steps back to back instead (burst.py: each
-request takes its tokens when its Delta falls due; the step boundary's work waits for the burst's
-end). A request's deltas go on at its stream interval (its Sequence holds the tokens in between; a
-unary call's go with its end), so a paced stream wakes its caller, and crosses to the front end
-from the engine core's process, once per message, not once per token: the interval is paced here
-alone. ONNX Runtime releases the GIL while it runs.
+One engine thread owns the runner. At every step boundary it drops cancelled and expired requests,
+starts queued ones in the runner's free slots (highest priority first, then in arrival order; a request
+of n completions when n slots are free: its prompt is prefilled once and the runner copies the slot to
+the other n - 1; a beam search request of k beams likewise, its k slots a beam group, beam_group.py),
+runs one round of prefill (fresh prompts together, one chunk of a long one), runs one decode step for
+the whole batch, and hands each request's rows to its search (search.py: a completion's own, one slot; a
+beam group's, k slots; routed by the slot's owner, never by its type): every plain greedy row's token is
+the batch's one argmax, every sampled one the runner's batched pass picked or its sampler picks on the
+host (a grammar's masked ids; a row the pass could not hold). The step's events go to its outbox
+(outbox.py: the callers' event loops, one call_soon_threadsafe per loop a step; or the engine core's
+channel, core/step_writer.py). A caller on another thread ends a request at once with release
+(cancelled) or refuse (an error); the engine thread sends those endings at its next turn. While every
+row is plain greedy and no prompt waits, the runner runs up to MAX_BURST decode steps back to back
+instead (burst.py: each request takes its tokens when its Delta falls due; the step boundary's work
+waits for the burst's end). A request's deltas go on at its stream interval (its Sequence holds the
+tokens in between; a unary call's go with its end), so a paced stream wakes its caller, and crosses to
+the front end from the engine core's process, once per message, not once per token: the interval is
+paced here alone. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations

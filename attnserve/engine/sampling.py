@@ -14,6 +14,7 @@ pass where the logits are (seam.py); this module is that pass's oracle and its h
 from __future__ import annotations
 
 import secrets
+from dataclasses import replace
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from .seam import PassRow, Pick
 
 MASK64 = (1 << 64) - 1
 BUCKETS = 4096  # top_p_crossing's buckets of value
+MIN_PASSED_PENALTY = 1e-20  # a smaller repetition penalty could take a logit past float32's range in the pass
 
 
 def mix64(x: int) -> int:
@@ -38,19 +40,55 @@ def counter_uniform(seed: int, position: int) -> float:
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
-    """CTRL's penalty (as in Hugging Face): seen tokens' positive logits / penalty, negative * penalty.
-    In float64: a penalty near the smallest allowed would overflow float32 logits to inf (then NaN)."""
+    """CTRL's penalty (as in Hugging Face): seen tokens' positive logits / penalty, negative * penalty
+    (`seen`: their ids, or a bool per id). In float64: a penalty near the smallest allowed would
+    overflow float32 logits to inf (then NaN)."""
     out = logits.astype(np.float64)
     picked = out[seen]
     out[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
     return out
 
 
-def apply_occurrence_penalties(logits: np.ndarray, counts: np.ndarray, presence: float, frequency: float) -> np.ndarray:
+def apply_occurrence_penalties(
+    logits: np.ndarray, ids: np.ndarray, counts: np.ndarray, presence: float, frequency: float
+) -> np.ndarray:
     """OpenAI's presence and frequency penalties (as vLLM applies them): each id's logit less
-    `frequency` times its count in the completion and `presence` once if it occurs there at all.
-    The prompt's ids do not count. In float64, a copy."""
-    return logits.astype(np.float64) - (frequency * counts + presence * (counts > 0))
+    `frequency` times its count in the completion and `presence` once if it occurs there at all
+    (`ids` each once, with their `counts`). The prompt's ids do not count. In float64, a copy."""
+    out = logits.astype(np.float64)
+    out[ids] -= frequency * counts + presence
+    return out
+
+
+class Occurrences:
+    """Ids in the order they first came, each once, with how often each came: arrays that grow in place,
+    so that a step reads them without building them (a PassRow's views)."""
+
+    def __init__(self, ids: tuple[int, ...] = ()):
+        self._ids = np.empty(max(16, 2 * len(ids)), np.int64)
+        self._counts = np.zeros(self._ids.size, np.int64)
+        self.slots: dict[int, int] = {}
+        for token in ids:
+            self.add(token)
+
+    def add(self, token: int) -> None:
+        slot = self.slots.get(token)
+        if slot is None:
+            slot = len(self.slots)
+            if slot == self._ids.size:
+                self._ids = np.concatenate([self._ids, np.empty_like(self._ids)])
+                self._counts = np.concatenate([self._counts, np.zeros_like(self._counts)])
+            self.slots[token] = slot
+            self._ids[slot] = token
+        self._counts[slot] += 1
+
+    @property
+    def ids(self) -> np.ndarray:
+        return self._ids[: len(self.slots)]
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self._counts[: len(self.slots)]
 
 
 def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> np.ndarray:
@@ -141,11 +179,21 @@ def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tupl
     )
 
 
+def processed_row(logits: np.ndarray, row: PassRow) -> np.ndarray:
+    """A row (V,) as `row` has it before its filters, in float64: its penalties, its bias and bans (a
+    ban is its id's -inf bias), then its temperature (a greedy row's: none)."""
+    if row.repetition != 1.0:
+        logits = apply_repetition_penalty(logits, row.seen, row.repetition)
+    if row.presence != 0.0 or row.frequency != 0.0:
+        logits = apply_occurrence_penalties(logits, row.occurred, row.counts, row.presence, row.frequency)
+    biased = bias_and_ban(logits, row.bias, ())
+    return biased / row.temperature if row.temperature > 0 else biased
+
+
 def pick_row(logits: np.ndarray, row: PassRow) -> Pick:
-    """The batched pass's pick of one row (V,) in float64: what a Sampler with no penalty and no mask
-    picks, and the pass's oracle."""
-    biased = bias_and_ban(logits, row.bias, ())  # a ban is its id's -inf bias
-    scaled = biased / row.temperature if row.temperature > 0 else biased
+    """The batched pass's pick of one row (V,) in float64: what a Sampler with no grammar's mask picks,
+    and the pass's oracle."""
+    scaled = processed_row(logits, row)
     logprobs = log_softmax(scaled)
     greedy = row.temperature == 0
     token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
@@ -159,18 +207,19 @@ class Sampler:
         self.params = params
         self.seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.position = 0  # tokens taken so far: the next draw's counter
-        self.seen = np.zeros(vocab_size, dtype=bool)  # tokens of prompt and completion
-        self.seen[[i for i in prompt_ids if 0 <= i < vocab_size]] = True
-        self.counts = np.zeros(vocab_size, dtype=np.int64)  # each id's count in the completion
+        self.vocab_size = vocab_size
         p = params
         self.penalized = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        # kept for the penalties alone: the prompt's and completion's ids; the completion's, with their counts
+        seen = tuple(i for i in prompt_ids if 0 <= i < vocab_size) if self.penalized else ()
+        self.seen, self.occurred = Occurrences(seen), Occurrences()
         self.banned: tuple[int, ...] | None = None  # the bans of pass_row's last bias
         self.bias: tuple[tuple[int, float], ...] = ()  # the logit bias and those bans at -inf
 
     @property
     def plain_greedy(self) -> bool:
         """Greedy with no penalty and no bias: the token is the row's argmax, which the engine takes for
-        the whole batch at once (`seen` and `counts` then matter to nobody)."""
+        the whole batch at once (`seen` and `occurred` then matter to nobody)."""
         return self.params.greedy and not self.penalized and not self.params.logit_bias
 
     def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = (), allowed: np.ndarray | None = None) -> int:
@@ -192,13 +241,27 @@ class Sampler:
 
     def pass_row(self, banned: tuple[int, ...], top: int) -> PassRow | None:
         """This step's pick as the batched pass makes it (the same steps as processed() and take() with no
-        penalty and no mask), or None if this sampler penalizes: its counts stay on the host."""
+        mask), or None where the pass's float32 could overflow: a repetition penalty below
+        MIN_PASSED_PENALTY (the host's float64 does not)."""
         p = self.params
-        if self.penalized:
+        if p.repetition_penalty < MIN_PASSED_PENALTY:
             return None
         if banned is not self.banned:  # a Sequence's bans change once (min_new_tokens): the bias is kept
             self.banned, self.bias = banned, p.logit_bias + tuple((token, -np.inf) for token in banned)
-        return PassRow(p.temperature, p.top_k, p.top_p, p.min_p, 0.0 if p.greedy else self.uniform(), self.bias, top)
+        uniform = 0.0 if p.greedy else self.uniform()
+        row = PassRow(p.temperature, p.top_k, p.top_p, p.min_p, uniform, self.bias, top)
+        if not self.penalized:
+            return row
+        seen = self.seen.ids if p.repetition_penalty != 1.0 else row.seen
+        return replace(
+            row,
+            repetition=p.repetition_penalty,
+            presence=p.presence_penalty,
+            frequency=p.frequency_penalty,
+            seen=seen,
+            occurred=self.occurred.ids,
+            counts=self.occurred.counts,
+        )
 
     def uniform(self) -> float:
         """This step's uniform number (unused by greedy, drawn all the same: stateless)."""
@@ -209,9 +272,10 @@ class Sampler:
         bias, the ban and the mask, then (sampling) the temperature."""
         p = self.params
         if p.repetition_penalty != 1.0:
-            logits = apply_repetition_penalty(logits, self.seen, p.repetition_penalty)
+            logits = apply_repetition_penalty(logits, self.seen.ids, p.repetition_penalty)
         if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
-            logits = apply_occurrence_penalties(logits, self.counts, p.presence_penalty, p.frequency_penalty)
+            o = self.occurred
+            logits = apply_occurrence_penalties(logits, o.ids, o.counts, p.presence_penalty, p.frequency_penalty)
         if p.logit_bias or banned:
             logits = bias_and_ban(logits, p.logit_bias, banned)
         if allowed is not None:
@@ -227,7 +291,7 @@ class Sampler:
 
     def record(self, token: int) -> None:
         """`token` was taken (here or by the batched pass): for the penalties and the next draw's counter."""
-        if 0 <= token < self.seen.size:
-            self.seen[token] = True
-            self.counts[token] += 1
+        if self.penalized and 0 <= token < self.vocab_size:
+            self.seen.add(token)
+            self.occurred.add(token)
         self.position += 1

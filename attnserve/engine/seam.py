@@ -41,12 +41,19 @@ class PrefixReport:
     held_bytes: int = 0  # bytes of cached prefixes after the round
 
 
+def no_ids() -> np.ndarray:
+    return np.empty(0, np.int64)
+
+
 @dataclass(frozen=True)
 class PassRow:
-    """What the batched logits pass does to one row (a Sampler's pick with no penalty and no mask):
-    add `bias` (sparse; a banned id's is -inf), divide by `temperature` (0: greedy, the row's argmax),
-    keep by `min_p` (0: off), `top_k` (0: off) and `top_p` (1: off), then draw with `uniform` in
-    [0, 1) (sampling.draw); the token's log-probability comes back, and the `top` likeliest ids' too."""
+    """What the batched logits pass does to one row (a Sampler's pick with no grammar's mask): divide the
+    logits of the `seen` ids by `repetition` (multiply where negative), subtract `frequency` times each
+    of the `occurred` ids' `counts` and `presence` once, add `bias` (sparse; a banned id's is -inf),
+    divide by `temperature` (0: greedy, the row's argmax), keep by `min_p` (0: off), `top_k` (0: off) and
+    `top_p` (1: off), then draw with `uniform` in [0, 1) (sampling.draw); the token's log-probability
+    comes back, and the `top` likeliest ids' too. The id arrays may be views of the Sampler's: read them
+    before it takes its next token."""
 
     temperature: float
     top_k: int
@@ -55,6 +62,12 @@ class PassRow:
     uniform: float
     bias: tuple[tuple[int, float], ...] = ()
     top: int = 0
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    seen: np.ndarray = field(default_factory=no_ids, compare=False)  # the prompt's and completion's, once
+    occurred: np.ndarray = field(default_factory=no_ids, compare=False)  # the completion's, once each
+    counts: np.ndarray = field(default_factory=no_ids, compare=False)  # how often each occurred
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,7 @@ class Sequence:
 
     def pass_row(self) -> PassRow | None:
         """This step's pick as a runner's batched pass makes it, or None where its row must come to the
-        host: its grammar's mask, or a penalty's counts."""
+        host: its grammar's mask, or a penalty the pass's float32 could not hold (Sampler.pass_row)."""
         if self.mask is not None:
             return None
         return self.sampler.pass_row(self.banned(), self.request.logprobs or 0)

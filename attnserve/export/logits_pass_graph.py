@@ -2,14 +2,15 @@
 runtime/logits_pass.<width>.<dtype>.onnx (a serving host has ONNX Runtime, not onnx), run by
 runtime/logits_pass.py on the model's own provider, fed the decode step's logits where they are.
 
-One run over the rows that ask for it: each row's bias (sparse; a banned id's is -inf), its
+One run over the rows that ask for it: each row's penalties (repetition at its seen ids, presence
+and frequency at its completion's, sparse), its bias (sparse; a banned id's is -inf), its
 temperature and its log-softmax over the whole row; then, without sorting the row, the candidates:
 the ids of the groups of ROW_ALIGN ids with the largest maxima (every id above the last such
 group's maximum, the floor, is one); the head, the candidates' most likely ids (TopK: the sizes are
 fixed in the graph, no host-side k); min-p, top-k and top-p over the head; then greedy or one draw
 by inverse CDF over the kept ids in id order with the row's own uniform number. What comes back is
-small: each row's token, its log-probability under the processed distribution (after the bias
-and the temperature; before min-p, top-k and top-p, as vLLM's processed logprobs), the TOP most
+small: each row's token, its log-probability under the processed distribution (after the
+penalties, the bias and the temperature; before min-p, top-k and top-p, as vLLM's processed logprobs), the TOP most
 likely ids with theirs, and whether all of that is the whole row's (`exact`: every id it kept or
 reported is above the floor, and the head held every id the filters kept). The narrow width looks
 at 64 groups, the wide one at 256: a row the narrow pass cannot pick exactly goes through the wide
@@ -39,15 +40,18 @@ HERE = Path(__file__).resolve().parent.parent / "runtime"
 @dataclass(frozen=True)
 class Width:
     """How much of a row a pass looks at: the ids of its `groups` groups of ROW_ALIGN ids with the largest
-    maxima (the candidates), of which it keeps the `head` most likely."""
+    maxima (the candidates), of which it keeps the `head` most likely; a `whole` pass draws over every id
+    (its head only reports the top ids)."""
 
     name: str
     groups: int
     head: int
+    whole: bool = False
 
 
-# every row first goes through the narrow pass; a row it cannot pick exactly, through the wide one
-WIDTHS = (Width("narrow", 64, 128), Width("wide", 256, 256))
+# a row that filters (top-k, top-p, min-p) or is greedy first goes through the narrow pass, and one it
+# cannot pick exactly through the wide one; a row that draws from its whole distribution, the whole pass
+WIDTHS = (Width("narrow", 64, 128), Width("wide", 256, 256), Width("whole", 64, 128, whole=True))
 
 
 def graph_path(dtype: str, width: str = "narrow") -> Path:
@@ -114,12 +118,34 @@ def constants(b: Builder, width: Width) -> None:
     f32("minus_inf", -np.inf)
 
 
+def penalties(b: Builder, raw: str) -> None:
+    """`penalized` (R, V): the rows with CTRL's repetition penalty at their `seen` ids (a positive logit
+    divided by it, a negative one multiplied; an id twice writes the same value twice, so the padding
+    repeats one), then OpenAI's at their `occurred` ids (frequency times the count, and presence once;
+    a count of 0, the padding's, subtracts nothing)."""
+    b.op("GatherElements", [raw, "seen_ids"], "seen_logits", axis=1)
+    b.op("Unsqueeze", ["repetition", "axis1"], "repetition_col")
+    b.op("Div", ["seen_logits", "repetition_col"], "seen_divided")
+    b.op("Mul", ["seen_logits", "repetition_col"], "seen_multiplied")
+    b.op("Greater", ["seen_logits", "zero_f"], "seen_positive")
+    b.op("Where", ["seen_positive", "seen_divided", "seen_multiplied"], "seen_penalized")
+    b.op("ScatterElements", [raw, "seen_ids", "seen_penalized"], "repeated", axis=1)
+    b.op("Unsqueeze", ["frequency", "axis1"], "frequency_col")
+    b.op("Unsqueeze", ["presence", "axis1"], "presence_col")
+    b.op("Mul", ["occurred_counts", "frequency_col"], "by_count")
+    b.op("Greater", ["occurred_counts", "zero_f"], "occurred_once")
+    b.op("Where", ["occurred_once", "presence_col", "zero_f"], "by_presence")
+    b.op("Add", ["by_count", "by_presence"], "occurrence_penalty")
+    b.op("Neg", ["occurrence_penalty"], "occurrence_delta")
+    b.op("ScatterElements", ["repeated", "occurred_ids", "occurrence_delta"], "penalized", axis=1, reduction="add")
+
+
 def processed(b: Builder, dtype: str) -> None:
     """`logprobs` (R, V padded): each asked row's processed distribution, as log-probabilities: the row
-    (float32), its bias added (duplicates add; a banned id's -inf), -inf columns up to a multiple of
-    ROW_ALIGN (every row starts aligned, so a row's sums, vectorized from its first aligned element, add
-    in the same order whichever rows share its batch; and it splits into groups), over its temperature
-    (greedy rows: 1), log-softmaxed."""
+    (float32), its penalties applied (penalties), its bias added (duplicates add; a banned id's -inf),
+    -inf columns up to a multiple of ROW_ALIGN (every row starts aligned, so a row's sums, vectorized
+    from its first aligned element, add in the same order whichever rows share its batch; and it splits
+    into groups), over its temperature (greedy rows: 1), log-softmaxed."""
     b.op("Gather", ["logits", "rows"], "gathered", axis=0)
     b.op("Shape", ["logits"], "logits_shape")
     b.op("Slice", ["logits_shape", "minus1", "end"], "vocab")  # [V]
@@ -127,7 +153,8 @@ def processed(b: Builder, dtype: str) -> None:
     if dtype != "float32":
         b.op("Cast", ["raw"], "raw32", to=TensorProto.FLOAT)
     raw = "raw32" if dtype != "float32" else "raw"
-    b.op("ScatterElements", [raw, "bias_ids", "bias_values"], "unpadded", axis=1, reduction="add")
+    penalties(b, raw)
+    b.op("ScatterElements", ["penalized", "bias_ids", "bias_values"], "unpadded", axis=1, reduction="add")
     b.op("Sub", ["row_align", "vocab"], "short")
     b.op("Mod", ["short", "row_align"], "pad_width")
     b.op("Concat", ["zero_1d", "zero_1d", "zero_1d", "pad_width"], "pads", axis=0)
@@ -256,7 +283,7 @@ def exactness(b: Builder) -> None:
     b.op("And", ["kept_known", "top_k_known"], "draw_exact")
     b.op("Not", ["sampling"], "greedy")
     b.op("Or", ["draw_exact", "greedy"], "pick_exact")
-    b.op("And", ["pick_exact", "top_exact"], "exact")
+    b.op("And", ["pick_exact", "top_exact"], "head_exact")
 
 
 def widening(b: Builder, wider: int) -> None:
@@ -287,7 +314,7 @@ def widening(b: Builder, wider: int) -> None:
     b.op("And", ["p_judged", "outgrows"], "top_p_past")
     b.op("Or", ["top_k_past", "top_p_past"], "past_wider")
     b.op("And", ["past_wider", "sampling"], "hopeless")
-    b.op("Or", ["exact", "hopeless"], "settled")
+    b.op("Or", ["head_exact", "hopeless"], "settled")
     b.op("Not", ["settled"], "widen")
 
 
@@ -309,11 +336,46 @@ def draw(b: Builder) -> None:
     b.op("Min", ["drawn", "last_kept"], "drawn_clipped")
     at(b, "by_id_rank", "drawn_clipped", "drawn_head")  # its place in the head
     b.op("Where", ["sampling", "drawn_head", "zero_i"], "rank")
-    at(b, "head_ids", "rank", "token")
-    at(b, "head_logprobs", "rank", "logprob")
+    at(b, "head_ids", "rank", "head_token")
+    at(b, "head_logprobs", "rank", "head_logprob")
     b.op("Min", ["vocab", "top_cap"], "n")
     b.op("Slice", ["head_ids", "zero_1d", "n", "axis1"], "top_ids")
     b.op("Slice", ["head_logprobs", "zero_1d", "n", "axis1"], "top_logprobs")
+
+
+def whole_draw(b: Builder) -> None:
+    """`whole_token` and `whole_logprob`: a draw over every id of the row in id order, the first whose
+    cumulative weight passes uniform * total (numpy's searchsorted, right), in two levels: the groups'
+    weights, then the chosen group's ids. No filter: every id with a weight may come (a banned one has
+    none). Each level's last id with a weight is the most it takes (where rounding leaves the target at
+    the total)."""
+    b.op("Exp", ["groups"], "group_weights")  # (R, G, ROW_ALIGN)
+    b.op("ReduceSum", ["group_weights", "axis2"], "group_mass", keepdims=0)
+    b.op("CumSum", ["group_mass", "axis1_s"], "group_cum")
+    b.op("ArgMax", ["group_cum"], "last_group", axis=1, keepdims=0)  # the first at the total
+    at(b, "group_cum", "last_group", "whole_total")
+    b.op("Mul", ["uniform", "whole_total"], "whole_target")
+    b.op("Unsqueeze", ["whole_target", "axis1"], "whole_target_col")
+    b.op("LessOrEqual", ["group_cum", "whole_target_col"], "groups_passed")
+    b.op("Cast", ["groups_passed"], "groups_passed_i", to=TensorProto.INT64)
+    b.op("ReduceSum", ["groups_passed_i", "axis1"], "groups_before", keepdims=0)
+    b.op("Min", ["groups_before", "last_group"], "drawn_group")
+    at(b, "group_cum", "drawn_group", "drawn_group_cum")
+    at(b, "group_mass", "drawn_group", "drawn_group_mass")
+    b.op("Sub", ["drawn_group_cum", "drawn_group_mass"], "mass_before_group")
+    b.op("Unsqueeze", ["drawn_group", "axis1"], "drawn_group_index")
+    b.op("GatherND", ["group_weights", "drawn_group_index"], "in_group", batch_dims=1)  # (R, ROW_ALIGN)
+    b.op("CumSum", ["in_group", "axis1_s"], "in_group_cum")
+    b.op("Unsqueeze", ["mass_before_group", "axis1"], "mass_before_group_col")
+    b.op("Add", ["in_group_cum", "mass_before_group_col"], "id_cum")
+    b.op("LessOrEqual", ["id_cum", "whole_target_col"], "ids_passed")
+    b.op("Cast", ["ids_passed"], "ids_passed_i", to=TensorProto.INT64)
+    b.op("ReduceSum", ["ids_passed_i", "axis1"], "ids_before", keepdims=0)
+    b.op("ArgMax", ["in_group_cum"], "last_in_group", axis=1, keepdims=0)
+    b.op("Min", ["ids_before", "last_in_group"], "drawn_offset")
+    b.op("Mul", ["drawn_group", "align_i"], "drawn_first")
+    b.op("Add", ["drawn_first", "drawn_offset"], "whole_token")
+    at(b, "logprobs", "whole_token", "whole_logprob")
 
 
 def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onnx.ModelProto:
@@ -326,8 +388,18 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
     head(b)
     filters(b)
     exactness(b)
-    widening(b, wider or width.head)
     draw(b)
+    if width.whole:  # a draw over the whole row, exact where its top ids are; never widened
+        whole_draw(b)
+        b.op("Where", ["sampling", "whole_token", "head_token"], "token")
+        b.op("Where", ["sampling", "whole_logprob", "head_logprob"], "logprob")
+        b.op("Identity", ["top_exact"], "exact")
+        b.op("Xor", ["top_exact", "top_exact"], "not_widened")
+        b.op("Identity", ["not_widened"], "widen")
+    else:
+        widening(b, wider or width.head)
+        for name in ("token", "logprob", "exact"):
+            b.op("Identity", [f"head_{name}"], name)
     rows = lambda name, kind: helper.make_tensor_value_info(name, kind, ["R"])
     table = lambda name, kind, width: helper.make_tensor_value_info(name, kind, ["R", width])
     inputs = [
@@ -341,6 +413,12 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
         rows("top", TensorProto.INT64),  # the top log-probabilities it asks for
         table("bias_ids", TensorProto.INT64, "M"),
         table("bias_values", TensorProto.FLOAT, "M"),
+        rows("repetition", TensorProto.FLOAT),  # 1: off
+        rows("presence", TensorProto.FLOAT),  # 0: off
+        rows("frequency", TensorProto.FLOAT),  # 0: off
+        table("seen_ids", TensorProto.INT64, "S"),
+        table("occurred_ids", TensorProto.INT64, "C"),
+        table("occurred_counts", TensorProto.FLOAT, "C"),
     ]
     outputs = [
         rows("token", TensorProto.INT64),
@@ -359,8 +437,9 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
 
 
 def serialized(dtype: str, width: Width) -> bytes:
-    """The graph of `width` for `dtype`, whose `widen` looks ahead to the next width's head."""
-    wider = WIDTHS[WIDTHS.index(width) + 1].head if width != WIDTHS[-1] else None
+    """The graph of `width` for `dtype`, whose `widen` looks ahead to the next width's head (the wide
+    one's, from the narrow one)."""
+    wider = WIDTHS[1].head if width == WIDTHS[0] else None
     return build(dtype, width, wider).SerializeToString(deterministic=True)
 
 

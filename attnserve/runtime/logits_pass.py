@@ -28,14 +28,16 @@ HERE = Path(__file__).resolve().parent
 # (docs/design/decisions/logits-pass.md): on the host, by the work per id its PassRow asks; in the pass,
 # a run's fixed cost, then a cost per row and per id. On the CPU provider a row is passed only where
 # that saves time; on CUDA every row is (a row picked on the host is a row across the bus).
-HOST_NS_PER_ID = {"argmax": 0.4, "logprobs": 15.0, "draw": 50.0}
+HOST_NS_PER_ID = {"argmax": 0.4, "logprobs": 15.0, "draw": 50.0, "penalty": 0.6}
 PASS_RUN_US = 90.0
 PASS_ROW_US = 43.0
 PASS_NS_PER_ID = 1.8
 OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact", "widen")
 
 
-WIDTHS = ("narrow", "wide")  # every row goes through the narrow pass, a row it cannot pick through the wide one
+# a row that filters (or is greedy) goes through the narrow pass, and one it cannot pick through the wide one;
+# a row that draws from its whole distribution, through the whole pass
+NARROW, WIDE, WHOLE = WIDTHS = ("narrow", "wide", "whole")
 
 
 def graph_file(dtype: str, width: str = "narrow") -> Path:
@@ -45,7 +47,9 @@ def graph_file(dtype: str, width: str = "narrow") -> Path:
 
 def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.ndarray]:
     """The graph's inputs besides the logits: each planned row's index in the logits and its PassRow,
-    the sparse biases padded with (0, 0.0), which adds nothing."""
+    the sparse biases padded with (0, 0.0), which adds nothing; the seen ids padded with a seen id
+    (penalized twice to the same value) or 0 where the row penalizes none (its penalty is 1); the
+    occurred ids padded with (0, count 0), which subtracts nothing."""
     width = max((len(p.bias) for p in plan), default=0) or 1
     bias_ids = np.zeros((len(plan), width), np.int64)
     bias_values = np.zeros((len(plan), width), np.float32)
@@ -53,6 +57,13 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
         if p.bias:
             ids, values = zip(*p.bias)
             bias_ids[i, : len(ids)], bias_values[i, : len(ids)] = ids, values
+    seen = np.zeros((len(plan), max((p.seen.size for p in plan), default=0) or 1), np.int64)
+    occurred = np.zeros((len(plan), max((p.occurred.size for p in plan), default=0) or 1), np.int64)
+    counts = np.zeros(occurred.shape, np.float32)
+    for i, p in enumerate(plan):
+        if p.seen.size:
+            seen[i, : p.seen.size], seen[i, p.seen.size :] = p.seen, p.seen[0]
+        occurred[i, : p.occurred.size], counts[i, : p.counts.size] = p.occurred, p.counts
     column = lambda values, dtype: np.array(values, dtype)
     return {
         "rows": column(rows, np.int64),
@@ -64,27 +75,39 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
         "top": column([p.top for p in plan], np.int64),
         "bias_ids": bias_ids,
         "bias_values": bias_values,
+        "repetition": column([p.repetition for p in plan], np.float32),
+        "presence": column([p.presence for p in plan], np.float32),
+        "frequency": column([p.frequency for p in plan], np.float32),
+        "seen_ids": seen,
+        "occurred_ids": occurred,
+        "occurred_counts": counts,
     }
 
 
 def host_us(row: PassRow, vocab: int) -> float:
     """Microseconds to pick `row` on the host: a draw sorts, logprobs take a log-softmax and a partition,
-    a greedy row with bans or a bias only copies and takes its argmax."""
+    a greedy row with bans or a bias only copies and takes its argmax; penalties copy the row once more."""
     work = "draw" if row.temperature > 0 else "logprobs" if row.top else "argmax"
-    return HOST_NS_PER_ID[work] * vocab / 1000
+    penalized = row.repetition != 1.0 or row.presence != 0.0 or row.frequency != 0.0
+    return (HOST_NS_PER_ID[work] + penalized * HOST_NS_PER_ID["penalty"]) * vocab / 1000
+
+
+def draws_whole(row: PassRow, vocab: int) -> bool:
+    """The row draws from its whole distribution: it samples, and no top-k, top-p or min-p keeps less."""
+    return row.temperature > 0 and row.top_p >= 1.0 and row.min_p <= 0.0 and not 0 < row.top_k < vocab
 
 
 def worth_passing(plan: Sequence[PassRow], vocab: int, device: Device, mode: str = "auto") -> list[bool]:
     """Which rows of `plan` the pass should pick (`mode` auto; on: all; off: none): on CUDA all; on the CPU
     those whose host work costs more than their share of the pass, if together they save more than the
-    run's fixed cost."""
+    run's fixed cost; and a row that draws from its whole distribution always (the pass's float32 sums
+    may part from the host's float64 at an id's edge, so such a row takes one side whatever its batch)."""
     if mode != "auto" or device.kind != "cpu":
         return [mode != "off"] * len(plan)
     share = PASS_ROW_US + PASS_NS_PER_ID * vocab / 1000
     saving = [host_us(row, vocab) - share for row in plan]
-    if sum(s for s in saving if s > 0) <= PASS_RUN_US:
-        return [False] * len(plan)
-    return [s > 0 for s in saving]
+    worth = sum(s for s in saving if s > 0) > PASS_RUN_US
+    return [draws_whole(row, vocab) or (worth and s > 0) for row, s in zip(plan, saving)]
 
 
 class LogitsPass:
@@ -93,7 +116,9 @@ class LogitsPass:
     def __init__(self, dtype: str, device: Device, threads: int = 0, mode: str = "auto"):
         """A session of each width's graph on `device` (the model's), with `threads` intra-op threads."""
         provider = "cpu" if device.kind == "cpu" else "cuda"
-        self.sessions = [create_session(graph_file(dtype, width), provider, threads, device.stream) for width in WIDTHS]
+        self.sessions = {
+            width: create_session(graph_file(dtype, width), provider, threads, device.stream) for width in WIDTHS
+        }
         self.device, self.mode = device, mode
 
     def worth(self, plan: Sequence[PassRow], vocab: int) -> list[bool]:
@@ -102,24 +127,41 @@ class LogitsPass:
 
     def run(self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]) -> list[Pick | None]:
         """Rows `rows` of `logits` (slots, 1, V), each picked by its PassRow in `plan`: a Pick, or None
-        where the row's filters keep more ids than the wide pass looks at (pick it on the host). Every row
-        goes through the narrow pass; those it cannot pick exactly, through the wide one."""
+        where the row's filters keep more ids than the wide pass looks at (pick it on the host). A row that
+        draws from its whole distribution goes through the whole pass; every other through the narrow
+        pass, and those it cannot pick exactly through the wide one."""
+        vocab = logits.shape()[-1] if isinstance(logits, ort.OrtValue) else logits.shape[-1]
         picks: list[Pick | None] = [None] * len(plan)
-        left = list(range(len(plan)))
-        for width in range(len(self.sessions)):
-            ran, widen = self.run_width(width, logits, [rows[i] for i in left], [plan[i] for i in left])
-            for i, pick in zip(left, ran):
-                picks[i] = pick
-            left = [i for i, wider in zip(left, widen) if wider]
-            if not left:
-                break
+        whole = [draws_whole(row, vocab) for row in plan]
+        self._pick(WHOLE, logits, rows, plan, [i for i in range(len(plan)) if whole[i]], picks)
+        left = [i for i in range(len(plan)) if not whole[i]]
+        for width in (NARROW, WIDE):
+            left = self._pick(width, logits, rows, plan, left, picks)
         return picks
 
+    def _pick(
+        self,
+        width: str,
+        logits: ort.OrtValue | np.ndarray,
+        rows: Sequence[int],
+        plan: Sequence[PassRow],
+        chosen: list[int],
+        picks: list[Pick | None],
+    ) -> list[int]:
+        """The rows `chosen` (indices into `rows` and `plan`) through `width`, their picks into `picks`;
+        those a wider pass might pick."""
+        if not chosen:
+            return []
+        ran, widen = self.run_width(width, logits, [rows[i] for i in chosen], [plan[i] for i in chosen])
+        for i, pick in zip(chosen, ran):
+            picks[i] = pick
+        return [i for i, wider in zip(chosen, widen) if wider]
+
     def run_width(
-        self, width: int, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]
+        self, width: str, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]
     ) -> tuple[list[Pick | None], list[bool]]:
-        """run() through the graph of WIDTHS[width] alone: None where it cannot pick the row exactly; and
-        for each row whether a wider pass might (False where it picked the row)."""
+        """run() through the graph of `width` (of WIDTHS) alone: None where it cannot pick the row exactly;
+        and for each row whether a wider pass might (False where it picked the row)."""
         session = self.sessions[width]
         binding = session.io_binding()
         if isinstance(logits, ort.OrtValue):
