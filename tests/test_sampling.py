@@ -64,3 +64,21 @@ def test_the_hosts_top_p_draws_follow_the_distribution():
     expected = np.where(keep, p, 0) / p[keep].sum()
     assert not counts[~keep].any()
     assert chi_square_p(counts[keep], expected[keep] * 100_000) > 0.001
+
+
+@pytest.mark.parametrize(
+    ("params", "active"),
+    [
+        (SamplingParams(), ()),
+        (SamplingParams(temperature=0.8, top_p=0.9), ("temperature", "top_p", "draw")),
+        (SamplingParams(temperature=1.0, top_k=50, min_p=0.1), ("temperature", "min_p", "top_k", "draw")),
+        (SamplingParams(repetition_penalty=1.1), ("repetition_penalty",)),
+        (SamplingParams(frequency_penalty=0.5, logit_bias=((3, 1.0),)), ("presence_and_frequency", "logit_bias")),
+        (SamplingParams(top_k=50, top_p=0.5, min_p=0.2), ()),  # greedy: the filters do nothing
+    ],
+)
+def test_a_samplers_transforms_are_those_its_parameters_make_active(params, active):
+    """In the order they apply; none: plain greedy, the engine's batch-wide argmax."""
+    sampler = Sampler(params, 100)
+    assert sampler.active == active
+    assert sampler.plain_greedy == (not active)

@@ -49,6 +49,7 @@ from .outbox import LoopOutbox, Outbox
 from .seam import Logits, SlotRunner
 from .search import Search
 from .sequence import Caller, Event, Handle, Sequence, fits
+from .step_plan import plan_decode
 
 log = logging.getLogger(__name__)
 
@@ -379,16 +380,13 @@ class Engine:
         self._free_failed()
 
     def _decode(self) -> None:
-        """One token for every decoding request, or a burst of steps while every request is plain greedy
-        and no prompt waits for its next prefill round (a long prompt gets a chunk per step)."""
-        next_ids = {key: s.next_token for key, s in self._active.items() if s.next_token is not None}
-        assert len(next_ids) == len(self._active), "a decoding request always has a sampled token to feed"
-        if not self._prefilling and all(sequence.plain_greedy for sequence in self._active.values()):
-            self._decode_burst(next_ids)
+        """The step's plan (step_plan.py), carried out: one token for every decoding request, or a burst of
+        steps while every request is plain greedy and no prompt waits for its next prefill round."""
+        plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling))
+        if plan.burst:
+            self._decode_burst(plan.next_ids)
             return
-        sampled = frozenset(key for key, s in self._active.items() if not s.plain_greedy)
-        passes = {key: row for key in sampled if (row := self._active[key].pass_row()) is not None}
-        logits = self.slots.decode(next_ids, sampled, passes)
+        logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         self._free_failed()
 

@@ -14,7 +14,8 @@ pass where the logits are (seam.py); this module is that pass's oracle and its h
 from __future__ import annotations
 
 import secrets
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -200,6 +201,30 @@ def pick_row(logits: np.ndarray, row: PassRow) -> Pick:
     return Pick(token, float(logprobs[token]), best(logprobs, row.top))
 
 
+@dataclass(frozen=True)
+class Transform:
+    """One step a Sampler takes between a row of logits and its pick, and when a request's parameters
+    make it do anything (CTranslate2's LogitsProcessor). In the order they apply (vLLM's sampler and
+    transformers' processors): the penalties, the bias, then the temperature and the filters, then the
+    draw. A request none of them is active for picks its row's argmax: greedy's fast path."""
+
+    name: str
+    active: Callable[[SamplingParams], bool]
+
+
+TRANSFORMS = (
+    Transform("repetition_penalty", lambda p: p.repetition_penalty != 1.0),
+    Transform("presence_and_frequency", lambda p: p.presence_penalty != 0.0 or p.frequency_penalty != 0.0),
+    Transform("logit_bias", lambda p: bool(p.logit_bias)),
+    Transform("temperature", lambda p: not p.greedy),
+    Transform("min_p", lambda p: not p.greedy and p.min_p > 0.0),
+    Transform("top_k", lambda p: not p.greedy and p.top_k > 0),
+    Transform("top_p", lambda p: not p.greedy and p.top_p < 1.0),
+    Transform("draw", lambda p: not p.greedy),
+)
+PENALTIES = frozenset({"repetition_penalty", "presence_and_frequency"})
+
+
 class Sampler:
     """Picks one request's tokens from its row of logits, one step at a time."""
 
@@ -208,8 +233,8 @@ class Sampler:
         self.seed = params.seed if params.seed is not None else secrets.randbits(64)
         self.position = 0  # tokens taken so far: the next draw's counter
         self.vocab_size = vocab_size
-        p = params
-        self.penalized = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+        self.active = tuple(t.name for t in TRANSFORMS if t.active(params))  # the transforms it applies
+        self.penalized = not PENALTIES.isdisjoint(self.active)
         # kept for the penalties alone: the prompt's and completion's ids; the completion's, with their counts
         seen = tuple(i for i in prompt_ids if 0 <= i < vocab_size) if self.penalized else ()
         self.seen, self.occurred = Occurrences(seen), Occurrences()
@@ -218,9 +243,9 @@ class Sampler:
 
     @property
     def plain_greedy(self) -> bool:
-        """Greedy with no penalty and no bias: the token is the row's argmax, which the engine takes for
-        the whole batch at once (`seen` and `occurred` then matter to nobody)."""
-        return self.params.greedy and not self.penalized and not self.params.logit_bias
+        """No transform active (greedy with no penalty and no bias): the token is the row's argmax, which
+        the engine takes for the whole batch at once (`seen` and `occurred` then matter to nobody)."""
+        return not self.active
 
     def __call__(self, logits: np.ndarray, banned: tuple[int, ...] = (), allowed: np.ndarray | None = None) -> int:
         """The next token from this request's logits (V,), never one of `banned`, and one of `allowed`
@@ -270,10 +295,10 @@ class Sampler:
     def processed(self, logits: np.ndarray, banned: tuple[int, ...], allowed: np.ndarray | None = None) -> np.ndarray:
         """The row a token is picked from: the penalties (repetition, then presence and frequency), the
         bias, the ban and the mask, then (sampling) the temperature."""
-        p = self.params
-        if p.repetition_penalty != 1.0:
+        p, active = self.params, self.active
+        if "repetition_penalty" in active:
             logits = apply_repetition_penalty(logits, self.seen.ids, p.repetition_penalty)
-        if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+        if "presence_and_frequency" in active:
             o = self.occurred
             logits = apply_occurrence_penalties(logits, o.ids, o.counts, p.presence_penalty, p.frequency_penalty)
         if p.logit_bias or banned:

@@ -180,11 +180,15 @@ class Sequence:
         self.prompt_logprobs: tuple[TokenLogprob, ...] = ()  # with request.prompt_logprobs, once prefilled
         self.matcher = Matcher(request.grammar, tokenizer) if request.grammar else None  # structured output
         self.mask = self.matcher.ahead() if self.matcher else None  # the next token's, computed during the run
-        self.plain_greedy = self.picks_argmax()  # its token is its row's argmax: the engine's batch-wide pick
+        self.plain_greedy = not self.transforms()  # its token is its row's argmax: the engine's batch-wide pick
 
-    def picks_argmax(self) -> bool:
-        plain = self.request.logprobs is None and self.matcher is None
-        return plain and self.sampler.plain_greedy and not self.banned()
+    def transforms(self) -> tuple[str, ...]:
+        """What this step's pick takes beyond its row's argmax: its grammar's allowed ids, its bans, its
+        sampler's transforms (in the order they apply, sampling.TRANSFORMS), its log-probabilities. None:
+        plain greedy."""
+        own = {"allowed_ids": self.matcher is not None, "bans": bool(self.banned())}
+        reported = ("logprobs",) if self.request.logprobs is not None else ()
+        return (*(name for name, on in own.items() if on), *self.sampler.active, *reported)
 
     def take_prompt(self, rows: np.ndarray) -> None:
         """The prompt's logits (n, V), prefilled: its logprobs go out with the Final."""
@@ -271,7 +275,7 @@ class Sequence:
             self.matcher.take(token)
             self.mask = self.matcher.ahead()
         if self.request.min_new_tokens:  # the ban changes once min_new_tokens are generated
-            self.plain_greedy = self.picks_argmax()
+            self.plain_greedy = not self.transforms()
         self.held_ids.append(token)
         if self.picked is not None:
             self.held_logprobs.append(self.picked)

@@ -1,0 +1,56 @@
+"""The scheduler's decision for a step's decoding, as a value (vLLM's SchedulerOutput): what each
+decoding request feeds the model, and how its next token is picked. The engine makes one from its
+batch (plan_decode) and then carries it out; a new decoding mode is a new kind of plan beside these,
+not a branch inside Engine. Knows nothing of runners: keys, token ids and PassRows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .seam import PassRow
+
+
+class Decoding(Protocol):
+    """What a plan asks of a slot's holder (a completion's Sequence, or one beam of a beam group)."""
+
+    @property
+    def next_token(self) -> int | None:
+        """The token it feeds the model next."""
+        ...
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Its token is its row's argmax: no transform of its row (Sequence.transforms)."""
+        ...
+
+    def pass_row(self) -> PassRow | None:
+        """Its pick as the runner's batched pass makes it, or None where its row must come to the host."""
+        ...
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One decode step for every decoding request (`next_ids`: key -> the token it feeds), or, with
+    `burst`, up to MAX_BURST of them back to back (every row plain greedy and no prompt waiting: burst.py).
+    A single step brings back every row's argmax, the logits of the `sampled` keys, and, for those of
+    them in `passes`, the runner's pass's pick instead of the row."""
+
+    next_ids: dict[int, int]
+    burst: bool
+    sampled: frozenset[int] = frozenset()
+    passes: Mapping[int, PassRow] = field(default_factory=dict)
+
+
+def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool) -> StepPlan:
+    """The plan for the batch `active` (key -> its holder): a burst while every row is plain greedy and no
+    prompt waits for its next prefill round (a long prompt gets a chunk per step), else one step."""
+    next_ids = {key: holder.next_token for key, holder in active.items() if holder.next_token is not None}
+    assert len(next_ids) == len(active), "a decoding request always has a sampled token to feed"
+    if not prompt_waiting and all(holder.plain_greedy for holder in active.values()):
+        return StepPlan(next_ids, burst=True)
+    sampled = frozenset(key for key, holder in active.items() if not holder.plain_greedy)
+    passes = {key: row for key in sampled if (row := active[key].pass_row()) is not None}
+    return StepPlan(next_ids, burst=False, sampled=sampled, passes=passes)
