@@ -12,7 +12,9 @@ is quantized as it loads).
 
 Every side decodes the same kind of work: at S streams, S prompts of --prompt-tokens ids, exactly
 --new-tokens greedy tokens each (attnserve bench --ignore-eos for the served side; the others force a
-minimum length); tokens/s is S x new tokens over the whole time, prefill included. Time to first
+minimum length); tokens/s is S x new tokens over the whole time, prefill included. The sampled column
+is the served side's server sent what production sends instead, at the same length (`attnserve bench
+--mix production`: 70% temperature 0.7 with top_p 0.9, 20% greedy, 10% greedy with 5 logprobs). Time to first
 token is the same prompts with one new token (the served side: `attnserve bench`'s p50). The sides
 without a server run in processes of their own (benchmarks/ladder_sides.py) that keep their model
 loaded; all use --threads intra-op threads. Rounds alternate the sides (the order flips every round);
@@ -25,7 +27,7 @@ rung, the machine's read bandwidth over each export's weight bytes a token is it
 checks, then one JSON object last.
 
     python -m benchmarks.size_ladder [--rungs small,gpt2-30m,gpt2-124m,smollm-135m]
-        [--quantizations float32,int8,int4] [--sides served,plain,genai,torch,ct2] [--streams 1,16,64]
+        [--quantizations float32,int8,int4] [--sides served,sampled,plain,genai,torch,ct2] [--streams 1,16,64]
         [--new-tokens 64] [--repeats 3] [--threads 2] [--work runs/ladder]
         [--out reports/size-ladder.json] [--plot reports/size-ladder.png]
 """
@@ -52,7 +54,9 @@ from benchmarks.serving import alternating, progress, report, spread
 
 RUNGS = ("small", "gpt2-30m", "gpt2-124m", "smollm-135m")
 QUANTIZATIONS = ("float32", "int8", "int4")
-SIDES = ("served", "plain", "genai", "torch", "ct2")
+SIDES = ("served", "sampled", "plain", "genai", "torch", "ct2")
+SAMPLED = ("--ignore-eos", "--mix", "production")  # the sampled column's requests: what production sends
+SERVER_SIDES = {"served", "sampled"}  # one server each row, both measured on it
 TITLE = "The size ladder: attnserve, onnxruntime-genai, PyTorch and CTranslate2 from 1M to 135M parameters"
 CT2_CONVERTER = Path(sys.executable).parent / "ct2-transformers-converter"
 
@@ -209,7 +213,24 @@ class Served:
         self.server.stop()
 
 
-Side = Worker | Served
+class Sampled:
+    """The sampled column: the served side's server, sent the production mix (attnserve bench --mix
+    production: 70% temperature 0.7 with top_p 0.9, 20% greedy, 10% greedy with 5 logprobs) at the same
+    fixed length, so that greedy's column has what production sends beside it."""
+
+    side = "sampled"
+
+    def __init__(self, served: Served):
+        self.served = served
+
+    def measure(self, prompts: list[list[int]], new_tokens: int) -> dict:
+        return self.served.measure(prompts, new_tokens, SAMPLED)
+
+    def close(self) -> None:
+        self.served.close()
+
+
+Side = Worker | Served | Sampled
 
 
 def open_sides(rung: Rung, quantization: str, args) -> dict[str, Side]:
@@ -217,9 +238,12 @@ def open_sides(rung: Rung, quantization: str, args) -> dict[str, Side]:
     rungs, genai where .venv-genai exists."""
     model = rung.exports[quantization]
     sides: dict[str, Side] = {}
+    served = Served(model, args.threads, max(args.streams), args.new_tokens) if SERVER_SIDES & {*args.sides} else None
     for side in args.sides:
-        if side == "served":
-            sides[side] = Served(model, args.threads, max(args.streams), args.new_tokens)
+        if side == "served" and served is not None:
+            sides[side] = served
+        elif side == "sampled" and served is not None:
+            sides[side] = Sampled(served)
         elif side == "plain" or (side == "genai" and GENAI_PYTHON.exists()):
             sides[side] = Worker(side, model, args.threads)
         elif side == "torch" and quantization == "float32":
@@ -311,6 +335,7 @@ CHECKS = [
     ("int4 served / plain loop at 1 stream", ("int4", 1, "served"), ("int4", 1, "plain"), 0.95),
     ("int4 served / genai at 1 stream", ("int4", 1, "served"), ("int4", 1, "genai"), 1.0),
     ("int4 served / genai at 16 streams", ("int4", 16, "served"), ("int4", 16, "genai"), 1.0),
+    ("int8 production mix / greedy served at 16 streams", ("int8", 16, "sampled"), ("int8", 16, "served"), 0.9),
 ]
 BIG_RUNGS = ("gpt2-124m", "smollm-135m")
 

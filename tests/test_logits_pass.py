@@ -18,6 +18,8 @@ from attnserve.engine.sampling import counter_uniform, log_softmax, pick_row, pr
 from attnserve.engine.seam import PassRow
 from attnserve.engine.sequence import Sequence
 from attnserve.export import logits_pass_graph
+from attnserve.export.logits_pass_graph import ROW_ALIGN
+from attnserve.runtime import logits_pass
 from attnserve.runtime.arena import Device
 from attnserve.runtime.logits_pass import LogitsPass, draws_whole, graph_file, worth_passing
 from attnserve.runtime.ort_session import BFLOAT16
@@ -90,6 +92,9 @@ def penalized(rng: np.random.Generator, rows: np.ndarray, plan: list[PassRow]) -
 
 def test_the_checked_in_graphs_are_what_the_builder_writes():
     """`python -m attnserve.export.logits_pass_graph` wrote the graphs the package serves."""
+    widths = {width.name: width for width in logits_pass_graph.WIDTHS}
+    assert list(widths) == list(logits_pass.WIDTHS)
+    assert (widths["wide"].groups, ROW_ALIGN) == (logits_pass.WIDE_GROUPS, logits_pass.ROW_ALIGN)
     for dtype in logits_pass_graph.DTYPES:
         for width in logits_pass_graph.WIDTHS:
             assert graph_file(dtype, width.name).read_bytes() == logits_pass_graph.serialized(dtype, width), dtype
@@ -227,12 +232,15 @@ def test_a_row_tied_at_the_left_out_groups_maximum_comes_back_unpicked(pass_cpu)
             assert [t for t, _ in pick.top] == [t for t, _ in oracle.top] and pick.token == oracle.token, row
 
 
-def test_a_rows_pick_does_not_depend_on_its_batch(pass_cpu):
-    """The same row and PassRow alone and among 15 others, at another index: the same Pick."""
+@pytest.mark.parametrize("vocab", [V, 20_011], ids=["row pass", "narrow and wide passes"])
+def test_a_rows_pick_does_not_depend_on_its_batch(pass_cpu, vocab):
+    """The same row and PassRow alone and among 15 others, at another index: the same Pick (or none),
+    whichever graphs its vocabulary takes, penalties among the plans."""
     rng = np.random.default_rng(1)
-    rows = random_rows(rng, 16)
-    plan = plans(rng, 16)
+    rows = random_rows(rng, 16, vocab)
+    plan = penalized(rng, rows, plans(rng, 16, vocab))
     together = pass_cpu.run(rows[:, None, :], list(range(16)), plan)
+    assert sum(pick is not None for pick in together) >= 8
     for i in range(16):
         alone = pass_cpu.run(rows[i : i + 1, None, :], [0], [plan[i]])[0]
         assert alone == together[i], i
@@ -311,6 +319,9 @@ def test_auto_passes_the_rows_whose_host_work_costs_more():
     assert worth_passing([sample] * 16, 2048, cpu) == [True] * 16
     assert worth_passing([ban] * 64, 50257, cpu) == [False] * 64
     assert worth_passing([sample, ban], 2048, cuda) == [True, True]
+    whole = PassRow(1.0, 0, 1.0, 0.0, 0.5)  # a draw over every id: passed where that saves time alone
+    assert worth_passing([whole], 50257, cpu) == [True]
+    assert worth_passing([whole] * 16 + [sample] * 16, 2048, cpu) == [False] * 16 + [True] * 16
     assert worth_passing([ban], 50257, cpu, "on") == [True]
     assert worth_passing([sample] * 16, 50257, cpu, "off") == [False] * 16
 

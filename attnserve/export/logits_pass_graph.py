@@ -40,8 +40,8 @@ HERE = Path(__file__).resolve().parent.parent / "runtime"
 @dataclass(frozen=True)
 class Width:
     """How much of a row a pass looks at: the ids of its `groups` groups of ROW_ALIGN ids with the largest
-    maxima (the candidates), of which it keeps the `head` most likely; a `whole` pass draws over every id
-    (its head only reports the top ids)."""
+    maxima (the candidates; no groups: the whole row), of which it keeps the `head` most likely; a `whole`
+    pass draws over every id (its head only reports the top ids)."""
 
     name: str
     groups: int
@@ -50,8 +50,14 @@ class Width:
 
 
 # a row that filters (top-k, top-p, min-p) or is greedy first goes through the narrow pass, and one it
-# cannot pick exactly through the wide one; a row that draws from its whole distribution, the whole pass
-WIDTHS = (Width("narrow", 64, 128), Width("wide", 256, 256), Width("whole", 64, 128, whole=True))
+# cannot pick exactly through the wide one; a row that draws from its whole distribution, the whole pass.
+# A vocabulary of at most `wide`'s groups goes through `row` instead: its head over the whole row, no groups
+WIDTHS = (
+    Width("narrow", 64, 128),
+    Width("wide", 256, 256),
+    Width("whole", 64, 128, whole=True),
+    Width("row", 0, 256),
+)
 
 
 def graph_path(dtype: str, width: str = "narrow") -> Path:
@@ -166,11 +172,16 @@ def processed(b: Builder, dtype: str) -> None:
     b.op("LogSoftmax", ["scaled"], "logprobs", axis=1)
 
 
-def candidates(b: Builder) -> None:
+def candidates(b: Builder, width: Width) -> None:
     """The ids of the KG groups (ROW_ALIGN ids each) with the largest maxima, KG = min(G, width's groups),
     in id order (`candidates`, their ids `candidate_ids`), and `floor`: the KG-th group's maximum where a
     group was left out (-inf where none was). Every id above the floor is a candidate (the group that
-    holds it has a larger maximum)."""
+    holds it has a larger maximum). A width of no groups takes the whole row, with no floor."""
+    if not width.groups:
+        b.op("Identity", ["logprobs"], "candidates")
+        b.op("Shape", ["rows"], "row_count")
+        b.op("Expand", ["minus_inf", "row_count"], "floor")
+        return
     b.op("Reshape", ["logprobs", "group_shape"], "groups")
     b.op("ReduceMax", ["groups", "axis2"], "group_max", keepdims=0)  # (R, G)
     b.op("Shape", ["group_max"], "group_max_shape")
@@ -191,15 +202,18 @@ def candidates(b: Builder) -> None:
     b.op("Where", ["groups_left_out", "last_group_max", "minus_inf"], "floor")
 
 
-def head(b: Builder) -> None:
+def head(b: Builder, whole_row: bool) -> None:
     """The head: the K most likely candidates (K = min(candidates, width's head)), descending, lower id
     first on ties: `head_logprobs`, `head_ids`, and `head`, their log-weights below the row's best (<= 0;
-    the pad's -inf columns come last and are never kept)."""
+    the pad's -inf columns come last and are never kept). `whole_row`: the candidates are the row."""
     b.op("Shape", ["candidates"], "candidates_shape")
     b.op("Slice", ["candidates_shape", "minus1", "end"], "candidate_count")
     b.op("Min", ["candidate_count", "head_cap"], "k")
     b.op("TopK", ["candidates", "k"], ["head_logprobs", "head_places"], axis=1, largest=1, sorted=1)
-    b.op("GatherElements", ["candidate_ids", "head_places"], "head_ids", axis=1)
+    if whole_row:  # the candidates are the row: a place is an id
+        b.op("Identity", ["head_places"], "head_ids")
+    else:
+        b.op("GatherElements", ["candidate_ids", "head_places"], "head_ids", axis=1)
     b.op("Slice", ["head_logprobs", "zero_1d", "axis1", "axis1"], "row_max")  # (R, 1)
     b.op("Sub", ["head_logprobs", "row_max"], "head")
     b.op("Squeeze", ["k"], "k_s")
@@ -247,11 +261,12 @@ def filters(b: Builder) -> None:
     b.op("Sub", ["kept_count", "one_i"], "last_kept")
 
 
-def exactness(b: Builder) -> None:
-    """`exact` (R,): the row's pick is the one over the whole row. Its top ids are above the floor (or it
-    asks none); and a sampling row's kept ids are too, the head's last is not kept (or the head is the
-    row), top-p's mass is known (top-p off, no edge, or the edge above the floor) and top-k's edge is in
-    the head."""
+def top_ids(b: Builder) -> None:
+    """`top_ids` and `top_logprobs` (R, N): the head's first N; `top_exact` (R,): they are the row's as far
+    as the row asks (each of its `top` above the floor, or it asks none)."""
+    b.op("Min", ["vocab", "top_cap"], "n")
+    b.op("Slice", ["head_ids", "zero_1d", "n", "axis1"], "top_ids")
+    b.op("Slice", ["head_logprobs", "zero_1d", "n", "axis1"], "top_logprobs")
     b.op("Sub", ["top", "one_i"], "top_last")
     b.op("Clip", ["top_last", "zero_i", "k_last"], "top_last_clipped")
     at(b, "head_logprobs", "top_last_clipped", "top_last_value")
@@ -259,6 +274,12 @@ def exactness(b: Builder) -> None:
     b.op("LessOrEqual", ["top", "zero_i"], "no_top")
     b.op("Or", ["top_above_floor", "no_top"], "top_exact")
 
+
+def exactness(b: Builder) -> None:
+    """`head_exact` (R,): the row's pick is the one over the whole row. Its top ids are the row's
+    (top_exact); and a sampling row's kept ids are above the floor, the head's last is not kept (or the
+    head is the row), top-p's mass is known (top-p off, no edge, or the edge above the floor) and top-k's
+    edge is in the head."""
     at(b, "head_logprobs", "last_kept", "last_kept_value")
     b.op("Greater", ["last_kept_value", "floor"], "kept_above_floor")
     b.op("Shape", ["biased"], "padded_shape")
@@ -338,9 +359,6 @@ def draw(b: Builder) -> None:
     b.op("Where", ["sampling", "drawn_head", "zero_i"], "rank")
     at(b, "head_ids", "rank", "head_token")
     at(b, "head_logprobs", "rank", "head_logprob")
-    b.op("Min", ["vocab", "top_cap"], "n")
-    b.op("Slice", ["head_ids", "zero_1d", "n", "axis1"], "top_ids")
-    b.op("Slice", ["head_logprobs", "zero_1d", "n", "axis1"], "top_logprobs")
 
 
 def whole_draw(b: Builder) -> None:
@@ -380,26 +398,27 @@ def whole_draw(b: Builder) -> None:
 
 def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onnx.ModelProto:
     """The pass for logits of `dtype`, any vocabulary size, looking at `width` of each row (N = min(V, TOP));
-    `widen` says which rows a pass with a head of `wider` ids might pick (default: this width's)."""
+    `widen` says which rows a pass with a head of `wider` ids might pick (None: no row, there is none)."""
     b = Builder()
     constants(b, width)
     processed(b, dtype)
-    candidates(b)
-    head(b)
-    filters(b)
-    exactness(b)
-    draw(b)
-    if width.whole:  # a draw over the whole row, exact where its top ids are; never widened
+    candidates(b, width)
+    head(b, whole_row=not width.groups)
+    top_ids(b)
+    if width.whole:  # a draw over the whole row (its rows all sample), exact where its top ids are
         whole_draw(b)
-        b.op("Where", ["sampling", "whole_token", "head_token"], "token")
-        b.op("Where", ["sampling", "whole_logprob", "head_logprob"], "logprob")
-        b.op("Identity", ["top_exact"], "exact")
-        b.op("Xor", ["top_exact", "top_exact"], "not_widened")
-        b.op("Identity", ["not_widened"], "widen")
+        for name, source in (("token", "whole_token"), ("logprob", "whole_logprob"), ("exact", "top_exact")):
+            b.op("Identity", [source], name)
     else:
-        widening(b, wider or width.head)
+        filters(b)
+        exactness(b)
+        draw(b)
         for name in ("token", "logprob", "exact"):
             b.op("Identity", [f"head_{name}"], name)
+    if wider is not None:
+        widening(b, wider)
+    else:  # no wider pass
+        b.op("Xor", ["top_exact", "top_exact"], "widen")
     rows = lambda name, kind: helper.make_tensor_value_info(name, kind, ["R"])
     table = lambda name, kind, width: helper.make_tensor_value_info(name, kind, ["R", width])
     inputs = [
@@ -429,7 +448,9 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
         rows("widen", TensorProto.BOOL),
     ]
     name = f"attnserve_logits_pass_{width.name}_{dtype}"
-    graph = helper.make_graph(b.nodes, name, inputs, outputs, b.constants)
+    used = {name for node in b.nodes for name in node.input}  # a width's unused constants, left out
+    constants_used = [constant for constant in b.constants if constant.name in used]
+    graph = helper.make_graph(b.nodes, name, inputs, outputs, constants_used)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="attnserve")
     model.ir_version = 8  # ONNX Runtime 1.20's oldest
     onnx.checker.check_model(model)

@@ -37,7 +37,10 @@ OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact", "widen")
 
 # a row that filters (or is greedy) goes through the narrow pass, and one it cannot pick through the wide one;
 # a row that draws from its whole distribution, through the whole pass
-NARROW, WIDE, WHOLE = WIDTHS = ("narrow", "wide", "whole")
+# (a vocabulary of at most WIDE_GROUPS groups of ROW_ALIGN ids goes through the row pass instead: its head over
+# the whole row, which the wide pass would look at whole anyway, at less cost)
+NARROW, WIDE, WHOLE, ROW = WIDTHS = ("narrow", "wide", "whole", "row")
+WIDE_GROUPS, ROW_ALIGN = 256, 16
 
 
 def graph_file(dtype: str, width: str = "narrow") -> Path:
@@ -100,14 +103,15 @@ def draws_whole(row: PassRow, vocab: int) -> bool:
 def worth_passing(plan: Sequence[PassRow], vocab: int, device: Device, mode: str = "auto") -> list[bool]:
     """Which rows of `plan` the pass should pick (`mode` auto; on: all; off: none): on CUDA all; on the CPU
     those whose host work costs more than their share of the pass, if together they save more than the
-    run's fixed cost; and a row that draws from its whole distribution always (the pass's float32 sums
-    may part from the host's float64 at an id's edge, so such a row takes one side whatever its batch)."""
+    run's fixed cost. A row that draws from its whole distribution is passed where that saves time alone,
+    whatever shares its batch: the pass's float32 sums may part from the host's float64 at an id's edge,
+    so such a row must take one side whatever its batch."""
     if mode != "auto" or device.kind != "cpu":
         return [mode != "off"] * len(plan)
     share = PASS_ROW_US + PASS_NS_PER_ID * vocab / 1000
     saving = [host_us(row, vocab) - share for row in plan]
-    worth = sum(s for s in saving if s > 0) > PASS_RUN_US
-    return [draws_whole(row, vocab) or (worth and s > 0) for row, s in zip(plan, saving)]
+    together = sum(s for row, s in zip(plan, saving) if s > 0 and not draws_whole(row, vocab)) > PASS_RUN_US
+    return [s > PASS_RUN_US if draws_whole(row, vocab) else together and s > 0 for row, s in zip(plan, saving)]
 
 
 class LogitsPass:
@@ -129,13 +133,14 @@ class LogitsPass:
         """Rows `rows` of `logits` (slots, 1, V), each picked by its PassRow in `plan`: a Pick, or None
         where the row's filters keep more ids than the wide pass looks at (pick it on the host). A row that
         draws from its whole distribution goes through the whole pass; every other through the narrow
-        pass, and those it cannot pick exactly through the wide one."""
+        pass, and those it cannot pick exactly through the wide one (a vocabulary of at most WIDE_GROUPS
+        groups, through the row pass instead)."""
         vocab = logits.shape()[-1] if isinstance(logits, ort.OrtValue) else logits.shape[-1]
         picks: list[Pick | None] = [None] * len(plan)
         whole = [draws_whole(row, vocab) for row in plan]
         self._pick(WHOLE, logits, rows, plan, [i for i in range(len(plan)) if whole[i]], picks)
         left = [i for i in range(len(plan)) if not whole[i]]
-        for width in (NARROW, WIDE):
+        for width in (NARROW, WIDE) if -(-vocab // ROW_ALIGN) > WIDE_GROUPS else (ROW,):
             left = self._pick(width, logits, rows, plan, left, picks)
         return picks
 
