@@ -261,12 +261,15 @@ def filters(b: Builder) -> None:
     b.op("Sub", ["kept_count", "one_i"], "last_kept")
 
 
-def top_ids(b: Builder) -> None:
+def top_ids(b: Builder, floored: bool) -> None:
     """`top_ids` and `top_logprobs` (R, N): the head's first N; `top_exact` (R,): they are the row's as far
-    as the row asks (each of its `top` above the floor, or it asks none)."""
+    as the row asks (each of its `top` above the floor, or it asks none; with no floor, always)."""
     b.op("Min", ["vocab", "top_cap"], "n")
     b.op("Slice", ["head_ids", "zero_1d", "n", "axis1"], "top_ids")
     b.op("Slice", ["head_logprobs", "zero_1d", "n", "axis1"], "top_logprobs")
+    if not floored:
+        b.op("Equal", ["top", "top"], "top_exact")
+        return
     b.op("Sub", ["top", "one_i"], "top_last")
     b.op("Clip", ["top_last", "zero_i", "k_last"], "top_last_clipped")
     at(b, "head_logprobs", "top_last_clipped", "top_last_value")
@@ -275,18 +278,27 @@ def top_ids(b: Builder) -> None:
     b.op("Or", ["top_above_floor", "no_top"], "top_exact")
 
 
-def exactness(b: Builder) -> None:
+def exactness(b: Builder, floored: bool) -> None:
     """`head_exact` (R,): the row's pick is the one over the whole row. Its top ids are the row's
     (top_exact); and a sampling row's kept ids are above the floor, the head's last is not kept (or the
     head is the row), top-p's mass is known (top-p off, no edge, or the edge above the floor) and top-k's
-    edge is in the head."""
-    at(b, "head_logprobs", "last_kept", "last_kept_value")
-    b.op("Greater", ["last_kept_value", "floor"], "kept_above_floor")
+    edge is in the head. With no floor (the candidates are the row), only the head's and top-k's count."""
     b.op("Shape", ["biased"], "padded_shape")
     b.op("Slice", ["padded_shape", "minus1", "end"], "padded_vocab")
     b.op("Equal", ["k", "padded_vocab"], "whole_row")
     b.op("Less", ["kept_count", "k"], "head_holds")
     b.op("Or", ["head_holds", "whole_row"], "held")
+    b.op("Greater", ["top_k", "k"], "top_k_past_head")
+    b.op("Less", ["top_k", "vocab"], "top_k_short")
+    b.op("And", ["top_k_past_head", "top_k_short"], "top_k_unknown")
+    b.op("Not", ["top_k_unknown"], "top_k_known")
+    b.op("Not", ["sampling"], "greedy")
+    if not floored:
+        b.op("And", ["held", "top_k_known"], "draw_exact")
+        b.op("Or", ["draw_exact", "greedy"], "head_exact")
+        return
+    at(b, "head_logprobs", "last_kept", "last_kept_value")
+    b.op("Greater", ["last_kept_value", "floor"], "kept_above_floor")
     b.op("Squeeze", ["edge", "axis1"], "edge_row")
     b.op("Squeeze", ["row_max", "axis1"], "row_max_row")
     b.op("Add", ["edge_row", "row_max_row"], "edge_logprob")
@@ -295,14 +307,9 @@ def exactness(b: Builder) -> None:
     b.op("Squeeze", ["no_edge", "axis1"], "no_edge_row")
     b.op("Or", ["edge_above_floor", "no_edge_row"], "edge_known")
     b.op("Or", ["edge_known", "top_p_off_row"], "p_known")
-    b.op("Greater", ["top_k", "k"], "top_k_past_head")
-    b.op("Less", ["top_k", "vocab"], "top_k_short")
-    b.op("And", ["top_k_past_head", "top_k_short"], "top_k_unknown")
-    b.op("Not", ["top_k_unknown"], "top_k_known")
     b.op("And", ["held", "kept_above_floor"], "kept_exact")
     b.op("And", ["kept_exact", "p_known"], "kept_known")
     b.op("And", ["kept_known", "top_k_known"], "draw_exact")
-    b.op("Not", ["sampling"], "greedy")
     b.op("Or", ["draw_exact", "greedy"], "pick_exact")
     b.op("And", ["pick_exact", "top_exact"], "head_exact")
 
@@ -404,14 +411,14 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
     processed(b, dtype)
     candidates(b, width)
     head(b, whole_row=not width.groups)
-    top_ids(b)
+    top_ids(b, floored=bool(width.groups))
     if width.whole:  # a draw over the whole row (its rows all sample), exact where its top ids are
         whole_draw(b)
         for name, source in (("token", "whole_token"), ("logprob", "whole_logprob"), ("exact", "top_exact")):
             b.op("Identity", [source], name)
     else:
         filters(b)
-        exactness(b)
+        exactness(b, floored=bool(width.groups))
         draw(b)
         for name in ("token", "logprob", "exact"):
             b.op("Identity", [f"head_{name}"], name)

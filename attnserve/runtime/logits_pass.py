@@ -3,12 +3,14 @@
 The graphs (logits_pass.<width>.<dtype>.onnx beside this file, written by export/logits_pass_graph.py)
 run on the model's own provider, on the same CUDA stream as its session, fed the step's logits
 buffer by IO binding (nothing is copied to the host first). For each row it is asked about, a graph
-applies the row's PassRow (seam.py: bias and bans, temperature, min-p, top-k, top-p, greedy or a
-draw) and brings back only the token, its log-probability and the top ids: a few bytes a row
-instead of the row. The narrow graph looks at fewer ids and costs less; a row it cannot pick exactly
-goes through the wide one; a row whose filters keep more ids than that one looks at comes back as not
-picked; its runner reads that row and the engine picks it on the host by the same steps
-(engine/sampling.py, the pass's oracle). Knows nothing of requests or scheduling.
+applies the row's PassRow (seam.py: penalties, bias and bans, temperature, min-p, top-k, top-p,
+greedy or a draw) and brings back only the token, its log-probability and the top ids: a few bytes
+a row instead of the row. Which graph: a row that draws from its whole distribution (no top-k,
+top-p or min-p), the whole one; every other row the narrow one, which looks at fewer ids and costs
+less, and, where it cannot pick the row exactly, the wide one (a vocabulary of at most 4,096 ids:
+the row one, its head over the whole row). A row whose filters keep more ids than those look at
+comes back as not picked; its runner reads that row and the engine picks it on the host by the same
+steps (engine/sampling.py, the pass's oracle). Knows nothing of requests or scheduling.
 """
 
 from __future__ import annotations
