@@ -5,18 +5,24 @@ runtime/logits_pass.py on the model's own provider, fed the decode step's logits
 One run over the rows that ask for it: each row's penalties (repetition at its seen ids, presence
 and frequency at its completion's, sparse), its bias (sparse; a banned id's is -inf), its
 temperature and its log-softmax over the whole row; then, without sorting the row, the candidates:
-the ids of the groups of ROW_ALIGN ids with the largest maxima (every id above the last such
-group's maximum, the floor, is one); the head, the candidates' most likely ids (TopK: the sizes are
-fixed in the graph, no host-side k); min-p, top-k and top-p over the head; then greedy or one draw
-by inverse CDF over the kept ids in id order with the row's own uniform number. What comes back is
-small: each row's token, its log-probability under the processed distribution (after the
-penalties, the bias and the temperature; before min-p, top-k and top-p, as vLLM's processed logprobs), the TOP most
+the ids of the groups of ROW_ALIGN ids with the largest maxima (every id above the last such group's
+maximum, the floor, is one); the head, the candidates' most likely ids (TopK: the sizes are fixed in
+the graph, no host-side k); min-p, top-k and top-p over the head; then greedy or one draw by inverse
+CDF over the kept ids in id order with the row's own uniform number. What comes back is small: each
+row's token, its log-probability under the processed distribution (after the penalties, the bias
+and the temperature; before min-p, top-k and top-p, as vLLM's processed logprobs), the TOP most
 likely ids with theirs, and whether all of that is the whole row's (`exact`: every id it kept or
-reported is above the floor, and the head held every id the filters kept). The narrow width looks
-at 64 groups, the wide one at 256: a row the narrow pass cannot pick exactly goes through the wide
-one, and one that neither can is picked again on the host by the same steps over the whole row
-(the engine's sampling.pick_row). The same steps in numpy, in float64, are sampling.pick_row: the
-oracle the tests hold these graphs to. `python -m attnserve.export.logits_pass_graph` writes the files.
+reported is above the floor, and the head held every id the filters kept).
+
+The widths (WIDTHS): the narrow graph looks at 64 groups, the wide one at 256; a row the narrow
+pass cannot pick exactly goes through the wide one (unless the narrow one proves that futile:
+`widen`), and one that neither can is picked again on the host by the same steps over the whole row
+(the engine's sampling.pick_row). A vocabulary of at most 256 groups goes through the row graph
+instead, whose candidates are the whole row. A row that samples with no top-k, top-p or min-p goes
+through the whole graph, which draws over every id in two levels (groups, then ids). The same steps
+in numpy, in float64, are sampling.pick_row: the oracle the tests hold these graphs to (the whole
+graph's draw to within its float32 sums). `python -m attnserve.export.logits_pass_graph` writes the
+files.
 """
 
 from __future__ import annotations
