@@ -1,8 +1,10 @@
 """Shared fixtures. Each fixture module owns one kind of artefact (trained checkpoint,
 exported model directory, running server), built once per test run and shared."""
 
+import fcntl
 import os
 import sys
+import time
 
 import pytest
 
@@ -41,3 +43,30 @@ def _torch_threads():
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(TORCH_THREADS)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _alone_or_beside(request, tmp_path_factory):
+    """Under make test's two workers, a test marked `alone` (a load scenario sized for this machine, which
+    the other worker's tests beside it would double or change halfway: test_overload's thousand calls a
+    second failed so twice in a dozen runs beside CI's CPU burner, and its four times capacity once, its
+    capacity measured beside one load and its refusals beside another) runs while the other worker
+    waits: it takes the run's lock alone, every other test shares it. Its intent file keeps the other
+    worker from taking the lock again between two of its tests. Run without workers, nothing is held."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    root = tmp_path_factory.getbasetemp().parent  # the run's directory, shared by its workers (built_once.py)
+    alone, intent = request.node.get_closest_marker("alone") is not None, root / "alone.intent"
+    with open(root / "alone.lock", "a+") as lock:
+        if alone:
+            intent.touch()
+        while not alone and intent.exists():
+            time.sleep(0.05)  # polled: the other worker's test holds the run until it ends
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            if alone:
+                intent.unlink(missing_ok=True)
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]  # benchmarks/ is run from the checko
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_four_times_capacity(tiny_model_dir, tmp_path):
     """4x the engine's capacity, kept below what the front end can refuse on a busy 2-core machine
     while it streams the accepted requests (README, Overload): past that the test measures that
@@ -83,6 +84,7 @@ def busy_share(seconds: float = 1.0) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_a_thousand_calls_a_second_end_ok_or_resource_exhausted_beside_a_busy_cpu(tiny_model_dir, tmp_path):
     """The call rate that broke (issue 46): Poisson arrivals of 1,000 short streams a second for 8 s,
     four slots and eight queue places, beside a CPU-burning process: one the test starts, unless the
