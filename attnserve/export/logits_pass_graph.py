@@ -325,10 +325,9 @@ def widening(b: Builder, wider: int) -> None:
     top-k asks past that head, nor where top-p's prefix provably outgrows it: the head kept whole, and
     its weights (each at least the floor's, as an id left out might be) and `wider - K` more at its
     last's still short of p times the mass min-p and top-k keep (when that mass is known)."""
-    b.op("Less", ["top_k", "vocab"], "top_k_below_vocab")
     b.const("wider", np.array(wider, np.int64))
     b.op("Greater", ["top_k", "wider"], "top_k_past_wider")
-    b.op("And", ["top_k_past_wider", "top_k_below_vocab"], "top_k_past")
+    b.op("And", ["top_k_past_wider", "top_k_short"], "top_k_past")
     b.op("Sub", ["floor", "row_max_row"], "floor_shifted")
     b.op("Unsqueeze", ["floor_shifted", "axis1"], "floor_col")
     b.op("Max", ["head", "floor_col"], "head_at_least")
