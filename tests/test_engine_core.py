@@ -10,11 +10,13 @@ import os
 import re
 import signal
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
 from fixtures_server import ServeProcess, request, start_server, wait_until
 
+from attnserve.core.config import MAX_NICE
 from attnserve.core.protocol import DeltaEvent
 from attnserve.runtime.model_sessions import usable_cores
 from attnserve.server.metrics import resident_bytes
@@ -84,6 +86,29 @@ def test_the_metrics_report_the_core_process_memory(core, server):
     assert abs(memory(core) - resident_bytes(core_pid)) < 2**20
     assert memory(core) > 10 * 2**20 and core_pid != os.getpid()
     assert abs(memory(server) - resident_bytes(os.getpid())) < 8 * 2**20
+
+
+def thread_nices(pid: int) -> set[int]:
+    """The nice value of each thread of process `pid` (/proc/PID/task/TID/stat, field 19)."""
+    stats = (Path(f"/proc/{pid}/task") / tid / "stat" for tid in os.listdir(f"/proc/{pid}/task"))
+    return {int(stat.read_text().rsplit(")", 1)[1].split()[16]) for stat in stats}
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads threads' priorities from /proc")
+def test_the_core_process_and_its_threads_run_core_nice_below_the_front_end(core, tiny_model_dir):
+    """--core-nice 5: every thread of the core's process, ONNX Runtime's intra-op threads among them,
+    runs that much below the front end, which keeps its own priority; by default (0) the core runs
+    beside it."""
+    front = os.getpriority(os.PRIO_PROCESS, 0)
+    assert thread_nices(core.server.engine.pid) == {front}
+    lower = start_server(tiny_model_dir, engine_core="process", threads=2, core_nice=5)
+    try:
+        pid = lower.server.engine.pid
+        assert len(os.listdir(f"/proc/{pid}/task")) > 2 and thread_nices(pid) == {min(front + 5, MAX_NICE)}
+        assert generate(lower.stub, "The list").token_ids == generate(core.stub, "The list").token_ids
+    finally:
+        lower.stop()
+    assert os.getpriority(os.PRIO_PROCESS, 0) == front
 
 
 def test_the_cores_token_timings_reach_the_front_ends_metrics_once_per_token(core):

@@ -184,6 +184,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--stream-interval-tokens", ["--stream-interval-tokens", "0"], "must be at least 1, got 0"),
         ("--stream-interval-ms", ["--stream-interval-ms", "-1"], "--stream-interval-ms must be 0 to 60000, got -1"),
         ("--max-queue", ["--max-queue", "0"], "--max-queue must be at least 1, got 0"),
+        ("--core-nice", ["--core-nice", "20"], "--core-nice must be 0 to 19, got 20"),
         ("--stream-buffer-events", ["--stream-buffer-events", "0"], "--stream-buffer-events must be at least 1, got 0"),
         ("--write-timeout", ["--write-timeout", "0"], "--write-timeout must be positive, got 0"),
         ("--max-concurrent-streams", ["--max-concurrent-streams", "0"], "must be at least 1, got 0"),

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from ..tracing.settings import TraceSettings
 
+MAX_NICE = 19  # the least CPU priority Unix has, nice's highest value: --core-nice's limit
+
 
 @dataclass(frozen=True)
 class CoreConfig:
@@ -28,6 +30,7 @@ class CoreConfig:
     engine_core: str = "process"  # where the engine runs: a process of its own, or a thread of the server's
     traces: TraceSettings | None = None  # where the core's spans go (None: tracing off)
     log_format: str = "text"  # the core's log lines: text, or JSON lines (core/log_lines.py)
+    nice: int = 0  # how much lower the core process's CPU priority is than the front end's (process.py)
     logits_pass: str = "auto"  # which rows the batched logits pass picks: auto, on or off (runtime/logits_pass.py)
 
     @property

@@ -11,6 +11,7 @@ No gRPC here.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -23,7 +24,7 @@ from ..engine.outbox import Outbox
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError, one_line
 from .channel import Channel, ChannelClosed, connect
-from .config import CoreConfig
+from .config import MAX_NICE, CoreConfig
 from .loading import LoadedModel, StartupError, load_model
 from .log_lines import configure_logging
 from .observations import Recorder, SpansDropped
@@ -33,6 +34,7 @@ from .step_writer import StepWriter
 from .traced_outbox import TracedOutbox
 
 log = logging.getLogger(__name__)
+THREADS = "/proc/self/task"  # Linux: one entry per thread of this process
 
 PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
 
@@ -61,6 +63,23 @@ def traced(writer: StepWriter, config: CoreConfig, loaded: LoadedModel) -> tuple
     return TracedOutbox(writer, spans, lambda count: writer.recorder.record(SpansDropped(count))), tracing.shutdown
 
 
+def lower_priority(nice: int) -> None:
+    """Every thread of this process `nice` below the front end's CPU priority (which it inherits): the
+    threads started at import (numpy's BLAS pool) one by one, since Linux sets a thread's priority,
+    not a process's; ONNX Runtime's, started later by the main thread, inherit it. Under CPU
+    contention the front end then runs first: gRPC's asyncio server takes one call of a method at a
+    time, each through several turns of its event loop, and a front end starved by its own core
+    leaves calls waiting there until the connection's --max-concurrent-streams is spent
+    (docs/reports/core-nice.md). A front end with nothing to do leaves the core every CPU as before."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    lowered = min(os.getpriority(os.PRIO_PROCESS, 0) + nice, MAX_NICE)
+    threads = [int(tid) for tid in os.listdir(THREADS)] if os.path.isdir(THREADS) else [0]
+    for tid in threads:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.setpriority(os.PRIO_PROCESS, tid, lowered)
+
+
 def run_core(config: CoreConfig, path: str) -> None:
     """The engine core process's main: connect to the front end's socket at `path`, load, say Ready (or
     Failed), then serve messages until Stop. A test's brake on every step comes from this process's
@@ -70,6 +89,7 @@ def run_core(config: CoreConfig, path: str) -> None:
     group, and the front end drains first, then sends Stop. A front end that is gone stops it too."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    lower_priority(config.nice)
     configure_logging(config.log_format)
     channel = connect(path, INBOUND_DECODER)
     loading = time.monotonic()

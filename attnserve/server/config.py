@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..core.config import CoreConfig
+from ..core.config import MAX_NICE, CoreConfig
 from ..flags import add_field_flags, check_directory, check_pem, check_text_file, flag, flag_name, shown
 from ..request_ranges import MAX_STREAM_INTERVAL_MS
 from ..runtime.contract import DTYPES, QUANTIZATIONS
@@ -122,6 +122,15 @@ class ServerConfig:
         metadata=flag(
             "ONNX Runtime intra-op threads; 0: every core for a model of 32 MiB or more (graphs and weights), "
             "all cores but one (left to the gRPC front end) for a smaller one"
+        ),
+    )
+    core_nice: int = field(
+        default=0,
+        metadata=flag(
+            "how much lower the engine core process's CPU priority is than the front end's (Unix nice, 0 to "
+            "19): on CPUs that are short under overload, the front end, which admits, refuses and streams "
+            "every call, runs first and the core takes the rest; 0: the same priority. Ignored with "
+            "--engine-core thread"
         ),
     )
     intra_op_spinning: str = field(
@@ -323,6 +332,7 @@ class ServerConfig:
             model=self.model,
             provider=self.provider,
             threads=self.threads,
+            nice=self.core_nice,
             intra_op_spinning=self.intra_op_spinning,
             cuda_graphs=not self.no_cuda_graphs,
             logits_pass=self.logits_pass,
@@ -385,6 +395,7 @@ class ServerConfig:
             ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("http_port", self.http_port is None or 0 <= self.http_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("threads", self.threads >= 0, "0 or more (0: chosen by the model's size)"),
+            ("core_nice", 0 <= self.core_nice <= MAX_NICE, f"0 to {MAX_NICE}"),
             (
                 "context_length",
                 self.context_length is None or self.context_length >= MIN_CONTEXT_LENGTH,
