@@ -208,6 +208,26 @@ def test_a_shorter_context_serves_fewer_positions_and_still_proves(request, tmp_
     assert all(row["prompt_tokens"] + row["steps"] <= 48 for row in state["imported"]["greedy"]["prompts"])
 
 
+@pytest.mark.parametrize("family_dir", ["gpt2_dir", "marian_dir"])
+def test_the_shortest_context_passes_every_export_gate_and_serves_within_it(request, tmp_path, family_dir):
+    """--context-length 8, the least attnserve import takes: the import's proof and the export's gates
+    fit their prompts and sources (13 positions and below, and a 12-token target, which crashed them)
+    into the 8 positions, every gate passes, and the server generates within them."""
+    run, model = tmp_path / "run", tmp_path / "model"
+    hf = request.getfixturevalue(family_dir)
+    assert cli_main(["import", str(hf), "--out", str(run), "--context-length", "8"]) == 0
+    assert cli_main(["export", str(run / "checkpoint.pt"), "--out", str(model)]) == 0
+    parity = json.loads((model / "attnserve.json").read_text())["parity"]
+    assert parity["passed"] and parity["beams"]["identical"] and parity["greedy"]["steps"] >= 1
+    served = start_server(model)
+    try:
+        ids = [11, 12, 13]
+        reply = served.stub.Generate(pb.GenerateRequest(prompt_token_ids=ids, max_new_tokens=5, ignore_eos=True))
+        assert len(reply.token_ids) == 5 and reply.finish_reason == pb.FINISH_REASON_LENGTH
+    finally:
+        served.stop()
+
+
 def test_several_eos_ids_end_a_completion_where_transformers_ends_it(llama_dir, tmp_path):
     """generation_config.json's eos_token_id as a list (Llama 3's instruct models have three): any of
     them ends the completion with finish reason EOS, where transformers' generate stops."""

@@ -15,12 +15,14 @@ import torch
 
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, continuous_greedy
+from .gate_lengths import fitted
 from .parity import check_names, compare, gate_report, torch_greedy
 
 PREFILL_LENGTHS = [13, 5, 1]  # slots 0-2, prefilled together, right-padded
 ADMITTED_LENGTH = 7  # into slot 3 while slots 0-2 hold state
 CHUNK = 16  # chunked prefill of a long prompt, batch 1
 GREEDY_ARRIVALS = [(0, 1), (0, 13), (0, 5), (3, 9), (7, 2)]  # (step it arrives at, prompt length)
+DECODES_AFTER_PREFILL = 3  # value_checks' decode steps of slots 0-2 (2 of the admitted slot's)
 
 
 @torch.no_grad()
@@ -48,8 +50,10 @@ def value_checks(model, runtime: OrtDecoder, rng: np.random.Generator, dtype: st
     names = contract.decoder_outputs(runtime.n_layers)
     context = model.config.max_len
     long_len = min(context - 2, 3 * CHUNK + 5)
-    decoder = runtime.arena(5, max(len(PREFILL_LENGTHS) * max(PREFILL_LENGTHS), CHUNK))
-    seqs = {s: list(rng.integers(0, 256, n)) for s, n in enumerate(PREFILL_LENGTHS)}
+    lengths = fitted(PREFILL_LENGTHS, context - DECODES_AFTER_PREFILL)
+    admitted = fitted([ADMITTED_LENGTH], context - (DECODES_AFTER_PREFILL - 1))[0]
+    decoder = runtime.arena(5, max(len(lengths) * max(lengths), CHUNK))
+    seqs = {s: list(rng.integers(0, 256, n)) for s, n in enumerate(lengths)}
     got = dict(enumerate(decoder.prefill(0, list(seqs.values()))))
     checks = check_slots(model, decoder, "prefill B3 right-padded", seqs, got, dtype, names)
 
@@ -61,7 +65,7 @@ def value_checks(model, runtime: OrtDecoder, rng: np.random.Generator, dtype: st
         checks.extend(check_slots(model, decoder, case, seqs, got, dtype, names))
 
     decode_all("decode B3 ragged past")
-    seqs[3] = list(rng.integers(0, 256, ADMITTED_LENGTH))
+    seqs[3] = list(rng.integers(0, 256, admitted))
     got[3] = decoder.prefill(3, [seqs[3]])[0]
     checks += check_slots(model, decoder, "admit into slot 3", {3: seqs[3]}, got, dtype, names)
     decode_all("decode B4 after admission")
@@ -81,8 +85,9 @@ def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -
     dtype = runtime.manifest.dtype
     problems = check_names(runtime)
     checks = value_checks(model, runtime, rng, dtype)
-    prompts = [list(rng.integers(0, 256, n)) for _, n in GREEDY_ARRIVALS]
-    steps = min(steps, model.config.max_len - max(n for _, n in GREEDY_ARRIVALS) - 1)
+    context = model.config.max_len
+    prompts = [list(rng.integers(0, 256, n)) for n in fitted([n for _, n in GREEDY_ARRIVALS], context // 2)]
+    steps = min(steps, context - max(len(p) for p in prompts) - 1)
     reference_tokens, margins = zip(*(torch_greedy(model, [p], steps, runtime.pad_id) for p in prompts))
     decoder = runtime.arena(len(prompts), max(len(p) for p in prompts))
     arrivals = [a for a, _ in GREEDY_ARRIVALS]

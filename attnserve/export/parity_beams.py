@@ -21,6 +21,7 @@ import torch
 
 from ..engine.beam_search import BeamSearch, reassign
 from ..engine.domain import BeamParams
+from .gate_lengths import fitted
 
 BEAM_CASES = ((2, 1.0), (4, 0.6))  # (num_beams, length_penalty)
 BEAM_LENGTHS = (13, 5, 1)  # the prompts' (sources') lengths, prefilled together
@@ -124,17 +125,19 @@ def one_thread() -> Iterator[None]:
 def beam_report(model, runtime, dtype: str, eos_id: int, start_id: int | None, seed: int = 0) -> dict:
     """Each case's hypotheses on both sides; `ok` unless a float32 export's differ."""
     rng = np.random.default_rng(seed)
-    prompts = [[int(i) for i in rng.integers(0, 256, n)] for n in BEAM_LENGTHS]
+    context = model.config.max_len  # a source has it to itself; a prompt shares it with the beams' steps
+    lengths = fitted(list(BEAM_LENGTHS), context if start_id is not None else context // 2)
+    prompts = [[int(i) for i in rng.integers(0, 256, n)] for n in lengths]
     ends = frozenset({eos_id})
-    decoder_prompt = 1 if start_id is not None else max(BEAM_LENGTHS)  # a source has the context to itself
-    budget = min(BEAM_STEPS, model.config.max_len - decoder_prompt)
+    decoder_prompt = 1 if start_id is not None else max(lengths)
+    budget = min(BEAM_STEPS, context - decoder_prompt)
     cases = []
     for k, penalty in BEAM_CASES:
         params = BeamParams(k, penalty, "false", k)
         with one_thread():
             reference = [torch_beams(model, prompt, params, ends, start_id, budget) for prompt in prompts]
         capacity = len(prompts) * k
-        longest = len(prompts) * max(BEAM_LENGTHS)  # the right-padded prefill's tokens
+        longest = len(prompts) * max(lengths)  # the right-padded prefill's tokens
         decoder = runtime.arena(capacity) if start_id is not None else runtime.arena(capacity, longest)
         got = arena_beams(decoder, prompts, params, ends, budget)
         same = [mine == theirs for mine, theirs in zip(got, reference)]

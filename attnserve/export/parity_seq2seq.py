@@ -13,6 +13,7 @@ from ..model.generate import decode_seq2seq
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtSeq2Seq, continuous_greedy
 from ..runtime.ort_session import left_pad
+from .gate_lengths import fitted
 from .graphs import flatten
 from .parity import check_names, compare, gate_report, greedy_with_margins
 
@@ -98,8 +99,9 @@ def arena_value_checks(model, runtime: OrtSeq2Seq, rng: np.random.Generator, dty
     """Admission of a right-padded source batch, decode steps, admission beside running slots, refill."""
     n = runtime.n_layers
     names = ["logits", *contract.present_names(n, "decoder"), *contract.past_names(n, "encoder")]
+    context = model.config.max_len  # a source's positions: the encoder's table has as many as the decoder's
     decoder = runtime.arena(len(ARENA_SOURCES) + 1)
-    sources = {slot: list(rng.integers(48, 58, k)) for slot, k in enumerate(ARENA_SOURCES)}
+    sources = {slot: list(rng.integers(48, 58, k)) for slot, k in enumerate(fitted(ARENA_SOURCES, context))}
     targets = {slot: [runtime.bos_id] for slot in sources}
     got = dict(enumerate(decoder.prefill(0, list(sources.values()))))
     checks: list = []
@@ -121,7 +123,8 @@ def arena_value_checks(model, runtime: OrtSeq2Seq, rng: np.random.Generator, dty
     check("admit B3 sources right-padded", sources)
     for _ in range(3):
         decode_all("decode B3 ragged sources")
-    sources[3], targets[3] = list(rng.integers(48, 58, ARENA_ADMITTED)), [runtime.bos_id]
+    admitted = fitted([ARENA_ADMITTED], context)[0]
+    sources[3], targets[3] = list(rng.integers(48, 58, admitted)), [runtime.bos_id]
     got[3] = decoder.prefill(3, [sources[3]])[0]
     check("admit into slot 3", [3])
     decode_all("decode B4 after admission")
@@ -137,7 +140,8 @@ def run_seq2seq_arena_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: in
     dtype = runtime.manifest.dtype
     problems = check_names(runtime)
     checks = arena_value_checks(model, runtime, rng, dtype)
-    sources = [list(rng.integers(48, 58, k)) for _, k in ARENA_ARRIVALS]
+    lengths = fitted([k for _, k in ARENA_ARRIVALS], model.config.max_len)
+    sources = [list(rng.integers(48, 58, k)) for k in lengths]
     steps = min(steps, model.config.max_len)
     reference, margins = zip(*(torch_greedy(model, [s], steps, runtime.pad_id, runtime.bos_id) for s in sources))
     got = continuous_greedy(runtime.arena(len(sources)), sources, [a for a, _ in ARENA_ARRIVALS], steps)
