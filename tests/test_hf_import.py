@@ -8,6 +8,7 @@ refused in one line naming the field."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -219,6 +220,11 @@ def test_the_shortest_context_passes_every_export_gate_and_serves_within_it(requ
     assert cli_main(["export", str(run / "checkpoint.pt"), "--out", str(model)]) == 0
     parity = json.loads((model / "attnserve.json").read_text())["parity"]
     assert parity["passed"] and parity["beams"]["identical"] and parity["greedy"]["steps"] >= 1
+    concat = tmp_path / "concat"  # the layout before the arena: its gate's cases fitted too, none empty
+    assert cli_main(["export", str(run / "checkpoint.pt"), "--out", str(concat), "--kv-cache", "concat"]) == 0
+    cases = {c["case"] for c in json.loads((concat / "attnserve.json").read_text())["parity"]["checks"]}
+    fitted = [dict(re.findall(r"\b([STP])(\d+)\b", case)) for case in cases]
+    assert all(int(f["T"]) >= 1 and int(f["T"]) + int(f["P"]) <= 8 and int(f.get("S", 1)) <= 8 for f in fitted)
     served = start_server(model)
     try:
         ids = [11, 12, 13]

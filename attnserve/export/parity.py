@@ -17,6 +17,7 @@ from ..model.generate import Pick, decode
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, OrtGraphs
 from ..runtime.ort_session import empty_past, io_names, left_pad
+from .gate_lengths import fitted, fitted_past, renamed
 from .graphs import flatten, pairs
 from .invariance import invariance_failure, invariance_line
 from .parity_beams import beam_lines
@@ -178,13 +179,16 @@ def run_decoder_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0)
     dtype, n_layers = runtime.manifest.dtype, runtime.n_layers
     names = contract.decoder_outputs(n_layers)
     problems, checks = check_names(runtime), []
+    context = model.config.max_len
     for case, lengths, p, _ in DECODER_CASES:
+        p, new = fitted_past(p, max(lengths), context)
+        lengths = fitted(lengths, context)
         ids, mask, positions, past = case_inputs(model, lengths, p, rng, runtime.pad_id)
         expected = torch_outputs(model, ids, mask, positions, past)
         got = runtime.run(ids, mask, positions, [x.astype(runtime.dtype) for x in past])
-        checks += compare(case, names, expected, [got[0], *got[1]], dtype)
-    prompts = [list(rng.integers(0, 256, n)) for n in GREEDY_PROMPT_LENGTHS]
-    steps = min(steps, model.config.max_len - max(GREEDY_PROMPT_LENGTHS))
+        checks += compare(renamed(case, T=new, P=p), names, expected, [got[0], *got[1]], dtype)
+    prompts = [list(rng.integers(0, 256, n)) for n in fitted(GREEDY_PROMPT_LENGTHS, context // 2)]
+    steps = min(steps, context - max(len(prompt) for prompt in prompts))
     reference, margins = torch_greedy(model, prompts, steps, runtime.pad_id)
     return gate_report(dtype, problems, checks, reference, margins, runtime.greedy(prompts, steps))
 

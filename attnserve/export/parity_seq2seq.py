@@ -13,7 +13,7 @@ from ..model.generate import decode_seq2seq
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtSeq2Seq, continuous_greedy
 from ..runtime.ort_session import left_pad
-from .gate_lengths import fitted
+from .gate_lengths import fitted, fitted_past, renamed
 from .graphs import flatten
 from .parity import check_names, compare, gate_report, greedy_with_margins
 
@@ -57,7 +57,11 @@ def run_seq2seq_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0)
     rng = np.random.default_rng(seed)
     dtype, n = runtime.manifest.dtype, runtime.n_layers
     problems, checks = check_names(runtime), []
+    context = model.config.max_len  # a source's positions, and a target's
     for case, lengths, p, t in SEQ2SEQ_CASES:
+        lengths = fitted(lengths, context)
+        p, t = fitted_past(p, p + t, context)
+        case = renamed(case, S=max(lengths), T=t, P=p)
         src, src_mask, _ = left_pad([list(rng.integers(0, 256, k)) for k in lengths], runtime.pad_id)
         tgt = rng.integers(0, 256, (len(lengths), p + t)).astype(np.int64)
         cross, past, expected = torch_case(model, src, src_mask, tgt, p)
@@ -73,8 +77,8 @@ def run_seq2seq_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: int = 0)
             cast(cross),
         )
         checks += compare(case, contract.seq2seq_decoder_outputs(n), expected, [logits, *present], dtype)
-    sources = [list(rng.integers(48, 58, k)) for k in GREEDY_SOURCE_LENGTHS]
-    steps = min(steps, model.config.max_len)
+    sources = [list(rng.integers(48, 58, k)) for k in fitted(GREEDY_SOURCE_LENGTHS, context)]
+    steps = min(steps, context)
     reference, margins = torch_greedy(model, sources, steps, runtime.pad_id, runtime.bos_id)
     return gate_report(dtype, problems, checks, reference, margins, runtime.greedy(sources, steps))
 
