@@ -1,8 +1,10 @@
 """The parity gate's prompt lengths in a short context.
 
-The gates draw prompts of fixed lengths (13 positions and below) and decode after them; a model
-imported with a short context (attnserve import --context-length goes down to 8) has fewer
-positions than that. fitted() keeps the lengths where they fit and scales them down where not.
+The gates draw prompts of fixed lengths (13 positions and below) and decode after them, and the
+concat layout's cases put up to 13 new tokens after a 17-token past; a model imported with a short
+context (attnserve import --context-length goes down to 8) has fewer positions than that. fitted()
+keeps the lengths where they fit and scales them down where not, fitted_past() does the same for a
+case's past and new tokens, and renamed() makes a case's name say the lengths it compared.
 """
 
 from __future__ import annotations
