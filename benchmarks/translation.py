@@ -5,6 +5,8 @@ With --parity, the served hypotheses against transformers' at this shape first.
     python -m benchmarks.translation --work runs/translation --out reports/translation.json \\
         --plot reports/translation.png
     python -m benchmarks.translation --parity --skip-compare --skip-numbers --out reports/translation-parity.json
+    git worktree add /tmp/before COMMIT
+    python -m benchmarks.translation --tree-a /tmp/before --model-a DIR --skip-numbers --out reports/translation.json
 
 The model is a Marian checkpoint of OPUS-MT's shape (d_model 512, 6 + 6 layers, 8 heads, d_ff 2048,
 58,101 ids; random weights and SentencePiece models trained on CPython's docs: nothing downloaded,
@@ -15,7 +17,9 @@ a time. CTranslate2: a Translator (intra_threads T) in this process, `translate_
 `concurrency` sentences at a time (its batches are static: a batch ends with its longest
 translation), each request's latency its batch's. Both decode at most --new-tokens tokens per
 sentence (random weights rarely choose EOS, so most run to it). The sides alternate in rounds;
-medians with ranges. Tokens/s counts each request's best hypothesis.
+medians with ranges. Tokens/s counts each request's best hypothesis. With --tree-a, a third side: attnserve
+served from another checkout (a before/after of a change; --model-a: its export, where the change
+altered the export), in the same rounds.
 """
 
 from __future__ import annotations
@@ -79,13 +83,14 @@ def sentences(tokenizer, count: int) -> list[str]:
 class Served:
     """attnserve serve's process and its unary Generate calls."""
 
-    def __init__(self, model: Path, threads: int):
+    def __init__(self, model: Path, threads: int, tree: str | None = None):
+        """`tree`: the checkout whose attnserve serves (None: this one)."""
         import grpc
 
         from attnserve.v1 import generation_pb2_grpc
         from benchmarks.loadtest.server_process import ServerProcess
 
-        self.server = ServerProcess(str(model), "--threads", str(threads), "--max-batch", "64")
+        self.server = ServerProcess(str(model), "--threads", str(threads), "--max-batch", "64", cwd=tree)
         self.channel = grpc.insecure_channel(self.server.target)
         self.stub = generation_pb2_grpc.TextGenerationStub(self.channel)
 
@@ -172,6 +177,8 @@ def compare(args: argparse.Namespace, hf: Path, model: Path, ct2: Path) -> list[
         "attnserve": Served(model, args.threads),
         "ctranslate2": Ct2(ct2, hf, args.threads),
     }
+    if args.tree_a:
+        sides["before"] = Served(args.model_a or model, args.threads, str(args.tree_a))
     runs: dict[tuple, list] = {}
     try:
         for side in sides.values():  # warm-up: one pass of the smallest case
@@ -196,10 +203,20 @@ def compare(args: argparse.Namespace, hf: Path, model: Path, ct2: Path) -> list[
         for name in sides:
             done = runs[(name, beams, concurrency)]
             row[name] = summary([out for out, _ in done], [seconds for _, seconds in done])
-        mine, theirs = (runs[(name, beams, concurrency)][0][0] for name in sides)
+        mine, theirs = (runs[(name, beams, concurrency)][0][0] for name in ("attnserve", "ctranslate2"))
         row["same_tokens"] = sum(a[0] == b[0] for a, b in zip(mine, theirs))
         row["sentences"] = len(mine)
         row["ratio"] = row["attnserve"]["tokens_per_s"] / row["ctranslate2"]["tokens_per_s"]
+        if "before" in sides:
+            after, before = (runs[(name, beams, concurrency)] for name in ("attnserve", "before"))
+            ratios = [
+                sum(len(i) for i, _ in a) / sa / (sum(len(i) for i, _ in b) / sb)
+                for (a, sa), (b, sb) in zip(after, before)
+            ]
+            row["after_over_before"] = statistics.median(ratios)
+            row["after_over_before_range"] = [min(ratios), max(ratios)]
+            row["before_ratio"] = row["before"]["tokens_per_s"] / row["ctranslate2"]["tokens_per_s"]
+            row["same_tokens_before"] = sum(a[0] == b[0] for a, b in zip(mine, before[0][0]))
         rows.append(row)
     return rows
 
@@ -285,6 +302,13 @@ def print_table(result: dict) -> None:
             f"{row['ratio']:.2f} | {a['latency_p50_ms']:.0f} / {c['latency_p50_ms']:.0f} | "
             f"{row['same_tokens']} of {row['sentences']} |"
         )
+        if "before" in row:
+            low, high = row["after_over_before_range"]
+            print(
+                f"    before: {row['before']['tokens_per_s']:.1f} tokens/s ({row['before_ratio']:.2f}x CTranslate2); "
+                f"after / before {row['after_over_before']:.2f} ({low:.2f}-{high:.2f}); "
+                f"same tokens {row['same_tokens_before']} of {row['sentences']}"
+            )
     n = result.get("numbers")
     if n:
         print(f"numbers, {n['heldout']} held-out: exact match greedy {n['greedy_exact']}, beam 4 {n['beam4_exact']}")
@@ -299,9 +323,12 @@ def write_plot(result: dict, path: str) -> None:
     labels = [f"beams {r['beams']}\n{r['concurrency']} at a time" for r in result["rows"]]
     xs = range(len(labels))
     fig, ax = plt.subplots(figsize=(7, 4))
-    for offset, name in ((-0.2, "attnserve"), (0.2, "ctranslate2")):
+    names = ("before", "attnserve", "ctranslate2") if "before" in result["rows"][0] else ("attnserve", "ctranslate2")
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
         values = [r[name]["tokens_per_s"] for r in result["rows"]]
-        ax.bar([x + offset for x in xs], values, width=0.4, label=name)
+        label = {"before": "attnserve, before", "attnserve": "attnserve"}.get(name, name)
+        ax.bar([x + (i - (len(names) - 1) / 2) * width for x in xs], values, width=width, label=label)
     ax.set_xticks(list(xs), labels)
     ax.set_ylabel("output tokens/s (median)")
     ax.set_title("Marian, OPUS-MT's shape, float32, same weights")
@@ -327,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-compare", action="store_true", help="leave out the comparison with CTranslate2")
     p.add_argument("--parity", action="store_true", help="served hypotheses against transformers' at this shape")
     p.add_argument("--small", action="store_true", help="the tests' small Marian, not OPUS-MT's shape (a smoke run)")
+    p.add_argument("--tree-a", type=Path, default=None, help="a checkout to serve from too, side 'before'")
+    p.add_argument("--model-a", type=Path, default=None, help="side 'before''s model directory (default: the work's)")
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     stamp = Stamp.start("CPUExecutionProvider")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from attnserve.engine import engine as engine_module
-from attnserve.engine.beam_search import BeamSearch
+from attnserve.engine.beam_search import BeamSearch, log_softmax, row_candidates, top
 from attnserve.engine.domain import (
     BeamParams,
     Delta,
@@ -674,7 +674,7 @@ def beams_alone(prompt: tuple[int, ...], params: BeamParams, budget: int) -> lis
         rows = np.zeros((params.num_beams, SPEC.vocab_size), np.float32)
         for row, history in enumerate(histories):
             rows[row, next_id(history)] = 1.0
-        moves = search.step(rows)
+        moves = search.step_rows(rows)
         if search.done:
             return [(h.tokens[:-1] if h.ended else h.tokens, h.score) for h in search.hypotheses()]
         histories = [histories[parent] + [token] for parent, token in moves]
@@ -692,6 +692,24 @@ async def hypotheses(handle) -> list[tuple[tuple[int, ...], float, FinishReason]
                 entry[1:] = [event.score, event.reason]
                 if event.remaining == 0:
                     return [tuple(found[i]) for i in sorted(found)]
+
+
+def test_the_beams_best_take_the_lower_index_among_ties_at_the_last_place_too():
+    """beam_search.top: ties broken by index everywhere, the k-th place included (a partition alone picks
+    any of the tied), so a row's best `keep` are a prefix of its order and the search's candidates from
+    each row's best are the whole rows' best (BeamSearch.step)."""
+    scores = np.array([1.0, 0.0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 2.0, 0.0], np.float32)
+    for k in range(1, scores.size + 1):
+        expected = sorted(range(scores.size), key=lambda i: (-scores[i], i))[:k]
+        assert top(scores, k).tolist() == expected, k
+    # from each row's best 3 or from the whole rows: the same next beams
+    rows = np.zeros((2, 40), np.float32)
+    rows[0, [7, 9]], rows[1, 2] = 1.0, 1.0
+    whole, candidates = (BeamSearch(BeamParams(num_beams=2), frozenset({0}), 8) for _ in range(2))
+    whole.keep = candidates.keep = 4  # the search's best 4 of the 2 x 40 continuations: ties past the ones
+    scores = log_softmax(rows)
+    expected = whole.step(np.tile(np.arange(40), (2, 1)), scores)
+    assert candidates.step(*row_candidates(rows, (), 4)) == expected
 
 
 def test_a_beam_group_waits_for_its_slots_and_decodes_beside_others_as_it_would_alone():

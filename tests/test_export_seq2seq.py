@@ -41,7 +41,8 @@ def test_graphs_have_the_contract_io_and_the_decoder_never_sees_the_source(tiny_
     assert [i.name for i in encoder.graph.input] == contract.seq2seq_encoder_inputs()
     assert [o.name for o in encoder.graph.output] == contract.seq2seq_encoder_outputs(n)
     assert [i.name for i in decoder.graph.input] == contract.seq2seq_decoder_inputs(n)
-    assert [o.name for o in decoder.graph.output] == contract.seq2seq_decoder_outputs(n)
+    # an arena export's decoder ends with each position's greedy token (the server's argmax and logits pass)
+    assert [o.name for o in decoder.graph.output] == [*contract.seq2seq_decoder_outputs(n), contract.NEXT_TOKEN]
     # The source reaches the decoder only as the encoder's keys and values (B, H, S, D): they
     # are computed once per request, never per step.
     cross = next(i for i in decoder.graph.input if i.name == "past_key_values.0.encoder.key")

@@ -14,6 +14,8 @@ import onnxruntime as ort
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
+from attnserve.engine.beam_search import BeamSearch, row_candidates, top_candidates
+from attnserve.engine.domain import BeamParams
 from attnserve.engine.sampling import counter_uniform, log_softmax, pick_row, processed_row
 from attnserve.engine.seam import PassRow
 from attnserve.engine.sequence import Sequence
@@ -322,8 +324,42 @@ def test_auto_passes_the_rows_whose_host_work_costs_more():
     whole = PassRow(1.0, 0, 1.0, 0.0, 0.5)  # a draw over every id: passed where that saves time alone
     assert worth_passing([whole], 50257, cpu) == [True]
     assert worth_passing([whole] * 16 + [sample] * 16, 2048, cpu) == [False] * 16 + [True] * 16
+    beam = PassRow(0.0, 0, 1.0, 0.0, 0.0, top=9, alone=True)  # a beam's candidates: its side by its own cost
+    assert worth_passing([beam], 58101, cpu) == [True]
+    assert worth_passing([beam] * 16 + [sample] * 16, 8000, cpu) == [False] * 16 + [True] * 16
     assert worth_passing([ban], 50257, cpu, "on") == [True]
     assert worth_passing([sample] * 16, 50257, cpu, "off") == [False] * 16
+
+
+@pytest.mark.parametrize("vocab", [V, 20_011], ids=["row pass", "narrow and wide passes"])
+def test_a_beams_candidates_from_the_pass_are_the_hosts_and_search_alike(pass_cpu, vocab):
+    """A beam's row picked by the pass (its keep plus its bans likeliest ids, the bans left out after) gives
+    the ids the host's log-softmax and top give, their log-probabilities within 1e-5; and a search of 4
+    beams over 12 steps of rows takes the same beams and tokens, and keeps the same hypotheses, fed
+    either way."""
+    rng = np.random.default_rng(11)
+    params, banned = BeamParams(num_beams=4, length_penalty=0.6, num_return_sequences=4), (3, 17)
+    host, passed = (BeamSearch(params, frozenset({5}), 12) for _ in range(2))
+    keep = host.keep
+    row = PassRow(0.0, 0, 1.0, 0.0, 0.0, top=keep + len(banned), alone=True)
+    for step in range(12):
+        rows = random_rows(rng, 4, vocab)
+        rows[:, 5] += 14.0 * (step in (3, 6))  # the end id likely now and then: hypotheses end early
+        rows[:, banned] += 20.0  # the bans the likeliest: the pass's top holds them, the host masks them
+        ids, logprobs = row_candidates(rows, banned, keep)
+        picks = pass_cpu.run(rows[:, None, :], list(range(4)), [row] * 4)
+        got = [top_candidates(pick.top, banned, keep) for pick in picks]
+        assert [g[0].tolist() for g in got] == ids.tolist()
+        assert np.stack([g[1] for g in got]) == pytest.approx(logprobs, abs=1e-5)
+        moves = host.step(ids, logprobs)
+        assert passed.step(np.stack([g[0] for g in got]), np.stack([g[1] for g in got])) == moves
+        if host.done:
+            break
+    mine, theirs = host.hypotheses(), passed.hypotheses()
+    assert host.done and passed.done and any(h.ended for h in mine)  # an end id ended hypotheses too
+    assert [h.tokens for h in mine] == [h.tokens for h in theirs]
+    # a score sums a log-probability per step, each within 1e-5 (above): within 1e-5 a step
+    assert [h.score for h in mine] == pytest.approx([h.score for h in theirs], abs=1e-5 * 12)
 
 
 @pytest.fixture(scope="module")

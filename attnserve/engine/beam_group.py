@@ -1,13 +1,15 @@
 """A beam search request inside the continuous batch: its k beams are k slots of the same batch as every
 other request, its prompt (or source) prefilled once and forked into them.
 
-Each step the group takes its k rows of logits, and beam_search.py says which beam each next beam
-continues. A beam that continues its own slot's beam keeps the slot; where several continue one beam,
-the first keeps its slot and each other takes a slot whose beam ended, with a copy of the cache
-(SlotRunner.copy_cache: on the device, no host round trip; an encoder-decoder's source keys and values
-are the same in every slot of the group and are not copied or computed again). The request's events are
-its best hypotheses at the end, one completion each (index 0 best), with their scores: a stream of a
-beam request sends them once the search ends.
+Each step the group takes its k rows' best continuations, and beam_search.py says which beam each next
+beam continues. A runner's batched pass may pick a row where its logits are (pass_row: its `keep` plus
+its bans likeliest ids, log-softmaxed over the unbanned row, as transformers' search does before it
+masks); the group makes the rest from their rows of logits. A beam that continues its own slot's beam
+keeps the slot; where several continue one beam, the first keeps its slot and each other takes a slot
+whose beam ended, with a copy of the cache (SlotRunner.copy_cache: on the device, no host round trip;
+an encoder-decoder's source keys and values are the same in every slot of the group and are not copied
+or computed again). The request's events are its best hypotheses at the end, one completion each
+(index 0 best), with their scores: a stream of a beam request sends them once the search ends.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import time
 import numpy as np
 
 from ..tokenizer import Tokenizer
-from .beam_search import BeamSearch, reassign
+from .beam_search import BeamSearch, reassign, row_candidates, top_candidates
 from .domain import Delta, Final, FinishReason, Usage
-from .seam import Logits
+from .seam import PASS_TOP, Logits, PassRow
 from .sequence import Caller, Event, Sequence
 
 
@@ -53,8 +55,23 @@ class BeamGroup:
         picked: np.ndarray | None,  # noqa: ARG002 (a beam's token is its search's, not the row's argmax)
         now: float,
     ) -> tuple[list[Event], list[tuple[int, int]]]:
-        """Its k rows (search.Search): step()'s events and cache copies."""
-        return self.step({key: logits.rows[row] for key, row in rows.items()}, now)
+        """Its k rows (search.Search), each picked by the runner's pass or read from the logits: step()'s
+        events and cache copies."""
+        banned, keep = self.banned(), self.search.keep
+        found = {key: top_candidates(logits.picks[key].top, banned, keep) for key in rows if key in logits.picks}
+        if host := [key for key in rows if key not in logits.picks]:
+            ids, logprobs = row_candidates(logits.rows[[rows[key] for key in host]], banned, keep)
+            found |= {key: (ids[i], logprobs[i]) for i, key in enumerate(host)}
+        return self.step(found, now)
+
+    def pass_row(self) -> PassRow | None:
+        """Each beam's pick as the runner's batched pass makes it: no transform, its `keep` and its bans
+        likeliest ids (the bans left out after: transformers' search masks after the log-softmax), the
+        side chosen by the row alone (its scores must not depend on the batch); None where that is more
+        than the pass brings back or the row holds."""
+        top = self.search.keep + len(self.banned())
+        fits = top <= min(PASS_TOP, self.sequence.sampler.vocab_size)
+        return PassRow(0.0, 0, 1.0, 0.0, 0.0, top=top, alone=True) if fits else None
 
     def token_gaps(self) -> list[float]:
         return []  # its tokens go out at its end
@@ -64,11 +81,15 @@ class BeamGroup:
         s = self.sequence
         return s.early_ban if self.search.generated < s.request.min_new_tokens else s.late_ban
 
-    def step(self, rows: dict[int, np.ndarray], now: float) -> tuple[list[Event], list[tuple[int, int]]]:
-        """This step's rows by key: the events (the hypotheses, once the search ends) and the cache copies
-        (src key, dst key) the runner makes before the next step; every src keeps its own state."""
+    def step(
+        self, found: dict[int, tuple[np.ndarray, np.ndarray]], now: float
+    ) -> tuple[list[Event], list[tuple[int, int]]]:
+        """This step's best continuations by key (ids, log-probabilities: beam_search's candidates): the
+        events (the hypotheses, once the search ends) and the cache copies (src key, dst key) the runner
+        makes before the next step; every src keeps its own state."""
         self.first_step = self.first_step or now
-        moves = self.search.step(np.stack([rows[key] for key in self.beam_keys]), self.banned())
+        ids, logprobs = (np.stack([found[key][i] for key in self.beam_keys]) for i in (0, 1))
+        moves = self.search.step(ids, logprobs)
         if self.search.done:
             return self.finish(now), []
         self.beam_keys, copies = reassign(self.beam_keys, moves)
@@ -123,8 +144,9 @@ class BeamMember:
         """The search that takes this slot's rows (search.py): its group."""
         return self.group
 
-    def pass_row(self) -> None:
-        """Never picked by a runner's batched pass: the group's search takes its row."""
+    def pass_row(self) -> PassRow | None:
+        """The group's (BeamGroup.pass_row): its search takes the pick's top ids."""
+        return self.group.pass_row()
 
     def take_prompt(self, rows: np.ndarray) -> None:
         """A beam search asks no prompt logprobs (validation refuses them beside num_beams)."""

@@ -31,10 +31,38 @@ NEG = np.float32(-np.inf)
 
 
 def top(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k largest scores, largest first (ties: the lower index first)."""
+    """Indices of the k largest of 1-D `scores`, largest first (ties: the lower index first, also among
+    those tied at the k-th)."""
     k = min(k, scores.size)
-    part = np.argpartition(-scores, k - 1)[:k] if k < scores.size else np.arange(scores.size)
+    if k < scores.size:
+        kth = -np.partition(-scores, k - 1)[k - 1]
+        above = np.flatnonzero(scores > kth)
+        part = np.concatenate([above, np.flatnonzero(scores == kth)[: k - above.size]])
+    else:
+        part = np.arange(scores.size)
     return part[np.lexsort((part, -scores[part]))]
+
+
+def row_candidates(rows: np.ndarray, banned: tuple[int, ...], keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's `keep` best continuations, from rows of logits (k, V): their ids (k, keep) and
+    log-probabilities (float32, the banned ids' -inf), best first, lower id first on ties."""
+    scores = log_softmax(rows)
+    if banned:
+        scores[:, list(banned)] = -np.inf
+    ids = np.stack([top(row, keep) for row in scores])
+    return ids, np.take_along_axis(scores, ids, axis=1)
+
+
+def top_candidates(
+    pairs: tuple[tuple[int, float], ...], banned: tuple[int, ...], keep: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One row's `keep` best continuations from its likeliest (id, log-probability) pairs, best first, lower
+    id first on ties (a batched logits pass's top ids of the row, unbanned, log-softmaxed in float32):
+    the banned ids left out, so `pairs` must hold `keep` more than `banned`."""
+    kept = [(token, value) for token, value in pairs if token not in banned][:keep]
+    assert len(kept) == keep, "a beam's pass asks for its keep and its bans"
+    ids, values = zip(*kept)
+    return np.array(ids, np.int64), np.array(values, np.float32)
 
 
 def log_softmax(rows: np.ndarray) -> np.ndarray:
@@ -88,16 +116,22 @@ class BeamSearch:
         self.can_improve = True  # transformers' early-stop heuristic, sticky once it says no
         self.done = False
 
-    def step(self, rows: np.ndarray, banned: tuple[int, ...] = ()) -> list[tuple[int, int]]:
-        """The k running beams' rows of logits (k, V), in beam order: each next beam as (the beam it
-        continues, its token), best first. Sets `done` when the search ends (hypotheses())."""
-        k, vocab = rows.shape
-        scores = log_softmax(rows)
-        if banned:
-            scores[:, list(banned)] = -np.inf
-        flat = (scores + self.running_scores[:, None]).reshape(-1)
+    def step_rows(self, rows: np.ndarray, banned: tuple[int, ...] = ()) -> list[tuple[int, int]]:
+        """step() from the k running beams' rows of logits (k, V), in beam order."""
+        return self.step(*row_candidates(rows, banned, self.keep))
+
+    def step(self, ids: np.ndarray, logprobs: np.ndarray) -> list[tuple[int, int]]:
+        """The k running beams' best continuations, in beam order: `ids` (k, m) and their `logprobs`
+        (float32; m >= keep, or the whole row), each row best first, lower id first on ties
+        (row_candidates, top_candidates). Each next beam as (the beam it continues, its token), best
+        first. Sets `done` when the search ends (hypotheses()). The best `keep` of the k x V
+        continuations are among each row's best `keep`, in the same order (the running score is the
+        row's, and a row's ties are in id order): the whole rows' best, where `keep` of them are finite
+        (else those ruled out, at -inf, may be others)."""
+        k, m = ids.shape
+        flat = (logprobs + self.running_scores[:, None]).reshape(-1)
         picked = top(flat, self.keep)
-        totals, beams, tokens = flat[picked], picked // vocab, picked % vocab
+        totals, beams, tokens = flat[picked], picked // m, ids.reshape(-1)[picked]
         length = self.generated + 1
         ends = np.isin(tokens, self.ends) | (length >= self.budget)
         self.keep_finished(totals, beams, tokens, ends, length)

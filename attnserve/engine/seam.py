@@ -45,6 +45,9 @@ def no_ids() -> np.ndarray:
     return np.empty(0, np.int64)
 
 
+PASS_TOP = 20  # the most top ids a batched logits pass brings back for a row (PassRow.top)
+
+
 @dataclass(frozen=True)
 class PassRow:
     """What the batched logits pass does to one row (a Sampler's pick with no grammar's mask): divide the
@@ -52,8 +55,10 @@ class PassRow:
     of the `occurred` ids' `counts` and `presence` once, add `bias` (sparse; a banned id's is -inf),
     divide by `temperature` (0: greedy, the row's argmax), keep by `min_p` (0: off), `top_k` (0: off) and
     `top_p` (1: off), then draw with `uniform` in [0, 1) (sampling.draw); the token's log-probability
-    comes back, and the `top` likeliest ids' too. The id arrays may be views of the Sampler's: read them
-    before it takes its next token."""
+    comes back, and the `top` likeliest ids' too (at most PASS_TOP). With `alone`, whether the pass or the
+    host picks the row may depend on the row alone, never on what shares its batch (a beam's scores: the
+    two sides' float32 log-softmaxes may part in the last bit). The id arrays may be views of the
+    Sampler's: read them before it takes its next token."""
 
     temperature: float
     top_k: int
@@ -68,6 +73,7 @@ class PassRow:
     seen: np.ndarray = field(default_factory=no_ids, compare=False)  # the prompt's and completion's, once
     occurred: np.ndarray = field(default_factory=no_ids, compare=False)  # the completion's, once each
     counts: np.ndarray = field(default_factory=no_ids, compare=False)  # how often each occurred
+    alone: bool = False
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,8 @@ class Seq2SeqDecoderGraph(nn.Module):
 
 class ArenaSeq2SeqDecoderGraph(nn.Module):
     """Seq2SeqDecoderGraph's signature over an in-place self-attention cache (B, H, L, D), right
-    padding; the cross-attention keys/values are the arena's per-slot segment (B, H, S, D)."""
+    padding; the cross-attention keys/values are the arena's per-slot segment (B, H, S, D). Its outputs
+    end with each position's greedy token, as the decoder-only arena graph's do."""
 
     def __init__(self, model: EncoderDecoder):
         super().__init__()
@@ -135,7 +136,7 @@ class ArenaSeq2SeqDecoderGraph(nn.Module):
             encoder_attention_mask,
             cache=InPlaceAttention(attention_mask),
         )
-        return (logits, *flatten(present))
+        return (logits, *flatten(present), greedy_tokens(logits))
 
 
 def seq2seq_sample_inputs(config, dtype: torch.dtype, batch: int = 2, src: int = 5, seq: int = 3, past: int = 4):

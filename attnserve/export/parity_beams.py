@@ -72,7 +72,7 @@ def torch_beams(model, prompt: list[int], params: BeamParams, ends: frozenset[in
         rows, step = seq2seq_steps(model, prompt, k, start_id)
     search = BeamSearch(params, ends, budget)
     while True:
-        moves = search.step(rows.float().numpy())
+        moves = search.step_rows(rows.float().numpy())
         if search.done:
             return [h.tokens for h in search.hypotheses()]
         parents = torch.tensor([parent for parent, _ in moves])
@@ -95,7 +95,7 @@ def arena_beams(decoder, prompts: list[list[int]], params: BeamParams, ends: fro
         for g, search in enumerate(searches):
             if search.done:
                 continue
-            moves = search.step(np.stack([latest[slot] for slot in slots[g]]))
+            moves = search.step_rows(np.stack([latest[slot] for slot in slots[g]]))
             if search.done:
                 found[g] = [h.tokens for h in search.hypotheses()]
                 continue

@@ -148,7 +148,12 @@ def run_seq2seq_arena_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: in
     sources = [list(rng.integers(48, 58, k)) for k in lengths]
     steps = min(steps, model.config.max_len)
     reference, margins = zip(*(torch_greedy(model, [s], steps, runtime.pad_id, runtime.bos_id) for s in sources))
-    got = continuous_greedy(runtime.arena(len(sources)), sources, [a for a, _ in ARENA_ARRIVALS], steps)
+    arrivals = [a for a, _ in ARENA_ARRIVALS]
+    got = continuous_greedy(runtime.arena(len(sources)), sources, arrivals, steps)
+    decoder = runtime.arena(len(sources))
+    # the server's all-greedy steps read the graph's NEXT_TOKEN: the same tokens
+    if decoder.greedy_outputs and not np.array_equal(continuous_greedy(decoder, sources, arrivals, steps, True), got):
+        problems.append(f"{contract.NEXT_TOKEN} differs from the argmax of the logits in the greedy loop")
     return gate_report(
         dtype, problems, checks, np.concatenate(reference), np.concatenate(margins), got, kv_cache=contract.KV_ARENA
     )

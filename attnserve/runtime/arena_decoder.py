@@ -328,8 +328,9 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
         manifest: contract.Manifest,
         capacity: int,
         device: Device | None = None,
+        logits_pass: str = "auto",
     ):
-        super().__init__(decoder, manifest, capacity, capacity, device)
+        super().__init__(decoder, manifest, capacity, capacity, device, logits_pass=logits_pass)
         self.encoder, self.bos_id = encoder, manifest.bos_id
         self.cross = self.make_arena(manifest, capacity, contract.past_names(self.n_layers, "encoder"), [])
 

@@ -64,7 +64,7 @@ class ModelDirError(Exception):
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS = "input_ids", "attention_mask", "position_ids"
 ENCODER_ATTENTION_MASK = "encoder_attention_mask"  # encoder-decoder: the source's mask, seen by the decoder
 LOGITS = "logits"
-NEXT_TOKEN = "next_token"  # decoder-only arena graphs: argmax of logits (B, T) int64, first index on ties
+NEXT_TOKEN = "next_token"  # arena decoder graphs: argmax of logits (B, T) int64, first index on ties
 PAST_NAME = "past_key_values.{i}{seg}.{kv}"  # seg "", ".decoder" or ".encoder"; kv "key" or "value"
 PRESENT_NAME = "present.{i}{seg}.{kv}"
 
@@ -141,6 +141,7 @@ def arena_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
 def arena_seq2seq_decoder_dynamic_axes(n_layers: int) -> dict[str, dict[int, str]]:
     """The encoder-decoder arena graph's axes: self-attention past and present share one buffer length."""
     axes = seq2seq_decoder_dynamic_axes(n_layers)
+    axes[NEXT_TOKEN] = {0: BATCH, 1: SEQ}
     axes.update(
         {name: {0: BATCH, 2: CACHE} for name in [*past_names(n_layers, "decoder"), *present_names(n_layers, "decoder")]}
     )
@@ -182,9 +183,10 @@ def graph_specs(architecture: str, n_layers: int, kv_cache: str = KV_CONCAT) -> 
     if architecture == DECODER_ONLY:
         outputs = arena_decoder_outputs(n) if kv_cache == KV_ARENA else decoder_outputs(n)
         return {DECODER: GraphSpec(MODEL_FILE, tuple(decoder_inputs(n)), tuple(outputs))}
+    outputs = [*seq2seq_decoder_outputs(n), NEXT_TOKEN] if kv_cache == KV_ARENA else seq2seq_decoder_outputs(n)
     return {
         ENCODER: GraphSpec(ENCODER_FILE, tuple(seq2seq_encoder_inputs()), tuple(seq2seq_encoder_outputs(n))),
-        DECODER: GraphSpec(DECODER_FILE, tuple(seq2seq_decoder_inputs(n)), tuple(seq2seq_decoder_outputs(n))),
+        DECODER: GraphSpec(DECODER_FILE, tuple(seq2seq_decoder_inputs(n)), tuple(outputs)),
     }
 
 
@@ -192,11 +194,12 @@ def io_name_problems(
     architecture: str, n_layers: int, graphs: Mapping[str, tuple[Sequence[str], Sequence[str]]]
 ) -> list[str]:
     """Differences between graphs' I/O names (role -> (inputs, outputs)) and the contract's, as messages.
-    A decoder-only graph may end its outputs with NEXT_TOKEN (arena exports do; earlier ones do not)."""
+    A decoder graph may end its outputs with NEXT_TOKEN (arena exports do; earlier ones do not, and no
+    encoder-decoder's did before the batched logits pass took its beams)."""
     problems = []
     for role, spec in graph_specs(architecture, n_layers).items():
         got_inputs, got_outputs = graphs.get(role, ((), ()))
-        if architecture == DECODER_ONLY and list(got_outputs)[-1:] == [NEXT_TOKEN]:
+        if role == DECODER and list(got_outputs)[-1:] == [NEXT_TOKEN]:
             got_outputs = list(got_outputs)[:-1]
         for kind, got, want in (("inputs", got_inputs, spec.inputs), ("outputs", got_outputs, spec.outputs)):
             if list(got) != list(want):

@@ -105,15 +105,16 @@ def draws_whole(row: PassRow, vocab: int) -> bool:
 def worth_passing(plan: Sequence[PassRow], vocab: int, device: Device, mode: str = "auto") -> list[bool]:
     """Which rows of `plan` the pass should pick (`mode` auto; on: all; off: none): on CUDA all; on the CPU
     those whose host work costs more than their share of the pass, if together they save more than the
-    run's fixed cost. A row that draws from its whole distribution is passed where that saves time alone,
-    whatever shares its batch: the pass's float32 sums may part from the host's float64 at an id's edge,
-    so such a row must take one side whatever its batch."""
+    run's fixed cost. A row that draws from its whole distribution, or is to be judged `alone` (a beam's),
+    is passed where that saves time alone, whatever shares its batch: the pass's float32 sums may part
+    from the host's float64 at an id's edge, so such a row must take one side whatever its batch."""
     if mode != "auto" or device.kind != "cpu":
         return [mode != "off"] * len(plan)
     share = PASS_ROW_US + PASS_NS_PER_ID * vocab / 1000
     saving = [host_us(row, vocab) - share for row in plan]
-    together = sum(s for row, s in zip(plan, saving) if s > 0 and not draws_whole(row, vocab)) > PASS_RUN_US
-    return [s > PASS_RUN_US if draws_whole(row, vocab) else together and s > 0 for row, s in zip(plan, saving)]
+    alone = [row.alone or draws_whole(row, vocab) for row in plan]
+    together = sum(s for s, by_itself in zip(saving, alone) if s > 0 and not by_itself) > PASS_RUN_US
+    return [s > PASS_RUN_US if by_itself else together and s > 0 for s, by_itself in zip(saving, alone)]
 
 
 class LogitsPass:

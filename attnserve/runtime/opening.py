@@ -95,7 +95,9 @@ def open_slot_runner(
     batched logits pass as `logits_pass` says (auto, on, off: logits_pass.worth_passing)."""
     device = device_of(model.session)
     if model.seq2seq:  # a source is encoded whole: never in chunks
-        decoder: ArenaDecoder = ArenaSeq2SeqDecoder(model.encoder, model.session, model.manifest, capacity, device)
+        decoder: ArenaDecoder = ArenaSeq2SeqDecoder(
+            model.encoder, model.session, model.manifest, capacity, device, logits_pass
+        )
         return ArenaRunner(model, decoder, model.context_length)
     chunk = max(prefill_chunk, capacity)
     decoder = ArenaDecoder(model.session, model.manifest, capacity, chunk, device, model.graph_session, logits_pass)
