@@ -14,6 +14,8 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.batch_invariance  a request's tokens alone, batched and from the prefix cache
     python -m benchmarks.pass_speed  the batched logits pass alone, two checkouts alternating
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
+    python -m benchmarks.step_profile  where a decode step's time goes, per kind of node, against the bandwidth
+    python -m benchmarks.kernel_nbits  the quantized MatMul kernels alone at batch 1, by bits, block and accuracy
     python -m benchmarks.loadtest.soak      many misbehaving streams for a long time (make soak)
     python -m benchmarks.loadtest.overload  open-loop arrivals above capacity (make overload)
     python -m benchmarks.loadtest.refusals  the front end's CPU a refused call costs, two trees alternating
