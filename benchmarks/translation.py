@@ -156,9 +156,14 @@ class Ct2:
         pass
 
 
+def tokens_per_s(run: list[tuple], seconds: float) -> float:
+    """A round's best hypotheses' tokens (token ids, seconds each) over its `seconds`."""
+    return sum(len(ids) for ids, _ in run) / seconds
+
+
 def summary(runs: list[list[tuple]], elapsed: list[float]) -> dict:
     """Tokens/s and latency medians (min-max) over rounds."""
-    rates = [sum(len(ids) for ids, _ in run) / seconds for run, seconds in zip(runs, elapsed)]
+    rates = [tokens_per_s(run, seconds) for run, seconds in zip(runs, elapsed)]
     p50 = [statistics.median(s for _, s in run) * 1000 for run in runs]
     return {
         "tokens_per_s": statistics.median(rates),
@@ -209,10 +214,7 @@ def compare(args: argparse.Namespace, hf: Path, model: Path, ct2: Path) -> list[
         row["ratio"] = row["attnserve"]["tokens_per_s"] / row["ctranslate2"]["tokens_per_s"]
         if "before" in sides:
             after, before = (runs[(name, beams, concurrency)] for name in ("attnserve", "before"))
-            ratios = [
-                sum(len(i) for i, _ in a) / sa / (sum(len(i) for i, _ in b) / sb)
-                for (a, sa), (b, sb) in zip(after, before)
-            ]
+            ratios = [tokens_per_s(a, sa) / tokens_per_s(b, sb) for (a, sa), (b, sb) in zip(after, before)]
             row["after_over_before"] = statistics.median(ratios)
             row["after_over_before_range"] = [min(ratios), max(ratios)]
             row["before_ratio"] = row["before"]["tokens_per_s"] / row["ctranslate2"]["tokens_per_s"]

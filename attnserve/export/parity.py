@@ -15,7 +15,7 @@ import torch
 
 from ..model.generate import Pick, decode
 from ..runtime import contract
-from ..runtime.ort_decoder import OrtDecoder, OrtGraphs
+from ..runtime.ort_decoder import OrtDecoder, OrtGraphs, continuous_greedy
 from ..runtime.ort_session import empty_past, io_names, left_pad
 from .gate_lengths import fitted, fitted_past, renamed
 from .graphs import flatten, pairs
@@ -115,6 +115,17 @@ class MarginPick:
         top2 = logits.float().topk(2, dim=-1).values
         self.margins.append(top2[:, 0] - top2[:, 1])
         return logits.argmax(-1)
+
+
+def next_token_problems(
+    decoder, prompts: list[list[int]], arrivals: list[int], steps: int, got: np.ndarray
+) -> list[str]:
+    """The arena gate's greedy loop again on a fresh `decoder`, its steps bringing back only the graph's
+    NEXT_TOKEN, as the server's all-greedy steps do: a problem unless its tokens are `got`, the loop's
+    from the logits (none for a graph without NEXT_TOKEN)."""
+    if not decoder.greedy_outputs or np.array_equal(continuous_greedy(decoder, prompts, arrivals, steps, True), got):
+        return []
+    return [f"{contract.NEXT_TOKEN} differs from the argmax of the logits in the greedy loop"]
 
 
 def greedy_with_margins(run: Callable[[Pick], torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:

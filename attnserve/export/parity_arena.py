@@ -16,7 +16,7 @@ import torch
 from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder, continuous_greedy
 from .gate_lengths import fitted
-from .parity import check_names, compare, gate_report, torch_greedy
+from .parity import check_names, compare, gate_report, next_token_problems, torch_greedy
 
 PREFILL_LENGTHS = [13, 5, 1]  # slots 0-2, prefilled together, right-padded
 ADMITTED_LENGTH = 7  # into slot 3 while slots 0-2 hold state
@@ -92,11 +92,8 @@ def run_arena_gate(model, runtime: OrtDecoder, steps: int = 64, seed: int = 0) -
     decoder = runtime.arena(len(prompts), max(len(p) for p in prompts))
     arrivals = [a for a, _ in GREEDY_ARRIVALS]
     got = continuous_greedy(decoder, prompts, arrivals, steps)
-    if decoder.greedy_outputs:  # the server's all-greedy steps read the graph's NEXT_TOKEN: the same tokens
-        ids = continuous_greedy(
-            runtime.arena(len(prompts), max(len(p) for p in prompts)), prompts, arrivals, steps, True
-        )
-        if not np.array_equal(ids, got):
-            problems.append(f"{contract.NEXT_TOKEN} differs from the argmax of the logits in the greedy loop")
+    problems += next_token_problems(
+        runtime.arena(len(prompts), max(len(p) for p in prompts)), prompts, arrivals, steps, got
+    )
     reference = np.concatenate(reference_tokens)
     return gate_report(dtype, problems, checks, reference, np.concatenate(margins), got, kv_cache=contract.KV_ARENA)

@@ -15,7 +15,7 @@ from ..runtime.ort_decoder import OrtSeq2Seq, continuous_greedy
 from ..runtime.ort_session import left_pad
 from .gate_lengths import fitted, fitted_past, renamed
 from .graphs import flatten
-from .parity import check_names, compare, gate_report, greedy_with_margins
+from .parity import check_names, compare, gate_report, greedy_with_margins, next_token_problems
 
 # (case name, real source length of each row, target past length P, new target tokens T)
 SEQ2SEQ_CASES = [
@@ -150,10 +150,7 @@ def run_seq2seq_arena_gate(model, runtime: OrtSeq2Seq, steps: int = 64, seed: in
     reference, margins = zip(*(torch_greedy(model, [s], steps, runtime.pad_id, runtime.bos_id) for s in sources))
     arrivals = [a for a, _ in ARENA_ARRIVALS]
     got = continuous_greedy(runtime.arena(len(sources)), sources, arrivals, steps)
-    decoder = runtime.arena(len(sources))
-    # the server's all-greedy steps read the graph's NEXT_TOKEN: the same tokens
-    if decoder.greedy_outputs and not np.array_equal(continuous_greedy(decoder, sources, arrivals, steps, True), got):
-        problems.append(f"{contract.NEXT_TOKEN} differs from the argmax of the logits in the greedy loop")
+    problems += next_token_problems(runtime.arena(len(sources)), sources, arrivals, steps, got)
     return gate_report(
         dtype, problems, checks, np.concatenate(reference), np.concatenate(margins), got, kv_cache=contract.KV_ARENA
     )
