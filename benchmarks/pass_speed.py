@@ -1,5 +1,7 @@
 """The batched logits pass alone, two checkouts against each other: one LogitsPass.run over R rows of
-V random logits shaped like a model's (a few likely ids over a long tail), per request kind.
+V random logits shaped like a model's (a few likely ids over a long tail; `top_p_flat`: no likely ids,
+as a model with random weights has), per request kind; with --host, the host's pick of the same rows
+too (engine/sampling.py's pick_row, row by row, in side b's process).
 
 Each side runs in a process of its own with its checkout first on sys.path (so two versions of the
 pass compare on one machine), one intra-op thread each by default, spinning off as served. Each
@@ -9,7 +11,7 @@ min and max and b/a per round, and how many rows each side picked (the rest go t
 one JSON object last. Torch-free.
 
     python -m benchmarks.pass_speed --tree-a DIR [--tree-b DIR] [--vocab 50257] [--rows 1,16]
-        [--threads 1] [--repeats 5] [--out F.json]
+        [--threads 1] [--repeats 5] [--kinds top_k,top_p,...] [--host] [--out F.json]
 
 A before/after of a change: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
 """
@@ -30,6 +32,7 @@ HERE = Path(__file__).resolve().parent.parent
 KINDS = {
     "top_k": (1.0, 50, 1.0, 0.0, 0.4, (), 0),
     "top_p": (0.8, 0, 0.95, 0.0, 0.4, (), 0),
+    "top_p_flat": (0.8, 0, 0.95, 0.0, 0.4, (), 0),
     "logprobs": (0.0, 0, 1.0, 0.0, 0.0, (), 5),
     "ignore_eos": (0.0, 0, 1.0, 0.0, 0.0, ((0, float("-inf")),), 0),
 }
@@ -43,27 +46,37 @@ from attnserve.runtime.logits_pass import LogitsPass
 vocab, rows, threads, calls, kind = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 fields = json.loads(sys.argv[7])
 fields[5] = tuple(tuple(pair) for pair in fields[5])
+host = sys.argv[8] == "host"
 rng = np.random.default_rng(0)
-logits = rng.normal(0, 1, (rows, 1, vocab)).astype(np.float32)
-for row in range(rows):
+flat = kind.endswith("_flat")
+logits = rng.normal(0, 0.5 if flat else 1, (rows, 1, vocab)).astype(np.float32)
+for row in range(rows if not flat else 0):
     logits[row, 0, rng.integers(0, vocab, 20)] += rng.uniform(6, 12)
 plan = [PassRow(*fields)] * rows
 p = LogitsPass("float32", Device(), threads=threads, mode="on")
-for _ in range(10):
-    picks = p.run(logits, list(range(rows)), plan)
-best = float("inf")
-for _ in range(5):
-    start = time.perf_counter()
-    for _ in range(calls):
-        p.run(logits, list(range(rows)), plan)
-    best = min(best, (time.perf_counter() - start) / calls * 1e6)
-print(json.dumps({"us": best, "picked": sum(pick is not None for pick in picks)}))
+def best_of(run):
+    for _ in range(3):
+        run()
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+picks = p.run(logits, list(range(rows)), plan)
+out = {"us": best_of(lambda: p.run(logits, list(range(rows)), plan)), "picked": sum(x is not None for x in picks)}
+if host:
+    from attnserve.engine.sampling import pick_row
+    out["host_us"] = best_of(lambda: [pick_row(logits[row, 0], plan[row]) for row in range(rows)])
+print(json.dumps(out))
 """
 
 
-def timed(tree: str, vocab: int, rows: int, threads: int, calls: int, kind: str) -> dict:
-    """One side's run in a process of its own: microseconds per call, rows picked."""
-    argv = [tree, str(vocab), str(rows), str(threads), str(calls), kind, json.dumps(KINDS[kind])]
+def timed(tree: str, vocab: int, rows: int, threads: int, calls: int, kind: str, host: bool = False) -> dict:
+    """One side's run in a process of its own: microseconds per call, rows picked (and with `host`, the
+    host's microseconds for the same rows)."""
+    argv = [tree, str(vocab), str(rows), str(threads), str(calls), kind, json.dumps(KINDS[kind]), "host" * host]
     out = subprocess.run([sys.executable, "-c", TIMING, *argv], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -78,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=30, help="runs per timed batch")
     p.add_argument("--repeats", type=int, default=5, help="rounds, the sides alternating; medians reported")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    p.add_argument("--host", action="store_true", help="time the host's pick of the same rows too, in side b")
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
     stamp = Stamp.start(provider="cpu")
@@ -88,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[dict]] = {"a": [], "b": []}
             for round_ in range(args.repeats):
                 for side in "ab" if round_ % 2 == 0 else "ba":
-                    runs[side].append(timed(trees[side], args.vocab, rows, args.threads, args.calls, kind))
+                    host = args.host and side == "b"
+                    runs[side].append(timed(trees[side], args.vocab, rows, args.threads, args.calls, kind, host))
             us = {side: [run["us"] for run in runs[side]] for side in runs}
             row = {
                 "rows": rows,
@@ -97,11 +112,17 @@ def main(argv: list[str] | None = None) -> int:
                 "picked": {side: runs[side][-1]["picked"] for side in runs},
                 "b_over_a": spread([b / a for a, b in zip(us["a"], us["b"])]),
             }
+            if args.host:
+                host_us = [run["host_us"] for run in runs["b"]]
+                row["host_us"] = spread(host_us)
+                row["b_over_host"] = spread([b / h for b, h in zip(us["b"], host_us)])
             results.append(row)
             a, b, r, picked = row["us"]["a"], row["us"]["b"], row["b_over_a"], row["picked"]
+            host_text = f"  host {row['host_us']['median']:>7,.0f} us" if args.host else ""
             print(
                 f"{rows:>3} rows {kind:<10} a {a['median']:>7,.0f} us  b {b['median']:>7,.0f} us  "
-                f"b/a {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})  picked a {picked['a']} b {picked['b']}",
+                f"b/a {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})  picked a {picked['a']} b {picked['b']}"
+                f"{host_text}",
                 flush=True,
             )
     settings = {"trees": trees, "vocab": args.vocab, "threads": args.threads, "calls": args.calls}

@@ -185,3 +185,35 @@ def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(tiny_float1
         picked, logits = b.decode_picked(tokens, [1])
         assert np.array_equal(picked, full.argmax(-1)) and np.array_equal(logits[1], full[1])
         tokens = picked
+
+
+def test_the_logits_pass_on_cuda_picks_as_the_oracle_whatever_its_batch():
+    """The batched logits pass on CUDA, the step's logits bound on the device: peaked rows through the
+    narrow and wide graphs and flat ones through the nucleus graph, each drawn where the oracle's kept
+    distribution puts its uniform number, with the oracle's top ids; each row's pick the same alone as
+    among the others (the nucleus's sums are exact, whatever order CUDA's atomic adds take)."""
+    from test_logits_pass import assert_drawn_at, flat_plans, plans, random_rows
+
+    from attnserve.engine.sampling import log_softmax, processed_row
+    from attnserve.runtime.logits_pass import LogitsPass
+
+    rng = np.random.default_rng(21)
+    vocab = 50_257
+    peaked = random_rows(rng, 16, vocab)
+    flat, flat_plan = flat_plans(rng, rng.normal(0, 1, (16, vocab)))
+    rows, plan = np.concatenate([peaked, flat]), [*plans(rng, 16, vocab), *flat_plan]
+    device = Device("cuda", 0, CudaRuntime().create_stream())
+    cuda_pass = LogitsPass("float32", device, threads=1, mode="auto")
+    on_device = lambda chosen: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(rows[chosen, None, :]), "cuda", 0)
+    together = cuda_pass.run(on_device(list(range(32))), list(range(32)), plan)
+    assert sum(pick is not None for pick in together) >= 28
+    for i, pick in enumerate(together):
+        assert cuda_pass.run(on_device([i]), [0], [plan[i]])[0] == pick, i
+        if pick is None:
+            continue
+        if plan[i].temperature > 0:
+            assert_drawn_at(rows[i], plan[i], pick.token, tolerance=1e-5)
+        else:
+            assert pick.token == int(np.argmax(processed_row(rows[i], plan[i])))
+        expected = log_softmax(processed_row(rows[i], plan[i]))
+        assert [t for t, _ in pick.top] == [int(t) for t in np.argsort(-expected, kind="stable")[: plan[i].top]], i

@@ -16,7 +16,7 @@ from fixtures_server import idle, request, start_server, wait_until
 
 from attnserve.engine.beam_search import BeamSearch, row_candidates, top_candidates
 from attnserve.engine.domain import BeamParams
-from attnserve.engine.sampling import counter_uniform, log_softmax, pick_row, processed_row
+from attnserve.engine.sampling import counter_uniform, kept, log_softmax, pick_row, processed_row
 from attnserve.engine.seam import PassRow
 from attnserve.engine.sequence import Sequence
 from attnserve.export import logits_pass_graph
@@ -46,6 +46,12 @@ KINDS = [
 @pytest.fixture(scope="module")
 def pass_cpu():
     return LogitsPass("float32", Device(), threads=1)
+
+
+@pytest.fixture(scope="module")
+def pass_on():
+    """Every row through the pass, the nucleus graph among them (under auto the CPU picks flat rows on the host)."""
+    return LogitsPass("float32", Device(), threads=1, mode="on")
 
 
 def random_rows(rng: np.random.Generator, n: int, vocab: int = V) -> np.ndarray:
@@ -124,9 +130,12 @@ def test_the_pass_picks_what_the_oracle_picks(pass_cpu):
 
 
 def assert_drawn_at(logits: np.ndarray, row: PassRow, token: int, tolerance: float = 1e-5) -> None:
-    """`token` is where the row's uniform number falls in its distribution over every id in id order
-    (the oracle's steps in float64), to within `tolerance` of an edge: the whole pass sums in float32."""
-    probabilities = np.exp(log_softmax(processed_row(logits, row)))
+    """`token` is where the row's uniform number falls in the distribution its filters keep, over every id
+    in id order (the oracle's steps in float64), to within `tolerance` of an edge: the whole and nucleus
+    passes' weights are float32's."""
+    scaled = processed_row(logits, row)
+    keep, _ = kept(scaled, row.min_p, row.top_k, row.top_p)
+    probabilities = np.where(keep, np.exp(log_softmax(scaled)), 0.0)
     cumulative = np.cumsum(probabilities)
     target = row.uniform * cumulative[-1]
     assert probabilities[token] > 0, token
@@ -234,6 +243,67 @@ def test_a_row_tied_at_the_left_out_groups_maximum_comes_back_unpicked(pass_cpu)
             assert [t for t, _ in pick.top] == [t for t, _ in oracle.top] and pick.token == oracle.token, row
 
 
+def flat_plans(rng: np.random.Generator, rows: np.ndarray) -> tuple[np.ndarray, list[PassRow]]:
+    """Rows flattened as a random model's are (and some rounded to float16, whose values tie), and plans
+    whose top-p or min-p keep thousands of their ids: temperatures, a ban, a bias of -100 (far below the
+    rest), top log-probabilities."""
+    n, vocab = rows.shape
+    rows = rows * rng.choice([0.05, 0.3, 1.0], (n, 1))
+    rows[1::4] = rows[1::4].astype(np.float16)
+    plan = []
+    for i in range(n):
+        bias = (((int(rng.integers(vocab)), -np.inf),) if i % 3 == 0 else ()) + (
+            ((int(rng.integers(vocab)), -100.0),) if i % 5 == 1 else ()
+        )
+        top_p, min_p = [(0.5, 0.0), (0.9, 0.0), (0.95, 0.0), (0.99, 0.0), (0.95, 0.02), (1.0, 0.05)][i % 6]
+        plan.append(PassRow([0.6, 1.0, 1.3][i % 3], 0, top_p, min_p, float(rng.random()), bias, [0, 5][i % 2]))
+    return rows.astype(np.float32), plan
+
+
+@pytest.mark.parametrize("vocab", [50_257, 3001], ids=["narrow and wide first", "row pass first"])
+def test_the_nucleus_pass_picks_flat_rows_as_the_oracle_does(pass_cpu, pass_on, vocab):
+    """Flat rows under top-p and min-p keep more ids than any head holds: the narrow, wide and row passes
+    leave nearly all (auto on the CPU picks them on the host); the nucleus pass picks them, each where its
+    uniform number falls in the distribution the oracle's filters keep (to within 1e-6 of an edge), the
+    same token as the oracle for nearly all, with the oracle's top ids."""
+    rng = np.random.default_rng(12)
+    rows, plan = flat_plans(rng, rng.normal(0, 1, (36, vocab)))
+    assert sum(pick is None for pick in pass_cpu.run(rows[:, None, :], list(range(36)), plan)) >= 30
+    picks = pass_on.run(rows[:, None, :], list(range(36)), plan)
+    assert sum(pick is not None for pick in picks) >= 33
+    same = 0
+    for i, pick in enumerate(picks):
+        if pick is None:
+            continue
+        assert_drawn_at(rows[i], plan[i], pick.token, tolerance=1e-6)
+        oracle = pick_row(rows[i], plan[i])
+        same += pick.token == oracle.token
+        assert pick.logprob == pytest.approx(oracle.logprob, abs=1e-5)
+        assert [t for t, _ in pick.top] == [t for t, _ in oracle.top], i
+    assert same >= sum(pick is not None for pick in picks) - 1
+
+
+def test_the_nucleus_pass_keeps_the_lower_of_ids_tied_at_top_ps_edge(pass_on):
+    """A row of descending distinct values but for 40 ids tied in its middle, top-p's edge among them:
+    the nucleus pass keeps the lower tied ids, as many as the oracle, for uniform numbers all along the
+    kept mass. With more ids tied at the edge than it sorts (CROSSING), a row comes back unpicked."""
+    vocab = 400
+    logits = np.linspace(0, -4, vocab).astype(np.float32)
+    tied = np.arange(100, 140)
+    logits[tied] = logits[100]
+    rng = np.random.default_rng(13)
+    logits = logits[rng.permutation(vocab)]  # the tied ids anywhere in the row
+    shifted = logits - logits.max()
+    order = np.sort(shifted)[::-1]
+    cumulative = np.cumsum(np.exp(order)) / np.exp(order).sum()
+    top_p = float((cumulative[119] + cumulative[120]) / 2)  # the edge: the 21st of the tied ids
+    plan = [PassRow(1.0, 0, top_p, 0.0, (k + 0.5) / 200) for k in range(200)]
+    picks, _ = pass_on.run_width("nucleus", np.broadcast_to(logits, (200, 1, vocab)).copy(), list(range(200)), plan)
+    assert [pick.token for pick in picks] == [pick_row(logits, row).token for row in plan]
+    all_tied = np.zeros((1, 1, 1000), np.float32)
+    assert pass_on.run_width("nucleus", all_tied, [0], [PassRow(1.0, 0, 0.5, 0.0, 0.5)])[0] == [None]
+
+
 @pytest.mark.parametrize("vocab", [V, 20_011], ids=["row pass", "narrow and wide passes"])
 def test_a_rows_pick_does_not_depend_on_its_batch(pass_cpu, vocab):
     """The same row and PassRow alone and among 15 others, at another index: the same Pick (or none),
@@ -246,6 +316,16 @@ def test_a_rows_pick_does_not_depend_on_its_batch(pass_cpu, vocab):
     for i in range(16):
         alone = pass_cpu.run(rows[i : i + 1, None, :], [0], [plan[i]])[0]
         assert alone == together[i], i
+
+
+def test_a_flat_rows_nucleus_pick_does_not_depend_on_its_batch(pass_on):
+    """The nucleus pass's picks of flat rows, alone and among 15 others at another index: the same."""
+    rng = np.random.default_rng(14)
+    rows, plan = flat_plans(rng, rng.normal(0, 1, (16, 20_011)))
+    together = pass_on.run(rows[:, None, :], list(range(16)), plan)
+    assert sum(pick is not None for pick in together) >= 14
+    for i in range(16):
+        assert pass_on.run(rows[i : i + 1, None, :], [0], [plan[i]])[0] == together[i], i
 
 
 @pytest.mark.parametrize(
@@ -275,6 +355,29 @@ def test_the_draws_follow_the_distribution(pass_cpu, row):
         keep &= np.arange(p.size) < row.top_k  # p descends by id here
     before = np.cumsum(np.where(keep, p, 0)) - np.where(keep, p, 0)
     keep &= before < row.top_p * np.where(keep, p, 0).sum()
+    expected = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
+    counts = np.bincount(tokens, minlength=p.size)
+    assert not counts[~keep].any()
+    assert chi_square_p(counts[keep], expected[keep] * draws) > 0.001
+
+
+def test_the_nucleus_pass_draws_follow_the_distribution(pass_on):
+    """100,000 draws through the nucleus pass from 64 ids, min-p 0.25 cutting the tail and top-p 0.8 then
+    less (over the mass min-p keeps), one uniform number each from (seed, position): their counts pass a
+    chi-square test against the distribution the filters leave (p > 0.001); no other id is drawn."""
+    p = np.linspace(1.0, 0.2, 64)
+    p /= p.sum()
+    logits, draws, chunk = np.log(p).astype(np.float32), 100_000, 2000
+    tokens = []
+    for first in range(0, draws, chunk):
+        plan = [PassRow(1.0, 0, 0.8, 0.25, counter_uniform(9, n)) for n in range(first, first + chunk)]
+        rows = np.broadcast_to(logits, (chunk, 1, logits.size)).copy()
+        picks, _ = pass_on.run_width("nucleus", rows, list(range(chunk)), plan)
+        tokens += [pick.token for pick in picks]
+    keep = p >= 0.25 * p.max()
+    before = np.cumsum(np.where(keep, p, 0)) - np.where(keep, p, 0)
+    keep &= before < 0.8 * np.where(keep, p, 0).sum()
+    assert 0 < keep.sum() < (p >= 0.25 * p.max()).sum() < p.size  # both filters cut
     expected = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
     counts = np.bincount(tokens, minlength=p.size)
     assert not counts[~keep].any()

@@ -16,13 +16,16 @@ reported is above the floor, and the head held every id the filters kept).
 
 The widths (WIDTHS): the narrow graph looks at 64 groups, the wide one at 256; a row the narrow
 pass cannot pick exactly goes through the wide one (unless the narrow one proves that futile:
-`widen`), and one that neither can is picked again on the host by the same steps over the whole row
-(the engine's sampling.pick_row). A vocabulary of at most 256 groups goes through the row graph
-instead, whose candidates are the whole row. A row that samples with no top-k, top-p or min-p goes
-through the whole graph, which draws over every id in two levels (groups, then ids). The same steps
-in numpy, in float64, are sampling.pick_row: the oracle the tests hold these graphs to (the whole
-graph's draw to within its float32 sums). `python -m attnserve.export.logits_pass_graph` writes the
-files.
+`widen`); a sampling row with no top-k that neither can pick (its min-p or top-p keep more ids than
+they look at: a flat distribution) goes through the nucleus graph, which finds top-p's edge over the
+whole row by buckets of value (nucleus); one that none can is picked again on the host by the same
+steps over the whole row (the engine's sampling.pick_row). A vocabulary of at most 256 groups goes
+through the row graph instead of the narrow and wide ones, whose candidates are the whole row. A row
+that samples with no top-k, top-p or min-p goes through the whole graph, which draws over every id in
+two levels (groups, then ids; whole_draw, which the nucleus graph's draw is too). The same steps in
+numpy, in float64, are sampling.pick_row: the oracle the tests hold these graphs to (the whole and
+nucleus graphs' draws to within their float32 weights). `python -m attnserve.export.logits_pass_graph`
+writes the files.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 TOP = 20  # top log-probabilities a row may ask for (the request table's logprobs bound)
+BUCKETS = 8192  # the nucleus pass's buckets of value (nucleus)
+CROSSING = 64  # the most ids the nucleus pass sorts: those of the bucket where top-p's mass crosses
+DEEPEST = 64.0  # the nucleus pass's buckets reach this far below a row's best log-weight (e^-64: nothing)
+QUANTUM_BITS = 34  # the nucleus pass sums weights (at most 1) in whole 2^-34s: exact in float64 to 2^19 ids
 ROW_ALIGN = 16  # float32 columns: 64 bytes, a cache line and an AVX-512 register; also a group's ids
 OPSET = 18
 DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -53,16 +60,19 @@ class Width:
     groups: int
     head: int
     whole: bool = False
+    nucleus: bool = False
 
 
 # a row that filters (top-k, top-p, min-p) or is greedy first goes through the narrow pass, and one it
 # cannot pick exactly through the wide one; a row that draws from its whole distribution, the whole pass.
-# A vocabulary of at most `wide`'s groups goes through `row` instead: its head over the whole row, no groups
+# A vocabulary of at most `wide`'s groups goes through `row` instead: its head over the whole row, no groups.
+# A sampling row none of those picks, through `nucleus` (its head only reports the top ids)
 WIDTHS = (
     Width("narrow", 64, 128),
     Width("wide", 256, 256),
     Width("whole", 64, 128, whole=True),
     Width("row", 0, 256),
+    Width("nucleus", 64, 128, whole=True, nucleus=True),
 )
 
 
@@ -373,18 +383,154 @@ def draw(b: Builder) -> None:
     at(b, "head_logprobs", "rank", "head_logprob")
 
 
-def whole_draw(b: Builder) -> None:
-    """`whole_token` and `whole_logprob`: a draw over every id of the row in id order, the first whose
-    cumulative weight passes uniform * total (numpy's searchsorted, right), in two levels: the groups'
-    weights, then the chosen group's ids. No filter: every id with a weight may come (a banned one has
-    none). Each level's last id with a weight is the most it takes (where rounding leaves the target at
-    the total)."""
-    b.op("Exp", ["groups"], "group_weights")  # (R, G, ROW_ALIGN)
-    b.op("ReduceSum", ["group_weights", "axis2"], "group_mass", keepdims=0)
+def nucleus(b: Builder) -> None:
+    """`nucleus_weights` (R, V padded): the weights (below the row's best) of the ids min-p and top-p keep
+    of the whole row, found without sorting it, and `nucleus_exact` (R,): they are sampling.kept's.
+    Min-p keeps the ids at least min_p times as likely as the best, and no id is kept more than DEEPEST
+    below it (e^-64 of the best: a weight float32's exp makes a denormal, and no draw could reach it).
+    Top-p, as sampling.top_p_crossing: the kept ids' weights add up into buckets by value (BUCKETS, or
+    one an id for fewer ids; of equal widths from the lowest kept value to the best), the buckets' sums
+    find the bucket where the mass crosses p times the total, and only that bucket's ids are sorted (its
+    CROSSING likeliest; a row whose crossing is past them is not exact). Its last taken id's value is
+    the last kept; of the ids tied at it, the lower ones as many as were taken. The sums are of weights
+    rounded to multiples of 2^-QUANTUM_BITS in float64: exact, so that they come out the same in any
+    order (CUDA's scatter adds atomically, in no set order). Top-k is not applied: a row that asks for
+    it is not exact here (the narrow and wide passes hold top-k)."""
+    b.const("buckets_cap", np.array([BUCKETS], np.int64))
+    b.const("deepest", np.array(-DEEPEST, np.float32))
+    b.const("lowest_float", np.array(np.finfo(np.float32).min, np.float32))
+    b.const("minus_one_f", np.array(-1.0, np.float32))
+    b.const("quantum", np.array(2.0**QUANTUM_BITS, np.float64))
+    b.const("crossing_cap", np.array([CROSSING], np.int64))
+    b.op("Sub", ["logprobs", "row_max"], "row_shifted")  # (R, V padded), the best at 0
+    # as many buckets as ids, up to BUCKETS (a small vocabulary's would be mostly empty): B, the last B - 1
+    # (and a bucket's width in value: 1 / (B - 1) of the range), the trash for ids in none B
+    b.op("Shape", ["row_shifted"], "values_shape")
+    b.op("Slice", ["values_shape", "minus1", "end"], "values_width")
+    b.op("Min", ["values_width", "buckets_cap"], "real_buckets")  # [B]
+    b.op("Add", ["real_buckets", "axis1"], "mass_columns")  # [B + 1]: axis1 is [1]
+    b.op("Squeeze", ["real_buckets"], "bucket_count")
+    b.op("Sub", ["bucket_count", "one_i"], "bucket_last")
+    b.op("Cast", ["bucket_last"], "bucket_scale", to=TensorProto.FLOAT)
+    b.op("Cast", ["bucket_count"], "trash", to=TensorProto.FLOAT)
+    # the candidates: min-p's, never a banned id or a pad (-inf), nor one DEEPEST below the best
+    b.op("Unsqueeze", ["min_p", "axis1"], "min_p_col")
+    aligned_log(b, "min_p_col", "min_p_edge")
+    b.op("Max", ["min_p_edge", "deepest"], "candidate_edge")
+    b.op("GreaterOrEqual", ["row_shifted", "candidate_edge"], "candidate")
+    b.op("Where", ["candidate", "row_shifted", "minus_inf"], "values")
+    b.op("Exp", ["values"], "weights")  # 0 where not a candidate
+    b.op("Cast", ["weights"], "weights_d", to=TensorProto.DOUBLE)
+    b.op("Mul", ["weights_d", "quantum"], "weights_scaled")
+    b.op("Floor", ["weights_scaled"], "weights_q")  # whole quanta
+    # the buckets: equal widths of value from the lowest candidate (at most DEEPEST down) to the best
+    b.op("Where", ["candidate", "row_shifted", "zero_f"], "candidate_values")
+    b.op("ReduceMin", ["candidate_values", "axis1"], "low", keepdims=1)  # (R, 1)
+    b.op("Less", ["low", "zero_f"], "spread")
+    b.op("Div", ["bucket_scale", "low"], "per_value")
+    b.op("Where", ["spread", "per_value", "minus_one_f"], "scale")  # negative: the best value in bucket 0
+    b.op("Mul", ["values", "scale"], "bucket_f")  # a non-candidate's +inf
+    b.op("Floor", ["bucket_f"], "bucket_floor")
+    b.op("Min", ["bucket_floor", "trash"], "bucket_or_trash")  # BUCKETS: not a candidate
+    b.op("Cast", ["bucket_or_trash"], "bucket", to=TensorProto.INT64)
+    b.op("Shape", ["rows"], "row_count_1d")
+    b.op("Concat", ["row_count_1d", "mass_columns"], "mass_shape", axis=0)
+    zero = helper.make_tensor("", TensorProto.DOUBLE, [1], [0.0])
+    b.op("ConstantOfShape", ["mass_shape"], "no_mass", value=zero)
+    b.op("ScatterElements", ["no_mass", "bucket", "weights_q"], "bucket_mass_all", axis=1, reduction="add")
+    b.op("Slice", ["bucket_mass_all", "zero_1d", "real_buckets", "axis1"], "bucket_mass")
+    b.op("CumSum", ["bucket_mass", "axis1_s"], "bucket_cum")
+    b.op("Sub", ["bucket_cum", "bucket_mass"], "bucket_before")  # the mass of the buckets above each
+    b.op("ReduceSum", ["bucket_mass", "axis1"], "nucleus_total", keepdims=1)
+    b.op("Unsqueeze", ["top_p", "axis1"], "top_p_col")
+    b.op("Cast", ["top_p_col"], "top_p_d", to=TensorProto.DOUBLE)
+    b.op("Mul", ["top_p_d", "nucleus_total"], "nucleus_target")  # (R, 1)
+    b.op("Less", ["bucket_before", "nucleus_target"], "bucket_under")
+    b.op("Cast", ["bucket_under"], "bucket_under_i", to=TensorProto.INT64)
+    b.op("ReduceSum", ["bucket_under_i", "axis1"], "buckets_under", keepdims=0)
+    b.op("Sub", ["buckets_under", "one_i"], "crossing_unclipped")
+    b.op("Clip", ["crossing_unclipped", "zero_i", "bucket_last"], "crossing")  # (R,)
+    at(b, "bucket_before", "crossing", "crossing_before")
+    # the crossing bucket's likeliest ids, sorted: how many the mass takes, and the last one's value
+    b.op("Cast", ["crossing"], "crossing_f", to=TensorProto.FLOAT)
+    b.op("Unsqueeze", ["crossing_f", "axis1"], "crossing_col")
+    b.op("Equal", ["bucket_or_trash", "crossing_col"], "in_crossing")
+    b.op("Where", ["in_crossing", "values", "minus_inf"], "crossing_values")
+    b.op("Min", ["values_width", "crossing_cap"], "crossing_k")
+    b.op("TopK", ["crossing_values", "crossing_k"], ["inside", "inside_places"], axis=1, largest=1, sorted=1)
+    b.op("GatherElements", ["weights_q", "inside_places"], "inside_weights", axis=1)  # the quanta summed
+    b.op("CumSum", ["inside_weights", "axis1_s"], "inside_cum")
+    b.op("Sub", ["inside_cum", "inside_weights"], "inside_before")
+    b.op("Unsqueeze", ["crossing_before", "axis1"], "crossing_before_wide")
+    b.op("Add", ["inside_before", "crossing_before_wide"], "mass_before_inside")
+    b.op("Less", ["mass_before_inside", "nucleus_target"], "inside_under")
+    b.op("Greater", ["inside", "minus_inf"], "inside_member")
+    b.op("And", ["inside_under", "inside_member"], "inside_taken")
+    b.op("Cast", ["inside_taken"], "inside_taken_i", to=TensorProto.INT64)
+    b.op("ReduceSum", ["inside_taken_i", "axis1"], "taken", keepdims=0)
+    b.op("Squeeze", ["crossing_k"], "crossing_k_s")
+    b.op("Sub", ["crossing_k_s", "one_i"], "inside_last")
+    b.op("Sub", ["taken", "one_i"], "taken_last_unclipped")
+    b.op("Clip", ["taken_last_unclipped", "zero_i", "inside_last"], "taken_last")
+    at(b, "inside", "taken_last", "last_value")
+    # kept: every candidate at least at the last value (top-p off: every candidate), less the ids tied at
+    # it that were not taken (the higher ones: TopK puts the lower id first among ties)
+    b.op("GreaterOrEqual", ["top_p", "one_f"], "top_p_off")
+    b.op("Where", ["top_p_off", "lowest_float", "last_value"], "threshold")
+    b.op("Unsqueeze", ["threshold", "axis1"], "threshold_col")
+    b.op("GreaterOrEqual", ["values", "threshold_col"], "at_least_last")
+    b.op("Where", ["at_least_last", "weights", "zero_f"], "weights_at_least")
+    b.op("Unsqueeze", ["last_value", "axis1"], "last_col")
+    b.op("Equal", ["inside", "last_col"], "inside_at_last")
+    b.op("Not", ["inside_taken"], "inside_left")
+    b.op("And", ["inside_at_last", "inside_left"], "tie_left")
+    b.op("Not", ["top_p_off"], "top_p_on")
+    b.op("Unsqueeze", ["top_p_on", "axis1"], "top_p_on_col")
+    b.op("And", ["tie_left", "top_p_on_col"], "tie_dropped")
+    b.op("Slice", ["inside_places", "zero_1d", "axis1", "axis1"], "first_place")  # kept whenever one is
+    b.op("Where", ["tie_dropped", "inside_places", "first_place"], "drop_places")
+    b.op("GatherElements", ["weights_at_least", "first_place"], "first_weight", axis=1)
+    b.op("Where", ["tie_dropped", "zero_f", "first_weight"], "drop_weights")
+    b.op("ScatterElements", ["weights_at_least", "drop_places", "drop_weights"], "nucleus_weights", axis=1)
+    # exact: a sampling row with no top-k, and top-p off or its crossing among the sorted ids (not at
+    # the last of CROSSING of them, and no tie at the last left out of them)
+    b.op("Greater", ["taken", "zero_i"], "some_taken")
+    b.op("Less", ["taken", "crossing_k_s"], "crossing_inside")
+    b.op("Less", ["crossing_k_s", "crossing_cap"], "all_sorted_1d")
+    b.op("Squeeze", ["all_sorted_1d"], "all_sorted")
+    b.op("Or", ["crossing_inside", "all_sorted"], "crossing_known")
+    b.op("Gather", ["inside", "inside_last"], "inside_last_value", axis=1)
+    b.op("Equal", ["inside_last_value", "last_value"], "tie_at_end")
+    b.op("And", ["tie_at_end", "crossing_inside"], "ties_past_end_maybe")
+    b.op("Not", ["all_sorted"], "some_unsorted")
+    b.op("And", ["ties_past_end_maybe", "some_unsorted"], "ties_past_end")
+    b.op("Not", ["ties_past_end"], "ties_known")
+    b.op("And", ["some_taken", "crossing_known"], "p_taken")
+    b.op("And", ["p_taken", "ties_known"], "p_exact")
+    b.op("Or", ["p_exact", "top_p_off"], "p_known")
+    b.op("Greater", ["top_k", "zero_i"], "top_k_on")
+    b.op("Less", ["top_k", "vocab"], "top_k_short")
+    b.op("And", ["top_k_on", "top_k_short"], "top_k_filters")
+    b.op("Not", ["top_k_filters"], "top_k_off")
+    b.op("Greater", ["temperature", "zero_f"], "draws")
+    b.op("And", ["p_known", "top_k_off"], "filters_known")
+    b.op("And", ["filters_known", "draws"], "nucleus_exact")
+
+
+def whole_draw(b: Builder, weights: str) -> None:
+    """`whole_token` and `whole_logprob`: a draw over every id of the row in id order by `weights` (R, V
+    padded; 0 where an id is not kept), the first whose cumulative weight passes uniform * total (numpy's
+    searchsorted, right), in two levels: the groups' weights, then the chosen group's ids. Each level's
+    last id with a weight is the most it takes (where rounding leaves the target at the total). The groups'
+    sums (of ROW_ALIGN float32 weights) add up in float64, and so do the chosen group's weights."""
+    b.op("Reshape", [weights, "group_shape"], "group_weights")  # (R, G, ROW_ALIGN)
+    b.op("ReduceSum", ["group_weights", "axis2"], "group_mass32", keepdims=0)
+    b.op("Cast", ["group_mass32"], "group_mass", to=TensorProto.DOUBLE)
     b.op("CumSum", ["group_mass", "axis1_s"], "group_cum")
     b.op("ArgMax", ["group_cum"], "last_group", axis=1, keepdims=0)  # the first at the total
     at(b, "group_cum", "last_group", "whole_total")
-    b.op("Mul", ["uniform", "whole_total"], "whole_target")
+    b.op("Cast", ["uniform"], "uniform_d", to=TensorProto.DOUBLE)
+    b.op("Mul", ["uniform_d", "whole_total"], "whole_target")
     b.op("Unsqueeze", ["whole_target", "axis1"], "whole_target_col")
     b.op("LessOrEqual", ["group_cum", "whole_target_col"], "groups_passed")
     b.op("Cast", ["groups_passed"], "groups_passed_i", to=TensorProto.INT64)
@@ -394,7 +540,8 @@ def whole_draw(b: Builder) -> None:
     at(b, "group_mass", "drawn_group", "drawn_group_mass")
     b.op("Sub", ["drawn_group_cum", "drawn_group_mass"], "mass_before_group")
     b.op("Unsqueeze", ["drawn_group", "axis1"], "drawn_group_index")
-    b.op("GatherND", ["group_weights", "drawn_group_index"], "in_group", batch_dims=1)  # (R, ROW_ALIGN)
+    b.op("GatherND", ["group_weights", "drawn_group_index"], "in_group32", batch_dims=1)  # (R, ROW_ALIGN)
+    b.op("Cast", ["in_group32"], "in_group", to=TensorProto.DOUBLE)
     b.op("CumSum", ["in_group", "axis1_s"], "in_group_cum")
     b.op("Unsqueeze", ["mass_before_group", "axis1"], "mass_before_group_col")
     b.op("Add", ["in_group_cum", "mass_before_group_col"], "id_cum")
@@ -417,8 +564,15 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
     candidates(b, width)
     head(b, whole_row=not width.groups)
     top_ids(b, floored=bool(width.groups))
-    if width.whole:  # a draw over the whole row (its rows all sample), exact where its top ids are
-        whole_draw(b)
+    if width.nucleus:  # a draw over what min-p and top-p keep of the whole row
+        nucleus(b)
+        whole_draw(b, "nucleus_weights")
+        b.op("And", ["nucleus_exact", "top_exact"], "exact")
+        for name, source in (("token", "whole_token"), ("logprob", "whole_logprob")):
+            b.op("Identity", [source], name)
+    elif width.whole:  # a draw over the whole row (its rows all sample), exact where its top ids are
+        b.op("Exp", ["logprobs"], "row_weights")
+        whole_draw(b, "row_weights")
         for name, source in (("token", "whole_token"), ("logprob", "whole_logprob"), ("exact", "top_exact")):
             b.op("Identity", [source], name)
     else:

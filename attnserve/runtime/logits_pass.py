@@ -8,9 +8,12 @@ greedy or a draw) and brings back only the token, its log-probability and the to
 a row instead of the row. Which graph: a row that draws from its whole distribution (no top-k,
 top-p or min-p), the whole one; every other row the narrow one, which looks at fewer ids and costs
 less, and, where it cannot pick the row exactly, the wide one (a vocabulary of at most 4,096 ids:
-the row one, its head over the whole row). A row whose filters keep more ids than those look at
-comes back as not picked; its runner reads that row and the engine picks it on the host by the same
-steps (engine/sampling.py, the pass's oracle). Knows nothing of requests or scheduling.
+the row one, its head over the whole row); a sampling row whose min-p or top-p keep more ids than
+those look at (a flat distribution), the nucleus one, which finds top-p's edge over the whole row
+without sorting it (on CUDA and under `on`: on the CPU the host's pick costs less). A row no graph
+can pick exactly comes back as not picked; its runner reads that row and the engine picks it on the
+host by the same steps (engine/sampling.py, the pass's oracle). Knows nothing of requests or
+scheduling.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact", "widen")
 # a row that filters (or is greedy) goes through the narrow pass, and one it cannot pick through the wide one;
 # a row that draws from its whole distribution, through the whole pass
 # (a vocabulary of at most WIDE_GROUPS groups of ROW_ALIGN ids goes through the row pass instead: its head over
-# the whole row, which the wide pass would look at whole anyway, at less cost)
-NARROW, WIDE, WHOLE, ROW = WIDTHS = ("narrow", "wide", "whole", "row")
+# the whole row, which the wide pass would look at whole anyway, at less cost); a sampling row with no top-k
+# that those could not pick, through the nucleus pass
+NARROW, WIDE, WHOLE, ROW, NUCLEUS = WIDTHS = ("narrow", "wide", "whole", "row", "nucleus")
 WIDE_GROUPS, ROW_ALIGN = 256, 16
 
 
@@ -102,6 +106,11 @@ def draws_whole(row: PassRow, vocab: int) -> bool:
     return row.temperature > 0 and row.top_p >= 1.0 and row.min_p <= 0.0 and not 0 < row.top_k < vocab
 
 
+def fits_nucleus(row: PassRow, vocab: int) -> bool:
+    """The nucleus pass may pick the row: it samples, and no top-k keeps less than the whole row."""
+    return row.temperature > 0 and not 0 < row.top_k < vocab
+
+
 def worth_passing(plan: Sequence[PassRow], vocab: int, device: Device, mode: str = "auto") -> list[bool]:
     """Which rows of `plan` the pass should pick (`mode` auto; on: all; off: none): on CUDA all; on the CPU
     those whose host work costs more than their share of the pass, if together they save more than the
@@ -127,6 +136,9 @@ class LogitsPass:
             width: create_session(graph_file(dtype, width), provider, threads, device.stream) for width in WIDTHS
         }
         self.device, self.mode = device, mode
+        # the nucleus pass costs more than the host's pick on the CPU (50,257 ids: 1.2 ms a row against 0.9):
+        # there only `on` takes it
+        self.nucleus = device.kind != "cpu" or mode == "on"
 
     def worth(self, plan: Sequence[PassRow], vocab: int) -> list[bool]:
         """Which rows of `plan` this pass should pick (worth_passing)."""
@@ -134,10 +146,11 @@ class LogitsPass:
 
     def run(self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]) -> list[Pick | None]:
         """Rows `rows` of `logits` (slots, 1, V), each picked by its PassRow in `plan`: a Pick, or None
-        where the row's filters keep more ids than the wide pass looks at (pick it on the host). A row that
-        draws from its whole distribution goes through the whole pass; every other through the narrow
-        pass, and those it cannot pick exactly through the wide one (a vocabulary of at most WIDE_GROUPS
-        groups, through the row pass instead)."""
+        where no pass could pick it exactly (pick it on the host). A row that draws from its whole
+        distribution goes through the whole pass; every other through the narrow pass, and those it
+        cannot pick exactly through the wide one (a vocabulary of at most WIDE_GROUPS groups, through the
+        row pass instead); a sampling row with no top-k that neither picked (min-p or top-p keep more ids
+        than they look at: a flat distribution), through the nucleus pass, where that is taken."""
         vocab = logits.shape()[-1] if isinstance(logits, ort.OrtValue) else logits.shape[-1]
         picks: list[Pick | None] = [None] * len(plan)
         whole = [draws_whole(row, vocab) for row in plan]
@@ -145,6 +158,9 @@ class LogitsPass:
         left = [i for i in range(len(plan)) if not whole[i]]
         for width in (NARROW, WIDE) if -(-vocab // ROW_ALIGN) > WIDE_GROUPS else (ROW,):
             left = self._pick(width, logits, rows, plan, left, picks)
+        if self.nucleus:
+            flat = [i for i, pick in enumerate(picks) if pick is None and not whole[i] and fits_nucleus(plan[i], vocab)]
+            self._pick(NUCLEUS, logits, rows, plan, flat, picks)
         return picks
 
     def _pick(
