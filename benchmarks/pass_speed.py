@@ -12,6 +12,11 @@ one JSON object last. Torch-free.
 
     python -m benchmarks.pass_speed --tree-a DIR [--tree-b DIR] [--vocab 50257] [--rows 1,16]
         [--threads 1] [--repeats 5] [--kinds top_k,top_p,...] [--host] [--out F.json]
+    python -m benchmarks.pass_speed --dispatch [--vocab 50257] [--threads 1]
+
+--dispatch measures what nodes appended to the model's graph would save against what they would cost
+(docs/design/decisions/logits-pass.md): a session run's own cost (a one-node graph through the same
+IO-binding calls as the pass) and the narrow pass over one row, in this checkout.
 
 A before/after of a change: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
 """
@@ -81,9 +86,59 @@ def timed(tree: str, vocab: int, rows: int, threads: int, calls: int, kind: str,
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def dispatch(vocab: int, threads: int) -> dict:
+    """Median microseconds of a one-node graph's run through IO binding (what a second session run costs
+    beyond its work) and of the narrow pass over one row of `vocab` ids (top-k 50), 300 runs each."""
+    import tempfile
+    import time
+
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from attnserve.engine.seam import PassRow
+    from attnserve.runtime.arena import Device
+    from attnserve.runtime.logits_pass import NARROW, LogitsPass
+    from attnserve.runtime.ort_session import create_session
+
+    column = lambda name: helper.make_tensor_value_info(name, TensorProto.INT64, ["R"])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "one_node", [column("x")], [column("y")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 8
+    with tempfile.NamedTemporaryFile(suffix=".onnx") as file:
+        file.write(model.SerializeToString())
+        file.flush()
+        session = create_session(Path(file.name), "cpu", threads, 0)
+
+    def one_node() -> None:
+        binding = session.io_binding()
+        binding.bind_cpu_input("x", np.zeros(16, np.int64))
+        binding.bind_output("y", "cpu")
+        session.run_with_iobinding(binding)
+        binding.get_outputs()[0].numpy()
+
+    logits = np.random.default_rng(0).normal(0, 1, (1, 1, vocab)).astype(np.float32)
+    narrow = LogitsPass("float32", Device(), threads=threads, mode="on")
+    row = [PassRow(1.0, 50, 1.0, 0.0, 0.3)]
+
+    def median_us(call) -> float:
+        for _ in range(20):
+            call()
+        times = []
+        for _ in range(300):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return float(np.median(times) * 1e6)
+
+    return {
+        "one_node_run_us": median_us(one_node),
+        "narrow_one_row_us": median_us(lambda: narrow.run_width(NARROW, logits, [0], row)),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tree-a", required=True, help="side a's checkout, e.g. a git worktree of the commit before")
+    p.add_argument("--tree-a", help="side a's checkout, e.g. a git worktree of the commit before")
     p.add_argument("--tree-b", default=str(HERE), help="side b's checkout (default: this one)")
     p.add_argument("--vocab", type=int, default=50257, help="ids per row")
     p.add_argument("--rows", default="1,16", help="comma-separated rows per run")
@@ -92,8 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5, help="rounds, the sides alternating; medians reported")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     p.add_argument("--host", action="store_true", help="time the host's pick of the same rows too, in side b")
+    p.add_argument("--dispatch", action="store_true", help="measure a session run's own cost instead (see above)")
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
+    if args.dispatch:
+        print(json.dumps({"vocab": args.vocab, "threads": args.threads, **dispatch(args.vocab, args.threads)}))
+        return 0
+    if not args.tree_a:
+        p.error("--tree-a is required (or --dispatch)")
     stamp = Stamp.start(provider="cpu")
     trees = {"a": str(Path(args.tree_a).resolve()), "b": str(Path(args.tree_b).resolve())}
     results = []
