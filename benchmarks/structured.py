@@ -31,6 +31,7 @@ from typing import Any
 from attnserve.engine.domain import Final, GenerationRequest, Grammar
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.engine.grammar import Matcher, compile_grammar
+from attnserve.engine.sampling import unpacked
 from attnserve.report_stamp import Stamp
 from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.opening import open_slot_runner
@@ -81,7 +82,9 @@ def mask_times(grammar: Grammar, tokenizer: Tokenizer, outputs: list[list[int]])
             start = time.perf_counter()
             allowed = matcher.allowed()
             times.append(1e6 * (time.perf_counter() - start))
-            assert allowed[token], "the engine generated an id its grammar did not allow"
+            assert unpacked(allowed, tokenizer.vocab_size)[token], (
+                "the engine generated an id its grammar did not allow"
+            )
             matcher.take(token)
     return times
 

@@ -189,9 +189,10 @@ def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(tiny_float1
 
 def test_the_logits_pass_on_cuda_picks_as_the_oracle_whatever_its_batch():
     """The batched logits pass on CUDA, the step's logits bound on the device: peaked rows through the
-    narrow and wide graphs and flat ones through the nucleus graph, each drawn where the oracle's kept
-    distribution puts its uniform number, with the oracle's top ids; each row's pick the same alone as
-    among the others (the nucleus's sums are exact, whatever order CUDA's atomic adds take)."""
+    narrow and wide graphs (some masked by a grammar first) and flat ones through the nucleus graph,
+    each drawn where the oracle's kept distribution puts its uniform number, with the oracle's top ids;
+    each row's pick the same alone as among the others (the nucleus's sums are exact, whatever order
+    CUDA's atomic adds take)."""
     from test_logits_pass import assert_drawn_at, flat_plans, plans, random_rows
 
     from attnserve.engine.sampling import log_softmax, processed_row

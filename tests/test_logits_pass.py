@@ -25,12 +25,13 @@ from attnserve.runtime import logits_pass
 from attnserve.runtime.arena import Device
 from attnserve.runtime.logits_pass import LogitsPass, draws_whole, graph_file, worth_passing
 from attnserve.runtime.ort_session import BFLOAT16
+from attnserve.v1 import generation_pb2 as pb
 
 V = 3001
 TIMEOUT = 120
-PROMPTS = [f"def f{i}(x):" for i in range(8)]
+PROMPTS = [f"def f{i}(x):" for i in range(9)]
 # what production asks, each served by the pass: sampling (top-p, top-k, min-p), logprobs, fixed length, a bias,
-# the penalties
+# the penalties, a grammar's mask
 KINDS = [
     {"temperature": 0.8, "top_p": 0.95, "seed": 7},
     {"temperature": 1.0, "top_k": 50, "seed": 3, "logprobs": 2},
@@ -40,6 +41,7 @@ KINDS = [
     {"logit_bias": {101: -100.0, 32: 3.0}},
     {"temperature": 0.7, "repetition_penalty": 1.3, "seed": 2},
     {"presence_penalty": 1.0, "frequency_penalty": 0.5, "logprobs": 3},
+    {"temperature": 0.9, "seed": 4, "logprobs": 2, "structured_output": pb.StructuredOutput(regex="[a-z ]{30,60}")},
 ]
 
 
@@ -64,9 +66,17 @@ def random_rows(rng: np.random.Generator, n: int, vocab: int = V) -> np.ndarray:
     return rows.astype(np.float32)
 
 
-def plans(rng: np.random.Generator, n: int, vocab: int = V) -> list[PassRow]:
+def grammar_mask(rng: np.random.Generator, vocab: int, density: float) -> np.ndarray:
+    """A grammar's packed mask (Matcher.allowed's layout) allowing about `density` of the ids, one at least."""
+    allowed = rng.random(vocab) < density
+    allowed[rng.integers(vocab)] = True
+    return np.packbits(np.pad(allowed, (0, -vocab % 32)), bitorder="little").view(np.int32)
+
+
+def plans(rng: np.random.Generator, n: int, vocab: int = V, masks: bool = True) -> list[PassRow]:
     """Every kind a request can ask, and combinations: greedy, temperature, min-p, top-k, top-p,
-    banned ids, biases and top log-probabilities."""
+    banned ids, biases, top log-probabilities, and (`masks`) a grammar's mask (a few ids or most: run()
+    applies it, not a width's graph alone)."""
     out = []
     for i in range(n):
         temperature = [0.0, 0.7, 1.0, 1.3][i % 4]
@@ -76,7 +86,10 @@ def plans(rng: np.random.Generator, n: int, vocab: int = V) -> list[PassRow]:
         bias = tuple((int(t), float(rng.uniform(-5, 5))) for t in rng.choice(vocab, i % 3, replace=False))
         if i % 7 == 0:
             bias += ((int(rng.integers(0, vocab)), -np.inf),)  # a banned id (ignore_eos, min_tokens)
-        out.append(PassRow(temperature, top_k, top_p, min_p, float(rng.random()), bias, [0, 1, 5, 20][i % 4]))
+        row = PassRow(temperature, top_k, top_p, min_p, float(rng.random()), bias, [0, 1, 5, 20][i % 4])
+        if masks and i % 6 == 5:
+            row = replace(row, allowed=grammar_mask(rng, vocab, [0.002, 0.6][i % 4 // 2]))
+        out.append(row)
     return out
 
 
@@ -106,6 +119,8 @@ def test_the_checked_in_graphs_are_what_the_builder_writes():
     for dtype in logits_pass_graph.DTYPES:
         for width in logits_pass_graph.WIDTHS:
             assert graph_file(dtype, width.name).read_bytes() == logits_pass_graph.serialized(dtype, width), dtype
+        mask = logits_pass_graph.build_mask(dtype).SerializeToString(deterministic=True)
+        assert graph_file(dtype, logits_pass.MASK).read_bytes() == mask, dtype
 
 
 def test_the_pass_picks_what_the_oracle_picks(pass_cpu):
@@ -163,7 +178,7 @@ def test_a_row_each_width_calls_exact_is_the_oracles_pick(pass_cpu, width):
     rng = np.random.default_rng(4)
     rows = random_rows(rng, 96, vocab)
     rows[1::3] *= 0.05  # flat: its top-p and min-p rows keep thousands of ids
-    plan = [replace(p, top_k=100) if i % 5 == 2 else p for i, p in enumerate(plans(rng, 96, vocab))]
+    plan = [replace(p, top_k=100) if i % 5 == 2 else p for i, p in enumerate(plans(rng, 96, vocab, masks=False))]
     picks, _ = pass_cpu.run_width(width, rows[:, None, :], list(range(96)), plan)
     for i, pick in enumerate(picks):
         if pick is not None:
@@ -503,7 +518,8 @@ def test_served_rows_are_picked_by_the_pass_as_the_host_picks_them(busy, tiny_mo
         assert tokens == host_tokens, kind
         assert [(t, top) for t, _, top in logprobs] == [(t, top) for t, _, top in host_logprobs], kind
         assert [lp for _, lp, _ in logprobs] == pytest.approx([lp for _, lp, _ in host_logprobs], abs=1e-5)
-    assert 101 not in on_device[-1][0]
+    biased = next(i for i, kind in enumerate(KINDS) if "logit_bias" in kind)
+    assert 101 not in on_device[biased][0]  # its bias of -100
 
 
 def test_a_seeded_request_decodes_alike_alone_and_beside_15_others(busy):

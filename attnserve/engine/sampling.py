@@ -92,6 +92,19 @@ class Occurrences:
         return self._counts[: len(self.slots)]
 
 
+def unpacked(bits: np.ndarray, vocab_size: int) -> np.ndarray:
+    """A bool per id of a grammar's packed mask (int32 words, bit i of word j for id 32j + i): may it come
+    next?"""
+    return np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab_size].view(bool)
+
+
+def allows_beyond(bits: np.ndarray, ids: tuple[int, ...]) -> bool:
+    """Does a grammar's packed mask allow some id not in `ids`?"""
+    total = int(np.unpackbits(bits.view(np.uint8)).sum())
+    among = sum(int(bits[i >> 5]) >> (i & 31) & 1 for i in set(ids))
+    return total > among
+
+
 def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> np.ndarray:
     """A float64 copy of `logits` with each (id, bias) added and the banned ids at -inf."""
     out = logits.astype(np.float64)  # a copy: `logits` may be the runner's buffer
@@ -181,8 +194,12 @@ def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tupl
 
 
 def processed_row(logits: np.ndarray, row: PassRow) -> np.ndarray:
-    """A row (V,) as `row` has it before its filters, in float64: its penalties, its bias and bans (a
-    ban is its id's -inf bias), then its temperature (a greedy row's: none)."""
+    """A row (V,) as `row` has it before its filters, in float64: its grammar's mask (the ids it does not
+    allow at -inf), its penalties, its bias and bans (a ban is its id's -inf bias), then its temperature
+    (a greedy row's: none). A masked id stays -inf through the penalties and the bias, so the mask may
+    come first here and last on a Sampler's host side."""
+    if row.allowed is not None:
+        logits = np.where(unpacked(row.allowed, logits.size), logits, -np.inf)
     if row.repetition != 1.0:
         logits = apply_repetition_penalty(logits, row.seen, row.repetition)
     if row.presence != 0.0 or row.frequency != 0.0:
@@ -192,8 +209,7 @@ def processed_row(logits: np.ndarray, row: PassRow) -> np.ndarray:
 
 
 def pick_row(logits: np.ndarray, row: PassRow) -> Pick:
-    """The batched pass's pick of one row (V,) in float64: what a Sampler with no grammar's mask picks,
-    and the pass's oracle."""
+    """The batched pass's pick of one row (V,) in float64: what a Sampler picks, and the pass's oracle."""
     scaled = processed_row(logits, row)
     logprobs = log_softmax(scaled)
     greedy = row.temperature == 0

@@ -57,8 +57,9 @@ class PassRow:
     `top_p` (1: off), then draw with `uniform` in [0, 1) (sampling.draw); the token's log-probability
     comes back, and the `top` likeliest ids' too (at most PASS_TOP). With `alone`, whether the pass or the
     host picks the row may depend on the row alone, never on what shares its batch (a beam's scores: the
-    two sides' float32 log-softmaxes may part in the last bit). The id arrays may be views of the
-    Sampler's: read them before it takes its next token."""
+    two sides' float32 log-softmaxes may part in the last bit). With `allowed` (a grammar's mask: int32
+    words, bit i of word j for id 32j + i), every other id is -inf first. The id arrays may be views of
+    the Sampler's: read them before it takes its next token."""
 
     temperature: float
     top_k: int
@@ -74,6 +75,7 @@ class PassRow:
     occurred: np.ndarray = field(default_factory=no_ids, compare=False)  # the completion's, once each
     counts: np.ndarray = field(default_factory=no_ids, compare=False)  # how often each occurred
     alone: bool = False
+    allowed: np.ndarray | None = field(default=None, compare=False)  # a grammar's mask, packed
 
 
 @dataclass(frozen=True)

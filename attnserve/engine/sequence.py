@@ -31,7 +31,7 @@ from .domain import (
     ends_request,
 )
 from .grammar import Matcher
-from .sampling import Sampler, prompt_logprobs
+from .sampling import Sampler, allows_beyond, prompt_logprobs, unpacked
 from .seam import Logits, ModelSpec, PassRow, Pick
 
 Event = Delta | Final | Exception
@@ -200,15 +200,23 @@ class Sequence:
         and always the ids the model never generates (its tokenizer's suppressed_ids)."""
         return self.early_ban if len(self.generated) < self.request.min_new_tokens else self.late_ban
 
+    def constraints(self) -> tuple[tuple[int, ...], np.ndarray | None]:
+        """This step's banned ids and its grammar's allowed ids (Matcher.allowed's packed words), or None
+        with no grammar. Where the grammar allows only what min_new_tokens or ignore_eos bans, the
+        grammar wins: nothing is banned."""
+        banned = self.banned()
+        if self.mask is None:
+            return banned, None
+        allowed = self.mask.result()
+        return (banned if not banned or allows_beyond(allowed, banned) else ()), allowed
+
     def pick(self, logits: np.ndarray) -> int:
         """The next token from this request's row of logits, by its sampler, its banned ids and the ids
         its grammar does not allow masked (and, with request.logprobs, its log-probabilities kept for
         advance)."""
-        banned, allowed = self.banned(), None
-        if self.mask is not None:  # a constrained completion's: its matcher's mask for this token
-            allowed = self.mask.result()
-            if banned and not allowed.sum() > allowed[list(banned)].sum():
-                banned = ()  # the grammar allows only what min_new_tokens or ignore_eos bans: the grammar wins
+        banned, allowed = self.constraints()
+        if allowed is not None:
+            allowed = unpacked(allowed, self.sampler.vocab_size)
         if self.request.logprobs is None:
             return self.sampler(logits, banned, allowed)
         token, self.picked = self.sampler.with_logprobs(logits, banned, self.request.logprobs, allowed)
@@ -237,11 +245,11 @@ class Sequence:
         return [self.token_gap]
 
     def pass_row(self) -> PassRow | None:
-        """This step's pick as a runner's batched pass makes it, or None where its row must come to the
-        host: its grammar's mask, or a penalty the pass's float32 could not hold (Sampler.pass_row)."""
-        if self.mask is not None:
-            return None
-        return self.sampler.pass_row(self.banned(), self.request.logprobs or 0)
+        """This step's pick as a runner's batched pass makes it (its grammar's mask with it), or None where
+        its row must come to the host: a penalty the pass's float32 could not hold (Sampler.pass_row)."""
+        banned, allowed = self.constraints()
+        row = self.sampler.pass_row(banned, self.request.logprobs or 0)
+        return row if row is None or allowed is None else replace(row, allowed=allowed)
 
     def take_pick(self, pick: Pick) -> int:
         """The token a runner's batched pass picked by pass_row (with its log-probabilities, if asked)."""

@@ -24,8 +24,9 @@ through the row graph instead of the narrow and wide ones, whose candidates are 
 that samples with no top-k, top-p or min-p goes through the whole graph, which draws over every id in
 two levels (groups, then ids; whole_draw, which the nucleus graph's draw is too). The same steps in
 numpy, in float64, are sampling.pick_row: the oracle the tests hold these graphs to (the whole and
-nucleus graphs' draws to within their float32 weights). `python -m attnserve.export.logits_pass_graph`
-writes the files.
+nucleus graphs' draws to within their float32 weights). A row under a grammar's mask goes through the
+mask graph first (build_mask), whose output the others then read as their logits.
+`python -m attnserve.export.logits_pass_graph` writes the files.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ ROW_ALIGN = 16  # float32 columns: 64 bytes, a cache line and an AVX-512 registe
 OPSET = 18
 DTYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 HERE = Path(__file__).resolve().parent.parent / "runtime"
+MASK = "mask"  # the graph that masks a grammar's rows before the passes (build_mask)
 
 
 @dataclass(frozen=True)
@@ -623,6 +625,56 @@ def build(dtype: str, width: Width = WIDTHS[0], wider: int | None = None) -> onn
     return model
 
 
+def build_mask(dtype: str) -> onnx.ModelProto:
+    """The mask graph: rows `rows` of `logits` (slots, 1, V) of `dtype`, each with the ids its grammar does
+    not allow (a 0 bit in `allowed_bits` (R, ceil(V / 32)) int32: bit i of word j for id 32j + i,
+    llguidance's layout) at -inf, as `masked` (R, 1, V) of `dtype`: what the passes then take as their
+    logits. The bits unpack by bytes through a table (no bitwise operators: plain arithmetic and a Gather
+    run on every provider)."""
+    b = Builder()
+    i64 = lambda name, *v: b.const(name, np.array(v, np.int64))
+    i64("axis1", 1)
+    i64("axis2", 2)
+    i64("minus1", -1)
+    i64("zero_1d", 0)
+    i64("end", np.iinfo(np.int64).max)
+    i64("row_shape", 0, -1)
+    b.const("word_range", np.array(1 << 32, np.int64))
+    b.const("byte_range", np.array(256, np.int64))
+    b.const("byte_scales", np.array([1, 1 << 8, 1 << 16, 1 << 24], np.int64))
+    b.const("bit_table", ((np.arange(256)[:, None] >> np.arange(8)) & 1).astype(bool))  # (byte, bit)
+    b.const("minus_inf", np.array(-np.inf, np.float32))
+    b.op("Gather", ["logits", "rows"], "gathered", axis=0)  # (R, 1, V)
+    b.op("Cast", ["allowed_bits"], "words", to=TensorProto.INT64)
+    b.op("Mod", ["words", "word_range"], "unsigned_words", fmod=0)  # a negative word's bits, as 0..2^32-1
+    b.op("Unsqueeze", ["unsigned_words", "axis2"], "word_columns")  # (R, W, 1)
+    b.op("Div", ["word_columns", "byte_scales"], "shifted_words")  # (R, W, 4)
+    b.op("Mod", ["shifted_words", "byte_range"], "word_bytes", fmod=0)
+    b.op("Gather", ["bit_table", "word_bytes"], "byte_bits", axis=0)  # (R, W, 4, 8)
+    b.op("Reshape", ["byte_bits", "row_shape"], "all_bits")  # (R, 32W): id order
+    b.op("Shape", ["logits"], "logits_shape")
+    b.op("Slice", ["logits_shape", "minus1", "end"], "vocab")
+    b.op("Slice", ["all_bits", "zero_1d", "vocab", "axis1"], "allowed")  # (R, V)
+    b.op("Unsqueeze", ["allowed", "axis1"], "allowed_rows")  # (R, 1, V)
+    if dtype == "float32":
+        b.op("Where", ["allowed_rows", "gathered", "minus_inf"], "masked")
+    else:  # ONNX Runtime's CPU Where takes no float16 or bfloat16: in float32, exact both ways
+        b.op("Cast", ["gathered"], "gathered32", to=TensorProto.FLOAT)
+        b.op("Where", ["allowed_rows", "gathered32", "minus_inf"], "masked32")
+        b.op("Cast", ["masked32"], "masked", to=DTYPES[dtype])
+    inputs = [
+        helper.make_tensor_value_info("logits", DTYPES[dtype], ["slots", 1, "V"]),
+        helper.make_tensor_value_info("rows", TensorProto.INT64, ["R"]),
+        helper.make_tensor_value_info("allowed_bits", TensorProto.INT32, ["R", "W"]),
+    ]
+    outputs = [helper.make_tensor_value_info("masked", DTYPES[dtype], ["R", 1, "V"])]
+    graph = helper.make_graph(b.nodes, f"attnserve_logits_mask_{dtype}", inputs, outputs, b.constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="attnserve")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
 def serialized(dtype: str, width: Width) -> bytes:
     """The graph of `width` for `dtype`, whose `widen` looks ahead to the next width's head (the wide
     one's, from the narrow one)."""
@@ -635,6 +687,8 @@ def main() -> int:
         for width in WIDTHS:
             graph_path(dtype, width.name).write_bytes(serialized(dtype, width))
             print(graph_path(dtype, width.name))
+        graph_path(dtype, MASK).write_bytes(build_mask(dtype).SerializeToString(deterministic=True))
+        print(graph_path(dtype, MASK))
     return 0
 
 

@@ -46,6 +46,7 @@ OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact", "widen")
 # the whole row, which the wide pass would look at whole anyway, at less cost); a sampling row with no top-k
 # that those could not pick, through the nucleus pass
 NARROW, WIDE, WHOLE, ROW, NUCLEUS = WIDTHS = ("narrow", "wide", "whole", "row", "nucleus")
+MASK = "mask"  # a grammar's rows go through it first: the ids their grammar does not allow at -inf
 WIDE_GROUPS, ROW_ALIGN = 256, 16
 
 
@@ -114,13 +115,15 @@ def fits_nucleus(row: PassRow, vocab: int) -> bool:
 def worth_passing(plan: Sequence[PassRow], vocab: int, device: Device, mode: str = "auto") -> list[bool]:
     """Which rows of `plan` the pass should pick (`mode` auto; on: all; off: none): on CUDA all; on the CPU
     those whose host work costs more than their share of the pass, if together they save more than the
-    run's fixed cost. A row that draws from its whole distribution, or is to be judged `alone` (a beam's),
-    is passed where that saves time alone, whatever shares its batch: the pass's float32 sums may part
-    from the host's float64 at an id's edge, so such a row must take one side whatever its batch."""
+    run's fixed cost, and never a row with a grammar's mask (its mask graph's run costs more than the
+    host's masked pick). A row that draws from its whole distribution, or is to be judged `alone` (a
+    beam's), is passed where that saves time alone, whatever shares its batch: the pass's float32 sums
+    may part from the host's float64 at an id's edge, so such a row must take one side whatever its
+    batch."""
     if mode != "auto" or device.kind != "cpu":
         return [mode != "off"] * len(plan)
     share = PASS_ROW_US + PASS_NS_PER_ID * vocab / 1000
-    saving = [host_us(row, vocab) - share for row in plan]
+    saving = [host_us(row, vocab) - share if row.allowed is None else 0.0 for row in plan]
     alone = [row.alone or draws_whole(row, vocab) for row in plan]
     together = sum(s for s, by_itself in zip(saving, alone) if s > 0 and not by_itself) > PASS_RUN_US
     return [s > PASS_RUN_US if by_itself else together and s > 0 for s, by_itself in zip(saving, alone)]
@@ -133,7 +136,8 @@ class LogitsPass:
         """A session of each width's graph on `device` (the model's), with `threads` intra-op threads."""
         provider = "cpu" if device.kind == "cpu" else "cuda"
         self.sessions = {
-            width: create_session(graph_file(dtype, width), provider, threads, device.stream) for width in WIDTHS
+            width: create_session(graph_file(dtype, width), provider, threads, device.stream)
+            for width in (*WIDTHS, MASK)
         }
         self.device, self.mode = device, mode
         # the nucleus pass costs more than the host's pick on the CPU (50,257 ids: 1.2 ms a row against 0.9):
@@ -150,7 +154,45 @@ class LogitsPass:
         distribution goes through the whole pass; every other through the narrow pass, and those it
         cannot pick exactly through the wide one (a vocabulary of at most WIDE_GROUPS groups, through the
         row pass instead); a sampling row with no top-k that neither picked (min-p or top-p keep more ids
-        than they look at: a flat distribution), through the nucleus pass, where that is taken."""
+        than they look at: a flat distribution), through the nucleus pass, where that is taken. The rows
+        with a grammar's mask go through the mask graph first, and the passes then read its output."""
+        masked = [i for i, row in enumerate(plan) if row.allowed is not None]
+        if not masked:
+            return self._run(logits, rows, plan)
+        picks: list[Pick | None] = [None] * len(plan)
+        values = self.masked(logits, [rows[i] for i in masked], [plan[i] for i in masked])
+        for i, pick in zip(masked, self._run(values, list(range(len(masked))), [plan[i] for i in masked])):
+            picks[i] = pick
+        free = [i for i in range(len(plan)) if plan[i].allowed is None]
+        for i, pick in zip(free, self._run(logits, [rows[i] for i in free], [plan[i] for i in free]) if free else []):
+            picks[i] = pick
+        return picks
+
+    def binding(self, graph: str, logits: ort.OrtValue | np.ndarray) -> tuple[ort.InferenceSession, ort.IOBinding]:
+        """The session of `graph` and a binding of it with `logits` bound where they are."""
+        session = self.sessions[graph]
+        binding = session.io_binding()
+        if isinstance(logits, ort.OrtValue):
+            binding.bind_ortvalue_input("logits", logits)
+        else:
+            binding.bind_cpu_input("logits", logits)
+        return session, binding
+
+    def masked(self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]) -> ort.OrtValue:
+        """Rows `rows` of `logits` with the ids their PassRow's grammar does not allow at -inf, (R, 1, V) on
+        this pass's device: the mask graph's output, left where it is for the passes to read."""
+        session, binding = self.binding(MASK, logits)
+        binding.bind_cpu_input("rows", np.array(rows, np.int64))
+        bits = np.stack([row.allowed for row in plan if row.allowed is not None]).astype(np.int32, copy=False)
+        binding.bind_cpu_input("allowed_bits", bits)
+        binding.bind_output("masked", self.device.kind, self.device.id)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0]
+
+    def _run(
+        self, logits: ort.OrtValue | np.ndarray, rows: Sequence[int], plan: Sequence[PassRow]
+    ) -> list[Pick | None]:
+        """run() for rows with no grammar's mask (or masked already)."""
         vocab = logits.shape()[-1] if isinstance(logits, ort.OrtValue) else logits.shape[-1]
         picks: list[Pick | None] = [None] * len(plan)
         whole = [draws_whole(row, vocab) for row in plan]
@@ -186,12 +228,7 @@ class LogitsPass:
     ) -> tuple[list[Pick | None], list[bool]]:
         """run() through the graph of `width` (of WIDTHS) alone: None where it cannot pick the row exactly;
         and for each row whether a wider pass might (False where it picked the row)."""
-        session = self.sessions[width]
-        binding = session.io_binding()
-        if isinstance(logits, ort.OrtValue):
-            binding.bind_ortvalue_input("logits", logits)
-        else:
-            binding.bind_cpu_input("logits", logits)
+        session, binding = self.binding(width, logits)
         for name, value in pass_inputs(rows, plan).items():
             binding.bind_cpu_input(name, value)
         for name in OUTPUTS:
