@@ -246,9 +246,11 @@ def test_the_int8_export_passes_its_gate_from_the_command_line(tiny_checkpoint, 
 
 def test_the_int4_export_quantizes_every_weight_and_passes_its_gate(tiny_checkpoint, tmp_path):
     """--quantize int4 from the command line with its flags: every MatMul by a weight (the tied head
-    included) is MatMulNBits with the chosen blocks and accuracy level, the embedding GatherBlockQuantized
-    with no float copy left, and the held-out loss gate's result and settings are in the manifest."""
+    included) is MatMulNBits with the chosen blocks (the head's its own) and accuracy level, the embedding
+    GatherBlockQuantized with no float copy left, and the held-out loss gate's result and settings are in
+    the manifest."""
     args = ("--out", tmp_path / "m", "--quantize", "int4", "--int4-block-size", "16", "--int4-accuracy-level", "0")
+    args += ("--int4-head-block-size", "64")
     proc = run_cli(tiny_checkpoint, *args)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.count("INFO") == 0 and "pre-processing" not in proc.stderr, proc.stderr
@@ -258,7 +260,7 @@ def test_the_int4_export_quantizes_every_weight_and_passes_its_gate(tiny_checkpo
     gate = manifest.parity["int4"]
     assert manifest.quantization == "int4" and manifest.parity["passed"] is True
     assert gate["loss_ratio"] <= gate["max_loss_ratio"] == 1.05
-    assert (gate["block_size"], gate["accuracy_level"]) == (16, 0)
+    assert (gate["block_size"], gate["accuracy_level"], gate["head_block_size"]) == (16, 0, 64)
     graph = onnx.load(str(tmp_path / "m" / contract.MODEL_FILE)).graph
     ops = [node.op_type for node in graph.node]
     n_layers = manifest.n_layers
@@ -266,7 +268,9 @@ def test_the_int4_export_quantizes_every_weight_and_passes_its_gate(tiny_checkpo
     assert ops.count("GatherBlockQuantized") == 1
     for node in (n for n in graph.node if n.op_type == "MatMulNBits"):
         attributes = {a.name: a.i for a in node.attribute}
-        assert (attributes["bits"], attributes["block_size"], attributes.get("accuracy_level", 0)) == (4, 16, 0)
+        blocks = 64 if node.output[0] == contract.LOGITS else 16
+        assert (attributes["bits"], attributes["block_size"], attributes.get("accuracy_level", 0)) == (4, blocks, 0)
+    assert sum(node.output[0] == contract.LOGITS for node in graph.node if node.op_type == "MatMulNBits") == 1
     assert "model.embedding.embed.weight" not in {t.name for t in graph.initializer}  # no float copy left
 
 

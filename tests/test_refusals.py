@@ -126,6 +126,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--quantize", ["--quantize", "int2"], "invalid choice: 'int2'"),
         ("--int4-block-size", ["--quantize", "int4", "--int4-block-size", "48"], "invalid choice: 48"),
         ("--int4-block-size", ["--int4-block-size", "64"], "--int4-block-size is for --quantize int4"),
+        ("--int4-head-block-size", ["--quantize", "int4", "--int4-head-block-size", "48"], "invalid choice: 48"),
+        ("--int4-head-block-size", ["--int4-head-block-size", "128"], "--int4-head-block-size is for --quantize int4"),
         ("--int4-accuracy-level", ["--quantize", "int4", "--int4-accuracy-level", "5"], "invalid choice: 5"),
         ("--int4-accuracy-level", ["--quantize", "int8", "--int4-accuracy-level", "0"], "is for --quantize int4"),
         ("--parity-steps", ["--parity-steps", "0"], "--parity-steps must be at least 1, got 0"),

@@ -42,6 +42,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"--quantize int4: weights per block sharing one scale (default: {Int4Options.block_size})",
     )
     p.add_argument(
+        "--int4-head-block-size",
+        type=int,
+        choices=INT4_BLOCK_SIZES,
+        default=None,
+        help=f"--quantize int4: the output head's weights per block (default: {Int4Options.head_block_size})",
+    )
+    p.add_argument(
         "--int4-accuracy-level",
         type=int,
         choices=ACCURACY_LEVELS,
@@ -82,8 +89,13 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def int4_options(args) -> Int4Options:
-    """--int4-block-size and --int4-accuracy-level over the defaults; ExportError without --quantize int4."""
-    given = {"block_size": args.int4_block_size, "accuracy_level": args.int4_accuracy_level}
+    """--int4-block-size, --int4-head-block-size and --int4-accuracy-level over the defaults; ExportError
+    without --quantize int4."""
+    given = {
+        "block_size": args.int4_block_size,
+        "head_block_size": args.int4_head_block_size,
+        "accuracy_level": args.int4_accuracy_level,
+    }
     named = [f"--int4-{field.replace('_', '-')}" for field, value in given.items() if value is not None]
     if named and args.quantize != "int4":
         raise ExportError(f"{named[0]} is for --quantize int4")

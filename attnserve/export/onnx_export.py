@@ -287,6 +287,8 @@ def gate_quantized(
     if not report["passed"]:
         return report
     how = "activations quantized per row" if kind == "int8" else f"weight-only, blocks of {int4.block_size}"
+    if kind == "int4" and int4.head_block_size != int4.block_size:
+        how += f", the head's of {int4.head_block_size}"
     say(f"quantizing to {kind} ({how}) and measuring held-out loss ...")
     quantized = staging / kind
     quantized.mkdir()
@@ -306,7 +308,8 @@ def gate_quantized(
         block=min(128, model.config.max_len - 1),
     )
     if kind == "int4":
-        result = {**result, "block_size": int4.block_size, "accuracy_level": int4.accuracy_level}
+        result = {**result, "block_size": int4.block_size, "head_block_size": int4.head_block_size}
+        result["accuracy_level"] = int4.accuracy_level
     if manifest.kv_cache == contract.KV_ARENA:
         invariance = invariance_report(quantized_runtime, steps)
         result = {**result, "invariance": invariance, "passed": result["passed"] and invariance["passed"]}

@@ -4,8 +4,9 @@ int8: int8 weights (one scale per output column) times activations quantized on 
 row (int8_rows.py): a row's result does not depend on its batch, unlike ONNX Runtime's quantize_dynamic,
 whose one scale per tensor spans every row of the batch.
 int4: weight-only blocks (MatMulNBits; GatherBlockQuantized for the token embedding): each block of
-`block_size` weights along the input axis shares one float scale, symmetric; `accuracy_level` is the
-precision MatMulNBits computes in on the CPU (4: int8 activations, the fastest; 0: unset).
+`block_size` weights along the input axis shares one float scale, symmetric (the output head's blocks
+are `head_block_size`); `accuracy_level` is the precision MatMulNBits computes in on the CPU (4: int8
+activations, the fastest; 0: unset).
 
 Quantized logits differ from float32 by design, so this gate compares what matters: the held-out
 loss in bits per byte (within each kind's ratio of float32's), and reports greedy agreement.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..runtime import contract
 from ..runtime.ort_decoder import OrtDecoder
 from .int8_rows import quantize_rows
 
@@ -32,8 +34,13 @@ ACCURACY_LEVELS = (0, 1, 2, 3, 4)  # MatMulNBits' accuracy_level: unset, float32
 
 @dataclass(frozen=True)
 class Int4Options:
+    """MatMulNBits' blocks along the input axis (the output head's of its own: coarser blocks made it 0.90x
+    a batch-1 step on GPT-2 124M for no measured loss, docs/design/decisions/int4-defaults.md) and what it
+    computes in."""
+
     block_size: int = 32
     accuracy_level: int = 4
+    head_block_size: int = 128
 
 
 INT4_DEFAULTS = Int4Options()
@@ -49,23 +56,45 @@ def quantize(kind: str, src: Path, dst: Path, int4: Int4Options = INT4_DEFAULTS)
 
 def quantize_int4(src: Path, dst: Path, options: Int4Options) -> None:
     """Every MatMul by a weight to MatMulNBits and the token embedding's Gather to GatherBlockQuantized,
-    4-bit symmetric blocks of `options.block_size` along the input axis. A tied output head (a MatMul by
-    the transposed embedding) is given the transposed weight first, so that it is quantized too: at a
-    large vocabulary it is the biggest matrix a step reads."""
+    4-bit symmetric blocks of `options.block_size` along the input axis (the output head's of
+    `options.head_block_size`). A tied output head (a MatMul by the transposed embedding) is given the
+    transposed weight first, so that it is quantized too: at a large vocabulary it is the biggest matrix
+    a step reads."""
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
     model = load_with_weight_transposes_folded(src)
-    quantizer = MatMulNBitsQuantizer(
-        model,
-        bits=4,
-        block_size=options.block_size,
-        is_symmetric=True,
-        accuracy_level=options.accuracy_level,
-        op_types_to_quantize=("MatMul", "Gather"),
-    )
-    with quiet_quantizer():
-        quantizer.process()
+    head = head_matmul(model.graph) if options.head_block_size != options.block_size else None
+    passes = [(options.block_size, {"nodes_to_exclude": [head.name]} if head is not None else {})]
+    if head is not None:
+        passes.append((options.head_block_size, {"nodes_to_include": [head.name]}))
+    for block_size, nodes in passes:
+        quantizer = MatMulNBitsQuantizer(
+            model,
+            bits=4,
+            block_size=block_size,
+            is_symmetric=True,
+            accuracy_level=options.accuracy_level,
+            op_types_to_quantize=("MatMul", "Gather"),
+            **nodes,
+        )
+        with quiet_quantizer():
+            quantizer.process()
+        model = quantizer.model.model
     quantizer.model.save_model_to_file(str(dst), use_external_data_format=False)
+
+
+def head_matmul(graph):
+    """The MatMul by a weight that makes the graph's logits (through Casts and Reshapes), named (a name of
+    its own if it had none: the quantizer picks nodes by name); None if there is none."""
+    weights = {tensor.name for tensor in graph.initializer}
+    producer = {output: node for node in graph.node for output in node.output}
+    node = producer.get(contract.LOGITS)
+    while node is not None and node.op_type in ("Cast", "Reshape", "Identity"):
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "MatMul" or node.input[1] not in weights:
+        return None
+    node.name = node.name or "attnserve_head"
+    return node
 
 
 def load_with_weight_transposes_folded(src: Path):
