@@ -270,13 +270,27 @@ KINDS = [{"dtype": "float16"}, {"quantize": "int8"}, {"quantize": "int4"}]
 @pytest.mark.parametrize("kind", KINDS, ids=["float16", "int8", "int4"])
 def test_an_imported_llama_exports_in_float16_int8_and_int4_through_their_gates(llama_dir, tmp_path, kind):
     """The export's gates hold for an imported model as for a trained one (grouped KV heads, rotary;
-    the quantized gates on the default corpus's held-out text)."""
+    the quantized gates on the default corpus's held-out text); each MLP's gate and up projections are
+    one product by their weights side by side, split after (export/fusions.py's pack_siblings): no two
+    products by a weight read one activation."""
+    import onnx
+
     from attnserve.export.onnx_export import export_checkpoint
     from attnserve.model.hf.import_cli import run
+    from attnserve.runtime import contract
 
     run(llama_dir, tmp_path / "run", steps=4)
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "model", **kind)
     assert manifest.dtype == kind.get("dtype", "float32") and manifest.quantization == kind.get("quantize")
+    graph = onnx.load(str(tmp_path / "model" / contract.MODEL_FILE)).graph
+    weights = {tensor.name for tensor in graph.initializer}
+    products = [
+        node.input[0]
+        for node in graph.node
+        if node.op_type in ("MatMul", "MatMulNBits", "MatMulIntegerToFloat") and node.input[1] in weights
+    ]
+    assert len(products) == len(set(products)) and len(products) >= 4 * manifest.n_layers
+    assert [node.op_type for node in graph.node].count("Split") == manifest.n_layers
     assert (
         json.loads((tmp_path / "model" / "genai_config.json").read_text())["model"]["decoder"]["num_key_value_heads"]
         == 2

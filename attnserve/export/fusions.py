@@ -9,6 +9,10 @@ as onnxruntime-genai's model builder writes it. Four fewer nodes a layer, and a 
 most at batch 1; the weights stay bit for bit what they were, and the parity gate runs on the fused
 graph. SkipLayerNormalization for every residual Add and LayerNormalization was measured slower at
 batch 16 and not kept (docs/design/decisions/graph-fusions.md).
+
+Packed siblings: MatMuls by a weight that read one activation (a Llama MLP's gate and up
+projections) become one MatMul by their weights side by side and a Split, so that the quantized
+graphs read one larger matrix (one MatMulNBits, or one int8 product) instead of two.
 """
 
 from __future__ import annotations
@@ -71,6 +75,13 @@ def pack_qkv(path: Path) -> int:
     if not packed:
         return 0
     nodes = [each for node in graph.node for each in [*inserted.get(id(node), []), node] if id(each) not in dropped]
+    save_rewritten(model, nodes, path)
+    return packed
+
+
+def save_rewritten(model: onnx.ModelProto, nodes: list[onnx.NodeProto], path: Path) -> None:
+    """`model` with `nodes` as its graph's nodes and only the weights they read, saved at `path`."""
+    graph = model.graph
     graph.ClearField("node")
     graph.node.extend(nodes)
     used = {name for node in graph.node for name in node.input}
@@ -78,7 +89,49 @@ def pack_qkv(path: Path) -> int:
     graph.ClearField("initializer")
     graph.initializer.extend(kept)
     onnx.save(model, str(path))
-    return packed
+
+
+def pack_siblings(path: Path) -> int:
+    """Every set of MatMuls by a 2-D weight that read the same activation (a Llama MLP's gate and up
+    projections) becomes one MatMul by their weights side by side and a Split back into their outputs,
+    in the graph at `path` (rewritten in place); the number of sets packed. Their biases, if any, stay
+    where they are, on the Split's outputs."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    weights = {tensor.name: tensor for tensor in graph.initializer}
+    siblings: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        weight = weights.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if weight is not None and len(weight.dims) == 2:
+            siblings.setdefault(node.input[0], []).append(node)
+    inserted: dict[int, list[onnx.NodeProto]] = {}  # id of a set's first MatMul -> what replaces the set
+    dropped: set[int] = set()
+    for activation, matmuls in siblings.items():
+        if len(matmuls) < 2 or len({weights[m.input[1]].dims[0] for m in matmuls}) != 1:
+            continue
+        stem = f"{matmuls[0].name or matmuls[0].output[0]}/packed"
+        weight = side_by_side([weights[m.input[1]] for m in matmuls], f"{stem}.weight", axis=1)
+        if weight is None:
+            continue
+        sizes = helper.make_tensor(
+            f"{stem}.sizes",
+            TensorProto.INT64,
+            [len(matmuls)],
+            [w.dims[1] for w in (weights[m.input[1]] for m in matmuls)],
+        )
+        graph.initializer.extend([weight, sizes])
+        inserted[id(matmuls[0])] = [
+            helper.make_node("MatMul", [activation, weight.name], [stem], name=stem),
+            helper.make_node(
+                "Split", [stem, sizes.name], [m.output[0] for m in matmuls], name=f"{stem}.split", axis=-1
+            ),
+        ]
+        dropped.update(id(m) for m in matmuls)
+    if not inserted:
+        return 0
+    nodes = [each for node in graph.node for each in inserted.get(id(node), [node] if id(node) not in dropped else [])]
+    save_rewritten(model, nodes, path)
+    return len(inserted)
 
 
 Projection = tuple[onnx.NodeProto, onnx.NodeProto | None]  # (MatMul, its bias Add or None)

@@ -24,7 +24,7 @@ from ..model.lm import DecoderLM
 from ..model.seq2seq import EncoderDecoder
 from ..runtime import contract
 from .activations import fuse_gelus
-from .fusions import pack_qkv
+from .fusions import pack_qkv, pack_siblings
 from .gqa import InPlaceAttention, RotaryTables
 from .norms import fuse_rms_norms
 
@@ -217,6 +217,7 @@ def export_graph(
         )
     name_axes(path, axes)
     pack_qkv(path)
+    pack_siblings(path)
 
 
 def arena_decoder_sample_inputs(config, dtype: torch.dtype) -> tuple:
