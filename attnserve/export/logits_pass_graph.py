@@ -115,6 +115,12 @@ def at(b: Builder, table: str, index: str, out: str) -> None:
     b.op("Squeeze", [f"{out}_col", "axis1"], out)
 
 
+def count(b: Builder, mask: str, out: str) -> None:
+    """`out` (R,): how many of each row's `mask` (R, K) are true."""
+    b.op("Cast", [mask], f"{mask}_i", to=TensorProto.INT64)
+    b.op("ReduceSum", [f"{mask}_i", "axis1"], out, keepdims=0)
+
+
 def constants(b: Builder, width: Width) -> None:
     i64 = lambda name, *v: b.const(name, np.array(v, np.int64))
     scalar = lambda name, v: b.const(name, np.array(v, np.int64))
@@ -274,8 +280,7 @@ def filters(b: Builder) -> None:
     b.op("GreaterOrEqual", ["top_p_col", "one_f"], "top_p_off")
     b.op("Or", ["under_p", "top_p_off"], "p_kept")
     b.op("And", ["head_kept", "p_kept"], "kept")
-    b.op("Cast", ["kept"], "kept_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["kept_i", "axis1"], "kept_count", keepdims=0)
+    count(b, "kept", "kept_count")
     b.op("Sub", ["kept_count", "one_i"], "last_kept")
 
 
@@ -376,8 +381,7 @@ def draw(b: Builder) -> None:
     b.op("Unsqueeze", ["uniform", "axis1"], "uniform_col")
     b.op("Mul", ["uniform_col", "draw_total"], "target")
     b.op("LessOrEqual", ["draw_cum", "target"], "passed")
-    b.op("Cast", ["passed"], "passed_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["passed_i", "axis1"], "drawn", keepdims=0)
+    count(b, "passed", "drawn")
     b.op("Min", ["drawn", "last_kept"], "drawn_clipped")
     at(b, "by_id_rank", "drawn_clipped", "drawn_head")  # its place in the head
     b.op("Where", ["sampling", "drawn_head", "zero_i"], "rank")
@@ -448,8 +452,7 @@ def nucleus(b: Builder) -> None:
     b.op("Cast", ["top_p_col"], "top_p_d", to=TensorProto.DOUBLE)
     b.op("Mul", ["top_p_d", "nucleus_total"], "nucleus_target")  # (R, 1)
     b.op("Less", ["bucket_before", "nucleus_target"], "bucket_under")
-    b.op("Cast", ["bucket_under"], "bucket_under_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["bucket_under_i", "axis1"], "buckets_under", keepdims=0)
+    count(b, "bucket_under", "buckets_under")
     b.op("Sub", ["buckets_under", "one_i"], "crossing_unclipped")
     b.op("Clip", ["crossing_unclipped", "zero_i", "bucket_last"], "crossing")  # (R,)
     at(b, "bucket_before", "crossing", "crossing_before")
@@ -468,8 +471,7 @@ def nucleus(b: Builder) -> None:
     b.op("Less", ["mass_before_inside", "nucleus_target"], "inside_under")
     b.op("Greater", ["inside", "minus_inf"], "inside_member")
     b.op("And", ["inside_under", "inside_member"], "inside_taken")
-    b.op("Cast", ["inside_taken"], "inside_taken_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["inside_taken_i", "axis1"], "taken", keepdims=0)
+    count(b, "inside_taken", "taken")
     b.op("Squeeze", ["crossing_k"], "crossing_k_s")
     b.op("Sub", ["crossing_k_s", "one_i"], "inside_last")
     b.op("Sub", ["taken", "one_i"], "taken_last_unclipped")
@@ -535,8 +537,7 @@ def whole_draw(b: Builder, weights: str) -> None:
     b.op("Mul", ["uniform_d", "whole_total"], "whole_target")
     b.op("Unsqueeze", ["whole_target", "axis1"], "whole_target_col")
     b.op("LessOrEqual", ["group_cum", "whole_target_col"], "groups_passed")
-    b.op("Cast", ["groups_passed"], "groups_passed_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["groups_passed_i", "axis1"], "groups_before", keepdims=0)
+    count(b, "groups_passed", "groups_before")
     b.op("Min", ["groups_before", "last_group"], "drawn_group")
     at(b, "group_cum", "drawn_group", "drawn_group_cum")
     at(b, "group_mass", "drawn_group", "drawn_group_mass")
@@ -548,8 +549,7 @@ def whole_draw(b: Builder, weights: str) -> None:
     b.op("Unsqueeze", ["mass_before_group", "axis1"], "mass_before_group_col")
     b.op("Add", ["in_group_cum", "mass_before_group_col"], "id_cum")
     b.op("LessOrEqual", ["id_cum", "whole_target_col"], "ids_passed")
-    b.op("Cast", ["ids_passed"], "ids_passed_i", to=TensorProto.INT64)
-    b.op("ReduceSum", ["ids_passed_i", "axis1"], "ids_before", keepdims=0)
+    count(b, "ids_passed", "ids_before")
     b.op("ArgMax", ["in_group_cum"], "last_in_group", axis=1, keepdims=0)
     b.op("Min", ["ids_before", "last_in_group"], "drawn_offset")
     b.op("Mul", ["drawn_group", "align_i"], "drawn_first")
