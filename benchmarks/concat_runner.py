@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from attnserve.engine.seam import Enough, Logits, PassRow, stepwise
+from attnserve.engine.seam import Bans, Enough, Logits, PassRow, stepwise
 from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -69,8 +69,8 @@ class ConcatRunner:
         self.cache.append(present, mask)
         return Logits(keys, np.asarray(logits[:, -1], np.float32))
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
-        return stepwise(self, next_ids, steps, enough)
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
+        return stepwise(self, next_ids, steps, enough, bans)
 
     def copy_cache(self, src: int, dst: int) -> None:  # noqa: ARG002 (the seam's signature)
         raise ValueError("the concat runner (a benchmark's baseline) keeps no forks, so no beams")

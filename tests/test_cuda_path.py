@@ -199,6 +199,29 @@ def test_fixed_shape_decode_steps_decode_what_the_plain_steps_decode(tiny_model_
     assert sorted(fixed.fixed.bindings) == [(b, False) for b in range(1, 6)]  # one binding (a graph on CUDA) per size
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["plain steps", "fixed steps"])
+def test_a_banned_greedy_token_gives_way_to_the_best_other_id_of_its_own_row(tiny_model_dir, fixed):
+    """A burst's row whose argmax is one of its bans (ignore_eos): greedy_without after decode_greedy
+    reads that row's logits from where the step left them (the device buffer; the CUDA-graph path's,
+    driven on the CPU provider) and takes the likeliest id not banned, lowest first on ties: what a
+    twin decoder that brings every row's logits back gives, ranked by numpy."""
+    runtime = OrtDecoder(tiny_model_dir, threads=1)
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
+    twin = runtime.arena(3, 64)
+    decoder = ArenaDecoder(runtime.session, runtime.manifest, 3, 64, graph_session=runtime.session if fixed else None)
+    tokens = twin.prefill(0, prompts).argmax(axis=1)
+    decoder.prefill(0, prompts)
+    for _ in range(4):
+        logits = np.array(twin.decode(tokens))
+        picked = decoder.decode_greedy(tokens)
+        assert np.array_equal(picked, logits.argmax(axis=1))
+        for row in range(3):
+            banned = (int(picked[row]), 7)
+            ranked = np.argsort(-logits[row], kind="stable")
+            assert decoder.greedy_without(3, row, banned) == next(i for i in ranked if i not in banned)
+        tokens = picked
+
+
 def test_the_graphs_next_token_is_numpys_argmax_of_its_logits(tiny_model_dir):
     """Over a ragged batch at every position; and its ArgMax node, run alone on tied rows, picks the
     first of the tied indices, as numpy and torch do."""

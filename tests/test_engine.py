@@ -34,7 +34,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
-from attnserve.engine.seam import Enough, Logits, ModelSpec, PassRow, stepwise
+from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, argmax_without, stepwise
 from attnserve.engine.sequence import Handle, Sequence
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -152,10 +152,10 @@ class FakeRunner:
         rows[stale] = np.nan
         return Logits(logits.keys, rows, logits.rows.argmax(axis=1))
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
         """Step by step through decode() (its gate and log), as a runner without a faster way does."""
         self.log.append(("burst", steps))
-        ran = stepwise(self, next_ids, steps, enough)
+        ran = stepwise(self, next_ids, steps, enough, bans)
         self.bursts.append(ran)
         return ran
 
@@ -529,6 +529,46 @@ def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_
     assert runner.bursts == ([2, 2, 8, 8, 8, 1] if max_burst == 8 else [2, 2, 8, 17])
     last = max(i for i, entry in enumerate(runner.log) if entry[0] == "burst")
     assert [entry[0] for entry in runner.log[last + 1 :]] == ["decode"] * runner.bursts[-1] + ["release"]
+
+
+def alone_banned(prompt: tuple[int, ...], max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:
+    """What greedy decoding of `prompt` gives alone with EOS banned before `min_new_tokens` (forever: the
+    budget, as ignore_eos): the argmax over the other ids (the fake's row is 1 at its id, 0 elsewhere)."""
+    history, out = list(prompt), []
+    while len(out) < max_new_tokens:
+        row = np.zeros(TOKENIZER.vocab_size, np.float32)
+        row[next_id(history)] = 1.0
+        token = argmax_without(row, (TOKENIZER.eos_id,)) if len(out) < min_new_tokens else int(row.argmax())
+        if token == TOKENIZER.eos_id:
+            break
+        out.append(token)
+        history.append(token)
+    return out
+
+
+def test_ignore_eos_and_rows_past_min_new_tokens_decode_in_bursts_and_never_take_eos():
+    """Greedy rows whose only transform is a ban that stays (ignore_eos; min_new_tokens once reached: EOS
+    free again, so no ban) run in bursts like plain greedy ones: the runner's argmax, and where that is
+    EOS under ignore_eos, the best other id. Before min_new_tokens a row's ban ends later: one step at a
+    time. Each gets what decoding alone with its bans gives."""
+    asks = [
+        GenerationRequest("ignore", tuple(b"!abc"), 12, ignore_eos=True, interval=None),
+        GenerationRequest("min", tuple(b"!xyz"), 12, min_new_tokens=4, interval=None),
+        GenerationRequest("plain", tuple(b"long"), 12, interval=None),
+    ]
+    runner = FakeRunner(capacity=3)
+    results = served(runner, asks)
+    (ignored, ignore_final), (least, min_final), (plain, _) = results
+    assert ignored == alone_banned(asks[0].prompt_ids, 12, 12) and ignore_final.reason == FinishReason.LENGTH
+    assert len(alone(asks[0].prompt_ids, 12)) == 2  # its argmax is EOS from its 3rd token on: banned
+    assert least == alone_banned(asks[1].prompt_ids, 12, 4) and min_final.reason == FinishReason.EOS
+    assert len(least) == 4 and plain == alone(asks[2].prompt_ids, 12)
+    # the first tokens come with the prefill; 3 single steps while "min" has EOS banned, then bursts: one
+    # step where "min" picks EOS and ends, then the rest of the budgets
+    assert [entry[0] for entry in runner.log[3:]] == ["decode"] * 3 + ["burst", "decode", "release", "burst"] + [
+        "decode"
+    ] * 7 + ["release"] * 2, runner.log
+    assert runner.bursts == [1, 7]
 
 
 def test_a_unary_call_with_a_stop_string_ends_its_burst_at_the_step_that_completes_it():

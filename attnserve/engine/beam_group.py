@@ -133,6 +133,7 @@ class BeamMember:
     choice; it samples nothing itself (its row of logits goes to the group)."""
 
     plain_greedy = False  # its row of logits must come back every step
+    argmax_bans = None  # never in a burst
 
     def __init__(self, group: BeamGroup, key: int):
         self.group, self.key = group, key

@@ -1,7 +1,8 @@
 """A burst: greedy decode steps the runner runs back to back, and when each request takes its tokens.
 
-While every request in the batch is plain greedy, the runner can chain decode steps itself (each
-fed the tokens the one before picked) and the engine's own step (admission, cleanup, the next
+While every request in the batch is greedy (plain, or with bans that stay to its end: ignore_eos,
+whose row the runner reads only at a step whose argmax is banned), the runner can chain decode steps
+itself (each fed the tokens the one before picked) and the engine's own step (admission, cleanup, the next
 step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
 stream interval makes a Delta due, or where its budget ends; it then takes every token since the
 last time, in order and at their own step's time, as it would have step by step. A unary call

@@ -19,12 +19,12 @@ host (a grammar's masked ids; a row the pass could not hold). The step's events 
 (outbox.py: the callers' event loops, one call_soon_threadsafe per loop a step; or the engine core's
 channel, core/step_writer.py). A caller on another thread ends a request at once with release
 (cancelled) or refuse (an error); the engine thread sends those endings at its next turn. While every
-row is plain greedy and no prompt waits, the runner runs up to MAX_BURST decode steps back to back
-instead (burst.py: each request takes its tokens when its Delta falls due; the step boundary's work
-waits for the burst's end). A request's deltas go on at its stream interval (its Sequence holds the
-tokens in between; a unary call's go with its end), so a paced stream wakes its caller, and crosses to
-the front end from the engine core's process, once per message, not once per token: the interval is
-paced here alone. ONNX Runtime releases the GIL while it runs.
+row is greedy (plain, or with bans that stay: ignore_eos) and no prompt waits, the runner runs up to
+MAX_BURST decode steps back to back instead (burst.py: each request takes its tokens when its Delta
+falls due; the step boundary's work waits for the burst's end). A request's deltas go on at its stream
+interval (its Sequence holds the tokens in between; a unary call's go with its end), so a paced stream
+wakes its caller, and crosses to the front end from the engine core's process, once per message, not
+once per token: the interval is paced here alone. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -54,7 +55,7 @@ from .step_plan import plan_decode
 log = logging.getLogger(__name__)
 
 DRAINING = "the server is shutting down and takes no new requests"
-# Decode steps the runner runs back to back while every request is plain greedy (burst.py): the engine's own
+# Decode steps the runner runs back to back while every request is greedy (burst.py): the engine's own
 # step (admission, cleanup) once per burst; a cancel, an arrival or an abort ends a burst after its step, a
 # request's end or a Delta due by time after the step that makes it, so the bound only spares step boundaries
 # where nothing happens (128 measured faster than 8: docs/design/decisions/max-burst.md).
@@ -381,21 +382,23 @@ class Engine:
 
     def _decode(self) -> None:
         """The step's plan (step_plan.py), carried out: one token for every decoding request, or a burst of
-        steps while every request is plain greedy and no prompt waits for its next prefill round."""
+        steps while every request is greedy (with at most bans that stay) and no prompt waits for its next
+        prefill round."""
         plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling))
         if plan.burst:
-            self._decode_burst(plan.next_ids)
+            self._decode_burst(plan.next_ids, plan.bans)
             return
         logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         self._free_failed()
 
-    def _decode_burst(self, next_ids: dict[int, int]) -> None:
-        """Up to MAX_BURST greedy decode steps run back to back by the runner; after each, the requests
+    def _decode_burst(self, next_ids: dict[int, int], bans: Mapping[int, tuple[int, ...]]) -> None:
+        """Up to MAX_BURST greedy decode steps run back to back by the runner (a key in `bans` never takes
+        one of its bans: ignore_eos); after each, the requests
         whose Delta falls due take their tokens (burst.py) and the step's events go on. The burst ends
         after a step where a request ended or picked an ending id, where a stream's ms interval or a
         deadline passed, or where a cancel, an abort or a request to admit needs the scheduler."""
-        # a burst runs only while every slot is plain greedy: every slot a completion (a beam never is)
+        # a burst runs only while every slot is greedy: every slot a completion (a beam never is)
         sequences = cast(dict[int, Sequence], dict(self._active))
         burst = Burst(sequences, self._emit, self._fail_alone)
         due = min(sequence.due_by() for sequence in sequences.values())
@@ -419,7 +422,7 @@ class Engine:
                 self._flush()
             return False
 
-        self.slots.decode_steps(next_ids, MAX_BURST, take)
+        self.slots.decode_steps(next_ids, MAX_BURST, take, bans)
         burst.finish()
         self.observer.on_tokens([], burst.taken_gaps())
         for key, sequence in sequences.items():

@@ -120,6 +120,15 @@ class Logits:
 
 
 Enough = Callable[[list[int], np.ndarray], bool]  # told a step's keys and their tokens (n,): does the burst end?
+Bans = Mapping[int, tuple[int, ...]]  # key -> the ids its greedy token must not be (a burst's ignore_eos rows)
+
+
+def argmax_without(row: np.ndarray, banned: tuple[int, ...]) -> int:
+    """The argmax of `row` (V,) over every id but `banned` (first index on ties), as a greedy pick whose
+    only transform is a ban makes it (sampling.Sampler's, and the pass's, with only -inf biases)."""
+    values = np.array(row, np.float32)
+    values[list(banned)] = -np.inf
+    return int(values.argmax())
 
 
 class SlotRunner(Protocol):
@@ -137,10 +146,11 @@ class SlotRunner(Protocol):
     where the logits are, and return Picks instead of their rows);
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
     tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
-    burst ends (the steps run come back); `copy_cache` gives one key's slot a copy of another's cache
-    (a beam that continues another beam: the positions and the self-attention keys and values; an
-    encoder-decoder's source keys and values are the same in both and stay); `release` frees a key's
-    slot; `reset` frees every slot after a failed run."""
+    burst ends (the steps run come back); a key in `bans` takes the argmax over every id but its bans
+    (argmax_without: the row is read only at a step whose argmax is banned); `copy_cache` gives one
+    key's slot a copy of another's cache (a beam that continues another beam: the positions and the
+    self-attention keys and values; an encoder-decoder's source keys and values are the same in both
+    and stay); `release` frees a key's slot; `reset` frees every slot after a failed run."""
 
     spec: ModelSpec
 
@@ -155,17 +165,21 @@ class SlotRunner(Protocol):
         sampled: frozenset[int] | None = None,
         passes: Mapping[int, PassRow] | None = None,
     ) -> Logits: ...
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int: ...
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int: ...
     def copy_cache(self, src: int, dst: int) -> None: ...
     def release(self, key: int) -> None: ...
     def reset(self) -> None: ...
 
 
-def stepwise(runner: SlotRunner, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
+def stepwise(runner: SlotRunner, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
     """decode_steps by one decode() call per step: for a runner with no faster way to chain them."""
+    bans = bans or {}
     for step in range(1, steps + 1):
-        logits = runner.decode(next_ids, frozenset())
+        logits = runner.decode(next_ids, frozenset(bans))
         tokens = logits.rows.argmax(axis=1) if logits.tokens is None else logits.tokens
+        for row, key in enumerate(logits.keys):
+            if key in bans and int(tokens[row]) in bans[key]:
+                tokens[row] = argmax_without(logits.rows[row], bans[key])
         next_ids = dict(zip(logits.keys, tokens.tolist()))
         if enough(logits.keys, tokens):
             return step

@@ -200,6 +200,17 @@ class Sequence:
         and always the ids the model never generates (its tokenizer's suppressed_ids)."""
         return self.early_ban if len(self.generated) < self.request.min_new_tokens else self.late_ban
 
+    @property
+    def argmax_bans(self) -> tuple[int, ...] | None:
+        """Where its token is its row's argmax over every id but its bans, and its bans stay to its end:
+        those ids (none for plain greedy); None where its pick does more (a sampler's transform, a grammar,
+        logprobs) or its bans change later (before min_new_tokens). A burst's row (step_plan.py)."""
+        if self.plain_greedy:
+            return ()
+        if self.sampler.active or self.matcher is not None or self.request.logprobs is not None:
+            return None
+        return self.late_ban if len(self.generated) >= self.request.min_new_tokens else None
+
     def constraints(self) -> tuple[tuple[int, ...], np.ndarray | None]:
         """This step's banned ids and its grammar's allowed ids (Matcher.allowed's packed words), or None
         with no grammar. Where the grammar allows only what min_new_tokens or ignore_eos bans, the

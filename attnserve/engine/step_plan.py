@@ -26,6 +26,12 @@ class Decoding(Protocol):
         """Its token is its row's argmax: no transform of its row (Sequence.transforms)."""
         ...
 
+    @property
+    def argmax_bans(self) -> tuple[int, ...] | None:
+        """Where its token is its row's argmax over every id but a few, and stays so to its end (greedy
+        with ignore_eos, past min_new_tokens): those ids (none for plain greedy); else None."""
+        ...
+
     def pass_row(self) -> PassRow | None:
         """Its pick as the runner's batched pass makes it, or None where its row must come to the host."""
         ...
@@ -34,23 +40,28 @@ class Decoding(Protocol):
 @dataclass(frozen=True)
 class StepPlan:
     """One decode step for every decoding request (`next_ids`: key -> the token it feeds), or, with
-    `burst`, up to MAX_BURST of them back to back (every row plain greedy and no prompt waiting: burst.py).
-    A single step brings back every row's argmax, the logits of the `sampled` keys, and, for those of
-    them in `passes`, the runner's pass's pick instead of the row."""
+    `burst`, up to MAX_BURST of them back to back (every row greedy, at most with bans that stay, and no
+    prompt waiting: burst.py; `bans`: key -> the ids its argmax must not be). A single step brings back
+    every row's argmax, the logits of the `sampled` keys, and, for those of them in `passes`, the
+    runner's pass's pick instead of the row."""
 
     next_ids: dict[int, int]
     burst: bool
     sampled: frozenset[int] = frozenset()
     passes: Mapping[int, PassRow] = field(default_factory=dict)
+    bans: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool) -> StepPlan:
-    """The plan for the batch `active` (key -> its holder): a burst while every row is plain greedy and no
-    prompt waits for its next prefill round (a long prompt gets a chunk per step), else one step."""
+    """The plan for the batch `active` (key -> its holder): a burst while every row is greedy (plain, or
+    with bans that stay: ignore_eos) and no prompt waits for its next prefill round (a long prompt gets a
+    chunk per step), else one step."""
     next_ids = {key: holder.next_token for key, holder in active.items() if holder.next_token is not None}
     assert len(next_ids) == len(active), "a decoding request always has a sampled token to feed"
-    if not prompt_waiting and all(holder.plain_greedy for holder in active.values()):
-        return StepPlan(next_ids, burst=True)
+    if not prompt_waiting:
+        bans = {key: holder.argmax_bans for key, holder in active.items()}
+        if all(banned is not None for banned in bans.values()):
+            return StepPlan(next_ids, burst=True, bans={key: banned for key, banned in bans.items() if banned})
     sampled = frozenset(key for key, holder in active.items() if not holder.plain_greedy)
     passes = {key: row for key in sampled if (row := active[key].pass_row()) is not None}
     return StepPlan(next_ids, burst=False, sampled=sampled, passes=passes)

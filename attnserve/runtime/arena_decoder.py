@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 
-from ..engine.seam import PassRow, Pick
+from ..engine.seam import PassRow, Pick, argmax_without
 from . import contract
 from .arena import Device, KVArena, device_of
 from .fixed_steps import FixedSteps
@@ -245,6 +245,15 @@ class ArenaDecoder:
         if self.greedy_outputs and self.fixed is None:
             return self.step(tokens, picked=True)
         return self.decode_picked(tokens, [])[0]
+
+    def greedy_without(self, b: int, row: int, banned: tuple[int, ...]) -> int:
+        """The greedy token of slot `row` after the last decode_greedy (over `b` slots), over every id but
+        `banned` (its row of logits read from where that step left them: the device buffer, or the host's)."""
+        if self.greedy_outputs:
+            logits = self.read_rows(self.step_logits.data_ptr(), b, [row])
+        else:
+            logits = to_float32(self.logits[: b * self.vocab_size].reshape(b, self.vocab_size), self.dtype)
+        return argmax_without(logits[row], banned)
 
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
         """Rows `rows` (None: all, in one copy) of (b, V) logits on the device at `address` into the

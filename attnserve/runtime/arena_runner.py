@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..engine.seam import Enough, Logits, PassRow, PrefixReport
+from ..engine.seam import Bans, Enough, Logits, PassRow, PrefixReport
 from .arena_decoder import ArenaDecoder, next_run
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
@@ -233,13 +233,18 @@ class ArenaRunner:
         got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
         return Logits(list(self.decoding), logits, picked, picks=got)
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough) -> int:
+    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
         """Up to `steps` greedy decode steps of the whole block, each fed the tokens the last picked
-        (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so; the steps run."""
+        (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so; the steps run.
+        A key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then)."""
         keys = list(self.decoding)
         tokens = np.array([next_ids[key] for key in keys], np.int64)
+        banned = [(row, bans[key]) for row, key in enumerate(keys) if key in bans] if bans else []
         for step in range(1, steps + 1):
             tokens = self.decoder.decode_greedy(tokens)
+            for row, ids in banned:
+                if tokens[row] in ids:
+                    tokens[row] = self.decoder.greedy_without(len(keys), row, ids)
             if enough(keys, tokens):
                 return step
         return steps
