@@ -2,8 +2,8 @@
 
 While every request in the batch is greedy (plain, or with bans that stay to its end: ignore_eos,
 whose row the runner reads only at a step whose argmax is banned), the runner can chain decode steps
-itself (each fed the tokens the one before picked) and the engine's own step (admission, cleanup, the next
-step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
+itself (each fed the tokens the one before picked) and the engine's own step (admission, cleanup,
+the next step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
 stream interval makes a Delta due, or where its budget ends; it then takes every token since the
 last time, in order and at their own step's time, as it would have step by step. A unary call
 takes its tokens at the burst's end, an interval-1 stream after every step, an interval-8 stream

@@ -394,10 +394,10 @@ class Engine:
 
     def _decode_burst(self, next_ids: dict[int, int], bans: Mapping[int, tuple[int, ...]]) -> None:
         """Up to MAX_BURST greedy decode steps run back to back by the runner (a key in `bans` never takes
-        one of its bans: ignore_eos); after each, the requests
-        whose Delta falls due take their tokens (burst.py) and the step's events go on. The burst ends
-        after a step where a request ended or picked an ending id, where a stream's ms interval or a
-        deadline passed, or where a cancel, an abort or a request to admit needs the scheduler."""
+        one of its bans: ignore_eos); after each, the requests whose Delta falls due take their tokens
+        (burst.py) and the step's events go on. The burst ends after a step where a request ended or
+        picked an ending id, where a stream's ms interval or a deadline passed, or where a cancel, an
+        abort or a request to admit needs the scheduler."""
         # a burst runs only while every slot is greedy: every slot a completion (a beam never is)
         sequences = cast(dict[int, Sequence], dict(self._active))
         burst = Burst(sequences, self._emit, self._fail_alone)
