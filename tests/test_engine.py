@@ -34,7 +34,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
-from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, argmax_without, stepwise
+from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, stepwise
 from attnserve.engine.sequence import Handle, Sequence
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -533,12 +533,13 @@ def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_
 
 def alone_banned(prompt: tuple[int, ...], max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:
     """What greedy decoding of `prompt` gives alone with EOS banned before `min_new_tokens` (forever: the
-    budget, as ignore_eos): the argmax over the other ids (the fake's row is 1 at its id, 0 elsewhere)."""
+    budget, as ignore_eos): where the fake's id is EOS, the argmax over the others, all 0, is the lowest."""
     history, out = list(prompt), []
+    lowest = min(i for i in range(TOKENIZER.vocab_size) if i != TOKENIZER.eos_id)
     while len(out) < max_new_tokens:
-        row = np.zeros(TOKENIZER.vocab_size, np.float32)
-        row[next_id(history)] = 1.0
-        token = argmax_without(row, (TOKENIZER.eos_id,)) if len(out) < min_new_tokens else int(row.argmax())
+        token = next_id(history)
+        if token == TOKENIZER.eos_id and len(out) < min_new_tokens:
+            token = lowest
         if token == TOKENIZER.eos_id:
             break
         out.append(token)
