@@ -134,7 +134,9 @@ def write_report(
     json_path: str | Path, result: dict[str, Any], plot_path: str | Path | None = None, title: str = ""
 ) -> Path:
     """Write `result` (which carries its "stamp") as JSON, and the Markdown report beside it (same stem,
-    .md), embedding the plot if one was written; returns the report's path."""
+    .md), embedding the plot if one was written; returns the report's path. A page of that name that
+    this function did not write (a hand-written report: --out docs/reports/sampling.json beside
+    sampling.md) is left as it is, and the report goes to NAME.report.md instead."""
     if "stamp" not in result:
         raise ValueError("the result has no stamp: set result['stamp'] = stamp.finish() first")
     json_path = Path(json_path)
@@ -142,6 +144,8 @@ def write_report(
     plot = Path(plot_path) if plot_path and Path(plot_path).exists() else None
     link = Path(os.path.relpath(plot, json_path.parent)).as_posix() if plot else None
     report = json_path.with_suffix(".md")
+    if report.exists() and not report.read_text().endswith(last_line(json_path.name)):
+        report = json_path.with_suffix(".report.md")
     report.write_text(markdown(result, title or json_path.stem, json_path.name, link))
     return report
 
@@ -159,8 +163,13 @@ def markdown(result: dict[str, Any], title: str, json_name: str, plot_link: str 
             parts += [f"## {key}", table([flatten(row) for row in rows])]
     if rest:
         parts += ["## The rest", f"```json\n{json.dumps(shorten(rest), indent=2)}\n```"]
-    parts.append(f"All of it: [{json_name}]({json_name})")
+    parts.append(last_line(json_name).rstrip("\n"))
     return "\n\n".join(parts) + "\n"
+
+
+def last_line(json_name: str) -> str:
+    """How a report this module writes ends: the link to its JSON (what marks a page as one of ours)."""
+    return f"All of it: [{json_name}]({json_name})\n"
 
 
 def is_rows(value: Any) -> bool:

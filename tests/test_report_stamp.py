@@ -137,3 +137,17 @@ def test_a_result_without_a_stamp_is_refused(tmp_path):
     with pytest.raises(ValueError, match="no stamp"):
         write_report(tmp_path / "r.json", {"rows": []})
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_hand_written_page_of_the_reports_name_is_never_overwritten(tmp_path):
+    """--out docs/reports/sampling.json beside the hand-written sampling.md: the page stays, the report
+    goes beside it as sampling.report.md; a report of ours is rewritten in place."""
+    result = result_with_rows(Stamp.start().finish())
+    page = tmp_path / "sampling.md"
+    page.write_text("# Sampling\n\nMeasured by hand.\n")
+    report = write_report(tmp_path / "sampling.json", result, title="Kinds")
+    assert report == tmp_path / "sampling.report.md" and report.read_text().startswith("# Kinds\n")
+    assert page.read_text() == "# Sampling\n\nMeasured by hand.\n"
+    ours = write_report(tmp_path / "speed.json", result, title="Speed")
+    assert write_report(tmp_path / "speed.json", result, title="Speed, again") == ours == tmp_path / "speed.md"
+    assert ours.read_text().startswith("# Speed, again\n")
