@@ -13,8 +13,8 @@ tokens/s through gRPC at 1, 16 and 64 streams against the decode step's own ceil
            greedy id a row back): B prompts prefilled, then --steps steps; B x 1000 / ms tokens/s
   served   `attnserve serve --provider cuda` (in process, CUDA graphs on) through gRPC at S streams, greedy,
            2 x S requests of --new-tokens a round (gpu_check.serving); tokens/s counts the tokens that
-           came. --ignore-eos makes every request run to length, but a request that masks EOS is no longer
-           plain greedy: its logits come to the host every step, which is then what is measured
+           came. --ignore-eos makes every request run to length (greedy with EOS banned decodes in the
+           greedy bursts: a row is read only at a step whose argmax is EOS)
   eager    float16 only: ms per token at 1 stream, ONNX Runtime vs PyTorch eager CUDA on the same
            weights (gpu_check.per_token)
 
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--provider", default="cuda", help="cpu: a smoke test of the script")
     p.add_argument("--work", type=Path, default=Path("runs/gpu-ladder"), help="checkpoints and exports go here")
     p.add_argument("--out", type=Path, default=Path("reports/gpu-ladder.json"))
-    p.add_argument("--ignore-eos", action="store_true", help="served requests mask EOS (their logits come to the host)")
+    p.add_argument("--ignore-eos", action="store_true", help="served requests mask EOS (every one runs to length)")
     p.add_argument("--smoke", action="store_true", help="only check that onnxruntime runs on CUDA (seconds)")
     args = p.parse_args(argv)
     if args.smoke:
