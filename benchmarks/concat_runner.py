@@ -60,6 +60,7 @@ class ConcatRunner:
         next_ids: dict[int, int],
         sampled: frozenset[int] | None = None,  # noqa: ARG002 (every row comes back)
         passes: Mapping[int, PassRow] | None = None,  # noqa: ARG002 (the engine picks them)
+        bans: Bans | None = None,  # noqa: ARG002 (every row comes back: the engine applies them)
     ) -> Logits:
         self.cache.compact()
         keys = [self.key_of[slot] for slot in self.cache.slots]

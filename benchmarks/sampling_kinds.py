@@ -38,6 +38,7 @@ KINDS = {
     "logprobs": ["--logprobs", "5"],
     "repetition": ["--temperature", "0.7", "--repetition-penalty", "1.1"],
     "mix": ["--mix", "production"],
+    "mix_fixed": ["--ignore-eos", "--mix", "production"],  # the size ladder's sampled column: fixed lengths
 }
 BASELINE = "greedy"
 

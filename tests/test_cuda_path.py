@@ -20,6 +20,7 @@ from attnserve.runtime import contract, model_sessions
 from attnserve.runtime.arena import Device
 from attnserve.runtime.arena_decoder import MASK_COLUMNS, ArenaDecoder
 from attnserve.runtime.model_sessions import ModelSessions
+from attnserve.runtime.opening import open_slot_runner
 from attnserve.runtime.ort_decoder import OrtDecoder, continuous_greedy
 from attnserve.runtime.ort_session import ProviderError, cuda_available, resolve_provider, to_float32
 from attnserve.tokenizer.utf8 import encode
@@ -220,6 +221,31 @@ def test_a_banned_greedy_token_gives_way_to_the_best_other_id_of_its_own_row(tin
             ranked = np.argsort(-logits[row], kind="stable")
             assert decoder.greedy_without(3, row, banned) == next(i for i in ranked if i not in banned)
         tokens = picked
+
+
+def test_a_runners_step_with_bans_gives_each_banned_key_its_best_other_id(tiny_model_dir):
+    """ArenaRunner.decode with `bans` beside a key that samples (one step at a time): a key whose greedy
+    token is banned gets the likeliest other id of its row (ranked by numpy from a twin runner that
+    brings every row back), a key whose argmax is not banned keeps it, and the sampled key's row comes
+    back as the twin's."""
+    model = ModelSessions(tiny_model_dir, "cpu", threads=1)
+    twin, runner = open_slot_runner(model, 3, 64), open_slot_runner(model, 3, 64)
+    prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
+    for each in (twin, runner):
+        for key, prompt in enumerate(prompts):
+            each.start(key, tuple(prompt))
+        first = each.prefill()
+    next_ids = dict(zip(first.keys, first.rows.argmax(axis=1).tolist()))
+    for _ in range(4):
+        want = twin.decode(next_ids)
+        rows = np.array(want.rows)
+        bans = {0: (int(rows[0].argmax()), 7), 1: (int(rows[1].argsort()[0]),)}  # 0's argmax banned, 1's not
+        got = runner.decode(next_ids, frozenset({2}), None, bans)
+        assert got.keys == want.keys == [0, 1, 2]
+        ranked = np.argsort(-rows[0], kind="stable")
+        assert got.tokens[0] == next(i for i in ranked if i not in bans[0])
+        assert got.tokens[1] == rows[1].argmax() and np.array_equal(got.rows[2], rows[2])
+        next_ids = dict(zip(got.keys, got.tokens.tolist()))
 
 
 def test_the_graphs_next_token_is_numpys_argmax_of_its_logits(tiny_model_dir):

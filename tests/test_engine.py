@@ -34,7 +34,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
-from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, stepwise
+from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, greedy_tokens, stepwise
 from attnserve.engine.sequence import Handle, Sequence
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
@@ -78,6 +78,7 @@ class FakeRunner:
         self.pause_at = 0  # the decode call (counting from 1) that finds the gate closed; 0: none
         self.decodes = 0
         self.bursts: list[int] = []  # the steps each decode_steps call ran
+        self.sampled: list[frozenset[int]] = []  # the keys each decode call was told sample
 
     def free_slots(self) -> int:
         reserved = sum(len(forks) for forks in self.forks.values())
@@ -129,9 +130,10 @@ class FakeRunner:
         next_ids: dict[int, int],
         sampled: frozenset[int] | None = None,
         passes: Mapping[int, PassRow] | None = None,
+        bans: Bans | None = None,
     ) -> Logits:
-        """The next rows; told which keys sample, every row's argmax too and the others' rows as NaN
-        (stale, as the arena runner leaves them)."""
+        """The next rows; told which keys sample, every row's argmax too (a key in `bans`: over the other
+        ids) and the others' rows as NaN (stale, as the arena runner leaves them)."""
         self.decodes += 1
         if self.decodes == self.pause_at:
             self.gate.clear()
@@ -147,10 +149,11 @@ class FakeRunner:
         logits = Logits.of({key: self._logits(key) for key in next_ids})
         if sampled is None:
             return logits
+        self.sampled.append(sampled)
         stale = np.array([key not in sampled for key in logits.keys])
         rows = logits.rows.copy()
         rows[stale] = np.nan
-        return Logits(logits.keys, rows, logits.rows.argmax(axis=1))
+        return Logits(logits.keys, rows, greedy_tokens(logits, bans or {}))
 
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
         """Step by step through decode() (its gate and log), as a runner without a faster way does."""
@@ -570,6 +573,22 @@ def test_ignore_eos_and_rows_past_min_new_tokens_decode_in_bursts_and_never_take
         "decode"
     ] * 7 + ["release"] * 2, runner.log
     assert runner.bursts == [1, 7]
+
+
+def test_beside_a_sampled_row_an_ignore_eos_row_takes_the_runners_argmax_with_its_bans():
+    """One step at a time (a row samples), a greedy ignore_eos row is not among the keys that sample: its
+    row of logits need not come back (nor go through the pass); the runner's argmax over every id but
+    EOS is its token, as decoding alone with the ban gives."""
+    asks = [
+        GenerationRequest("ignore", tuple(b"!abc"), 10, ignore_eos=True, interval=None),
+        GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None),
+    ]
+    runner = FakeRunner(capacity=2)
+    (ignored, final), (_, s_final) = served(runner, asks)
+    assert ignored == alone_banned(asks[0].prompt_ids, 10, 10) and final.reason == FinishReason.LENGTH
+    assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
+    assert not any(entry[0] == "burst" for entry in runner.log), runner.log
+    assert runner.sampled and all(sampled == {1} for sampled in runner.sampled), runner.sampled
 
 
 def test_a_unary_call_with_a_stop_string_ends_its_burst_at_the_step_that_completes_it():

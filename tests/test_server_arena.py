@@ -134,9 +134,9 @@ def test_a_long_prompt_is_prefilled_one_chunk_per_decode_step(arena_server):
     timeline: list[str] = []
     real_chunk, real_decode = slots._prefill_chunk, slots.decode
     slots._prefill_chunk = lambda: (timeline.append("chunk"), real_chunk())[1]
-    slots.decode = lambda next_ids, sampled=None, passes=None: (
+    slots.decode = lambda next_ids, sampled=None, passes=None, bans=None: (
         timeline.append("decode"),
-        real_decode(next_ids, sampled, passes),
+        real_decode(next_ids, sampled, passes, bans),
     )[1]
     # The engine holds while the long prompt arrives, so that the 100-token stream is still decoding
     # on any machine (unpaced, it once ended first, and the chunks then ran back to back).

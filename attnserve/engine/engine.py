@@ -388,7 +388,7 @@ class Engine:
         if plan.burst:
             self._decode_burst(plan.next_ids, plan.bans)
             return
-        logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes)
+        logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes, plan.bans)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         self._free_failed()
 

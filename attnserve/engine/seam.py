@@ -131,6 +131,16 @@ def argmax_without(row: np.ndarray, banned: tuple[int, ...]) -> int:
     return int(values.argmax())
 
 
+def greedy_tokens(logits: Logits, bans: Bans) -> np.ndarray:
+    """Each row's greedy token (n,) from rows that all came back (a runner that brings back no tokens):
+    its argmax, or for a key in `bans` its argmax over every id but those."""
+    tokens = logits.rows.argmax(axis=1)
+    for row, key in enumerate(logits.keys):
+        if key in bans:
+            tokens[row] = argmax_without(logits.rows[row], bans[key])
+    return tokens
+
+
 class SlotRunner(Protocol):
     """Requests by key in a fixed number of slots: prompts in, rows of logits (V,) out.
 
@@ -143,7 +153,9 @@ class SlotRunner(Protocol):
     token per decoding key and returns its next logits (given `sampled`, the keys that sample, the
     others are picked by argmax and the runner may return their tokens instead of their logits; given
     `passes`, some sampling keys' PassRows, the runner may pick those rows itself, in one batched pass
-    where the logits are, and return Picks instead of their rows);
+    where the logits are, and return Picks instead of their rows; given `bans` beside `sampled`, each
+    of those keys' token comes back as its argmax over every id but its bans: argmax_without, its row
+    read only where its argmax is banned);
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
     tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
     burst ends (the steps run come back); a key in `bans` takes the argmax over every id but its bans
@@ -164,6 +176,7 @@ class SlotRunner(Protocol):
         next_ids: dict[int, int],
         sampled: frozenset[int] | None = None,
         passes: Mapping[int, PassRow] | None = None,
+        bans: Bans | None = None,
     ) -> Logits: ...
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int: ...
     def copy_cache(self, src: int, dst: int) -> None: ...
@@ -173,13 +186,9 @@ class SlotRunner(Protocol):
 
 def stepwise(runner: SlotRunner, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
     """decode_steps by one decode() call per step: for a runner with no faster way to chain them."""
-    bans = bans or {}
     for step in range(1, steps + 1):
-        logits = runner.decode(next_ids, frozenset(bans))
-        tokens = logits.rows.argmax(axis=1) if logits.tokens is None else logits.tokens
-        for row, key in enumerate(logits.keys):
-            if key in bans and int(tokens[row]) in bans[key]:
-                tokens[row] = argmax_without(logits.rows[row], bans[key])
+        logits = runner.decode(next_ids, frozenset(), None, bans)
+        tokens = greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens
         next_ids = dict(zip(logits.keys, tokens.tolist()))
         if enough(logits.keys, tokens):
             return step

@@ -32,7 +32,7 @@ from .domain import (
 )
 from .grammar import Matcher
 from .sampling import Sampler, allows_beyond, prompt_logprobs, unpacked
-from .seam import Logits, ModelSpec, PassRow, Pick
+from .seam import Logits, ModelSpec, PassRow, Pick, argmax_without
 
 Event = Delta | Final | Exception
 
@@ -242,14 +242,17 @@ class Sequence:
         self, logits: Logits, rows: dict[int, int], picked: np.ndarray | None, now: float
     ) -> tuple[list[Event], list[tuple[int, int]]]:
         """Its one row's token (search.Search): the runner's pass's pick, or its sampler's on the host, or
-        the row's argmax for plain greedy; then its events. No cache copies."""
+        for greedy with at most bans that stay (argmax_bans) the runner's argmax with them (a prefill's
+        rows: the argmax over every id but those); then its events. No cache copies."""
         ((key, row),) = rows.items()
         if key in logits.picks:  # picked by the runner's batched pass
             token = self.take_pick(logits.picks[key])
-        elif not self.plain_greedy:
+        elif (bans := self.argmax_bans) is None:
             token = self.pick(logits.rows[row])
+        elif picked is not None:
+            token = int(picked[row])
         else:
-            token = int(picked[row]) if picked is not None else int(logits.rows[row].argmax())
+            token = argmax_without(logits.rows[row], bans)
         return self.advance(token, now), []
 
     def token_gaps(self) -> list[float]:

@@ -42,8 +42,8 @@ class StepPlan:
     """One decode step for every decoding request (`next_ids`: key -> the token it feeds), or, with
     `burst`, up to MAX_BURST of them back to back (every row greedy, at most with bans that stay, and no
     prompt waiting: burst.py; `bans`: key -> the ids its argmax must not be). A single step brings back
-    every row's argmax, the logits of the `sampled` keys, and, for those of them in `passes`, the
-    runner's pass's pick instead of the row."""
+    every row's argmax (a key in `bans`: over every id but those), the logits of the `sampled` keys,
+    and, for those of them in `passes`, the runner's pass's pick instead of the row."""
 
     next_ids: dict[int, int]
     burst: bool
@@ -58,10 +58,10 @@ def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool) -> StepPla
     chunk per step), else one step."""
     next_ids = {key: holder.next_token for key, holder in active.items() if holder.next_token is not None}
     assert len(next_ids) == len(active), "a decoding request always has a sampled token to feed"
-    if not prompt_waiting:
-        bans = {key: holder.argmax_bans for key, holder in active.items()}
-        if all(banned is not None for banned in bans.values()):
-            return StepPlan(next_ids, burst=True, bans={key: banned for key, banned in bans.items() if banned})
-    sampled = frozenset(key for key, holder in active.items() if not holder.plain_greedy)
+    argmax = {key: banned for key, holder in active.items() if (banned := holder.argmax_bans) is not None}
+    bans = {key: banned for key, banned in argmax.items() if banned}
+    if not prompt_waiting and len(argmax) == len(active):
+        return StepPlan(next_ids, burst=True, bans=bans)
+    sampled = frozenset(key for key in active if key not in argmax)
     passes = {key: row for key in sampled if (row := active[key].pass_row()) is not None}
-    return StepPlan(next_ids, burst=False, sampled=sampled, passes=passes)
+    return StepPlan(next_ids, burst=False, sampled=sampled, passes=passes, bans=bans)

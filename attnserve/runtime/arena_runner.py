@@ -216,12 +216,13 @@ class ArenaRunner:
         next_ids: dict[int, int],
         sampled: frozenset[int] | None = None,
         passes: Mapping[int, PassRow] | None = None,
+        bans: Bans | None = None,
     ) -> Logits:
         """One token for every decoding request; their logits (B, V), a view valid until the next run.
         Given `sampled`, every request's greedy token comes back and only the sampled ones' logits
         leave the device (the others' rows are stale); of those, the keys in `passes` are picked where
         the logits are, in one batched pass (their Picks come back, and the rows of those it could
-        not hold)."""
+        not hold). A key in `bans` whose greedy token is one of its bans gets its likeliest other id."""
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
         if sampled is None:
             return Logits(list(self.decoding), self.decoder.decode(tokens))
@@ -230,6 +231,9 @@ class ArenaRunner:
         passed = [row for row, key in enumerate(self.decoding) if key in passes]
         plan = [passes[self.decoding[row]] for row in passed]
         picked, logits, picks = self.decoder.decode_passed(tokens, rows, passed, plan)
+        for row, key in enumerate(self.decoding):
+            if bans and key in bans and picked[row] in bans[key]:
+                picked[row] = self.decoder.greedy_without(len(tokens), row, bans[key])
         got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
         return Logits(list(self.decoding), logits, picked, picks=got)
 
