@@ -52,10 +52,18 @@ def next_id(history: list[int]) -> int:
     return ord("a") + sum(i * (n + 1) for n, i in enumerate(history)) % 26
 
 
-def alone(prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
-    """What greedy decoding of `prompt` gives with nobody else in the batch."""
+def alone(prompt: tuple[int, ...], max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:
+    """What greedy decoding of `prompt` gives with nobody else in the batch; with EOS banned before
+    `min_new_tokens` (all of the budget: ignore_eos), where the fake's id is EOS the argmax over the
+    others, all 0, is the lowest id."""
     history, out = list(prompt), []
-    while len(out) < max_new_tokens and (token := next_id(history)) != TOKENIZER.eos_id:
+    lowest = min(i for i in range(TOKENIZER.vocab_size) if i != TOKENIZER.eos_id)
+    while len(out) < max_new_tokens:
+        token = next_id(history)
+        if token == TOKENIZER.eos_id and len(out) < min_new_tokens:
+            token = lowest
+        if token == TOKENIZER.eos_id:
+            break
         out.append(token)
         history.append(token)
     return out
@@ -534,22 +542,6 @@ def test_greedy_unary_and_paced_requests_decode_in_bursts_and_each_gets_what_it_
     assert [entry[0] for entry in runner.log[last + 1 :]] == ["decode"] * runner.bursts[-1] + ["release"]
 
 
-def alone_banned(prompt: tuple[int, ...], max_new_tokens: int, min_new_tokens: int = 0) -> list[int]:
-    """What greedy decoding of `prompt` gives alone with EOS banned before `min_new_tokens` (forever: the
-    budget, as ignore_eos): where the fake's id is EOS, the argmax over the others, all 0, is the lowest."""
-    history, out = list(prompt), []
-    lowest = min(i for i in range(TOKENIZER.vocab_size) if i != TOKENIZER.eos_id)
-    while len(out) < max_new_tokens:
-        token = next_id(history)
-        if token == TOKENIZER.eos_id and len(out) < min_new_tokens:
-            token = lowest
-        if token == TOKENIZER.eos_id:
-            break
-        out.append(token)
-        history.append(token)
-    return out
-
-
 def test_ignore_eos_and_rows_past_min_new_tokens_decode_in_bursts_and_never_take_eos():
     """Greedy rows whose only transform is a ban that stays (ignore_eos; min_new_tokens once reached: EOS
     free again, so no ban) run in bursts like plain greedy ones: the runner's argmax, and where that is
@@ -563,9 +555,9 @@ def test_ignore_eos_and_rows_past_min_new_tokens_decode_in_bursts_and_never_take
     runner = FakeRunner(capacity=3)
     results = served(runner, asks)
     (ignored, ignore_final), (least, min_final), (plain, _) = results
-    assert ignored == alone_banned(asks[0].prompt_ids, 12, 12) and ignore_final.reason == FinishReason.LENGTH
+    assert ignored == alone(asks[0].prompt_ids, 12, 12) and ignore_final.reason == FinishReason.LENGTH
     assert len(alone(asks[0].prompt_ids, 12)) == 2  # its argmax is EOS from its 3rd token on: banned
-    assert least == alone_banned(asks[1].prompt_ids, 12, 4) and min_final.reason == FinishReason.EOS
+    assert least == alone(asks[1].prompt_ids, 12, 4) and min_final.reason == FinishReason.EOS
     assert len(least) == 4 and plain == alone(asks[2].prompt_ids, 12)
     # the first tokens come with the prefill; 3 single steps while "min" has EOS banned, then bursts: one
     # step where "min" picks EOS and ends, then the rest of the budgets
@@ -585,7 +577,7 @@ def test_beside_a_sampled_row_an_ignore_eos_row_takes_the_runners_argmax_with_it
     ]
     runner = FakeRunner(capacity=2)
     (ignored, final), (_, s_final) = served(runner, asks)
-    assert ignored == alone_banned(asks[0].prompt_ids, 10, 10) and final.reason == FinishReason.LENGTH
+    assert ignored == alone(asks[0].prompt_ids, 10, 10) and final.reason == FinishReason.LENGTH
     assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
     assert not any(entry[0] == "burst" for entry in runner.log), runner.log
     assert runner.sampled and all(sampled == {1} for sampled in runner.sampled), runner.sampled

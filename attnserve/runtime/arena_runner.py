@@ -231,9 +231,7 @@ class ArenaRunner:
         passed = [row for row, key in enumerate(self.decoding) if key in passes]
         plan = [passes[self.decoding[row]] for row in passed]
         picked, logits, picks = self.decoder.decode_passed(tokens, rows, passed, plan)
-        for row, key in enumerate(self.decoding):
-            if bans and key in bans and picked[row] in bans[key]:
-                picked[row] = self.decoder.greedy_without(len(tokens), row, bans[key])
+        self._unban(picked, self._banned(bans))
         got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
         return Logits(list(self.decoding), logits, picked, picks=got)
 
@@ -243,15 +241,24 @@ class ArenaRunner:
         A key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then)."""
         keys = list(self.decoding)
         tokens = np.array([next_ids[key] for key in keys], np.int64)
-        banned = [(row, bans[key]) for row, key in enumerate(keys) if key in bans] if bans else []
+        banned = self._banned(bans)
         for step in range(1, steps + 1):
             tokens = self.decoder.decode_greedy(tokens)
-            for row, ids in banned:
-                if tokens[row] in ids:
-                    tokens[row] = self.decoder.greedy_without(len(keys), row, ids)
+            self._unban(tokens, banned)
             if enough(keys, tokens):
                 return step
         return steps
+
+    def _banned(self, bans: Bans | None) -> list[tuple[int, tuple[int, ...]]]:
+        """(row, its bans) of each decoding key in `bans`."""
+        return [(row, bans[key]) for row, key in enumerate(self.decoding) if key in bans] if bans else []
+
+    def _unban(self, tokens: np.ndarray, banned: list[tuple[int, tuple[int, ...]]]) -> None:
+        """Each row of `banned` whose greedy token in `tokens` (the last step's) is one of its bans takes
+        its row's likeliest other id (the row read from where that step left its logits)."""
+        for row, ids in banned:
+            if tokens[row] in ids:
+                tokens[row] = self.decoder.greedy_without(len(tokens), row, ids)
 
     def copy_cache(self, src: int, dst: int) -> None:
         """Key dst's slot takes a copy of key src's cache (a beam that continues another: one strided
