@@ -73,6 +73,12 @@ class ConcatRunner:
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
         return stepwise(self, next_ids, steps, enough, bans)
 
+    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]:  # noqa: ARG002
+        raise ValueError("the concat runner (a benchmark's baseline) does not speculate")
+
+    def rewind(self, key: int, count: int) -> None:  # noqa: ARG002 (the seam's signature)
+        raise ValueError("the concat runner (a benchmark's baseline) does not speculate")
+
     def copy_cache(self, src: int, dst: int) -> None:  # noqa: ARG002 (the seam's signature)
         raise ValueError("the concat runner (a benchmark's baseline) keeps no forks, so no beams")
 

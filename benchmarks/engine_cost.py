@@ -115,7 +115,7 @@ async def measure(
 ) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
-    limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0)
+    limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0, speculation=None)
     engine = Engine(open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels)), tokenizer, limits)
     engine.start()
     config = ServerConfig(

@@ -36,6 +36,7 @@ from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
 from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, greedy_tokens, stepwise
 from attnserve.engine.sequence import Handle, Sequence
+from attnserve.engine.speculation import Speculation
 from attnserve.tokenizer.utf8 import ByteTokenizer
 
 TOKENIZER = ByteTokenizer()
@@ -43,12 +44,16 @@ SPEC = ModelSpec(TOKENIZER.vocab_size, 128, TOKENIZER.bos_id)
 WAIT_S = 10.0  # the longest a test waits for an event before it fails
 EOS_PROMPT_START = ord("!")  # a row whose prompt starts with "!" ends with EOS once it holds EOS_AT ids
 EOS_AT = 6
+COPY_PROMPT_START = ord("^")  # a row whose prompt starts with "^" repeats its id of COPY_PERIOD ids before
+COPY_PERIOD = 5
 
 
 def next_id(history: list[int]) -> int:
-    """The fake model: a lowercase letter from every id the row holds."""
+    """The fake model: a lowercase letter from every id the row holds (or, after "^", a copy)."""
     if history[0] == EOS_PROMPT_START and len(history) >= EOS_AT:
         return TOKENIZER.eos_id
+    if history[0] == COPY_PROMPT_START and len(history) > COPY_PERIOD:
+        return history[-COPY_PERIOD]
     return ord("a") + sum(i * (n + 1) for n, i in enumerate(history)) % 26
 
 
@@ -87,6 +92,7 @@ class FakeRunner:
         self.decodes = 0
         self.bursts: list[int] = []  # the steps each decode_steps call ran
         self.sampled: list[frozenset[int]] = []  # the keys each decode call was told sample
+        self.verified: list[dict[int, tuple[int, ...]]] = []  # each verify call's proposals
 
     def free_slots(self) -> int:
         reserved = sum(len(forks) for forks in self.forks.values())
@@ -170,6 +176,23 @@ class FakeRunner:
         self.bursts.append(ran)
         return ran
 
+    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]:
+        """Each key's argmax after its next token and after each of its proposals, all of them fed."""
+        self.log.append(("verify", tuple(sorted(next_ids))))
+        self.verified.append(dict(proposals))
+        argmax = {}
+        for key, token in next_ids.items():
+            argmax[key] = []
+            for fed in (token, *proposals.get(key, ())):
+                self.rows[key].append(fed)
+                argmax[key].append(next_id(self.rows[key]))
+        return argmax
+
+    def rewind(self, key: int, count: int) -> None:
+        self.log.append(("rewind", key, count))
+        assert 0 < count <= len(self.rows[key]), "a rewind forgets some of the ids a verify fed, no more"
+        del self.rows[key][-count:]
+
     def release(self, key: int) -> None:
         self.log.append(("release", key))
         self.rows.pop(key, None)
@@ -190,8 +213,8 @@ class FakeRunner:
 
 
 @contextmanager
-def running(runner: FakeRunner, max_queue: int = 16):
-    engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, max_queue, 0))
+def running(runner: FakeRunner, max_queue: int = 16, speculation: Speculation | None = None):
+    engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, max_queue, 0, speculation))
     try:
         yield engine
     finally:
@@ -214,11 +237,13 @@ async def outcome(handle) -> tuple[list[int], Final | Exception]:
                 return tokens, event
 
 
-def served(runner: FakeRunner, asks: list[GenerationRequest]) -> list[tuple[list[int], Final | Exception]]:
+def served(
+    runner: FakeRunner, asks: list[GenerationRequest], speculation: Speculation | None = None
+) -> list[tuple[list[int], Final | Exception]]:
     """Every outcome of `asks`, all queued before the engine runs (so admitted in their order)."""
 
     async def main():
-        with running(runner) as engine:
+        with running(runner, speculation=speculation) as engine:
             handles = [engine.submit(a) for a in asks]
             engine.start()
             return [await outcome(h) for h in handles]
@@ -304,7 +329,7 @@ def test_a_released_queued_request_ends_cancelled_at_once_counted_and_never_star
     observer = Counted()
 
     async def main():
-        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0), observer)
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None), observer)
         try:
             long, queued = engine.submit(ask("long", 50)), engine.submit(ask("queued", 3))
             engine.start()
@@ -704,7 +729,7 @@ def test_a_request_that_ends_in_a_burst_is_freed_before_its_final_goes_out(inter
 
     async def main():
         outbox = FinalsAfterFree()
-        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0), outbox=outbox)
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None), outbox=outbox)
         try:
             handle = engine.submit(GenerationRequest("e", tuple(b"ends"), 5, interval=interval))
             engine.start()

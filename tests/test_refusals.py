@@ -165,6 +165,12 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--intra-op-spinning", ["--intra-op-spinning", "fast"], "invalid choice: 'fast'"),
         ("--no-cuda-graphs", ["--no-cuda-graphs=yes"], "--no-cuda-graphs"),
         ("--logits-pass", ["--logits-pass", "gpu"], "invalid choice: 'gpu'"),
+        (
+            "--speculative-config",
+            ["--speculative-config", '{{"num_speculative_tokens": 0}}'],
+            "--speculative-config: num_speculative_tokens must be 1 to 16, not 0",
+        ),
+        ("--speculative-config", ["--speculative-config", "ngram"], "--speculative-config must be a JSON object"),
         ("--engine-core", ["--engine-core", "fiber"], "invalid choice: 'fiber'"),
         ("--max-batch", ["--max-batch", "0"], "--max-batch"),
         ("--max-batch", ["--max-batch", "many"], "--max-batch"),

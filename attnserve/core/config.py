@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine.speculation import Speculation
 from ..tracing.settings import TraceSettings
 
 MAX_NICE = 19  # the least CPU priority Unix has, nice's highest value: --core-nice's limit
@@ -32,6 +33,7 @@ class CoreConfig:
     log_format: str = "text"  # the core's log lines: text, or JSON lines (core/log_lines.py)
     nice: int = 0  # how much lower the core process's CPU priority is than the front end's (process.py)
     logits_pass: str = "auto"  # which rows the batched logits pass picks: auto, on or off (runtime/logits_pass.py)
+    speculation: Speculation | None = None  # --speculative-config (engine/speculation.py); None: off
 
     @property
     def spinning(self) -> bool | None:

@@ -77,6 +77,10 @@ def load_model(config: CoreConfig) -> LoadedModel:
     """The session, tokenizer and arena of config.model; raises ModelDirError, ProviderError or StartupError."""
     runner = ModelSessions(config.model, config.provider, config.threads, config.cuda_graphs, config.spinning)
     tokenizer = load_tokenizer(runner.model_dir, runner.manifest)
+    if config.speculation is not None and runner.manifest.seq2seq:
+        raise StartupError(
+            f"{runner.model_dir}: --speculative-config needs a decoder-only model, not an encoder-decoder"
+        )
     try:
         capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)
         slots = open_slot_runner(

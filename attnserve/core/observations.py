@@ -42,6 +42,14 @@ class PrefixSeen(msgspec.Struct, tag=True, array_like=True):
         observer.on_prefix_cache(self.hits, self.misses, self.saved, self.held_bytes)
 
 
+class SpeculationSeen(msgspec.Struct, tag=True, array_like=True):
+    proposed: int
+    accepted: int
+
+    def apply(self, observer: EngineObserver) -> None:
+        observer.on_speculation(self.proposed, self.accepted)
+
+
 class SpansDropped(msgspec.Struct, tag=True, array_like=True):
     count: int
 
@@ -49,7 +57,7 @@ class SpansDropped(msgspec.Struct, tag=True, array_like=True):
         observer.on_spans_dropped(self.count)
 
 
-Observation = StepSeen | TokensSeen | PrefixSeen | SpansDropped
+Observation = StepSeen | TokensSeen | PrefixSeen | SpeculationSeen | SpansDropped
 
 
 class Recorder(EngineObserver):
@@ -72,6 +80,9 @@ class Recorder(EngineObserver):
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         self.record(PrefixSeen(hits, misses, saved, held_bytes))
+
+    def on_speculation(self, proposed: int, accepted: int) -> None:
+        self.record(SpeculationSeen(proposed, accepted))
 
     def on_spans_dropped(self, count: int) -> None:
         self.record(SpansDropped(count))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from ..engine.domain import Draining
 from ..engine.engine import Engine, EngineLimits
 from ..engine.outbox import Outbox
+from ..engine.speculation import Speculation
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError, one_line
 from .channel import Channel, ChannelClosed, connect
@@ -39,12 +40,19 @@ THREADS = "/proc/self/task"  # Linux: one entry per thread of this process
 PARENT_CHECK_MS = 500  # how often an idle core checks that the front end that started it still lives
 
 
-def core_engine(loaded: LoadedModel, writer: StepWriter, delay_ms: int, outbox: Outbox | None = None) -> Engine:
+def core_engine(
+    loaded: LoadedModel,
+    writer: StepWriter,
+    delay_ms: int,
+    outbox: Outbox | None = None,
+    speculation: Speculation | None = None,
+) -> Engine:
     """The engine of the core's process, delivering to `writer` (through `outbox`, which hands on to it,
     where one is given). The queue's bound is the front end's alone (requests in flight <= slots +
     --max-queue, core/client.py): this queue holds what the front end accepted. Slow readers are the
-    front end's too. `delay_ms`: a test's brake on every step, which run_core read (slow_steps.py)."""
-    limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0)
+    front end's too. `delay_ms`: a test's brake on every step, which run_core read (slow_steps.py);
+    `speculation`: --speculative-config's."""
+    limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0, speculation=speculation)
     observer = slowed(writer.recorder, delay_ms)
     return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer)
 
@@ -107,7 +115,7 @@ def run_core(config: CoreConfig, path: str) -> None:
         return
     writer = StepWriter(channel, Recorder())
     outbox, end_tracing = traced(writer, config, loaded)
-    engine = core_engine(loaded, writer, delay, outbox)
+    engine = core_engine(loaded, writer, delay, outbox, config.speculation)
     runner = loaded.runner
     slots = loaded.slots
     log.info(

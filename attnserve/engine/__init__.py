@@ -4,8 +4,9 @@ sampling and detokenizing; numpy and the tokenizer only, no ONNX Runtime, gRPC o
 engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and
 mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structured output) and
 detokenizer.py (its text, with stop strings). step_plan.py: the scheduler's decision for a step's
-decoding, a value (one step, or a burst). burst.py: greedy decode steps run back to back, and when
-each request takes its tokens. beam_group.py: a beam search request's k slots, whose beams
+decoding, a value (one step, a burst, or a verification). burst.py: greedy decode steps run back to
+back, and when each request takes its tokens. speculation.py: prompt lookup's proposals and what a
+verification keeps (--speculative-config). beam_group.py: a beam search request's k slots, whose beams
 beam_search.py picks (pure numpy, as transformers' beam search; export's beam gate runs it too).
 search.py is the one interface the engine hands a step's rows to: a completion (its own search) or a
 beam group; no slot is routed by its type.

@@ -50,6 +50,7 @@ from .outbox import LoopOutbox, Outbox
 from .seam import Logits, SlotRunner
 from .search import Search
 from .sequence import Caller, Event, Handle, Sequence, fits
+from .speculation import Speculation, accepted
 from .step_plan import plan_decode
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class EngineLimits:
     max_batch: int  # requests decoded together in one step
     max_queue: int | None  # requests waiting for a batch slot before submit raises QueueFull; None: no bound
     max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
+    speculation: Speculation | None  # --speculative-config: prompt lookup (speculation.py); None: off
 
 
 class EngineObserver:
@@ -91,6 +93,9 @@ class EngineObserver:
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         """A prefill round's prefix-cache lookups and the bytes it holds after them (seam.PrefixReport)."""
+
+    def on_speculation(self, proposed: int, accepted: int) -> None:
+        """A verification step's proposed ids, and how many of them were kept (speculation.py)."""
 
     def on_spans_dropped(self, count: int) -> None:
         """The engine core's process dropped `count` trace spans (its export queue was full, or the
@@ -117,6 +122,9 @@ class ForwardingObserver(EngineObserver):
 
     def on_prefix_cache(self, hits: int, misses: int, saved: int, held_bytes: int) -> None:
         self.inner.on_prefix_cache(hits, misses, saved, held_bytes)
+
+    def on_speculation(self, proposed: int, accepted: int) -> None:
+        self.inner.on_speculation(proposed, accepted)
 
     def on_spans_dropped(self, count: int) -> None:
         self.inner.on_spans_dropped(count)
@@ -357,6 +365,9 @@ class Engine:
         forks = sequence.forks(self.tokenizer, self.spec)
         for fork in forks:
             fork.arrival, fork.admitted = sequence.arrival, sequence.admitted
+        if self.limits.speculation is not None:
+            for each in (sequence, *forks):
+                each.speculate(self.limits.speculation, self.spec)
         return [sequence, *forks]
 
     def _prefill(self) -> None:
@@ -384,19 +395,67 @@ class Engine:
         """The step's plan (step_plan.py), carried out: one token for every decoding request, or a burst of
         steps while every request is greedy (with at most bans that stay) and no prompt waits for its next
         prefill round."""
-        plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling))
+        speculation = self.limits.speculation
+        speculate = speculation is not None and len(self._active) <= speculation.disable_by_batch_size
+        plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling), speculate=speculate)
+        if plan.proposals:
+            self._decode_speculated(plan.next_ids, plan.proposals)
+            return
         if plan.burst:
-            self._decode_burst(plan.next_ids, plan.bans)
+            self._decode_burst(plan.next_ids, plan.bans, self._unspeculated() if speculate else MAX_BURST)
             return
         logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes, plan.bans)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         self._free_failed()
 
-    def _decode_burst(self, next_ids: dict[int, int], bans: Mapping[int, tuple[int, ...]]) -> None:
-        """Up to MAX_BURST greedy decode steps run back to back by the runner (a key in `bans` never takes
-        one of its bans: ignore_eos); after each, the requests whose Delta falls due take their tokens
-        (burst.py) and the step's events go on. The burst ends after a step where a request ended or
-        picked an ending id, where a stream's ms interval or a deadline passed, or where a cancel, an
+    def _unspeculated(self) -> int:
+        """The steps a burst may run before a request proposes again (speculation.Lookup's pause): a
+        request with no proposal this step counts a miss (a workload that repeats nothing pauses its
+        lookups and runs in bursts)."""
+        sequences = cast(dict[int, Sequence], self._active)  # a burst's: every slot a completion
+        lookups = [sequence.lookup for sequence in sequences.values() if sequence.lookup is not None]
+        for lookup in lookups:
+            if not lookup.pause:
+                lookup.record(0, 0)
+        return max(1, min([lookup.pause for lookup in lookups], default=MAX_BURST))
+
+    def _decode_speculated(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> None:
+        """One verification (SlotRunner.verify): each request takes its kept proposals and the model's
+        token after them, in order, until it ends; the runner forgets the positions of the rest."""
+        argmax = self.slots.verify(next_ids, proposals)
+        now = time.perf_counter()
+        sequences = cast(dict[int, Sequence], dict(self._active))  # a verification's: every slot plain greedy
+        gaps: list[float] = []
+        proposed = kept = 0
+        for key, sequence in sequences.items():
+            proposal = proposals.get(key, ())
+            ids = argmax[key]
+            right = accepted(proposal, ids)
+            if right < len(proposal):
+                self.slots.rewind(key, len(proposal) - right)
+            if sequence.lookup is not None:
+                sequence.lookup.record(len(proposal), right)
+            proposed, kept = proposed + len(proposal), kept + right
+            try:  # its own work: its text and stops
+                for token in (*proposal[:right], ids[right]):
+                    self._emit(sequence, sequence.advance(token, now))
+                    gaps.append(sequence.token_gap)
+                    if sequence.done:
+                        break
+            except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
+                self._fail_alone(sequence, error)
+                continue
+            if sequence.done:
+                self._free(key)
+        self.observer.on_tokens([], gaps)
+        self.observer.on_speculation(proposed, kept)
+        self._free_failed()
+
+    def _decode_burst(self, next_ids: dict[int, int], bans: Mapping[int, tuple[int, ...]], steps: int) -> None:
+        """Up to `steps` (at most MAX_BURST) greedy decode steps run back to back by the runner (a key
+        in `bans` never takes one of its bans: ignore_eos); after each, the requests whose Delta falls
+        due take their tokens (burst.py) and the step's events go on. The burst ends after a step where
+        a request ended or picked an ending id, where a stream's ms interval or a deadline passed, or where a cancel, an
         abort or a request to admit needs the scheduler."""
         # a burst runs only while every slot is greedy: every slot a completion (a beam never is)
         sequences = cast(dict[int, Sequence], dict(self._active))
@@ -422,7 +481,10 @@ class Engine:
                 self._flush()
             return False
 
-        self.slots.decode_steps(next_ids, MAX_BURST, take, bans)
+        ran = self.slots.decode_steps(next_ids, steps, take, bans)
+        for sequence in sequences.values():
+            if sequence.lookup is not None:
+                sequence.lookup.passed(ran)
         burst.finish()
         self.observer.on_tokens([], burst.taken_gaps())
         for key, sequence in sequences.items():

@@ -33,6 +33,7 @@ from .domain import (
 from .grammar import Matcher
 from .sampling import Sampler, allows_beyond, prompt_logprobs, unpacked
 from .seam import Logits, ModelSpec, PassRow, Pick, argmax_without
+from .speculation import Lookup, Speculation
 
 Event = Delta | Final | Exception
 
@@ -181,6 +182,7 @@ class Sequence:
         self.matcher = Matcher(request.grammar, tokenizer) if request.grammar else None  # structured output
         self.mask = self.matcher.ahead() if self.matcher else None  # the next token's, computed during the run
         self.plain_greedy = not self.transforms()  # its token is its row's argmax: the engine's batch-wide pick
+        self.lookup: Lookup | None = None  # its history's n-grams, once it may speculate (speculate)
 
     def transforms(self) -> tuple[str, ...]:
         """What this step's pick takes beyond its row's argmax: its grammar's allowed ids, its bans, its
@@ -265,6 +267,20 @@ class Sequence:
         row = self.sampler.pass_row(banned, self.request.logprobs or 0)
         return row if row is None or allowed is None else replace(row, allowed=allowed)
 
+    def speculate(self, speculation: Speculation, spec: ModelSpec) -> None:
+        """Propose ids by prompt lookup from now on (speculation.py), where its picks are greedy with no
+        transform but bans (a sampler's draw or logprobs would need the sampled verification)."""
+        if self.sampler.active or self.matcher is not None or self.request.logprobs is not None:
+            return
+        self.lookup = Lookup(speculation, (*spec.decoder_prompt(self.request.prompt_ids), *self.generated))
+
+    def proposal(self) -> tuple[int, ...]:
+        """The ids its lookup proposes after its next token, as many as leave its last token to the model
+        (its budget: the context holds them too); () for none, or while it is not plain greedy."""
+        if self.lookup is None or not self.plain_greedy:
+            return ()
+        return self.lookup.propose(self.budget - len(self.generated) - 1)
+
     def take_pick(self, pick: Pick) -> int:
         """The token a runner's batched pass picked by pass_row (with its log-probabilities, if asked)."""
         self.sampler.record(pick.token)
@@ -293,6 +309,8 @@ class Sequence:
         look = len(self.generated) >= self.request.min_new_tokens  # stop strings count from there
         self.generated.append(token)
         self.next_token = token
+        if self.lookup is not None:
+            self.lookup.append(token)
         if self.matcher is not None:
             self.matcher.take(token)
             self.mask = self.matcher.ahead()

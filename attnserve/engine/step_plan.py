@@ -36,6 +36,10 @@ class Decoding(Protocol):
         """Its pick as the runner's batched pass makes it, or None where its row must come to the host."""
         ...
 
+    def proposal(self) -> tuple[int, ...]:
+        """The ids it proposes after its next token this step (speculation.py), or () for none."""
+        ...
+
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -43,23 +47,31 @@ class StepPlan:
     `burst`, up to MAX_BURST of them back to back (every row greedy, at most with bans that stay, and no
     prompt waiting: burst.py; `bans`: key -> the ids its argmax must not be). A single step brings back
     every row's argmax (a key in `bans`: over every id but those), the logits of the `sampled` keys,
-    and, for those of them in `passes`, the runner's pass's pick instead of the row."""
+    and, for those of them in `passes`, the runner's pass's pick instead of the row. With `proposals`
+    (every row plain greedy; key -> the ids it proposes after its next token), one verification instead
+    (SlotRunner.verify): each row's argmax after its next token and after each of its proposals."""
 
     next_ids: dict[int, int]
     burst: bool
     sampled: frozenset[int] = frozenset()
     passes: Mapping[int, PassRow] = field(default_factory=dict)
     bans: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    proposals: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
 
-def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool) -> StepPlan:
-    """The plan for the batch `active` (key -> its holder): a burst while every row is greedy (plain, or
-    with bans that stay: ignore_eos) and no prompt waits for its next prefill round (a long prompt gets a
-    chunk per step), else one step."""
+def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool, speculate: bool = False) -> StepPlan:
+    """The plan for the batch `active` (key -> its holder): with `speculate`, a verification where every
+    row is plain greedy and one proposes; else a burst while every row is greedy (plain, or with bans
+    that stay: ignore_eos) and no prompt waits for its next prefill round (a long prompt gets a chunk
+    per step), else one step."""
     next_ids = {key: holder.next_token for key, holder in active.items() if holder.next_token is not None}
     assert len(next_ids) == len(active), "a decoding request always has a sampled token to feed"
     argmax = {key: banned for key, holder in active.items() if (banned := holder.argmax_bans) is not None}
     bans = {key: banned for key, banned in argmax.items() if banned}
+    if speculate and not bans and len(argmax) == len(active):
+        proposals = {key: proposal for key, holder in active.items() if (proposal := holder.proposal())}
+        if proposals:
+            return StepPlan(next_ids, burst=False, proposals=proposals)
     if not prompt_waiting and len(argmax) == len(active):
         return StepPlan(next_ids, burst=True, bans=bans)
     sampled = frozenset(key for key in active if key not in argmax)

@@ -89,6 +89,7 @@ class ArenaDecoder:
         self.greedy_outputs = contract.NEXT_TOKEN in [o.name for o in session.get_outputs()]
         self.next_ids = np.empty(self.max_tokens, np.int64)  # a picked step's NEXT_TOKEN output
         self.step_logits = self.device.allocate((capacity, 1, self.vocab_size), self.arena.dtype)  # ... and logits
+        self._verified_logits: ort.OrtValue | None = None  # a verification's logits (verified_logits)
         # the sampling rows of a picked step as float32 (a float32 graph's host buffer is that already)
         self.picked_rows = np.empty((capacity, self.vocab_size), np.float32) if self.dtype != "float32" else None
         widest = max(self.max_tokens, capacity * self.context)  # a decode step's mask is (B, longest + 1)
@@ -155,7 +156,8 @@ class ArenaDecoder:
 
     def binding(self, first: int, b: int, t: int, picked: bool) -> ort.IOBinding:
         """A binding of slots [first, first + b) and of the outputs of a (b, t) run; kept when t is 1
-        (decode steps and one-token runs repeat their shapes)."""
+        (decode steps and one-token runs repeat their shapes) or its tokens are picked (a verification's
+        few shapes)."""
         if b * t > self.max_tokens:
             raise ValueError(f"a run of {b} x {t} tokens exceeds the logits buffer ({self.max_tokens} tokens)")
         binding = self.session.io_binding()
@@ -164,12 +166,21 @@ class ArenaDecoder:
         if picked:
             binding.bind_output(contract.NEXT_TOKEN, "cpu", 0, np.int64, [b, t], self.next_ids.ctypes.data)
             kind, device = self.device.kind, self.device.id
-            binding.bind_output(contract.LOGITS, kind, device, self.arena.dtype, shape, self.step_logits.data_ptr())
+            logits = self.step_logits if t == 1 else self.verified_logits(b * t)
+            binding.bind_output(contract.LOGITS, kind, device, self.arena.dtype, shape, logits.data_ptr())
         else:
             binding.bind_output(contract.LOGITS, "cpu", 0, self.arena.dtype, shape, self.logits.ctypes.data)
-        if t == 1:
+        if t == 1 or picked:
             self._bindings[first, b, t, picked] = binding
         return binding
+
+    def verified_logits(self, rows: int) -> ort.OrtValue:
+        """The device buffer a verification's logits land in (they never leave it), at least `rows` rows
+        of V; made at the first verification (a server that does not speculate never holds it)."""
+        if self._verified_logits is None or self._verified_logits.shape()[0] < rows:
+            self._verified_logits = self.device.allocate((rows, self.vocab_size), self.arena.dtype)
+            self._bindings = {key: bound for key, bound in self._bindings.items() if key[2] == 1}  # none reads the old
+        return self._verified_logits
 
     def prefill(self, first: int, prompts: list[list[int]]) -> np.ndarray:
         """Fresh prompts into the empty slots [first, first + b), right-padded; last-token logits (b, V)."""
@@ -191,6 +202,25 @@ class ArenaDecoder:
         logits = self.run(slot, ids, np.ones((1, total), np.int64), np.arange(held, total)[None])
         self.arena.lengths[slot] = total
         return to_float32(logits[0, -1], self.dtype)
+
+    def verify(self, slot: int, tokens: list[int]) -> list[int]:
+        """Feed `tokens` to one slot that holds state, in one run, and bring back the argmax after each
+        (first index on ties; the graph's NEXT_TOKEN where it has one, and no logits leave the device).
+        One slot a run: ONNX Runtime's GroupQueryAttention takes several new positions beside a past for a
+        batch of one sequence only."""
+        held = int(self.arena.lengths[slot])
+        total = held + len(tokens)
+        ids, mask, positions = np.array([tokens], np.int64), np.ones((1, total), np.int64), np.arange(held, total)[None]
+        if self.greedy_outputs:
+            argmax = self.run(slot, ids, mask, positions, picked=True)[0].tolist()
+        else:
+            argmax = to_float32(self.run(slot, ids, mask, positions)[0], self.dtype).argmax(axis=1).tolist()
+        self.arena.lengths[slot] = total
+        return argmax
+
+    def rewind(self, slot: int, count: int) -> None:
+        """Forget the slot's last `count` positions (their keys and values are overwritten by the next)."""
+        self.arena.lengths[slot] -= count
 
     def positions(self, row: int, count: int) -> np.ndarray:
         """The last run's logits of its row `row` at positions [0, count), float32 (a copy): a prompt's

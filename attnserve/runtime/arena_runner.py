@@ -249,6 +249,18 @@ class ArenaRunner:
                 return step
         return steps
 
+    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]:
+        """Each decoding key's next token and its proposals fed in one run of its slot alone (ArenaDecoder.
+        verify); the argmax after each id by key. Its slot holds them all until rewind."""
+        return {
+            key: self.decoder.verify(slot, [next_ids[key], *proposals.get(key, ())])
+            for slot, key in enumerate(self.decoding)
+        }
+
+    def rewind(self, key: int, count: int) -> None:
+        """Key's slot forgets its last `count` positions (the proposals the engine did not keep)."""
+        self.decoder.rewind(self.decoding.index(key), count)
+
     def _banned(self, bans: Bans | None) -> list[tuple[int, tuple[int, ...]]]:
         """(row, its bans) of each decoding key in `bans`."""
         return [(row, bans[key]) for row, key in enumerate(self.decoding) if key in bans] if bans else []

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..core.config import MAX_NICE, CoreConfig
+from ..engine.speculation import parse_speculation
 from ..flags import add_field_flags, check_directory, check_pem, check_text_file, flag, flag_name, shown
 from ..request_ranges import MAX_STREAM_INTERVAL_MS
 from ..runtime.contract import DTYPES, QUANTIZATIONS
@@ -157,6 +158,17 @@ class ServerConfig:
             "the host in numpy; auto: on CUDA every row in the pass, on the CPU the rows whose host work costs "
             "more (a large vocabulary's sampling and logprobs)",
             choices=LOGITS_PASS,
+        ),
+    )
+    speculative_config: str | None = field(
+        default=None,
+        metadata=flag(
+            'speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
+            '"prompt_lookup_max": 4, "prompt_lookup_min": 1, "disable_by_batch_size": 1}\' (prompt lookup: a '
+            "greedy request's next ids proposed from its prompt and output, checked in one run, the right ones "
+            "kept; the same tokens, in fewer steps where the output repeats its context)",
+            metavar="JSON",
+            unset="off",
         ),
     )
     engine_core: str = field(
@@ -336,6 +348,7 @@ class ServerConfig:
             intra_op_spinning=self.intra_op_spinning,
             cuda_graphs=not self.no_cuda_graphs,
             logits_pass=self.logits_pass,
+            speculation=parse_speculation(self.speculative_config) if self.speculative_config is not None else None,
             max_batch=self.max_batch,
             kv_cache_memory=self.kv_cache_memory,
             prefill_chunk=self.prefill_chunk,
@@ -382,6 +395,8 @@ class ServerConfig:
             if not ok:
                 raise ValueError(reason)
         self.traces()
+        if self.speculative_config is not None:
+            parse_speculation(self.speculative_config)
         at_least_1 = (
             "max_queue",
             "max_new_tokens_cap",

@@ -98,6 +98,16 @@ class Metrics(EngineObserver):
             registry=r,
         )
         self.prefix_held = Gauge("attnserve_prefix_cache_bytes", "Bytes of prefixes the prefix cache holds", registry=r)
+        self.draft_tokens = Counter(
+            "attnserve_spec_decode_draft_tokens",
+            "Ids proposed by speculative decoding (--speculative-config) and checked by the model",
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            "attnserve_spec_decode_accepted_tokens",
+            "Proposed ids the model's check kept (accepted / draft: the acceptance rate)",
+            registry=r,
+        )
         self.prefix_cache_capacity = Gauge(
             "attnserve_prefix_cache_capacity_bytes",
             "The prefix cache's size (--prefix-cache-memory; 0: off)",
@@ -187,6 +197,12 @@ class Metrics(EngineObserver):
         self.prefix_lookups.labels(result="hit").inc(hits)
         self.prefix_lookups.labels(result="miss").inc(misses)
         self.prefix_saved.inc(saved)
+
+    def on_speculation(self, proposed: int, accepted: int) -> None:
+        if not self.counting:
+            return
+        self.draft_tokens.inc(proposed)
+        self.accepted_tokens.inc(accepted)
 
     def on_spans_dropped(self, count: int) -> None:
         self.spans_dropped.labels(process="engine_core").inc(count)

@@ -1,0 +1,156 @@
+"""Speculative decoding by prompt lookup: a greedy request's next tokens proposed from its own history,
+checked by the model in one run, the longest right prefix kept.
+
+A request whose last n ids (prompt_lookup_max down to prompt_lookup_min of them) occurred before in its
+prompt or its output proposes the ids that followed their latest earlier occurrence, up to
+num_speculative_tokens (vLLM's n-gram method, transformers' prompt_lookup_num_tokens). The runner feeds
+the request's next token and the proposals as one chunk and brings back the model's argmax after each
+(SlotRunner.verify): a proposal is kept while it equals the argmax before it, and the argmax after the
+last kept one is one more token, so a step gives 1 to k + 1 tokens, each the one greedy decoding picks
+(up to the last bits of a run of several positions against a run of one: export/invariance.py). A
+request whose proposals keep failing stops proposing for a while, doubling each time (Lookup.record),
+so a workload that repeats nothing decodes in the usual greedy bursts.
+Parsed from `--speculative-config`'s JSON as vLLM's; no runner, no ONNX Runtime here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+NGRAM = "ngram"
+MAX_SPECULATIVE_TOKENS = 16  # proposals one step checks, at most
+MAX_LOOKUP = 16  # the longest n-gram looked up
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
+MISSES = 2  # verifications in a row that keep nothing before a request pauses its proposals
+FIRST_PAUSE = 8  # decode steps of the first pause; each pause after another miss is twice the last
+LONGEST_PAUSE = 256
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """`--speculative-config`: proposals of `num_speculative_tokens` ids by looking up the last
+    `prompt_lookup_max` down to `prompt_lookup_min` ids in the request's history, while at most
+    `disable_by_batch_size` requests decode (each speculating request runs alone: ONNX Runtime's
+    GroupQueryAttention takes several new positions with a past for one sequence a run only)."""
+
+    num_speculative_tokens: int = 4
+    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 1
+    disable_by_batch_size: int = 1
+    method: str = NGRAM
+
+
+def parse_speculation(text: str) -> Speculation:
+    """`--speculative-config`'s JSON object; ValueError with one line naming the key and its limit."""
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--speculative-config must be a JSON object: {error}") from None
+    if not isinstance(given, dict):
+        raise ValueError('--speculative-config must be a JSON object, e.g. \'{"method": "ngram"}\'')
+    unknown = sorted(set(given) - set(KEYS) - {"model"})
+    if unknown:
+        raise ValueError(f"--speculative-config: unknown key {unknown[0]!r}; the keys are {', '.join(KEYS)}")
+    if "model" in given:
+        raise ValueError('--speculative-config: a draft model (\'model\') is not supported yet; use "method": "ngram"')
+    method = given.get("method", NGRAM)
+    if method != NGRAM:
+        raise ValueError(f"--speculative-config: method must be {NGRAM!r} (prompt lookup), not {method!r}")
+    numbers: dict[str, int] = {}
+    for key in KEYS[1:]:
+        value = given.get(key)  # null: the default, as absent
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ValueError(f"--speculative-config: {key} must be a whole number, not {value!r}")
+        if value is not None:
+            numbers[key] = value
+    lookup_max = numbers.get("prompt_lookup_max", numbers.get("prompt_lookup_min", Speculation.prompt_lookup_max))
+    speculation = Speculation(
+        num_speculative_tokens=numbers.get("num_speculative_tokens", Speculation.num_speculative_tokens),
+        prompt_lookup_max=lookup_max,
+        prompt_lookup_min=numbers.get("prompt_lookup_min", min(Speculation.prompt_lookup_min, lookup_max)),
+        disable_by_batch_size=numbers.get("disable_by_batch_size", Speculation.disable_by_batch_size),
+    )
+    checks = (
+        (
+            "num_speculative_tokens",
+            1 <= speculation.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS,
+            f"1 to {MAX_SPECULATIVE_TOKENS}",
+        ),
+        ("prompt_lookup_max", 1 <= speculation.prompt_lookup_max <= MAX_LOOKUP, f"1 to {MAX_LOOKUP}"),
+        (
+            "prompt_lookup_min",
+            1 <= speculation.prompt_lookup_min <= speculation.prompt_lookup_max,
+            f"1 to prompt_lookup_max ({speculation.prompt_lookup_max})",
+        ),
+        ("disable_by_batch_size", speculation.disable_by_batch_size >= 1, "at least 1"),
+    )
+    for key, ok, limit in checks:
+        if not ok:
+            raise ValueError(f"--speculative-config: {key} must be {limit}, not {getattr(speculation, key)}")
+    return speculation
+
+
+class Lookup:
+    """One request's history (decoder prompt and output) indexed by its n-grams, and whether it
+    proposes now."""
+
+    def __init__(self, speculation: Speculation, history: tuple[int, ...]):
+        self.speculation = speculation
+        self.sizes = range(speculation.prompt_lookup_max, speculation.prompt_lookup_min - 1, -1)
+        self.tokens: list[int] = []
+        self.follows: dict[tuple[int, ...], int] = {}  # n-gram -> where the id after its latest occurrence is
+        self.misses = 0  # verifications in a row that kept no proposal
+        self.pause = 0  # decode steps left before it proposes again
+        self.next_pause = FIRST_PAUSE
+        self.proposed = 0  # ids proposed and kept, for the request's metrics
+        self.accepted = 0
+        for token in history:
+            self.append(token)
+
+    def append(self, token: int) -> None:
+        """The history's next id: every n-gram that ends before it is followed by it."""
+        end = len(self.tokens)
+        for n in self.sizes:
+            if n <= end:
+                self.follows[tuple(self.tokens[end - n :])] = end
+        self.tokens.append(token)
+
+    def propose(self, most: int) -> tuple[int, ...]:
+        """Up to `most` ids (and num_speculative_tokens) that followed the longest of the history's last
+        n-grams where it occurred last before; () while paused or where none occurred."""
+        most = min(most, self.speculation.num_speculative_tokens)
+        if self.pause or most < 1:
+            return ()
+        for n in self.sizes:
+            if n <= len(self.tokens):
+                start = self.follows.get(tuple(self.tokens[-n:]))
+                if start is not None:
+                    return tuple(self.tokens[start : start + most])
+        return ()
+
+    def record(self, proposed: int, accepted: int) -> None:
+        """A verification kept `accepted` of `proposed` ids; MISSES in a row that kept none pause the
+        proposals, for twice as long as the last pause."""
+        self.proposed += proposed
+        self.accepted += accepted
+        if accepted:
+            self.misses, self.next_pause = 0, FIRST_PAUSE
+            return
+        self.misses += 1
+        if self.misses >= MISSES:
+            self.pause, self.misses = self.next_pause, 0
+            self.next_pause = min(2 * self.next_pause, LONGEST_PAUSE)
+
+    def passed(self, steps: int) -> None:
+        """`steps` decode steps ran without it proposing."""
+        self.pause = max(0, self.pause - steps)
+
+
+def accepted(proposal: tuple[int, ...], argmax: list[int]) -> int:
+    """How many of `proposal` are kept: each while it equals the model's argmax after the id before it
+    (`argmax[i]` after the i-th fed id: the next token, then each proposal)."""
+    kept = 0
+    while kept < len(proposal) and proposal[kept] == argmax[kept]:
+        kept += 1
+    return kept

@@ -1,0 +1,138 @@
+"""Speculative decoding on the real parts: the arena runner's verify and rewind over the trained tiny
+model's export on ONNX Runtime, the engine speculating over it, and a served `attnserve serve
+--speculative-config` (engine core in its own process) whose greedy tokens are PyTorch's. The
+engine's rules over a fake runner are tests/test_speculation.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+
+import pytest
+from fixtures_server import request, start_server
+from fixtures_train import BYTE_IDS
+
+from attnserve.engine.domain import Delta, Final, GenerationRequest
+from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
+from attnserve.engine.speculation import Speculation
+from attnserve.model.generate import generate
+from attnserve.runtime.model_sessions import ModelSessions
+from attnserve.runtime.opening import open_slot_runner
+from attnserve.tokenizer.utf8 import ByteTokenizer, encode
+
+PASSAGE = "The arena holds every request's keys and values in place. "
+# prompts whose continuation may repeat what they hold (a passage and its start again), and plain ones
+PROMPTS = [PASSAGE + PASSAGE[:20], "def f(x):\n    return x\ndef g(x):\n    return", "The server", "a", "x" * 30]
+SPECULATION = Speculation(num_speculative_tokens=4, prompt_lookup_max=4, prompt_lookup_min=1, disable_by_batch_size=4)
+STEPS = 40
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return ModelSessions(tiny_model_dir, "cpu", threads=1)
+
+
+def single_steps(runner, key: int, prompt: list[int], steps: int) -> list[int]:
+    """Greedy tokens of `prompt` alone, one decode step each (the runner's NEXT_TOKEN argmax)."""
+    runner.start(key, tuple(prompt))
+    tokens = [int(runner.prefill().rows[0].argmax())]
+    for _ in range(steps - 1):
+        tokens.append(int(runner.decode({key: tokens[-1]}, frozenset()).tokens[0]))
+    runner.release(key)
+    return tokens
+
+
+def test_a_verification_brings_back_the_single_steps_argmax_and_a_rewind_forgets_what_was_not_kept(model):
+    """Right proposals come back as the argmax after each; after wrong ones, a rewind of the positions
+    not kept and single steps go on as if nothing had been proposed. Two slots, one proposing."""
+    runner = open_slot_runner(model, 2, 256)
+    prompts = [encode(PROMPTS[0]), encode(PROMPTS[2])]
+    alone = [single_steps(runner, key, prompt, STEPS) for key, prompt in enumerate(prompts)]
+    for key, prompt in zip((10, 11), prompts):
+        runner.start(key, tuple(prompt))
+    first = runner.prefill()
+    assert [int(row.argmax()) for row in first.rows] == [alone[0][0], alone[1][0]]
+    # key 10 proposes its next four tokens (all right); key 11 proposes nothing (one position)
+    argmax = runner.verify({10: alone[0][0], 11: alone[1][0]}, {10: tuple(alone[0][1:5])})
+    assert argmax == {10: alone[0][1:6], 11: alone[1][1:2]}
+    # key 10 now feeds alone[0][5] and proposes a wrong id after one right one: two positions forgotten
+    wrong = (alone[0][7] + 1) % 256
+    argmax = runner.verify({10: alone[0][5], 11: alone[1][1]}, {10: (alone[0][6], wrong, alone[0][8])})
+    assert argmax[10][:2] == alone[0][6:8] and argmax[11] == alone[1][2:3]
+    runner.rewind(10, 2)
+    tokens = {10: alone[0][7], 11: alone[1][2]}
+    got: dict[int, list[int]] = {10: alone[0][:8], 11: alone[1][:3]}
+    while len(got[10]) < STEPS:
+        picked = runner.decode(tokens, frozenset()).tokens
+        tokens = dict(zip(runner.decoding, picked.tolist()))
+        for key in (10, 11):
+            got[key].append(tokens[key])
+    assert got[10] == alone[0][:STEPS] and got[11] == alone[1][: len(got[11])]
+
+
+class Counted(EngineObserver):
+    def __init__(self) -> None:
+        self.proposed = self.accepted = 0
+
+    def on_speculation(self, proposed: int, accepted: int) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+
+
+def engine_tokens(model, speculation: Speculation | None, observer: EngineObserver | None = None) -> list[list[int]]:
+    """Every prompt's greedy tokens from the real engine over a 4-slot arena, all submitted at once."""
+    runner = open_slot_runner(model, 4, 256)
+    engine = Engine(runner, ByteTokenizer(), EngineLimits(4, 16, 0, speculation), observer)
+
+    async def main():
+        handles = [engine.submit(GenerationRequest(p, tuple(encode(p)), STEPS, interval=None)) for p in PROMPTS]
+        engine.start()
+        out = []
+        for handle in handles:
+            events = []
+            while not events or not isinstance(events[-1], Final):
+                events += await asyncio.wait_for(handle.next_events(), TIMEOUT)
+            out.append([token for event in events if isinstance(event, Delta) for token in event.token_ids])
+        return out
+
+    try:
+        return asyncio.run(main())
+    finally:
+        engine.stop()
+
+
+def test_the_engine_speculating_over_the_arena_gives_every_request_its_tokens_without(model):
+    counted = Counted()
+    assert engine_tokens(model, SPECULATION, counted) == engine_tokens(model, None)
+    assert counted.proposed > 0 and 0 <= counted.accepted <= counted.proposed
+
+
+@pytest.fixture(scope="module")
+def speculating(tiny_model_dir):
+    config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
+    running = start_server(tiny_model_dir, speculative_config=config, engine_core="process", metrics_port=0)
+    yield running
+    running.stop()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_a_speculating_server_streams_pytorchs_greedy_tokens(speculating, reference_model, prompt):
+    expected = generate(reference_model, [encode(prompt)], max_new_tokens=STEPS, **BYTE_IDS)[0]
+    unary = speculating.stub.Generate(request(prompt, max_new_tokens=STEPS), timeout=TIMEOUT)
+    assert list(unary.token_ids) == expected and unary.usage.completion_tokens == len(expected)
+    messages = list(speculating.stub.GenerateStream(request(prompt, max_new_tokens=STEPS), timeout=TIMEOUT))
+    assert [t for m in messages for t in m.token_ids] == expected
+    assert "".join(m.text for m in messages) == unary.text
+
+
+def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating):
+    speculating.stub.Generate(request(PROMPTS[0], max_new_tokens=STEPS), timeout=TIMEOUT)
+    url = f"http://127.0.0.1:{speculating.server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
+    counts = {
+        name: float(re.search(rf"^attnserve_spec_decode_{name}_tokens_total (\S+)$", text, re.M).group(1))
+        for name in ("draft", "accepted")
+    }
+    assert counts["draft"] > 0 and 0 <= counts["accepted"] <= counts["draft"]
