@@ -138,17 +138,16 @@ def main(argv: list[str] | None = None) -> int:
         for count in streams:
             texts = {w: prompts(w, count * args.requests_per_stream, seed=count) for w in WORKLOADS}
             split = {w: [texts[w][i::count] for i in range(count)] for w in WORKLOADS}
-            for side in sides.values():  # warm-up: every prompt once (and the server's first runs)
+            for server in sides.values():  # warm-up: every prompt once (and the server's first runs)
                 for w in WORKLOADS:
-                    side.measure(split[w], 8)
+                    server.measure(split[w], 8)
             measured: dict[tuple[str, str], list[dict]] = {run: [] for run in runs}
             for run in alternating(runs, args.repeats, f"{count} streams"):
-                side, workload = run
-                measured[run].append(sides[side].measure(split[workload], args.new_tokens))
+                measured[run].append(sides[run[0]].measure(split[run[1]], args.new_tokens))
             rows.append(summary(count, measured))
     finally:
-        for side in sides.values():
-            side.close()
+        for server in sides.values():
+            server.close()
     settings = {"model": str(args.model), "config": args.config, "threads": args.threads}
     settings.update(new_tokens=args.new_tokens, requests_per_stream=args.requests_per_stream, repeats=args.repeats)
     settings["workloads"] = {"copy": copy_prompt.__doc__, "plain": "a passage's first half, continued"}

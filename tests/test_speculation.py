@@ -5,6 +5,8 @@ arena's verification against its own single steps is tests/test_speculation_aren
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_engine import COPY_PERIOD, EOS_AT, FakeRunner, alone, ask, served
 
@@ -21,7 +23,9 @@ def test_a_lookup_proposes_what_followed_the_latest_earlier_occurrence_of_its_lo
     assert lookup.propose(2) == (7, 8)
     lookup.append(4)  # ... 2, 3, 4: (3, 4) and (4,) never occurred
     assert lookup.propose(10) == ()
-    assert Lookup(SPECULATION, (6, 6)).propose(4) == (6,)  # only what history holds after the match
+    # a stretch that repeats goes on repeating: (6, 6) ends at 2, was last before at 1, followed by 6
+    assert Lookup(SPECULATION, (6, 6)).propose(4) == (6, 6, 6, 6)
+    assert Lookup(SPECULATION, (1, 2, 3, 1, 2, 3, 1)).propose(4) == (2, 3, 1, 2)
     assert Lookup(SPECULATION, ()).propose(4) == ()
 
 
@@ -141,3 +145,19 @@ def test_above_disable_by_batch_size_nothing_is_proposed():
     assert [tokens for tokens, _ in outcomes] == [alone(a.prompt_ids, 20) for a in asks]
     # both decode together from the first step to the last: never alone, so never a verification
     assert not [entry for entry in runner.log if entry[0] == "verify"]
+
+
+def test_a_stop_string_inside_kept_proposals_ends_the_request_where_it_ends_without_them():
+    """The copy keeps 4 proposals a step; the stop string completes in the middle of a step's tokens: the
+    request ends there, with the text and ids it has without speculation, the later tokens dropped."""
+    stopped = [replace(copying("^hello world", 40), stop=("rldwo",)), replace(copying("^0123456", 30), stop=("56234",))]
+    for a in stopped:
+        ((tokens, final),) = served(FakeRunner(capacity=2), [a], SPECULATION)
+        ((alone_tokens, alone_final),) = served(FakeRunner(capacity=2), [a])
+        assert (tokens, final.reason, final.text, final.usage) == (
+            alone_tokens,
+            alone_final.reason,
+            alone_final.text,
+            alone_final.usage,
+        )
+        assert final.reason is FinishReason.STOP and 0 < len(tokens) < a.max_new_tokens

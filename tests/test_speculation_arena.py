@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import secrets
 import urllib.request
 
 import pytest
@@ -110,9 +111,24 @@ def test_the_engine_speculating_over_the_arena_gives_every_request_its_tokens_wi
 
 
 @pytest.fixture(scope="module")
-def speculating(tiny_model_dir):
+def receiver():
+    otlp = pytest.importorskip("benchmarks.otlp_receiver", reason="opentelemetry-proto comes with the [cpu] extra")
+    running = otlp.Receiver().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def speculating(tiny_model_dir, receiver):
+    """A server speculating (engine core in its own process), its metrics on, its traces to `receiver`."""
     config = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}'
-    running = start_server(tiny_model_dir, speculative_config=config, engine_core="process", metrics_port=0)
+    running = start_server(
+        tiny_model_dir,
+        speculative_config=config,
+        engine_core="process",
+        metrics_port=0,
+        otlp_traces_endpoint=receiver.endpoint,
+    )
     yield running
     running.stop()
 
@@ -127,8 +143,14 @@ def test_a_speculating_server_streams_pytorchs_greedy_tokens(speculating, refere
     assert "".join(m.text for m in messages) == unary.text
 
 
-def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating):
-    speculating.stub.Generate(request(PROMPTS[0], max_new_tokens=STEPS), timeout=TIMEOUT)
+def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating, receiver):
+    """In its metrics, and in a traced request's engine core span."""
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    traceparent = (("traceparent", f"00-{trace_id}-{parent}-01"),)
+    speculating.stub.Generate(request(PROMPTS[0], max_new_tokens=STEPS), timeout=TIMEOUT, metadata=traceparent)
+    (core,) = [span for span in receiver.wait_for(trace_id, {"engine_core"}) if span.name == "engine_core"]
+    draft, kept = (core.attributes[f"attnserve.speculative.{name}_tokens"] for name in ("draft", "accepted"))
+    assert draft > 0 and 0 <= kept <= draft
     url = f"http://127.0.0.1:{speculating.server.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
     counts = {

@@ -91,6 +91,7 @@ class FinalEvent(msgspec.Struct, tag=True, array_like=True):
     remaining: int = 0
     cached_tokens: int = 0
     score: float | None = None
+    speculated: tuple[int, int] | None = None
 
 
 class ErrorEvent(msgspec.Struct, tag=True, array_like=True):
@@ -140,6 +141,7 @@ def to_wire(event: Delta | Final | Exception) -> WireEvent:
             event.remaining,
             usage.cached_tokens,
             event.score,
+            event.speculated,
         )
     return ErrorEvent(type(event).__name__, str(event))
 
@@ -157,6 +159,7 @@ def from_wire(event: WireEvent) -> Delta | Final | Exception:
             event.index,
             event.remaining,
             event.score,
+            None if event.speculated is None else (event.speculated[0], event.speculated[1]),
         )
     refusal = REFUSALS.get(event.kind)
     return refusal(event.message) if refusal else RuntimeError(f"{event.kind}: {event.message}")

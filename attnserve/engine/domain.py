@@ -167,6 +167,9 @@ class Final:
     index: int = 0  # the completion that ended (0 to n - 1)
     remaining: int = 0  # the request's completions still running after this one: 0 ends the request
     score: float | None = None  # a beam search hypothesis's: its log-probability over length ** length_penalty
+    # speculative decoding's (proposed, kept) ids over the request's completions that ended so far, where
+    # one proposed (engine/speculation.py); the engine core's trace span reports them (not sent to clients)
+    speculated: tuple[int, int] | None = None
 
 
 def ends_request(event: Delta | Final | Exception) -> bool:

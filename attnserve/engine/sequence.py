@@ -133,6 +133,8 @@ class Completions:
 
     def __init__(self, n: int):
         self.remaining = n
+        self.proposed = self.accepted = 0  # speculative decoding's ids over the completions that ended
+        self.speculated = False  # one of them could propose (it had a Lookup)
 
 
 class Sequence:
@@ -393,7 +395,11 @@ class Sequence:
     def finish(self, reason: FinishReason) -> Final:
         """The Final: the last text, usage and timings (end() hands on the held tokens before it)."""
         now = time.perf_counter()
-        self.completions.remaining -= 1
+        done = self.completions
+        done.remaining -= 1
+        if self.lookup is not None:
+            done.proposed, done.accepted = done.proposed + self.lookup.proposed, done.accepted + self.lookup.accepted
+            done.speculated = True
         self.final = Final(
             reason,
             self.stream.finish(),
@@ -401,6 +407,7 @@ class Sequence:
             self.timings(now, self.first_token),
             self.prompt_logprobs,
             self.index,
-            self.completions.remaining,
+            done.remaining,
+            speculated=(done.proposed, done.accepted) if done.speculated else None,
         )
         return self.final

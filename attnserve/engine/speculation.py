@@ -117,8 +117,10 @@ class Lookup:
         self.tokens.append(token)
 
     def propose(self, most: int) -> tuple[int, ...]:
-        """Up to `most` ids (and num_speculative_tokens) that followed the longest of the history's last
-        n-grams where it occurred last before; () while paused or where none occurred."""
+        """`most` ids (at most num_speculative_tokens) that followed the longest of the history's last
+        n-grams where it occurred last before; where those run into the history's end (a repeating
+        stretch, `period` ids long, that goes on), the ids the stretch repeats. () while paused or where
+        none occurred."""
         most = min(most, self.speculation.num_speculative_tokens)
         if self.pause or most < 1:
             return ()
@@ -126,7 +128,8 @@ class Lookup:
             if n <= len(self.tokens):
                 start = self.follows.get(tuple(self.tokens[-n:]))
                 if start is not None:
-                    return tuple(self.tokens[start : start + most])
+                    period = len(self.tokens) - start
+                    return tuple(self.tokens[start + i % period] for i in range(most))
         return ()
 
     def record(self, proposed: int, accepted: int) -> None:

@@ -1,14 +1,15 @@
 """The engine core's side of a request's trace: its spans written once the request ends (never one a
-token), below the door's span whose traceparent the request carried here (in the Submit message when the
-core runs in a process of its own).
+token), below the door's span whose traceparent the request carried here (in the Submit message when
+the core runs in a process of its own).
 
 One `engine_core` span from the request's arrival at the engine to its end, with an `admitted` event
 (the queue's end, prefill's start) and a `first_token` event (prefill's end, decode's start), the
 durations as vLLM's span attributes name them (gen_ai.latency.time_in_queue, time_to_first_token,
-time_in_model_prefill, time_in_model_decode, e2e), the prefill's chunks and the prompt tokens the
-prefix cache held. One span, not a span a stage: the engine thread makes it, and this process's
-export encodes it, under the GIL the engine steps with. The times are the Final's, counted back from
-the end of the step it ended in. Imported only when tracing is on.
+time_in_model_prefill, time_in_model_decode, e2e), the prefill's chunks, the prompt tokens the
+prefix cache held, and with speculative decoding the ids proposed and kept. One span, not a span a
+stage: the engine thread makes it, and this process's export encodes it, under the GIL the engine
+steps with. The times are the Final's, counted back from the end of the step it ended in. Imported
+only when tracing is on.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class CoreSpans:
                 "gen_ai.latency.time_to_first_token": t.time_to_first_token_ms / 1000,
                 "gen_ai.latency.time_in_model_prefill": (t.time_to_first_token_ms - t.queue_ms) / 1000,
                 "gen_ai.latency.time_in_model_decode": (t.total_ms - t.time_to_first_token_ms) / 1000,
+            }
+        if event.speculated is not None:  # --speculative-config: the ids proposed and those kept
+            proposed, kept = event.speculated
+            attributes |= {
+                "attnserve.speculative.draft_tokens": proposed,
+                "attnserve.speculative.accepted_tokens": kept,
             }
         status = UNSET
         if event.reason in (FinishReason.CANCELLED, FinishReason.DEADLINE):
