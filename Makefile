@@ -10,7 +10,7 @@ GENAI_STAMP := $(GENAI_VENV)/.installed-stamp
 PB7_VENV  := .venv-pb7
 PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
-.PHONY: test test-fast import-sizes sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check gpu-ladder tokenizer-table genai-check soak overload clean
+.PHONY: test test-fast import-sizes sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check gpu-ladder speculative tokenizer-table genai-check soak overload clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -111,6 +111,26 @@ import-sizes: $(STAMP)
 sizes: $(STAMP) $(GENAI_STAMP)
 	mkdir -p reports
 	$(PY) -m benchmarks.size_ladder --work runs/ladder --out reports/size-ladder.json --plot reports/size-ladder.png
+
+# Speculative decoding (issue 64): served with and without --speculative-config (prompt lookup) at 1, 4
+# and 16 streams, on a copy-heavy and a plain workload cut from the corpus's held-out tail. The target: a
+# small model trained 15 minutes on benchmarks/copy_corpus.py's corpus (the default corpus with passages
+# drawn at random and repeated, so that it learns to copy), exported int8.
+SPEC_CORPUS := runs/copy-corpus.txt
+SPEC_RUN    := runs/copy
+SPEC_MODEL  := models/copy-int8
+$(SPEC_CORPUS): | $(STAMP)
+	mkdir -p runs
+	$(PY) -m benchmarks.copy_corpus $(SPEC_CORPUS)
+$(SPEC_RUN)/checkpoint.pt: $(SPEC_CORPUS)
+	$(VENV)/bin/attnserve train --preset small --corpus $(SPEC_CORPUS) --d-model 192 --n-layers 4 --n-heads 6 \
+		--d-ff 768 --context-length 384 --batch-size 16 --time-budget 900 --out $(SPEC_RUN)
+$(SPEC_MODEL)/attnserve.json: $(SPEC_RUN)/checkpoint.pt
+	$(VENV)/bin/attnserve export $(SPEC_RUN)/checkpoint.pt --quantize int8 --out $(SPEC_MODEL)
+speculative: $(STAMP) $(SPEC_MODEL)/attnserve.json
+	mkdir -p reports
+	$(PY) -m benchmarks.speculative --model $(SPEC_MODEL) --streams 1,4,16 --repeats 3 \
+		--out reports/speculative.json --plot reports/speculative.png
 
 # The CUDA path on a CUDA host (issue 23): train on the GPU, export float16 and bfloat16 (gated on
 # CUDA), pytest -m gpu, then ONNX Runtime CUDA vs PyTorch CUDA per token and gRPC at 1, 16, 64 streams;

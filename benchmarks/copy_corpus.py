@@ -1,11 +1,13 @@
-"""A training corpus that teaches a small model to continue text it has seen in its context: the default
-corpus's training part (CPython's pydoc topics but its last 5%, which benchmarks/speculative.py's
-prompts come from) cut into passages, every other passage followed by a blank line and itself again,
-as an answer that quotes, edits or summarizes its context repeats it. A model of a few million
-parameters trained on it for minutes copies such a passage (the speculative decoding benchmark's
-target); trained on the corpus as it is, it does not in that time.
+"""A training corpus that teaches a small model to continue text it has seen in its context: passages of
+the default corpus's training part (CPython's pydoc topics but its last 5%, which
+benchmarks/speculative.py's prompts come from), every other one a passage of lines drawn at random
+and then, after a blank line, the same again. A drawn passage is new each time, so the model cannot
+learn it by heart: it learns to copy (as an answer that quotes, edits or summarizes its context
+repeats it). A model of a few million parameters trained on it for 15 minutes copies a passage it
+has never seen (the speculative decoding benchmark's target); trained on the corpus as it is, or
+with its own passages repeated, it does not in that time.
 
-    python -m benchmarks.copy_corpus OUT.txt [--seed 0]
+    python -m benchmarks.copy_corpus OUT.txt [--bytes 16000000] [--seed 0]
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 from benchmarks.speculative import HELDOUT
 
 SHORTEST, LONGEST = 150, 600  # a passage's bytes, drawn uniformly
+SIZE = 16_000_000  # bytes: more than a 15-minute training reads, so that no drawn passage comes twice
 
 
 def training_text() -> str:
@@ -26,23 +29,36 @@ def training_text() -> str:
     return text[: int(len(text) * (1 - HELDOUT))]
 
 
-def copy_corpus(seed: int = 0) -> str:
-    """The training text in passages of SHORTEST to LONGEST bytes, every other one repeated after a blank line."""
-    text, rng, start = training_text(), random.Random(seed), 0
+def copy_corpus(size: int = SIZE, seed: int = 0) -> str:
+    """About `size` bytes: passages of SHORTEST to LONGEST bytes, in turn the text's own (from a random
+    place) and lines drawn at random followed by a blank line and themselves again."""
+    text, rng = training_text(), random.Random(seed)
+    lines = [line for line in text.splitlines() if line.strip()]
     out: list[str] = []
-    while start < len(text):
-        passage = text[start : start + rng.randint(SHORTEST, LONGEST)]
-        start += len(passage)
-        out.append(f"{passage}\n\n{passage}" if len(out) % 2 else passage)
+    total = 0
+    while total < size:
+        length = rng.randint(SHORTEST, LONGEST)
+        if len(out) % 2 == 0:
+            start = rng.randrange(len(text) - length)
+            passage = text[start : start + length]
+        else:
+            drawn: list[str] = []
+            while sum(map(len, drawn)) < length:
+                drawn.append(rng.choice(lines))
+            passage = "\n".join(drawn)
+            passage = f"{passage}\n\n{passage}"
+        out.append(passage)
+        total += len(passage) + 2
     return "\n\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path, help="the text file to write")
-    p.add_argument("--seed", type=int, default=0, help="seed of the passages' lengths")
+    p.add_argument("--bytes", type=int, default=SIZE, help="the corpus's size, about")
+    p.add_argument("--seed", type=int, default=0, help="seed of the passages")
     args = p.parse_args(argv)
-    args.out.write_text(copy_corpus(args.seed))
+    args.out.write_text(copy_corpus(args.bytes, args.seed))
     print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
     return 0
 

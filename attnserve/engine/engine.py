@@ -24,7 +24,9 @@ MAX_BURST decode steps back to back instead (burst.py: each request takes its to
 falls due; the step boundary's work waits for the burst's end). A request's deltas go on at its stream
 interval (its Sequence holds the tokens in between; a unary call's go with its end), so a paced stream
 wakes its caller, and crosses to the front end from the engine core's process, once per message, not
-once per token: the interval is paced here alone. ONNX Runtime releases the GIL while it runs.
+once per token: the interval is paced here alone. With --speculative-config, a greedy request proposes
+its next ids by prompt lookup (speculation.py) and a step verifies them instead (SlotRunner.verify),
+the request taking 1 to k + 1 tokens in it. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -392,9 +394,10 @@ class Engine:
         self._free_failed()
 
     def _decode(self) -> None:
-        """The step's plan (step_plan.py), carried out: one token for every decoding request, or a burst of
+        """The step's plan (step_plan.py), carried out: one token for every decoding request, a burst of
         steps while every request is greedy (with at most bans that stay) and no prompt waits for its next
-        prefill round."""
+        prefill round, or with --speculative-config a verification of the requests' proposals while at most
+        its disable_by_batch_size decode (speculation.py)."""
         speculation = self.limits.speculation
         speculate = speculation is not None and len(self._active) <= speculation.disable_by_batch_size
         plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling), speculate=speculate)
