@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from test_engine import COPY_PERIOD, EOS_AT, FakeRunner, alone, ask, served
 
-from attnserve.engine.domain import Final, FinishReason
+from attnserve.engine.domain import Final, FinishReason, GenerationRequest, SamplingParams
 from attnserve.engine.speculation import FIRST_PAUSE, MISSES, Lookup, Speculation, accepted, parse_speculation
 
 SPECULATION = Speculation(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1, disable_by_batch_size=4)
@@ -161,3 +161,19 @@ def test_a_stop_string_inside_kept_proposals_ends_the_request_where_it_ends_with
             alone_final.usage,
         )
         assert final.reason is FinishReason.STOP and 0 < len(tokens) < a.max_new_tokens
+
+
+def test_a_request_that_samples_or_asks_logprobs_never_proposes_and_its_batch_does_not_verify():
+    """Beside a sampled request (or one with logprobs, or ignore_eos), a copying one decodes step by step
+    with the batch: a verification runs only while every decoding request is plain greedy, and only the
+    copying request proposes once it decodes alone."""
+    sampled = GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None)
+    others = [sampled, replace(ask("logprobs", 10), logprobs=2), replace(ask("fixed", 10), ignore_eos=True)]
+    for other in others:
+        runner = FakeRunner(capacity=2)
+        outcomes = served(runner, [copying("^hello world", 30), other], SPECULATION)
+        assert outcomes[0][0] == alone(tuple(b"^hello world"), 30)
+        assert isinstance(outcomes[1][1], Final) and outcomes[1][1].usage.completion_tokens == 10
+        first_verify = next(i for i, entry in enumerate(runner.log) if entry[0] == "verify")
+        assert ("release", 1) in runner.log[:first_verify], "no verification while the other decodes"
+        assert all(set(step) == {0} for step in runner.verified)
