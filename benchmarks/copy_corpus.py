@@ -1,11 +1,11 @@
-"""A training corpus that teaches a small model to continue text it has seen in its context: passages of
-the default corpus's training part (CPython's pydoc topics but its last 5%, which
-benchmarks/speculative.py's prompts come from), every other one a passage of lines drawn at random
-and then, after a blank line, the same again. A drawn passage is new each time, so the model cannot
-learn it by heart: it learns to copy (as an answer that quotes, edits or summarizes its context
-repeats it). A model of a few million parameters trained on it for 15 minutes copies a passage it
-has never seen (the speculative decoding benchmark's target); trained on the corpus as it is, or
-with its own passages repeated, it does not in that time.
+"""A training corpus that teaches a small model to continue text it has seen in its context: passages
+of the default corpus's training part (CPython's pydoc topics but its last 5%, which
+benchmarks/speculative.py's prompts come from), two in three with their words shuffled and then,
+after a blank line, the same again. A shuffled passage is new each time, so the model cannot learn
+it by heart: it learns to copy (as an answer that quotes, edits or summarizes its context repeats
+it). A model of a few million parameters trained on it for 15 minutes copies a passage it has never
+seen (the speculative decoding benchmark's target); trained on the corpus as it is, or with its own
+passages repeated, it does not in that time.
 
     python -m benchmarks.copy_corpus OUT.txt [--bytes 16000000] [--seed 0]
 """
@@ -30,22 +30,20 @@ def training_text() -> str:
 
 
 def copy_corpus(size: int = SIZE, seed: int = 0) -> str:
-    """About `size` bytes: passages of SHORTEST to LONGEST bytes, in turn the text's own (from a random
-    place) and lines drawn at random followed by a blank line and themselves again."""
+    """About `size` bytes: passages of SHORTEST to LONGEST bytes from random places in the text, one in
+    three as it is, two in three with their words shuffled and followed by a blank line and themselves
+    again."""
     text, rng = training_text(), random.Random(seed)
-    lines = [line for line in text.splitlines() if line.strip()]
     out: list[str] = []
     total = 0
     while total < size:
         length = rng.randint(SHORTEST, LONGEST)
-        if len(out) % 2 == 0:
-            start = rng.randrange(len(text) - length)
-            passage = text[start : start + length]
-        else:
-            drawn: list[str] = []
-            while sum(map(len, drawn)) < length:
-                drawn.append(rng.choice(lines))
-            passage = "\n".join(drawn)
+        start = rng.randrange(len(text) - length)
+        passage = text[start : start + length]
+        if len(out) % 3:
+            words = passage.split(" ")
+            rng.shuffle(words)
+            passage = " ".join(words)
             passage = f"{passage}\n\n{passage}"
         out.append(passage)
         total += len(passage) + 2

@@ -9,7 +9,8 @@ trained on):
 - copy: a passage, a blank line, then its start again with one word changed, so that the answer
   may repeat the rest of the passage (as an edit, a summary or a quotation repeats its context);
 - plain: a passage's start, continued (no repetition but what the text makes).
-Each round runs both sides and both workloads, in turn forwards and backwards. Reports, per stream
+Each round runs both sides and both workloads, in turn forwards and backwards. First, on the runtime
+alone, what a verification of T positions costs against a decode step. Reports, per stream
 count and workload, each side's median tokens/s with min and max, on/off round by round, the
 acceptance (ids kept over ids proposed, from the server's metrics) and how many completions were
 identical on both sides; then one JSON object last (--out also writes its Markdown report, --plot
@@ -24,7 +25,9 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -73,6 +76,46 @@ def copy_prompt(passage: str) -> str:
 def prompts(workload: str, count: int, seed: int) -> list[str]:
     chosen = passages(count, seed)
     return [copy_prompt(p) for p in chosen] if workload == "copy" else [p[: len(p) // 2] for p in chosen]
+
+
+def verification_cost(model: Path, threads: int, repeats: int, runs: int = 200) -> dict:
+    """What a verification of T positions costs against a decode step of one slot, on the runtime alone
+    (no server): each run's milliseconds, a slot at a 100-token past, T = 1 + proposals; rounds
+    alternating, medians with min and max."""
+    import numpy as np
+
+    from attnserve.runtime.model_sessions import ModelSessions
+    from attnserve.runtime.opening import open_slot_runner
+
+    runner = open_slot_runner(ModelSessions(model, "cpu", threads), 1, 256)
+    runner.start(0, tuple(range(4, 104)))
+    token = int(runner.prefill().rows[0].argmax())
+    decoder, sizes = runner.decoder, (1, 2, 3, 5, 9)
+    held = int(decoder.arena.lengths[0])
+
+    def step() -> None:
+        decoder.decode_greedy(np.array([token]))
+        decoder.arena.lengths[0] = held
+
+    def verify(t: int) -> None:
+        decoder.verify(0, [token] * t)
+        decoder.arena.lengths[0] = held
+
+    kinds: dict[str, Callable[[], None]] = {"step": step, **{f"verify {t}": partial(verify, t) for t in sizes}}
+    measured: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for kind in alternating(list(kinds), repeats, "verification cost"):
+        kinds[kind]()
+        start = time.perf_counter()
+        for _ in range(runs):
+            kinds[kind]()
+        measured[kind].append((time.perf_counter() - start) / runs * 1000)
+    runner.release(0)
+    return {
+        "ms": {kind: spread(values) for kind, values in measured.items()},
+        "over_step": {
+            f"verify {t}": spread([v / s for v, s in zip(measured[f"verify {t}"], measured["step"])]) for t in sizes
+        },
+    }
 
 
 class Side:
@@ -130,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     stamp = Stamp.start(provider="cpu")
+    cost = verification_cost(args.model, args.threads, args.repeats)
     configs = {"off": None, "on": args.config}
     sides = {side: Side(args.model, args.threads, max(streams), args.new_tokens, configs[side]) for side in SIDES}
     runs = [(side, workload) for side in SIDES for workload in WORKLOADS]
@@ -151,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"model": str(args.model), "config": args.config, "threads": args.threads}
     settings.update(new_tokens=args.new_tokens, requests_per_stream=args.requests_per_stream, repeats=args.repeats)
     settings["workloads"] = {"copy": copy_prompt.__doc__, "plain": "a passage's first half, continued"}
-    report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
+    result = {**settings, "verification_cost": cost, "rows": rows}
+    report(result, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 
@@ -176,6 +221,10 @@ def summary(count: int, measured: dict[tuple[str, str], list[dict]]) -> dict:
 
 def print_table(result: dict) -> None:
     print(f"{result['model']}; on: --speculative-config '{result['config']}'")
+    cost = result["verification_cost"]
+    step = cost["ms"]["step"]["median"]
+    line = ", ".join(f"{kind} {ratio['median']:.2f}x" for kind, ratio in cost["over_step"].items())
+    print(f"one slot's decode step {step:.3f} ms; a verification of T positions: {line}")
     for row in result["rows"]:
         for workload, f in row["workloads"].items():
             off, on, ratio = f["tokens_per_s"]["off"], f["tokens_per_s"]["on"], f["on_over_off"]
