@@ -114,8 +114,8 @@ sizes: $(STAMP) $(GENAI_STAMP)
 
 # Speculative decoding (issue 64): served with and without --speculative-config (prompt lookup) at 1, 4
 # and 16 streams, on a copy-heavy and a plain workload cut from the corpus's held-out tail. The target: a
-# small model trained 15 minutes on benchmarks/copy_corpus.py's corpus (the default corpus with passages
-# drawn at random and repeated, so that it learns to copy), exported int8.
+# small model trained 15 minutes on benchmarks/copy_corpus.py's corpus (the default corpus with shuffled
+# passages repeated, meant to teach copying; in 15 minutes on 2 cores it does not learn to), exported int8.
 SPEC_CORPUS := runs/copy-corpus.txt
 SPEC_RUN    := runs/copy
 SPEC_MODEL  := models/copy-int8
