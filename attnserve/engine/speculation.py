@@ -98,23 +98,28 @@ class Lookup:
     def __init__(self, speculation: Speculation, history: tuple[int, ...]):
         self.speculation = speculation
         self.sizes = range(speculation.prompt_lookup_max, speculation.prompt_lookup_min - 1, -1)
-        self.tokens: list[int] = []
+        self.tokens: list[int] = list(history)
         self.follows: dict[tuple[int, ...], int] = {}  # n-gram -> where the id after its latest occurrence is
+        self.indexed = 0  # the ids `follows` has seen: it is brought up to date when asked (a request
+        # in a batch too large to speculate pays a list append a token, not its n-grams)
         self.misses = 0  # verifications in a row that kept no proposal
         self.pause = 0  # decode steps left before it proposes again
         self.next_pause = FIRST_PAUSE
         self.proposed = 0  # ids proposed and kept, for the request's metrics
         self.accepted = 0
-        for token in history:
-            self.append(token)
 
     def append(self, token: int) -> None:
-        """The history's next id: every n-gram that ends before it is followed by it."""
-        end = len(self.tokens)
-        for n in self.sizes:
-            if n <= end:
-                self.follows[tuple(self.tokens[end - n :])] = end
+        """The history's next id."""
         self.tokens.append(token)
+
+    def index(self) -> None:
+        """Every n-gram of the history followed by an id, at its latest occurrence."""
+        tokens, follows = self.tokens, self.follows
+        for end in range(self.indexed, len(tokens)):
+            for n in self.sizes:
+                if n <= end:
+                    follows[tuple(tokens[end - n : end])] = end
+        self.indexed = len(tokens)
 
     def propose(self, most: int) -> tuple[int, ...]:
         """`most` ids (at most num_speculative_tokens) that followed the longest of the history's last
@@ -124,6 +129,7 @@ class Lookup:
         most = min(most, self.speculation.num_speculative_tokens)
         if self.pause or most < 1:
             return ()
+        self.index()
         for n in self.sizes:
             if n <= len(self.tokens):
                 start = self.follows.get(tuple(self.tokens[-n:]))
