@@ -17,24 +17,17 @@ import argparse
 import random
 from pathlib import Path
 
-from benchmarks.speculative import HELDOUT
+from benchmarks.speculative import corpus_parts
 
 SHORTEST, LONGEST = 150, 600  # a passage's bytes, drawn uniformly
 SIZE = 16_000_000  # bytes: more than a 15-minute training reads, so that no drawn passage comes twice
-
-
-def training_text() -> str:
-    from pydoc_data.topics import topics
-
-    text = "\n".join(topics[k] for k in sorted(topics))
-    return text[: int(len(text) * (1 - HELDOUT))]
 
 
 def copy_corpus(size: int = SIZE, seed: int = 0) -> str:
     """About `size` bytes: passages of SHORTEST to LONGEST bytes from random places in the text, one in
     three as it is, two in three with their words shuffled and followed by a blank line and themselves
     again."""
-    text, rng = training_text(), random.Random(seed)
+    text, rng = corpus_parts()[0], random.Random(seed)
     out: list[str] = []
     total = 0
     while total < size:

@@ -49,16 +49,21 @@ DRAFT = "attnserve_spec_decode_draft_tokens_total"
 ACCEPTED = "attnserve_spec_decode_accepted_tokens_total"
 
 
-def heldout_text() -> str:
+def corpus_parts() -> tuple[str, str]:
+    """The default corpus's training part and held-out tail, cut where training cuts its bytes
+    (attnserve.model.data's default_corpus_bytes and split_heldout, which import torch: this does not)."""
     from pydoc_data.topics import topics
 
-    text = "\n".join(topics[k] for k in sorted(topics))
-    return text[int(len(text) * (1 - HELDOUT)) :]
+    data = "\n".join(topics[k] for k in sorted(topics)).encode("utf-8")
+    cut = len(data) - int(len(data) * HELDOUT)
+    while data[cut] & 0xC0 == 0x80:  # a continuation byte: the cut moves back to its character's start
+        cut -= 1
+    return data[:cut].decode("utf-8"), data[cut:].decode("utf-8")
 
 
 def passages(count: int, seed: int) -> list[str]:
     """`count` passages of about PASSAGE_BYTES, each starting at a line of the held-out text."""
-    text, rng = heldout_text(), random.Random(seed)
+    text, rng = corpus_parts()[1], random.Random(seed)
     starts = [i + 1 for i, c in enumerate(text[: -PASSAGE_BYTES - 1]) if c == "\n" and text[i + 1 : i + 2].strip()]
     return [text[s : s + PASSAGE_BYTES].rsplit(" ", 1)[0] for s in rng.sample(starts, count)]
 

@@ -194,29 +194,28 @@ class ArenaDecoder:
 
     def extend(self, slot: int, tokens: list[int]) -> np.ndarray:
         """Append a chunk of tokens to one slot that holds state (batch 1); last-token logits (V,)."""
-        held = int(self.arena.lengths[slot])
-        if not held:
+        if not self.arena.lengths[slot]:
             return self.prefill(slot, [tokens])[0]
+        return to_float32(self.append(slot, tokens, picked=False)[0, -1], self.dtype)
+
+    def append(self, slot: int, tokens: list[int], picked: bool) -> np.ndarray:
+        """One run of `tokens` after the positions one slot holds (batch 1), which then holds them too:
+        its logits (1, T, V) in the graph's dtype, or (picked) each position's greedy token (1, T)."""
+        held = int(self.arena.lengths[slot])
         total = held + len(tokens)
-        ids = np.array([tokens], np.int64)
-        logits = self.run(slot, ids, np.ones((1, total), np.int64), np.arange(held, total)[None])
+        ids, mask, positions = np.array([tokens], np.int64), np.ones((1, total), np.int64), np.arange(held, total)[None]
+        out = self.run(slot, ids, mask, positions, picked)
         self.arena.lengths[slot] = total
-        return to_float32(logits[0, -1], self.dtype)
+        return out
 
     def verify(self, slot: int, tokens: list[int]) -> list[int]:
         """Feed `tokens` to one slot that holds state, in one run, and bring back the argmax after each
         (first index on ties; the graph's NEXT_TOKEN where it has one, and no logits leave the device).
         One slot a run: ONNX Runtime's GroupQueryAttention takes several new positions beside a past for a
         batch of one sequence only."""
-        held = int(self.arena.lengths[slot])
-        total = held + len(tokens)
-        ids, mask, positions = np.array([tokens], np.int64), np.ones((1, total), np.int64), np.arange(held, total)[None]
         if self.greedy_outputs:
-            argmax = self.run(slot, ids, mask, positions, picked=True)[0].tolist()
-        else:
-            argmax = to_float32(self.run(slot, ids, mask, positions)[0], self.dtype).argmax(axis=1).tolist()
-        self.arena.lengths[slot] = total
-        return argmax
+            return self.append(slot, tokens, picked=True)[0].tolist()
+        return to_float32(self.append(slot, tokens, picked=False)[0], self.dtype).argmax(axis=1).tolist()
 
     def rewind(self, slot: int, count: int) -> None:
         """Forget the slot's last `count` positions (their keys and values are overwritten by the next)."""
