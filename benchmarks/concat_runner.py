@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from attnserve.engine.seam import Bans, Enough, Logits, PassRow, stepwise
+from attnserve.engine.seam import Bans, Enough, Logits, PassRow, Verified, stepwise
 from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -73,7 +73,12 @@ class ConcatRunner:
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
         return stepwise(self, next_ids, steps, enough, bans)
 
-    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]:  # noqa: ARG002
+    def verify(
+        self,
+        next_ids: dict[int, int],  # noqa: ARG002 (the seam's signature)
+        proposals: Mapping[int, tuple[int, ...]],  # noqa: ARG002
+        sampled: frozenset[int] = frozenset(),  # noqa: ARG002
+    ) -> Verified:
         raise ValueError("the concat runner (a benchmark's baseline) does not speculate")
 
     def rewind(self, key: int, count: int) -> None:  # noqa: ARG002 (the seam's signature)

@@ -34,7 +34,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
-from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, greedy_tokens, stepwise
+from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, Verified, greedy_tokens, stepwise
 from attnserve.engine.sequence import Handle, Sequence
 from attnserve.engine.speculation import Speculation
 from attnserve.tokenizer.utf8 import ByteTokenizer
@@ -92,6 +92,7 @@ class FakeRunner:
         self.decodes = 0
         self.bursts: list[int] = []  # the steps each decode_steps call ran
         self.sampled: list[frozenset[int]] = []  # the keys each decode call was told sample
+        self.verified_rows: list[frozenset[int]] = []  # the keys each verify call was told sample
         self.verified: list[dict[int, tuple[int, ...]]] = []  # each verify call's proposals
 
     def free_slots(self) -> int:
@@ -176,17 +177,26 @@ class FakeRunner:
         self.bursts.append(ran)
         return ran
 
-    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]:
-        """Each key's argmax after its next token and after each of its proposals, all of them fed."""
+    def verify(
+        self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
+    ) -> Verified:
+        """Each key's argmax after its next token and after each of its proposals, all of them fed (a key
+        in `sampled`: its rows after each)."""
         self.log.append(("verify", tuple(sorted(next_ids))))
         self.verified.append(dict(proposals))
-        argmax = {}
+        self.verified_rows.append(sampled)
+        verified = Verified()
         for key, token in next_ids.items():
-            argmax[key] = []
+            argmax, rows = [], []
             for fed in (token, *proposals.get(key, ())):
                 self.rows[key].append(fed)
-                argmax[key].append(next_id(self.rows[key]))
-        return argmax
+                argmax.append(next_id(self.rows[key]))
+                rows.append(self._logits(key))
+            if key in sampled:
+                verified.rows[key] = np.stack(rows)
+            else:
+                verified.tokens[key] = argmax
+        return verified
 
     def rewind(self, key: int, count: int) -> None:
         self.log.append(("rewind", key, count))

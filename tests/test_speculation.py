@@ -5,13 +5,16 @@ arena's verification against its own single steps is tests/test_speculation_aren
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
+import numpy as np
 import pytest
-from test_engine import COPY_PERIOD, EOS_AT, FakeRunner, alone, ask, served
+from test_engine import COPY_PERIOD, EOS_AT, SPEC, WAIT_S, FakeRunner, alone, ask, next_id, running, served
 
-from attnserve.engine.domain import Final, FinishReason, GenerationRequest, SamplingParams
-from attnserve.engine.speculation import FIRST_PAUSE, MISSES, Lookup, Speculation, accepted, parse_speculation
+from attnserve.engine.domain import BeamParams, Delta, Final, FinishReason, GenerationRequest, SamplingParams
+from attnserve.engine.sampling import kept
+from attnserve.engine.speculation import FIRST_PAUSE, MISSES, Lookup, Speculation, parse_speculation
 
 SPECULATION = Speculation(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1, disable_by_batch_size=4)
 
@@ -41,13 +44,6 @@ def test_a_lookup_pauses_after_misses_for_twice_as_long_each_time_and_a_kept_pro
     assert (lookup.proposed, lookup.accepted) == (2 * MISSES * 2 + 3, 1)
     lookup.record(2, 0)
     assert lookup.pause == 0  # one miss after a kept proposal: no pause yet
-
-
-def test_accepted_counts_the_proposals_equal_to_the_argmax_before_each():
-    assert accepted((5, 6, 7), [5, 6, 7, 8]) == 3
-    assert accepted((5, 6, 7), [5, 9, 7, 8]) == 1
-    assert accepted((5,), [4, 5]) == 0
-    assert accepted((), [4]) == 0
 
 
 @pytest.mark.parametrize(
@@ -163,17 +159,127 @@ def test_a_stop_string_inside_kept_proposals_ends_the_request_where_it_ends_with
         assert final.reason is FinishReason.STOP and 0 < len(tokens) < a.max_new_tokens
 
 
-def test_a_request_that_samples_or_asks_logprobs_never_proposes_and_its_batch_does_not_verify():
-    """Beside a sampled request (or one with logprobs, or ignore_eos), a copying one decodes step by step
-    with the batch: a verification runs only while every decoding request is plain greedy, and only the
-    copying request proposes once it decodes alone."""
-    sampled = GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None)
-    others = [sampled, replace(ask("logprobs", 10), logprobs=2), replace(ask("fixed", 10), ignore_eos=True)]
-    for other in others:
-        runner = FakeRunner(capacity=2)
-        outcomes = served(runner, [copying("^hello world", 30), other], SPECULATION)
-        assert outcomes[0][0] == alone(tuple(b"^hello world"), 30)
-        assert isinstance(outcomes[1][1], Final) and outcomes[1][1].usage.completion_tokens == 10
-        first_verify = next(i for i, entry in enumerate(runner.log) if entry[0] == "verify")
-        assert ("release", 1) in runner.log[:first_verify], "no verification while the other decodes"
-        assert all(set(step) == {0} for step in runner.verified)
+class GradedRunner(FakeRunner):
+    """The fake model with a runner-up: its id's logit 2, the next id's 1, every other 0. At temperature 1
+    with min_p 0.3 a draw keeps those two: its id with e / (e + 1), the next with 1 / (e + 1)."""
+
+    def _logits(self, key: int) -> np.ndarray:
+        row = np.zeros(self.spec.vocab_size, np.float32)
+        token = next_id(self.rows[key])
+        row[token], row[(token + 1) % row.size] = 2.0, 1.0
+        return row
+
+
+def sampled(prompt: str, max_new_tokens: int, seed: int, **controls) -> GenerationRequest:
+    """A seeded draw of GradedRunner's model (temperature 1, min_p 0.3: two ids a step), with `controls`."""
+    params = SamplingParams(temperature=1.0, min_p=0.3, seed=seed)
+    return replace(ask(prompt, max_new_tokens), sampling=params, **controls)
+
+
+def served_with_logprobs(runner: FakeRunner, asks: list[GenerationRequest], speculation: Speculation | None):
+    """Each request's Deltas' ids and logprobs, and its Final's reason, text and usage."""
+
+    async def main():
+        with running(runner, max_queue=len(asks), speculation=speculation) as engine:
+            handles = [engine.submit(a) for a in asks]
+            engine.start()
+            results = []
+            for handle in handles:
+                ids, logprobs = [], []
+                while not results or len(results) < handles.index(handle) + 1:
+                    for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
+                        assert not isinstance(event, Exception), event
+                        if isinstance(event, Delta):
+                            ids += event.token_ids
+                            logprobs += event.logprobs
+                        else:
+                            results.append((ids, logprobs, event.reason, event.text, event.usage, event.speculated))
+            return results
+
+    return asyncio.run(main())
+
+
+def test_sampled_requests_verify_their_proposals_and_each_gets_the_tokens_it_gets_without_speculation():
+    """Seeded draws (with penalties, logprobs, bans, a stop string) beside greedy ones, four at a time:
+    with speculation each request's proposals are verified from its rows and it picks, by its own seeded
+    draw, every token it picks without, logprobs and text included; some proposals are kept, some not."""
+    copy = "^abcdeabcde"
+    asks = [
+        sampled(copy, 30, seed=1),
+        sampled(copy, 30, seed=2, logprobs=2),
+        replace(ask(copy, 24), sampling=SamplingParams(temperature=0.7, top_p=0.9, seed=3, repetition_penalty=1.1)),
+        replace(ask(copy, 24), sampling=SamplingParams(temperature=1, top_k=2, seed=4, presence_penalty=0.2)),
+        replace(copying("^hello world", 26), logprobs=1),
+        replace(copying("^hello world", 26), ignore_eos=True),
+        sampled("!" + "x" * (EOS_AT - 4), 20, seed=5, min_new_tokens=6),
+        sampled(copy, 40, seed=6, stop=("dea",)),
+        sampled("abcdefghijklmnopqrstuvwxyz", 20, seed=7),
+    ]
+    speculation = replace(SPECULATION, disable_by_batch_size=4)
+    runner = GradedRunner(capacity=4)
+    on = served_with_logprobs(runner, asks, speculation)
+    off = served_with_logprobs(GradedRunner(capacity=4), asks, None)
+    for a, with_it, without in zip(asks, on, off):
+        assert with_it[:5] == without[:5], a.prompt
+        assert with_it[5] is not None and without[5] is None
+    assert sum(with_it[5][1] for with_it in on) > 0, "some proposals kept"
+    assert [entry for entry in runner.log if entry[0] == "rewind"], "some proposals rejected"
+    assert any(rows for rows in runner.verified_rows), "sampled rows verified"
+    assert on[1][1] and len(on[1][1]) == len(on[1][0]), "a logprob for every token"
+
+
+def outcomes_of(history: list[int], steps: int, min_p: float) -> dict[tuple[int, ...], float]:
+    """GradedRunner's model drawn `steps` times after `history` (temperature 1, min_p), without speculation:
+    each sequence of ids and its probability, from the ids and weights the sampler keeps (sampling.kept)."""
+    if steps == 0:
+        return {(): 1.0}
+    row = GradedRunner._logits(type("Row", (), {"spec": SPEC, "rows": {0: history}})(), 0)
+    keep, shifted = kept(row.astype(np.float64), min_p, 0, 1.0)
+    ids = np.flatnonzero(keep)
+    weights = np.exp(shifted[ids]) / np.exp(shifted[ids]).sum()
+    out: dict[tuple[int, ...], float] = {}
+    for token, weight in zip(ids.tolist(), weights.tolist()):
+        for rest, p in outcomes_of([*history, token], steps - 1, min_p).items():
+            out[(token, *rest)] = out.get((token, *rest), 0.0) + weight * p
+    return out
+
+
+CHI_SQUARE_999 = {15: 37.697}  # the chi-square distribution's 99.9th percentile by degrees of freedom
+
+
+def test_sampled_speculation_keeps_the_models_distribution_by_a_chi_square_test():
+    """3,000 draws of 4 ids (the first from the prefill, the other 3 from verifications of the lookup's
+    proposals, which each id keeps with the model's probability of it), 64 at a time: the 16 sequences'
+    counts against their probabilities without speculation, by Pearson's chi-square (15 degrees of
+    freedom, below its 99.9th percentile). Seeded 0 to 2,999: the test is the same on every run."""
+    prompt, draws = "^abcdeabcd", 3000
+    expected = outcomes_of(list(prompt.encode()), 4, min_p=0.3)
+    assert len(expected) == 16
+    runner = GradedRunner(capacity=64)
+    asks = [sampled(prompt, 4, seed=seed) for seed in range(draws)]
+    results = served_with_logprobs(runner, asks, replace(SPECULATION, disable_by_batch_size=64))
+    counts: dict[tuple[int, ...], int] = {}
+    for ids, *_ in results:
+        counts[tuple(ids)] = counts.get(tuple(ids), 0) + 1
+    assert set(counts) <= set(expected)
+    chi_square = sum((counts.get(ids, 0) - draws * p) ** 2 / (draws * p) for ids, p in expected.items())
+    assert chi_square < CHI_SQUARE_999[len(expected) - 1], (chi_square, counts)
+    proposed, kept_ids = (sum(result[5][i] for result in results) for i in (0, 1))
+    assert 0 < kept_ids < proposed and len([step for step in runner.verified if step]) > 0
+    # a verification that kept every proposal would give the lookup's copy far too often
+    always = max(expected, key=expected.get)
+    assert counts[always] < draws * (expected[always] + 0.05)
+
+
+def test_a_beam_search_beside_a_copying_request_keeps_the_batch_from_verifying():
+    """A beam search takes no part in a verification: while its beams decode, the copying request
+    decodes step by step with them, and it verifies once it decodes alone."""
+    runner = FakeRunner(capacity=3)
+    beams = replace(ask("beams", 8), beams=BeamParams(num_beams=2), interval=None)
+    speculation = replace(SPECULATION, disable_by_batch_size=4)
+    outcomes = served(runner, [copying("^hello world", 40), beams], speculation)
+    assert outcomes[0][0] == alone(tuple(b"^hello world"), 40)
+    assert isinstance(outcomes[1][1], Final)
+    verifies = [i for i, entry in enumerate(runner.log) if entry[0] == "verify"]
+    released = [i for i, entry in enumerate(runner.log) if entry[0] == "release" and entry[1] in (1, 2)]
+    assert verifies and released and min(verifies) > max(released)

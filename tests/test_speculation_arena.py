@@ -9,12 +9,13 @@ import asyncio
 import re
 import secrets
 import urllib.request
+from dataclasses import replace
 
 import pytest
 from fixtures_server import request, start_server
 from fixtures_train import BYTE_IDS
 
-from attnserve.engine.domain import Delta, Final, GenerationRequest
+from attnserve.engine.domain import Delta, Final, GenerationRequest, SamplingParams, TokenLogprob
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.speculation import Speculation
 from attnserve.model.generate import generate
@@ -56,12 +57,14 @@ def test_a_verification_brings_back_the_single_steps_argmax_and_a_rewind_forgets
     first = runner.prefill()
     assert [int(row.argmax()) for row in first.rows] == [alone[0][0], alone[1][0]]
     # key 10 proposes its next four tokens (all right); key 11 proposes nothing (one position)
-    argmax = runner.verify({10: alone[0][0], 11: alone[1][0]}, {10: tuple(alone[0][1:5])})
-    assert argmax == {10: alone[0][1:6], 11: alone[1][1:2]}
-    # key 10 now feeds alone[0][5] and proposes a wrong id after one right one: two positions forgotten
+    verified = runner.verify({10: alone[0][0], 11: alone[1][0]}, {10: tuple(alone[0][1:5])})
+    assert verified.tokens == {10: alone[0][1:6], 11: alone[1][1:2]} and not verified.rows
+    # key 10 now feeds alone[0][5] and proposes a wrong id after one right one: two positions forgotten;
+    # key 11 samples: its row comes back
     wrong = (alone[0][7] + 1) % 256
-    argmax = runner.verify({10: alone[0][5], 11: alone[1][1]}, {10: (alone[0][6], wrong, alone[0][8])})
-    assert argmax[10][:2] == alone[0][6:8] and argmax[11] == alone[1][2:3]
+    verified = runner.verify({10: alone[0][5], 11: alone[1][1]}, {10: (alone[0][6], wrong, alone[0][8])}, {11})
+    assert verified.tokens[10][:2] == alone[0][6:8] and list(verified.tokens) == [10]
+    assert verified.rows[11].shape == (1, runner.spec.vocab_size) and int(verified.rows[11][0].argmax()) == alone[1][2]
     runner.rewind(10, 2)
     tokens = {10: alone[0][7], 11: alone[1][2]}
     got: dict[int, list[int]] = {10: alone[0][:8], 11: alone[1][:3]}
@@ -82,20 +85,26 @@ class Counted(EngineObserver):
         self.accepted += accepted
 
 
-def engine_tokens(model, speculation: Speculation | None, observer: EngineObserver | None = None) -> list[list[int]]:
-    """Every prompt's greedy tokens from the real engine over a 4-slot arena, all submitted at once."""
+def greedy(prompt: str) -> GenerationRequest:
+    return GenerationRequest(prompt, tuple(encode(prompt)), STEPS, interval=None)
+
+
+def engine_events(
+    model, asks: list[GenerationRequest], speculation: Speculation | None, observer: EngineObserver | None = None
+) -> list[list[Delta | Final]]:
+    """Every request's events from the real engine over a 4-slot arena, all submitted at once."""
     runner = open_slot_runner(model, 4, 256)
     engine = Engine(runner, ByteTokenizer(), EngineLimits(4, 16, 0, speculation), observer)
 
     async def main():
-        handles = [engine.submit(GenerationRequest(p, tuple(encode(p)), STEPS, interval=None)) for p in PROMPTS]
+        handles = [engine.submit(a) for a in asks]
         engine.start()
         out = []
         for handle in handles:
             events = []
             while not events or not isinstance(events[-1], Final):
                 events += await asyncio.wait_for(handle.next_events(), TIMEOUT)
-            out.append([token for event in events if isinstance(event, Delta) for token in event.token_ids])
+            out.append(events)
         return out
 
     try:
@@ -104,10 +113,51 @@ def engine_tokens(model, speculation: Speculation | None, observer: EngineObserv
         engine.stop()
 
 
+def tokens_of(events: list[Delta | Final]) -> list[int]:
+    return [token for event in events if isinstance(event, Delta) for token in event.token_ids]
+
+
+def text_of(events: list[Delta | Final]) -> str:
+    return "".join(event.text for event in events)
+
+
+def logprobs_of(events: list[Delta | Final]) -> list[TokenLogprob]:
+    return [logprob for event in events if isinstance(event, Delta) for logprob in event.logprobs]
+
+
 def test_the_engine_speculating_over_the_arena_gives_every_request_its_tokens_without(model):
     counted = Counted()
-    assert engine_tokens(model, SPECULATION, counted) == engine_tokens(model, None)
+    asks = [greedy(p) for p in PROMPTS]
+    on, off = engine_events(model, asks, SPECULATION, counted), engine_events(model, asks, None)
+    assert [tokens_of(events) for events in on] == [tokens_of(events) for events in off]
     assert counted.proposed > 0 and 0 <= counted.accepted <= counted.proposed
+
+
+# seeded draws that copy what the prompt holds often enough to keep proposals: a cool temperature
+SAMPLED = [
+    replace(greedy(PROMPTS[0]), sampling=SamplingParams(temperature=0.3, top_p=0.95, seed=11), logprobs=2),
+    replace(greedy(PROMPTS[1]), sampling=SamplingParams(temperature=0.5, top_k=5, seed=12, repetition_penalty=1.05)),
+    replace(greedy(PROMPTS[4]), sampling=SamplingParams(temperature=0.2, seed=13, presence_penalty=0.1)),
+    replace(greedy(PROMPTS[0]), logprobs=1, min_new_tokens=10),
+    replace(greedy(PROMPTS[2]), ignore_eos=True),
+]
+
+
+def test_sampled_requests_speculating_over_the_arena_draw_every_token_they_draw_without(model):
+    """Seeded draws, logprobs, penalties and bans: with speculation their rows come back from the
+    verification and each request picks from them what it picks from its single steps' (there, the
+    runner's batched pass), its logprobs within float32's last bits."""
+    counted = Counted()
+    on, off = engine_events(model, SAMPLED, SPECULATION, counted), engine_events(model, SAMPLED, None)
+    for a, with_it, without in zip(SAMPLED, on, off):
+        assert tokens_of(with_it) == tokens_of(without), a
+        assert text_of(with_it) == text_of(without) and with_it[-1].reason == without[-1].reason
+        pairs = list(zip(logprobs_of(with_it), logprobs_of(without), strict=True))
+        assert len(pairs) == (len(tokens_of(without)) if a.logprobs is not None else 0)
+        for p, q in pairs:
+            assert p.token_id == q.token_id and [i for i, _ in p.top] == [i for i, _ in q.top]
+            assert [p.logprob, *(v for _, v in p.top)] == pytest.approx([q.logprob, *(v for _, v in q.top)], abs=1e-4)
+    assert counted.accepted > 0 and counted.accepted < counted.proposed
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +191,15 @@ def test_a_speculating_server_streams_pytorchs_greedy_tokens(speculating, refere
     messages = list(speculating.stub.GenerateStream(request(prompt, max_new_tokens=STEPS), timeout=TIMEOUT))
     assert [t for m in messages for t in m.token_ids] == expected
     assert "".join(m.text for m in messages) == unary.text
+
+
+def test_a_speculating_server_draws_a_seeded_requests_tokens_as_the_engine_draws_them_without(speculating, model):
+    """Through the gRPC door to a speculating engine core, a seeded draw with logprobs gets the tokens the
+    in-process engine without speculation gets for it."""
+    (without,) = engine_events(model, SAMPLED[:1], None)
+    fields = dict(max_new_tokens=STEPS, temperature=0.3, top_p=0.95, seed=11, logprobs=2)
+    unary = speculating.stub.Generate(request(PROMPTS[0], **fields), timeout=TIMEOUT)
+    assert list(unary.token_ids) == tokens_of(without) and unary.text == text_of(without)
 
 
 def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating, receiver):

@@ -24,9 +24,10 @@ MAX_BURST decode steps back to back instead (burst.py: each request takes its to
 falls due; the step boundary's work waits for the burst's end). A request's deltas go on at its stream
 interval (its Sequence holds the tokens in between; a unary call's go with its end), so a paced stream
 wakes its caller, and crosses to the front end from the engine core's process, once per message, not
-once per token: the interval is paced here alone. With --speculative-config, a greedy request proposes
-its next ids by prompt lookup (speculation.py) and a step verifies them instead (SlotRunner.verify),
-the request taking 1 to k + 1 tokens in it. ONNX Runtime releases the GIL while it runs.
+once per token: the interval is paced here alone. With --speculative-config, a request proposes its
+next ids by prompt lookup (speculation.py) and a step verifies them instead (SlotRunner.verify), the
+request taking 1 to k + 1 tokens in it, each the one it picks without speculation. ONNX Runtime
+releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ from .outbox import LoopOutbox, Outbox
 from .seam import Logits, SlotRunner
 from .search import Search
 from .sequence import Caller, Event, Handle, Sequence, fits
-from .speculation import Speculation, accepted
-from .step_plan import plan_decode
+from .speculation import Lookup, Speculation
+from .step_plan import StepPlan, plan_decode
 
 log = logging.getLogger(__name__)
 
@@ -402,54 +403,66 @@ class Engine:
         speculate = speculation is not None and len(self._active) <= speculation.disable_by_batch_size
         plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling), speculate=speculate)
         if plan.proposals:
-            self._decode_speculated(plan.next_ids, plan.proposals)
+            self._decode_speculated(plan)
             return
+        unproposed = self._unproposed() if speculate else []
         if plan.burst:
-            self._decode_burst(plan.next_ids, plan.bans, self._unspeculated() if speculate else MAX_BURST)
+            steps = max(1, min([lookup.pause for lookup in unproposed], default=MAX_BURST))
+            self._decode_burst(plan.next_ids, plan.bans, steps)
             return
         logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes, plan.bans)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
+        for lookup in unproposed:
+            lookup.passed(1)
         self._free_failed()
 
-    def _unspeculated(self) -> int:
-        """The steps a burst may run before a request proposes again (speculation.Lookup's pause): a
-        request with no proposal this step counts a miss (a workload that repeats nothing pauses its
-        lookups and runs in bursts)."""
-        sequences = cast(dict[int, Sequence], self._active)  # a burst's: every slot a completion
-        lookups = [sequence.lookup for sequence in sequences.values() if sequence.lookup is not None]
+    def _unproposed(self) -> list[Lookup]:
+        """The lookups of a step that verifies nothing (speculation.Lookup): one not paused counts a miss
+        (a workload that repeats nothing pauses its lookups; greedy then runs in bursts as long as the
+        shortest pause)."""
+        holders = self._active.values()
+        lookups = [h.lookup for h in holders if isinstance(h, Sequence) and h.lookup is not None]
         for lookup in lookups:
             if not lookup.pause:
                 lookup.record(0, 0)
-        return max(1, min([lookup.pause for lookup in lookups], default=MAX_BURST))
+        return lookups
 
-    def _decode_speculated(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> None:
-        """One verification (SlotRunner.verify): each request takes its kept proposals and the model's
-        token after them, in order, until it ends; the runner forgets the positions of the rest."""
-        argmax = self.slots.verify(next_ids, proposals)
+    def _decode_speculated(self, plan: StepPlan) -> None:
+        """One verification (SlotRunner.verify): each request picks its next token as a step would (its
+        row's argmax, or its sampler's pick from its row: the same seeded draw), and goes on to the token
+        after its next proposal while the one it picked is that proposal, until it ends; the runner
+        forgets the positions of the proposals it did not keep. For prompt lookup's proposals (one id,
+        not a distribution) this is rejection sampling exactly: a proposal is kept with the target's
+        probability of it, and a rejected one's replacement is drawn from the target without it."""
+        verified = self.slots.verify(plan.next_ids, plan.proposals, plan.sampled)
         now = time.perf_counter()
-        sequences = cast(dict[int, Sequence], dict(self._active))  # a verification's: every slot plain greedy
+        sequences = cast(dict[int, Sequence], dict(self._active))  # a verification's: every slot a completion
         gaps: list[float] = []
         proposed = kept = 0
         for key, sequence in sequences.items():
-            proposal = proposals.get(key, ())
-            ids = argmax[key]
-            right = accepted(proposal, ids)
-            if right < len(proposal):
-                self.slots.rewind(key, len(proposal) - right)
-            if sequence.lookup is not None:
-                sequence.lookup.record(len(proposal), right)
-            proposed, kept = proposed + len(proposal), kept + right
-            try:  # its own work: its text and stops
-                for token in (*proposal[:right], ids[right]):
+            proposal = plan.proposals.get(key, ())
+            rows = verified.rows.get(key)
+            right = 0  # proposals kept
+            try:  # its own work: its sampler, text and stops
+                for index in range(len(proposal) + 1):
+                    token = verified.tokens[key][index] if rows is None else sequence.pick(rows[index])
                     self._emit(sequence, sequence.advance(token, now))
                     gaps.append(sequence.token_gap)
+                    if index == len(proposal) or token != proposal[index]:
+                        break
+                    right += 1
                     if sequence.done:
                         break
             except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
                 self._fail_alone(sequence, error)
                 continue
+            if sequence.lookup is not None:
+                sequence.lookup.record(len(proposal), right)
+            proposed, kept = proposed + len(proposal), kept + right
             if sequence.done:
                 self._free(key)
+            elif right < len(proposal):
+                self.slots.rewind(key, len(proposal) - right)
         self.observer.on_tokens([], gaps)
         self.observer.on_speculation(proposed, kept)
         self._free_failed()

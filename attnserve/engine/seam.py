@@ -119,6 +119,16 @@ class Logits:
         return cls(keys, np.stack([rows[k] for k in keys]) if keys else np.empty((0, width), np.float32))
 
 
+@dataclass(frozen=True)
+class Verified:
+    """A verification's outcome (SlotRunner.verify), by key: the argmax after each id it was fed (its next
+    token, then each proposal), or for a key it was told samples, the rows of logits (T, V) float32 after
+    each (a copy), from which the engine picks as it picks a step's row."""
+
+    tokens: dict[int, list[int]] = field(default_factory=dict)
+    rows: dict[int, np.ndarray] = field(default_factory=dict)
+
+
 Enough = Callable[[list[int], np.ndarray], bool]  # told a step's keys and their tokens (n,): does the burst end?
 Bans = Mapping[int, tuple[int, ...]]  # key -> the ids its greedy token must not be (a burst's ignore_eos rows)
 
@@ -162,7 +172,8 @@ class SlotRunner(Protocol):
     (argmax_without: the row is read only at a step whose argmax is banned); `verify` feeds each
     decoding key its next token and, for a key in `proposals`, the ids it proposes after it, and brings
     back each key's argmax after every id it was fed (1 + its proposals' ids, in order: a run of
-    several positions), its slot holding them all; `rewind` forgets a key's last `count` positions
+    several positions), or for a key in `sampled` its rows of logits after each, its slot holding them
+    all (Verified); `rewind` forgets a key's last `count` positions
     (the proposals the engine did not keep); `copy_cache` gives one
     key's slot a copy of another's cache (a beam that continues another beam: the positions and the
     self-attention keys and values; an encoder-decoder's source keys and values are the same in both
@@ -183,7 +194,9 @@ class SlotRunner(Protocol):
         bans: Bans | None = None,
     ) -> Logits: ...
     def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int: ...
-    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]: ...
+    def verify(
+        self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
+    ) -> Verified: ...
     def rewind(self, key: int, count: int) -> None: ...
     def copy_cache(self, src: int, dst: int) -> None: ...
     def release(self, key: int) -> None: ...

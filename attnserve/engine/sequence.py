@@ -270,16 +270,13 @@ class Sequence:
         return row if row is None or allowed is None else replace(row, allowed=allowed)
 
     def speculate(self, speculation: Speculation, spec: ModelSpec) -> None:
-        """Propose ids by prompt lookup from now on (speculation.py), where its picks are greedy with no
-        transform but bans (a sampler's draw or logprobs would need the sampled verification)."""
-        if self.sampler.active or self.matcher is not None or self.request.logprobs is not None:
-            return
+        """Propose ids by prompt lookup from now on (speculation.py)."""
         self.lookup = Lookup(speculation, (*spec.decoder_prompt(self.request.prompt_ids), *self.generated))
 
     def proposal(self) -> tuple[int, ...]:
         """The ids its lookup proposes after its next token, as many as leave its last token to the model
-        (its budget: the context holds them too); () for none, or while it is not plain greedy."""
-        if self.lookup is None or not self.plain_greedy:
+        (its budget: the context holds them too); () for none."""
+        if self.lookup is None:
             return ()
         return self.lookup.propose(self.budget - len(self.generated) - 1)
 

@@ -1,13 +1,17 @@
-"""Speculative decoding by prompt lookup: a greedy request's next tokens proposed from its own history,
-checked by the model in one run, the longest right prefix kept.
+"""Speculative decoding by prompt lookup: a request's next tokens proposed from its own history, checked
+by the model in one run, the longest right prefix kept.
 
 A request whose last n ids (prompt_lookup_max down to prompt_lookup_min of them) occurred before in its
 prompt or its output proposes the ids that followed their latest earlier occurrence, up to
 num_speculative_tokens (vLLM's n-gram method, transformers' prompt_lookup_num_tokens). The runner feeds
-the request's next token and the proposals as one chunk and brings back the model's argmax after each
-(SlotRunner.verify): a proposal is kept while it equals the argmax before it, and the argmax after the
-last kept one is one more token, so a step gives 1 to k + 1 tokens, each the one greedy decoding picks
-(up to the last bits of a run of several positions against a run of one: export/invariance.py). A
+the request's next token and the proposals as one chunk and brings back the model's argmax after each,
+or a sampling request's rows (SlotRunner.verify): a proposal is kept while it equals the token the
+request picks from the row before it (its argmax, or its sampler's seeded draw), and the pick after the
+last kept one is one more token, so a step gives 1 to k + 1 tokens, each the one decoding without
+speculation picks (up to the last bits of a run of several positions against a run of one:
+export/invariance.py). For a proposal of one id this is rejection sampling (Leviathan et al., 2023):
+kept with the target's probability of it, a rejected one replaced by a draw from the target without
+it; so a sampled request keeps its distribution, and a seeded one its tokens (engine._decode_speculated). A
 request whose proposals keep failing stops proposing for a while, doubling each time (Lookup.record),
 so a workload that repeats nothing decodes in the usual greedy bursts.
 Parsed from `--speculative-config`'s JSON as vLLM's; no runner, no ONNX Runtime here.
@@ -154,12 +158,3 @@ class Lookup:
     def passed(self, steps: int) -> None:
         """`steps` decode steps ran without it proposing."""
         self.pause = max(0, self.pause - steps)
-
-
-def accepted(proposal: tuple[int, ...], argmax: list[int]) -> int:
-    """How many of `proposal` are kept: each while it equals the model's argmax after the id before it
-    (`argmax[i]` after the i-th fed id: the next token, then each proposal)."""
-    kept = 0
-    while kept < len(proposal) and proposal[kept] == argmax[kept]:
-        kept += 1
-    return kept

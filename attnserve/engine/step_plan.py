@@ -36,8 +36,9 @@ class Decoding(Protocol):
         """Its pick as the runner's batched pass makes it, or None where its row must come to the host."""
         ...
 
-    def proposal(self) -> tuple[int, ...]:
-        """The ids it proposes after its next token this step (speculation.py), or () for none."""
+    def proposal(self) -> tuple[int, ...] | None:
+        """The ids it proposes after its next token this step (speculation.py), () for none, or None where
+        it cannot take part in a verification (a beam)."""
         ...
 
 
@@ -48,8 +49,8 @@ class StepPlan:
     prompt waiting: burst.py; `bans`: key -> the ids its argmax must not be). A single step brings back
     every row's argmax (a key in `bans`: over every id but those), the logits of the `sampled` keys,
     and, for those of them in `passes`, the runner's pass's pick instead of the row. With `proposals`
-    (every row plain greedy; key -> the ids it proposes after its next token), one verification instead
-    (SlotRunner.verify): each row's argmax after its next token and after each of its proposals."""
+    (key -> the ids it proposes after its next token), one verification instead (SlotRunner.verify):
+    each row's argmax after its next token and after each of its proposals, or a `sampled` key's rows."""
 
     next_ids: dict[int, int]
     burst: bool
@@ -60,18 +61,20 @@ class StepPlan:
 
 
 def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool, speculate: bool = False) -> StepPlan:
-    """The plan for the batch `active` (key -> its holder): with `speculate`, a verification where every
-    row is plain greedy and one proposes; else a burst while every row is greedy (plain, or with bans
-    that stay: ignore_eos) and no prompt waits for its next prefill round (a long prompt gets a chunk
-    per step), else one step."""
+    """The plan for the batch `active` (key -> its holder): with `speculate`, a verification where one
+    row proposes and every row can be verified (no beam); else a burst while every row is greedy (plain,
+    or with bans that stay: ignore_eos) and no prompt waits for its next prefill round (a long prompt
+    gets a chunk per step), else one step."""
     next_ids = {key: holder.next_token for key, holder in active.items() if holder.next_token is not None}
     assert len(next_ids) == len(active), "a decoding request always has a sampled token to feed"
+    if speculate:
+        offered = {key: holder.proposal() for key, holder in active.items()}
+        proposals = {key: proposal for key, proposal in offered.items() if proposal}
+        if proposals and None not in offered.values():
+            sampled = frozenset(key for key, holder in active.items() if not holder.plain_greedy)
+            return StepPlan(next_ids, burst=False, sampled=sampled, proposals=proposals)
     argmax = {key: banned for key, holder in active.items() if (banned := holder.argmax_bans) is not None}
     bans = {key: banned for key, banned in argmax.items() if banned}
-    if speculate and not bans and len(argmax) == len(active):
-        proposals = {key: proposal for key, holder in active.items() if (proposal := holder.proposal())}
-        if proposals:
-            return StepPlan(next_ids, burst=False, proposals=proposals)
     if not prompt_waiting and len(argmax) == len(active):
         return StepPlan(next_ids, burst=True, bans=bans)
     sampled = frozenset(key for key in active if key not in argmax)

@@ -215,7 +215,11 @@ class ArenaDecoder:
         batch of one sequence only."""
         if self.greedy_outputs:
             return self.append(slot, tokens, picked=True)[0].tolist()
-        return to_float32(self.append(slot, tokens, picked=False)[0], self.dtype).argmax(axis=1).tolist()
+        return self.verify_rows(slot, tokens).argmax(axis=1).tolist()
+
+    def verify_rows(self, slot: int, tokens: list[int]) -> np.ndarray:
+        """verify(), but the logits after each id come back, (T, V) float32 (a copy): for a sampled pick."""
+        return np.array(to_float32(self.append(slot, tokens, picked=False)[0], self.dtype), np.float32)
 
     def rewind(self, slot: int, count: int) -> None:
         """Forget the slot's last `count` positions (their keys and values are overwritten by the next)."""

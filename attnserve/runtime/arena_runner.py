@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..engine.seam import Bans, Enough, Logits, PassRow, PrefixReport
+from ..engine.seam import Bans, Enough, Logits, PassRow, PrefixReport, Verified
 from .arena_decoder import ArenaDecoder, next_run
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
@@ -249,13 +249,20 @@ class ArenaRunner:
                 return step
         return steps
 
-    def verify(self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]]) -> dict[int, list[int]]:
+    def verify(
+        self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
+    ) -> Verified:
         """Each decoding key's next token and its proposals fed in one run of its slot alone (ArenaDecoder.
-        verify); the argmax after each id by key. Its slot holds them all until rewind."""
-        return {
-            key: self.decoder.verify(slot, [next_ids[key], *proposals.get(key, ())])
-            for slot, key in enumerate(self.decoding)
-        }
+        verify); the argmax after each id by key, or a key in `sampled` its rows. Its slot holds them all
+        until rewind."""
+        verified = Verified()
+        for slot, key in enumerate(self.decoding):
+            fed = [next_ids[key], *proposals.get(key, ())]
+            if key in sampled:
+                verified.rows[key] = self.decoder.verify_rows(slot, fed)
+            else:
+                verified.tokens[key] = self.decoder.verify(slot, fed)
+        return verified
 
     def rewind(self, key: int, count: int) -> None:
         """Key's slot forgets its last `count` positions (the proposals the engine did not keep)."""

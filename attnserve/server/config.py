@@ -165,8 +165,8 @@ class ServerConfig:
         metadata=flag(
             'speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
             '"prompt_lookup_max": 4, "prompt_lookup_min": 1, "disable_by_batch_size": 1}\' (prompt lookup: a '
-            "greedy request's next ids proposed from its prompt and output, checked in one run, the right ones "
-            "kept; the same tokens, in fewer steps where the output repeats its context)",
+            "request's next ids proposed from its prompt and output, checked in one run, the right ones kept; "
+            "the same tokens, greedy or seeded, in fewer steps where the output repeats its context)",
             metavar="JSON",
             unset="off",
         ),
