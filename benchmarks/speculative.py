@@ -3,9 +3,9 @@ side's acceptance, and whether both sides gave the same tokens (issue 64's repor
 
 Two `attnserve serve` on 127.0.0.1 over the same model directory, one with --config as its
 --speculative-config, one without; S streams at once (threads of this process, each calling
-Generate, greedy, --new-tokens at most, EOS may end one) over two workloads of text cut from the
-held-out tail of the default corpus (CPython's pydoc topics, the last 5%: text the model was not
-trained on):
+Generate, greedy or with --request-fields, --new-tokens at most, EOS may end one) over two workloads
+of text cut from the held-out tail of the default corpus (CPython's pydoc topics, the last 5%: text
+the model was not trained on):
 - copy: a passage, a blank line, then its start again with one word changed, so that the answer
   may repeat the rest of the passage (as an edit, a summary or a quotation repeats its context);
 - plain: a passage's start, continued (no repetition but what the text makes).
@@ -17,14 +17,17 @@ identical on both sides; then one JSON object last (--out also writes its Markdo
 a PNG). Torch-free.
 
     python -m benchmarks.speculative --model models/NAME [--config JSON] [--streams 1,4,16]
-        [--new-tokens 128] [--requests-per-stream 2] [--repeats 3] [--threads N] [--out F.json] [--plot F.png]
+        [--new-tokens 128] [--requests-per-stream 2] [--repeats 3] [--threads N] [--request-fields JSON]
+        [--out F.json] [--plot F.png]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -126,13 +129,22 @@ def verification_cost(model: Path, threads: int, repeats: int, runs: int = 200) 
 class Side:
     """One server, and the Generate calls of a measurement."""
 
-    def __init__(self, model: Path, threads: int, max_streams: int, new_tokens: int, config: str | None):
+    def __init__(self, model: Path, threads: int, max_streams: int, new_tokens: int, config: str | None, fields: dict):
         flags = ["--provider", "cpu", "--threads", str(threads), "--max-batch", str(max_streams)]
         flags += ["--max-queue", str(4 * max_streams), "--max-new-tokens-cap", str(new_tokens)]
         flags += ["--speculative-config", config] if config else []
         self.server = ServerProcess(str(Path(model).resolve()), *flags)
         self.channel = grpc.insecure_channel(self.server.target)
         self.stub = pb_grpc.TextGenerationStub(self.channel)
+        self.fields = fields  # every request's fields beyond its prompt and max_new_tokens
+
+    def request(self, text: str, new_tokens: int) -> pb.GenerateRequest:
+        """A request for `text`: where it samples with no seed given, seeded by its text (both sides draw
+        alike, each request differently)."""
+        fields = dict(self.fields)
+        if fields.get("temperature") and "seed" not in fields:
+            fields["seed"] = zlib.crc32(text.encode())
+        return pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens, **fields)
 
     def measure(self, texts: list[list[str]], new_tokens: int) -> dict:
         """One thread per stream, each sending its texts one after another; tokens/s over the wall time,
@@ -140,8 +152,7 @@ class Side:
         before = self.server.metrics()
 
         def stream(own: list[str]) -> list[tuple[int, ...]]:
-            request = lambda text: pb.GenerateRequest(prompt=text, max_new_tokens=new_tokens)
-            return [tuple(self.stub.Generate(request(text), timeout=600).token_ids) for text in own]
+            return [tuple(self.stub.Generate(self.request(text, new_tokens), timeout=600).token_ids) for text in own]
 
         start = time.perf_counter()
         with ThreadPoolExecutor(len(texts)) as pool:
@@ -169,10 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
     p.add_argument("--config", default=CONFIG, help=f"the 'on' side's --speculative-config (default: {CONFIG})")
     p.add_argument("--streams", default="1,4,16", help="comma-separated streams at once")
-    p.add_argument("--new-tokens", type=int, default=128, help="greedy tokens per request, at most (EOS may end one)")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens per request, at most (EOS may end one)")
     p.add_argument("--requests-per-stream", type=int, default=2, help="requests each stream sends, one after another")
     p.add_argument("--repeats", type=int, default=3, help="rounds, sides and workloads alternating; medians reported")
     p.add_argument("--threads", type=int, default=0, help="the servers' --threads (0: their default)")
+    p.add_argument(
+        "--request-fields",
+        default="{}",
+        help='every request\'s GenerateRequest fields as JSON, e.g. \'{"temperature": 0.7, "top_p": 0.95, '
+        '"logprobs": 2}\' (default: greedy); a sampled request without a seed is seeded by its prompt',
+    )
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of on/off per workload and stream count here")
     args = p.parse_args(argv)
@@ -180,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     stamp = Stamp.start(provider="cpu")
     cost = verification_cost(args.model, args.threads, args.repeats)
     configs = {"off": None, "on": args.config}
-    sides = {side: Side(args.model, args.threads, max(streams), args.new_tokens, configs[side]) for side in SIDES}
+    fields = json.loads(args.request_fields)
+    sides = {
+        side: Side(args.model, args.threads, max(streams), args.new_tokens, configs[side], fields) for side in SIDES
+    }
     runs = [(side, workload) for side in SIDES for workload in WORKLOADS]
     rows = []
     try:
@@ -197,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in sides.values():
             server.close()
-    settings = {"model": str(args.model), "config": args.config, "threads": args.threads}
+    settings = {"model": str(args.model), "config": args.config, "threads": args.threads, "request_fields": fields}
     settings.update(new_tokens=args.new_tokens, requests_per_stream=args.requests_per_stream, repeats=args.repeats)
     settings["workloads"] = {"copy": copy_prompt.__doc__, "plain": "a passage's first half, continued"}
     result = {**settings, "verification_cost": cost, "rows": rows}
@@ -225,7 +245,8 @@ def summary(count: int, measured: dict[tuple[str, str], list[dict]]) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"{result['model']}; on: --speculative-config '{result['config']}'")
+    fields = json.dumps(result.get("request_fields") or {}) if result.get("request_fields") else "greedy"
+    print(f"{result['model']}; on: --speculative-config '{result['config']}'; requests: {fields}")
     cost = result["verification_cost"]
     step = cost["ms"]["step"]["median"]
     line = ", ".join(f"{kind} {ratio['median']:.2f}x" for kind, ratio in cost["over_step"].items())
