@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from types import SimpleNamespace
@@ -94,6 +94,7 @@ class FakeRunner:
         self.sampled: list[frozenset[int]] = []  # the keys each decode call was told sample
         self.verified_rows: list[frozenset[int]] = []  # the keys each verify call was told sample
         self.verified: list[dict[int, tuple[int, ...]]] = []  # each verify call's proposals
+        self.model: Callable[[list[int]], int] = next_id  # the next id after a history (a draft's may differ)
 
     def free_slots(self) -> int:
         reserved = sum(len(forks) for forks in self.forks.values())
@@ -133,7 +134,7 @@ class FakeRunner:
 
     def _logits(self, key: int) -> np.ndarray:
         row = np.zeros(self.spec.vocab_size, dtype=np.float32)
-        row[next_id(self.rows[key])] = 1.0
+        row[self.model(self.rows[key])] = 1.0
         return row
 
     def copy_cache(self, src: int, dst: int) -> None:
@@ -190,7 +191,7 @@ class FakeRunner:
             argmax, rows = [], []
             for fed in (token, *proposals.get(key, ())):
                 self.rows[key].append(fed)
-                argmax.append(next_id(self.rows[key]))
+                argmax.append(self.model(self.rows[key]))
                 rows.append(self._logits(key))
             if key in sampled:
                 verified.rows[key] = np.stack(rows)
@@ -223,8 +224,10 @@ class FakeRunner:
 
 
 @contextmanager
-def running(runner: FakeRunner, max_queue: int = 16, speculation: Speculation | None = None):
-    engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, max_queue, 0, speculation))
+def running(
+    runner: FakeRunner, max_queue: int = 16, speculation: Speculation | None = None, draft: FakeRunner | None = None
+):
+    engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, max_queue, 0, speculation), draft=draft)
     try:
         yield engine
     finally:
@@ -248,12 +251,15 @@ async def outcome(handle) -> tuple[list[int], Final | Exception]:
 
 
 def served(
-    runner: FakeRunner, asks: list[GenerationRequest], speculation: Speculation | None = None
+    runner: FakeRunner,
+    asks: list[GenerationRequest],
+    speculation: Speculation | None = None,
+    draft: FakeRunner | None = None,
 ) -> list[tuple[list[int], Final | Exception]]:
     """Every outcome of `asks`, all queued before the engine runs (so admitted in their order)."""
 
     async def main():
-        with running(runner, speculation=speculation) as engine:
+        with running(runner, speculation=speculation, draft=draft) as engine:
             handles = [engine.submit(a) for a in asks]
             engine.start()
             return [await outcome(h) for h in handles]

@@ -171,6 +171,21 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
             "--speculative-config: num_speculative_tokens must be 1 to 16, not 0",
         ),
         ("--speculative-config", ["--speculative-config", "ngram"], "--speculative-config must be a JSON object"),
+        (
+            "--speculative-config",
+            ["--port", "0", "--speculative-config", '{{"model": "/no/such/draft"}}'],
+            "--speculative-config's draft model /no/such/draft: ",
+        ),
+        (
+            "--speculative-config",
+            ["--port", "0", "--speculative-config", '{{"model": "{bpe_model}"}}'],
+            "--speculative-config's draft model {bpe_model}: its vocabulary has",
+        ),
+        (
+            "--speculative-config",
+            ["--port", "0", "--model", "{s2s_model}", "--speculative-config", "{{}}"],
+            "--speculative-config needs a decoder-only model, not an encoder-decoder",
+        ),
         ("--engine-core", ["--engine-core", "fiber"], "invalid choice: 'fiber'"),
         ("--max-batch", ["--max-batch", "0"], "--max-batch"),
         ("--max-batch", ["--max-batch", "many"], "--max-batch"),
@@ -464,7 +479,16 @@ def test_every_flag_has_a_row(command):
 
 
 @pytest.fixture(scope="module")
-def places(tmp_path_factory, tiny_checkpoint, tiny_seq2seq_checkpoint, tiny_model_dir, server, gpt2_dir):
+def places(
+    tmp_path_factory,
+    tiny_checkpoint,
+    tiny_seq2seq_checkpoint,
+    tiny_model_dir,
+    tiny_bpe_model_dir,
+    tiny_seq2seq_model_dir,
+    server,
+    gpt2_dir,
+):
     """The placeholders' values; `busy` is a port held open for as long as the module runs."""
     tmp = tmp_path_factory.mktemp("refusals")
     (tmp / "file").write_text("a plain file\n")
@@ -493,6 +517,8 @@ def places(tmp_path_factory, tiny_checkpoint, tiny_seq2seq_checkpoint, tiny_mode
         "hf": str(gpt2_dir),
         "s2s": str(tiny_seq2seq_checkpoint),
         "model": str(tiny_model_dir),
+        "bpe_model": str(tiny_bpe_model_dir),
+        "s2s_model": str(tiny_seq2seq_model_dir),
         "target": server.target,
         "busy": str(held.getsockname()[1]),
     }

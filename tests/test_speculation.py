@@ -51,8 +51,12 @@ def test_a_lookup_pauses_after_misses_for_twice_as_long_each_time_and_a_kept_pro
     [
         ("{", "must be a JSON object"),
         ("[1]", "must be a JSON object"),
-        ('{"method": "eagle"}', "method must be 'ngram'"),
-        ('{"model": "models/small"}', "a draft model ('model') is not supported yet"),
+        ('{"method": "eagle"}', "method must be 'ngram' (prompt lookup) or 'draft_model' (with a model)"),
+        ('{"model": ""}', "model must be a model directory's path, not ''"),
+        ('{"model": 3}', "model must be a model directory's path, not 3"),
+        ('{"method": "draft_model"}', "a model goes with method 'draft_model', and only with it"),
+        ('{"method": "ngram", "model": "models/small"}', "a model goes with method 'draft_model', and only with it"),
+        ('{"model": "models/small", "prompt_lookup_max": 3}', "prompt_lookup_max is for method 'ngram', not a draft"),
         ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be 1 to 16, not 0"),
         ('{"num_speculative_tokens": 17}', "num_speculative_tokens must be 1 to 16, not 17"),
         ('{"num_speculative_tokens": 2.5}', "num_speculative_tokens must be a whole number, not 2.5"),
@@ -74,6 +78,9 @@ def test_a_speculative_config_takes_vllms_keys_and_fills_the_rest():
     )
     assert parse_speculation('{"prompt_lookup_min": 5}') == Speculation(prompt_lookup_max=5, prompt_lookup_min=5)
     assert parse_speculation("{}") == Speculation()
+    assert parse_speculation('{"model": "models/small", "num_speculative_tokens": 3}') == Speculation(
+        num_speculative_tokens=3, method="draft_model", model="models/small"
+    )
 
 
 def copying(prompt: str, max_new_tokens: int):
@@ -164,10 +171,14 @@ class GradedRunner(FakeRunner):
     with min_p 0.3 a draw keeps those two: its id with e / (e + 1), the next with 1 / (e + 1)."""
 
     def _logits(self, key: int) -> np.ndarray:
-        row = np.zeros(self.spec.vocab_size, np.float32)
-        token = next_id(self.rows[key])
-        row[token], row[(token + 1) % row.size] = 2.0, 1.0
-        return row
+        return graded_row(self.model(self.rows[key]))
+
+
+def graded_row(token: int) -> np.ndarray:
+    """GradedRunner's row where the fake model's id is `token`."""
+    row = np.zeros(SPEC.vocab_size, np.float32)
+    row[token], row[(token + 1) % row.size] = 2.0, 1.0
+    return row
 
 
 def sampled(prompt: str, max_new_tokens: int, seed: int, **controls) -> GenerationRequest:
@@ -176,11 +187,16 @@ def sampled(prompt: str, max_new_tokens: int, seed: int, **controls) -> Generati
     return replace(ask(prompt, max_new_tokens), sampling=params, **controls)
 
 
-def served_with_logprobs(runner: FakeRunner, asks: list[GenerationRequest], speculation: Speculation | None):
-    """Each request's Deltas' ids and logprobs, and its Final's reason, text and usage."""
+def served_with_logprobs(
+    runner: FakeRunner,
+    asks: list[GenerationRequest],
+    speculation: Speculation | None,
+    draft: FakeRunner | None = None,
+):
+    """Each request's Deltas' ids and logprobs, and its Final's reason, text, usage and speculated counts."""
 
     async def main():
-        with running(runner, max_queue=len(asks), speculation=speculation) as engine:
+        with running(runner, max_queue=len(asks), speculation=speculation, draft=draft) as engine:
             handles = [engine.submit(a) for a in asks]
             engine.start()
             results = []
@@ -233,8 +249,7 @@ def outcomes_of(history: list[int], steps: int, min_p: float) -> dict[tuple[int,
     each sequence of ids and its probability, from the ids and weights the sampler keeps (sampling.kept)."""
     if steps == 0:
         return {(): 1.0}
-    row = GradedRunner._logits(type("Row", (), {"spec": SPEC, "rows": {0: history}})(), 0)
-    keep, shifted = kept(row.astype(np.float64), min_p, 0, 1.0)
+    keep, shifted = kept(graded_row(next_id(history)).astype(np.float64), min_p, 0, 1.0)
     ids = np.flatnonzero(keep)
     weights = np.exp(shifted[ids]) / np.exp(shifted[ids]).sum()
     out: dict[tuple[int, ...], float] = {}
@@ -283,3 +298,95 @@ def test_a_beam_search_beside_a_copying_request_keeps_the_batch_from_verifying()
     verifies = [i for i, entry in enumerate(runner.log) if entry[0] == "verify"]
     released = [i for i, entry in enumerate(runner.log) if entry[0] == "release" and entry[1] in (1, 2)]
     assert verifies and released and min(verifies) > max(released)
+
+
+DRAFTING = Speculation(num_speculative_tokens=4, disable_by_batch_size=4, method="draft_model", model="the fake")
+
+
+def draft_model(wrong_every: int):
+    """A draft of the fake model: its next id, but the next letter where the history's length is a
+    multiple of `wrong_every` (0: never)."""
+
+    def model(history: list[int]) -> int:
+        token = next_id(history)
+        return token + 1 if wrong_every and len(history) % wrong_every == 0 else token
+
+    return model
+
+
+def drafting(capacity: int, wrong_every: int) -> FakeRunner:
+    runner = FakeRunner(capacity)
+    runner.model = draft_model(wrong_every)
+    return runner
+
+
+class CheckedTarget(GradedRunner):
+    """The fake target (with GradedRunner's runner-up), which checks every proposal it verifies against the
+    draft model's greedy ids after the request's whole history: a draft slot that lost or kept a wrong id
+    would propose something else."""
+
+    def __init__(self, capacity: int, draft: FakeRunner):
+        super().__init__(capacity)
+        self.draft, self.mismatches = draft, []
+
+    def verify(self, next_ids, proposals, sampled=frozenset()):
+        for key, proposal in proposals.items():
+            history, expected = [*self.rows[key], next_ids[key]], []
+            for _ in proposal:
+                expected.append(self.draft.model(history))
+                history.append(expected[-1])
+            if list(proposal) != expected:
+                self.mismatches.append((key, proposal, tuple(expected)))
+        return super().verify(next_ids, proposals, sampled)
+
+
+def test_a_draft_model_that_agrees_with_the_target_has_every_proposal_kept():
+    """The draft is the target's own model: every proposal is kept (5 tokens a verification), the draft's
+    slot is prefilled once a request and then fed two ids a proposal (the last proposal it never ran,
+    and the target's next token), and every request gets what it gets alone."""
+    draft = drafting(3, wrong_every=0)
+    runner = CheckedTarget(3, draft)
+    asks = [ask("abc", 30), ask("hello", 21), copying("^hello world", 26)]
+    outcomes = served(runner, asks, DRAFTING, draft)
+    for a, (tokens, final) in zip(asks, outcomes):
+        assert tokens == alone(a.prompt_ids, a.max_new_tokens) and final.speculated[0] == final.speculated[1] > 0
+    assert not runner.mismatches and not [entry for entry in runner.log if entry[0] == "rewind"]
+    assert [entry[0] for entry in draft.log].count("start") == len(asks)
+    assert not [entry for entry in draft.log if entry[0] == "rewind"]
+    assert any(len(step.get(key, ())) == 1 for step in draft.verified for key in step), "two ids fed at once"
+
+
+@pytest.mark.parametrize("wrong_every", [2, 3, 7])
+def test_a_draft_model_that_is_sometimes_wrong_gives_every_request_what_it_gets_without_speculation(wrong_every):
+    """Greedy and seeded draws, four at a time: the target keeps the right proposals and draws its own token
+    where one is wrong; both slots forget what was not kept, and every later proposal is the draft's
+    greedy continuation of the request's true history."""
+    asks = [
+        ask("abc", 30),
+        sampled("^abcdeabcde", 30, seed=1, logprobs=2),
+        replace(copying("^hello world", 26), ignore_eos=True),
+        sampled("xyz", 25, seed=2),
+        sampled("^0123456", 40, seed=3, stop=("2345",)),
+    ]
+    draft = drafting(4, wrong_every)
+    runner = CheckedTarget(4, draft)
+    on = served_with_logprobs(runner, asks, DRAFTING, draft)
+    off = served_with_logprobs(GradedRunner(4), asks, None)
+    assert [result[:5] for result in on] == [result[:5] for result in off]
+    assert not runner.mismatches
+    proposed, kept_ids = (sum(result[5][i] for result in on) for i in (0, 1))
+    assert 0 < kept_ids < proposed
+    assert [entry for entry in draft.log if entry[0] == "rewind"] and [e for e in runner.log if e[0] == "rewind"]
+
+
+def test_a_request_whose_draft_keeps_failing_gives_its_draft_slot_back_and_prefills_it_again_on_resuming():
+    """A draft wrong at every id: after MISSES verifications the request pauses, its draft slot is released,
+    and when it proposes again its whole history is prefilled into a fresh slot."""
+    draft = drafting(2, wrong_every=1)
+    runner = CheckedTarget(2, draft)
+    ((tokens, _),) = served(runner, [ask("abc", 60)], DRAFTING, draft)
+    assert tokens == alone(tuple(b"abc"), 60) and not runner.mismatches
+    starts = [entry[2] for entry in draft.log if entry[0] == "start"]
+    assert len(starts) >= 2 and ("release", 0) in draft.log
+    assert all(start == (*b"abc", *tokens[: len(start) - 3]) for start in starts), "each start: the history so far"
+    assert runner.bursts[0] == FIRST_PAUSE

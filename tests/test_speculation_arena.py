@@ -90,11 +90,17 @@ def greedy(prompt: str) -> GenerationRequest:
 
 
 def engine_events(
-    model, asks: list[GenerationRequest], speculation: Speculation | None, observer: EngineObserver | None = None
+    model,
+    asks: list[GenerationRequest],
+    speculation: Speculation | None,
+    observer: EngineObserver | None = None,
+    draft: ModelSessions | None = None,
 ) -> list[list[Delta | Final]]:
-    """Every request's events from the real engine over a 4-slot arena, all submitted at once."""
+    """Every request's events from the real engine over a 4-slot arena (and the draft model's, if any),
+    all submitted at once."""
     runner = open_slot_runner(model, 4, 256)
-    engine = Engine(runner, ByteTokenizer(), EngineLimits(4, 16, 0, speculation), observer)
+    drafts = open_slot_runner(draft, 4, 256) if draft is not None else None
+    engine = Engine(runner, ByteTokenizer(), EngineLimits(4, 16, 0, speculation), observer, draft=drafts)
 
     async def main():
         handles = [engine.submit(a) for a in asks]
@@ -160,6 +166,26 @@ def test_sampled_requests_speculating_over_the_arena_draw_every_token_they_draw_
     assert counted.accepted > 0 and counted.accepted < counted.proposed
 
 
+DRAFTING = Speculation(num_speculative_tokens=4, disable_by_batch_size=4, method="draft_model", model="int8")
+
+
+@pytest.fixture(scope="module")
+def int8_draft(tiny_int8_model_dir):
+    """The same model with int8 weights: a draft that mostly agrees with the float32 target, not always."""
+    return ModelSessions(tiny_int8_model_dir, "cpu", threads=1)
+
+
+def test_a_draft_model_over_its_own_arena_gives_every_request_its_tokens_without(model, int8_draft):
+    """The float32 model drafted by its int8 export: greedy and seeded requests, four at a time, each get
+    the tokens they get without speculation; most proposals are kept, not all."""
+    counted = Counted()
+    asks = [*(greedy(p) for p in PROMPTS), *SAMPLED]
+    on, off = engine_events(model, asks, DRAFTING, counted, int8_draft), engine_events(model, asks, None)
+    for a, with_it, without in zip(asks, on, off):
+        assert tokens_of(with_it) == tokens_of(without) and text_of(with_it) == text_of(without), a
+    assert 0 < counted.accepted < counted.proposed
+
+
 @pytest.fixture(scope="module")
 def receiver():
     otlp = pytest.importorskip("benchmarks.otlp_receiver", reason="opentelemetry-proto comes with the [cpu] extra")
@@ -217,3 +243,29 @@ def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating,
         for name in ("draft", "accepted")
     }
     assert counts["draft"] > 0 and 0 <= counts["accepted"] <= counts["draft"]
+
+
+def test_a_server_with_a_draft_model_streams_pytorchs_greedy_tokens_and_counts_them(
+    tiny_model_dir, tiny_int8_model_dir, reference_model, model
+):
+    """`--speculative-config '{"model": DIR}'` with the engine core in its own process: its greedy tokens
+    are PyTorch's, a seeded draw's are the in-process engine's without speculation, and its metrics
+    count the draft's proposals."""
+    config = f'{{"model": "{tiny_int8_model_dir}", "num_speculative_tokens": 3}}'
+    running = start_server(tiny_model_dir, speculative_config=config, engine_core="process", metrics_port=0)
+    try:
+        for prompt in PROMPTS[:2]:
+            expected = generate(reference_model, [encode(prompt)], max_new_tokens=STEPS, **BYTE_IDS)[0]
+            messages = list(running.stub.GenerateStream(request(prompt, max_new_tokens=STEPS), timeout=TIMEOUT))
+            assert [t for m in messages for t in m.token_ids] == expected
+        (without,) = engine_events(model, SAMPLED[:1], None)
+        fields = dict(max_new_tokens=STEPS, temperature=0.3, top_p=0.95, seed=11, logprobs=2)
+        unary = running.stub.Generate(request(PROMPTS[0], **fields), timeout=TIMEOUT)
+        assert list(unary.token_ids) == tokens_of(without)
+        url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
+        draft = float(re.search(r"^attnserve_spec_decode_draft_tokens_total (\S+)$", text, re.M).group(1))
+        kept = float(re.search(r"^attnserve_spec_decode_accepted_tokens_total (\S+)$", text, re.M).group(1))
+        assert 0 < kept <= draft
+    finally:
+        running.stop()

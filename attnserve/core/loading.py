@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runtime.arena_runner import ArenaRunner
-from ..runtime.contract import MANIFEST_FILE, Manifest
-from ..runtime.model_sessions import ORT_ERRORS, ModelSessions, one_line
+from ..runtime.contract import MANIFEST_FILE, Manifest, ModelDirError
+from ..runtime.model_sessions import ORT_ERRORS, ModelSessions, ProviderError, one_line
 from ..runtime.opening import arena_capacity, open_slot_runner
 from ..tokenizer import Tokenizer, TokenizerError, from_model_dir
 from ..tokenizer.sentencepiece import FILES as SENTENCEPIECE_FILES
@@ -31,6 +31,7 @@ class LoadedModel:
     tokenizer: Tokenizer
     capacity: int  # KV arena slots
     slots: ArenaRunner
+    draft: ArenaRunner | None = None  # --speculative-config's draft model (engine/drafting.py), its own arena
 
 
 def tokenizer_files(manifest: Manifest) -> list[str]:
@@ -90,4 +91,33 @@ def load_model(config: CoreConfig) -> LoadedModel:
         raise StartupError(str(e)) from None
     except ORT_ERRORS as e:  # the arena's allocation, a first run: said, not a traceback
         raise StartupError(f"{runner.model_dir}: ONNX Runtime failed opening the KV arena: {one_line(e)}") from None
-    return LoadedModel(runner, tokenizer, capacity, slots)
+    draft = config.speculation.model if config.speculation is not None else None
+    return LoadedModel(
+        runner, tokenizer, capacity, slots, load_draft(config, draft, runner, capacity) if draft else None
+    )
+
+
+def load_draft(config: CoreConfig, model_dir: str, target: ModelSessions, capacity: int) -> ArenaRunner:
+    """The draft model's runner (`capacity` slots: the target's; no prefix cache; picked by argmax on the
+    target's provider); StartupError in one line where it is not a decoder-only model directory with the
+    target's tokenizer and vocabulary."""
+    where = f"--speculative-config's draft model {model_dir}"
+    try:
+        draft = ModelSessions(model_dir, config.provider, config.threads, False, config.spinning)
+    except (ModelDirError, ProviderError) as e:
+        raise StartupError(f"{where}: {e}") from None
+    mine, theirs = draft.manifest, target.manifest
+    if mine.seq2seq:
+        raise StartupError(f"{where}: a draft model must be decoder-only, not an encoder-decoder")
+    if mine.vocab_size != theirs.vocab_size:
+        raise StartupError(f"{where}: its vocabulary has {mine.vocab_size} ids, the target's {theirs.vocab_size}")
+    files = lambda manifest: {name: manifest.files.get(name) for name in tokenizer_files(manifest)}
+    if mine.tokenizer != theirs.tokenizer or files(mine) != files(theirs):
+        raise StartupError(f"{where}: its tokenizer is not the target's ({target.model_dir})")
+    try:
+        slots = arena_capacity(draft, capacity, None)
+        return open_slot_runner(draft, slots, config.prefill_chunk, logits_pass="off")
+    except ValueError as e:
+        raise StartupError(f"{where}: {e}") from None
+    except ORT_ERRORS as e:
+        raise StartupError(f"{where}: ONNX Runtime failed opening its KV arena: {one_line(e)}") from None

@@ -54,7 +54,7 @@ def core_engine(
     `speculation`: --speculative-config's."""
     limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0, speculation=speculation)
     observer = slowed(writer.recorder, delay_ms)
-    return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer)
+    return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer, loaded.draft)
 
 
 def traced(writer: StepWriter, config: CoreConfig, loaded: LoadedModel) -> tuple[Outbox | None, Callable[[], None]]:

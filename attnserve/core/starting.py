@@ -81,7 +81,7 @@ def start_core(
         from ..tracing.core_spans import CoreSpans
 
         outbox = TracedOutbox(LoopOutbox(), CoreSpans(tracing, config.prefill_chunk, loaded.runner.manifest.seq2seq))
-    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, delay), outbox)
+    engine = Engine(loaded.slots, loaded.tokenizer, limits, slowed(observer, delay), outbox, loaded.draft)
     runner = loaded.runner
     return StartedCore(
         engine,

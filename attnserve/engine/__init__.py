@@ -5,9 +5,10 @@ engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, e
 mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structured output) and
 detokenizer.py (its text, with stop strings). step_plan.py: the scheduler's decision for a step's
 decoding, a value (one step, a burst, or a verification). burst.py: greedy decode steps run back to
-back, and when each request takes its tokens. speculation.py: prompt lookup's proposals and what a
-verification keeps (--speculative-config). beam_group.py: a beam search request's k slots, whose beams
-beam_search.py picks (pure numpy, as transformers' beam search; export's beam gate runs it too).
+back, and when each request takes its tokens. speculation.py: --speculative-config, prompt lookup's
+proposals and a request's pauses; drafting.py: a draft model's proposals, from its own runner.
+beam_group.py: a beam search request's k slots, whose beams beam_search.py picks (pure numpy, as
+transformers' beam search; export's beam gate runs it too).
 search.py is the one interface the engine hands a step's rows to: a completion (its own search) or a
 beam group; no slot is routed by its type.
 outbox.py is where each step's events go: the callers' event loops, or the engine core's channel

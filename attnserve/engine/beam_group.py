@@ -149,10 +149,6 @@ class BeamMember:
         """The group's (BeamGroup.pass_row): its search takes the pick's top ids."""
         return self.group.pass_row()
 
-    def proposal(self) -> None:
-        """A beam takes no part in a verification: a beam search is not speculated, nor is its batch."""
-        return None
-
     def take_prompt(self, rows: np.ndarray) -> None:
         """A beam search asks no prompt logprobs (validation refuses them beside num_beams)."""
 

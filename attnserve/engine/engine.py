@@ -49,6 +49,7 @@ from ..tokenizer import Tokenizer
 from .beam_group import BeamGroup, BeamMember
 from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
+from .drafting import Drafts
 from .outbox import LoopOutbox, Outbox
 from .seam import Logits, SlotRunner
 from .search import Search
@@ -166,8 +167,13 @@ class Engine:
         limits: EngineLimits,
         observer: EngineObserver | None = None,
         outbox: Outbox | None = None,
+        draft: SlotRunner | None = None,
     ):
+        """`draft`: the draft model's runner, with a speculation whose method is draft_model (drafting.py)."""
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
+        speculation = limits.speculation
+        assert (draft is not None) == (speculation is not None and speculation.model is not None), "a draft model"
+        self.drafts = Drafts(draft, speculation.num_speculative_tokens) if draft and speculation else None
         self.spec = slots.spec
         self.observer = observer or EngineObserver()
         self.outbox = outbox or LoopOutbox()
@@ -401,7 +407,8 @@ class Engine:
         its disable_by_batch_size decode (speculation.py)."""
         speculation = self.limits.speculation
         speculate = speculation is not None and len(self._active) <= speculation.disable_by_batch_size
-        plan = plan_decode(self._active, prompt_waiting=bool(self._prefilling), speculate=speculate)
+        proposals = self._proposals() if speculate else {}
+        plan = plan_decode(self._active, bool(self._prefilling), proposals)
         if plan.proposals:
             self._decode_speculated(plan)
             return
@@ -415,6 +422,22 @@ class Engine:
         for lookup in unproposed:
             lookup.passed(1)
         self._free_failed()
+
+    def _proposals(self) -> dict[int, tuple[int, ...]]:
+        """Each completion's proposal (its lookup's, or the draft model's where it is not paused); none
+        while a beam decodes (a beam search takes no part in a verification)."""
+        if not all(isinstance(holder, Sequence) for holder in self._active.values()):
+            return {}
+        sequences = cast(dict[int, Sequence], self._active)
+        if self.drafts is None:
+            return {key: proposal for key, sequence in sequences.items() if (proposal := sequence.proposal())}
+        rooms = {}
+        for key, sequence in sequences.items():
+            lookup = sequence.lookup
+            most = self.drafts.room(lookup.tokens, sequence.room()) if lookup and not lookup.pause else 0
+            if lookup and most > 0:
+                rooms[key] = (lookup.tokens, most)
+        return self.drafts.propose(rooms)
 
     def _unproposed(self) -> list[Lookup]:
         """The lookups of a step that verifies nothing (speculation.Lookup): one not paused counts a miss
@@ -461,8 +484,11 @@ class Engine:
             proposed, kept = proposed + len(proposal), kept + right
             if sequence.done:
                 self._free(key)
-            elif right < len(proposal):
+                continue
+            if right < len(proposal):
                 self.slots.rewind(key, len(proposal) - right)
+            if self.drafts is not None and sequence.lookup is not None:
+                self.drafts.keep(key, len(sequence.lookup.tokens) - 1)
         self.observer.on_tokens([], gaps)
         self.observer.on_speculation(proposed, kept)
         self._free_failed()
@@ -570,6 +596,8 @@ class Engine:
 
     def _free(self, key: int) -> None:
         self.slots.release(key)
+        if self.drafts is not None:
+            self.drafts.release(key)
         with self._cond:
             self._active.pop(key, None)
             self._prefilling.pop(key, None)
@@ -584,6 +612,8 @@ class Engine:
             self._active.clear()
             self._prefilling.clear()
         self.slots.reset()
+        if self.drafts is not None:
+            self.drafts.reset()
 
     def _emit(self, sequence: Slot | Search, events: list[Event]) -> None:
         self._outbox.extend((sequence.handle, event) for event in events)

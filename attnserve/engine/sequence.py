@@ -273,12 +273,16 @@ class Sequence:
         """Propose ids by prompt lookup from now on (speculation.py)."""
         self.lookup = Lookup(speculation, (*spec.decoder_prompt(self.request.prompt_ids), *self.generated))
 
+    def room(self) -> int:
+        """The most ids it may propose after its next token: as many as leave its last token to the model
+        (its budget: the context holds them too)."""
+        return self.budget - len(self.generated) - 1
+
     def proposal(self) -> tuple[int, ...]:
-        """The ids its lookup proposes after its next token, as many as leave its last token to the model
-        (its budget: the context holds them too); () for none."""
+        """The ids its lookup proposes after its next token (prompt lookup), at most room(); () for none."""
         if self.lookup is None:
             return ()
-        return self.lookup.propose(self.budget - len(self.generated) - 1)
+        return self.lookup.propose(self.room())
 
     def take_pick(self, pick: Pick) -> int:
         """The token a runner's batched pass picked by pass_row (with its log-probabilities, if asked)."""

@@ -1,5 +1,5 @@
-"""Speculative decoding by prompt lookup: a request's next tokens proposed from its own history, checked
-by the model in one run, the longest right prefix kept.
+"""Speculative decoding: a request's next tokens proposed from its own history (prompt lookup, here) or
+by a draft model (drafting.py), checked by the model in one run, the longest right prefix kept.
 
 A request whose last n ids (prompt_lookup_max down to prompt_lookup_min of them) occurred before in its
 prompt or its output proposes the ids that followed their latest earlier occurrence, up to
@@ -11,9 +11,10 @@ last kept one is one more token, so a step gives 1 to k + 1 tokens, each the one
 speculation picks (up to the last bits of a run of several positions against a run of one:
 export/invariance.py). For a proposal of one id this is rejection sampling (Leviathan et al., 2023):
 kept with the target's probability of it, a rejected one replaced by a draw from the target without
-it; so a sampled request keeps its distribution, and a seeded one its tokens (engine._decode_speculated). A
-request whose proposals keep failing stops proposing for a while, doubling each time (Lookup.record),
-so a workload that repeats nothing decodes in the usual greedy bursts.
+it; so a sampled request keeps its distribution, and a seeded one its tokens (engine._decode_speculated).
+A draft model's proposals are its greedy ids, one id each too. A request whose proposals keep failing
+stops proposing for a while, doubling each time (Lookup.record), so a workload that repeats nothing
+decodes in the usual greedy bursts.
 Parsed from `--speculative-config`'s JSON as vLLM's; no runner, no ONNX Runtime here.
 """
 
@@ -23,9 +24,12 @@ import json
 from dataclasses import dataclass
 
 NGRAM = "ngram"
+DRAFT_MODEL = "draft_model"
+METHODS = (NGRAM, DRAFT_MODEL)
 MAX_SPECULATIVE_TOKENS = 16  # proposals one step checks, at most
 MAX_LOOKUP = 16  # the longest n-gram looked up
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
+KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
+NUMBERS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
 MISSES = 2  # verifications in a row that keep nothing before a request pauses its proposals
 FIRST_PAUSE = 8  # decode steps of the first pause; each pause after another miss is twice the last
 LONGEST_PAUSE = 256
@@ -34,15 +38,18 @@ LONGEST_PAUSE = 256
 @dataclass(frozen=True)
 class Speculation:
     """`--speculative-config`: proposals of `num_speculative_tokens` ids by looking up the last
-    `prompt_lookup_max` down to `prompt_lookup_min` ids in the request's history, while at most
-    `disable_by_batch_size` requests decode (each speculating request runs alone: ONNX Runtime's
-    GroupQueryAttention takes several new positions with a past for one sequence a run only)."""
+    `prompt_lookup_max` down to `prompt_lookup_min` ids in the request's history (method ngram), or by
+    as many greedy steps of a draft `model` (an exported model directory with the target's tokenizer:
+    method draft_model, drafting.py), while at most `disable_by_batch_size` requests decode (each
+    speculating request runs alone: ONNX Runtime's GroupQueryAttention takes several new positions
+    with a past for one sequence a run only)."""
 
     num_speculative_tokens: int = 4
     prompt_lookup_max: int = 4
     prompt_lookup_min: int = 1
     disable_by_batch_size: int = 1
     method: str = NGRAM
+    model: str | None = None  # the draft model's directory (method draft_model)
 
 
 def parse_speculation(text: str) -> Speculation:
@@ -53,16 +60,12 @@ def parse_speculation(text: str) -> Speculation:
         raise ValueError(f"--speculative-config must be a JSON object: {error}") from None
     if not isinstance(given, dict):
         raise ValueError('--speculative-config must be a JSON object, e.g. \'{"method": "ngram"}\'')
-    unknown = sorted(set(given) - set(KEYS) - {"model"})
+    unknown = sorted(set(given) - set(KEYS))
     if unknown:
         raise ValueError(f"--speculative-config: unknown key {unknown[0]!r}; the keys are {', '.join(KEYS)}")
-    if "model" in given:
-        raise ValueError('--speculative-config: a draft model (\'model\') is not supported yet; use "method": "ngram"')
-    method = given.get("method", NGRAM)
-    if method != NGRAM:
-        raise ValueError(f"--speculative-config: method must be {NGRAM!r} (prompt lookup), not {method!r}")
+    method, model = method_and_model(given)
     numbers: dict[str, int] = {}
-    for key in KEYS[1:]:
+    for key in NUMBERS:
         value = given.get(key)  # null: the default, as absent
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise ValueError(f"--speculative-config: {key} must be a whole number, not {value!r}")
@@ -74,6 +77,8 @@ def parse_speculation(text: str) -> Speculation:
         prompt_lookup_max=lookup_max,
         prompt_lookup_min=numbers.get("prompt_lookup_min", min(Speculation.prompt_lookup_min, lookup_max)),
         disable_by_batch_size=numbers.get("disable_by_batch_size", Speculation.disable_by_batch_size),
+        method=method,
+        model=model,
     )
     checks = (
         (
@@ -93,6 +98,26 @@ def parse_speculation(text: str) -> Speculation:
         if not ok:
             raise ValueError(f"--speculative-config: {key} must be {limit}, not {getattr(speculation, key)}")
     return speculation
+
+
+def method_and_model(given: dict) -> tuple[str, str | None]:
+    """A config's method (ngram, or draft_model where it names a model) and its draft model's directory;
+    ValueError with one line where they do not go together."""
+    model = given.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise ValueError(f"--speculative-config: model must be a model directory's path, not {model!r}")
+    method = given.get("method", NGRAM if model is None else DRAFT_MODEL)
+    if method not in METHODS:
+        raise ValueError(
+            f"--speculative-config: method must be {NGRAM!r} (prompt lookup) or {DRAFT_MODEL!r} (with a "
+            f"model), not {method!r}"
+        )
+    if (method == DRAFT_MODEL) != (model is not None):
+        raise ValueError(f"--speculative-config: a model goes with method {DRAFT_MODEL!r}, and only with it")
+    lookups = [key for key in ("prompt_lookup_max", "prompt_lookup_min") if given.get(key) is not None]
+    if model is not None and lookups:
+        raise ValueError(f"--speculative-config: {lookups[0]} is for method {NGRAM!r}, not a draft model")
+    return method, model
 
 
 class Lookup:

@@ -36,11 +36,6 @@ class Decoding(Protocol):
         """Its pick as the runner's batched pass makes it, or None where its row must come to the host."""
         ...
 
-    def proposal(self) -> tuple[int, ...] | None:
-        """The ids it proposes after its next token this step (speculation.py), () for none, or None where
-        it cannot take part in a verification (a beam)."""
-        ...
-
 
 @dataclass(frozen=True)
 class StepPlan:
@@ -60,19 +55,18 @@ class StepPlan:
     proposals: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
 
-def plan_decode(active: Mapping[int, Decoding], prompt_waiting: bool, speculate: bool = False) -> StepPlan:
-    """The plan for the batch `active` (key -> its holder): with `speculate`, a verification where one
-    row proposes and every row can be verified (no beam); else a burst while every row is greedy (plain,
-    or with bans that stay: ignore_eos) and no prompt waits for its next prefill round (a long prompt
-    gets a chunk per step), else one step."""
+def plan_decode(
+    active: Mapping[int, Decoding], prompt_waiting: bool, proposals: Mapping[int, tuple[int, ...]] | None = None
+) -> StepPlan:
+    """The plan for the batch `active` (key -> its holder): a verification where a row has `proposals`
+    (key -> the ids it proposes after its next token: speculation.py, drafting.py; every row a
+    completion); else a burst while every row is greedy (plain, or with bans that stay: ignore_eos) and
+    no prompt waits for its next prefill round (a long prompt gets a chunk per step), else one step."""
     next_ids = {key: holder.next_token for key, holder in active.items() if holder.next_token is not None}
     assert len(next_ids) == len(active), "a decoding request always has a sampled token to feed"
-    if speculate:
-        offered = {key: holder.proposal() for key, holder in active.items()}
-        proposals = {key: proposal for key, proposal in offered.items() if proposal}
-        if proposals and None not in offered.values():
-            sampled = frozenset(key for key, holder in active.items() if not holder.plain_greedy)
-            return StepPlan(next_ids, burst=False, sampled=sampled, proposals=proposals)
+    if proposals:
+        sampled = frozenset(key for key, holder in active.items() if not holder.plain_greedy)
+        return StepPlan(next_ids, burst=False, sampled=sampled, proposals=proposals)
     argmax = {key: banned for key, holder in active.items() if (banned := holder.argmax_bans) is not None}
     bans = {key: banned for key, banned in argmax.items() if banned}
     if not prompt_waiting and len(argmax) == len(active):

@@ -252,12 +252,12 @@ class ArenaRunner:
     def verify(
         self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
     ) -> Verified:
-        """Each decoding key's next token and its proposals fed in one run of its slot alone (ArenaDecoder.
-        verify); the argmax after each id by key, or a key in `sampled` its rows. Its slot holds them all
-        until rewind."""
+        """Each key's next token and its proposals fed in one run of its slot alone (ArenaDecoder.verify);
+        the argmax after each id by key, or a key in `sampled` its rows. Its slot holds them all until
+        rewind. Decoding keys not in `next_ids` are not run."""
         verified = Verified()
-        for slot, key in enumerate(self.decoding):
-            fed = [next_ids[key], *proposals.get(key, ())]
+        for key, token in next_ids.items():
+            slot, fed = self.decoding.index(key), [token, *proposals.get(key, ())]
             if key in sampled:
                 verified.rows[key] = self.decoder.verify_rows(slot, fed)
             else:

@@ -166,7 +166,9 @@ class ServerConfig:
             'speculative decoding, as vLLM\'s JSON: \'{"method": "ngram", "num_speculative_tokens": 4, '
             '"prompt_lookup_max": 4, "prompt_lookup_min": 1, "disable_by_batch_size": 1}\' (prompt lookup: a '
             "request's next ids proposed from its prompt and output, checked in one run, the right ones kept; "
-            "the same tokens, greedy or seeded, in fewer steps where the output repeats its context)",
+            "the same tokens, greedy or seeded, in fewer steps where the output repeats its context), or "
+            '\'{"model": DIR, "num_speculative_tokens": 4}\' (a draft model: an exported model directory with '
+            "the same tokenizer proposes by its greedy steps)",
             metavar="JSON",
             unset="off",
         ),
