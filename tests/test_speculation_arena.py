@@ -22,6 +22,7 @@ from attnserve.model.generate import generate
 from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.opening import open_slot_runner
 from attnserve.tokenizer.utf8 import ByteTokenizer, encode
+from attnserve.v1 import generation_pb2 as pb
 
 PASSAGE = "The arena holds every request's keys and values in place. "
 # prompts whose continuation may repeat what they hold (a passage and its start again), and plain ones
@@ -228,6 +229,35 @@ def test_a_speculating_server_draws_a_seeded_requests_tokens_as_the_engine_draws
     assert list(unary.token_ids) == tokens_of(without) and unary.text == text_of(without)
 
 
+REGEX = pb.StructuredOutput(regex="(ab ){2,9}x")
+REQUESTS = [
+    dict(prompt="ab ab ab ab ab ab ", structured_output=REGEX),
+    dict(prompt="ab ab ab ab ab ab ", structured_output=REGEX, temperature=0.8, seed=5, logprobs=3),
+    dict(prompt=PROMPTS[0], structured_output=pb.StructuredOutput(json_schema='{"enum": ["arena", "keys"]}')),
+    dict(prompt=PROMPTS[0], temperature=0.4, seed=6, repetition_penalty=1.2, presence_penalty=0.3, min_new_tokens=12),
+    dict(prompt=PROMPTS[1], temperature=0.5, seed=7, n=3, logprobs=1, stop=["g("]),
+    dict(prompt=PROMPTS[4], ignore_eos=True, logprobs=2),
+]
+
+
+@pytest.mark.parametrize("fields", REQUESTS)
+def test_a_speculating_server_gives_every_kind_of_request_what_a_plain_server_gives(speculating, stub, fields):
+    """Structured output (greedy and sampled), penalties, bans, stop strings, n completions, logprobs:
+    through the speculating server every completion is the plain server's, token for token."""
+    ask = request(**{**fields, "max_new_tokens": STEPS})
+    before = spec_counts(speculating)
+    on, off = (server.Generate(ask, timeout=TIMEOUT) for server in (speculating.stub, stub))
+    if fields.get("n", 1) == 1:  # one completion alone: it proposed (n of them decode together: none)
+        assert spec_counts(speculating)["draft"] > before["draft"]
+    completions = lambda reply: (
+        [(c.token_ids, c.text, c.finish_reason) for c in reply.completions]
+        or [(reply.token_ids, reply.text, reply.finish_reason)]
+    )
+    assert completions(on) == completions(off)
+    assert [p.token_id for p in on.logprobs] == [p.token_id for p in off.logprobs]
+    assert [p.logprob for p in on.logprobs] == pytest.approx([p.logprob for p in off.logprobs], abs=1e-4)
+
+
 def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating, receiver):
     """In its metrics, and in a traced request's engine core span."""
     trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
@@ -236,13 +266,18 @@ def test_a_speculating_server_counts_its_proposals_and_what_it_kept(speculating,
     (core,) = [span for span in receiver.wait_for(trace_id, {"engine_core"}) if span.name == "engine_core"]
     draft, kept = (core.attributes[f"attnserve.speculative.{name}_tokens"] for name in ("draft", "accepted"))
     assert draft > 0 and 0 <= kept <= draft
-    url = f"http://127.0.0.1:{speculating.server.metrics_port}/metrics"
+    counts = spec_counts(speculating)
+    assert counts["draft"] > 0 and 0 <= counts["accepted"] <= counts["draft"]
+
+
+def spec_counts(running) -> dict[str, float]:
+    """A server's attnserve_spec_decode_{draft,accepted}_tokens_total, from its metrics endpoint."""
+    url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
     text = urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
-    counts = {
+    return {
         name: float(re.search(rf"^attnserve_spec_decode_{name}_tokens_total (\S+)$", text, re.M).group(1))
         for name in ("draft", "accepted")
     }
-    assert counts["draft"] > 0 and 0 <= counts["accepted"] <= counts["draft"]
 
 
 def test_a_server_with_a_draft_model_streams_pytorchs_greedy_tokens_and_counts_them(
@@ -262,10 +297,7 @@ def test_a_server_with_a_draft_model_streams_pytorchs_greedy_tokens_and_counts_t
         fields = dict(max_new_tokens=STEPS, temperature=0.3, top_p=0.95, seed=11, logprobs=2)
         unary = running.stub.Generate(request(PROMPTS[0], **fields), timeout=TIMEOUT)
         assert list(unary.token_ids) == tokens_of(without)
-        url = f"http://127.0.0.1:{running.server.metrics_port}/metrics"
-        text = urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
-        draft = float(re.search(r"^attnserve_spec_decode_draft_tokens_total (\S+)$", text, re.M).group(1))
-        kept = float(re.search(r"^attnserve_spec_decode_accepted_tokens_total (\S+)$", text, re.M).group(1))
-        assert 0 < kept <= draft
+        counts = spec_counts(running)
+        assert 0 < counts["accepted"] <= counts["draft"]
     finally:
         running.stop()
