@@ -95,6 +95,8 @@ class FakeRunner:
         self.verified_rows: list[frozenset[int]] = []  # the keys each verify call was told sample
         self.verified: list[dict[int, tuple[int, ...]]] = []  # each verify call's proposals
         self.model: Callable[[list[int]], int] = next_id  # the next id after a history (a draft's may differ)
+        self.now = 0.0  # the engine's clock (running): a decode step takes 1, a verify call verify_cost
+        self.verify_cost = 1.0
 
     def free_slots(self) -> int:
         reserved = sum(len(forks) for forks in self.forks.values())
@@ -157,6 +159,7 @@ class FakeRunner:
             self.at_gate.set()
             self.gate.wait(WAIT_S)
         self.log.append(("decode", tuple(sorted(next_ids))))
+        self.now += 1.0
         if self.fail_next_decode:
             self.fail_next_decode = False
             raise RuntimeError("the fake run failed")
@@ -184,6 +187,7 @@ class FakeRunner:
         """Each key's argmax after its next token and after each of its proposals, all of them fed (a key
         in `sampled`: its rows after each)."""
         self.log.append(("verify", tuple(sorted(next_ids))))
+        self.now += self.verify_cost
         self.verified.append(dict(proposals))
         self.verified_rows.append(sampled)
         verified = Verified()
@@ -227,7 +231,8 @@ class FakeRunner:
 def running(
     runner: FakeRunner, max_queue: int = 16, speculation: Speculation | None = None, draft: FakeRunner | None = None
 ):
-    engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, max_queue, 0, speculation), draft=draft)
+    limits = EngineLimits(runner.capacity, max_queue, 0, speculation)
+    engine = Engine(runner, TOKENIZER, limits, draft=draft, clock=lambda: runner.now)
     try:
         yield engine
     finally:

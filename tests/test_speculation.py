@@ -15,6 +15,7 @@ from test_engine import COPY_PERIOD, EOS_AT, SPEC, WAIT_S, FakeRunner, alone, as
 from attnserve.engine.domain import BeamParams, Delta, Final, FinishReason, GenerationRequest, SamplingParams
 from attnserve.engine.sampling import kept
 from attnserve.engine.speculation import FIRST_PAUSE, MISSES, Lookup, Speculation, parse_speculation
+from attnserve.engine.step_costs import PROBE_EVERY, SMOOTHING, StepCosts
 
 SPECULATION = Speculation(num_speculative_tokens=4, prompt_lookup_max=3, prompt_lookup_min=1, disable_by_batch_size=4)
 
@@ -390,3 +391,54 @@ def test_a_request_whose_draft_keeps_failing_gives_its_draft_slot_back_and_prefi
     assert len(starts) >= 2 and ("release", 0) in draft.log
     assert all(start == (*b"abc", *tokens[: len(start) - 3]) for start in starts), "each start: the history so far"
     assert runner.bursts[0] == FIRST_PAUSE
+
+
+def test_step_costs_judge_a_verification_by_the_tokens_plain_steps_give_in_its_time():
+    costs = StepCosts()
+    assert costs.verified(2, 10, 1.0) is None  # plain steps of 2 never timed
+    costs.ran_plain(2, 0.5)  # 2 tokens in 0.5 s: 4 a second
+    assert costs.verified(2, 4, 1.0) is True and costs.verified(2, 3, 1.0) is False
+    costs.ran_plain(2, 1.5)  # the average moves by SMOOTHING: 0.75
+    assert costs.plain[2] == pytest.approx(0.5 + SMOOTHING * 1.0)
+    for _ in range(PROBE_EVERY):
+        assert not costs.probe(2)
+        costs.verified(2, 4, 1.0)
+    assert costs.probe(2) and not costs.probe(3)
+
+
+def kinds_of(runner: FakeRunner) -> list:
+    """The runner's verify calls and bursts (with their steps), in order."""
+    return [entry[0] if entry[0] == "verify" else entry for entry in runner.log if entry[0] in ("verify", "burst")]
+
+
+def test_verifications_that_give_fewer_tokens_a_second_than_plain_steps_pause_the_request():
+    """One proposal a verification, always kept (2 tokens), but a verification takes 3 plain steps' time:
+    PROBE_EVERY verifications are judged by what they keep, then one plain step is timed, and the next
+    MISSES verifications, which did not pay, pause the request for FIRST_PAUSE steps; then again, twice as
+    long. Its tokens are its tokens alone."""
+    runner = FakeRunner(capacity=2)
+    runner.verify_cost = 3.0
+    slow = Speculation(num_speculative_tokens=1, prompt_lookup_max=3, disable_by_batch_size=4)
+    ((tokens, _),) = served(runner, [copying("^hello world", 80)], slow)
+    assert tokens == alone(tuple(b"^hello world"), 80)
+    missed = ["verify"] * MISSES
+    probe = [*["verify"] * PROBE_EVERY, ("burst", 1)]
+    assert kinds_of(runner)[: len(probe) + 2 * (MISSES + 1)] == [
+        *probe,
+        *missed,
+        ("burst", FIRST_PAUSE),
+        *missed,
+        ("burst", 2 * FIRST_PAUSE),
+    ]
+
+
+def test_verifications_that_pay_go_on_with_a_plain_step_timed_now_and_then():
+    """Five tokens a verification at 1.5 plain steps' time: the request never pauses; every PROBE_EVERY
+    verifications one plain step is timed."""
+    runner = FakeRunner(capacity=2)
+    runner.verify_cost = 1.5
+    ((tokens, _),) = served(runner, [copying("^hello world", 110)], replace(SPECULATION, disable_by_batch_size=4))
+    assert tokens == alone(tuple(b"^hello world"), 110)
+    kinds = kinds_of(runner)
+    assert kinds[: PROBE_EVERY + 1] == [*["verify"] * PROBE_EVERY, ("burst", 1)]
+    assert set(kinds) == {"verify", ("burst", 1)} and kinds.count("verify") > PROBE_EVERY + 1

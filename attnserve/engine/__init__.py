@@ -6,7 +6,8 @@ mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structure
 detokenizer.py (its text, with stop strings). step_plan.py: the scheduler's decision for a step's
 decoding, a value (one step, a burst, or a verification). burst.py: greedy decode steps run back to
 back, and when each request takes its tokens. speculation.py: --speculative-config, prompt lookup's
-proposals and a request's pauses; drafting.py: a draft model's proposals, from its own runner.
+proposals and a request's pauses; drafting.py: a draft model's proposals, from its own runner;
+step_costs.py: whether a verification gave more tokens a second than plain steps.
 beam_group.py: a beam search request's k slots, whose beams beam_search.py picks (pure numpy, as
 transformers' beam search; export's beam gate runs it too).
 search.py is the one interface the engine hands a step's rows to: a completion (its own search) or a

@@ -25,8 +25,9 @@ falls due; the step boundary's work waits for the burst's end). A request's delt
 interval (its Sequence holds the tokens in between; a unary call's go with its end), so a paced stream
 wakes its caller, and crosses to the front end from the engine core's process, once per message, not
 once per token: the interval is paced here alone. With --speculative-config, a request proposes its
-next ids by prompt lookup (speculation.py) and a step verifies them instead (SlotRunner.verify), the
-request taking 1 to k + 1 tokens in it, each the one it picks without speculation. ONNX Runtime
+next ids by prompt lookup (speculation.py) or a draft model's greedy steps (drafting.py), and a step
+verifies them instead (SlotRunner.verify), the request taking 1 to k + 1 tokens in it, each the one it
+picks without speculation. ONNX Runtime
 releases the GIL while it runs.
 """
 
@@ -39,7 +40,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -55,6 +56,7 @@ from .seam import Logits, SlotRunner
 from .search import Search
 from .sequence import Caller, Event, Handle, Sequence, fits
 from .speculation import Lookup, Speculation
+from .step_costs import StepCosts
 from .step_plan import StepPlan, plan_decode
 
 log = logging.getLogger(__name__)
@@ -168,9 +170,12 @@ class Engine:
         observer: EngineObserver | None = None,
         outbox: Outbox | None = None,
         draft: SlotRunner | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
-        """`draft`: the draft model's runner, with a speculation whose method is draft_model (drafting.py)."""
+        """`draft`: the draft model's runner, with a speculation whose method is draft_model (drafting.py).
+        `clock`: what times decode steps for speculation's costs (step_costs.py; a test's is its fake's)."""
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
+        self.clock, self.costs = clock, StepCosts()
         speculation = limits.speculation
         assert (draft is not None) == (speculation is not None and speculation.model is not None), "a draft model"
         self.drafts = Drafts(draft, speculation.num_speculative_tokens) if draft and speculation else None
@@ -405,19 +410,22 @@ class Engine:
         steps while every request is greedy (with at most bans that stay) and no prompt waits for its next
         prefill round, or with --speculative-config a verification of the requests' proposals while at most
         its disable_by_batch_size decode (speculation.py)."""
-        speculation = self.limits.speculation
-        speculate = speculation is not None and len(self._active) <= speculation.disable_by_batch_size
-        proposals = self._proposals() if speculate else {}
+        speculation, batch = self.limits.speculation, len(self._active)
+        speculate = speculation is not None and batch <= speculation.disable_by_batch_size
+        probe = speculate and self.costs.probe(batch)  # one plain step, timed (step_costs.py)
+        start = self.clock()
+        proposals = self._proposals() if speculate and not probe else {}
         plan = plan_decode(self._active, bool(self._prefilling), proposals)
         if plan.proposals:
-            self._decode_speculated(plan)
+            self._decode_speculated(plan, start)
             return
-        unproposed = self._unproposed() if speculate else []
+        unproposed = self._unproposed() if speculate and not probe else []
         if plan.burst:
-            steps = max(1, min([lookup.pause for lookup in unproposed], default=MAX_BURST))
+            steps = 1 if probe else max(1, min([lookup.pause for lookup in unproposed], default=MAX_BURST))
             self._decode_burst(plan.next_ids, plan.bans, steps)
             return
         logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes, plan.bans)
+        self.costs.ran_plain(batch, self.clock() - start)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         for lookup in unproposed:
             lookup.passed(1)
@@ -450,18 +458,20 @@ class Engine:
                 lookup.record(0, 0)
         return lookups
 
-    def _decode_speculated(self, plan: StepPlan) -> None:
+    def _decode_speculated(self, plan: StepPlan, start: float) -> None:
         """One verification (SlotRunner.verify): each request picks its next token as a step would (its
         row's argmax, or its sampler's pick from its row: the same seeded draw), and goes on to the token
         after its next proposal while the one it picked is that proposal, until it ends; the runner
-        forgets the positions of the proposals it did not keep. For prompt lookup's proposals (one id,
-        not a distribution) this is rejection sampling exactly: a proposal is kept with the target's
-        probability of it, and a rejected one's replacement is drawn from the target without it."""
+        forgets the positions of the proposals it did not keep (and so does the draft's). For proposals of
+        one id each (prompt lookup's, a draft's greedy ids) this is rejection sampling exactly: a proposal
+        is kept with the target's probability of it, and a rejected one's replacement is drawn from the
+        target without it. The step, from `start` (before its proposals were drafted), is timed against
+        plain steps (step_costs.py)."""
         verified = self.slots.verify(plan.next_ids, plan.proposals, plan.sampled)
         now = time.perf_counter()
         sequences = cast(dict[int, Sequence], dict(self._active))  # a verification's: every slot a completion
         gaps: list[float] = []
-        proposed = kept = 0
+        taken: list[tuple[int, Sequence, int]] = []  # key, its completion, the proposals it kept
         for key, sequence in sequences.items():
             proposal = plan.proposals.get(key, ())
             rows = verified.rows.get(key)
@@ -479,8 +489,13 @@ class Engine:
             except Exception as error:  # noqa: BLE001 -- one request's own work: it alone fails (logged)
                 self._fail_alone(sequence, error)
                 continue
+            taken.append((key, sequence, right))
+        paid = self.costs.verified(len(sequences), len(gaps), self.clock() - start)
+        proposed = kept = 0
+        for key, sequence, right in taken:
+            proposal = plan.proposals.get(key, ())
             if sequence.lookup is not None:
-                sequence.lookup.record(len(proposal), right)
+                sequence.lookup.record(len(proposal), right, paid)
             proposed, kept = proposed + len(proposal), kept + right
             if sequence.done:
                 self._free(key)
@@ -523,7 +538,9 @@ class Engine:
                 self._flush()
             return False
 
+        start = self.clock()
         ran = self.slots.decode_steps(next_ids, steps, take, bans)
+        self.costs.ran_plain(len(sequences), (self.clock() - start) / max(ran, 1))
         for sequence in sequences.values():
             if sequence.lookup is not None:
                 sequence.lookup.passed(ran)

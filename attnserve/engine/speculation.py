@@ -13,8 +13,9 @@ export/invariance.py). For a proposal of one id this is rejection sampling (Levi
 kept with the target's probability of it, a rejected one replaced by a draw from the target without
 it; so a sampled request keeps its distribution, and a seeded one its tokens (engine._decode_speculated).
 A draft model's proposals are its greedy ids, one id each too. A request whose proposals keep failing
-stops proposing for a while, doubling each time (Lookup.record), so a workload that repeats nothing
-decodes in the usual greedy bursts.
+(or whose verifications give fewer tokens a second than plain steps: step_costs.py) stops proposing
+for a while, doubling each time (Lookup.record), so a workload that repeats nothing decodes in the
+usual greedy bursts.
 Parsed from `--speculative-config`'s JSON as vLLM's; no runner, no ONNX Runtime here.
 """
 
@@ -167,12 +168,13 @@ class Lookup:
                     return tuple(self.tokens[start + i % period] for i in range(most))
         return ()
 
-    def record(self, proposed: int, accepted: int) -> None:
-        """A verification kept `accepted` of `proposed` ids; MISSES in a row that kept none pause the
-        proposals, for twice as long as the last pause."""
+    def record(self, proposed: int, accepted: int, paid: bool | None = None) -> None:
+        """A verification kept `accepted` of `proposed` ids, and (`paid`) gave at least as many tokens as
+        plain steps would have in its time (step_costs.py; None: not known); MISSES in a row that kept
+        none or did not pay pause the proposals, for twice as long as the last pause."""
         self.proposed += proposed
         self.accepted += accepted
-        if accepted:
+        if accepted and paid is not False:
             self.misses, self.next_pause = 0, FIRST_PAUSE
             return
         self.misses += 1
