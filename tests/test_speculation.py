@@ -97,8 +97,10 @@ def test_a_copying_request_keeps_its_proposals_and_gets_what_it_gets_alone_in_fe
     assert tokens == alone(asks[0].prompt_ids, 40)
     assert isinstance(final, Final) and final.reason is FinishReason.LENGTH and final.usage.completion_tokens == 40
     verifies = [entry for entry in runner.log if entry[0] == "verify"]
-    # 5 tokens a step (4 kept proposals and the model's next), but at the budget's end: 39 after the prefill's
-    assert [len(step[0]) for step in runner.verified] == [4] * 7 + [3] and len(verifies) == 8
+    # the first decode step a plain one, timed (step_costs.py); then 5 tokens a verification (4 kept
+    # proposals and the model's next), but at the budget's end: 38 after the prefill's and that step's
+    assert runner.bursts[0] == 1 and [entry[0] for entry in runner.log].index("burst") < runner.log.index(verifies[0])
+    assert [len(step[0]) for step in runner.verified] == [4] * 7 + [2] and len(verifies) == 8
     assert not [entry for entry in runner.log if entry[0] == "rewind"]
 
 
@@ -131,15 +133,15 @@ def test_wrong_proposals_are_forgotten_and_every_request_in_the_batch_gets_what_
 def test_a_request_whose_proposals_fail_pauses_them_and_decodes_in_bursts():
     """A prompt that holds every letter: the lookup proposes what follows the model's letter there, which the
     fake's model does not pick; after MISSES such steps the request decodes a burst of FIRST_PAUSE steps,
-    then after MISSES more one twice as long."""
+    then after MISSES more one twice as long (its first decode step a plain one, timed: step_costs.py)."""
     runner = FakeRunner(capacity=2)
     asks = [ask("abcdefghijklmnopqrstuvwxyz", 90)]
     ((tokens, _),) = served(runner, asks, SPECULATION)
     assert tokens == alone(asks[0].prompt_ids, 90)
     kinds = [entry[0] for entry in runner.log if entry[0] != "decode"]
     missed = ["verify", "rewind"] * MISSES
-    assert kinds[1 : 3 + 4 * MISSES] == [*missed, "burst", *missed, "burst"]
-    assert runner.bursts[:2] == [FIRST_PAUSE, 2 * FIRST_PAUSE]
+    assert kinds[1 : 4 + 4 * MISSES] == ["burst", *missed, "burst", *missed, "burst"]
+    assert runner.bursts[:3] == [1, FIRST_PAUSE, 2 * FIRST_PAUSE]
 
 
 def test_above_disable_by_batch_size_nothing_is_proposed():
@@ -380,30 +382,31 @@ def test_a_draft_model_that_is_sometimes_wrong_gives_every_request_what_it_gets_
     assert [entry for entry in draft.log if entry[0] == "rewind"] and [e for e in runner.log if e[0] == "rewind"]
 
 
-def test_a_request_whose_draft_keeps_failing_gives_its_draft_slot_back_and_prefills_it_again_on_resuming():
-    """A draft wrong at every id: after MISSES verifications the request pauses, its draft slot is released,
-    and when it proposes again its whole history is prefilled into a fresh slot."""
+def test_a_request_whose_draft_keeps_failing_keeps_its_draft_slot_through_its_pauses_and_catches_up():
+    """A draft wrong at every id: after MISSES verifications the request pauses; when it proposes again
+    its draft slot, prefilled once, is fed every id the history gained meanwhile in one run, and the
+    draft's proposals are still its greedy continuation of the request's true history."""
     draft = drafting(2, wrong_every=1)
     runner = CheckedTarget(2, draft)
     ((tokens, _),) = served(runner, [ask("abc", 60)], DRAFTING, draft)
     assert tokens == alone(tuple(b"abc"), 60) and not runner.mismatches
-    starts = [entry[2] for entry in draft.log if entry[0] == "start"]
-    assert len(starts) >= 2 and ("release", 0) in draft.log
-    assert all(start == (*b"abc", *tokens[: len(start) - 3]) for start in starts), "each start: the history so far"
-    assert runner.bursts[0] == FIRST_PAUSE
+    assert [entry[0] for entry in draft.log].count("start") == 1 and ("release", 0) in draft.log
+    assert runner.bursts[:2] == [1, FIRST_PAUSE]
+    assert any(len(step.get(0, ())) >= FIRST_PAUSE for step in draft.verified), "a pause's ids fed in one run"
 
 
 def test_step_costs_judge_a_verification_by_the_tokens_plain_steps_give_in_its_time():
     costs = StepCosts()
-    assert costs.verified(2, 10, 1.0) is None  # plain steps of 2 never timed
+    assert costs.probe(2) and costs.verified(2, 10, 1.0) is None  # plain steps of 2 never timed
     costs.ran_plain(2, 0.5)  # 2 tokens in 0.5 s: 4 a second
     assert costs.verified(2, 4, 1.0) is True and costs.verified(2, 3, 1.0) is False
     costs.ran_plain(2, 1.5)  # the average moves by SMOOTHING: 0.75
     assert costs.plain[2] == pytest.approx(0.5 + SMOOTHING * 1.0)
+    costs.ran_plain(2, 0.5)
     for _ in range(PROBE_EVERY):
         assert not costs.probe(2)
         costs.verified(2, 4, 1.0)
-    assert costs.probe(2) and not costs.probe(3)
+    assert costs.probe(2) and costs.probe(3)
 
 
 def kinds_of(runner: FakeRunner) -> list:
@@ -413,18 +416,16 @@ def kinds_of(runner: FakeRunner) -> list:
 
 def test_verifications_that_give_fewer_tokens_a_second_than_plain_steps_pause_the_request():
     """One proposal a verification, always kept (2 tokens), but a verification takes 3 plain steps' time:
-    PROBE_EVERY verifications are judged by what they keep, then one plain step is timed, and the next
-    MISSES verifications, which did not pay, pause the request for FIRST_PAUSE steps; then again, twice as
-    long. Its tokens are its tokens alone."""
+    the first decode step is a plain one, timed, and the MISSES verifications after it, which did not pay,
+    pause the request for FIRST_PAUSE steps; then again, twice as long. Its tokens are its tokens alone."""
     runner = FakeRunner(capacity=2)
     runner.verify_cost = 3.0
     slow = Speculation(num_speculative_tokens=1, prompt_lookup_max=3, disable_by_batch_size=4)
     ((tokens, _),) = served(runner, [copying("^hello world", 80)], slow)
     assert tokens == alone(tuple(b"^hello world"), 80)
     missed = ["verify"] * MISSES
-    probe = [*["verify"] * PROBE_EVERY, ("burst", 1)]
-    assert kinds_of(runner)[: len(probe) + 2 * (MISSES + 1)] == [
-        *probe,
+    assert kinds_of(runner)[: 1 + 2 * (MISSES + 1)] == [
+        ("burst", 1),
         *missed,
         ("burst", FIRST_PAUSE),
         *missed,
@@ -433,12 +434,29 @@ def test_verifications_that_give_fewer_tokens_a_second_than_plain_steps_pause_th
 
 
 def test_verifications_that_pay_go_on_with_a_plain_step_timed_now_and_then():
-    """Five tokens a verification at 1.5 plain steps' time: the request never pauses; every PROBE_EVERY
-    verifications one plain step is timed."""
+    """Five tokens a verification at 1.5 plain steps' time: the request never pauses; a plain step is timed
+    first, then again every PROBE_EVERY verifications."""
     runner = FakeRunner(capacity=2)
     runner.verify_cost = 1.5
     ((tokens, _),) = served(runner, [copying("^hello world", 110)], replace(SPECULATION, disable_by_batch_size=4))
     assert tokens == alone(tuple(b"^hello world"), 110)
     kinds = kinds_of(runner)
-    assert kinds[: PROBE_EVERY + 1] == [*["verify"] * PROBE_EVERY, ("burst", 1)]
+    assert kinds[: PROBE_EVERY + 2] == [("burst", 1), *["verify"] * PROBE_EVERY, ("burst", 1)]
     assert set(kinds) == {"verify", ("burst", 1)} and kinds.count("verify") > PROBE_EVERY + 1
+
+
+def test_with_a_draft_model_a_new_request_starts_with_the_pause_the_last_one_ended_with():
+    """Two requests one after the other whose draft is always wrong: the second's first misses pause it
+    for as long as the first's next pause would have been, not FIRST_PAUSE again (a draft's worth is the
+    pair's; prompt lookup's is each request's own, and each starts at FIRST_PAUSE)."""
+    draft = drafting(1, wrong_every=1)
+    runner = CheckedTarget(1, draft)
+    asks = [ask("abc", 60), ask("xyz", 50)]
+    outcomes = served(runner, asks, DRAFTING, draft)
+    assert [tokens for tokens, _ in outcomes] == [alone(a.prompt_ids, a.max_new_tokens) for a in asks]
+    assert not runner.mismatches  # the second's draft slot caught up after a pause longer than CATCH_UP
+    second = next(i for i, entry in enumerate(runner.log) if entry[0] == "start" and entry[1] == 1)
+    first_bursts = [entry[1] for entry in runner.log[:second] if entry[0] == "burst"]
+    assert first_bursts[:3] == [1, FIRST_PAUSE, 2 * FIRST_PAUSE]
+    learned = 2 * first_bursts[-1]
+    assert next(entry[1] for entry in runner.log[second:] if entry[0] == "burst") == learned > 2 * FIRST_PAUSE

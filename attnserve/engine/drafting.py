@@ -4,22 +4,20 @@ by as many greedy steps of its own; the target checks them in one run (engine._d
 
 The draft's slot of a request holds a prefix of the request's history (decoder prompt and output).
 A request's first proposal prefills its whole history there; later ones feed what the history gained
-since (its last token, or two where the target kept every proposal: the draft never ran its last
-one), then run the rest as decode steps of every proposing request together. After a verification
-the slot forgets the ids the target did not keep (SlotRunner.rewind). Only the requests proposing now
-hold a slot: one that stops proposing (paused, or a batch above disable_by_batch_size) gives its slot
-back, and prefills again when it next proposes. Knows nothing of runners' insides: keys and token ids.
+since (its last token; two where the target kept every proposal, the draft never having run its last
+one; more after a pause, CATCH_UP ids a run), then run the rest as steps of one id each. After a
+verification the slot forgets the ids the target did not keep (SlotRunner.rewind). A request keeps its
+draft slot until it ends. Every run is SlotRunner.verify's, a slot alone: a request that does not
+propose now (paused) is not run with the others. Knows nothing of runners' insides: keys and token ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
 from .seam import SlotRunner
 
-MAX_CATCH_UP = 32  # ids a held slot is fed at once before its proposal; more: it prefills again
+CATCH_UP = 64  # ids fed to a draft slot in one run, at most, as it catches up with its request's history
 
 
 class Drafts:
@@ -37,35 +35,27 @@ class Drafts:
 
     def propose(self, rooms: Mapping[int, tuple[list[int], int]]) -> dict[int, tuple[int, ...]]:
         """Each key's proposal (key -> its history and the most ids it may propose, at least 1): the
-        draft's greedy ids after its history. Every other key's slot is given back first."""
-        for key in [key for key in self.held if key not in rooms]:
-            self.release(key)
+        draft's greedy ids after its history."""
         if not rooms:
             return {}
-        for key, (history, _) in rooms.items():
-            if key in self.held and len(history) - self.held[key] > MAX_CATCH_UP:
-                self.release(key)
         drafted = self._prefilled({key: history for key, (history, _) in rooms.items() if key not in self.held})
         behind = {key: history[self.held[key] :] for key, (history, _) in rooms.items() if key not in drafted}
-        if behind:
-            fed = self.runner.verify(
-                {key: ids[0] for key, ids in behind.items()}, {k: tuple(i[1:]) for k, i in behind.items()}
+        while behind:
+            fed = {key: ids[:CATCH_UP] for key, ids in behind.items()}
+            verified = self.runner.verify(
+                {k: ids[0] for k, ids in fed.items()}, {k: tuple(i[1:]) for k, i in fed.items()}
             )
-            for key, ids in behind.items():
-                drafted[key] = [fed.tokens[key][-1]]
+            for key, ids in fed.items():
+                drafted[key] = [verified.tokens[key][-1]]
                 self.held[key] += len(ids)
-        steps = max(most for _, most in rooms.values()) - 1
-        if steps:
-
-            def take(keys: list[int], tokens: np.ndarray) -> bool:
-                for key, token in zip(keys, tokens.tolist()):
-                    drafted[key].append(token)
-                return False
-
-            ran = self.runner.decode_steps({key: ids[0] for key, ids in drafted.items()}, steps, take)
-            for key in drafted:
-                self.held[key] += ran
-        return {key: tuple(drafted[key][:most]) for key, (_, most) in rooms.items()}
+            behind = {key: ids[CATCH_UP:] for key, ids in behind.items() if len(ids) > CATCH_UP}
+        for step in range(1, max(most for _, most in rooms.values())):
+            going = {key: ids[-1] for key, ids in drafted.items() if rooms[key][1] > step}
+            verified = self.runner.verify(going, {})
+            for key in going:
+                drafted[key].append(verified.tokens[key][0])
+                self.held[key] += 1
+        return {key: tuple(ids) for key, ids in drafted.items()}
 
     def _prefilled(self, histories: dict[int, list[int]]) -> dict[int, list[int]]:
         """Each key's history prefilled into a fresh slot of the draft; by key, the draft's next id."""
@@ -88,7 +78,7 @@ class Drafts:
             self.held[key] = valid
 
     def release(self, key: int) -> None:
-        """The key's slot given back (its request ended, or proposes no more for now)."""
+        """The key's slot given back: its request ended."""
         if self.held.pop(key, None) is not None:
             self.runner.release(key)
 

@@ -55,7 +55,7 @@ from .outbox import LoopOutbox, Outbox
 from .seam import Logits, SlotRunner
 from .search import Search
 from .sequence import Caller, Event, Handle, Sequence, fits
-from .speculation import Lookup, Speculation
+from .speculation import FIRST_PAUSE, Lookup, Speculation
 from .step_costs import StepCosts
 from .step_plan import StepPlan, plan_decode
 
@@ -176,6 +176,9 @@ class Engine:
         `clock`: what times decode steps for speculation's costs (step_costs.py; a test's is its fake's)."""
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
         self.clock, self.costs = clock, StepCosts()
+        # with a draft model (whose worth is the pair's more than a request's): the pause a new request's first
+        # misses bring, the last one's at its end; prompt lookup's requests start at FIRST_PAUSE each
+        self.next_pause = FIRST_PAUSE
         speculation = limits.speculation
         assert (draft is not None) == (speculation is not None and speculation.model is not None), "a draft model"
         self.drafts = Drafts(draft, speculation.num_speculative_tokens) if draft and speculation else None
@@ -381,7 +384,7 @@ class Engine:
             fork.arrival, fork.admitted = sequence.arrival, sequence.admitted
         if self.limits.speculation is not None:
             for each in (sequence, *forks):
-                each.speculate(self.limits.speculation, self.spec)
+                each.speculate(self.limits.speculation, self.spec, self.next_pause)
         return [sequence, *forks]
 
     def _prefill(self) -> None:
@@ -612,6 +615,9 @@ class Engine:
         self._free(key)
 
     def _free(self, key: int) -> None:
+        holder = self._active.get(key)
+        if self.drafts is not None and isinstance(holder, Sequence) and holder.lookup is not None:
+            self.next_pause = holder.lookup.next_pause  # what its speculation learned of the draft
         self.slots.release(key)
         if self.drafts is not None:
             self.drafts.release(key)

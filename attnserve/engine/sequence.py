@@ -269,9 +269,10 @@ class Sequence:
         row = self.sampler.pass_row(banned, self.request.logprobs or 0)
         return row if row is None or allowed is None else replace(row, allowed=allowed)
 
-    def speculate(self, speculation: Speculation, spec: ModelSpec) -> None:
-        """Propose ids by prompt lookup from now on (speculation.py)."""
-        self.lookup = Lookup(speculation, (*spec.decoder_prompt(self.request.prompt_ids), *self.generated))
+    def speculate(self, speculation: Speculation, spec: ModelSpec, next_pause: int) -> None:
+        """Propose ids from now on (speculation.py), its first misses pausing it for `next_pause` steps."""
+        history = (*spec.decoder_prompt(self.request.prompt_ids), *self.generated)
+        self.lookup = Lookup(speculation, history, next_pause)
 
     def room(self) -> int:
         """The most ids it may propose after its next token: as many as leave its last token to the model

@@ -125,7 +125,8 @@ class Lookup:
     """One request's history (decoder prompt and output) indexed by its n-grams, and whether it
     proposes now."""
 
-    def __init__(self, speculation: Speculation, history: tuple[int, ...]):
+    def __init__(self, speculation: Speculation, history: tuple[int, ...], next_pause: int = FIRST_PAUSE):
+        """`next_pause`: the pause its first misses bring (the engine's: the last request's at its end)."""
         self.speculation = speculation
         self.sizes = range(speculation.prompt_lookup_max, speculation.prompt_lookup_min - 1, -1)
         self.tokens: list[int] = list(history)
@@ -134,7 +135,7 @@ class Lookup:
         # in a batch too large to speculate pays a list append a token, not its n-grams)
         self.misses = 0  # verifications in a row that kept no proposal
         self.pause = 0  # decode steps left before it proposes again
-        self.next_pause = FIRST_PAUSE
+        self.next_pause = next_pause
         self.proposed = 0  # ids proposed and kept, for the request's metrics
         self.accepted = 0
 

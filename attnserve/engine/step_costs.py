@@ -5,9 +5,9 @@ picks) gives more tokens a second than plain decode steps of the same batch: a d
 than its acceptance makes up for, or a proposal that keeps little, loses speed even where it keeps
 something. The engine times every plain step (a burst's, per step) and every verification, and a
 verification that gave fewer tokens than plain steps would have in its time counts as a miss for its
-requests (speculation.Lookup.record: two in a row pause them). A batch size whose plain steps have not
-been timed since PROBE_EVERY verifications runs one plain step to find out (the first verifications
-are judged by what they kept alone). No thresholds to tune: the two sides' own times.
+requests (speculation.Lookup.record: two in a row pause them). A batch size whose plain step was never
+timed, or not since PROBE_EVERY verifications, runs one plain step to find out. No thresholds to tune:
+the two sides' own times.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ class StepCosts:
         self.since[batch] = 0
 
     def probe(self, batch: int) -> bool:
-        """A plain step of this batch size is due, to time it."""
-        return self.since.get(batch, 0) >= PROBE_EVERY
+        """A plain step of this batch size is due, to time it: it never ran, or not for PROBE_EVERY
+        verifications."""
+        return batch not in self.plain or self.since.get(batch, 0) >= PROBE_EVERY
 
     def verified(self, batch: int, tokens: int, seconds: float) -> bool | None:
         """A verification of `batch` requests gave `tokens` in `seconds`: whether that is at least what
