@@ -445,10 +445,11 @@ def test_verifications_that_pay_go_on_with_a_plain_step_timed_now_and_then():
     assert set(kinds) == {"verify", ("burst", 1)} and kinds.count("verify") > PROBE_EVERY + 1
 
 
-def test_with_a_draft_model_a_new_request_starts_with_the_pause_the_last_one_ended_with():
-    """Two requests one after the other whose draft is always wrong: the second's first misses pause it
-    for as long as the first's next pause would have been, not FIRST_PAUSE again (a draft's worth is the
-    pair's; prompt lookup's is each request's own, and each starts at FIRST_PAUSE)."""
+def test_with_a_draft_model_a_new_request_goes_on_with_the_pauses_the_last_one_ended_with():
+    """Two requests one after the other whose draft is always wrong: the second waits out what the first
+    left of its pause, and its first misses pause it for as long as the first's next misses would have,
+    not FIRST_PAUSE again (a draft's worth is the pair's; prompt lookup's is each request's own, and each
+    starts afresh)."""
     draft = drafting(1, wrong_every=1)
     runner = CheckedTarget(1, draft)
     asks = [ask("abc", 60), ask("xyz", 50)]
@@ -456,7 +457,11 @@ def test_with_a_draft_model_a_new_request_starts_with_the_pause_the_last_one_end
     assert [tokens for tokens, _ in outcomes] == [alone(a.prompt_ids, a.max_new_tokens) for a in asks]
     assert not runner.mismatches  # the second's draft slot caught up after a pause longer than CATCH_UP
     second = next(i for i, entry in enumerate(runner.log) if entry[0] == "start" and entry[1] == 1)
-    first_bursts = [entry[1] for entry in runner.log[:second] if entry[0] == "burst"]
-    assert first_bursts[:3] == [1, FIRST_PAUSE, 2 * FIRST_PAUSE]
-    learned = 2 * first_bursts[-1]
-    assert next(entry[1] for entry in runner.log[second:] if entry[0] == "burst") == learned > 2 * FIRST_PAUSE
+    asked = [entry[1] for entry in runner.log[:second] if entry[0] == "burst"]  # the steps each burst was let run
+    # the first decode step a plain one, timed; then MISSES misses before each pause, 8, 16, then 32, cut
+    # short by the request's end: 60 = 1 (prefill) + 1 + 3 x MISSES + 8 + 16 + 28 of 32
+    assert asked == [1, FIRST_PAUSE, 2 * FIRST_PAUSE, 4 * FIRST_PAUSE] and runner.bursts[3] == 28
+    then = [
+        entry[0] if entry[0] != "burst" else entry for entry in runner.log[second:] if entry[0] in ("verify", "burst")
+    ]
+    assert then[: 2 + MISSES] == [("burst", 32 - 28), *["verify"] * MISSES, ("burst", 8 * FIRST_PAUSE)]

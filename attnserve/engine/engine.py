@@ -176,9 +176,10 @@ class Engine:
         `clock`: what times decode steps for speculation's costs (step_costs.py; a test's is its fake's)."""
         self.slots, self.tokenizer, self.limits = slots, tokenizer, limits
         self.clock, self.costs = clock, StepCosts()
-        # with a draft model (whose worth is the pair's more than a request's): the pause a new request's first
-        # misses bring, the last one's at its end; prompt lookup's requests start at FIRST_PAUSE each
-        self.next_pause = FIRST_PAUSE
+        # with a draft model (whose worth is the pair's more than a request's), a new request goes on where
+        # the last one's speculation ended: what was left of its pause, and the pause its next misses bring;
+        # prompt lookup's requests start unpaused at FIRST_PAUSE each
+        self.next_pause, self.pause_left = FIRST_PAUSE, 0
         speculation = limits.speculation
         assert (draft is not None) == (speculation is not None and speculation.model is not None), "a draft model"
         self.drafts = Drafts(draft, speculation.num_speculative_tokens) if draft and speculation else None
@@ -384,7 +385,7 @@ class Engine:
             fork.arrival, fork.admitted = sequence.arrival, sequence.admitted
         if self.limits.speculation is not None:
             for each in (sequence, *forks):
-                each.speculate(self.limits.speculation, self.spec, self.next_pause)
+                each.speculate(self.limits.speculation, self.spec, self.next_pause, self.pause_left)
         return [sequence, *forks]
 
     def _prefill(self) -> None:
@@ -617,7 +618,7 @@ class Engine:
     def _free(self, key: int) -> None:
         holder = self._active.get(key)
         if self.drafts is not None and isinstance(holder, Sequence) and holder.lookup is not None:
-            self.next_pause = holder.lookup.next_pause  # what its speculation learned of the draft
+            self.next_pause, self.pause_left = holder.lookup.next_pause, holder.lookup.pause  # of the draft
         self.slots.release(key)
         if self.drafts is not None:
             self.drafts.release(key)

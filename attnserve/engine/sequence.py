@@ -269,10 +269,11 @@ class Sequence:
         row = self.sampler.pass_row(banned, self.request.logprobs or 0)
         return row if row is None or allowed is None else replace(row, allowed=allowed)
 
-    def speculate(self, speculation: Speculation, spec: ModelSpec, next_pause: int) -> None:
-        """Propose ids from now on (speculation.py), its first misses pausing it for `next_pause` steps."""
+    def speculate(self, speculation: Speculation, spec: ModelSpec, next_pause: int, pause: int) -> None:
+        """Propose ids (speculation.py) once `pause` steps have passed, its first misses pausing it for
+        `next_pause` steps."""
         history = (*spec.decoder_prompt(self.request.prompt_ids), *self.generated)
-        self.lookup = Lookup(speculation, history, next_pause)
+        self.lookup = Lookup(speculation, history, next_pause, pause)
 
     def room(self) -> int:
         """The most ids it may propose after its next token: as many as leave its last token to the model

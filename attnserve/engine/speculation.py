@@ -125,8 +125,11 @@ class Lookup:
     """One request's history (decoder prompt and output) indexed by its n-grams, and whether it
     proposes now."""
 
-    def __init__(self, speculation: Speculation, history: tuple[int, ...], next_pause: int = FIRST_PAUSE):
-        """`next_pause`: the pause its first misses bring (the engine's: the last request's at its end)."""
+    def __init__(
+        self, speculation: Speculation, history: tuple[int, ...], next_pause: int = FIRST_PAUSE, pause: int = 0
+    ):
+        """`next_pause`: the pause its first misses bring; `pause`: the steps it waits before it first
+        proposes (with a draft model, the engine's: what the last request left of them at its end)."""
         self.speculation = speculation
         self.sizes = range(speculation.prompt_lookup_max, speculation.prompt_lookup_min - 1, -1)
         self.tokens: list[int] = list(history)
@@ -134,7 +137,7 @@ class Lookup:
         self.indexed = 0  # the ids `follows` has seen: it is brought up to date when asked (a request
         # in a batch too large to speculate pays a list append a token, not its n-grams)
         self.misses = 0  # verifications in a row that kept no proposal
-        self.pause = 0  # decode steps left before it proposes again
+        self.pause = pause  # decode steps left before it proposes again
         self.next_pause = next_pause
         self.proposed = 0  # ids proposed and kept, for the request's metrics
         self.accepted = 0
