@@ -31,7 +31,7 @@ MAX_SPECULATIVE_TOKENS = 16  # proposals one step checks, at most
 MAX_LOOKUP = 16  # the longest n-gram looked up
 KEYS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
 NUMBERS = ("num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "disable_by_batch_size")
-MISSES = 2  # verifications in a row that keep nothing before a request pauses its proposals
+MISSES = 2  # verifications in a row that keep nothing (or do not pay) before a request pauses its proposals
 FIRST_PAUSE = 8  # decode steps of the first pause; each pause after another miss is twice the last
 LONGEST_PAUSE = 256
 
@@ -123,7 +123,7 @@ def method_and_model(given: dict) -> tuple[str, str | None]:
 
 class Lookup:
     """One request's history (decoder prompt and output) indexed by its n-grams, and whether it
-    proposes now."""
+    proposes now (with a draft model, the history the draft's slot follows, and the same pauses)."""
 
     def __init__(
         self, speculation: Speculation, history: tuple[int, ...], next_pause: int = FIRST_PAUSE, pause: int = 0
@@ -136,7 +136,7 @@ class Lookup:
         self.follows: dict[tuple[int, ...], int] = {}  # n-gram -> where the id after its latest occurrence is
         self.indexed = 0  # the ids `follows` has seen: it is brought up to date when asked (a request
         # in a batch too large to speculate pays a list append a token, not its n-grams)
-        self.misses = 0  # verifications in a row that kept no proposal
+        self.misses = 0  # verifications in a row that kept no proposal or did not pay
         self.pause = pause  # decode steps left before it proposes again
         self.next_pause = next_pause
         self.proposed = 0  # ids proposed and kept, for the request's metrics
