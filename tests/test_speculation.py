@@ -204,15 +204,16 @@ def served_with_logprobs(
             engine.start()
             results = []
             for handle in handles:
-                ids, logprobs = [], []
-                while not results or len(results) < handles.index(handle) + 1:
+                ids, logprobs, final = [], [], None
+                while final is None:
                     for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
                         assert not isinstance(event, Exception), event
                         if isinstance(event, Delta):
                             ids += event.token_ids
                             logprobs += event.logprobs
                         else:
-                            results.append((ids, logprobs, event.reason, event.text, event.usage, event.speculated))
+                            final = event
+                results.append((ids, logprobs, final.reason, final.text, final.usage, final.speculated))
             return results
 
     return asyncio.run(main())

@@ -27,8 +27,7 @@ wakes its caller, and crosses to the front end from the engine core's process, o
 once per token: the interval is paced here alone. With --speculative-config, a request proposes its
 next ids by prompt lookup (speculation.py) or a draft model's greedy steps (drafting.py), and a step
 verifies them instead (SlotRunner.verify), the request taking 1 to k + 1 tokens in it, each the one it
-picks without speculation. ONNX Runtime
-releases the GIL while it runs.
+picks without speculation. ONNX Runtime releases the GIL while it runs.
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ class EngineLimits:
     max_batch: int  # requests decoded together in one step
     max_queue: int | None  # requests waiting for a batch slot before submit raises QueueFull; None: no bound
     max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
-    speculation: Speculation | None  # --speculative-config: prompt lookup (speculation.py); None: off
+    speculation: Speculation | None  # --speculative-config: prompt lookup or a draft model (speculation.py); None: off
 
 
 class EngineObserver:
