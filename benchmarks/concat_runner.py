@@ -70,8 +70,10 @@ class ConcatRunner:
         self.cache.append(present, mask)
         return Logits(keys, np.asarray(logits[:, -1], np.float32))
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
-        return stepwise(self, next_ids, steps, enough, bans)
+    def decode_steps(
+        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+    ) -> int:
+        return stepwise(self, next_ids, steps, enough, bans, ahead)
 
     def verify(
         self,

@@ -21,7 +21,7 @@ over --repeats with min and max; the load average before and after says whether 
 busy. Prints a table, then one JSON object last. Torch-free.
 
     python -m benchmarks.engine_cost --model models/small-1k-bpe [--concurrency 1,16]
-        [--intervals 1,8,unary] [--new-tokens 256] [--repeats 5] [--threads 1] [--out F.json]
+        [--intervals 1,8,unary] [--new-tokens 256] [--repeats 5] [--threads 1] [--run-ahead auto] [--out F.json]
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ def interval_of(text: str) -> StreamInterval | None:
     return StreamInterval(int(text))
 
 
-async def read(engine: EngineCalls, prompt: list[int], new_tokens: int, interval: StreamInterval | None) -> int:
+async def read(
+    engine: EngineCalls, prompt: list[int], new_tokens: int, interval: StreamInterval | None, ignore_eos: bool = False
+) -> int:
     """One request's stream, read as the servicer reads it; the number of tokens it produced."""
-    handle = engine.submit(GenerationRequest("bench", tuple(prompt), new_tokens, interval=interval))
+    request = GenerationRequest("bench", tuple(prompt), new_tokens, interval=interval, ignore_eos=ignore_eos)
+    handle = engine.submit(request)
     tokens = 0
     while True:
         events = await handle.next_events()
@@ -95,10 +98,16 @@ async def read(engine: EngineCalls, prompt: list[int], new_tokens: int, interval
 
 
 async def run_engine(
-    engine: EngineCalls, batch: list[list[int]], new_tokens: int, interval: StreamInterval | None
+    engine: EngineCalls,
+    batch: list[list[int]],
+    new_tokens: int,
+    interval: StreamInterval | None,
+    ignore_eos: bool = False,
 ) -> dict[str, float]:
+    """Every prompt of `batch` at once (each `ignore_eos`: to its length); its tokens, seconds and tokens/s."""
     start = time.perf_counter()
-    tokens = sum(await asyncio.gather(*(read(engine, prompt, new_tokens, interval) for prompt in batch)))
+    reads = (read(engine, prompt, new_tokens, interval, ignore_eos) for prompt in batch)
+    tokens = sum(await asyncio.gather(*reads))
     seconds = time.perf_counter() - start
     return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
 
@@ -111,12 +120,19 @@ def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
 
 
 async def measure(
-    model: ModelSessions, levels: list[int], intervals: list[str], new_tokens: int, repeats: int, threads: int
+    model: ModelSessions,
+    levels: list[int],
+    intervals: list[str],
+    new_tokens: int,
+    repeats: int,
+    threads: int,
+    run_ahead: str = "auto",
 ) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
-    limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0, speculation=None)
-    engine = Engine(open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels)), tokenizer, limits)
+    limits = EngineLimits(max(levels), max(levels), 0, None, run_ahead)
+    runner = open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels), run_ahead=run_ahead)
+    engine = Engine(runner, tokenizer, limits)
     engine.start()
     config = ServerConfig(
         model=str(model.model_dir),
@@ -126,6 +142,7 @@ async def measure(
         max_queue=max(levels),
         prefill_chunk=PROMPT_TOKENS * max(levels),
         engine_core="process",
+        run_ahead=run_ahead,
     )
     core = EngineClient(config.core(), EngineObserver(), config.stream_buffer_events)
     core.start()
@@ -188,13 +205,14 @@ def parse_args(p: argparse.ArgumentParser, argv: list[str] | None) -> tuple[argp
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What the result JSON records of the run's flags."""
-    keys = ("model", "new_tokens", "threads", "repeats")
-    return {"prompt_tokens": PROMPT_TOKENS, **{key: getattr(args, key) for key in keys}}
+    keys = ("model", "new_tokens", "threads", "repeats", "run_ahead")
+    return {"prompt_tokens": PROMPT_TOKENS, **{key: getattr(args, key) for key in keys if key in vars(args)}}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--intervals", default="1", help="comma-separated stream intervals in tokens per message, or unary")
+    p.add_argument("--run-ahead", default="auto", choices=("auto", "on", "off"), help="the engines' --run-ahead")
     args, model = parse_args(p, argv)
     stamp = Stamp.start(provider="cpu")
     intervals = args.intervals.split(",")
@@ -203,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             interval_of(interval)  # refused before any side runs, not in the middle of the run
     except ValueError as e:
         p.error(str(e))
-    rows = asyncio.run(measure(model, args.levels, intervals, args.new_tokens, args.repeats, args.threads))
+    rows = asyncio.run(
+        measure(model, args.levels, intervals, args.new_tokens, args.repeats, args.threads, args.run_ahead)
+    )
     result = {**settings(args), "rows": rows}
     report(result, stamp, args.out, None, print_table, title=TITLE)
     return 0

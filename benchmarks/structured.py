@@ -93,7 +93,9 @@ async def measure(model: ModelSessions, levels: list[int], new_tokens: int, repe
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     grammar = compile_grammar("json_schema", json.dumps(SCHEMA), tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
-    limits = EngineLimits(max_batch=max(levels), max_queue=max(levels), max_buffered=0, speculation=None)
+    limits = EngineLimits(
+        max_batch=max(levels), max_queue=max(levels), max_buffered=0, speculation=None, run_ahead="off"
+    )
     engine = Engine(open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels)), tokenizer, limits)
     engine.start()
     rows = []

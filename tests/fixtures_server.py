@@ -156,6 +156,7 @@ def start_server(model_dir, **overrides) -> ServerThread:
         "drain_timeout": 5.0,
         "engine_core": "thread",  # the tests look at the engine and pace its steps (test_engine_core.py: a process)
         "logits_pass": "on",  # every row the pass can pick (auto passes none of a tiny vocabulary on the CPU)
+        "run_ahead": "on",  # every burst one step ahead: the one-step lag under every test (auto: by the engine's time)
         "log_stats_interval": 0.0,  # no periodic stats lines from the tests' servers (test_server_observability.py)
     }
     config = ServerConfig(model=str(model_dir), **{**defaults, **overrides})

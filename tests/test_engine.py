@@ -91,6 +91,7 @@ class FakeRunner:
         self.pause_at = 0  # the decode call (counting from 1) that finds the gate closed; 0: none
         self.decodes = 0
         self.bursts: list[int] = []  # the steps each decode_steps call ran
+        self.aheads: list[bool] = []  # whether each decode_steps call was asked to run ahead
         self.sampled: list[frozenset[int]] = []  # the keys each decode call was told sample
         self.verified_rows: list[frozenset[int]] = []  # the keys each verify call was told sample
         self.verified: list[dict[int, tuple[int, ...]]] = []  # each verify call's proposals
@@ -174,10 +175,14 @@ class FakeRunner:
         rows[stale] = np.nan
         return Logits(logits.keys, rows, greedy_tokens(logits, bans or {}))
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
-        """Step by step through decode() (its gate and log), as a runner without a faster way does."""
+    def decode_steps(
+        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+    ) -> int:
+        """Step by step through decode() (its gate and log), as a runner without a faster way does; with
+        `ahead`, in a run-ahead runner's order (each step run before the one before is taken)."""
         self.log.append(("burst", steps))
-        ran = stepwise(self, next_ids, steps, enough, bans)
+        self.aheads.append(ahead)
+        ran = stepwise(self, next_ids, steps, enough, bans, ahead)
         self.bursts.append(ran)
         return ran
 
@@ -229,9 +234,15 @@ class FakeRunner:
 
 @contextmanager
 def running(
-    runner: FakeRunner, max_queue: int = 16, speculation: Speculation | None = None, draft: FakeRunner | None = None
+    runner: FakeRunner,
+    max_queue: int = 16,
+    speculation: Speculation | None = None,
+    draft: FakeRunner | None = None,
+    run_ahead: str = "off",
 ):
-    limits = EngineLimits(runner.capacity, max_queue, 0, speculation)
+    """The engine over `runner` (its clock the runner's), stopped after; bursts never run ahead unless
+    `run_ahead` says (tests/test_run_ahead.py: the one-step lag)."""
+    limits = EngineLimits(runner.capacity, max_queue, 0, speculation, run_ahead)
     engine = Engine(runner, TOKENIZER, limits, draft=draft, clock=lambda: runner.now)
     try:
         yield engine
@@ -350,7 +361,7 @@ def test_a_released_queued_request_ends_cancelled_at_once_counted_and_never_star
     observer = Counted()
 
     async def main():
-        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None), observer)
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None, "off"), observer)
         try:
             long, queued = engine.submit(ask("long", 50)), engine.submit(ask("queued", 3))
             engine.start()
@@ -513,9 +524,9 @@ async def deltas(handle) -> tuple[list[tuple[int, ...]], str, Final]:
             handed.append(event.token_ids)
 
 
-async def deltas_of_all(runner: FakeRunner, asks: list[GenerationRequest]) -> list:
+async def deltas_of_all(runner: FakeRunner, asks: list[GenerationRequest], run_ahead: str = "off") -> list:
     """`asks` submitted together to an engine over `runner`, then each one's deltas()."""
-    with running(runner) as engine:
+    with running(runner, run_ahead=run_ahead) as engine:
         handles = [engine.submit(a) for a in asks]
         engine.start()
         return [await deltas(h) for h in handles]
@@ -647,17 +658,20 @@ def test_a_unary_call_with_a_stop_string_ends_its_burst_at_the_step_that_complet
     assert runner.bursts[0] == 4  # tokens 2 to 5 (the first came from the prefill)
 
 
-@pytest.mark.parametrize("news", ["cancel", "deadline", "arrival"])
-def test_a_cancel_a_deadline_or_an_arrival_ends_a_burst_after_the_step_under_way(monkeypatch, news):
-    """A burst looks at its callers after every step: a request cancelled or past its deadline during a
-    step ends with that step's token, and a queued request with a free slot is admitted after it."""
+@pytest.mark.parametrize("run_ahead", ["off", "on"])
+@pytest.mark.parametrize("news", ["cancel", "deadline", "abort", "arrival"])
+def test_a_cancel_a_deadline_or_an_arrival_ends_a_burst_after_the_step_under_way(monkeypatch, news, run_ahead):
+    """A burst looks at its callers after every step: a request cancelled, aborted or past its deadline during
+    a step ends with that step's token, and a queued request with a free slot is admitted after it. Run
+    ahead (tests/test_run_ahead.py), the step after it has run too (seam.SlotRunner's lag): what it ends
+    never shows that step's token, and an arrival is admitted after it."""
     clock = Clock()
     monkeypatch.setattr(engine_module, "time", clock)
     runner = FakeRunner(capacity=2)
     runner.gate.clear()
 
     async def main():
-        with running(runner) as engine:
+        with running(runner, run_ahead=run_ahead) as engine:
             long = engine.submit(GenerationRequest("l", tuple(b"long"), 50, deadline=clock.now + 5, interval=None))
             engine.start()
             await at_gate(runner)  # its first token came with its prefill; a burst's first step waits
@@ -666,21 +680,26 @@ def test_a_cancel_a_deadline_or_an_arrival_ends_a_burst_after_the_step_under_way
                 engine.release(long)
             elif news == "deadline":
                 clock.now += 10
+            elif news == "abort":
+                engine.abort()
             else:
                 late = engine.submit(GenerationRequest("n", tuple(b"new"), 3, interval=None))
             runner.gate.set()
             return await outcome(long), late and await outcome(late)
 
     (tokens, final), late = asyncio.run(main())
-    first = runner.log.index(("burst", engine_module.MAX_BURST))
-    assert runner.log[first + 1][0] == "decode" and runner.log[first + 2][0] != "decode", runner.log
+    first = next(i for i, entry in enumerate(runner.log) if entry[0] == "burst")
+    ran = 2 if run_ahead == "on" else 1
+    after = first + 1 + ran
+    assert [entry[0] for entry in runner.log[first + 1 : after + 1]] == ["decode"] * ran + [runner.log[after][0]]
+    assert runner.log[after][0] != "decode" and runner.bursts[0] == ran, runner.log
     if news == "arrival":
-        assert runner.log[first + 2][:2] == ("start", 1) and late[0] == alone(tuple(b"new"), 3)
+        assert runner.log[after][:2] == ("start", 1) and late[0] == alone(tuple(b"new"), 3)
         assert tokens == alone(tuple(b"long"), 50) and final.reason == FinishReason.LENGTH
     else:
-        reason = FinishReason.CANCELLED if news == "cancel" else FinishReason.DEADLINE
-        assert isinstance(final, Final) and final.reason == reason and len(tokens) == 2
-        assert runner.log[first + 2][0] == "release"
+        reason = FinishReason.DEADLINE if news == "deadline" else FinishReason.CANCELLED
+        assert isinstance(final, Final) and final.reason == reason and tokens == alone(tuple(b"long"), 2)
+        assert final.usage.completion_tokens == 2 and runner.log[after][0] == "release"
 
 
 def test_a_sampling_request_in_the_batch_means_one_step_at_a_time():
@@ -723,7 +742,7 @@ def test_a_stream_in_a_burst_gets_each_token_as_its_step_ends():
             return early, unary_early, await outcome(stream), await outcome(unary)
 
     early, unary_early, (tokens, _), (unary_tokens, _) = asyncio.run(main())
-    first = runner.log.index(("burst", engine_module.MAX_BURST))
+    first = next(i for i, entry in enumerate(runner.log) if entry[0] == "burst")
     assert runner.log[first + 1 : first + 4] == [("decode", (0, 1))] * 3  # one burst, paused at its third step
     assert early == alone(tuple(b"stream"), 3) and unary_early == 0
     assert early + tokens == alone(tuple(b"stream"), 20) and unary_tokens == alone(tuple(b"unary"), 20)
@@ -750,7 +769,7 @@ def test_a_request_that_ends_in_a_burst_is_freed_before_its_final_goes_out(inter
 
     async def main():
         outbox = FinalsAfterFree()
-        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None), outbox=outbox)
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None, "off"), outbox=outbox)
         try:
             handle = engine.submit(GenerationRequest("e", tuple(b"ends"), 5, interval=interval))
             engine.start()

@@ -173,6 +173,16 @@ def test_decode_steps_replayed_as_cuda_graphs_decode_what_the_plain_steps_decode
     assert np.array_equal(continuous_greedy(fresh, prompts, arrivals, 48, ids_only=True), want)  # only ids back
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_run_ahead_on_cuda_decodes_the_steps_without(tiny_float16_model_dir, graphs):
+    """A burst's steps on the run-ahead thread (CUDA graphs replayed from it, or node by node): each
+    step's tokens those of a twin runner without run-ahead, and the slots where they should be."""
+    from test_run_ahead import bursts_both_ways
+
+    seen = bursts_both_ways(ModelSessions(tiny_float16_model_dir, "cuda", threads=1, cuda_graphs=graphs))
+    assert seen[True] == seen[False] and len(seen[True]) == 9
+
+
 def test_a_mixed_step_on_cuda_reads_the_sampling_rows_logits_exactly(tiny_float16_model_dir):
     """Two servers' decoders (CUDA graphs on): decode_picked(rows=[1]) gives every row's greedy token
     and row 1's logits equal to a full decode's from the same state."""

@@ -165,6 +165,7 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--intra-op-spinning", ["--intra-op-spinning", "fast"], "invalid choice: 'fast'"),
         ("--no-cuda-graphs", ["--no-cuda-graphs=yes"], "--no-cuda-graphs"),
         ("--logits-pass", ["--logits-pass", "gpu"], "invalid choice: 'gpu'"),
+        ("--run-ahead", ["--run-ahead", "always"], "invalid choice: 'always'"),
         (
             "--speculative-config",
             ["--speculative-config", '{{"num_speculative_tokens": 0}}'],

@@ -453,15 +453,15 @@ def test_with_a_draft_model_a_new_request_goes_on_with_the_pauses_the_last_one_e
     starts afresh)."""
     draft = drafting(1, wrong_every=1)
     runner = CheckedTarget(1, draft)
-    asks = [ask("abc", 60), ask("xyz", 50)]
+    asks = [ask("abc", 60), ask("xyz", 90)]  # room for the second's next pause (a burst stops at a budget's end)
     outcomes = served(runner, asks, DRAFTING, draft)
     assert [tokens for tokens, _ in outcomes] == [alone(a.prompt_ids, a.max_new_tokens) for a in asks]
     assert not runner.mismatches  # the second's draft slot caught up after a pause longer than CATCH_UP
     second = next(i for i, entry in enumerate(runner.log) if entry[0] == "start" and entry[1] == 1)
     asked = [entry[1] for entry in runner.log[:second] if entry[0] == "burst"]  # the steps each burst was let run
     # the first decode step a plain one, timed; then MISSES misses before each pause, 8, 16, then 32, cut
-    # short by the request's end: 60 = 1 (prefill) + 1 + 3 x MISSES + 8 + 16 + 28 of 32
-    assert asked == [1, FIRST_PAUSE, 2 * FIRST_PAUSE, 4 * FIRST_PAUSE] and runner.bursts[3] == 28
+    # short by the request's budget (no burst runs past one): 60 = 1 (prefill) + 1 + 3 x MISSES + 8 + 16 + 28
+    assert asked == [1, FIRST_PAUSE, 2 * FIRST_PAUSE, 28] and runner.bursts[3] == 28
     then = [
         entry[0] if entry[0] != "burst" else entry for entry in runner.log[second:] if entry[0] in ("verify", "burst")
     ]

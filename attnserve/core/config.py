@@ -33,6 +33,7 @@ class CoreConfig:
     log_format: str = "text"  # the core's log lines: text, or JSON lines (core/log_lines.py)
     nice: int = 0  # how much lower the core process's CPU priority is than the front end's (process.py)
     logits_pass: str = "auto"  # which rows the batched logits pass picks: auto, on or off (runtime/logits_pass.py)
+    run_ahead: str = "auto"  # whether a burst's next step runs while the engine takes the last's: auto, on, off
     speculation: Speculation | None = None  # --speculative-config (engine/speculation.py); None: off
 
     @property

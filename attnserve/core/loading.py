@@ -85,7 +85,13 @@ def load_model(config: CoreConfig) -> LoadedModel:
     try:
         capacity = arena_capacity(runner, config.max_batch, config.kv_cache_memory)
         slots = open_slot_runner(
-            runner, capacity, config.prefill_chunk, config.prefix_cache, config.prefix_cache_memory, config.logits_pass
+            runner,
+            capacity,
+            config.prefill_chunk,
+            config.prefix_cache,
+            config.prefix_cache_memory,
+            config.logits_pass,
+            config.run_ahead,
         )
     except ValueError as e:
         raise StartupError(str(e)) from None

@@ -46,13 +46,14 @@ def core_engine(
     delay_ms: int,
     outbox: Outbox | None = None,
     speculation: Speculation | None = None,
+    run_ahead: str = "auto",
 ) -> Engine:
     """The engine of the core's process, delivering to `writer` (through `outbox`, which hands on to it,
     where one is given). The queue's bound is the front end's alone (requests in flight <= slots +
     --max-queue, core/client.py): this queue holds what the front end accepted. Slow readers are the
     front end's too. `delay_ms`: a test's brake on every step, which run_core read (slow_steps.py);
-    `speculation`: --speculative-config's."""
-    limits = EngineLimits(loaded.capacity, max_queue=None, max_buffered=0, speculation=speculation)
+    `speculation`: --speculative-config's; `run_ahead`: --run-ahead's."""
+    limits = EngineLimits(loaded.capacity, None, 0, speculation, run_ahead)
     observer = slowed(writer.recorder, delay_ms)
     return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer, loaded.draft)
 
@@ -115,7 +116,7 @@ def run_core(config: CoreConfig, path: str) -> None:
         return
     writer = StepWriter(channel, Recorder())
     outbox, end_tracing = traced(writer, config, loaded)
-    engine = core_engine(loaded, writer, delay, outbox, config.speculation)
+    engine = core_engine(loaded, writer, delay, outbox, config.speculation, config.run_ahead)
     runner = loaded.runner
     slots = loaded.slots
     log.info(

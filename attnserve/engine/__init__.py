@@ -5,7 +5,8 @@ engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, e
 mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structured output) and
 detokenizer.py (its text, with stop strings). step_plan.py: the scheduler's decision for a step's
 decoding, a value (one step, a burst, or a verification). burst.py: greedy decode steps run back to
-back, and when each request takes its tokens. speculation.py: --speculative-config, prompt lookup's
+back, and when each request takes its tokens; ahead_rule.py: when a burst runs ahead (its next step computed
+while the engine takes the last one's tokens). speculation.py: --speculative-config, prompt lookup's
 proposals and a request's pauses; drafting.py: a draft model's proposals, from its own runner;
 step_costs.py: whether a verification gave more tokens a second than plain steps.
 beam_group.py: a beam search request's k slots, whose beams beam_search.py picks (pure numpy, as

@@ -29,7 +29,7 @@ class Burst:
         """`sequences`: the batch by key; `emit`: where a request's events go as it takes its tokens;
         `fail`: told of a request whose own work raised (it takes no more tokens; the burst goes on)."""
         self.sequences, self.emit, self.fail = sequences, emit, fail
-        self.failed: set[int] = set()
+        self.closed: set[int] = set()  # keys that take no more tokens: failed, or ended by the step boundary
         self.ends = frozenset().union(*(sequence.ends for sequence in sequences.values()))
         self.tokens: list[list[int]] = []  # each step's tokens, in the runner's row order
         self.times: list[float] = []  # when each step's tokens came (perf_counter)
@@ -56,6 +56,12 @@ class Burst:
             ended = self._take(key) or ended
         return ended or not self.ends.isdisjoint(tokens)
 
+    def close(self, keys: list[int]) -> None:
+        """`keys` take their tokens so far and none after (the step boundary ends them: cancelled or expired)."""
+        for key in keys:
+            self._take(key)
+            self.closed.add(key)
+
     def finish(self) -> None:
         """Every request takes the rest of its tokens."""
         for key in self.sequences:
@@ -69,7 +75,7 @@ class Burst:
 
     def _take(self, key: int) -> bool:
         """`key` takes its tokens since the last time; True if it ended (its later tokens are dropped)."""
-        if key in self.failed:
+        if key in self.closed:
             return False
         sequence, row = self.sequences[key], self.rows[key]
         for step in range(self.taken[key], len(self.tokens)):
@@ -78,7 +84,7 @@ class Burst:
             try:
                 self.emit(sequence, sequence.advance(self.tokens[step][row], self.times[step]))
             except Exception as error:  # noqa: BLE001 -- its text or stops raised: it alone ends (logged by fail)
-                self.failed.add(key)
+                self.closed.add(key)
                 self.fail(sequence, error)
                 return True
             self.gaps.append(sequence.token_gap)

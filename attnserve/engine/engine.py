@@ -46,6 +46,7 @@ from typing import Protocol, cast
 import numpy as np
 
 from ..tokenizer import Tokenizer
+from .ahead_rule import runs_ahead
 from .beam_group import BeamGroup, BeamMember
 from .burst import Burst
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
@@ -80,6 +81,7 @@ class EngineLimits:
     max_queue: int | None  # requests waiting for a batch slot before submit raises QueueFull; None: no bound
     max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
     speculation: Speculation | None  # --speculative-config: prompt lookup or a draft model (speculation.py); None: off
+    run_ahead: str  # --run-ahead: auto, on or off (a burst's next step run while the engine takes the last's)
 
 
 class EngineObserver:
@@ -353,6 +355,11 @@ class Engine:
             elif holder.expired(now):
                 self._retire(key, holder, FinishReason.DEADLINE)
 
+    def _dropping(self, holder: Slot, now: float) -> bool:
+        """The next step boundary ends `holder` (_drop_gone): an abort, its caller gone, its deadline passed
+        (`now`: monotonic)."""
+        return self._abort or holder.handle.cancelled or holder.expired(now)
+
     def _take_queued(self) -> None:
         """Start queued requests whose callers are still waiting, up to the runner's free slots."""
         start = time.perf_counter()
@@ -512,37 +519,44 @@ class Engine:
         self._free_failed()
 
     def _decode_burst(self, next_ids: dict[int, int], bans: Mapping[int, tuple[int, ...]], steps: int) -> None:
-        """Up to `steps` (at most MAX_BURST) greedy decode steps run back to back by the runner (a key
-        in `bans` never takes one of its bans: ignore_eos); after each, the requests whose Delta falls
-        due take their tokens (burst.py) and the step's events go on. The burst ends after a step where
-        a request ended or picked an ending id, where a stream's ms interval or a deadline passed, or where a cancel, an
-        abort or a request to admit needs the scheduler."""
+        """Up to `steps` (at most MAX_BURST, and none past the nearest budget's end) greedy decode steps
+        run back to back by the runner (a key in `bans` never takes one of its bans: ignore_eos); after
+        each, the requests whose Delta falls due take their tokens (burst.py) and the step's events go on.
+        The burst ends after a step where a request ended or picked an ending id, where a stream's ms
+        interval or a deadline passed, or where a cancel, an abort or a request to admit needs the
+        scheduler. Run ahead (ahead_rule.py says when), the runner runs each step while the engine takes
+        the one before: where the burst ends, the step after it has run, and is taken by the requests that
+        go on; one that ended, or that the step boundary ends (cancelled, expired, aborted), never shows it."""
         # a burst runs only while every slot is greedy: every slot a completion (a beam never is)
         sequences = cast(dict[int, Sequence], dict(self._active))
+        steps = min(steps, *(sequence.left() for sequence in sequences.values()))  # none run ahead past a budget
         burst = Burst(sequences, self._emit, self._fail_alone)
         due = min(sequence.due_by() for sequence in sequences.values())
         deadlines = [s.request.deadline for s in sequences.values() if s.request.deadline is not None]
         deadline = min(deadlines, default=math.inf)
         admits = self.slots.free_slots() > 0
+        ahead, ending = runs_ahead(self.limits.run_ahead, sequences.values()), False  # ending: the burst ends
 
         def take(keys: list[int], tokens: np.ndarray) -> bool:
+            nonlocal ending
             now = time.perf_counter()
-            if burst.times:  # the first step was reported before it ran
-                self.observer.on_step(len(self._active), len(self._queue))
-            ended = burst.step(keys, tokens.tolist(), now)
-            gaps = burst.taken_gaps()
-            if gaps:
-                self.observer.on_tokens([], gaps)
-            if ended or now >= due or time.monotonic() >= deadline or self._news(admits):
-                return True  # this step's events go with the step boundary's, after the ended are freed
-            if any(sequence.handle.cancelled for sequence in sequences.values()):
-                return True
-            if self._outbox:
+            # a step taken after the burst was told to end is one the runner ran ahead: its last
+            lag, ending = ending, True
+            if self._take_step(burst, sequences, keys, tokens, now, lag) or lag:
+                return True  # its events go with the step boundary's, after the ended are freed
+            ending = ends_after(now)
+            if self._outbox and (ahead or not ending):  # without run-ahead the boundary is next
                 self._flush()
-            return False
+            return ending
+
+        def ends_after(now: float) -> bool:
+            """The burst ends after this step though no request ended in it."""
+            if now >= due or time.monotonic() >= deadline or self._news(admits):
+                return True
+            return any(sequence.handle.cancelled for sequence in sequences.values())
 
         start = self.clock()
-        ran = self.slots.decode_steps(next_ids, steps, take, bans)
+        ran = self.slots.decode_steps(next_ids, steps, take, bans, ahead)
         self.costs.ran_plain(len(sequences), (self.clock() - start) / max(ran, 1))
         for sequence in sequences.values():
             if sequence.lookup is not None:
@@ -553,6 +567,23 @@ class Engine:
             if sequence.done:
                 self._free(key)
         self._free_failed()
+
+    def _take_step(
+        self, burst: Burst, sequences: dict[int, Sequence], keys: list[int], tokens: np.ndarray, now: float, lag: bool
+    ) -> bool:
+        """A burst step's tokens, taken by the requests due (burst.py); whether one ended or picked an id
+        that may end it. `lag`: the step a runner ran ahead after the burst was told to end, its last
+        (seam.SlotRunner): what the step boundary ends (cancelled, expired, aborted) never shows its token."""
+        if burst.times:  # the first step was reported before it ran
+            self.observer.on_step(len(self._active), len(self._queue))
+        if lag:
+            monotonic = time.monotonic()
+            burst.close([key for key, sequence in sequences.items() if self._dropping(sequence, monotonic)])
+        ended = burst.step(keys, tokens.tolist(), now)
+        gaps = burst.taken_gaps()
+        if gaps:
+            self.observer.on_tokens([], gaps)
+        return ended
 
     def _news(self, admits: bool) -> bool:
         """Something the scheduler must see before the next step: a queued request it can admit, an abort,

@@ -169,7 +169,10 @@ class SlotRunner(Protocol):
     `decode_steps` runs up to `steps` decode steps of argmax tokens back to back, each fed the
     tokens the step before picked, handing each step's keys and tokens to `enough` until it says the
     burst ends (the steps run come back); a key in `bans` takes the argmax over every id but its bans
-    (argmax_without: the row is read only at a step whose argmax is banned); `verify` feeds each
+    (argmax_without: the row is read only at a step whose argmax is banned); with `ahead`, a runner that
+    can runs each step but the last while `enough` looks at the one before (run-ahead, with a one-step
+    lag: where `enough` says the burst ends, the step after has run, and is handed to `enough` too, its
+    answer not asked, and counted; a runner that cannot ignores it: chain_steps); `verify` feeds each
     decoding key its next token and, for a key in `proposals`, the ids it proposes after it, and brings
     back each key's argmax after every id it was fed (1 + its proposals' ids, in order: a run of
     several positions), or for a key in `sampled` its rows of logits after each, its slot holding them
@@ -193,7 +196,9 @@ class SlotRunner(Protocol):
         passes: Mapping[int, PassRow] | None = None,
         bans: Bans | None = None,
     ) -> Logits: ...
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int: ...
+    def decode_steps(
+        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+    ) -> int: ...
     def verify(
         self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
     ) -> Verified: ...
@@ -203,12 +208,51 @@ class SlotRunner(Protocol):
     def reset(self) -> None: ...
 
 
-def stepwise(runner: SlotRunner, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
-    """decode_steps by one decode() call per step: for a runner with no faster way to chain them."""
-    for step in range(1, steps + 1):
-        logits = runner.decode(next_ids, frozenset(), None, bans)
-        tokens = greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens
-        next_ids = dict(zip(logits.keys, tokens.tolist()))
-        if enough(logits.keys, tokens):
-            return step
+def chain_steps(
+    keys: list[int],
+    tokens: np.ndarray,
+    steps: int,
+    enough: Enough,
+    step: Callable[[np.ndarray], np.ndarray],
+    ahead: bool = False,
+) -> int:
+    """decode_steps' loop on one thread: `tokens`, the first step's, to `enough`, then each next step's,
+    `step(tokens)` fed the last (never writing them), until `enough` says the burst ends or `steps`
+    ran; the steps run. With `ahead`, in a run-ahead runner's order (runtime/run_ahead.py runs the steps
+    on a thread of its own): each step but the last runs before `enough` sees the one before, and where
+    `enough` says the burst ends, the step already run is handed to it too, its answer not asked, and
+    counted (SlotRunner's one-step lag)."""
+    for ran in range(1, steps + 1):
+        if not ahead or ran == steps:
+            if enough(keys, tokens) or ran == steps:
+                return ran
+            tokens = step(tokens)
+            continue
+        after = step(tokens)
+        if enough(keys, tokens):
+            enough(keys, after)
+            return ran + 1
+        tokens = after
     return steps
+
+
+def stepwise(
+    runner: SlotRunner,
+    next_ids: dict[int, int],
+    steps: int,
+    enough: Enough,
+    bans: Bans | None = None,
+    ahead: bool = False,
+) -> int:
+    """decode_steps by one decode() call per step: for a runner with no faster way to chain them; with
+    `ahead`, in a run-ahead runner's order (chain_steps), each step run before the one before is seen."""
+    keys: list[int] = []
+
+    def step(tokens: np.ndarray | None) -> np.ndarray:
+        fed = next_ids if tokens is None else dict(zip(keys, tokens.tolist()))
+        logits = runner.decode(fed, frozenset(), None, bans)
+        keys[:] = logits.keys
+        return greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens
+
+    first = step(None)
+    return chain_steps(keys, first, steps, enough, step, ahead)

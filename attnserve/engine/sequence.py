@@ -275,10 +275,13 @@ class Sequence:
         history = (*spec.decoder_prompt(self.request.prompt_ids), *self.generated)
         self.lookup = Lookup(speculation, history, next_pause, pause)
 
+    def left(self) -> int:
+        """The tokens it may still take (its budget: the context holds them too)."""
+        return self.budget - len(self.generated)
+
     def room(self) -> int:
-        """The most ids it may propose after its next token: as many as leave its last token to the model
-        (its budget: the context holds them too)."""
-        return self.budget - len(self.generated) - 1
+        """The most ids it may propose after its next token: as many as leave its last token to the model."""
+        return self.left() - 1
 
     def proposal(self) -> tuple[int, ...]:
         """The ids its lookup proposes after its next token (prompt lookup), at most room(); () for none."""
@@ -348,7 +351,7 @@ class Sequence:
         """Tokens this request may take before one makes a Delta due or reaches its budget (that one
         included): what a burst of decode steps may run before its bookkeeping. A request with stop
         strings takes each token as it comes, so that its stop ends the burst at once."""
-        left = self.budget - len(self.generated)
+        left = self.left()
         interval = self.request.interval
         if self.stream.stops:
             return 1
@@ -357,6 +360,14 @@ class Sequence:
         if self.deltas == 0:
             return 1
         return min(left, interval.tokens - len(self.held_ids))
+
+    def takes_per_step(self) -> float:
+        """How many of its tokens the engine takes a step in a burst (burst.py; quiet_steps): every one with
+        stop strings, one in its interval's tokens for a stream, none for a unary call (all at its end)."""
+        interval = self.request.interval
+        if self.stream.stops:
+            return 1.0
+        return 0.0 if interval is None else 1 / interval.tokens
 
     def due_by(self) -> float:
         """When (perf_counter) a Delta of this request falls due by time (its interval's ms; inf: never)."""

@@ -7,7 +7,8 @@ CUDA) and arena_decoder.py (prefill and decode over it; step_inputs.py its input
 fixed_steps.py its decode steps as CUDA graphs want them) -> model_sessions.py (a directory's sessions,
 checked against what graph_facts.py reads of its graphs) -> arena_runner.py (request keys in the arena's
 slots: the engine's SlotRunner; opening.py sizes and opens it; prefix_cache.py keeps prompt blocks' keys and
-values beside the arena, indexed by prefix_blocks.py). logits_pass.py runs the batched logits pass
+values beside the arena, indexed by prefix_blocks.py; run_ahead.py runs a burst's steps on a thread of their
+own, one step ahead of the engine). logits_pass.py runs the batched logits pass
 (logits_pass.<dtype>.onnx, which export/logits_pass_graph.py writes) over a decode step's logits where they
 are. ort_decoder.py is the simplest correct greedy loop, which export's parity gate and the benchmarks drive
 (benchmarks/concat_runner.py, outside the package, keeps the engine the arena replaced as the KV benchmark's

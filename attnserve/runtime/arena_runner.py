@@ -18,15 +18,17 @@ engine sees keys, token ids and logits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping
 
 import numpy as np
 
-from ..engine.seam import Bans, Enough, Logits, PassRow, PrefixReport, Verified
+from ..engine.seam import Bans, Enough, Logits, PassRow, PrefixReport, Verified, chain_steps
 from .arena_decoder import ArenaDecoder, next_run
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
+from .run_ahead import RunAhead
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +36,19 @@ log = logging.getLogger(__name__)
 class ArenaRunner:
     """Requests (by key) in the slots of one arena driver (ArenaDecoder or ArenaSeq2SeqDecoder)."""
 
-    def __init__(self, model: ModelSessions, decoder: ArenaDecoder, chunk: int, prefix: PrefixCache | None = None):
-        """`chunk`: prompt tokens per prefill run (--prefill-chunk); `prefix`: the prefix cache, if on."""
+    def __init__(
+        self,
+        model: ModelSessions,
+        decoder: ArenaDecoder,
+        chunk: int,
+        prefix: PrefixCache | None = None,
+        run_ahead: bool = False,
+    ):
+        """`chunk`: prompt tokens per prefill run (--prefill-chunk); `prefix`: the prefix cache, if on;
+        `run_ahead`: a burst's next step runs while the engine takes the last one's tokens (run_ahead.py)."""
         self.model, self.decoder, self.chunk, self.prefix = model, decoder, chunk, prefix
+        self.run_ahead = run_ahead
+        self.ahead: RunAhead | None = None  # its worker thread, made at the first burst that runs ahead
         self.spec = model.spec
         self.capacity = decoder.arena.capacity
         self.decoding: list[int] = []  # key in each of slots [0, n)
@@ -235,19 +247,27 @@ class ArenaRunner:
         got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
         return Logits(list(self.decoding), logits, picked, picks=got)
 
-    def decode_steps(self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None) -> int:
+    def decode_steps(
+        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+    ) -> int:
         """Up to `steps` greedy decode steps of the whole block, each fed the tokens the last picked
         (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so; the steps run.
-        A key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then)."""
-        keys = list(self.decoding)
-        tokens = np.array([next_ids[key] for key in keys], np.int64)
-        banned = self._banned(bans)
-        for step in range(1, steps + 1):
-            tokens = self.decoder.decode_greedy(tokens)
-            self._unban(tokens, banned)
-            if enough(keys, tokens):
-                return step
-        return steps
+        A key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then).
+        With `ahead`, where this runner runs ahead (`run_ahead`), the steps run on its worker thread
+        (run_ahead.py), one step ahead of `enough` (seam.SlotRunner's one-step lag)."""
+        keys, banned = list(self.decoding), self._banned(bans)
+        step = functools.partial(self._greedy, banned=banned)
+        fed = np.array([next_ids[key] for key in keys], np.int64)
+        if ahead and self.run_ahead:
+            self.ahead = self.ahead or RunAhead()
+            return self.ahead.decode_steps(keys, functools.partial(step, fed), step, steps, enough)
+        return chain_steps(keys, step(fed), steps, enough, step)
+
+    def _greedy(self, tokens: np.ndarray, banned: list[tuple[int, tuple[int, ...]]]) -> np.ndarray:
+        """One greedy step of the block fed `tokens` (read, never written): its tokens, a new array."""
+        picked = self.decoder.decode_greedy(tokens)
+        self._unban(picked, banned)
+        return picked
 
     def verify(
         self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()

@@ -13,6 +13,7 @@ from .arena_decoder import ArenaDecoder, ArenaSeq2SeqDecoder
 from .arena_runner import ArenaRunner
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
+from .run_ahead import may_run_ahead
 
 AUTO = 0  # --max-batch auto: as many slots as --kv-cache-memory holds
 MAX_AUTO_BATCH = 1024  # the most slots `auto` picks
@@ -88,18 +89,22 @@ def open_slot_runner(
     prefix_cache: bool = False,
     prefix_memory: int | None = None,
     logits_pass: str = "auto",
+    run_ahead: str = "off",
 ) -> ArenaRunner:
     """The arena runner of an arena directory (checked by arena_capacity), on the model's device, with
     a prefix cache of `prefix_memory` bytes (open_prefix_cache) if `prefix_cache` (never for an
     encoder-decoder, whose prompt is a source: its decoder starts from BOS), its rows picked by the
-    batched logits pass as `logits_pass` says (auto, on, off: logits_pass.worth_passing)."""
+    batched logits pass as `logits_pass` says (auto, on, off: logits_pass.worth_passing), a burst's next
+    step run while the engine takes the last one's tokens where `run_ahead` lets it (auto, on, off:
+    run_ahead.may_run_ahead)."""
+    ahead = may_run_ahead(run_ahead, model.session, device_of(model.session))
     device = device_of(model.session)
     if model.seq2seq:  # a source is encoded whole: never in chunks
         decoder: ArenaDecoder = ArenaSeq2SeqDecoder(
             model.encoder, model.session, model.manifest, capacity, device, logits_pass
         )
-        return ArenaRunner(model, decoder, model.context_length)
+        return ArenaRunner(model, decoder, model.context_length, run_ahead=ahead)
     chunk = max(prefill_chunk, capacity)
     decoder = ArenaDecoder(model.session, model.manifest, capacity, chunk, device, model.graph_session, logits_pass)
     prefix = open_prefix_cache(decoder.arena, prefix_memory) if prefix_cache else None
-    return ArenaRunner(model, decoder, prefill_chunk, prefix)
+    return ArenaRunner(model, decoder, prefill_chunk, prefix, ahead)

@@ -27,6 +27,7 @@ ENGINE_CORES = ("thread", "process")
 PREFIX_CACHE = ("off", "on")
 SPINNING = ("auto", "off", "on")
 LOGITS_PASS = ("auto", "on", "off")
+RUN_AHEAD = ("auto", "on", "off")  # engine/ahead_rule.py's modes
 LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
 MIN_CONTEXT_LENGTH = 8  # attnserve import's least --context-length (its MIN_CONTEXT)
@@ -158,6 +159,17 @@ class ServerConfig:
             "the host in numpy; auto: on CUDA every row in the pass, on the CPU the rows whose host work costs "
             "more (a large vocabulary's sampling and logprobs)",
             choices=LOGITS_PASS,
+        ),
+    )
+    run_ahead: str = field(
+        default="auto",
+        metadata=flag(
+            "run-ahead decoding: while every request is greedy, the next decode step runs on a thread of its "
+            "own while the engine takes the last step's tokens (their text, stops and events), one step ahead "
+            "(a request that ends never shows the extra token); on, off, or auto: where the engine takes a token "
+            "a step or more (streams at interval 1, not unary calls) and its thread has a core to itself (a GPU, "
+            "or --threads at most the cores less 2)",
+            choices=RUN_AHEAD,
         ),
     )
     speculative_config: str | None = field(
@@ -350,6 +362,7 @@ class ServerConfig:
             intra_op_spinning=self.intra_op_spinning,
             cuda_graphs=not self.no_cuda_graphs,
             logits_pass=self.logits_pass,
+            run_ahead=self.run_ahead,
             speculation=parse_speculation(self.speculative_config) if self.speculative_config is not None else None,
             max_batch=self.max_batch,
             kv_cache_memory=self.kv_cache_memory,
@@ -381,6 +394,7 @@ class ServerConfig:
                 self.intra_op_spinning in SPINNING,
                 f"--intra-op-spinning must be auto, off or on, not {self.intra_op_spinning!r}",
             ),
+            (self.run_ahead in RUN_AHEAD, f"--run-ahead must be auto, on or off, not {self.run_ahead!r}"),
             (self.log_format in LOG_FORMATS, f"--log-format must be text or json, not {self.log_format!r}"),
             (self.dtype in (None, *DTYPES), f"--dtype must be {', '.join(DTYPES)}, not {self.dtype!r}"),
             (

@@ -1,0 +1,99 @@
+"""Run-ahead: a burst's decode steps run on a thread of their own, one step ahead of the engine.
+
+ONNX Runtime releases the GIL while a session runs, so the engine thread's Python (its requests'
+tokens, text, stops and events) can go on while the model computes the step after. The worker runs a
+burst's steps back to back, each fed the tokens the one before picked, and hands each step's tokens
+over; before it runs step n + 2 it waits for the engine's answer on step n (go on, or the burst ends),
+so it is never more than one step ahead, and where the engine keeps up it never waits at all: no
+hand-off lies between two steps. Where the engine says the burst ends at step n, step n + 1 has run:
+it is handed over too and counted (seam.SlotRunner's one-step lag). Knows nothing of requests: calls
+in, token arrays out.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from ..engine.seam import Enough
+from .arena import Device
+from .model_sessions import usable_cores
+
+Step = Callable[[np.ndarray], np.ndarray]  # fed the last step's tokens (never writing them): the next step's
+DONE = object()  # the worker's last word on a burst
+
+
+def spare_core(session: ort.InferenceSession, device: Device) -> bool:
+    """Whether the engine's thread has a core to itself while the model runs: the model runs on a GPU, or
+    ONNX Runtime's intra-op threads leave two of this process's cores free, one for the front end (its
+    process, or its event loop) and one for the engine's thread. With every core computing the step, the
+    engine's work only takes turns with it (GPT-2 124M int8 on 2 cores served: 0.99-1.01x); with the one
+    core the default leaves to the front end, the front end and the client take it (a 1M-parameter model
+    served on 2 cores: 0.95-1.02x), where the engine alone with a core to itself gains 1.11-1.14x
+    (docs/reports/run-ahead.md)."""
+    threads = session.get_session_options().intra_op_num_threads
+    return device.kind != "cpu" or 0 < threads <= usable_cores() - 2
+
+
+def may_run_ahead(mode: str, session: ort.InferenceSession, device: Device) -> bool:
+    """Whether a runner runs ahead when the engine asks (--run-ahead: on, off, or auto where a core is spare)."""
+    return mode == "on" or (mode == "auto" and spare_core(session, device))
+
+
+class RunAhead:
+    """One worker thread that runs its owner's bursts."""
+
+    def __init__(self, name: str = "attnserve-run-ahead"):
+        self._bursts: queue.SimpleQueue = queue.SimpleQueue()  # (first, step, steps, tokens, answers), or None
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def decode_steps(
+        self, keys: list[int], first: Callable[[], np.ndarray], step: Step, steps: int, enough: Enough
+    ) -> int:
+        """Up to `steps` steps (the first `first()`, each next `step(tokens)`) on the worker, each one's
+        tokens handed to `enough` here as they come, until it says the burst ends (then the step already
+        run is handed over too, its answer not asked); the steps run. A step's error is raised here."""
+        tokens: queue.SimpleQueue = queue.SimpleQueue()  # each step's tokens, an error, then DONE
+        answers: queue.SimpleQueue = queue.SimpleQueue()  # per step: the burst goes on (True) or ends
+        self._bursts.put((first, step, steps, tokens, answers))
+        ran, ending = 0, False
+        try:
+            while (got := tokens.get()) is not DONE:
+                if isinstance(got, BaseException):
+                    raise got
+                ran += 1
+                if ending:  # the step run ahead of the end
+                    enough(keys, got)
+                    continue
+                ending = enough(keys, got) or ran == steps
+                answers.put(not ending)
+            return ran
+        finally:  # the worker is ours again before anything else runs the model: never left running
+            answers.put(False)
+            while got is not DONE:
+                got = tokens.get()
+
+    def close(self) -> None:
+        """Stop the worker (between bursts)."""
+        self._bursts.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (burst := self._bursts.get()) is not None:
+            first, step, steps, tokens, answers = burst
+            try:
+                last = first()
+                tokens.put(last)
+                for ran in range(1, steps):
+                    if ran >= 2 and not answers.get():  # the engine's answer on step ran - 1
+                        break
+                    last = step(last)
+                    tokens.put(last)
+            except BaseException as error:  # noqa: BLE001 -- handed to the owner, raised in its thread
+                tokens.put(error)
+            tokens.put(DONE)
