@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from attnserve.report_stamp import Stamp, write_report
 
@@ -191,6 +192,14 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": len(values)}
 
 
+# a served side's name -> its ServerConfig fields besides the defaults (CUDA graphs on, --run-ahead auto)
+MODES: dict[str, dict[str, Any]] = {
+    "cuda_graphs": {},
+    "no_cuda_graphs": {"no_cuda_graphs": True},
+    "run_ahead_off": {"run_ahead": "off"},
+}
+
+
 def serving(
     model_dir: Path,
     levels: list[int],
@@ -199,12 +208,15 @@ def serving(
     modes: tuple[str, ...] = ("cuda_graphs", "no_cuda_graphs"),
     provider: str = "cuda",
     ignore_eos: bool = False,
+    kinds: dict[str, dict] | None = None,
 ) -> list[dict]:
-    """Output tokens/s through gRPC at each concurrency (the engine core in a process of its own),
-    decode steps replayed as CUDA graphs (the default) and launched node by node (--no-cuda-graphs):
-    both servers up side by side, measured in alternating rounds after a warm-up at every level
-    (which also captures the graphs of the batch sizes it reaches). `modes`: either or both;
-    `ignore_eos`: every request decodes exactly `new_tokens`."""
+    """Output tokens/s through gRPC at each concurrency (the engine core in a process of its own) on a
+    server per mode (MODES: decode steps replayed as CUDA graphs, the default, or launched node by node;
+    run-ahead off): the servers up side by side, measured in alternating rounds after a warm-up at every
+    level (which also captures the graphs of the batch sizes it reaches), each run's time to first token
+    and inter-token latency percentiles kept (the median run's). `ignore_eos`: every request decodes exactly
+    `new_tokens`. `kinds`: request kinds (a name -> GenerateRequest fields) also sent to the first mode's
+    server in the same rounds, each with its ratio to that server's greedy round by round."""
     import grpc
 
     from attnserve.server.app import Server
@@ -212,37 +224,37 @@ def serving(
     from attnserve.v1 import generation_pb2_grpc as pb_grpc
     from benchmarks.serving import closed_loop
 
-    graphs_off = {m: m == "no_cuda_graphs" for m in modes}  # mode -> --no-cuda-graphs
+    kinds = kinds or {}
+    sides = [(m, "greedy") for m in modes] + [(modes[0], kind) for kind in kinds]
 
     async def measure() -> list[dict]:
         servers: dict = {}
         channels: dict = {}
         try:
-            for mode, off in graphs_off.items():
+            for mode in modes:
                 config = ServerConfig(
                     model=str(model_dir), port=0, provider=provider, max_batch=max(levels),
-                    max_queue=4 * max(levels), no_cuda_graphs=off,
+                    max_queue=4 * max(levels), **MODES[mode],
                 )  # fmt: skip
                 servers[mode] = Server(config)
                 await servers[mode].start()
                 channels[mode] = grpc.aio.insecure_channel(f"127.0.0.1:{servers[mode].port}")
-            streams = {m: stub_stream(pb_grpc.TextGenerationStub(c), ignore_eos) for m, c in channels.items()}
+            stubs = {m: pb_grpc.TextGenerationStub(c) for m, c in channels.items()}
+            streams = {(m, k): stub_stream(stubs[m], ignore_eos, kinds.get(k, {})) for m, k in sides}
             for stream in streams.values():
                 for level in levels:
                     await closed_loop(stream, level, level, new_tokens)
-            rates: dict = {(m, level): [] for m in modes for level in levels}
+            runs: dict = {(side, level): [] for side in sides for level in levels}
             for r in range(repeats):
-                for mode in list(modes)[:: 1 if r % 2 == 0 else -1]:
+                for side in sides[:: 1 if r % 2 == 0 else -1]:
                     for level in levels:
-                        run = await closed_loop(streams[mode], level, 2 * level, new_tokens)
-                        rates[mode, level].append(run["tokens_per_s"])
-            rows = []
-            for level in levels:
-                row: dict = {"concurrency": level, **{m: spread(rates[m, level]) for m in modes}}
-                if len(modes) == 2:
-                    row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
-                rows.append(row)
-                say(f"gRPC {level} streams: " + ", ".join(f"{row[m]['median']:,.0f} tokens/s {m}" for m in modes))
+                        runs[side, level].append(await closed_loop(streams[side], level, 2 * level, new_tokens))
+            rows = [served_row(level, modes, list(kinds), runs) for level in levels]
+            for row in rows:
+                say(
+                    f"gRPC {row['concurrency']} streams: "
+                    + ", ".join(f"{row[m]['median']:,.0f} tokens/s {m}" for m in modes)
+                )
             return rows
         finally:
             for channel in channels.values():
@@ -253,11 +265,31 @@ def serving(
     return asyncio.run(measure())
 
 
-def stub_stream(stub, ignore_eos: bool = False):
-    """A closed_loop stream over `stub`: greedy, stopping at EOS unless `ignore_eos`."""
+def served_row(level: int, modes: tuple[str, ...], kinds: list[str], runs: dict) -> dict:
+    """serving()'s row of one concurrency from its closed_loop runs by ((mode, kind), level)."""
+    from benchmarks.serving import median_run
+
+    rate = {side: [run["tokens_per_s"] for run in got] for (side, at), got in runs.items() if at == level}
+    row: dict = {"concurrency": level, **{m: spread(rate[m, "greedy"]) for m in modes}}
+    row["latency"] = {
+        m: {key: median_run(runs[(m, "greedy"), level])[key] for key in ("ttft_ms", "itl_ms")} for m in modes
+    }
+    if {"cuda_graphs", "no_cuda_graphs"} <= set(modes):
+        row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
+    if {"cuda_graphs", "run_ahead_off"} <= set(modes):
+        pairs = zip(rate["cuda_graphs", "greedy"], rate["run_ahead_off", "greedy"])
+        row["run_ahead_speedup"] = spread([on / off for on, off in pairs])
+    greedy = rate[modes[0], "greedy"]
+    row["kinds"] = {k: spread([x / g for x, g in zip(rate[modes[0], k], greedy)]) for k in kinds}
+    return row
+
+
+def stub_stream(stub, ignore_eos: bool = False, fields: dict | None = None):
+    """A closed_loop stream over `stub`: greedy unless `fields` (GenerateRequest's) say otherwise, stopping
+    at EOS unless `ignore_eos`."""
     from benchmarks.serving import grpc_stream
 
-    return lambda prompt, n: grpc_stream(stub, prompt, n, ignore_eos)
+    return lambda prompt, n: grpc_stream(stub, prompt, n, ignore_eos, **(fields or {}))
 
 
 def machine() -> dict:

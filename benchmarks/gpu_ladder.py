@@ -13,8 +13,13 @@ tokens/s through gRPC at 1, 16 and 64 streams against the decode step's own ceil
            greedy id a row back): B prompts prefilled, then --steps steps; B x 1000 / ms tokens/s
   served   `attnserve serve --provider cuda` (in process, CUDA graphs on) through gRPC at S streams, greedy,
            2 x S requests of --new-tokens a round (gpu_check.serving); tokens/s counts the tokens that
-           came. --ignore-eos makes every request run to length (greedy with EOS banned decodes in the
-           greedy bursts: a row is read only at a step whose argmax is EOS)
+           came, with the median run's time to first token and inter-token latency percentiles, and
+           its share of the step's ceiling. --ignore-eos makes every request run to length (greedy with
+           EOS banned decodes in the greedy bursts: a row is read only at a step whose argmax is EOS).
+           --modes: the servers measured side by side (cuda_graphs: the defaults, run-ahead on where
+           auto runs it, as on a GPU; run_ahead_off: --run-ahead off; no_cuda_graphs)
+  kinds    float16 only: each of --kinds (sampled, logprobs ...) at --kinds-streams on the first mode's
+           server, against its greedy in the same rounds
   eager    float16 only: ms per token at 1 stream, ONNX Runtime vs PyTorch eager CUDA on the same
            weights (gpu_check.per_token)
 
@@ -23,8 +28,9 @@ from bandwidth is each export's weight bytes a token over a device-to-device cop
 and written). Prints one table last and writes the JSON to --out. Without CUDA, --provider cpu runs
 build, ceiling and served on the CPU (a smoke test of the script, not a figure).
 
-    python -m benchmarks.gpu_ladder [--rung gpt2-124m] [--streams 1,16,64] [--new-tokens 128]
-        [--steps 128] [--repeats 3] [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
+    python -m benchmarks.gpu_ladder [--rung gpt2-124m] [--streams 1,16,64,256] [--new-tokens 128]
+        [--steps 128] [--repeats 3] [--modes cuda_graphs,run_ahead_off] [--kinds top_p,top_k,logprobs,repetition]
+        [--kinds-streams 64] [--exports float16,int4] [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
 """
 
 from __future__ import annotations
@@ -37,16 +43,24 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from attnserve.report_stamp import Stamp, write_report
 from attnserve.runtime import contract
-from benchmarks.gpu_check import cuda_here, machine, per_token, per_token_line, say, serving, spread
+from benchmarks.gpu_check import MODES, cuda_here, machine, per_token, per_token_line, say, serving, spread
 from benchmarks.import_sizes import CLI, timed
 from benchmarks.size_ladder import checkpoint
 
 PROMPT_TOKENS = 16
+# the request kinds of the sampler issue (benchmarks/sampling_kinds.py's), as GenerateRequest fields
+KINDS: dict[str, dict[str, Any]] = {
+    "top_p": {"temperature": 0.8, "top_p": 0.95},
+    "top_k": {"temperature": 1.0, "top_k": 50},
+    "logprobs": {"logprobs": 5},
+    "repetition": {"temperature": 0.7, "repetition_penalty": 1.1},
+}
 
 
 def float16_export(ckpt: Path, out: Path) -> Path:
@@ -208,11 +222,25 @@ def measure(name: str, model_dir: Path, args, bandwidth: float | None) -> dict:
     row["placed"] = placed(model_dir, args.provider, args.work)
     say(f"{name}: {row['placed']}")
     row["ceiling"] = ceiling(model_dir, args.provider, args.streams, args.steps, args.repeats)
+    modes = tuple(args.modes)
     row["served"] = serving(
-        model_dir, args.streams, args.new_tokens, args.repeats, ("cuda_graphs",), args.provider, args.ignore_eos
+        model_dir, args.streams, args.new_tokens, args.repeats, modes, args.provider, args.ignore_eos
     )
     for ceil, served in zip(row["ceiling"], row["served"]):
-        served["share_of_ceiling"] = served["cuda_graphs"]["median"] / ceil["tokens_per_s"]
+        served["share_of_ceiling"] = served[modes[0]]["median"] / ceil["tokens_per_s"]
+        served["shares_of_ceiling"] = {m: served[m]["median"] / ceil["tokens_per_s"] for m in modes}
+    if name == "float16" and args.kinds:
+        kinds = {kind: KINDS[kind] for kind in args.kinds}
+        (row["kinds"],) = serving(
+            model_dir,
+            [args.kinds_streams],
+            args.new_tokens,
+            args.repeats,
+            modes[:1],
+            args.provider,
+            args.ignore_eos,
+            kinds,
+        )
     return row
 
 
@@ -231,14 +259,26 @@ def print_table(result: dict) -> None:
         f"gpu-ladder: {result['rung']} ({result['parameters']:,} parameters) on {m.get('gpu', m['cpu_cores'])} "
         f"(onnxruntime {m['onnxruntime']}, torch {m['torch']}); tokens/s, median (min-max) of {result['repeats']}"
     )
-    print(f"{'export':<8} {'B/S':>4} {'step ms':>20} {'step ceiling':>12} {'served':>24} {'share':>6}")
+    print(
+        f"{'export':<8} {'B/S':>4} {'step ms':>20} {'step ceiling':>12} {'served':>24} {'share':>6} "
+        f"{'ahead/off':>9} {'TTFT p50':>9} {'ITL p50':>8} {'ITL p99':>8}"
+    )
     for row in [r for r in result["exports"] if "error" not in r]:
+        first = result["modes"][0]
         for ceil, served in zip(row["ceiling"], row["served"]):
-            ms, s = ceil["ms_per_step"], served["cuda_graphs"]
+            ms, s, late = ceil["ms_per_step"], served[first], served["latency"][first]
+            ahead = served.get("run_ahead_speedup", {}).get("median")
             print(
                 f"{row['export']:<8} {ceil['batch']:>4} {ms['median']:>7.3f} ({ms['min']:.3f}-{ms['max']:.3f}) "
                 f"{ceil['tokens_per_s']:>12,.0f} {s['median']:>9,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
-                f"{served['share_of_ceiling']:>6.0%}"
+                f"{served['share_of_ceiling']:>6.0%} {f'{ahead:.2f}x' if ahead else '-':>9} "
+                f"{late['ttft_ms']['p50']:>9.1f} {late['itl_ms']['p50']:>8.2f} {late['itl_ms']['p99']:>8.2f}"
+            )
+        if "kinds" in row:
+            got = row["kinds"]["kinds"]
+            print(
+                f"  {row['export']} at {row['kinds']['concurrency']} streams, each kind / greedy: "
+                + ", ".join(f"{kind} {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" for kind, r in got.items())
             )
     for row in result["exports"] + result.get("per_token", []):
         if "error" in row:
@@ -258,7 +298,7 @@ def print_table(result: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rung", default="gpt2-124m", help="a size_ladder SIZES name (default: gpt2-124m)")
-    p.add_argument("--streams", default="1,16,64", help="streams served, and the decode step's batch sizes")
+    p.add_argument("--streams", default="1,16,64,256", help="streams served, and the decode step's batch sizes")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens per served request (default: 128)")
     p.add_argument("--steps", type=int, default=128, help="decode steps a ceiling round (default: 128)")
     p.add_argument("--repeats", type=int, default=3, help="rounds; medians (default: 3)")
@@ -266,11 +306,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/gpu-ladder"), help="checkpoints and exports go here")
     p.add_argument("--out", type=Path, default=Path("reports/gpu-ladder.json"))
     p.add_argument("--ignore-eos", action="store_true", help="served requests mask EOS (every one runs to length)")
+    p.add_argument("--modes", default="cuda_graphs,run_ahead_off", help=f"servers side by side, of: {', '.join(MODES)}")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"request kinds at --kinds-streams, of: {', '.join(KINDS)}")
+    p.add_argument("--kinds-streams", type=int, default=64, help="streams the kinds are served at (default: 64)")
+    p.add_argument("--exports", default="float16,int4", help="which exports to measure: float16, int4 or both")
     p.add_argument("--smoke", action="store_true", help="only check that onnxruntime runs on CUDA (seconds)")
     args = p.parse_args(argv)
     if args.smoke:
         return smoke()
     args.streams = [int(s) for s in args.streams.split(",")]
+    args.modes, args.exports = args.modes.split(","), args.exports.split(",")
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    for flag, given, known in (("--modes", args.modes, MODES), ("--kinds", args.kinds, KINDS)):
+        if unknown := [g for g in given if g not in known]:
+            p.error(f"{flag}: unknown {', '.join(unknown)}; known: {', '.join(known)}")
+    if not set(args.exports) <= {"float16", "int4"}:
+        p.error(f"--exports: float16, int4 or both, not {','.join(args.exports)}")
     if args.provider == "cuda" and (why := cuda_here()):
         print(f"gpu-ladder: no CUDA here ({why}); --provider cpu runs a smoke test")
         return 0
@@ -278,15 +329,27 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     rung = checkpoint(args.rung, args.work, 0)
     fp16 = float16_export(rung.checkpoint, args.work / "models" / f"{args.rung}-float16")
-    int4 = attempt("int4", int4_of, fp16, args.work / "models" / f"{args.rung}-int4")
+    int4 = (
+        attempt("int4", int4_of, fp16, args.work / "models" / f"{args.rung}-int4") if "int4" in args.exports else None
+    )
     cuda = args.provider == "cuda"
     bandwidth = copy_bandwidth() if cuda else None
     result: dict = {"rung": args.rung, "parameters": count(rung.checkpoint), "machine": host(cuda)}
-    settings = ("streams", "new_tokens", "steps", "repeats", "provider", "ignore_eos")
+    settings = (
+        "streams",
+        "new_tokens",
+        "steps",
+        "repeats",
+        "provider",
+        "ignore_eos",
+        "modes",
+        "kinds",
+        "kinds_streams",
+    )
     result.update({k: getattr(args, k) for k in settings})
     result["copy_bandwidth_gb_per_s"] = bandwidth and bandwidth / 1e9
     result["exports"] = []
-    for name, model_dir in (("float16", fp16), ("int4", int4)):
+    for name, model_dir in [(n, d) for n, d in (("float16", fp16), ("int4", int4)) if n in args.exports]:
         made = isinstance(model_dir, Path)  # or the error that stopped it
         result["exports"].append(attempt(name, measure, name, model_dir, args, bandwidth) if made else model_dir)
         args.out.with_suffix(".partial.json").write_text(json.dumps(result))  # what a timeout leaves

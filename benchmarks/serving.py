@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -66,7 +67,7 @@ def progress(message: str) -> None:
     print(f"[serving-benchmark] {message}", file=sys.stderr, flush=True)
 
 
-def stream_stats(arrivals: list[float], start: float) -> dict[str, float]:
+def stream_stats(arrivals: list[float], start: float) -> dict:
     """TTFT, per-token latency (ms; mean gap from the first token to the last) and the whole stream's
     time (from the call to its last token) of one request. On a busy machine a reader that falls
     behind gets many tokens in one message or event: its gaps shrink towards 0 while its first token
@@ -77,15 +78,23 @@ def stream_stats(arrivals: list[float], start: float) -> dict[str, float]:
         "per_token_ms": 1000 * per_token,
         "total_ms": 1000 * (arrivals[-1] - start),
         "tokens": len(arrivals),
+        "gaps_ms": [1000 * (b - a) for a, b in itertools.pairwise(arrivals)],  # before each token after the first
     }
 
 
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50, p90 and p99 (nearest rank) of `values` (None for none): a run's TTFT or inter-token latency."""
+    ranked = sorted(values)
+    return {f"p{q}": ranked[min(len(ranked) - 1, len(ranked) * q // 100)] if ranked else None for q in (50, 90, 99)}
+
+
 async def grpc_stream(
-    stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens: int, ignore_eos: bool = False
-) -> dict[str, float]:
-    """One greedy GenerateStream; every token is stamped when its message arrives."""
+    stub: pb_grpc.TextGenerationStub, prompt: str, new_tokens: int, ignore_eos: bool = False, **fields
+) -> dict:
+    """One GenerateStream, greedy unless `fields` (GenerateRequest's: temperature, top_p, logprobs ...) say
+    otherwise; every token is stamped when its message arrives."""
     start, arrivals = time.perf_counter(), []
-    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens, ignore_eos=ignore_eos)
+    request = pb.GenerateRequest(prompt=prompt, max_new_tokens=new_tokens, ignore_eos=ignore_eos, **fields)
     async for message in stub.GenerateStream(request, timeout=CALL_TIMEOUT_S):
         arrivals += [time.perf_counter()] * len(message.token_ids)
     return stream_stats(arrivals, start)
@@ -107,9 +116,10 @@ async def engine_stream(engine: EngineCalls, tokenizer: Tokenizer, prompt: str, 
             return stream_stats(arrivals, start)
 
 
-async def closed_loop(stream: Stream, concurrency: int, requests: int, new_tokens: int) -> dict[str, float]:
-    """`concurrency` requests in flight until `requests` (PROMPTS in turn) are done; output tokens/s."""
-    todo, tokens = list(range(requests)), 0
+async def closed_loop(stream: Stream, concurrency: int, requests: int, new_tokens: int) -> dict:
+    """`concurrency` requests in flight until `requests` (PROMPTS in turn) are done; output tokens/s, and
+    the percentiles of time to first token and of the gaps between tokens (where the stream stamps them)."""
+    todo, tokens, ttft, gaps = list(range(requests)), 0, [], []
 
     async def worker() -> None:
         nonlocal tokens
@@ -117,6 +127,8 @@ async def closed_loop(stream: Stream, concurrency: int, requests: int, new_token
             i = todo.pop(0)
             done = await stream(PROMPTS[i % len(PROMPTS)], new_tokens)
             tokens += done["tokens"]  # not `tokens += await ...`: that reads tokens before the await
+            ttft.append(done["ttft_ms"])
+            gaps.extend(done.get("gaps_ms", ()))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -127,6 +139,8 @@ async def closed_loop(stream: Stream, concurrency: int, requests: int, new_token
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_s": tokens / seconds,
+        "ttft_ms": percentiles(ttft),
+        "itl_ms": percentiles(gaps),
     }
 
 
