@@ -9,7 +9,10 @@ b/a per round, and whether the b engine's bursts ran ahead (its runner may, and 
 then one JSON object last. Torch-free.
 
     python -m benchmarks.run_ahead --model models/small-1k-bpe [--streams 1,16] [--intervals 1,8,unary]
-        [--new-tokens 256] [--repeats 5] [--threads 1] [--mode auto|on] [--out F.json] [--plot F.png]
+        [--new-tokens 256] [--repeats 5] [--threads 1] [--mode auto|on|off] [--out F.json] [--plot F.png]
+
+--mode off is the control (off against off); auto runs ahead only where its runner may (a core to itself:
+runtime/run_ahead.spare_core), so on a 2-core machine compare `on`.
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per request (every one to its length)")
     p.add_argument("--repeats", type=int, default=5, help="rounds, sides alternating; medians reported")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
-    p.add_argument("--mode", default="auto", choices=("auto", "on", "off"), help="side b's --run-ahead")
+    p.add_argument("--mode", default="auto", choices=("auto", "on", "off"), help="side b's --run-ahead (off: control)")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of b/off per row here")
     args = p.parse_args(argv)

@@ -97,8 +97,8 @@ def open_slot_runner(
     batched logits pass as `logits_pass` says (auto, on, off: logits_pass.worth_passing), a burst's next
     step run while the engine takes the last one's tokens where `run_ahead` lets it (auto, on, off:
     run_ahead.may_run_ahead)."""
-    ahead = may_run_ahead(run_ahead, model.session, device_of(model.session))
     device = device_of(model.session)
+    ahead = may_run_ahead(run_ahead, model.session, device)
     if model.seq2seq:  # a source is encoded whole: never in chunks
         decoder: ArenaDecoder = ArenaSeq2SeqDecoder(
             model.encoder, model.session, model.manifest, capacity, device, logits_pass

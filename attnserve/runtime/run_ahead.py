@@ -33,8 +33,8 @@ def spare_core(session: ort.InferenceSession, device: Device) -> bool:
     process, or its event loop) and one for the engine's thread. With every core computing the step, the
     engine's work only takes turns with it (GPT-2 124M int8 on 2 cores served: 0.99-1.01x); with the one
     core the default leaves to the front end, the front end and the client take it (a 1M-parameter model
-    served on 2 cores: 0.95-1.02x), where the engine alone with a core to itself gains 1.11-1.14x
-    (docs/reports/run-ahead.md)."""
+    served on 2 cores: 0.99-1.05x), where the engine alone with a core to itself gains 1.12-1.13x at
+    interval 1 (docs/reports/run-ahead.md)."""
     threads = session.get_session_options().intra_op_num_threads
     return device.kind != "cpu" or 0 < threads <= usable_cores() - 2
 
@@ -45,7 +45,7 @@ def may_run_ahead(mode: str, session: ort.InferenceSession, device: Device) -> b
 
 
 class RunAhead:
-    """One worker thread that runs its owner's bursts."""
+    """One worker thread that runs its owner's bursts (a daemon: it lives as long as its process)."""
 
     def __init__(self, name: str = "attnserve-run-ahead"):
         self._bursts: queue.SimpleQueue = queue.SimpleQueue()  # (first, step, steps, tokens, answers), or None
