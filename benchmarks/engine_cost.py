@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from attnserve.core.client import EngineClient
+from attnserve.engine.ahead_rule import MODES as AHEAD_MODES
 from attnserve.engine.domain import Final, GenerationRequest, StreamInterval
 from attnserve.engine.engine import Engine, EngineCalls, EngineLimits, EngineObserver
 from attnserve.report_stamp import Stamp
@@ -212,7 +213,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--intervals", default="1", help="comma-separated stream intervals in tokens per message, or unary")
-    p.add_argument("--run-ahead", default="auto", choices=("auto", "on", "off"), help="the engines' --run-ahead")
+    p.add_argument("--run-ahead", default="auto", choices=AHEAD_MODES, help="the engines' --run-ahead")
     args, model = parse_args(p, argv)
     stamp = Stamp.start(provider="cpu")
     intervals = args.intervals.split(",")

@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import itertools
 
-from attnserve.engine.ahead_rule import runs_ahead
+from attnserve.engine.ahead_rule import MODES, runs_ahead
 from attnserve.engine.domain import StreamInterval
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.report_stamp import Stamp
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=256, help="greedy tokens per request (every one to its length)")
     p.add_argument("--repeats", type=int, default=5, help="rounds, sides alternating; medians reported")
     p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads")
-    p.add_argument("--mode", default="auto", choices=("auto", "on", "off"), help="side b's --run-ahead (off: control)")
+    p.add_argument("--mode", default="auto", choices=MODES, help="side b's --run-ahead (off: control)")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of b/off per row here")
     args = p.parse_args(argv)

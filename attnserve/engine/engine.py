@@ -140,6 +140,14 @@ class ForwardingObserver(EngineObserver):
 Slot = Sequence | BeamMember  # what holds a key's slot: a completion, or one beam of a beam group (its owner searches)
 
 
+def dropped_for(holder: Slot, now: float, abort: bool) -> FinishReason | None:
+    """Why the step boundary ends an active request (Engine._drop_gone): CANCELLED on an abort or its caller
+    gone, DEADLINE past its deadline (`now`: monotonic); None: it goes on."""
+    if abort or holder.handle.cancelled:
+        return FinishReason.CANCELLED
+    return FinishReason.DEADLINE if holder.expired(now) else None
+
+
 class EngineCalls(Protocol):
     """What the front doors and the server call of an engine: the Engine here, in the server's process,
     or core/client.py's EngineClient, whose engine core runs in a process of its own."""
@@ -350,15 +358,8 @@ class Engine:
             reason = FinishReason.CANCELLED if abort else FinishReason.DEADLINE
             self._emit(sequence, sequence.end_whole(reason))
         for key, holder in [*self._active.items(), *self._prefilling.items()]:
-            if abort or holder.handle.cancelled:
-                self._retire(key, holder, FinishReason.CANCELLED)
-            elif holder.expired(now):
-                self._retire(key, holder, FinishReason.DEADLINE)
-
-    def _dropping(self, holder: Slot, now: float) -> bool:
-        """The next step boundary ends `holder` (_drop_gone): an abort, its caller gone, its deadline passed
-        (`now`: monotonic)."""
-        return self._abort or holder.handle.cancelled or holder.expired(now)
+            if (why := dropped_for(holder, now, abort)) is not None:
+                self._retire(key, holder, why)
 
     def _take_queued(self) -> None:
         """Start queued requests whose callers are still waiting, up to the runner's free slots."""
@@ -578,7 +579,8 @@ class Engine:
             self.observer.on_step(len(self._active), len(self._queue))
         if lag:
             monotonic = time.monotonic()
-            burst.close([key for key, sequence in sequences.items() if self._dropping(sequence, monotonic)])
+            abort = self._abort
+            burst.close([key for key, each in sequences.items() if dropped_for(each, monotonic, abort) is not None])
         ended = burst.step(keys, tokens.tolist(), now)
         gaps = burst.taken_gaps()
         if gaps:

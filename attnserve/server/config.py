@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from ..core.config import MAX_NICE, CoreConfig
+from ..engine.ahead_rule import MODES as AHEAD_MODES
 from ..engine.speculation import parse_speculation
 from ..flags import add_field_flags, check_directory, check_pem, check_text_file, flag, flag_name, shown
 from ..request_ranges import MAX_STREAM_INTERVAL_MS
@@ -27,7 +28,7 @@ ENGINE_CORES = ("thread", "process")
 PREFIX_CACHE = ("off", "on")
 SPINNING = ("auto", "off", "on")
 LOGITS_PASS = ("auto", "on", "off")
-RUN_AHEAD = ("auto", "on", "off")  # engine/ahead_rule.py's modes
+RUN_AHEAD = AHEAD_MODES
 LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
 MIN_CONTEXT_LENGTH = 8  # attnserve import's least --context-length (its MIN_CONTEXT)
