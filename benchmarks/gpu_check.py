@@ -286,10 +286,10 @@ def served_row(level: int, modes: tuple[str, ...], kinds: list[str], runs: dict)
 
 def stub_stream(stub, ignore_eos: bool = False, fields: dict | None = None):
     """A closed_loop stream over `stub`: greedy unless `fields` (GenerateRequest's) say otherwise, stopping
-    at EOS unless `ignore_eos`."""
+    at EOS unless `ignore_eos` (or fields' own)."""
     from benchmarks.serving import grpc_stream
 
-    return lambda prompt, n: grpc_stream(stub, prompt, n, ignore_eos, **(fields or {}))
+    return lambda prompt, n: grpc_stream(stub, prompt, n, **{"ignore_eos": ignore_eos, **(fields or {})})
 
 
 def machine() -> dict:

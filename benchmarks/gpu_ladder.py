@@ -29,8 +29,9 @@ and written). Prints one table last and writes the JSON to --out. Without CUDA, 
 build, ceiling and served on the CPU (a smoke test of the script, not a figure).
 
     python -m benchmarks.gpu_ladder [--rung gpt2-124m] [--streams 1,16,64,256] [--new-tokens 128]
-        [--steps 128] [--repeats 3] [--modes cuda_graphs,run_ahead_off] [--kinds top_p,top_k,logprobs,repetition]
-        [--kinds-streams 64] [--exports float16,int4] [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
+        [--steps 128] [--repeats 3] [--modes cuda_graphs,run_ahead_off]
+        [--kinds top_p,top_k,logprobs,repetition,ignore_eos] [--kinds-streams 64] [--exports float16,int4]
+        [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ KINDS: dict[str, dict[str, Any]] = {
     "top_k": {"temperature": 1.0, "top_k": 50},
     "logprobs": {"logprobs": 5},
     "repetition": {"temperature": 0.7, "repetition_penalty": 1.1},
+    "ignore_eos": {"ignore_eos": True},
 }
 
 
