@@ -535,3 +535,38 @@ def test_a_seeded_request_decodes_alike_alone_and_beside_15_others(busy):
             f.result()
     assert together == alone
     wait_until(lambda: idle(busy.engine), what="the batch to empty")
+
+
+def test_tie_order_sorts_each_run_of_equal_values_by_place_whatever_order_topk_gave():
+    """CUDA's TopK gives tied values in no set order (an H200 gave higher ids first); the head's and the
+    nucleus's TopK put them in ONNX's order again (lower place first) by tie_order, here handed TopK's
+    output in the worst order, each run of equal values by place descending, -inf's among them."""
+    from onnx import TensorProto, helper
+
+    b = logits_pass_graph.Builder()
+    logits_pass_graph.constants(b, logits_pass_graph.WIDTHS[0])
+    logits_pass_graph.tie_order(b, "values", "places", "k", "ordered", "ordered_places")
+    graph = helper.make_graph(
+        b.nodes, "tie_order",
+        [helper.make_tensor_value_info("values", TensorProto.FLOAT, ["R", "K"]),
+         helper.make_tensor_value_info("places", TensorProto.INT64, ["R", "K"]),
+         helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("ordered", TensorProto.FLOAT, ["R", "K"]),
+         helper.make_tensor_value_info("ordered_places", TensorProto.INT64, ["R", "K"])],
+        b.constants,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", logits_pass_graph.OPSET)], ir_version=10)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    rows, k = 6, 40
+    values = np.round(rng.normal(0, 1, (rows, 3 * k)), 0).astype(np.float32)
+    values[:, rng.integers(0, 3 * k, 30)] = -np.inf
+    places = np.array([rng.permutation(3 * k)[:k] for _ in range(rows)])
+    got_values = np.take_along_axis(values, places, 1)
+    worst = np.array([np.lexsort((-p, -v)) for v, p in zip(got_values, places)])  # ties: higher place first
+    given = np.take_along_axis(got_values, worst, 1), np.take_along_axis(places, worst, 1)
+    assert any(given[1][r, i] > given[1][r, i + 1] for r in range(rows) for i in range(k - 1))  # some ties out of order
+    ordered, ordered_places = session.run(None, {"values": given[0], "places": given[1], "k": np.array([k])})
+    best = np.array([np.lexsort((p, -v)) for v, p in zip(got_values, places)])
+    assert np.array_equal(ordered_places, np.take_along_axis(places, best, 1))
+    assert np.array_equal(ordered, np.take_along_axis(got_values, best, 1))

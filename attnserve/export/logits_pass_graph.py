@@ -115,6 +115,36 @@ def at(b: Builder, table: str, index: str, out: str) -> None:
     b.op("Squeeze", [f"{out}_col", "axis1"], out)
 
 
+def ordered_top(b: Builder, values: str, k: str, out_values: str, out_places: str) -> None:
+    """`out_values` and `out_places` (R, K): TopK of `values` (R, W) at `k`, descending and, of equal values,
+    the lower place first. ONNX's TopK promises that order and the CPU provider keeps it; CUDA's does not
+    (an H200 gave tied log-probabilities higher id first), so tie_order puts the K it gives in that order
+    again. Which ids of a tie at the K-th value are among the K stays the provider's: the callers count a
+    tie there as unknown, or need more than K - N ids tied with the N-th."""
+    b.op("TopK", [values, k], [f"{out_values}_any", f"{out_places}_any"], axis=1, largest=1, sorted=1)
+    tie_order(b, f"{out_values}_any", f"{out_places}_any", k, out_values, out_places)
+
+
+def tie_order(b: Builder, values: str, places: str, k: str, out_values: str, out_places: str) -> None:
+    """`values` (R, K), descending, and their `places`, with each run of equal values sorted by place:
+    each run is a group (numbered from 0 down the values), and a TopK over group * 2^32 + place, keys that
+    never tie, sorts them."""
+    b.op("Slice", [values, "axis1", "end", "axis1"], f"{out_values}_next")  # [:, 1:]
+    b.op("Slice", [values, "zero_1d", "minus1", "axis1"], f"{out_values}_prev")  # [:, :-1]
+    b.op("Equal", [f"{out_values}_next", f"{out_values}_prev"], f"{out_values}_same")
+    b.op("Not", [f"{out_values}_same"], f"{out_values}_new")
+    b.op("Cast", [f"{out_values}_new"], f"{out_values}_starts", to=TensorProto.INT64)
+    b.op("Slice", [places, "zero_1d", "axis1", "axis1"], f"{out_places}_first")
+    b.op("Sub", [f"{out_places}_first", f"{out_places}_first"], f"{out_values}_group0")  # (R, 1) zeros
+    b.op("Concat", [f"{out_values}_group0", f"{out_values}_starts"], f"{out_values}_steps", axis=1)
+    b.op("CumSum", [f"{out_values}_steps", "axis1_s"], f"{out_values}_group")
+    b.op("Mul", [f"{out_values}_group", "group_stride"], f"{out_values}_group_key")
+    b.op("Add", [f"{out_values}_group_key", places], f"{out_values}_key")
+    b.op("TopK", [f"{out_values}_key", k], [f"{out_values}_key_sorted", f"{out_values}_order"], axis=1, largest=0)
+    b.op("GatherElements", [values, f"{out_values}_order"], out_values, axis=1)
+    b.op("GatherElements", [places, f"{out_values}_order"], out_places, axis=1)
+
+
 def count(b: Builder, mask: str, out: str) -> None:
     """`out` (R,): how many of each row's `mask` (R, K) are true."""
     b.op("Cast", [mask], f"{mask}_i", to=TensorProto.INT64)
@@ -143,6 +173,7 @@ def constants(b: Builder, width: Width) -> None:
     scalar("zero_i", 0)
     scalar("one_i", 1)
     scalar("align_i", ROW_ALIGN)
+    scalar("group_stride", 2**32)  # ordered_top's keys: a group's places (< 2^32) apart from the next's
     f32("zero_f", 0.0)
     f32("one_f", 1.0)
     f32("minus_inf", -np.inf)
@@ -233,7 +264,7 @@ def head(b: Builder, whole_row: bool) -> None:
     b.op("Shape", ["candidates"], "candidates_shape")
     b.op("Slice", ["candidates_shape", "minus1", "end"], "candidate_count")
     b.op("Min", ["candidate_count", "head_cap"], "k")
-    b.op("TopK", ["candidates", "k"], ["head_logprobs", "head_places"], axis=1, largest=1, sorted=1)
+    ordered_top(b, "candidates", "k", "head_logprobs", "head_places")
     if whole_row:  # the candidates are the row: a place is an id
         b.op("Identity", ["head_places"], "head_ids")
     else:
@@ -462,7 +493,7 @@ def nucleus(b: Builder) -> None:
     b.op("Equal", ["bucket_or_trash", "crossing_col"], "in_crossing")
     b.op("Where", ["in_crossing", "values", "minus_inf"], "crossing_values")
     b.op("Min", ["values_width", "crossing_cap"], "crossing_k")
-    b.op("TopK", ["crossing_values", "crossing_k"], ["inside", "inside_places"], axis=1, largest=1, sorted=1)
+    ordered_top(b, "crossing_values", "crossing_k", "inside", "inside_places")
     b.op("GatherElements", ["weights_q", "inside_places"], "inside_weights", axis=1)  # the quanta summed
     b.op("CumSum", ["inside_weights", "axis1_s"], "inside_cum")
     b.op("Sub", ["inside_cum", "inside_weights"], "inside_before")
@@ -478,7 +509,7 @@ def nucleus(b: Builder) -> None:
     b.op("Clip", ["taken_last_unclipped", "zero_i", "inside_last"], "taken_last")
     at(b, "inside", "taken_last", "last_value")
     # kept: every candidate at least at the last value (top-p off: every candidate), less the ids tied at
-    # it that were not taken (the higher ones: TopK puts the lower id first among ties)
+    # it that were not taken (the higher ones: ordered_top puts the lower id first among ties)
     b.op("GreaterOrEqual", ["top_p", "one_f"], "top_p_off")
     b.op("Where", ["top_p_off", "lowest_float", "last_value"], "threshold")
     b.op("Unsqueeze", ["threshold", "axis1"], "threshold_col")
