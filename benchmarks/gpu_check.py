@@ -196,7 +196,8 @@ def spread(values: list[float]) -> dict:
 MODES: dict[str, dict[str, Any]] = {
     "cuda_graphs": {},
     "no_cuda_graphs": {"no_cuda_graphs": True},
-    "run_ahead_off": {"run_ahead": "off"},
+    "run_ahead_on": {"run_ahead": "on"},
+    "run_ahead_off": {"run_ahead": "off"},  # the defaults on a GPU since 2026-11-30; before, auto ran ahead there
 }
 
 
@@ -212,9 +213,10 @@ def serving(
 ) -> list[dict]:
     """Output tokens/s through gRPC at each concurrency (the engine core in a process of its own) on a
     server per mode (MODES: decode steps replayed as CUDA graphs, the default, or launched node by node;
-    run-ahead off): the servers up side by side, measured in alternating rounds after a warm-up at every
-    level (which also captures the graphs of the batch sizes it reaches), each run's time to first token
-    and inter-token latency percentiles kept (the median run's). `ignore_eos`: every request decodes exactly
+    run-ahead on, which the defaults leave off on a GPU): the servers up side by side, measured in
+    alternating rounds after a warm-up at every level (which also captures the graphs of the batch sizes
+    it reaches), each run's time to first token and inter-token latency percentiles kept (the median
+    run's). `ignore_eos`: every request decodes exactly
     `new_tokens`. `kinds`: request kinds (a name -> GenerateRequest fields) also sent to the first mode's
     server in the same rounds, each with its ratio to that server's greedy round by round."""
     import grpc
@@ -276,8 +278,8 @@ def served_row(level: int, modes: tuple[str, ...], kinds: list[str], runs: dict)
     }
     if {"cuda_graphs", "no_cuda_graphs"} <= set(modes):
         row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
-    if {"cuda_graphs", "run_ahead_off"} <= set(modes):
-        pairs = zip(rate["cuda_graphs", "greedy"], rate["run_ahead_off", "greedy"])
+    if {"cuda_graphs", "run_ahead_on"} <= set(modes):
+        pairs = zip(rate["run_ahead_on", "greedy"], rate["cuda_graphs", "greedy"])
         row["run_ahead_speedup"] = spread([on / off for on, off in pairs])
     greedy = rate[modes[0], "greedy"]
     row["kinds"] = {k: spread([x / g for x, g in zip(rate[modes[0], k], greedy)]) for k in kinds}

@@ -16,8 +16,8 @@ tokens/s through gRPC at 1, 16 and 64 streams against the decode step's own ceil
            came, with the median run's time to first token and inter-token latency percentiles, and
            its share of the step's ceiling. --ignore-eos makes every request run to length (greedy with
            EOS banned decodes in the greedy bursts: a row is read only at a step whose argmax is EOS).
-           --modes: the servers measured side by side (cuda_graphs: the defaults, run-ahead on where
-           auto runs it, as on a GPU; run_ahead_off: --run-ahead off; no_cuda_graphs)
+           --modes: the servers measured side by side (cuda_graphs: the defaults, which leave run-ahead
+           off on a GPU; run_ahead_on: --run-ahead on; no_cuda_graphs)
   kinds    float16 only: each of --kinds (sampled, logprobs ...) at --kinds-streams on the first mode's
            server, against its greedy in the same rounds
   eager    float16 only: ms per token at 1 stream, ONNX Runtime vs PyTorch eager CUDA on the same
@@ -29,7 +29,7 @@ and written). Prints one table last and writes the JSON to --out. Without CUDA, 
 build, ceiling and served on the CPU (a smoke test of the script, not a figure).
 
     python -m benchmarks.gpu_ladder [--rung gpt2-124m] [--streams 1,16,64,256] [--new-tokens 128]
-        [--steps 128] [--repeats 3] [--modes cuda_graphs,run_ahead_off]
+        [--steps 128] [--repeats 3] [--modes cuda_graphs,run_ahead_on]
         [--kinds top_p,top_k,logprobs,repetition,ignore_eos] [--kinds-streams 64] [--exports float16,int4]
         [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
 """
@@ -263,7 +263,7 @@ def print_table(result: dict) -> None:
     )
     print(
         f"{'export':<8} {'B/S':>4} {'step ms':>20} {'step ceiling':>12} {'served':>24} {'share':>6} "
-        f"{'ahead/off':>9} {'TTFT p50':>9} {'ITL p50':>8} {'ITL p99':>8}"
+        f"{'ahead/not':>9} {'TTFT p50':>9} {'ITL p50':>8} {'ITL p99':>8}"
     )
     for row in [r for r in result["exports"] if "error" not in r]:
         first = result["modes"][0]
@@ -308,14 +308,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/gpu-ladder"), help="checkpoints and exports go here")
     p.add_argument("--out", type=Path, default=Path("reports/gpu-ladder.json"))
     p.add_argument("--ignore-eos", action="store_true", help="served requests mask EOS (every one runs to length)")
-    p.add_argument("--modes", default="cuda_graphs,run_ahead_off", help=f"servers side by side, of: {', '.join(MODES)}")
+    p.add_argument("--modes", default="cuda_graphs,run_ahead_on", help=f"servers side by side, of: {', '.join(MODES)}")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"request kinds at --kinds-streams, of: {', '.join(KINDS)}")
     p.add_argument("--kinds-streams", type=int, default=64, help="streams the kinds are served at (default: 64)")
     p.add_argument("--exports", default="float16,int4", help="which exports to measure: float16, int4 or both")
     p.add_argument("--smoke", action="store_true", help="only check that onnxruntime runs on CUDA (seconds)")
+    p.add_argument("--plot-from", type=Path, help="only draw a JSON this wrote (beside it, as .png)")
     args = p.parse_args(argv)
     if args.smoke:
         return smoke()
+    if args.plot_from:
+        write_plot(json.loads(args.plot_from.read_text()), args.plot_from.with_suffix(".png"))
+        return 0
     args.streams = [int(s) for s in args.streams.split(",")]
     args.modes, args.exports = args.modes.split(","), args.exports.split(",")
     args.kinds = [k for k in args.kinds.split(",") if k]
@@ -360,8 +364,42 @@ def main(argv: list[str] | None = None) -> int:
         result["per_token"] = [eager]
     result["stamp"] = stamp.finish()
     write_report(args.out, result, title="The size ladder on a GPU: served tokens/s against the decode step's ceiling")
+    write_plot(result, args.out.with_suffix(".png"))
     print_table(result)
     return 0
+
+
+def write_plot(result: dict, path: Path) -> None:
+    """Per export, tokens/s against streams: the decode step's ceiling and each mode's served median,
+    round-to-round min and max as error bars; the kinds' ratios to greedy in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["exports"] if "error" not in r]
+    fig, axes = plt.subplots(1, len(rows), figsize=(6.5 * len(rows), 4.4), squeeze=False)
+    for ax, row in zip(axes[0], rows):
+        streams = [c["batch"] for c in row["ceiling"]]
+        ax.plot(streams, [c["tokens_per_s"] for c in row["ceiling"]], "k--", marker="o", label="decode step's ceiling")
+        for i, mode in enumerate(result["modes"]):
+            got = [s[mode] for s in row["served"]]
+            medians = [g["median"] for g in got]
+            errors = [[m - g["min"] for m, g in zip(medians, got)], [g["max"] - m for m, g in zip(medians, got)]]
+            ax.errorbar(streams, medians, yerr=errors, marker="o", capsize=3, color=f"C{i}", label=f"served, {mode}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("streams (batch)")
+        ax.set_ylabel("tokens/s")
+        kinds = row.get("kinds", {}).get("kinds", {})
+        said = ", ".join(f"{k} {r['median']:.2f}x" for k, r in kinds.items())
+        title = f"{result['rung']} {row['export']} on {result['machine'].get('gpu', result['provider'])}"
+        ax.set_title(
+            title + (f"\nat {row['kinds']['concurrency']} streams, / greedy: {said}" if said else ""), fontsize=8
+        )
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
 
 
 def count(ckpt: Path) -> int:

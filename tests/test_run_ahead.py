@@ -227,10 +227,11 @@ def options(threads: int) -> SimpleNamespace:
 
 def test_auto_runs_ahead_where_a_core_is_spare():
     """A runner runs ahead where the engine asks only with --run-ahead on, or auto where ONNX Runtime's
-    intra-op threads leave two cores free, the front end's and the engine thread's (or on a GPU)."""
+    intra-op threads leave two cores free, the front end's and the engine thread's (never on a GPU, where
+    an H200 measured no gain)."""
     cores = usable_cores()
     cpu, gpu = Device("cpu"), Device("cuda")
     assert may_run_ahead("on", options(cores), cpu) and not may_run_ahead("off", options(1), gpu)
     assert may_run_ahead("auto", options(cores - 2), cpu) == (cores > 2)  # a core for the front end, one for it
     assert not may_run_ahead("auto", options(cores - 1), cpu) and not may_run_ahead("auto", options(cores), cpu)
-    assert may_run_ahead("auto", options(cores), gpu)
+    assert not may_run_ahead("auto", options(1), gpu) and may_run_ahead("on", options(cores), gpu)

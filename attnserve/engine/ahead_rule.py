@@ -10,7 +10,8 @@ loses where it hands on less (1 or 4 streams at interval 8, unary calls: 0.94-0.
 gained 1.02x, not taken). `auto` runs a burst ahead where its requests take a token a step or more
 between them (each its share: a stream 1 / its interval, a request with stop strings every token, a
 unary call none until its end); `on` always; `off` never. The runner runs ahead only where it may:
-`--run-ahead on`, or auto where the engine's thread has a core to itself (runtime/run_ahead.spare_core).
+`--run-ahead on`, or auto on the CPU where the engine's thread has a core to itself (runtime/run_ahead.spare_core;
+not on a GPU, where an H200 measured no gain served).
 """
 
 from __future__ import annotations

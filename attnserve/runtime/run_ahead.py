@@ -27,21 +27,24 @@ Step = Callable[[np.ndarray], np.ndarray]  # fed the last step's tokens (never w
 DONE = object()  # the worker's last word on a burst
 
 
-def spare_core(session: ort.InferenceSession, device: Device) -> bool:
-    """Whether the engine's thread has a core to itself while the model runs: the model runs on a GPU, or
-    ONNX Runtime's intra-op threads leave two of this process's cores free, one for the front end (its
-    process, or its event loop) and one for the engine's thread. With every core computing the step, the
-    engine's work only takes turns with it (GPT-2 124M int8 on 2 cores served: 0.99-1.01x); with the one
-    core the default leaves to the front end, the front end and the client take it (a 1M-parameter model
-    served on 2 cores: 0.99-1.05x), where the engine alone with a core to itself gains 1.12-1.13x at
-    interval 1 (docs/reports/run-ahead.md)."""
+def spare_core(session: ort.InferenceSession) -> bool:
+    """Whether the engine's thread has a core to itself while the model runs on the CPU: ONNX Runtime's
+    intra-op threads leave two of this process's cores free, one for the front end (its process, or its
+    event loop) and one for the engine's thread. With every core computing the step, the engine's work
+    only takes turns with it (GPT-2 124M int8 on 2 cores served: 0.99-1.01x); with the one core the
+    default leaves to the front end, the front end and the client take it (a 1M-parameter model served
+    on 2 cores: 0.99-1.05x), where the engine alone with a core to itself gains 1.12-1.13x at interval 1
+    (docs/reports/run-ahead.md)."""
     threads = session.get_session_options().intra_op_num_threads
-    return device.kind != "cpu" or 0 < threads <= usable_cores() - 2
+    return 0 < threads <= usable_cores() - 2
 
 
 def may_run_ahead(mode: str, session: ort.InferenceSession, device: Device) -> bool:
-    """Whether a runner runs ahead when the engine asks (--run-ahead: on, off, or auto where a core is spare)."""
-    return mode == "on" or (mode == "auto" and spare_core(session, device))
+    """Whether a runner runs ahead when the engine asks (--run-ahead): on; off; auto on the CPU where a core
+    is spare, and not on a GPU, where it gained nothing served (an H200, GPT-2 124M float16: 0.97, 0.77,
+    1.14 and 1.05x at 1, 16, 64 and 256 streams; the 1M-parameter model 0.93, 1.02 and 0.94x at 1, 16 and
+    64: docs/reports/gpu-ladder.md)."""
+    return mode == "on" or (mode == "auto" and device.kind == "cpu" and spare_core(session))
 
 
 class RunAhead:

@@ -168,8 +168,8 @@ class ServerConfig:
             "run-ahead decoding: while every request is greedy, the next decode step runs on a thread of its "
             "own while the engine takes the last step's tokens (their text, stops and events), one step ahead "
             "(a request that ends never shows the extra token); on, off, or auto: where the engine takes a token "
-            "a step or more (streams at interval 1, not unary calls) and its thread has a core to itself (a GPU, "
-            "or --threads at most the cores less 2)",
+            "a step or more (streams at interval 1, not unary calls) and its thread has a core to itself on the CPU "
+            "(--threads at most the cores less 2; never on a GPU, where it measured no gain)",
             choices=RUN_AHEAD,
         ),
     )
