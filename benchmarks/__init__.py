@@ -5,6 +5,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.serving    the engine in-process vs through gRPC, by concurrency (make bench)
     python -m benchmarks.kv         arena vs concat vs onnxruntime-genai on one directory (make kv-bench)
     python -m benchmarks.engine_cost  the engine's own cost against a plain loop (make perf)
+    python -m benchmarks.host_cost  the engine's host work alone: tokens/s over a runner that computes nothing
     python -m benchmarks.engine_core  --engine-core process vs thread vs onnxruntime-genai through gRPC (make perf)
     python -m benchmarks.gpu_check  the CUDA path proven and measured on a CUDA host (make gpu-check)
     python -m benchmarks.import_sizes  Hugging Face checkpoints at 124M/135M: import, export, serve (make import-sizes)

@@ -131,7 +131,7 @@ async def measure(
 ) -> list[dict]:
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
-    limits = EngineLimits(max(levels), max(levels), 0, None, run_ahead)
+    limits = EngineLimits(max(levels), max(levels), 0, None, run_ahead, 0)
     runner = open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels), run_ahead=run_ahead)
     engine = Engine(runner, tokenizer, limits)
     engine.start()

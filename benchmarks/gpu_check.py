@@ -198,6 +198,7 @@ MODES: dict[str, dict[str, Any]] = {
     "no_cuda_graphs": {"no_cuda_graphs": True},
     "run_ahead_on": {"run_ahead": "on"},
     "run_ahead_off": {"run_ahead": "off"},  # the defaults on a GPU since 2026-11-30; before, auto ran ahead there
+    "wait_16": {"max_waiting_steps": 16},  # arrivals prefilled together (--max-waiting-steps)
 }
 
 
@@ -282,6 +283,7 @@ def served_row(level: int, modes: tuple[str, ...], kinds: list[str], runs: dict)
         pairs = zip(rate["run_ahead_on", "greedy"], rate["cuda_graphs", "greedy"])
         row["run_ahead_speedup"] = spread([on / off for on, off in pairs])
     greedy = rate[modes[0], "greedy"]
+    row["vs_first"] = {m: spread([x / g for x, g in zip(rate[m, "greedy"], greedy)]) for m in modes[1:]}
     row["kinds"] = {k: spread([x / g for x, g in zip(rate[modes[0], k], greedy)]) for k in kinds}
     return row
 

@@ -17,7 +17,8 @@ tokens/s through gRPC at 1, 16 and 64 streams against the decode step's own ceil
            its share of the step's ceiling. --ignore-eos makes every request run to length (greedy with
            EOS banned decodes in the greedy bursts: a row is read only at a step whose argmax is EOS).
            --modes: the servers measured side by side (cuda_graphs: the defaults, which leave run-ahead
-           off on a GPU; run_ahead_on: --run-ahead on; no_cuda_graphs)
+           off on a GPU; run_ahead_on: --run-ahead on; wait_16: --max-waiting-steps 16; no_cuda_graphs),
+           each after the first as its ratio to the first, round by round ("2nd/1st": the second's)
   kinds    float16 only: each of --kinds (sampled, logprobs ...) at --kinds-streams on the first mode's
            server, against its greedy in the same rounds
   eager    float16 only: ms per token at 1 stream, ONNX Runtime vs PyTorch eager CUDA on the same
@@ -29,7 +30,7 @@ and written). Prints one table last and writes the JSON to --out. Without CUDA, 
 build, ceiling and served on the CPU (a smoke test of the script, not a figure).
 
     python -m benchmarks.gpu_ladder [--rung gpt2-124m] [--streams 1,16,64,256] [--new-tokens 128]
-        [--steps 128] [--repeats 3] [--modes cuda_graphs,run_ahead_on]
+        [--steps 128] [--repeats 3] [--modes cuda_graphs,wait_16,run_ahead_on]
         [--kinds top_p,top_k,logprobs,repetition,ignore_eos] [--kinds-streams 64] [--exports float16,int4]
         [--work runs/gpu-ladder] [--out reports/gpu-ladder.json]
 """
@@ -263,18 +264,25 @@ def print_table(result: dict) -> None:
     )
     print(
         f"{'export':<8} {'B/S':>4} {'step ms':>20} {'step ceiling':>12} {'served':>24} {'share':>6} "
-        f"{'ahead/not':>9} {'TTFT p50':>9} {'ITL p50':>8} {'ITL p99':>8}"
+        f"{'2nd/1st':>9} {'TTFT p50':>9} {'ITL p50':>8} {'ITL p99':>8}"
     )
     for row in [r for r in result["exports"] if "error" not in r]:
         first = result["modes"][0]
         for ceil, served in zip(row["ceiling"], row["served"]):
             ms, s, late = ceil["ms_per_step"], served[first], served["latency"][first]
-            ahead = served.get("run_ahead_speedup", {}).get("median")
+            second: dict = next(iter(served.get("vs_first", {}).values()), {})
+            ahead = second.get("median")
             print(
                 f"{row['export']:<8} {ceil['batch']:>4} {ms['median']:>7.3f} ({ms['min']:.3f}-{ms['max']:.3f}) "
                 f"{ceil['tokens_per_s']:>12,.0f} {s['median']:>9,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
                 f"{served['share_of_ceiling']:>6.0%} {f'{ahead:.2f}x' if ahead else '-':>9} "
                 f"{late['ttft_ms']['p50']:>9.1f} {late['itl_ms']['p50']:>8.2f} {late['itl_ms']['p99']:>8.2f}"
+            )
+        for mode in result["modes"][1:]:
+            ratios = [(served["concurrency"], served["vs_first"][mode]) for served in row["served"]]
+            print(
+                f"  {row['export']} {mode} / {first}: "
+                + ", ".join(f"{s} streams {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})" for s, r in ratios)
             )
         if "kinds" in row:
             got = row["kinds"]["kinds"]
@@ -308,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/gpu-ladder"), help="checkpoints and exports go here")
     p.add_argument("--out", type=Path, default=Path("reports/gpu-ladder.json"))
     p.add_argument("--ignore-eos", action="store_true", help="served requests mask EOS (every one runs to length)")
-    p.add_argument("--modes", default="cuda_graphs,run_ahead_on", help=f"servers side by side, of: {', '.join(MODES)}")
+    p.add_argument(
+        "--modes", default="cuda_graphs,wait_16,run_ahead_on", help=f"servers side by side, of: {', '.join(MODES)}"
+    )
     p.add_argument("--kinds", default=",".join(KINDS), help=f"request kinds at --kinds-streams, of: {', '.join(KINDS)}")
     p.add_argument("--kinds-streams", type=int, default=64, help="streams the kinds are served at (default: 64)")
     p.add_argument("--exports", default="float16,int4", help="which exports to measure: float16, int4 or both")

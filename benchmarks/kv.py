@@ -144,7 +144,7 @@ def concat_engine(model_dir: str, threads: int, max_batch: int, tokenizer) -> En
     """The engine before the arena, over a concat directory (attnserve serve no longer runs one)."""
     model = ModelSessions(model_dir, "cpu", threads)
     runner = ConcatRunner(model, max_batch, model.manifest.pad_id)
-    engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch, 0, None, "off"))
+    engine = Engine(runner, tokenizer, EngineLimits(max_batch, 4 * max_batch, 0, None, "off", 0))
     engine.start()
     return engine
 

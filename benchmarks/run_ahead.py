@@ -59,7 +59,7 @@ async def measure(args: argparse.Namespace, model: ModelSessions) -> list[dict]:
     engines, runners = {}, {}
     for side, mode in zip(SIDES, ("off", args.mode)):
         runners[side] = open_slot_runner(model, most, PROMPT_TOKENS * most, run_ahead=mode)
-        engines[side] = Engine(runners[side], tokenizer, EngineLimits(most, most, 0, None, mode))
+        engines[side] = Engine(runners[side], tokenizer, EngineLimits(most, most, 0, None, mode, 0))
         engines[side].start()
     rows = []
     try:

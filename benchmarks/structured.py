@@ -94,7 +94,12 @@ async def measure(model: ModelSessions, levels: list[int], new_tokens: int, repe
     grammar = compile_grammar("json_schema", json.dumps(SCHEMA), tokenizer)
     specials = {tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id}
     limits = EngineLimits(
-        max_batch=max(levels), max_queue=max(levels), max_buffered=0, speculation=None, run_ahead="off"
+        max_batch=max(levels),
+        max_queue=max(levels),
+        max_buffered=0,
+        speculation=None,
+        run_ahead="off",
+        max_waiting_steps=0,
     )
     engine = Engine(open_slot_runner(model, max(levels), PROMPT_TOKENS * max(levels)), tokenizer, limits)
     engine.start()

@@ -239,10 +239,12 @@ def running(
     speculation: Speculation | None = None,
     draft: FakeRunner | None = None,
     run_ahead: str = "off",
+    max_waiting_steps: int = 0,
 ):
     """The engine over `runner` (its clock the runner's), stopped after; bursts never run ahead unless
-    `run_ahead` says (tests/test_run_ahead.py: the one-step lag)."""
-    limits = EngineLimits(runner.capacity, max_queue, 0, speculation, run_ahead)
+    `run_ahead` says (tests/test_run_ahead.py: the one-step lag); requests start at the next step unless
+    `max_waiting_steps` says."""
+    limits = EngineLimits(runner.capacity, max_queue, 0, speculation, run_ahead, max_waiting_steps)
     engine = Engine(runner, TOKENIZER, limits, draft=draft, clock=lambda: runner.now)
     try:
         yield engine
@@ -361,7 +363,7 @@ def test_a_released_queued_request_ends_cancelled_at_once_counted_and_never_star
     observer = Counted()
 
     async def main():
-        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None, "off"), observer)
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None, "off", 0), observer)
         try:
             long, queued = engine.submit(ask("long", 50)), engine.submit(ask("queued", 3))
             engine.start()
@@ -702,6 +704,40 @@ def test_a_cancel_a_deadline_or_an_arrival_ends_a_burst_after_the_step_under_way
         assert final.usage.completion_tokens == 2 and runner.log[after][0] == "release"
 
 
+@pytest.mark.parametrize("arrivals", [1, 2])
+@pytest.mark.parametrize("wait", [0, 5])
+def test_max_waiting_steps_holds_an_arrival_while_fewer_wait_than_decode(wait, arrivals):
+    """--max-waiting-steps: with two requests decoding, one arrival waits `wait` decode steps (counted from
+    the step under way when it came) before its prefill pauses them, the burst going on meanwhile; two
+    arrivals, as many as decode, start after the step under way, as every arrival does with 0. Nobody's
+    tokens change."""
+    runner = FakeRunner(capacity=4)
+    runner.gate.clear()
+
+    async def main():
+        with running(runner, max_waiting_steps=wait) as engine:
+            longs = [
+                engine.submit(GenerationRequest(f"l{i}", (108, 111, 110, 103, i), 40, interval=None)) for i in (1, 2)
+            ]
+            engine.start()
+            await at_gate(runner)
+            late = [
+                engine.submit(GenerationRequest(f"n{i}", (110, 101, 119, i), 3, interval=None)) for i in range(arrivals)
+            ]
+            runner.gate.set()
+            return [await outcome(h) for h in longs], [await outcome(h) for h in late]
+
+    longs, late = asyncio.run(main())
+    gated = next(i for i, entry in enumerate(runner.log) if entry[0] == "burst") + 1  # the step under way
+    started = next(i for i, entry in enumerate(runner.log) if entry[0] == "start" and entry[1] == 2)
+    decodes = [entry for entry in runner.log[gated:started] if entry[0] == "decode"]
+    assert len(decodes) == (wait if arrivals == 1 and wait else 1), runner.log
+    assert all(len(entry[1]) == 2 for entry in decodes)  # the two that decode, in a burst
+    for i, (tokens, final) in zip((1, 2), longs):
+        assert tokens == alone((108, 111, 110, 103, i), 40) and final.reason == FinishReason.LENGTH
+    assert [tokens for tokens, _ in late] == [alone((110, 101, 119, i), 3) for i in range(arrivals)]
+
+
 def test_a_sampling_request_in_the_batch_means_one_step_at_a_time():
     """A row that samples (or wants logprobs, or has a grammar) is picked after every step: no bursts."""
     sampled = GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None)
@@ -769,7 +805,7 @@ def test_a_request_that_ends_in_a_burst_is_freed_before_its_final_goes_out(inter
 
     async def main():
         outbox = FinalsAfterFree()
-        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None, "off"), outbox=outbox)
+        engine = Engine(runner, TOKENIZER, EngineLimits(runner.capacity, 16, 0, None, "off", 0), outbox=outbox)
         try:
             handle = engine.submit(GenerationRequest("e", tuple(b"ends"), 5, interval=interval))
             engine.start()

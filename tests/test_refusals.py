@@ -193,6 +193,8 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--kv-cache-memory", ["--kv-cache-memory", "lots"], "--kv-cache-memory"),
         ("--kv-cache-memory", ["--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 (bytes), got 0"),
         ("--prefill-chunk", ["--prefill-chunk", "0"], "--prefill-chunk must be at least 1, got 0"),
+        ("--max-waiting-steps", ["--max-waiting-steps", "-1"], "--max-waiting-steps must be 0 to 1024, got -1"),
+        ("--max-waiting-steps", ["--max-waiting-steps", "soon"], "--max-waiting-steps: invalid int value: 'soon'"),
         ("--prefix-cache", ["--prefix-cache", "maybe"], "invalid choice: 'maybe'"),
         ("--prefix-cache-memory", ["--prefix-cache-memory", "lots"], "--prefix-cache-memory"),
         (

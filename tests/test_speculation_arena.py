@@ -101,7 +101,7 @@ def engine_events(
     all submitted at once."""
     runner = open_slot_runner(model, 4, 256)
     drafts = open_slot_runner(draft, 4, 256) if draft is not None else None
-    engine = Engine(runner, ByteTokenizer(), EngineLimits(4, 16, 0, speculation, "off"), observer, draft=drafts)
+    engine = Engine(runner, ByteTokenizer(), EngineLimits(4, 16, 0, speculation, "off", 0), observer, draft=drafts)
 
     async def main():
         handles = [engine.submit(a) for a in asks]

@@ -34,6 +34,7 @@ class CoreConfig:
     nice: int = 0  # how much lower the core process's CPU priority is than the front end's (process.py)
     logits_pass: str = "auto"  # which rows the batched logits pass picks: auto, on or off (runtime/logits_pass.py)
     run_ahead: str = "auto"  # whether a burst's next step runs while the engine takes the last's: auto, on, off
+    max_waiting_steps: int = 0  # decode steps a request may wait to start beside other arrivals (0: none)
     speculation: Speculation | None = None  # --speculative-config (engine/speculation.py); None: off
 
     @property

@@ -47,13 +47,14 @@ def core_engine(
     outbox: Outbox | None = None,
     speculation: Speculation | None = None,
     run_ahead: str = "auto",
+    max_waiting_steps: int = 0,
 ) -> Engine:
     """The engine of the core's process, delivering to `writer` (through `outbox`, which hands on to it,
     where one is given). The queue's bound is the front end's alone (requests in flight <= slots +
     --max-queue, core/client.py): this queue holds what the front end accepted. Slow readers are the
     front end's too. `delay_ms`: a test's brake on every step, which run_core read (slow_steps.py);
-    `speculation`: --speculative-config's; `run_ahead`: --run-ahead's."""
-    limits = EngineLimits(loaded.capacity, None, 0, speculation, run_ahead)
+    `speculation`: --speculative-config's; `run_ahead`: --run-ahead's; `max_waiting_steps`: --max-waiting-steps'."""
+    limits = EngineLimits(loaded.capacity, None, 0, speculation, run_ahead, max_waiting_steps)
     observer = slowed(writer.recorder, delay_ms)
     return Engine(loaded.slots, loaded.tokenizer, limits, observer, outbox or writer, loaded.draft)
 
@@ -116,7 +117,7 @@ def run_core(config: CoreConfig, path: str) -> None:
         return
     writer = StepWriter(channel, Recorder())
     outbox, end_tracing = traced(writer, config, loaded)
-    engine = core_engine(loaded, writer, delay, outbox, config.speculation, config.run_ahead)
+    engine = core_engine(loaded, writer, delay, outbox, config.speculation, config.run_ahead, config.max_waiting_steps)
     runner = loaded.runner
     slots = loaded.slots
     log.info(

@@ -75,7 +75,9 @@ def start_core(
         )
     delay = step_delay_ms()
     loaded = load_model(config)
-    limits = EngineLimits(loaded.capacity, config.max_queue, max_buffered, config.speculation, config.run_ahead)
+    limits = EngineLimits(
+        loaded.capacity, config.max_queue, max_buffered, config.speculation, config.run_ahead, config.max_waiting_steps
+    )
     outbox = None
     if tracing is not None:  # the front end's: this process's spans go through one exporter
         from ..tracing.core_spans import CoreSpans

@@ -82,6 +82,9 @@ class EngineLimits:
     max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
     speculation: Speculation | None  # --speculative-config: prompt lookup or a draft model (speculation.py); None: off
     run_ahead: str  # --run-ahead: auto, on or off (a burst's next step run while the engine takes the last's)
+    max_waiting_steps: (
+        int  # --max-waiting-steps: decode steps a request may wait to be admitted beside others (0: none)
+    )
 
 
 class EngineObserver:
@@ -197,6 +200,7 @@ class Engine:
         self.outbox = outbox or LoopOutbox()
         self._keys = itertools.count()
         self._queue: collections.deque[Sequence] = collections.deque()
+        self._steps = 0  # decode steps run (a burst's each, a verification one): what --max-waiting-steps counts
         self._active: dict[int, Slot] = {}  # request key -> decoding sequence (or beam)
         self._prefilling: dict[int, Slot] = {}  # request key -> sequence (or beam) whose prompt is being prefilled
         self._cond = threading.Condition()
@@ -245,6 +249,7 @@ class Engine:
         while place and self._queue[place - 1].request.priority < sequence.request.priority:
             place -= 1
         self._queue.insert(place, sequence)
+        sequence.queued_step = self._steps
 
     def _check_room(self) -> None:
         """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
@@ -362,7 +367,10 @@ class Engine:
                 self._retire(key, holder, why)
 
     def _take_queued(self) -> None:
-        """Start queued requests whose callers are still waiting, up to the runner's free slots."""
+        """Start queued requests whose callers are still waiting, up to the runner's free slots, where they
+        are admitted now (_admits_now)."""
+        if not self._admits_now():
+            return
         start = time.perf_counter()
         with self._cond:
             while self._queue and self.slots.free_slots() >= self._queue[0].request.slots:  # all, or it waits
@@ -381,6 +389,18 @@ class Engine:
                 # an encoder-decoder's prompt is its source; each fork's slot is a copy of the prefilled one
                 self.slots.start(keys[0], sequence.request.prompt_ids, wants_rows, tuple(keys[1:]))
                 self._prefilling.update(zip(keys, holders))
+
+    def _admits_now(self) -> bool:
+        """Whether queued requests are admitted at this step boundary: always where nothing decodes or with
+        --max-waiting-steps 0; else once the one queued longest has waited that many decode steps, or the
+        queue holds as many requests as the batch decodes (TGI's max_waiting_tokens, and its
+        waiting_served_ratio at 1). A prefill round pauses every decoding request and, where a run's cost
+        is mostly its own (a GPU's kernel launches) rather than its tokens', costs about as much for one
+        prompt as for several: admitted together, arrivals pay it once."""
+        wait = self.limits.max_waiting_steps
+        if not wait or not self._active or not self._queue or len(self._queue) >= len(self._active):
+            return True
+        return self._steps - min(sequence.queued_step for sequence in self._queue) >= wait
 
     def _holders(self, sequence: Sequence, keys: list[int]) -> list[Slot]:
         """What holds each of an admitted request's slots: its completions (1 to n - 1 forks of it), or
@@ -436,6 +456,7 @@ class Engine:
             self._decode_burst(plan.next_ids, plan.bans, steps)
             return
         logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes, plan.bans)
+        self._steps += 1
         self.costs.ran_plain(batch, self.clock() - start)
         self.observer.on_tokens([], self._advance(logits, [self._active[key] for key in logits.keys]))
         for lookup in unproposed:
@@ -479,6 +500,7 @@ class Engine:
         target without it. The step, from `start` (before its proposals were drafted), is timed against
         plain steps (step_costs.py)."""
         verified = self.slots.verify(plan.next_ids, plan.proposals, plan.sampled)
+        self._steps += 1
         now = time.perf_counter()
         sequences = cast(dict[int, Sequence], dict(self._active))  # a verification's: every slot a completion
         gaps: list[float] = []
@@ -575,6 +597,7 @@ class Engine:
         """A burst step's tokens, taken by the requests due (burst.py); whether one ended or picked an id
         that may end it. `lag`: the step a runner ran ahead after the burst was told to end, its last
         (seam.SlotRunner): what the step boundary ends (cancelled, expired, aborted) never shows its token."""
+        self._steps += 1
         if burst.times:  # the first step was reported before it ran
             self.observer.on_step(len(self._active), len(self._queue))
         if lag:
@@ -590,7 +613,12 @@ class Engine:
     def _news(self, admits: bool) -> bool:
         """Something the scheduler must see before the next step: a queued request it can admit, an abort,
         an ending to send."""
-        return (admits and bool(self._queue)) or self._abort or bool(self._released) or bool(self._refused)
+        return (
+            (admits and bool(self._queue) and self._admits_now())
+            or self._abort
+            or bool(self._released)
+            or bool(self._refused)
+        )
 
     def _advance(self, logits: Logits, holders: list[Slot]) -> list[float]:
         """Every search's rows (search.py: a completion's one, a beam group's k) taken by it, its events

@@ -169,6 +169,7 @@ class Sequence:
         self.next_token: int | None = None  # sampled, not yet fed to the model
         self.arrival = time.perf_counter()
         self.admitted: float | None = None  # prefill start
+        self.queued_step = 0  # the engine's decode steps run when it was queued (--max-waiting-steps counts from it)
         self.cached_tokens = 0  # prompt tokens the runner copied from its prefix cache
         self.first_token: float | None = None
         self.last_token: float | None = None

@@ -31,6 +31,7 @@ LOGITS_PASS = ("auto", "on", "off")
 RUN_AHEAD = AHEAD_MODES
 LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
+MAX_WAITING_STEPS = 1024  # --max-waiting-steps' bound: a request waits at most this many decode steps to start
 MIN_CONTEXT_LENGTH = 8  # attnserve import's least --context-length (its MIN_CONTEXT)
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
 UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "KI": 2**10, "MI": 2**20, "GI": 2**30}
@@ -237,6 +238,14 @@ class ServerConfig:
             "steps, so one delays the running batch by at most a chunk"
         ),
     )
+    max_waiting_steps: int = field(
+        default=0,
+        metadata=flag(
+            "while requests decode, one that could start waits up to this many decode steps, so that arrivals "
+            "are prefilled together (one pause of the running batch for several), less once as many wait as "
+            "decode; 0: each starts at the next step (TGI's --max-waiting-tokens)"
+        ),
+    )
     stream_interval_tokens: int = field(
         default=1,
         metadata=flag(
@@ -364,6 +373,7 @@ class ServerConfig:
             cuda_graphs=not self.no_cuda_graphs,
             logits_pass=self.logits_pass,
             run_ahead=self.run_ahead,
+            max_waiting_steps=self.max_waiting_steps,
             speculation=parse_speculation(self.speculative_config) if self.speculative_config is not None else None,
             max_batch=self.max_batch,
             kv_cache_memory=self.kv_cache_memory,
@@ -434,6 +444,7 @@ class ServerConfig:
                 f"at least {MIN_CONTEXT_LENGTH}",
             ),
             ("max_batch", self.max_batch >= 0, "at least 1, or auto"),
+            ("max_waiting_steps", 0 <= self.max_waiting_steps <= MAX_WAITING_STEPS, f"0 to {MAX_WAITING_STEPS}"),
             ("kv_cache_memory", self.kv_cache_memory is None or self.kv_cache_memory >= 1, "at least 1 (bytes)"),
             ("http_max_body_bytes", self.http_max_body_bytes >= 1, "at least 1 (bytes)"),
             (
