@@ -213,13 +213,14 @@ def serving(
     kinds: dict[str, dict] | None = None,
 ) -> list[dict]:
     """Output tokens/s through gRPC at each concurrency (the engine core in a process of its own) on a
-    server per mode (MODES: decode steps replayed as CUDA graphs, the default, or launched node by node;
-    run-ahead on, which the defaults leave off on a GPU): the servers up side by side, measured in
+    server per mode (MODES: the defaults, decode steps replayed as CUDA graphs; launched node by node;
+    run-ahead on, or off; arrivals held up to 16 steps): the servers up side by side, measured in
     alternating rounds after a warm-up at every level (which also captures the graphs of the batch sizes
     it reaches), each run's time to first token and inter-token latency percentiles kept (the median
-    run's). `ignore_eos`: every request decodes exactly
-    `new_tokens`. `kinds`: request kinds (a name -> GenerateRequest fields) also sent to the first mode's
-    server in the same rounds, each with its ratio to that server's greedy round by round."""
+    run's), each mode after the first as its ratio to the first round by round (`vs_first`).
+    `ignore_eos`: every request decodes exactly `new_tokens`. `kinds`: request kinds (a name ->
+    GenerateRequest fields) also sent to the first mode's server in the same rounds, each with its ratio
+    to that server's greedy round by round."""
     import grpc
 
     from attnserve.server.app import Server
@@ -279,9 +280,6 @@ def served_row(level: int, modes: tuple[str, ...], kinds: list[str], runs: dict)
     }
     if {"cuda_graphs", "no_cuda_graphs"} <= set(modes):
         row["cuda_graphs_speedup"] = row["cuda_graphs"]["median"] / row["no_cuda_graphs"]["median"]
-    if {"cuda_graphs", "run_ahead_on"} <= set(modes):
-        pairs = zip(rate["run_ahead_on", "greedy"], rate["cuda_graphs", "greedy"])
-        row["run_ahead_speedup"] = spread([on / off for on, off in pairs])
     greedy = rate[modes[0], "greedy"]
     row["vs_first"] = {m: spread([x / g for x, g in zip(rate[m, "greedy"], greedy)]) for m in modes[1:]}
     row["kinds"] = {k: spread([x / g for x, g in zip(rate[modes[0], k], greedy)]) for k in kinds}

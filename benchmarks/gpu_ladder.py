@@ -271,11 +271,11 @@ def print_table(result: dict) -> None:
         for ceil, served in zip(row["ceiling"], row["served"]):
             ms, s, late = ceil["ms_per_step"], served[first], served["latency"][first]
             second: dict = next(iter(served.get("vs_first", {}).values()), {})
-            ahead = second.get("median")
+            ratio = second.get("median")
             print(
                 f"{row['export']:<8} {ceil['batch']:>4} {ms['median']:>7.3f} ({ms['min']:.3f}-{ms['max']:.3f}) "
                 f"{ceil['tokens_per_s']:>12,.0f} {s['median']:>9,.0f} ({s['min']:,.0f}-{s['max']:,.0f}) "
-                f"{served['share_of_ceiling']:>6.0%} {f'{ahead:.2f}x' if ahead else '-':>9} "
+                f"{served['share_of_ceiling']:>6.0%} {f'{ratio:.2f}x' if ratio else '-':>9} "
                 f"{late['ttft_ms']['p50']:>9.1f} {late['itl_ms']['p50']:>8.2f} {late['itl_ms']['p99']:>8.2f}"
             )
         for mode in result["modes"][1:]:

@@ -82,9 +82,7 @@ class EngineLimits:
     max_buffered: int  # deltas a caller may leave unread before its request is dropped; 0: no cap
     speculation: Speculation | None  # --speculative-config: prompt lookup or a draft model (speculation.py); None: off
     run_ahead: str  # --run-ahead: auto, on or off (a burst's next step run while the engine takes the last's)
-    max_waiting_steps: (
-        int  # --max-waiting-steps: decode steps a request may wait to be admitted beside others (0: none)
-    )
+    max_waiting_steps: int  # --max-waiting-steps: decode steps a request may wait to start (0: none)
 
 
 class EngineObserver:
@@ -200,7 +198,7 @@ class Engine:
         self.outbox = outbox or LoopOutbox()
         self._keys = itertools.count()
         self._queue: collections.deque[Sequence] = collections.deque()
-        self._steps = 0  # decode steps run (a burst's each, a verification one): what --max-waiting-steps counts
+        self._steps = 0  # decode steps run (each of a burst's, each verification): what --max-waiting-steps counts
         self._active: dict[int, Slot] = {}  # request key -> decoding sequence (or beam)
         self._prefilling: dict[int, Slot] = {}  # request key -> sequence (or beam) whose prompt is being prefilled
         self._cond = threading.Condition()
@@ -394,9 +392,9 @@ class Engine:
         """Whether queued requests are admitted at this step boundary: always where nothing decodes or with
         --max-waiting-steps 0; else once the one queued longest has waited that many decode steps, or the
         queue holds as many requests as the batch decodes (TGI's max_waiting_tokens, and its
-        waiting_served_ratio at 1). A prefill round pauses every decoding request and, where a run's cost
-        is mostly its own (a GPU's kernel launches) rather than its tokens', costs about as much for one
-        prompt as for several: admitted together, arrivals pay it once."""
+        waiting_served_ratio at 1). A prefill round pauses every decoding request; where a run's cost is
+        mostly its own (a GPU's kernel launches) rather than its tokens', arrivals admitted together pay
+        it once."""
         wait = self.limits.max_waiting_steps
         if not wait or not self._active or not self._queue or len(self._queue) >= len(self._active):
             return True
