@@ -142,9 +142,9 @@ gpu-check:
 
 # The size ladder on a CUDA host (issues 44, 62): GPT-2 small's shape (random weights) in float16 and int4
 # on CUDA, served tokens/s at 1, 16, 64 and 256 streams against the decode step's ceiling at that batch,
-# run-ahead on (auto) against off, time to first token and inter-token latency percentiles, and the
-# sampler issue's request kinds at 64 streams; one table, JSON in reports/gpu-ladder.json. An offline
-# host: scripts/gpu_ladder_offline.sh.
+# the defaults beside --max-waiting-steps 16 and --run-ahead on, time to first token and inter-token
+# latency percentiles, and the sampler issue's request kinds at 64 streams; one table, JSON and PNG in
+# reports/. An offline host: scripts/gpu_ladder_offline.sh.
 gpu-ladder:
 	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m benchmarks.gpu_ladder --out reports/gpu-ladder.json
 
