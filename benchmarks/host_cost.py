@@ -9,7 +9,8 @@ docs/reports/gpu-ladder.md).
   engine      Engine.submit of N prompts (greedy, --new-tokens each) at once, each a stream read as the
               gRPC servicer reads it (Handle.next_events) on this process's event loop, the engine's
               thread beside it (`--engine-core thread`'s arrangement): the engine's step, its events
-              and their reading, with no model, no protobuf and no socket
+              and their reading, with no model, no protobuf and no network; the two share one GIL,
+              and the engine's wake of the loop waits for it (more than the engine core process pays)
 
 Reported per level: tokens/s (median, min-max over --repeats), and the host's microseconds per step
 and per token. With --tree-a DIR, another checkout's engine runs the same in a process of its own,
