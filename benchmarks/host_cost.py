@@ -13,8 +13,8 @@ docs/reports/gpu-ladder.md).
               and the engine's wake of the loop waits for it (more than the engine core process pays)
 
 Reported per level: tokens/s (median, min-max over --repeats), and the host's microseconds per step
-and per token. With --tree-a DIR, another checkout's engine runs the same in a process of its own,
-the two alternating in rounds, and b/a per round is the change's speed-up. Torch-free.
+and per token. With --tree-a DIR, another checkout's engine (one that has this file) runs the same in a
+process of its own, the two alternating in rounds, and b/a per round is the change's speed-up. Torch-free.
 
     python -m benchmarks.host_cost --model models/small-1k-bpe [--concurrency 16,64,256]
         [--intervals 1,unary] [--new-tokens 128] [--repeats 5] [--tree-a DIR] [--out F.json]
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +33,7 @@ from typing import Any
 import numpy as np
 
 from attnserve.engine.seam import Logits, ModelSpec, stepwise
-
-PROMPT_TOKENS = 16
+from benchmarks.serving import spread
 
 
 class NullRunner:
@@ -135,10 +133,6 @@ def in_tree(tree: str, args: argparse.Namespace) -> dict[str, float]:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def main(argv: list[str] | None = None) -> int:
