@@ -10,21 +10,7 @@
 # Results go to $OUT (default: reports/); arguments go to benchmarks.gpu_ladder.
 set -euo pipefail
 out=${OUT:-reports}
-unpack() {  # unpack() ARCHIVE_ON_STDIN DIR: a tar.xz read from stdin into DIR
-  mkdir -p "$1" && python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall(sys.argv[1])" "$1"
-}
-[ -d "$HOME/ortgpu/site/onnxruntime" ] || cat .gpu/part-* | unpack "$HOME/ortgpu/site"
-path=$HOME/ortgpu/site
-if [ -f .gpu/py.tar.xz ]; then
-  [ -d "$HOME/gpupy/msgspec" ] || unpack "$HOME/gpupy" < .gpu/py.tar.xz
-  path=$path:$HOME/gpupy
-fi
-if [ -f .gpu/clean.tar.gz ]; then
-  rm -rf "$HOME/attnserve-clean" && mkdir -p "$HOME/attnserve-clean" && tar -xzf .gpu/clean.tar.gz -C "$HOME/attnserve-clean"
-  path=$path:$HOME/attnserve-clean
-  echo "attnserve from the commit $(cat "$HOME/attnserve-clean/TREE")"
-fi
-export PYTHONPATH=$path:$PWD
+source scripts/gpu_env.sh  # .gpu/ unpacked and on PYTHONPATH
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv
 python3 -m benchmarks.gpu_ladder --smoke

@@ -17,12 +17,7 @@ mkdir -p "$out"
 log=$out/session.log
 start=$(date +%s)
 say() { echo "[gpu-session +$(($(date +%s) - start))s] $*" | tee -a "$log"; }
-unpack() {  # unpack DIR: a tar.xz read from standard input into DIR
-  mkdir -p "$1" && python3 -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall(sys.argv[1])" "$1"
-}
-[ -d "$HOME/ortgpu/site/onnxruntime" ] || cat .gpu/part-* | unpack "$HOME/ortgpu/site"
-rm -rf "$HOME/gpupy" && unpack "$HOME/gpupy" < .gpu/py.tar.xz
-export PYTHONPATH=$HOME/ortgpu/site:$HOME/gpupy:$PWD
+source scripts/gpu_env.sh  # .gpu/ unpacked and on PYTHONPATH
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee -a "$log"
 python3 -m benchmarks.gpu_ladder --smoke 2>&1 | tee -a "$log" || exit 1
 part() {  # part SECONDS NAME COMMAND...: COMMAND under a time limit, its output to the log, its end shown
