@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from attnserve.engine.seam import Bans, Enough, Logits, PassRow, Verified, stepwise
+from attnserve.engine.seam import Bans, Draws, Enough, Logits, PassRow, Verified, stepwise
 from attnserve.runtime.model_sessions import ModelSessions
 from attnserve.runtime.ort_session import left_pad
 from benchmarks.concat_cache import KVCache
@@ -71,9 +71,15 @@ class ConcatRunner:
         return Logits(keys, np.asarray(logits[:, -1], np.float32))
 
     def decode_steps(
-        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+        self,
+        next_ids: dict[int, int],
+        steps: int,
+        enough: Enough,
+        bans: Bans | None = None,
+        ahead: bool = False,
+        draws: Draws | None = None,
     ) -> int:
-        return stepwise(self, next_ids, steps, enough, bans, ahead)
+        return stepwise(self, next_ids, steps, enough, bans, ahead, draws)
 
     def verify(
         self,

@@ -70,8 +70,8 @@ class NullRunner:
             self.rows[key] += 1
         return Logits(keys, self.zeros[: len(keys)], self.next_ids(keys))
 
-    def decode_steps(self, next_ids, steps, enough, bans=None, ahead=False) -> int:
-        return stepwise(self, next_ids, steps, enough, bans, ahead)
+    def decode_steps(self, next_ids, steps, enough, bans=None, ahead=False, draws=None) -> int:
+        return stepwise(self, next_ids, steps, enough, bans, ahead, draws)
 
     def verify(self, next_ids, proposals, sampled=frozenset()):
         raise NotImplementedError("no speculation here")

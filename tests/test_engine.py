@@ -34,7 +34,7 @@ from attnserve.engine.domain import (
 )
 from attnserve.engine.engine import Engine, EngineLimits, EngineObserver
 from attnserve.engine.outbox import LoopOutbox
-from attnserve.engine.seam import Bans, Enough, Logits, ModelSpec, PassRow, Verified, greedy_tokens, stepwise
+from attnserve.engine.seam import Bans, Draws, Enough, Logits, ModelSpec, PassRow, Verified, greedy_tokens, stepwise
 from attnserve.engine.sequence import Handle, Sequence
 from attnserve.engine.speculation import Speculation
 from attnserve.tokenizer.utf8 import ByteTokenizer
@@ -176,13 +176,19 @@ class FakeRunner:
         return Logits(logits.keys, rows, greedy_tokens(logits, bans or {}))
 
     def decode_steps(
-        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+        self,
+        next_ids: dict[int, int],
+        steps: int,
+        enough: Enough,
+        bans: Bans | None = None,
+        ahead: bool = False,
+        draws: Draws | None = None,
     ) -> int:
         """Step by step through decode() (its gate and log), as a runner without a faster way does; with
         `ahead`, in a run-ahead runner's order (each step run before the one before is taken)."""
         self.log.append(("burst", steps))
         self.aheads.append(ahead)
-        ran = stepwise(self, next_ids, steps, enough, bans, ahead)
+        ran = stepwise(self, next_ids, steps, enough, bans, ahead, draws)
         self.bursts.append(ran)
         return ran
 
@@ -626,19 +632,21 @@ def test_ignore_eos_and_rows_past_min_new_tokens_decode_in_bursts_and_never_take
     assert runner.bursts == [1, 7]
 
 
-def test_beside_a_sampled_row_an_ignore_eos_row_takes_the_runners_argmax_with_its_bans():
-    """One step at a time (a row samples), a greedy ignore_eos row is not among the keys that sample: its
-    row of logits need not come back (nor go through the pass); the runner's argmax over every id but
-    EOS is its token, as decoding alone with the ban gives."""
+@pytest.mark.parametrize("penalty", [1.0, 1.2], ids=["drawn, in bursts", "penalized, step by step"])
+def test_beside_a_sampled_row_an_ignore_eos_row_takes_the_runners_argmax_with_its_bans(penalty: float):
+    """Beside a row that samples (drawn in bursts; with a penalty, one step at a time), a greedy ignore_eos
+    row is not among the keys that sample: its row of logits need not come back (nor go through the
+    pass); the runner's argmax over every id but EOS is its token, as decoding alone with the ban gives."""
+    sampling = SamplingParams(temperature=0.8, seed=1, repetition_penalty=penalty)
     asks = [
         GenerationRequest("ignore", tuple(b"!abc"), 10, ignore_eos=True, interval=None),
-        GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None),
+        GenerationRequest("s", tuple(b"sampled"), 10, sampling, interval=None),
     ]
     runner = FakeRunner(capacity=2)
     (ignored, final), (_, s_final) = served(runner, asks)
     assert ignored == alone(asks[0].prompt_ids, 10, 10) and final.reason == FinishReason.LENGTH
     assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
-    assert not any(entry[0] == "burst" for entry in runner.log), runner.log
+    assert any(entry[0] == "burst" for entry in runner.log) == (penalty == 1.0), runner.log
     assert runner.sampled and all(sampled == {1} for sampled in runner.sampled), runner.sampled
 
 
@@ -738,24 +746,71 @@ def test_max_waiting_steps_holds_an_arrival_while_fewer_wait_than_decode(wait, a
     assert [tokens for tokens, _ in late] == [alone((110, 101, 119, i), 3) for i in range(arrivals)]
 
 
-def test_a_sampling_request_in_the_batch_means_one_step_at_a_time():
-    """A row that samples (or wants logprobs, or has a grammar) is picked after every step: no bursts."""
-    sampled = GenerationRequest("s", tuple(b"sampled"), 10, SamplingParams(temperature=0.8, seed=1), interval=None)
+def test_a_row_whose_pick_changes_by_more_than_its_draw_means_one_step_at_a_time():
+    """A row with a penalty (its seen ids change every step) is picked after every step: no bursts; its
+    greedy neighbour decodes what it decodes alone."""
+    penalized = SamplingParams(temperature=0.8, repetition_penalty=1.2, seed=1)
+    sampled = GenerationRequest("s", tuple(b"sampled"), 10, penalized, interval=None)
     runner = FakeRunner(capacity=2)
-
-    async def main():
-        with running(runner) as engine:
-            handles = [
-                engine.submit(sampled),
-                engine.submit(GenerationRequest("g", tuple(b"greedy"), 10, interval=None)),
-            ]
-            engine.start()
-            return [await outcome(h) for h in handles]
-
-    (_, s_final), (g_tokens, _) = asyncio.run(main())
+    (_, s_final), (g_tokens, _) = served(runner, [sampled, GenerationRequest("g", tuple(b"greedy"), 10, interval=None)])
     assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
     assert g_tokens == alone(tuple(b"greedy"), 10)
     assert not any(entry[0] == "burst" for entry in runner.log), runner.log
+
+
+DRAWN = [  # rows a burst draws: sampling (seeded), logprobs, a bias, a stream of 1 and one of 4 tokens a Delta
+    GenerationRequest("k", tuple(b"top k"), 12, SamplingParams(temperature=0.8, top_k=20, seed=1), ignore_eos=True),
+    GenerationRequest(
+        "p", tuple(b"top p"), 12, SamplingParams(temperature=1.0, top_p=0.9, seed=2), ignore_eos=True, logprobs=3
+    ),
+    GenerationRequest("l", tuple(b"greedy"), 12, logprobs=2, interval=StreamInterval(4)),
+    GenerationRequest("b", tuple(b"bias"), 12, SamplingParams(logit_bias=((ord("q"), 5.0),)), interval=None),
+    GenerationRequest("e", tuple(b"!abc"), 12, SamplingParams(temperature=0.5, seed=3), ignore_eos=True, interval=None),
+]
+
+
+async def tokens_and_logprobs(handle) -> tuple[list[int], list, Final | Exception]:
+    """A request's tokens, their log-probabilities and its last event."""
+    tokens, logprobs = [], []
+    while True:
+        for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
+            if isinstance(event, Delta):
+                tokens += event.token_ids
+                logprobs += event.logprobs
+            else:
+                return tokens, logprobs, event
+
+
+def drawn_outcomes(asks: list[GenerationRequest]) -> tuple[FakeRunner, list]:
+    runner = FakeRunner(capacity=len(asks))
+
+    async def main():
+        with running(runner) as engine:
+            handles = [engine.submit(a) for a in asks]
+            engine.start()
+            return [await tokens_and_logprobs(h) for h in handles]
+
+    return runner, asyncio.run(main())
+
+
+def test_drawn_rows_run_in_bursts_and_take_what_one_step_at_a_time_gives():
+    """Rows whose PassRow changes from step to step by its uniform number alone (seeded sampling with
+    top-k or top-p, logprobs, a bias, ignore_eos while sampling) run in bursts, the runner picking each
+    step's draw (here the host's Draws.pick: the fake has no pass); each takes the tokens and
+    log-probabilities it takes one step at a time, beside a penalized row that keeps the batch stepping."""
+    bursting, together = drawn_outcomes(DRAWN)
+    penalized = GenerationRequest("r", tuple(b"penalty"), 14, SamplingParams(temperature=0.7, repetition_penalty=1.1))
+    stepping, beside = drawn_outcomes([*DRAWN, penalized])
+    assert not any(entry[0] == "burst" for entry in stepping.log), stepping.log
+    assert bursting.bursts and sum(bursting.bursts) == 11, bursting.log  # 11 of 12 tokens: the first is the prefill's
+    assert all(entry[1] == tuple(range(5)) for entry in bursting.log if entry[0] == "decode"), bursting.log
+    assert all(sampled == set(range(5)) for sampled in bursting.sampled), bursting.sampled
+    for (tokens, logprobs, final), (alone_tokens, alone_logprobs, alone_final) in zip(together, beside):
+        assert isinstance(final, Final) and final.usage.completion_tokens == 12, final
+        assert (tokens, logprobs, final.reason) == (alone_tokens, alone_logprobs, alone_final.reason)
+    assert [len(logprobs) for _, logprobs, _ in together] == [0, 12, 12, 0, 0]
+    assert together[4][0] != alone(DRAWN[4].prompt_ids, 12, 12)  # it sampled: not greedy's tokens
+    assert TOKENIZER.eos_id not in together[4][0]
 
 
 def test_a_stream_in_a_burst_gets_each_token_as_its_step_ends():
@@ -928,21 +983,24 @@ def fail_one(monkeypatch, cls, method: str, prompt: str, after: int = 3):
 
 @pytest.mark.parametrize(
     ("where", "sampling"),
-    [("advance", False), ("pick", True), ("beam", False), ("advance", True)],
+    [("advance", False), ("pick", True), ("draw", True), ("beam", False), ("advance", True)],
 )
 def test_one_requests_own_failure_ends_it_alone_and_the_busy_batch_goes_on(monkeypatch, where, sampling):
-    """An exception in one request's own work (its text and stops, its sampler, its beam search), in a burst
-    of greedy steps or a step with sampled rows: that request alone ends with the error, its slots are
-    freed, and every other request of the batch gets what it gets alone."""
+    """An exception in one request's own work (its text and stops, its sampler step by step or drawing in a
+    burst, its beam search), in a burst of greedy steps or with drawn rows, or a step with sampled rows:
+    that request alone ends with the error, its slots are freed, and every other request of the batch
+    gets what it gets alone."""
     from attnserve.engine.beam_group import BeamGroup
 
-    cls, method = {"advance": (Sequence, "advance"), "pick": (Sequence, "pick"), "beam": (BeamGroup, "step")}[where]
+    methods = {"advance": (Sequence, "advance"), "pick": (Sequence, "pick"), "draw": (Sequence, "draw")}
+    cls, method = {**methods, "beam": (BeamGroup, "step")}[where]
     fail_one(monkeypatch, cls, method, "victim")
     victim = ask("victim", 20)
     if where == "beam":
         victim = replace(victim, beams=BeamParams(num_beams=2, length_penalty=1.0, num_return_sequences=1))
-    if sampling or where == "pick":
-        victim = replace(victim, sampling=SamplingParams(temperature=0.5, seed=3), max_new_tokens=20)
+    if sampling:  # "pick": a penalty keeps it stepping, its sampler picking on the host; else drawn in bursts
+        penalty = 1.2 if where == "pick" else 1.0
+        victim = replace(victim, sampling=SamplingParams(temperature=0.5, seed=3, repetition_penalty=penalty))
     others = [ask(f"bystander {i}", 12) for i in range(4)]
     runner = FakeRunner(capacity=6)
     (_, victim_end), *rest = served(runner, [victim, *others])

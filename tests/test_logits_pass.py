@@ -495,14 +495,18 @@ def generated(stub, prompt: str, **fields) -> tuple[list[int], list[tuple[int, f
 
 def test_served_rows_are_picked_by_the_pass_as_the_host_picks_them(busy, tiny_model_dir, monkeypatch):
     """Every kind production sends, served with --logits-pass on: its rows after the first token come
-    back as the pass's picks, and its tokens, logprobs (within 1e-5) and top ids are those of the same
-    requests picked on the host, row by row (every pass_row None), and of a server with --logits-pass off."""
+    back as the pass's picks (step by step, or in bursts), and its tokens, logprobs (within 1e-5) and top
+    ids are those of the same requests picked on the host, row by row (every pass_row and burst_row
+    None: no bursts but greedy ones), and of a server with --logits-pass off."""
     taken: list[int] = []
-    real = Sequence.take_pick
+    drawn: list[int] = []  # a burst's rows the pass did not pick, picked on the host (Sequence.draw)
+    real, draw = Sequence.take_pick, Sequence.draw
     monkeypatch.setattr(Sequence, "take_pick", lambda self, pick: (taken.append(pick.token), real(self, pick))[1])
+    monkeypatch.setattr(Sequence, "draw", lambda self, *args: (drawn.append(0), draw(self, *args))[1])
     on_device = [generated(busy.stub, PROMPTS[0], **kind) for kind in KINDS]
-    assert len(taken) >= 10 * len(KINDS), len(taken)
+    assert len(taken) - len(drawn) >= 10 * len(KINDS), (len(taken), len(drawn))
     monkeypatch.setattr(Sequence, "pass_row", lambda self: None)
+    monkeypatch.setattr(Sequence, "burst_row", lambda self: None)
     taken.clear()
     on_host = [generated(busy.stub, PROMPTS[0], **kind) for kind in KINDS]
     assert not taken

@@ -15,12 +15,14 @@ import pytest
 from test_engine import WAIT_S, FakeRunner, alone, deltas_of_all, outcome, running
 
 from attnserve.engine.ahead_rule import runs_ahead
-from attnserve.engine.domain import GenerationRequest, StreamInterval
+from attnserve.engine.domain import Delta, GenerationRequest, SamplingParams, StreamInterval
+from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.engine.sequence import Sequence
 from attnserve.runtime.arena import Device
 from attnserve.runtime.model_sessions import ModelSessions, usable_cores
 from attnserve.runtime.opening import open_slot_runner
 from attnserve.runtime.run_ahead import RunAhead, may_run_ahead
+from attnserve.tokenizer import from_model_dir
 from attnserve.tokenizer.utf8 import encode
 
 # ---- the worker thread ------------------------------------------------------------------
@@ -235,3 +237,71 @@ def test_auto_runs_ahead_where_a_core_is_spare():
     assert may_run_ahead("auto", options(cores - 2), cpu) == (cores > 2)  # a core for the front end, one for it
     assert not may_run_ahead("auto", options(cores - 1), cpu) and not may_run_ahead("auto", options(cores), cpu)
     assert not may_run_ahead("auto", options(1), gpu) and may_run_ahead("on", options(cores), gpu)
+
+
+# ---- drawn rows in bursts on the real arena runner ------------------------------------------
+
+DRAWN_KINDS = [  # rows a burst draws (engine/burst.py BurstDraws): seeded sampling, logprobs, a bias
+    SamplingParams(temperature=0.8, top_k=20, seed=1),
+    SamplingParams(temperature=1.0, top_p=0.9, seed=2),
+    SamplingParams(temperature=0.7, min_p=0.05, seed=3),
+    SamplingParams(logit_bias=((32, 2.0),)),
+]
+
+
+def drawn_on_the_arena(model: ModelSessions, run_ahead: str, beside: bool) -> list[tuple]:
+    """DRAWN_KINDS' requests (the top-p one with 3 logprobs, one more greedy with 2) served together by
+    the engine over the tiny model's arena runner (every row through the batched pass where it can
+    pick it exactly, the host where not), and `beside` a penalized request that keeps the batch stepping;
+    each request's tokens, logprobs and finish reason."""
+    tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
+    asks = [
+        GenerationRequest(f"k{i}", tuple(encode(f"def f{i}(")), 24, sampling, logprobs=3 if i == 1 else None)
+        for i, sampling in enumerate(DRAWN_KINDS)
+    ]
+    asks.append(GenerationRequest("l", tuple(encode("import os")), 24, logprobs=2, interval=StreamInterval(4)))
+    penalty = SamplingParams(temperature=0.7, repetition_penalty=1.2, seed=9)
+    asks += [GenerationRequest("r", tuple(encode("class A")), 30, penalty)] if beside else []
+    runner = open_slot_runner(model, len(asks), 64, logits_pass="on", run_ahead=run_ahead)
+    engine = Engine(runner, tokenizer, EngineLimits(len(asks), 16, 0, None, run_ahead, 0))
+    bursts: list[int] = []
+    real = runner.decode_steps
+    runner.decode_steps = lambda *args: (ran := real(*args), bursts.append(ran))[0]
+
+    async def main():
+        handles = [engine.submit(a) for a in asks]
+        engine.start()
+        try:
+            return [await taken(h) for h in handles]
+        finally:
+            engine.stop()
+
+    results = asyncio.run(main())
+    assert bool(bursts) != beside, bursts  # alone they burst; beside the penalized one, step by step
+    return results[:5]
+
+
+async def taken(handle) -> tuple:
+    tokens, logprobs = [], []
+    while True:
+        for event in await asyncio.wait_for(handle.next_events(), WAIT_S):
+            if isinstance(event, Delta):
+                tokens += event.token_ids
+                logprobs += [(lp.token_id, lp.logprob, tuple(i for i, _ in lp.top)) for lp in event.logprobs]
+            else:
+                return tokens, logprobs, event.reason
+
+
+def test_drawn_rows_burst_on_the_arena_as_they_step_with_and_without_run_ahead(tiny_model_dir):
+    """On ONNX Runtime (the tiny model, CPU provider, --logits-pass on): seeded sampling rows (top-k, top-p
+    with logprobs, min-p), a greedy row with a bias and one with logprobs decode in bursts, with the runner
+    one step ahead and without, to the tokens, log-probabilities and ends they take one step at a time."""
+    model = ModelSessions(tiny_model_dir, provider="cpu", threads=1)
+    stepped = drawn_on_the_arena(model, "off", beside=True)
+    for run_ahead in ("off", "on"):
+        bursting = drawn_on_the_arena(model, run_ahead, beside=False)
+        for (tokens, logprobs, reason), (s_tokens, s_logprobs, s_reason) in zip(bursting, stepped):
+            assert (tokens, reason) == (s_tokens, s_reason), run_ahead
+            assert [(t, top) for t, _, top in logprobs] == [(t, top) for t, _, top in s_logprobs]
+            assert [lp for _, lp, _ in logprobs] == pytest.approx([lp for _, lp, _ in s_logprobs], abs=1e-5)
+    assert [len(logprobs) for _, logprobs, _ in stepped] == [0, len(stepped[1][0]), 0, 0, len(stepped[4][0])]

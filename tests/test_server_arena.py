@@ -247,8 +247,8 @@ def test_greedy_unary_calls_decode_in_bursts_that_give_what_pytorch_and_a_stream
     bursts: list[int] = []
     real = slots.decode_steps
 
-    def counted(next_ids, steps, enough, bans=None, ahead=False):
-        ran = real(next_ids, steps, enough, bans, ahead)
+    def counted(next_ids, steps, enough, bans=None, ahead=False, draws=None):
+        ran = real(next_ids, steps, enough, bans, ahead, draws)
         bursts.append(ran)
         return ran
 

@@ -149,6 +149,10 @@ class BeamMember:
         """The group's (BeamGroup.pass_row): its search takes the pick's top ids."""
         return self.group.pass_row()
 
+    def burst_row(self) -> PassRow | None:
+        """None: the group chooses its beams' next tokens after every step."""
+        return None
+
     def take_prompt(self, rows: np.ndarray) -> None:
         """A beam search asks no prompt logprobs (validation refuses them beside num_beams)."""
 

@@ -1,9 +1,11 @@
-"""A burst: greedy decode steps the runner runs back to back, and when each request takes its tokens.
+"""A burst: decode steps the runner runs back to back, and when each request takes its tokens.
 
 While every request in the batch is greedy (plain, or with bans that stay to its end: ignore_eos,
-whose row the runner reads only at a step whose argmax is banned), the runner can chain decode steps
-itself (each fed the tokens the one before picked) and the engine's own step (admission, cleanup,
-the next step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
+whose row the runner reads only at a step whose argmax is banned) or is picked by a PassRow that
+changes from step to step by its uniform number alone (sampling, logprobs, a bias: BurstDraws; the
+runner's batched pass picks them, or the host where the pass cannot), the runner can chain decode
+steps itself (each fed the tokens the one before picked) and the engine's own step (admission,
+cleanup, the next step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
 stream interval makes a Delta due, or where its budget ends; it then takes every token since the
 last time, in order and at their own step's time, as it would have step by step. A unary call
 takes its tokens at the burst's end, an interval-1 stream after every step, an interval-8 stream
@@ -14,21 +16,67 @@ No runner, no gRPC: request keys, token ids and Sequences.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 
+import numpy as np
+
+from .seam import PassRow, Pick
 from .sequence import Event, Sequence
 
 Emit = Callable[[Sequence, list[Event]], None]
 Fail = Callable[[Sequence, Exception], None]
 
 
+class BurstDraws:
+    """The burst's drawn rows (seam.Draws): each key's PassRow at the burst's first step, the same at every
+    later one but for its uniform number (its Sampler's that many draws on: counter-based), and each
+    step's picks as the runner hands them over, until the request takes them (take)."""
+
+    def __init__(self, sequences: Mapping[int, Sequence], rows: Mapping[int, PassRow]):
+        self.first = dict(rows)
+        self.sequences = {key: sequences[key] for key in rows}
+        self.positions = {key: sequence.sampler.position for key, sequence in self.sequences.items()}  # at step 0
+        self.picks: dict[int, dict[int, Pick]] = {}  # step -> key -> its pick there
+        self.failed: dict[tuple[int, int], Exception] = {}  # (step, key) -> what its host pick raised
+
+    def rows(self, step: int) -> dict[int, PassRow]:
+        return {key: self._row(key, step) for key in self.first} if step else dict(self.first)
+
+    def pick(self, key: int, row: np.ndarray, step: int) -> Pick:
+        """Its pick on the host (Sequence.draw). Where that raises (the request's own work), its row's
+        argmax stands in, fed to the steps after, and the request ends with the error when it takes it."""
+        try:
+            return self.sequences[key].draw(row, self._row(key, step))
+        except Exception as error:  # noqa: BLE001 -- one request's own work: it alone ends (take)
+            self.failed[step, key] = error
+            return Pick(int(np.argmax(row)), 0.0)
+
+    def took(self, step: int, picks: dict[int, Pick]) -> None:
+        self.picks[step] = picks
+
+    def take(self, key: int, step: int) -> int:
+        """Key's token at `step`, its pick taken by its request (its sampler's position, its logprobs); what
+        its host pick raised, raised."""
+        if (step, key) in self.failed:
+            raise self.failed[step, key]
+        return self.sequences[key].take_pick(self.picks[step][key])
+
+    def _row(self, key: int, step: int) -> PassRow:
+        row = self.first[key]
+        uniform = self.sequences[key].sampler.uniform_at(self.positions[key] + step)
+        return replace(row, uniform=uniform) if step else row
+
+
 class Burst:
     """The tokens of a burst's steps so far, and which request takes them at which step."""
 
-    def __init__(self, sequences: dict[int, Sequence], emit: Emit, fail: Fail):
+    def __init__(self, sequences: dict[int, Sequence], emit: Emit, fail: Fail, draws: BurstDraws | None = None):
         """`sequences`: the batch by key; `emit`: where a request's events go as it takes its tokens;
-        `fail`: told of a request whose own work raised (it takes no more tokens; the burst goes on)."""
-        self.sequences, self.emit, self.fail = sequences, emit, fail
+        `fail`: told of a request whose own work raised (it takes no more tokens; the burst goes on);
+        `draws`: the drawn rows' picks (a drawn request takes its pick with its token: its sampler's
+        position, its log-probabilities)."""
+        self.sequences, self.emit, self.fail, self.draws = sequences, emit, fail, draws
         self.closed: set[int] = set()  # keys that take no more tokens: failed, or ended by the step boundary
         self.ends = frozenset().union(*(sequence.ends for sequence in sequences.values()))
         self.tokens: list[list[int]] = []  # each step's tokens, in the runner's row order
@@ -82,7 +130,10 @@ class Burst:
             if sequence.done:
                 break
             try:
-                self.emit(sequence, sequence.advance(self.tokens[step][row], self.times[step]))
+                token = self.tokens[step][row]
+                if self.draws is not None and key in self.draws.first:
+                    token = self.draws.take(key, step)
+                self.emit(sequence, sequence.advance(token, self.times[step]))
             except Exception as error:  # noqa: BLE001 -- its text or stops raised: it alone ends (logged by fail)
                 self.closed.add(key)
                 self.fail(sequence, error)

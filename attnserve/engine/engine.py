@@ -19,9 +19,10 @@ host (a grammar's masked ids; a row the pass could not hold). The step's events 
 (outbox.py: the callers' event loops, one call_soon_threadsafe per loop a step; or the engine core's
 channel, core/step_writer.py). A caller on another thread ends a request at once with release
 (cancelled) or refuse (an error); the engine thread sends those endings at its next turn. While every
-row is greedy (plain, or with bans that stay: ignore_eos) and no prompt waits, the runner runs up to
-MAX_BURST decode steps back to back instead (burst.py: each request takes its tokens when its Delta
-falls due; the step boundary's work waits for the burst's end). A request's deltas go on at its stream
+row is greedy (plain, or with bans that stay: ignore_eos) or drawn by a PassRow that only its uniform
+number changes (sampling, logprobs, a bias: no penalty, no grammar) and no prompt waits, the runner
+runs up to MAX_BURST decode steps back to back instead (burst.py: each request takes its tokens when its
+Delta falls due; the step boundary's work waits for the burst's end). A request's deltas go on at its stream
 interval (its Sequence holds the tokens in between; a unary call's go with its end), so a paced stream
 wakes its caller, and crosses to the front end from the engine core's process, once per message, not
 once per token: the interval is paced here alone. With --speculative-config, a request proposes its
@@ -39,7 +40,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -48,7 +49,7 @@ import numpy as np
 from ..tokenizer import Tokenizer
 from .ahead_rule import runs_ahead
 from .beam_group import BeamGroup, BeamMember
-from .burst import Burst
+from .burst import Burst, BurstDraws
 from .domain import Draining, Final, FinishReason, GenerationRequest, QueueFull
 from .drafting import Drafts
 from .outbox import LoopOutbox, Outbox
@@ -62,7 +63,7 @@ from .step_plan import StepPlan, plan_decode
 log = logging.getLogger(__name__)
 
 DRAINING = "the server is shutting down and takes no new requests"
-# Decode steps the runner runs back to back while every request is greedy (burst.py): the engine's own
+# Decode steps the runner runs back to back while every request is greedy or drawn (burst.py): the engine's own
 # step (admission, cleanup) once per burst; a cancel, an arrival or an abort ends a burst after its step, a
 # request's end or a Delta due by time after the step that makes it, so the bound only spares step boundaries
 # where nothing happens (128 measured faster than 8: docs/design/decisions/max-burst.md).
@@ -451,7 +452,7 @@ class Engine:
         unproposed = self._unproposed() if speculate and not probe else []
         if plan.burst:
             steps = 1 if probe else max(1, min([lookup.pause for lookup in unproposed], default=MAX_BURST))
-            self._decode_burst(plan.next_ids, plan.bans, steps)
+            self._decode_burst(plan, steps)
             return
         logits = self.slots.decode(plan.next_ids, plan.sampled, plan.passes, plan.bans)
         self._steps += 1
@@ -539,19 +540,21 @@ class Engine:
         self.observer.on_speculation(proposed, kept)
         self._free_failed()
 
-    def _decode_burst(self, next_ids: dict[int, int], bans: Mapping[int, tuple[int, ...]], steps: int) -> None:
-        """Up to `steps` (at most MAX_BURST, and none past the nearest budget's end) greedy decode steps
-        run back to back by the runner (a key in `bans` never takes one of its bans: ignore_eos); after
+    def _decode_burst(self, plan: StepPlan, steps: int) -> None:
+        """Up to `steps` (at most MAX_BURST, and none past the nearest budget's end) decode steps of `plan`
+        run back to back by the runner (a key in its `bans` never takes one of its bans: ignore_eos; a key
+        in its `draws` takes its PassRow's pick: BurstDraws); after
         each, the requests whose Delta falls due take their tokens (burst.py) and the step's events go on.
         The burst ends after a step where a request ended or picked an ending id, where a stream's ms
         interval or a deadline passed, or where a cancel, an abort or a request to admit needs the
         scheduler. Run ahead (ahead_rule.py says when), the runner runs each step while the engine takes
         the one before: where the burst ends, the step after it has run, and is taken by the requests that
         go on; one that ended, or that the step boundary ends (cancelled, expired, aborted), never shows it."""
-        # a burst runs only while every slot is greedy: every slot a completion (a beam never is)
+        # a burst runs only while every slot is greedy or drawn: every slot a completion (a beam never is)
         sequences = cast(dict[int, Sequence], dict(self._active))
         steps = min(steps, *(sequence.left() for sequence in sequences.values()))  # none run ahead past a budget
-        burst = Burst(sequences, self._emit, self._fail_alone)
+        draws = BurstDraws(sequences, plan.draws) if plan.draws else None
+        burst = Burst(sequences, self._emit, self._fail_alone, draws)
         due = min(sequence.due_by() for sequence in sequences.values())
         deadlines = [s.request.deadline for s in sequences.values() if s.request.deadline is not None]
         deadline = min(deadlines, default=math.inf)
@@ -577,7 +580,7 @@ class Engine:
             return any(sequence.handle.cancelled for sequence in sequences.values())
 
         start = self.clock()
-        ran = self.slots.decode_steps(next_ids, steps, take, bans, ahead)
+        ran = self.slots.decode_steps(plan.next_ids, steps, take, plan.bans, ahead, draws)
         self.costs.ran_plain(len(sequences), (self.clock() - start) / max(ran, 1))
         for sequence in sequences.values():
             if sequence.lookup is not None:

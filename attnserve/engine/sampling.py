@@ -308,6 +308,11 @@ class Sampler:
         """This step's uniform number (unused by greedy, drawn all the same: stateless)."""
         return counter_uniform(self.seed, self.position)
 
+    def uniform_at(self, position: int) -> float:
+        """The uniform number of the draw at `position` (a burst's later steps, ahead of this one); 0 for
+        greedy, as pass_row's."""
+        return 0.0 if self.params.greedy else counter_uniform(self.seed, position)
+
     def processed(self, logits: np.ndarray, banned: tuple[int, ...], allowed: np.ndarray | None = None) -> np.ndarray:
         """The row a token is picked from: the penalties (repetition, then presence and frequency), the
         bias, the ban and the mask, then (sampling) the temperature."""

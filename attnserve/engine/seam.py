@@ -9,6 +9,7 @@ deterministic logits.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -133,6 +134,24 @@ Enough = Callable[[list[int], np.ndarray], bool]  # told a step's keys and their
 Bans = Mapping[int, tuple[int, ...]]  # key -> the ids its greedy token must not be (a burst's ignore_eos rows)
 
 
+class Draws(Protocol):
+    """A burst's rows that are picked by a PassRow (sampling, logprobs, a bias), each step's differing from
+    the step before's by its uniform number alone (burst.BurstDraws): what the runner asks of them."""
+
+    def rows(self, step: int) -> dict[int, PassRow]:
+        """Key -> its PassRow at the burst's `step` (0: its first)."""
+        ...
+
+    def pick(self, key: int, row: np.ndarray, step: int) -> Pick:
+        """Key's pick at `step` from its row of logits (V,) float32, on the host (a row the pass did not pick)."""
+        ...
+
+    def took(self, step: int, picks: dict[int, Pick]) -> None:
+        """Every drawn key's pick at `step` (called once a step, in order, before the step's tokens are
+        handed to the burst's Enough)."""
+        ...
+
+
 def argmax_without(row: np.ndarray, banned: tuple[int, ...]) -> int:
     """The argmax of `row` (V,) over every id but `banned` (first index on ties), as a greedy pick whose
     only transform is a ban makes it (sampling.Sampler's, and the pass's, with only -inf biases)."""
@@ -197,7 +216,13 @@ class SlotRunner(Protocol):
         bans: Bans | None = None,
     ) -> Logits: ...
     def decode_steps(
-        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+        self,
+        next_ids: dict[int, int],
+        steps: int,
+        enough: Enough,
+        bans: Bans | None = None,
+        ahead: bool = False,
+        draws: Draws | None = None,
     ) -> int: ...
     def verify(
         self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
@@ -236,6 +261,19 @@ def chain_steps(
     return steps
 
 
+def drawn(logits: Logits, rows: Mapping[int, PassRow], draws: Draws, step: int, tokens: np.ndarray) -> np.ndarray:
+    """`tokens` (the step's argmax tokens, by row of `logits`) with each drawn key's (a key of `rows`, its
+    PassRows at `step`) its pick's: the runner's pass's, or on the host Draws.pick's from its row; the
+    picks handed to Draws.took."""
+    picks: dict[int, Pick] = {}
+    for index, key in enumerate(logits.keys):
+        if key in rows:
+            pick = logits.picks.get(key) or draws.pick(key, logits.rows[index], step)
+            tokens[index], picks[key] = pick.token, pick
+    draws.took(step, picks)
+    return tokens
+
+
 def stepwise(
     runner: SlotRunner,
     next_ids: dict[int, int],
@@ -243,16 +281,21 @@ def stepwise(
     enough: Enough,
     bans: Bans | None = None,
     ahead: bool = False,
+    draws: Draws | None = None,
 ) -> int:
     """decode_steps by one decode() call per step: for a runner with no faster way to chain them; with
     `ahead`, in a run-ahead runner's order (chain_steps), each step run before the one before is seen."""
     keys: list[int] = []
+    ran = itertools.count()
 
     def step(tokens: np.ndarray | None) -> np.ndarray:
         fed = next_ids if tokens is None else dict(zip(keys, tokens.tolist()))
-        logits = runner.decode(fed, frozenset(), None, bans)
+        index = next(ran)
+        rows = draws.rows(index) if draws is not None else {}
+        logits = runner.decode(fed, frozenset(rows), rows, bans)
         keys[:] = logits.keys
-        return greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens
+        picked = greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens.copy()
+        return drawn(logits, rows, draws, index, picked) if draws is not None else picked
 
     first = step(None)
     return chain_steps(keys, first, steps, enough, step, ahead)

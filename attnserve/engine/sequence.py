@@ -31,7 +31,7 @@ from .domain import (
     ends_request,
 )
 from .grammar import Matcher
-from .sampling import Sampler, allows_beyond, prompt_logprobs, unpacked
+from .sampling import Sampler, allows_beyond, pick_row, prompt_logprobs, unpacked
 from .seam import Logits, ModelSpec, PassRow, Pick, argmax_without
 from .speculation import Lookup, Speculation
 
@@ -269,6 +269,22 @@ class Sequence:
         banned, allowed = self.constraints()
         row = self.sampler.pass_row(banned, self.request.logprobs or 0)
         return row if row is None or allowed is None else replace(row, allowed=allowed)
+
+    def burst_row(self) -> PassRow | None:
+        """Its pick as a burst's runner makes it at every step of the burst: this step's PassRow, where each
+        next step's differs by its uniform number alone (Sampler.uniform_at); None where more changes
+        from step to step (a penalty's ids, a grammar's mask, bans before min_new_tokens) or its token is
+        its row's argmax with at most bans that stay (argmax_bans: a greedy burst's row)."""
+        if self.argmax_bans is not None or self.sampler.penalized or self.matcher is not None:
+            return None
+        if len(self.generated) < self.request.min_new_tokens:
+            return None
+        return self.sampler.pass_row(self.banned(), self.request.logprobs or 0)
+
+    def draw(self, logits: np.ndarray, row: PassRow) -> Pick:
+        """Its pick in a burst from its row of logits (V,) by `row` (a burst_row), on the host: what its
+        sampler picks (sampling.pick_row, the batched pass's oracle)."""
+        return pick_row(logits, row)
 
     def speculate(self, speculation: Speculation, spec: ModelSpec, next_pause: int, pause: int) -> None:
         """Propose ids (speculation.py) once `pause` steps have passed, its first misses pausing it for

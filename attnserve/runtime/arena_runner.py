@@ -10,21 +10,22 @@ running batch by at most one chunk per step. With a prefix cache
 (prefix_cache.py), a prompt whose first blocks are cached gets them copied into its slot when its
 prefill begins and only the rest is prefilled (one extend run each, up to a chunk of such rests
 per round); every prompt's whole blocks are cached once it is prefilled. A request that wants its
-prompt's logits is prefilled whole. A burst of greedy decode steps (decode_steps) feeds each step
-the graph's own greedy tokens from the step before. Knows nothing of sampling, queues or gRPC; the
-engine sees keys, token ids and logits.
+prompt's logits is prefilled whole. A burst of decode steps (decode_steps) feeds each step the tokens
+the step before picked: the graph's own greedy tokens, and a drawn row's pick by the batched pass.
+Knows nothing of sampling, queues or gRPC; the engine sees keys, token ids and logits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from ..engine.seam import Bans, Enough, Logits, PassRow, PrefixReport, Verified, chain_steps
+from ..engine.seam import Bans, Draws, Enough, Logits, PassRow, PrefixReport, Verified, chain_steps, drawn
 from .arena_decoder import ArenaDecoder, next_run
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
@@ -248,15 +249,26 @@ class ArenaRunner:
         return Logits(list(self.decoding), logits, picked, picks=got)
 
     def decode_steps(
-        self, next_ids: dict[int, int], steps: int, enough: Enough, bans: Bans | None = None, ahead: bool = False
+        self,
+        next_ids: dict[int, int],
+        steps: int,
+        enough: Enough,
+        bans: Bans | None = None,
+        ahead: bool = False,
+        draws: Draws | None = None,
     ) -> int:
-        """Up to `steps` greedy decode steps of the whole block, each fed the tokens the last picked
-        (the graph's NEXT_TOKEN: no logits leave the device), until `enough` says so; the steps run.
-        A key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then).
-        With `ahead`, where this runner runs ahead (`run_ahead`), the steps run on its worker thread
-        (run_ahead.py), one step ahead of `enough` (seam.SlotRunner's one-step lag)."""
+        """Up to `steps` decode steps of the whole block, each fed the tokens the last picked, until `enough`
+        says so; the steps run. A greedy step takes the graph's NEXT_TOKEN (no logits leave the device); a
+        key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then); a key
+        in `draws` takes its step's PassRow's pick (decode_passed: the batched pass where the logits are,
+        or Draws.pick on the host from its row). With `ahead`, where this runner runs ahead (`run_ahead`),
+        the steps run on its worker thread (run_ahead.py), one step ahead of `enough` (seam.SlotRunner's
+        one-step lag)."""
         keys, banned = list(self.decoding), self._banned(bans)
-        step = functools.partial(self._greedy, banned=banned)
+        if draws is None:
+            step = functools.partial(self._greedy, banned=banned)
+        else:
+            step = functools.partial(self._drawn, keys=keys, banned=banned, draws=draws, ran=itertools.count())
         fed = np.array([next_ids[key] for key in keys], np.int64)
         if ahead and self.run_ahead:
             self.ahead = self.ahead or RunAhead()
@@ -268,6 +280,25 @@ class ArenaRunner:
         picked = self.decoder.decode_greedy(tokens)
         self._unban(picked, banned)
         return picked
+
+    def _drawn(
+        self,
+        tokens: np.ndarray,
+        keys: list[int],
+        banned: list[tuple[int, tuple[int, ...]]],
+        draws: Draws,
+        ran: Iterator[int],
+    ) -> np.ndarray:
+        """One step of a burst with drawn keys, fed `tokens`: the greedy rows' argmax (with their bans),
+        each drawn key's pick by its PassRow at this step (the `ran`-th: the pass, else on the host)."""
+        index = next(ran)
+        plans = draws.rows(index)
+        passed = [row for row, key in enumerate(keys) if key in plans]
+        plan = [plans[keys[row]] for row in passed]
+        picked, logits, picks = self.decoder.decode_passed(tokens, [], passed, plan)
+        self._unban(picked, banned)
+        got = {keys[row]: pick for row, pick in zip(passed, picks) if pick is not None}
+        return drawn(Logits(keys, logits, picks=got), plans, draws, index, picked)
 
     def verify(
         self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
