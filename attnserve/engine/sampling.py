@@ -208,12 +208,15 @@ def processed_row(logits: np.ndarray, row: PassRow) -> np.ndarray:
     return biased / row.temperature if row.temperature > 0 else biased
 
 
-def pick_row(logits: np.ndarray, row: PassRow) -> Pick:
-    """The batched pass's pick of one row (V,) in float64: what a Sampler picks, and the pass's oracle."""
+def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
+    """The batched pass's pick of one row (V,) in float64: what a Sampler picks, and the pass's oracle;
+    not `scored`, the token alone (its log-probability 0.0, no top ids: a request that asks for neither)."""
     scaled = processed_row(logits, row)
-    logprobs = log_softmax(scaled)
     greedy = row.temperature == 0
     token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
+    if not scored:
+        return Pick(token, 0.0)
+    logprobs = log_softmax(scaled)
     return Pick(token, float(logprobs[token]), best(logprobs, row.top))
 
 

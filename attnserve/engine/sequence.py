@@ -283,8 +283,8 @@ class Sequence:
 
     def draw(self, logits: np.ndarray, row: PassRow) -> Pick:
         """Its pick in a burst from its row of logits (V,) by `row` (a burst_row), on the host: what its
-        sampler picks (sampling.pick_row, the batched pass's oracle)."""
-        return pick_row(logits, row)
+        sampler picks (sampling.pick_row, the batched pass's oracle), scored where it asks for logprobs."""
+        return pick_row(logits, row, scored=self.request.logprobs is not None)
 
     def speculate(self, speculation: Speculation, spec: ModelSpec, next_pause: int, pause: int) -> None:
         """Propose ids (speculation.py) once `pause` steps have passed, its first misses pausing it for
