@@ -25,6 +25,7 @@ from attnserve.runtime import logits_pass
 from attnserve.runtime.arena import Device
 from attnserve.runtime.logits_pass import LogitsPass, draws_whole, graph_file, worth_passing
 from attnserve.runtime.ort_session import BFLOAT16
+from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
 
 V = 3001
@@ -574,3 +575,43 @@ def test_tie_order_sorts_each_run_of_equal_values_by_place_whatever_order_topk_g
     best = np.array([np.lexsort((p, -v)) for v, p in zip(got_values, places)])
     assert np.array_equal(ordered_places, np.take_along_axis(places, best, 1))
     assert np.array_equal(ordered, np.take_along_axis(got_values, best, 1))
+
+
+def recording(run, runs: list[list[int]]):
+    """LogitsPass.run, each call's rows appended to `runs`."""
+
+    def recorded(logits, rows, plan):
+        runs.append(list(rows))
+        return run(logits, rows, plan)
+
+    return recorded
+
+
+def test_a_row_the_pass_could_not_pick_is_held_back_for_a_while_on_the_cpu(tiny_model_dir):
+    """The arena runner on the CPU (the tiny model; every row worth passing, as a large vocabulary's are
+    under auto): a row the pass cannot pick (top-k past its head) goes to the host for HOLD_BACK steps,
+    its row read and picked there, then the pass tries it again; a row it picks stays with it; and
+    without holding back (CUDA, or --logits-pass on) each step tries both."""
+    from attnserve.runtime.arena_runner import HOLD_BACK
+    from attnserve.runtime.model_sessions import ModelSessions
+    from attnserve.runtime.opening import open_slot_runner
+
+    model = ModelSessions(tiny_model_dir, provider="cpu", threads=1)
+    vocab = model.spec.vocab_size
+    flat, held = PassRow(1.0, vocab - 1, 1.0, 0.0, 0.5), PassRow(1.0, 20, 1.0, 0.0, 0.5)
+    assert vocab - 1 > 256  # past the row pass's head of 256
+    tried: dict[bool, list[list[int]]] = {}
+    for holding in (True, False):
+        runner = open_slot_runner(model, 2, 64, logits_pass="on")
+        runner.decoder.logits_pass.holds_back = holding
+        runner.decoder.logits_pass.run = recording(runner.decoder.logits_pass.run, tried.setdefault(holding, []))
+        for key, prompt in enumerate(("def main(", "import os")):
+            runner.start(key, tuple(encode(prompt)))
+        first = runner.prefill()
+        ids = dict(zip(first.keys, first.rows.argmax(axis=1).tolist()))
+        for _ in range(2 * HOLD_BACK + 3):
+            logits = runner.decode(ids, frozenset({0, 1}), {0: flat, 1: held})
+            assert set(logits.picks) == {1} and np.isfinite(logits.rows[0]).all()  # key 0's row came back
+            ids = {0: pick_row(logits.rows[0], flat).token, 1: logits.picks[1].token}
+    assert tried[True] == ([[0, 1]] + [[1]] * HOLD_BACK) * 2 + [[0, 1]]
+    assert tried[False] == [[0, 1]] * (2 * HOLD_BACK + 3)

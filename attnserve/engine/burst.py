@@ -5,12 +5,12 @@ whose row the runner reads only at a step whose argmax is banned) or is picked b
 changes from step to step by its uniform number alone (sampling, logprobs, a bias: BurstDraws; the
 runner's batched pass picks them, or the host where the pass cannot), the runner can chain decode
 steps itself (each fed the tokens the one before picked) and the engine's own step (admission,
-cleanup, the next step's inputs) waits for the burst's end. A request takes its tokens only when it must: once its
-stream interval makes a Delta due, or where its budget ends; it then takes every token since the
-last time, in order and at their own step's time, as it would have step by step. A unary call
-takes its tokens at the burst's end, an interval-1 stream after every step, an interval-8 stream
-every 8 steps whatever phase its neighbours are in. The burst ends after a step where a request
-ended or picked an id that may end it, and at the end every request catches up.
+cleanup, the next step's inputs) waits for the burst's end. A request takes its tokens only when it
+must: once its stream interval makes a Delta due, or where its budget ends; it then takes every token
+since the last time, in order and at their own step's time, as it would have step by step. A unary
+call takes its tokens at the burst's end, an interval-1 stream after every step, an interval-8 stream
+every 8 steps whatever phase its neighbours are in. The burst ends after a step where a request ended
+or picked an id that may end it, and at the end every request catches up.
 No runner, no gRPC: request keys, token ids and Sequences.
 """
 
@@ -63,9 +63,9 @@ class BurstDraws:
         return self.sequences[key].take_pick(self.picks[step][key])
 
     def _row(self, key: int, step: int) -> PassRow:
-        row = self.first[key]
-        uniform = self.sequences[key].sampler.uniform_at(self.positions[key] + step)
-        return replace(row, uniform=uniform) if step else row
+        if not step:
+            return self.first[key]
+        return replace(self.first[key], uniform=self.sequences[key].sampler.uniform_at(self.positions[key] + step))
 
 
 class Burst:

@@ -25,13 +25,16 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from ..engine.seam import Bans, Draws, Enough, Logits, PassRow, PrefixReport, Verified, chain_steps, drawn
+from ..engine.seam import Bans, Draws, Enough, Logits, PassRow, Pick, PrefixReport, Verified, chain_steps, drawn
 from .arena_decoder import ArenaDecoder, next_run
 from .model_sessions import ModelSessions
 from .prefix_cache import PrefixCache
 from .run_ahead import RunAhead
 
 log = logging.getLogger(__name__)
+# steps a row the batched pass could not pick skips it (picked on the host) before the pass tries it again,
+# on the CPU under --logits-pass auto (_passing)
+HOLD_BACK = 16
 
 
 class ArenaRunner:
@@ -59,6 +62,7 @@ class ArenaRunner:
         self.forks: dict[int, list[int]] = {}  # key -> the keys its prefilled slot is copied to (n completions)
         self.cached: dict[int, int] = {}  # key -> its prompt's tokens copied from the prefix cache, once looked up
         self.lookups: list[int] = []  # this round's lookups: tokens copied, 0 for a miss
+        self.held_back: dict[int, int] = {}  # key -> steps its row skips the pass, picked on the host (_passing)
 
     @property
     def nbytes(self) -> int:
@@ -239,13 +243,13 @@ class ArenaRunner:
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
         if sampled is None:
             return Logits(list(self.decoding), self.decoder.decode(tokens))
-        passes = passes or {}
-        rows = [row for row, key in enumerate(self.decoding) if key in sampled and key not in passes]
-        passed = [row for row, key in enumerate(self.decoding) if key in passes]
-        plan = [passes[self.decoding[row]] for row in passed]
+        passed = self._passing(passes or {})
+        skipped = set(passed)
+        rows = [row for row, key in enumerate(self.decoding) if key in sampled and row not in skipped]
+        plan = [passes[self.decoding[row]] for row in passed] if passes else []
         picked, logits, picks = self.decoder.decode_passed(tokens, rows, passed, plan)
         self._unban(picked, self._banned(bans))
-        got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
+        got = self._passed(passed, picks)
         return Logits(list(self.decoding), logits, picked, picks=got)
 
     def decode_steps(
@@ -293,12 +297,32 @@ class ArenaRunner:
         each drawn key's pick by its PassRow at this step (the `ran`-th: the pass, else on the host)."""
         index = next(ran)
         plans = draws.rows(index)
-        passed = [row for row, key in enumerate(keys) if key in plans]
-        plan = [plans[keys[row]] for row in passed]
-        picked, logits, picks = self.decoder.decode_passed(tokens, [], passed, plan)
+        passed = self._passing(plans)
+        skipped = set(passed)
+        host = [row for row, key in enumerate(keys) if key in plans and row not in skipped]
+        picked, logits, picks = self.decoder.decode_passed(tokens, host, passed, [plans[keys[row]] for row in passed])
         self._unban(picked, banned)
-        got = {keys[row]: pick for row, pick in zip(passed, picks) if pick is not None}
-        return drawn(Logits(keys, logits, picks=got), plans, draws, index, picked)
+        return drawn(Logits(keys, logits, picks=self._passed(passed, picks)), plans, draws, index, picked)
+
+    def _passing(self, plans: Mapping[int, PassRow]) -> list[int]:
+        """The rows (slots) of `plans`' keys this step's pass is asked to pick: every one, but on the CPU
+        under --logits-pass auto not a key's whose row it could not pick in the last HOLD_BACK steps (a
+        flat row under top-p: tried, it costs the pass's share and then the host's pick; a row's history
+        picks its side, never its batch, and either side picks the same token)."""
+        rows = [row for row, key in enumerate(self.decoding) if key in plans and key not in self.held_back]
+        for key in list(self.held_back):
+            self.held_back[key] -= 1
+            if not self.held_back[key]:
+                del self.held_back[key]
+        return rows
+
+    def _passed(self, passed: list[int], picks: list[Pick | None]) -> dict[int, Pick]:
+        """The picks the pass made, by key; a key it could not pick is held back (_passing), under auto on
+        the CPU."""
+        got = {self.decoding[row]: pick for row, pick in zip(passed, picks) if pick is not None}
+        if self.decoder.logits_pass is not None and self.decoder.logits_pass.holds_back:
+            self.held_back.update((self.decoding[row], HOLD_BACK) for row, pick in zip(passed, picks) if pick is None)
+        return got
 
     def verify(
         self, next_ids: dict[int, int], proposals: Mapping[int, tuple[int, ...]], sampled: frozenset[int] = frozenset()
@@ -339,6 +363,7 @@ class ArenaRunner:
         """The request leaves: its slot is refilled by the last decoding one (its used rows only)."""
         self.prompt_rows.pop(key, None)
         self.cached.pop(key, None)
+        self.held_back.pop(key, None)
         self.forks.pop(key, None)  # a request that leaves before its prompt is prefilled
         if key in self.decoding:
             slot, last = self.decoding.index(key), len(self.decoding) - 1
@@ -360,6 +385,7 @@ class ArenaRunner:
         self.prompt_rows.clear()
         self.forks.clear()
         self.cached.clear()
+        self.held_back.clear()
         self.lookups.clear()
         for slot in range(self.capacity):
             self.decoder.clear(slot)

@@ -143,6 +143,9 @@ class LogitsPass:
         # the nucleus pass costs more than the host's pick on the CPU for a batch (16 rows of 50,257 ids: 1.1 ms
         # a row against 0.7): there only `on` takes it
         self.nucleus = device.kind != "cpu" or mode == "on"
+        # on the CPU under auto, a row the pass could not pick goes to the host for a while (arena_runner's
+        # HOLD_BACK): a flat row under top-p would cost the pass's share, then the host's pick, every step
+        self.holds_back = device.kind == "cpu" and mode == "auto"
 
     def worth(self, plan: Sequence[PassRow], vocab: int) -> list[bool]:
         """Which rows of `plan` this pass should pick (worth_passing)."""

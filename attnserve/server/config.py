@@ -166,7 +166,8 @@ class ServerConfig:
     run_ahead: str = field(
         default="auto",
         metadata=flag(
-            "run-ahead decoding: while every request is greedy, the next decode step runs on a thread of its "
+            "run-ahead decoding: while every request decodes in a burst (greedy, or drawn: sampling, logprobs), "
+            "the next decode step runs on a thread of its "
             "own while the engine takes the last step's tokens (their text, stops and events), one step ahead "
             "(a request that ends never shows the extra token); on, off, or auto: where the engine takes a token "
             "a step or more (streams at interval 1, not unary calls) and its thread has a core to itself on the CPU "
