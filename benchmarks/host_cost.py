@@ -12,12 +12,17 @@ docs/reports/gpu-ladder.md).
               and their reading, with no model, no protobuf and no network; the two share one GIL,
               and the engine's wake of the loop waits for it (more than the engine core process pays)
 
+With --kind sampled each request samples (temperature 1, top-k 50, a seed each) and the NullRunner's
+pass picks every row it is given (the device's batched pass, computing nothing): what the engine does
+around a sampled step, or a burst of them.
+
 Reported per level: tokens/s (median, min-max over --repeats), and the host's microseconds per step
-and per token. With --tree-a DIR, another checkout's engine (one that has this file) runs the same in a
-process of its own, the two alternating in rounds, and b/a per round is the change's speed-up. Torch-free.
+and per token. With --tree-a DIR, another checkout's engine runs the same (this file, that checkout's
+attnserve) in a process of its own, the two alternating in rounds, and b/a per round is the change's
+speed-up. Torch-free.
 
     python -m benchmarks.host_cost --model models/small-1k-bpe [--concurrency 16,64,256]
-        [--intervals 1,unary] [--new-tokens 128] [--repeats 5] [--tree-a DIR] [--out F.json]
+        [--intervals 1,unary] [--new-tokens 128] [--repeats 5] [--kind greedy|sampled] [--tree-a DIR] [--out F.json]
 """
 
 from __future__ import annotations
@@ -27,13 +32,17 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from attnserve.engine.seam import Logits, ModelSpec, stepwise
+from attnserve.engine.domain import Final, GenerationRequest, SamplingParams, StreamInterval
+from attnserve.engine.seam import Logits, ModelSpec, Pick, stepwise
 from benchmarks.serving import spread
+
+KINDS = ("greedy", "sampled")
 
 
 class NullRunner:
@@ -65,12 +74,17 @@ class NullRunner:
         return Logits(keys, rows)
 
     def decode(self, next_ids: dict[int, int], sampled=None, passes=None, bans=None) -> Logits:  # noqa: ARG002
+        """The next ids; a key in `passes` picked by a pass that computes nothing (its next id)."""
         keys = list(next_ids)
         for key in keys:
             self.rows[key] += 1
-        return Logits(keys, self.zeros[: len(keys)], self.next_ids(keys))
+        ids = self.next_ids(keys)
+        picks = {key: Pick(int(token), 0.0) for key, token in zip(keys, ids) if passes and key in passes}
+        return Logits(keys, self.zeros[: len(keys)], ids, picks=picks)
 
     def decode_steps(self, next_ids, steps, enough, bans=None, ahead=False, draws=None) -> int:
+        if draws is None:  # as a tree's engine from before draws calls it
+            return stepwise(self, next_ids, steps, enough, bans, ahead)
         return stepwise(self, next_ids, steps, enough, bans, ahead, draws)
 
     def verify(self, next_ids, proposals, sampled=frozenset()):
@@ -91,13 +105,38 @@ class NullRunner:
         self.waiting.clear()
 
 
-def side(model: str, levels: list[int], intervals: list[str], new_tokens: int) -> dict[str, float]:
-    """One round of every (level, interval) with this checkout's engine over a NullRunner: tokens/s by
-    "level/interval"."""
+async def run_kind(engine, batch: list[list[int]], new_tokens: int, every: StreamInterval | None, kind: str) -> float:
+    """Every prompt of `batch` at once, each to its length (ignore_eos), greedy or sampled (seeded by its
+    place): tokens/s."""
+    start, tokens = time.perf_counter(), 0
+
+    async def read(i: int, prompt: list[int]) -> None:
+        nonlocal tokens
+        sampling = SamplingParams(temperature=1.0, top_k=50, seed=i) if kind == "sampled" else SamplingParams()
+        request = GenerationRequest("bench", tuple(prompt), new_tokens, sampling, interval=every, ignore_eos=True)
+        handle = engine.submit(request)
+        while True:
+            events = await handle.next_events()
+            for event in events:
+                if isinstance(event, Exception):
+                    raise event
+                tokens += len(getattr(event, "token_ids", ()))
+            if isinstance(events[-1], Final):
+                return
+
+    await asyncio.gather(*(read(i, prompt) for i, prompt in enumerate(batch)))
+    return tokens / (time.perf_counter() - start)
+
+
+def side(
+    model: str, levels: list[int], intervals: list[str], new_tokens: int, kind: str = "greedy"
+) -> dict[str, float]:
+    """One round of every (level, interval) with the engine on sys.path over a NullRunner, requests of
+    `kind`: tokens/s by "level/interval"."""
     from attnserve.engine.engine import Engine, EngineLimits
     from attnserve.runtime.contract import read_manifest
     from attnserve.tokenizer import from_model_dir
-    from benchmarks.engine_cost import interval_of, prompts, run_engine
+    from benchmarks.engine_cost import interval_of, prompts
 
     manifest = read_manifest(Path(model))
     tokenizer = from_model_dir(Path(model), manifest.tokenizer)
@@ -116,20 +155,21 @@ def side(model: str, levels: list[int], intervals: list[str], new_tokens: int) -
             batch = prompts(vocab, specials, level)
             for interval in intervals:
                 every = interval_of(interval)
-                asyncio.run(run_engine(engine, batch, new_tokens, every, ignore_eos=True))  # warm-up
-                got[f"{level}/{interval}"] = asyncio.run(run_engine(engine, batch, new_tokens, every, True))[
-                    "tokens_per_s"
-                ]
+                asyncio.run(run_kind(engine, batch, new_tokens, every, kind))  # warm-up
+                got[f"{level}/{interval}"] = asyncio.run(run_kind(engine, batch, new_tokens, every, kind))
     finally:
         engine.stop()
     return got
 
 
 def in_tree(tree: str, args: argparse.Namespace) -> dict[str, float]:
-    """side() in a process of its own with checkout `tree` first on sys.path."""
+    """side() of this file in a process of its own with checkout `tree` first on sys.path."""
     code = (
-        f"import sys, json; sys.path.insert(0, {tree!r}); from benchmarks.host_cost import side; "
-        f"print(json.dumps(side({args.model!r}, {args.levels!r}, {args.intervals!r}, {args.new_tokens})))"
+        f"import sys, json, importlib.util; sys.path.insert(0, {tree!r}); "
+        f"spec = importlib.util.spec_from_file_location('host_cost', {__file__!r}); "
+        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+        f"print(json.dumps(module.side({args.model!r}, {args.levels!r}, {args.intervals!r}, {args.new_tokens}, "
+        f"{args.kind!r})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tree, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -142,10 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--intervals", default="1,unary", help="tokens a stream message, or unary")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens a request")
     p.add_argument("--repeats", type=int, default=5, help="rounds; medians")
+    p.add_argument("--kind", default="greedy", choices=KINDS, help="greedy requests, or sampled ones (top-k 50)")
     p.add_argument("--tree-a", help="another checkout: its engine is side a, this one's side b")
     p.add_argument("--out", type=Path, help="write the JSON here")
     args = p.parse_args(argv)
     args.levels = [int(c) for c in args.concurrency.split(",")]
+    args.model = str(Path(args.model).resolve())  # each side runs in its checkout's folder
     args.intervals = args.intervals.split(",")
     here = str(Path(__file__).resolve().parent.parent)
     trees = {"a": args.tree_a, "b": here} if args.tree_a else {"b": here}
@@ -174,7 +216,14 @@ def main(argv: list[str] | None = None) -> int:
             r = row["b_over_a"]
             line += f"; a {row['a']['median']:,.0f}; b/a {r['median']:.2f}x ({r['min']:.2f}-{r['max']:.2f})"
         print(line)
-    result = {"model": args.model, "trees": trees, "new_tokens": args.new_tokens, "repeats": args.repeats, "rows": rows}
+    result = {
+        "model": args.model,
+        "kind": args.kind,
+        "trees": trees,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "rows": rows,
+    }
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))

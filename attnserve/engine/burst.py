@@ -17,7 +17,6 @@ No runner, no gRPC: request keys, token ids and Sequences.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 
 import numpy as np
 
@@ -65,7 +64,7 @@ class BurstDraws:
     def _row(self, key: int, step: int) -> PassRow:
         if not step:
             return self.first[key]
-        return replace(self.first[key], uniform=self.sequences[key].sampler.uniform_at(self.positions[key] + step))
+        return self.first[key].with_uniform(self.sequences[key].sampler.uniform_at(self.positions[key] + step))
 
 
 class Burst:

@@ -78,6 +78,13 @@ class PassRow:
     alone: bool = False
     allowed: np.ndarray | None = field(default=None, compare=False)  # a grammar's mask, packed
 
+    def with_uniform(self, uniform: float) -> PassRow:
+        """This row with another uniform number (a burst's later step): its fields copied as they are, not
+        through __init__ (0.4 us against dataclasses.replace's 3.4: a burst makes one a row a step)."""
+        row = object.__new__(PassRow)
+        row.__dict__.update(self.__dict__, uniform=uniform)
+        return row
+
 
 @dataclass(frozen=True)
 class Pick:
