@@ -632,21 +632,22 @@ def test_ignore_eos_and_rows_past_min_new_tokens_decode_in_bursts_and_never_take
     assert runner.bursts == [1, 7]
 
 
-@pytest.mark.parametrize("penalty", [1.0, 1.2], ids=["drawn, in bursts", "penalized, step by step"])
-def test_beside_a_sampled_row_an_ignore_eos_row_takes_the_runners_argmax_with_its_bans(penalty: float):
-    """Beside a row that samples (drawn in bursts; with a penalty, one step at a time), a greedy ignore_eos
-    row is not among the keys that sample: its row of logits need not come back (nor go through the
-    pass); the runner's argmax over every id but EOS is its token, as decoding alone with the ban gives."""
-    sampling = SamplingParams(temperature=0.8, seed=1, repetition_penalty=penalty)
+@pytest.mark.parametrize("least", [0, 10], ids=["drawn, in bursts", "min_tokens to its end, step by step"])
+def test_beside_a_sampled_row_an_ignore_eos_row_takes_the_runners_argmax_with_its_bans(least: int):
+    """Beside a row that samples (drawn in bursts; with EOS banned until min_tokens, one step at a time), a
+    greedy ignore_eos row is not among the keys that sample: its row of logits need not come back (nor go
+    through the pass); the runner's argmax over every id but EOS is its token, as decoding alone with the
+    ban gives."""
+    sampling = SamplingParams(temperature=0.8, seed=1)
     asks = [
         GenerationRequest("ignore", tuple(b"!abc"), 10, ignore_eos=True, interval=None),
-        GenerationRequest("s", tuple(b"sampled"), 10, sampling, interval=None),
+        GenerationRequest("s", tuple(b"sampled"), 10, sampling, interval=None, min_new_tokens=least),
     ]
     runner = FakeRunner(capacity=2)
     (ignored, final), (_, s_final) = served(runner, asks)
     assert ignored == alone(asks[0].prompt_ids, 10, 10) and final.reason == FinishReason.LENGTH
     assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
-    assert any(entry[0] == "burst" for entry in runner.log) == (penalty == 1.0), runner.log
+    assert any(entry[0] == "burst" for entry in runner.log) == (least == 0), runner.log
     assert runner.sampled and all(sampled == {1} for sampled in runner.sampled), runner.sampled
 
 
@@ -747,10 +748,10 @@ def test_max_waiting_steps_holds_an_arrival_while_fewer_wait_than_decode(wait, a
 
 
 def test_a_row_whose_pick_changes_by_more_than_its_draw_means_one_step_at_a_time():
-    """A row with a penalty (its seen ids change every step) is picked after every step: no bursts; its
-    greedy neighbour decodes what it decodes alone."""
-    penalized = SamplingParams(temperature=0.8, repetition_penalty=1.2, seed=1)
-    sampled = GenerationRequest("s", tuple(b"sampled"), 10, penalized, interval=None)
+    """A sampling row whose bans change (EOS banned until min_tokens, here its whole budget) is picked after
+    every step: no bursts; its greedy neighbour decodes what it decodes alone."""
+    sampling = SamplingParams(temperature=0.8, repetition_penalty=1.2, seed=1)
+    sampled = GenerationRequest("s", tuple(b"sampled"), 10, sampling, interval=None, min_new_tokens=10)
     runner = FakeRunner(capacity=2)
     (_, s_final), (g_tokens, _) = served(runner, [sampled, GenerationRequest("g", tuple(b"greedy"), 10, interval=None)])
     assert isinstance(s_final, Final) and s_final.usage.completion_tokens == 10
@@ -758,13 +759,20 @@ def test_a_row_whose_pick_changes_by_more_than_its_draw_means_one_step_at_a_time
     assert not any(entry[0] == "burst" for entry in runner.log), runner.log
 
 
-DRAWN = [  # rows a burst draws: sampling (seeded), logprobs, a bias, a stream of 1 and one of 4 tokens a Delta
+DRAWN = [  # rows a burst draws: sampling (seeded), logprobs, a bias, penalties, streams of 1 and 4 tokens a Delta
     GenerationRequest("k", tuple(b"top k"), 12, SamplingParams(temperature=0.8, top_k=20, seed=1), ignore_eos=True),
     GenerationRequest(
         "p", tuple(b"top p"), 12, SamplingParams(temperature=1.0, top_p=0.9, seed=2), ignore_eos=True, logprobs=3
     ),
     GenerationRequest("l", tuple(b"greedy"), 12, logprobs=2, interval=StreamInterval(4)),
     GenerationRequest("b", tuple(b"bias"), 12, SamplingParams(logit_bias=((ord("q"), 5.0),)), interval=None),
+    GenerationRequest(
+        "r",
+        tuple(b"penalties"),
+        12,
+        SamplingParams(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4, seed=4),
+        logprobs=1,
+    ),
     GenerationRequest("e", tuple(b"!abc"), 12, SamplingParams(temperature=0.5, seed=3), ignore_eos=True, interval=None),
 ]
 
@@ -794,23 +802,24 @@ def drawn_outcomes(asks: list[GenerationRequest]) -> tuple[FakeRunner, list]:
 
 
 def test_drawn_rows_run_in_bursts_and_take_what_one_step_at_a_time_gives():
-    """Rows whose PassRow changes from step to step by its uniform number alone (seeded sampling with
-    top-k or top-p, logprobs, a bias, ignore_eos while sampling) run in bursts, the runner picking each
-    step's draw (here the host's Draws.pick: the fake has no pass); each takes the tokens and
-    log-probabilities it takes one step at a time, beside a penalized row that keeps the batch stepping."""
+    """Rows whose PassRow changes from step to step by its uniform number and its penalties' ids alone
+    (seeded sampling with top-k or top-p, logprobs, a bias, the repetition, presence and frequency
+    penalties, ignore_eos while sampling) run in bursts, the runner picking each step's draw (here the
+    host's Draws.pick: the fake has no pass); each takes the tokens and log-probabilities it takes one
+    step at a time, beside a row whose bans change (min_tokens) that keeps the batch stepping."""
     bursting, together = drawn_outcomes(DRAWN)
-    penalized = GenerationRequest("r", tuple(b"penalty"), 14, SamplingParams(temperature=0.7, repetition_penalty=1.1))
-    stepping, beside = drawn_outcomes([*DRAWN, penalized])
+    least = GenerationRequest("m", tuple(b"min"), 14, SamplingParams(temperature=0.7, seed=9), min_new_tokens=14)
+    stepping, beside = drawn_outcomes([*DRAWN, least])
     assert not any(entry[0] == "burst" for entry in stepping.log), stepping.log
     assert bursting.bursts and sum(bursting.bursts) == 11, bursting.log  # 11 of 12 tokens: the first is the prefill's
-    assert all(entry[1] == tuple(range(5)) for entry in bursting.log if entry[0] == "decode"), bursting.log
-    assert all(sampled == set(range(5)) for sampled in bursting.sampled), bursting.sampled
+    assert all(entry[1] == tuple(range(6)) for entry in bursting.log if entry[0] == "decode"), bursting.log
+    assert all(sampled == set(range(6)) for sampled in bursting.sampled), bursting.sampled
     for (tokens, logprobs, final), (alone_tokens, alone_logprobs, alone_final) in zip(together, beside):
         assert isinstance(final, Final) and final.usage.completion_tokens == 12, final
         assert (tokens, logprobs, final.reason) == (alone_tokens, alone_logprobs, alone_final.reason)
-    assert [len(logprobs) for _, logprobs, _ in together] == [0, 12, 12, 0, 0]
-    assert together[4][0] != alone(DRAWN[4].prompt_ids, 12, 12)  # it sampled: not greedy's tokens
-    assert TOKENIZER.eos_id not in together[4][0]
+    assert [len(logprobs) for _, logprobs, _ in together] == [0, 12, 12, 0, 12, 0]
+    assert together[5][0] != alone(DRAWN[5].prompt_ids, 12, 12)  # it sampled: not greedy's tokens
+    assert TOKENIZER.eos_id not in together[5][0]
 
 
 def test_a_stream_in_a_burst_gets_each_token_as_its_step_ends():
@@ -998,9 +1007,9 @@ def test_one_requests_own_failure_ends_it_alone_and_the_busy_batch_goes_on(monke
     victim = ask("victim", 20)
     if where == "beam":
         victim = replace(victim, beams=BeamParams(num_beams=2, length_penalty=1.0, num_return_sequences=1))
-    if sampling:  # "pick": a penalty keeps it stepping, its sampler picking on the host; else drawn in bursts
-        penalty = 1.2 if where == "pick" else 1.0
-        victim = replace(victim, sampling=SamplingParams(temperature=0.5, seed=3, repetition_penalty=penalty))
+    if sampling:  # "pick": min_tokens keeps it stepping, its sampler picking on the host; else drawn in bursts
+        victim = replace(victim, sampling=SamplingParams(temperature=0.5, seed=3))
+        victim = replace(victim, min_new_tokens=20 if where == "pick" else 0)
     others = [ask(f"bystander {i}", 12) for i in range(4)]
     runner = FakeRunner(capacity=6)
     (_, victim_end), *rest = served(runner, [victim, *others])

@@ -241,18 +241,20 @@ def test_auto_runs_ahead_where_a_core_is_spare():
 
 # ---- drawn rows in bursts on the real arena runner ------------------------------------------
 
-DRAWN_KINDS = [  # rows a burst draws (engine/burst.py BurstDraws): seeded sampling, logprobs, a bias
+DRAWN_KINDS = [  # rows a burst draws (engine/burst.py BurstDraws): seeded sampling, logprobs, a bias, penalties
     SamplingParams(temperature=0.8, top_k=20, seed=1),
     SamplingParams(temperature=1.0, top_p=0.9, seed=2),
     SamplingParams(temperature=0.7, min_p=0.05, seed=3),
     SamplingParams(logit_bias=((32, 2.0),)),
+    SamplingParams(temperature=0.7, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.3, seed=4),
 ]
 
 
 def drawn_on_the_arena(model: ModelSessions, run_ahead: str, beside: bool) -> list[tuple]:
     """DRAWN_KINDS' requests (the top-p one with 3 logprobs, one more greedy with 2) served together by
     the engine over the tiny model's arena runner (every row through the batched pass where it can
-    pick it exactly, the host where not), and `beside` a penalized request that keeps the batch stepping;
+    pick it exactly, the host where not), and `beside` a request whose bans change (min_tokens) that keeps
+    the batch stepping;
     each request's tokens, logprobs and finish reason."""
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     asks = [
@@ -260,8 +262,10 @@ def drawn_on_the_arena(model: ModelSessions, run_ahead: str, beside: bool) -> li
         for i, sampling in enumerate(DRAWN_KINDS)
     ]
     asks.append(GenerationRequest("l", tuple(encode("import os")), 24, logprobs=2, interval=StreamInterval(4)))
-    penalty = SamplingParams(temperature=0.7, repetition_penalty=1.2, seed=9)
-    asks += [GenerationRequest("r", tuple(encode("class A")), 30, penalty)] if beside else []
+    least = GenerationRequest(
+        "m", tuple(encode("class A")), 30, SamplingParams(temperature=0.7, seed=9), min_new_tokens=30
+    )
+    asks += [least] if beside else []
     runner = open_slot_runner(model, len(asks), 64, logits_pass="on", run_ahead=run_ahead)
     engine = Engine(runner, tokenizer, EngineLimits(len(asks), 16, 0, None, run_ahead, 0))
     bursts: list[int] = []
@@ -278,7 +282,7 @@ def drawn_on_the_arena(model: ModelSessions, run_ahead: str, beside: bool) -> li
 
     results = asyncio.run(main())
     assert bool(bursts) != beside, bursts  # alone they burst; beside the penalized one, step by step
-    return results[:5]
+    return results[:6]
 
 
 async def taken(handle) -> tuple:
@@ -294,8 +298,9 @@ async def taken(handle) -> tuple:
 
 def test_drawn_rows_burst_on_the_arena_as_they_step_with_and_without_run_ahead(tiny_model_dir):
     """On ONNX Runtime (the tiny model, CPU provider, --logits-pass on): seeded sampling rows (top-k, top-p
-    with logprobs, min-p), a greedy row with a bias and one with logprobs decode in bursts, with the runner
-    one step ahead and without, to the tokens, log-probabilities and ends they take one step at a time."""
+    with logprobs, min-p, the three penalties), a greedy row with a bias and one with logprobs decode in
+    bursts, with the runner one step ahead and without, to the tokens, log-probabilities and ends they
+    take one step at a time."""
     model = ModelSessions(tiny_model_dir, provider="cpu", threads=1)
     stepped = drawn_on_the_arena(model, "off", beside=True)
     for run_ahead in ("off", "on"):
@@ -304,4 +309,4 @@ def test_drawn_rows_burst_on_the_arena_as_they_step_with_and_without_run_ahead(t
             assert (tokens, reason) == (s_tokens, s_reason), run_ahead
             assert [(t, top) for t, _, top in logprobs] == [(t, top) for t, _, top in s_logprobs]
             assert [lp for _, lp, _ in logprobs] == pytest.approx([lp for _, lp, _ in s_logprobs], abs=1e-5)
-    assert [len(logprobs) for _, logprobs, _ in stepped] == [0, len(stepped[1][0]), 0, 0, len(stepped[4][0])]
+    assert [len(logprobs) for _, logprobs, _ in stepped] == [0, len(stepped[1][0]), 0, 0, 0, len(stepped[5][0])]

@@ -2,15 +2,16 @@
 
 While every request in the batch is greedy (plain, or with bans that stay to its end: ignore_eos,
 whose row the runner reads only at a step whose argmax is banned) or is picked by a PassRow that
-changes from step to step by its uniform number alone (sampling, logprobs, a bias: BurstDraws; the
-runner's batched pass picks them, or the host where the pass cannot), the runner can chain decode
-steps itself (each fed the tokens the one before picked) and the engine's own step (admission,
-cleanup, the next step's inputs) waits for the burst's end. A request takes its tokens only when it
-must: once its stream interval makes a Delta due, or where its budget ends; it then takes every token
-since the last time, in order and at their own step's time, as it would have step by step. A unary
-call takes its tokens at the burst's end, an interval-1 stream after every step, an interval-8 stream
-every 8 steps whatever phase its neighbours are in. The burst ends after a step where a request ended
-or picked an id that may end it, and at the end every request catches up.
+changes from step to step by its uniform number and its penalties' ids alone (sampling, logprobs, a
+bias, penalties: BurstDraws; the runner's batched pass picks them, or the host where the pass
+cannot), the runner can chain decode steps itself (each fed the tokens the one before picked) and the
+engine's own step (admission, cleanup, the next step's inputs) waits for the burst's end. A request
+takes its tokens only when it must: once its stream interval makes a Delta due, or where its budget
+ends; it then takes every token since the last time, in order and at their own step's time, as it
+would have step by step. A unary call takes its tokens at the burst's end, an interval-1 stream after
+every step, an interval-8 stream every 8 steps whatever phase its neighbours are in. The burst ends
+after a step where a request ended or picked an id that may end it, and at the end every request
+catches up.
 No runner, no gRPC: request keys, token ids and Sequences.
 """
 
@@ -29,13 +30,19 @@ Fail = Callable[[Sequence, Exception], None]
 
 class BurstDraws:
     """The burst's drawn rows (seam.Draws): each key's PassRow at the burst's first step, the same at every
-    later one but for its uniform number (its Sampler's that many draws on: counter-based), and each
-    step's picks as the runner hands them over, until the request takes them (take)."""
+    later one but for its uniform number (its Sampler's that many draws on: counter-based) and, where it
+    is penalized, the ids its penalties apply to (its Sampler's at the first step, and each step's pick
+    added as the runner hands it over: copies, ahead of the request's own); and each step's picks until
+    the request takes them (take)."""
 
     def __init__(self, sequences: Mapping[int, Sequence], rows: Mapping[int, PassRow]):
         self.first = dict(rows)
         self.sequences = {key: sequences[key] for key in rows}
         self.positions = {key: sequence.sampler.position for key, sequence in self.sequences.items()}  # at step 0
+        samplers = {key: sequence.sampler for key, sequence in self.sequences.items()}
+        self.seen = {key: sampler.seen.copy() for key, sampler in samplers.items() if sampler.penalized}
+        self.occurred = {key: samplers[key].occurred.copy() for key in self.seen}
+        self.vocab = {key: samplers[key].vocab_size for key in self.seen}
         self.picks: dict[int, dict[int, Pick]] = {}  # step -> key -> its pick there
         self.failed: dict[tuple[int, int], Exception] = {}  # (step, key) -> what its host pick raised
 
@@ -53,6 +60,10 @@ class BurstDraws:
 
     def took(self, step: int, picks: dict[int, Pick]) -> None:
         self.picks[step] = picks
+        for key, seen in self.seen.items():  # as its Sampler records it
+            if 0 <= (token := picks[key].token) < self.vocab[key]:
+                seen.add(token)
+                self.occurred[key].add(token)
 
     def take(self, key: int, step: int) -> int:
         """Key's token at `step`, its pick taken by its request (its sampler's position, its logprobs); what
@@ -62,9 +73,15 @@ class BurstDraws:
         return self.sequences[key].take_pick(self.picks[step][key])
 
     def _row(self, key: int, step: int) -> PassRow:
+        first = self.first[key]
         if not step:
-            return self.first[key]
-        return self.first[key].with_uniform(self.sequences[key].sampler.uniform_at(self.positions[key] + step))
+            return first
+        uniform = self.sequences[key].sampler.uniform_at(self.positions[key] + step)
+        if key not in self.seen:
+            return first.at_step(uniform)
+        occurred = self.occurred[key]
+        seen = self.seen[key].ids if first.repetition != 1.0 else first.seen
+        return first.at_step(uniform, seen=seen, occurred=occurred.ids, counts=occurred.counts)
 
 
 class Burst:

@@ -83,6 +83,13 @@ class Occurrences:
             self._ids[slot] = token
         self._counts[slot] += 1
 
+    def copy(self) -> Occurrences:
+        """Another set of the same ids and counts, that grows apart from this one (a burst's, run ahead of
+        its request's)."""
+        other = Occurrences()
+        other._ids, other._counts, other.slots = self._ids.copy(), self._counts.copy(), dict(self.slots)
+        return other
+
     @property
     def ids(self) -> np.ndarray:
         return self._ids[: len(self.slots)]

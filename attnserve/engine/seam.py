@@ -78,11 +78,12 @@ class PassRow:
     alone: bool = False
     allowed: np.ndarray | None = field(default=None, compare=False)  # a grammar's mask, packed
 
-    def with_uniform(self, uniform: float) -> PassRow:
-        """This row with another uniform number (a burst's later step): its fields copied as they are, not
-        through __init__ (0.4 us against dataclasses.replace's 3.4: a burst makes one a row a step)."""
+    def at_step(self, uniform: float, **penalized: np.ndarray) -> PassRow:
+        """This row with another uniform number, and the `seen`, `occurred` and `counts` given (a burst's
+        later step): its fields copied as they are, not through __init__ (0.4 us against
+        dataclasses.replace's 3.4: a burst makes one a row a step)."""
         row = object.__new__(PassRow)
-        row.__dict__.update(self.__dict__, uniform=uniform)
+        row.__dict__.update(self.__dict__, uniform=uniform, **penalized)
         return row
 
 

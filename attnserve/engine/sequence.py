@@ -272,10 +272,11 @@ class Sequence:
 
     def burst_row(self) -> PassRow | None:
         """Its pick as a burst's runner makes it at every step of the burst: this step's PassRow, where each
-        next step's differs by its uniform number alone (Sampler.uniform_at); None where more changes
-        from step to step (a penalty's ids, a grammar's mask, bans before min_new_tokens) or its token is
-        its row's argmax with at most bans that stay (argmax_bans: a greedy burst's row)."""
-        if self.argmax_bans is not None or self.sampler.penalized or self.matcher is not None:
+        next step's differs by its uniform number and its penalties' ids alone (burst.BurstDraws); None
+        where more changes from step to step (a grammar's mask, bans before min_new_tokens), where its
+        row must come to the host (Sampler.pass_row), or where its token is its row's argmax with at most
+        bans that stay (argmax_bans: a greedy burst's row)."""
+        if self.argmax_bans is not None or self.matcher is not None:
             return None
         if len(self.generated) < self.request.min_new_tokens:
             return None
