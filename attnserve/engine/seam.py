@@ -143,8 +143,9 @@ Bans = Mapping[int, tuple[int, ...]]  # key -> the ids its greedy token must not
 
 
 class Draws(Protocol):
-    """A burst's rows that are picked by a PassRow (sampling, logprobs, a bias), each step's differing from
-    the step before's by its uniform number alone (burst.BurstDraws): what the runner asks of them."""
+    """A burst's rows that are picked by a PassRow (sampling, logprobs, a bias, penalties), each step's
+    differing from the step before's by its uniform number and its penalties' ids alone (burst.BurstDraws):
+    what the runner asks of them."""
 
     def rows(self, step: int) -> dict[int, PassRow]:
         """Key -> its PassRow at the burst's `step` (0: its first)."""

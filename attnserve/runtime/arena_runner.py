@@ -306,9 +306,10 @@ class ArenaRunner:
 
     def _passing(self, plans: Mapping[int, PassRow]) -> list[int]:
         """The rows (slots) of `plans`' keys this step's pass is asked to pick: every one, but on the CPU
-        under --logits-pass auto not a key's whose row it could not pick in the last HOLD_BACK steps (a
-        flat row under top-p: tried, it costs the pass's share and then the host's pick; a row's history
-        picks its side, never its batch, and either side picks the same token)."""
+        under --logits-pass auto not a key's whose row came back unpicked in the last HOLD_BACK steps (the
+        pass could not pick it, a flat row under top-p: tried, it costs the pass's share and then the
+        host's pick; or it was not worth passing, which it would not be now either). A row's own history
+        picks its side, never its batch, and either side picks the same token."""
         rows = [row for row, key in enumerate(self.decoding) if key in plans and key not in self.held_back]
         for key in list(self.held_back):
             self.held_back[key] -= 1
