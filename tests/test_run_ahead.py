@@ -252,10 +252,9 @@ DRAWN_KINDS = [  # rows a burst draws (engine/burst.py BurstDraws): seeded sampl
 
 def drawn_on_the_arena(model: ModelSessions, run_ahead: str, beside: bool) -> list[tuple]:
     """DRAWN_KINDS' requests (the top-p one with 3 logprobs, one more greedy with 2) served together by
-    the engine over the tiny model's arena runner (every row through the batched pass where it can
-    pick it exactly, the host where not), and `beside` a request whose bans change (min_tokens) that keeps
-    the batch stepping;
-    each request's tokens, logprobs and finish reason."""
+    the engine over the tiny model's arena runner (every row through the batched pass where it can pick
+    it exactly, the host where not), and `beside` a request whose bans change (min_tokens) that keeps the
+    batch stepping: each request's tokens, logprobs and finish reason."""
     tokenizer = from_model_dir(model.model_dir, model.manifest.tokenizer)
     asks = [
         GenerationRequest(f"k{i}", tuple(encode(f"def f{i}(")), 24, sampling, logprobs=3 if i == 1 else None)
@@ -281,7 +280,7 @@ def drawn_on_the_arena(model: ModelSessions, run_ahead: str, beside: bool) -> li
             engine.stop()
 
     results = asyncio.run(main())
-    assert bool(bursts) != beside, bursts  # alone they burst; beside the penalized one, step by step
+    assert bool(bursts) != beside, bursts  # alone they burst; beside the min_tokens one, step by step
     return results[:6]
 
 
