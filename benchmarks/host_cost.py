@@ -107,7 +107,8 @@ class NullRunner:
 
 async def run_kind(engine, batch: list[list[int]], new_tokens: int, every: StreamInterval | None, kind: str) -> float:
     """Every prompt of `batch` at once, each to its length (ignore_eos), greedy or sampled (seeded by its
-    place): tokens/s."""
+    place): tokens/s. Its own reading loop, engine_cost.read's with a sampling: --tree-a's checkout
+    brings its own benchmarks.engine_cost, whose read may take none."""
     start, tokens = time.perf_counter(), 0
 
     async def read(i: int, prompt: list[int]) -> None:

@@ -49,14 +49,14 @@ class BurstDraws:
     def rows(self, step: int) -> dict[int, PassRow]:
         return {key: self._row(key, step) for key in self.first} if step else dict(self.first)
 
-    def pick(self, key: int, row: np.ndarray, step: int) -> Pick:
+    def pick(self, key: int, logits: np.ndarray, row: PassRow, step: int) -> Pick:
         """Its pick on the host (Sequence.draw). Where that raises (the request's own work), its row's
         argmax stands in, fed to the steps after, and the request ends with the error when it takes it."""
         try:
-            return self.sequences[key].draw(row, self._row(key, step))
+            return self.sequences[key].draw(logits, row)
         except Exception as error:  # noqa: BLE001 -- one request's own work: it alone ends (take)
             self.failed[step, key] = error
-            return Pick(int(np.argmax(row)), 0.0)
+            return Pick(int(np.argmax(logits)), 0.0)
 
     def took(self, step: int, picks: dict[int, Pick]) -> None:
         self.picks[step] = picks

@@ -299,8 +299,7 @@ class Sampler:
             return None
         if banned is not self.banned:  # a Sequence's bans change once (min_new_tokens): the bias is kept
             self.banned, self.bias = banned, p.logit_bias + tuple((token, -np.inf) for token in banned)
-        uniform = 0.0 if p.greedy else self.uniform()
-        row = PassRow(p.temperature, p.top_k, p.top_p, p.min_p, uniform, self.bias, top)
+        row = PassRow(p.temperature, p.top_k, p.top_p, p.min_p, self.uniform_at(self.position), self.bias, top)
         if not self.penalized:
             return row
         seen = self.seen.ids if p.repetition_penalty != 1.0 else row.seen

@@ -151,8 +151,9 @@ class Draws(Protocol):
         """Key -> its PassRow at the burst's `step` (0: its first)."""
         ...
 
-    def pick(self, key: int, row: np.ndarray, step: int) -> Pick:
-        """Key's pick at `step` from its row of logits (V,) float32, on the host (a row the pass did not pick)."""
+    def pick(self, key: int, logits: np.ndarray, row: PassRow, step: int) -> Pick:
+        """Key's pick at `step` by `row` (its PassRow there) from its row of logits (V,) float32, on the host
+        (a row the pass did not pick)."""
         ...
 
     def took(self, step: int, picks: dict[int, Pick]) -> None:
@@ -277,7 +278,7 @@ def drawn(logits: Logits, rows: Mapping[int, PassRow], draws: Draws, step: int, 
     picks: dict[int, Pick] = {}
     for index, key in enumerate(logits.keys):
         if key in rows:
-            pick = logits.picks.get(key) or draws.pick(key, logits.rows[index], step)
+            pick = logits.picks.get(key) or draws.pick(key, logits.rows[index], rows[key], step)
             tokens[index], picks[key] = pick.token, pick
     draws.took(step, picks)
     return tokens
@@ -303,8 +304,8 @@ def stepwise(
         rows = draws.rows(index) if draws is not None else {}
         logits = runner.decode(fed, frozenset(rows), rows, bans)
         keys[:] = logits.keys
-        picked = greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens.copy()
-        return drawn(logits, rows, draws, index, picked) if draws is not None else picked
+        picked = greedy_tokens(logits, bans or {}) if logits.tokens is None else logits.tokens
+        return drawn(logits, rows, draws, index, picked.copy()) if draws is not None else picked
 
     first = step(None)
     return chain_steps(keys, first, steps, enough, step, ahead)

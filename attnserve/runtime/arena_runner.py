@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import itertools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
 import numpy as np
 
@@ -243,9 +243,7 @@ class ArenaRunner:
         tokens = np.array([next_ids[key] for key in self.decoding], np.int64)
         if sampled is None:
             return Logits(list(self.decoding), self.decoder.decode(tokens))
-        passed = self._passing(passes or {})
-        skipped = set(passed)
-        rows = [row for row, key in enumerate(self.decoding) if key in sampled and row not in skipped]
+        passed, rows = self._passing(passes or {}, sampled)
         plan = [passes[self.decoding[row]] for row in passed] if passes else []
         picked, logits, picks = self.decoder.decode_passed(tokens, rows, passed, plan)
         self._unban(picked, self._banned(bans))
@@ -297,25 +295,29 @@ class ArenaRunner:
         each drawn key's pick by its PassRow at this step (the `ran`-th: the pass, else on the host)."""
         index = next(ran)
         plans = draws.rows(index)
-        passed = self._passing(plans)
-        skipped = set(passed)
-        host = [row for row, key in enumerate(keys) if key in plans and row not in skipped]
+        passed, host = self._passing(plans, plans.keys())
         picked, logits, picks = self.decoder.decode_passed(tokens, host, passed, [plans[keys[row]] for row in passed])
         self._unban(picked, banned)
         return drawn(Logits(keys, logits, picks=self._passed(passed, picks)), plans, draws, index, picked)
 
-    def _passing(self, plans: Mapping[int, PassRow]) -> list[int]:
-        """The rows (slots) of `plans`' keys this step's pass is asked to pick: every one, but on the CPU
+    def _passing(self, plans: Mapping[int, PassRow], sampled: Collection[int]) -> tuple[list[int], list[int]]:
+        """The rows (slots) of `plans`' keys this step's pass is asked to pick, and those of the other
+        `sampled` keys, whose logits come to the host. The pass is asked every one, but on the CPU
         under --logits-pass auto not a key's whose row came back unpicked in the last HOLD_BACK steps (the
         pass could not pick it, a flat row under top-p: tried, it costs the pass's share and then the
         host's pick; or it was not worth passing, which it would not be now either). A row's own history
         picks its side, never its batch, and either side picks the same token."""
-        rows = [row for row, key in enumerate(self.decoding) if key in plans and key not in self.held_back]
+        passed = [row for row, key in enumerate(self.decoding) if key in plans and key not in self.held_back]
+        host = [
+            row
+            for row, key in enumerate(self.decoding)
+            if key in sampled and (key not in plans or key in self.held_back)
+        ]
         for key in list(self.held_back):
             self.held_back[key] -= 1
             if not self.held_back[key]:
                 del self.held_back[key]
-        return rows
+        return passed, host
 
     def _passed(self, passed: list[int], picks: list[Pick | None]) -> dict[int, Pick]:
         """The picks the pass made, by key; a key it could not pick is held back (_passing), under auto on
