@@ -20,15 +20,16 @@ host (a grammar's masked ids; a row the pass could not hold). The step's events 
 channel, core/step_writer.py). A caller on another thread ends a request at once with release
 (cancelled) or refuse (an error); the engine thread sends those endings at its next turn. While every
 row is greedy (plain, or with bans that stay: ignore_eos) or drawn by a PassRow that only its uniform
-number changes (sampling, logprobs, a bias: no penalty, no grammar) and no prompt waits, the runner
-runs up to MAX_BURST decode steps back to back instead (burst.py: each request takes its tokens when its
-Delta falls due; the step boundary's work waits for the burst's end). A request's deltas go on at its stream
-interval (its Sequence holds the tokens in between; a unary call's go with its end), so a paced stream
-wakes its caller, and crosses to the front end from the engine core's process, once per message, not
-once per token: the interval is paced here alone. With --speculative-config, a request proposes its
-next ids by prompt lookup (speculation.py) or a draft model's greedy steps (drafting.py), and a step
-verifies them instead (SlotRunner.verify), the request taking 1 to k + 1 tokens in it, each the one it
-picks without speculation. ONNX Runtime releases the GIL while it runs.
+number and its penalties' ids change (sampling, logprobs, a bias, penalties: no grammar) and no prompt
+waits, the runner runs up to MAX_BURST decode steps back to back instead (burst.py: each request takes
+its tokens when its Delta falls due; the step boundary's work waits for the burst's end). A request's
+deltas go on at its stream interval (its Sequence holds the tokens in between; a unary call's go with
+its end), so a paced stream wakes its caller, and crosses to the front end from the engine core's
+process, once per message, not once per token: the interval is paced here alone. With
+--speculative-config, a request proposes its next ids by prompt lookup (speculation.py) or a draft
+model's greedy steps (drafting.py), and a step verifies them instead (SlotRunner.verify), the request
+taking 1 to k + 1 tokens in it, each the one it picks without speculation. ONNX Runtime releases the GIL
+while it runs.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class Decoding(Protocol):
 
     def burst_row(self) -> PassRow | None:
         """Its pick as a burst's runner makes it at each step (its PassRow; each next step's differs by its
-        uniform number alone), or None where it cannot be drawn in a burst."""
+        uniform number and its penalties' ids alone), or None where it cannot be drawn in a burst."""
         ...
 
 
