@@ -10,7 +10,10 @@ rounds; then one JSON object last. Torch-free.
 
     python -m benchmarks.served_ab --model models/NAME --a "--threads 1" --b "--threads 2"
         [--model-b models/OTHER] [--tree-a DIR] [--tree-b DIR] [--streams 1,16] [--prompt-tokens 16]
-        [--new-tokens 64] [--repeats 3] [--out F.json] [--plot F.png]
+        [--new-tokens 64] [--repeats 3] [--connections 1] [--out F.json] [--plot F.png]
+
+Front ends in parallel (--api-server-count) need the streams on several connections (the kernel
+spreads connections over the front ends): `--connections 8` gives both sides the same eight.
 
 A before/after of a change: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`.
 """
@@ -43,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
     p.add_argument("--repeats", type=int, default=3, help="rounds, the sides alternating; medians reported")
+    p.add_argument("--connections", type=int, default=1, help="gRPC connections the streams take in turn (both sides)")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of b/a (tokens/s and time to first token) per stream count here")
     args = p.parse_args(argv)
@@ -57,15 +61,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         for side in SIDES
     }
+    kind = ("--ignore-eos", "--connections", str(args.connections))  # fixed lengths, as Served's default
     rows = []
     try:
         for count in streams:
             prompts = [[0] * args.prompt_tokens] * count  # bench draws the ids; only the shape counts
             for server in servers.values():
-                server.measure(prompts[: min(count, 4)], 4)  # warm-up
+                server.measure(prompts[: min(count, 4)], 4, kind)  # warm-up
             runs: dict[str, list[dict]] = {side: [] for side in SIDES}
             for side in alternating(SIDES, args.repeats, f"{count} streams"):
-                runs[side].append(servers[side].measure(prompts, args.new_tokens))
+                runs[side].append(servers[side].measure(prompts, args.new_tokens, kind))
             row: dict = {"streams": count}
             for side in SIDES:
                 row[side] = {
@@ -81,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             server.close()
     settings = {"a": args.a, "b": args.b, "model": str(args.model), "model_b": str(models["b"]), "trees": trees}
     settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
+    settings.update(connections=args.connections)
     report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 

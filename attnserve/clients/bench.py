@@ -24,6 +24,7 @@ and plot live in bench_report.py, the flags and outputs in bench_cli.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import secrets
 import sys
@@ -47,6 +48,7 @@ from .types import GenerationParams, ModelInfo, Prompt, TokenizerInfo
 PROG = "attnserve bench"
 ATTNSERVE, OPENAI = "attnserve", "openai"  # --backend: attnserve.v1 over gRPC, or an OpenAI-compatible URL
 BACKENDS = (ATTNSERVE, OPENAI)
+OWN_CONNECTION = "grpc.use_local_subchannel_pool"  # a channel argument: this channel's connection is its own
 DEFAULT_URL = "http://127.0.0.1:8000/v1"  # --target of --backend openai when none is given
 
 
@@ -78,6 +80,14 @@ class BenchConfig:
             "--backend openai: the model each request names (one /v1/models lists)",
             metavar="NAME",
             unset="the first /v1/models lists",
+        ),
+    )
+    connections: int = field(
+        default=1,
+        metadata=flag(
+            "--backend attnserve: gRPC channels, each its own TCP connection, the requests take in turn (a "
+            "server with --api-server-count spreads connections, not requests, over its front ends)",
+            metavar="N",
         ),
     )
     concurrency: tuple[int, ...] = (1, 4, 16)  # closed-loop levels (without --concurrency, none with --rate)
@@ -128,7 +138,7 @@ class BenchConfig:
             raise ValueError(f"--concurrency levels must be at least 1, got {min(self.concurrency)}")
         if self.rates and min(self.rates) <= 0:
             raise ValueError(f"--rate levels must be positive, got {shown(min(self.rates))}")
-        for name in ("requests", "max_new_tokens"):
+        for name in ("requests", "max_new_tokens", "connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag_name(name)} must be at least 1, got {getattr(self, name)}")
         if self.prompt_tokens < (1 if self.prompt_ids else 2):
@@ -156,6 +166,8 @@ class BenchConfig:
         for name, given in openai_only.items():
             if given and self.backend != OPENAI:
                 raise ValueError(f"{flag_name(name)} is for --backend openai")
+        if self.connections != 1 and self.backend == OPENAI:
+            raise ValueError("--connections is for --backend attnserve (--backend openai opens one per stream)")
 
     def kinds(self) -> tuple[Kind, ...]:
         """The kinds of request the run sends: the mix's, or one of the sampling flags."""
@@ -272,15 +284,24 @@ class AttnserveBackend:
 
     def __init__(self, config: BenchConfig, tls: TlsConfig | None, token: str | None):
         self.config = config
-        self.client = AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls, retry=NO_RETRY)
+        # a subchannel pool of each channel's own: channels of one process otherwise share one connection
+        options = [(OWN_CONNECTION, 1)] if config.connections > 1 else []
+        self.clients = [
+            AsyncClient(config.target, timeout=config.timeout, token=token, tls=tls, retry=NO_RETRY, options=options)
+            for _ in range(config.connections)
+        ]
+        self.client = self.clients[0]
+        self._turns = itertools.cycle(self.clients)
         self.info: ModelInfo | None = None
 
     async def __aenter__(self) -> AttnserveBackend:
-        await self.client.__aenter__()
+        for client in self.clients:
+            await client.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.client.__aexit__(*exc)
+        for client in self.clients:
+            await client.__aexit__(*exc)
 
     async def describe(self) -> dict[str, Any]:
         """The report's "model" (GetModelInfo's); a run the server would refuse is refused first."""
@@ -299,7 +320,7 @@ class AttnserveBackend:
         return describe_prompts(self.config, self.info.tokenizer)
 
     async def measure(self, request: Request, traceparent: str) -> RequestRecord:
-        return await measure(self.client, request, traceparent)
+        return await measure(next(self._turns), request, traceparent)
 
 
 def backend_of(config: BenchConfig, tls: TlsConfig | None, token: str | None) -> Backend:

@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--rate", default=None, help="comma-separated open-loop request rates per second (Poisson)")
     add_field_flags(p, BenchConfig, only=("backend", "endpoint", "model"))
-    add_field_flags(p, BenchConfig, only=("requests", "prompt_tokens"))
+    add_field_flags(p, BenchConfig, only=("connections", "requests", "prompt_tokens"))
     prompts = p.add_mutually_exclusive_group()
     prompts.add_argument(
         "--prompt-ids",

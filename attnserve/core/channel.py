@@ -1,7 +1,9 @@
 """The byte stream between the front end and the engine core: one Unix socket, msgpack frames both ways.
 
 Each message (protocol.py) goes as its length (4 bytes, little-endian) and its msgpack bytes.
-The front end listens on a socket in a folder of its own and the core it started connects.
+The front end listens on a socket in a folder of its own and the core it started connects. With
+--api-server-count N the core listens in turn, in the same folder, for the N - 1 front ends more
+(FRONTS, `fronts_path`), and each of them connects to it.
 
 A plain socket and not ZeroMQ: a ZeroMQ send wakes the sender's own I/O thread, which on virtual
 CPUs costs the engine core about 30 us a step, where a write to a Unix socket whose reader is not
@@ -13,6 +15,7 @@ busy: naps.py); with nothing in flight it sleeps in poll, and the first message 
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -22,6 +25,7 @@ from typing import Any
 import msgspec
 
 HEADER = struct.Struct("<I")
+FRONTS = "fronts.sock"  # the core's own listening socket, beside the first front end's
 CHUNK = 1 << 20  # bytes read at once
 ENCODER = msgspec.msgpack.Encoder()
 
@@ -88,16 +92,27 @@ class Channel:
         self.sock.close()
 
 
-def listen(path: str) -> socket.socket:
-    """The front end's listening socket at `path` (one connection: the core's)."""
+def readable(socks: list[socket.socket], timeout_s: float) -> list[socket.socket]:
+    """Those of `socks` that can be read (or were closed by the other end), after at most `timeout_s`."""
+    return select.select(socks, [], [], timeout_s)[0]
+
+
+def listen(path: str, backlog: int = 1) -> socket.socket:
+    """A listening socket at `path`: the front end's (one connection: the core's), or the core's for the
+    front ends more (`backlog` of them)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
-    listener.listen(1)
+    listener.listen(backlog)
     return listener
 
 
 def connect(path: str, decoder: msgspec.msgpack.Decoder) -> Channel:
-    """The core's end: connect to the front end's socket at `path`."""
+    """Connect to the listening socket at `path`: the core to its front end's, a front end more to the core's."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     return Channel(sock, decoder)
+
+
+def fronts_path(path: str) -> str:
+    """The core's socket for the front ends more, beside the first front end's socket at `path`."""
+    return os.path.join(os.path.dirname(path), FRONTS)

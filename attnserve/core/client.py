@@ -18,6 +18,10 @@ engine has none), and slow readers (its Handles); the context budget was validat
 every request in flight ends at once with EngineUnavailable (UNAVAILABLE), new ones are refused
 the same way, and `on_death` is called: the Server then exits non-zero for its supervisor to
 restart it (Kubernetes, systemd), the way vLLM's front end ends with its engine core.
+
+A front end more (--api-server-count) `attach`es instead: it connects to the socket the core listens
+on for it (channel.fronts_path), takes the same Ready, and never stops the core: its stop closes its
+channel, and the core ends what it had sent.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import itertools
 import logging
 import multiprocessing
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -41,7 +46,7 @@ from ..engine.sequence import Event, Handle
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import usable_cores
 from ..runtime.ort_session import CPU, ProviderError
-from .channel import Channel, ChannelClosed, listen
+from .channel import Channel, ChannelClosed, connect, listen
 from .config import CoreConfig
 from .loading import StartupError
 from .naps import Naps, naps_pay
@@ -84,6 +89,25 @@ class RemoteHandle(Handle):
             self._tell()
 
 
+class AttachedCore:
+    """The core's process as a front end more sees it (`attach`): not its child, so not its to join or
+    kill; its channel closing is its end."""
+
+    exitcode = None
+
+    def __init__(self, pid: int = 0):
+        self.pid = pid
+
+    def is_alive(self) -> bool:
+        return True
+
+    def join(self, timeout: float | None = None) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+
 class EngineClient:
     """An Engine's calls, served by an engine core process; raises StartupError (and the model's
     ModelDirError or ProviderError) when the core cannot start."""
@@ -94,8 +118,10 @@ class EngineClient:
         observer: EngineObserver,
         max_buffered: int,
         on_death: Callable[[str], None] | None = None,
+        attach: str | None = None,
     ):
-        """`max_buffered`: deltas a caller may leave unread before its request is dropped (Handle)."""
+        """`max_buffered`: deltas a caller may leave unread before its request is dropped (Handle);
+        `attach`: the socket of a running core's to connect to (a front end more) instead of starting one."""
         self.config, self.observer, self.on_death = config, observer, on_death
         self.max_buffered = max_buffered
         self.handles: dict[int, Handle] = {}  # key -> request in flight
@@ -104,21 +130,30 @@ class EngineClient:
         self._accepting, self._stopping = True, False
         self.died: str | None = None  # why the core is gone
         self._active = 0  # requests in the core's batch or its prefill, as of its last Step
-        self._folder = tempfile.mkdtemp(prefix="attnserve-core-")
-        path = str(Path(self._folder) / "core.sock")
-        self._listener = listen(path)
+        self.attached = attach is not None
+        self._folder: str | None = None
+        self._listener: socket.socket | None = None
         self._channel: Channel | None = None
-        spawn = multiprocessing.get_context("spawn")
-        self.process = spawn.Process(target=run_core, args=(config, path), name="attnserve-engine-core", daemon=True)
-        self.process.start()
+        self.process: multiprocessing.process.BaseProcess | AttachedCore
+        if attach is not None:
+            self.process = AttachedCore()
+            self._channel = connect(attach, OUTBOUND_DECODER)
+        else:
+            self._folder = tempfile.mkdtemp(prefix="attnserve-core-")
+            self.path = str(Path(self._folder) / "core.sock")
+            self._listener = listen(self.path)
+            spawn = multiprocessing.get_context("spawn")
+            self.process = spawn.Process(
+                target=run_core, args=(config, self.path), name="attnserve-engine-core", daemon=True
+            )
+            self.process.start()
         try:
             self.ready = self._wait_ready()
         except BaseException:
             self._shut()
             raise
         self.capacity = self.ready.capacity
-        assert self.process.pid is not None, "a started process has a pid"
-        self.pid: int = self.process.pid
+        self.pid: int = self.ready.pid if attach is not None else self.process.pid  # type: ignore[assignment]
         # Naps between looks for the core's messages, or sleeps in poll until each comes (naps.py).
         self.napping = naps_pay(self.ready.provider == CPU, self.ready.threads, usable_cores())
         log.info(
@@ -132,10 +167,12 @@ class EngineClient:
     def _wait_ready(self) -> Ready:
         """The core's connection, then its Ready; raises its Failed's error or StartupError."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        self._listener.settimeout(POLL_MS / 1000)
+        if self._listener is not None:
+            self._listener.settimeout(POLL_MS / 1000)
         while time.monotonic() < deadline:
             try:
                 if self._channel is None:
+                    assert self._listener is not None, "a core of its own connects to this front end's socket"
                     self._channel = Channel(self._listener.accept()[0], OUTBOUND_DECODER)
                 elif self._channel.wait(POLL_MS / 1000) and (messages := self._channel.take()):
                     message = messages[0]  # the core sends nothing else before the front end's first request
@@ -204,7 +241,7 @@ class EngineClient:
         """Stop the core (it aborts what runs) and the receiver."""
         self._accepting = False
         self._stopping = True  # the core's exit from here on is the stop, not a death
-        if self.process.is_alive():
+        if not self.attached and self.process.is_alive():
             self._send(Stop())
             self.process.join(timeout)
         self._shut()
@@ -218,8 +255,10 @@ class EngineClient:
             self._receiver.join(STOP_TIMEOUT_S)
         if self._channel is not None:
             self._channel.close()
-        self._listener.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
+        if self._listener is not None:
+            self._listener.close()
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
     def _receiver_started(self) -> bool:
         receiver = getattr(self, "_receiver", None)
@@ -270,7 +309,8 @@ class EngineClient:
                 break
         if not self._stopping:
             self.process.join(EXIT_WAIT_S)
-            self._core_died(f"the engine core died (exit code {self.process.exitcode}); the server restarts")
+            code = "its channel closed" if self.attached else f"exit code {self.process.exitcode}"
+            self._core_died(f"the engine core died ({code}); the server restarts")
 
     def _take(self, steps: list[Step]) -> None:
         """Engine steps, in order: events to their callers' loops (one call per loop for them all),

@@ -36,6 +36,7 @@ class CoreConfig:
     run_ahead: str = "auto"  # whether a burst's next step runs while the engine takes the last's: auto, on, off
     max_waiting_steps: int = 0  # decode steps a request may wait to start beside other arrivals (0: none)
     speculation: Speculation | None = None  # --speculative-config (engine/speculation.py); None: off
+    front_ends: int = 1  # front-end processes over this core (--api-server-count): the first starts it
 
     @property
     def spinning(self) -> bool | None:

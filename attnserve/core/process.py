@@ -6,15 +6,19 @@ front end as one message on the channel's socket (channel.py, protocol.py), so n
 this process wakes per token and none shares its GIL; the main thread only receives requests,
 cancels, aborts and the stop, and hands them to the engine through its public calls. Metrics live
 in the front end: the core records the engine's observations and sends them with the step.
+With --api-server-count N the core also listens for the N - 1 front ends more, which the first
+starts once it serves, and answers each over a channel of its own (step_writer.py routes the events).
 No gRPC here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 
@@ -24,14 +28,14 @@ from ..engine.outbox import Outbox
 from ..engine.speculation import Speculation
 from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError, one_line
-from .channel import Channel, ChannelClosed, connect
+from .channel import Channel, ChannelClosed, connect, fronts_path, listen, readable
 from .config import MAX_NICE, CoreConfig
 from .loading import LoadedModel, StartupError, load_model
 from .log_lines import configure_logging
 from .observations import Recorder, SpansDropped
 from .protocol import INBOUND_DECODER, Abort, Cancel, Failed, Ready, Stop, Submit
 from .slow_steps import slowed, step_delay_ms
-from .step_writer import StepWriter
+from .step_writer import FIRST, StepWriter
 from .traced_outbox import TracedOutbox
 
 log = logging.getLogger(__name__)
@@ -128,45 +132,119 @@ def run_core(config: CoreConfig, path: str) -> None:
         loaded.capacity,
         os.getpid(),
     )
-    channel.send(
-        Ready(runner.provider, loaded.capacity, slots.nbytes, runner.provider_note, slots.prefix_bytes, runner.threads)
+    ready = Ready(
+        runner.provider,
+        loaded.capacity,
+        slots.nbytes,
+        runner.provider_note,
+        slots.prefix_bytes,
+        runner.threads,
+        os.getpid(),
     )
+    # listening before Ready: the first front end starts the others once it has it
+    more = config.front_ends - 1
+    fronts = Fronts(writer, ready, listen(fronts_path(path), more), more) if more else None
+    channel.send(ready)
     engine.start()
     try:
-        serve_messages(engine, writer, channel)
+        serve_messages(engine, writer, channel, fronts)
     finally:
         engine.stop()
         channel.close()
+        if fronts is not None:
+            fronts.close()
         end_tracing()
 
 
-def serve_messages(engine: Engine, writer: StepWriter, channel: Channel) -> None:
-    """Until Stop (or the front end is gone): submits, cancels and aborts, as they come. Every request
-    the front end sent ends with an event (a refusal, a Final): its count of requests in flight stays exact."""
+class Fronts:
+    """The front ends more (--api-server-count): the core's listening socket, until the `more` front ends
+    the configuration says have connected (then closed: nothing else connects), and their channels.
+    Each gets the core's Ready as it connects."""
+
+    def __init__(self, writer: StepWriter, ready: Ready, listener: socket.socket, more: int):
+        self.writer, self.ready, self.more = writer, ready, more
+        self.listener: socket.socket | None = listener
+        self.channels: dict[int, Channel] = {}
+        self._numbers = itertools.count(FIRST + 1)
+
+    def accept(self) -> None:
+        assert self.listener is not None, "accepting only while listening"
+        sock, _ = self.listener.accept()
+        front, channel = next(self._numbers), Channel(sock, INBOUND_DECODER)
+        self.channels[front] = channel
+        self.writer.join(front, channel)
+        with contextlib.suppress(OSError):
+            channel.send(self.ready)
+        log.info("front end %d connected to the engine core", front)
+        self.more -= 1
+        if not self.more:
+            self.listener.close()
+            self.listener = None
+
+    def leave(self, engine: Engine, front: int) -> None:
+        """A front end more closed its channel (it stopped, or died): its requests end."""
+        self.channels.pop(front).close()
+        callers = self.writer.leave(front)
+        for caller in callers:
+            engine.release(caller)
+        log.info("front end %d left the engine core (%d requests of its ended)", front, len(callers))
+
+    def close(self) -> None:
+        for channel in self.channels.values():
+            channel.close()
+        if self.listener is not None:
+            self.listener.close()
+
+
+def serve_messages(engine: Engine, writer: StepWriter, channel: Channel, fronts: Fronts | None = None) -> None:
+    """Until Stop (or the first front end is gone): submits, cancels and aborts, as they come, from every
+    front end. Every request a front end sent ends with an event (a refusal, a Final): its count of
+    requests in flight stays exact."""
     parent = os.getppid()
     while True:
-        if not channel.wait(PARENT_CHECK_MS / 1000):
+        channels = {FIRST: channel, **(fronts.channels if fronts is not None else {})}
+        listener = fronts.listener if fronts is not None else None
+        socks = [end.sock for end in channels.values()] + ([listener] if listener is not None else [])
+        ready = readable(socks, PARENT_CHECK_MS / 1000)
+        if not ready:
             if os.getppid() != parent:
                 log.warning("the front end is gone; the engine core stops")
                 return
             continue
-        try:
-            messages = channel.take()
-        except ChannelClosed:
-            log.warning("the front end closed the channel; the engine core stops")
-            return
-        for message in messages:
-            if isinstance(message, Submit):
-                caller = writer.caller(message.key, message.request)
-                try:
-                    engine.enqueue(caller)
-                except Draining as e:  # the core stops
-                    engine.refuse(caller, e)
-            elif isinstance(message, Cancel):
-                running = writer.callers.get(message.key)
-                if running is not None:  # else already finished
-                    engine.release(running)
-            elif isinstance(message, Abort):
-                engine.abort()
-            elif isinstance(message, Stop):
+        if fronts is not None and listener in ready:
+            fronts.accept()
+        for front, end in channels.items():
+            if end.sock not in ready:
+                continue
+            try:
+                messages = end.take()
+            except ChannelClosed:
+                if front == FIRST:
+                    log.warning("the front end closed the channel; the engine core stops")
+                    return
+                assert fronts is not None, "only the first front end's channel is there without front ends more"
+                fronts.leave(engine, front)
+                continue
+            if take_messages(engine, writer, front, messages):
                 return
+
+
+def take_messages(engine: Engine, writer: StepWriter, front: int, messages: list) -> bool:
+    """A front end's messages, in order; True at the first front end's Stop."""
+    for message in messages:
+        if isinstance(message, Submit):
+            caller = writer.caller(message.key, message.request, front)
+            try:
+                engine.enqueue(caller)
+            except Draining as e:  # the core stops
+                engine.refuse(caller, e)
+        elif isinstance(message, Cancel):
+            running = writer.callers.get((front, message.key))
+            if running is not None:  # else already finished
+                engine.release(running)
+        elif isinstance(message, Abort):  # a drain that timed out there: that front end's requests end
+            for caller in writer.callers_of(front):
+                engine.release(caller)
+        elif isinstance(message, Stop) and front == FIRST:
+            return True
+    return False

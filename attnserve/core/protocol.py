@@ -1,7 +1,8 @@
 """What the front end and the engine core say to each other: msgpack messages (msgspec Structs).
 
 Front end -> core: Submit a request under the front end's key, Cancel a key
-(the caller went away, a slow reader was cut), Abort everything (drain timeout), Stop.
+(the caller went away, a slow reader was cut), Abort (drain timeout: every request of that front
+end's), Stop (the first front end's alone: the one that started the core).
 Core -> front end: Ready once the model is loaded (or Failed, with the error's
 kind and its one-line message), then one Step message per engine step that produced anything:
 every request's events of that step, the step's metric observations (observations.py), and the
@@ -58,6 +59,7 @@ class Ready(msgspec.Struct, tag=True):
     provider_note: str = ""  # why it is not the one asked for
     prefix_cache_bytes: int = 0  # the prefix cache's pool (0: off)
     threads: int = 0  # the session's intra-op threads (0: not said)
+    pid: int = 0  # the core's process (a front end more did not start it: --api-server-count)
 
 
 class Failed(msgspec.Struct, tag=True):

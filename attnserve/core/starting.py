@@ -20,6 +20,7 @@ from ..engine.outbox import LoopOutbox
 from ..runtime import contract
 from ..runtime.contract import Manifest
 from ..tokenizer import Tokenizer
+from .channel import fronts_path
 from .client import EngineClient
 from .config import CoreConfig
 from .loading import load_model, load_tokenizer
@@ -42,6 +43,7 @@ class StartedCore:
     kv_cache_bytes: int
     prefix_cache_bytes: int
     pid: int  # the process that runs the engine (this one with a thread)
+    fronts: str = ""  # the core's socket for front ends more (--api-server-count; "": none listens)
 
 
 def start_core(
@@ -50,17 +52,20 @@ def start_core(
     max_buffered: int,
     on_death: Callable[[str], None] | None = None,
     tracing: Tracing | None = None,
+    attach: str | None = None,
 ) -> StartedCore:
     """The engine core of `config.engine_core`, reporting to `observer`; raises ModelDirError,
     ProviderError or StartupError. `on_death`: called when a core process dies (never with a thread);
     `tracing`: the front end's, which a core in a thread writes its spans with (a core process starts
-    its own from config.traces). Either core reads a test's brake from its environment (slow_steps.py)."""
-    if config.engine_core == "process":
+    its own from config.traces). Either core reads a test's brake from its environment (slow_steps.py).
+    `attach`: a running core's socket for front ends more, which this one joins (--api-server-count)."""
+    if config.engine_core == "process" or attach is not None:
         model_dir = Path(config.model)
         manifest = contract.read_manifest(model_dir, verify=False)  # the core verifies every file
         tokenizer = load_tokenizer(model_dir, manifest)
-        client = EngineClient(config, observer, max_buffered, on_death)
+        client = EngineClient(config, observer, max_buffered, on_death, attach)
         ready = client.ready
+        fronts = fronts_path(client.path) if attach is None and config.front_ends > 1 else ""
         return StartedCore(
             client,
             tokenizer,
@@ -72,6 +77,7 @@ def start_core(
             ready.kv_cache_bytes,
             ready.prefix_cache_bytes,
             client.pid,
+            fronts,
         )
     delay = step_delay_ms()
     loaded = load_model(config)

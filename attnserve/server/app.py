@@ -51,6 +51,7 @@ from .assembly import (
 )
 from .checkpoint_exports import CheckpointExportError, serving_export
 from .config import ServerConfig
+from .front_ends import FrontEnds
 from .grpc_boundary.per_method import PerMethod
 from .grpc_boundary.slow_readers import WriteWatch
 from .grpc_oip.servicer import SERVICE as OIP_SERVICE
@@ -67,6 +68,7 @@ log = logging.getLogger(__name__)
 
 HEALTH_SERVICES = ("", SERVICE, OIP_SERVICE)  # grpc.health.v1 answers for the server and each service
 WARMUP_TIMEOUT_S = 120.0
+FRONT_ENDS_GRACE_S = 10.0  # after --drain-timeout, how long the front ends more get to exit
 # Why attnserve.v1 and Open Inference Protocol calls get UNAVAILABLE (health says NOT_SERVING then)
 STARTING = "the server is starting (its warm-up generation runs); retry once its health says SERVING"
 DRAINING = "the server is draining (shutting down); retry on another replica"
@@ -80,19 +82,27 @@ class Server:
         config: ServerConfig,
         observers: Sequence[Callable[[EngineObserver], EngineObserver]] = (),
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        attach: str | None = None,
     ):
         """Start the engine core and build the parts over it (assembly.py); raises ModelDirError,
         ProviderError or StartupError. `observers` wrap the server's metrics as the engine's observer,
         innermost first (Ray Serve's step clock, a test's pacer): `observer` is the outermost;
-        `interceptors` join the gRPC chain inside the boundary and the token check (a test's leak)."""
+        `interceptors` join the gRPC chain inside the boundary and the token check (a test's leak);
+        `attach`: a running core's socket for front ends more, which this server joins instead of
+        starting one (front_ends.py: --api-server-count's other front ends)."""
         self.config = config
+        self.attached = attach is not None
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.metrics = Metrics()
         self.tracing = start_tracing(config.traces(), self.metrics)
         self.observer = observer_chain(self.metrics, observers)
         self.died: str | None = None  # why the engine core's process is gone
         self.loop: asyncio.AbstractEventLoop | None = None
-        core = start_core(config.core(), self.observer, config.stream_buffer_events, self._core_died, self.tracing)
+        core = start_core(
+            config.core(), self.observer, config.stream_buffer_events, self._core_died, self.tracing, attach
+        )
+        self.fronts_socket = core.fronts  # where the front ends more connect ("": none)
+        self.front_ends: FrontEnds | None = None  # those more, once started (serve())
         with stopped_on_failure(core, self.metrics, self.tracing):
             self.engine, self.tokenizer, self.max_batch = core.engine, core.tokenizer, core.capacity
             self.kv_cache_bytes, self.prefix_cache_bytes = core.kv_cache_bytes, core.prefix_cache_bytes
@@ -120,7 +130,8 @@ class Server:
         self.serving = False  # warmed up and not draining: health SERVING, the protocol's ServerReady
 
     def _core_died(self, why: str) -> None:
-        """The engine core's process is gone (the client's receiver thread): stop serving; serve() exits 1."""
+        """The engine core's process is gone (the client's receiver thread), or a front end more
+        (front_ends.py's watcher): stop serving; serve() exits 1."""
         self.died = why
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.stopped.set)
@@ -180,7 +191,7 @@ class Server:
     def _bind(self, server: grpc.aio.Server) -> int:
         config = self.config
         address = f"{config.host}:{config.port}"
-        problem = listen_problem(config.host, config.port)
+        problem = None if self.attached else listen_problem(config.host, config.port)  # shared: the first's
         if problem is not None:
             raise StartupError(problem)
         try:
@@ -219,11 +230,12 @@ class Server:
         config = self.config
         door = self.front_door()
         tls = (config.tls_cert, config.tls_key, config.tls_client_ca) if config.tls_cert and config.tls_key else None
-        problem = listen_problem(config.host, config.http_port or 0, "--http-port")
+        problem = None if self.attached else listen_problem(config.host, config.http_port or 0, "--http-port")
         if problem is not None:
             raise StartupError(problem)
+        shared = config.api_server_count > 1
         try:
-            return HttpServer(door.app, config.host, config.http_port or 0, tls, config.drain_timeout)
+            return HttpServer(door.app, config.host, config.http_port or 0, tls, config.drain_timeout, shared)
         except OSError as e:
             why = e.strerror or e
             raise StartupError(f"--http-port {config.http_port}: cannot listen on {config.host}: {why}") from None
@@ -244,7 +256,10 @@ class Server:
                 return
 
     async def drain(self) -> None:
-        """Stop taking calls, let in-flight ones finish within --drain-timeout, then stop."""
+        """Stop taking calls, let in-flight ones finish within --drain-timeout, then stop (the front ends
+        more drain beside this one, and the core stops once they have)."""
+        if self.front_ends is not None:
+            self.front_ends.drain()
         await self.health.enter_graceful_shutdown()
         self.serving = False
         self.boundary.refusal = DRAINING
@@ -260,10 +275,14 @@ class Server:
             await self.grpc.stop(grace=max(1.0, deadline - time.monotonic()))
         if self.http is not None:
             await self.http.stop()
+        if self.front_ends is not None:
+            await asyncio.to_thread(self.front_ends.join, self.config.drain_timeout + FRONT_ENDS_GRACE_S)
         self.close()
 
     async def stop(self) -> None:
         """Stop now: in-flight calls are cancelled."""
+        if self.front_ends is not None:
+            self.front_ends.stop()
         if self.grpc is not None:
             await self.grpc.stop(grace=None)
         if self.http is not None:
@@ -321,18 +340,28 @@ def listen_problem(host: str, port: int, flag: str = "--port") -> str | None:
 
 def startup_problem(config: ServerConfig) -> str | None:
     """What is wrong with `config` that is found before the model loads: a bad flag (ServerConfig.check),
-    or a port of the server or of its metrics that cannot be listened on."""
+    or a port of the server or of its metrics (each front end's) that cannot be listened on."""
     try:
         config.check()
         config.check_files()
     except ValueError as e:
         return str(e)
     problem = listen_problem(config.host, config.port)
-    if problem is None and config.metrics_port:
-        problem = listen_problem(config.host, config.metrics_port, "--metrics-port")
+    metrics = config.metrics_port or 0
+    for index in range(config.api_server_count if metrics else 0):  # front end i's: + i
+        problem = problem or listen_problem(config.host, metrics + index, "--metrics-port")
     if problem is None and config.http_port:
         problem = listen_problem(config.host, config.http_port, "--http-port")
     return problem
+
+
+async def start_front_ends(server: Server) -> None:
+    """--api-server-count's front ends more, on the ports this one bound (off the event loop: this one
+    serves meanwhile), watched from here on; StartupError if one does not come up."""
+    http_port = server.http.port if server.http is not None else None
+    config = server.config
+    server.front_ends = await asyncio.to_thread(FrontEnds, config, server.fronts_socket, server.port, http_port)
+    server.front_ends.watch(server._core_died)
 
 
 async def serve(config: ServerConfig, interceptors: Sequence[grpc.aio.ServerInterceptor] = ()) -> int:
@@ -355,10 +384,18 @@ async def serve(config: ServerConfig, interceptors: Sequence[grpc.aio.ServerInte
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stopped.set)
+    if config.api_server_count > 1:
+        try:
+            await start_front_ends(server)
+        except StartupError as e:
+            await server.stop()
+            print(f"attnserve serve: error: {e}", file=sys.stderr, flush=True)
+            return 2
     scheme = "grpcs" if config.tls_cert else "grpc"
+    fronts = f", {config.api_server_count} front ends" if config.api_server_count > 1 else ""
     print(
         f"attnserve serve: listening on {config.host}:{server.port} ({scheme}), model "
-        f"{server.info.model_name}, provider {server.facts.provider}, engine core in a {config.engine_core}",
+        f"{server.info.model_name}, provider {server.facts.provider}, engine core in a {config.engine_core}{fronts}",
         flush=True,
     )
     print(
@@ -368,7 +405,9 @@ async def serve(config: ServerConfig, interceptors: Sequence[grpc.aio.ServerInte
         flush=True,
     )
     if server.metrics_port:
-        print(f"attnserve serve: metrics on http://{config.host}:{server.metrics_port}/metrics", flush=True)
+        more = server.front_ends.metrics_ports if server.front_ends is not None else []
+        others = "".join(f", front end {i}'s on port {port}" for i, port in enumerate(more, start=1))
+        print(f"attnserve serve: metrics on http://{config.host}:{server.metrics_port}/metrics{others}", flush=True)
     if server.http is not None:
         scheme = "https" if config.tls_cert else "http"
         print(f"attnserve serve: OpenAI-compatible API on {scheme}://{config.host}:{server.http.port}/v1", flush=True)

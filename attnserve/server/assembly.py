@@ -211,9 +211,10 @@ def descriptor_pool_of(modules: tuple[ModuleType, ...]) -> descriptor_pool.Descr
 
 
 def channel_options(config: ServerConfig) -> list[tuple[str, int]]:
-    """gRPC core's limits per connection: streams, age, and keepalive pings that find dead peers."""
+    """gRPC core's limits per connection: streams, age, and keepalive pings that find dead peers. The port
+    is shared only among --api-server-count's front ends (SO_REUSEPORT), never by chance with another server."""
     options = [
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(config.api_server_count > 1)),
         ("grpc.max_concurrent_streams", config.max_concurrent_streams),
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),

@@ -31,6 +31,7 @@ LOGITS_PASS = ("auto", "on", "off")
 RUN_AHEAD = AHEAD_MODES
 LOG_FORMATS = ("text", "json")
 MAX_PORT = 65535
+MAX_API_SERVERS = 64  # --api-server-count's bound
 MAX_WAITING_STEPS = 1024  # --max-waiting-steps' bound: a request waits at most this many decode steps to start
 MIN_CONTEXT_LENGTH = 8  # attnserve import's least --context-length (its MIN_CONTEXT)
 MODEL_NAME = re.compile(r"[A-Za-z0-9._/-]{1,128}")  # --served-model-name: what fits a URL path and a label
@@ -195,6 +196,15 @@ class ServerConfig:
             "where the engine runs: process (a process of its own beside the gRPC front end: neither waits "
             "for the other's GIL) or thread (in the server's process)",
             choices=ENGINE_CORES,
+        ),
+    )
+    api_server_count: int = field(
+        default=1,
+        metadata=flag(
+            "front-end processes over the one engine core (vLLM's flag): each serves the gRPC port (and "
+            "--http-port) through SO_REUSEPORT, the kernel spreading connections over them; front end i serves "
+            "its metrics on --metrics-port + i (docs/guides/serving.md)",
+            metavar="N",
         ),
     )
     max_batch: int = field(
@@ -384,6 +394,7 @@ class ServerConfig:
             prefix_cache_memory=self.prefix_cache_memory,
             max_queue=self.max_queue,
             engine_core=self.engine_core,
+            front_ends=self.api_server_count,
             traces=self.traces(),
             log_format=self.log_format,
         )
@@ -402,6 +413,11 @@ class ServerConfig:
             (not self.tls_client_ca or bool(self.tls_cert), "--tls-client-ca needs --tls-cert and --tls-key"),
             (self.provider in PROVIDERS, f"--provider must be {known}, not {self.provider!r}"),
             (self.engine_core in ENGINE_CORES, f"--engine-core must be thread or process, not {self.engine_core!r}"),
+            (
+                self.api_server_count == 1 or self.engine_core == "process",
+                f"--api-server-count {self.api_server_count} needs --engine-core process: the front ends share "
+                "one engine core of its own",
+            ),
             (self.prefix_cache in PREFIX_CACHE, f"--prefix-cache must be off or on, not {self.prefix_cache!r}"),
             (
                 self.intra_op_spinning in SPINNING,
@@ -436,10 +452,15 @@ class ServerConfig:
         )
         ranges: list[tuple[str, bool, str]] = [
             ("port", 0 <= self.port <= MAX_PORT, f"0 to {MAX_PORT}"),
-            ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT, f"0 to {MAX_PORT}"),
+            (
+                "metrics_port",
+                self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT - max(0, self.api_server_count - 1),
+                f"0 to {MAX_PORT}, less --api-server-count - 1 (front end i serves on it + i)",
+            ),
             ("http_port", self.http_port is None or 0 <= self.http_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("threads", self.threads >= 0, "0 or more (0: chosen by the model's size)"),
             ("core_nice", 0 <= self.core_nice <= MAX_NICE, f"0 to {MAX_NICE}"),
+            ("api_server_count", 1 <= self.api_server_count <= MAX_API_SERVERS, f"1 to {MAX_API_SERVERS}"),
             (
                 "context_length",
                 self.context_length is None or self.context_length >= MIN_CONTEXT_LENGTH,

@@ -26,8 +26,17 @@ class _Uvicorn(uvicorn.Server):
 class HttpServer:
     """One uvicorn server of `app` on host:port (0: a free port); `port` is the bound one."""
 
-    def __init__(self, app: Any, host: str, port: int, tls: tuple[str, str, str | None] | None, grace_s: float):
-        """`tls`: (certificate, key, client CA or None) PEM files, or None for plain HTTP."""
+    def __init__(
+        self,
+        app: Any,
+        host: str,
+        port: int,
+        tls: tuple[str, str, str | None] | None,
+        grace_s: float,
+        shared: bool = False,
+    ):
+        """`tls`: (certificate, key, client CA or None) PEM files, or None for plain HTTP; `shared`: the port
+        is bound with SO_REUSEPORT, by each of --api-server-count's front ends."""
         # log_config None: uvicorn's loggers keep no handlers of their own and reach the root's, so that its
         # lines are written as --log-format says (its own handlers broke --log-format json's lines)
         options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "off", "log_config": None}
@@ -44,6 +53,8 @@ class HttpServer:
         # client's delayed ACK (40 ms) and came in one burst at the end.
         self.socket = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if shared:
+            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.socket.bind((host, port))
         self.port = self.socket.getsockname()[1]
