@@ -10,7 +10,7 @@ rounds; then one JSON object last. Torch-free.
 
     python -m benchmarks.served_ab --model models/NAME --a "--threads 1" --b "--threads 2"
         [--model-b models/OTHER] [--tree-a DIR] [--tree-b DIR] [--streams 1,16] [--prompt-tokens 16]
-        [--new-tokens 64] [--repeats 3] [--connections 1] [--out F.json] [--plot F.png]
+        [--new-tokens 64] [--repeats 3] [--connections 1] [--provider cpu] [--out F.json] [--plot F.png]
 
 Front ends in parallel (--api-server-count) need the streams on several connections (the kernel
 spreads connections over the front ends): `--connections 8` gives both sides the same eight.
@@ -47,17 +47,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
     p.add_argument("--repeats", type=int, default=3, help="rounds, the sides alternating; medians reported")
     p.add_argument("--connections", type=int, default=1, help="gRPC connections the streams take in turn (both sides)")
+    p.add_argument("--provider", default="cpu", choices=("cpu", "cuda"), help="both servers' --provider")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of b/a (tokens/s and time to first token) per stream count here")
     args = p.parse_args(argv)
     streams = [int(s) for s in args.streams.split(",")]
     models = {"a": args.model, "b": args.model_b or args.model}
     trees = {"a": args.tree_a, "b": args.tree_b}
-    stamp = Stamp.start(provider="cpu")
+    stamp = Stamp.start(provider=args.provider)
     # --threads is a flag of the side's own; Served's default of 0 is the server's default.
     servers = {
         side: Served(
-            models[side], 0, max(streams), args.new_tokens, *shlex.split(getattr(args, side)), tree=trees[side]
+            models[side],
+            0,
+            max(streams),
+            args.new_tokens,
+            *shlex.split(getattr(args, side)),
+            tree=trees[side],
+            provider=args.provider,
         )
         for side in SIDES
     }

@@ -185,11 +185,18 @@ class Served:
     side = "served"
 
     def __init__(
-        self, model: Path, threads: int, max_streams: int, new_tokens: int, *flags: str, tree: str | None = None
+        self,
+        model: Path,
+        threads: int,
+        max_streams: int,
+        new_tokens: int,
+        *flags: str,
+        tree: str | None = None,
+        provider: str = "cpu",
     ):
         """The server with `threads` intra-op threads, room for `max_streams` and `new_tokens`, and
         any other `attnserve serve` flags; `tree`: the checkout it runs from (default: this one)."""
-        fixed = ["--provider", "cpu", "--threads", str(threads), "--max-batch", str(max_streams)]
+        fixed = ["--provider", provider, "--threads", str(threads), "--max-batch", str(max_streams)]
         fixed += ["--max-queue", str(4 * max_streams), "--max-new-tokens-cap", str(new_tokens)]
         self.server = ServerProcess(str(Path(model).resolve()), *fixed, *flags, cwd=tree)
 
