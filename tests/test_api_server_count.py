@@ -14,7 +14,7 @@ import urllib.request
 
 import grpc
 import pytest
-from fixtures_server import ServeProcess, request
+from fixtures_server import ServeProcess, request, wait_until
 from test_server_lifecycle import collect, refused
 
 from attnserve.v1 import generation_pb2 as pb
@@ -83,14 +83,19 @@ def test_every_front_end_serves_the_same_port_and_decodes_through_the_one_core(t
             answer = json.loads(urllib.request.urlopen(call, timeout=TIMEOUT).read())
             http_texts.add(answer["choices"][0]["text"])
         served = [sample(port, "attnserve_requests_total", method="Generate", code="OK") for port in ports]
-        routed = [sample(port, "attnserve_http_requests_total", route="/v1/completions", status="200") for port in ports]
-        steps = [sample(port, "attnserve_batch_size_count") for port in ports]
+        route = "/v1/completions"
+        routed = [sample(port, "attnserve_http_requests_total", route=route, status="200") for port in ports]
+        steps = [sample(port, "attnserve_step_batch_size_count") for port in ports]
+        # every request's first token, whichever front end took it, in the first one's histogram
+        first_tokens = lambda: sample(ports[0], "attnserve_time_to_first_token_seconds_count")
+        wait_until(lambda: first_tokens() >= 2 * CONNECTIONS, TIMEOUT, "every request's time to first token")
+        assert sample(ports[1], "attnserve_time_to_first_token_seconds_count") == 0
     finally:
         server.kill()
     assert len(texts) == 1 and len(http_texts) == 1, (texts, http_texts)  # greedy, whichever front end took it
     assert sum(served) == CONNECTIONS and min(served) > 0, served
     assert sum(routed) == CONNECTIONS and min(routed) > 0, routed
-    assert steps[1] == 0, steps  # the engine's own series come from the first front end alone
+    assert steps[0] > 0 and steps[1] == 0, steps  # the engine's own series: the first front end's alone
 
 
 def test_sigterm_drains_every_front_end_and_the_core_stops_after_them(tiny_model_dir):

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from fixtures_server import idle, request, start_server, wait_until
 
+from attnserve.server.metrics import Metrics
 from attnserve.server.stats_log import StatsLog
 from attnserve.v1 import generation_pb2 as pb
 
@@ -45,6 +46,18 @@ def test_the_served_name_is_the_models_name_everywhere(named, tiny_model_dir):
         {"model": NAME, "execution_provider": "CPUExecutionProvider", "dtype": "float32", "quantization": "none"},
     )
     assert label == 1.0
+
+
+def test_a_front_end_more_says_its_number_and_not_the_steps_it_does_not_see():
+    """--api-server-count: the engine's steps reach the first front end alone, so another's stats line
+    tells its own requests, under its number, and no generated tokens/s (which would read 0)."""
+    metrics = Metrics()
+    waiting = lambda: {"active": 2, "queued": 1}
+    first, other = StatsLog(metrics, waiting, 10.0), StatsLog(metrics, waiting, 10.0, front_end=2)
+    assert first.line().startswith("generated ")
+    line = other.line()
+    assert line.startswith("front end 2: prompt ") and "generated" not in line, line
+    assert "running 2, queued 1" in line, line
 
 
 def test_the_stats_line_says_what_the_server_did_and_an_idle_server_says_nothing(named, caplog):

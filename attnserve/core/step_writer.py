@@ -83,6 +83,9 @@ class StepWriter:
         for caller, event in events:  # RemoteCallers: the core's engine has no other
             front = caller.front  # type: ignore[attr-defined]
             fronts.setdefault(front, []).append((self._key(caller, event), to_wire(event)))
+        # a request that ends takes the observations to the first front end, whoever's it was: the last
+        # step before the engine idles leaves none behind
+        due = due or (bool(recorder.seen) and any(ends_request(event) for _, event in events))
         for front, wire in fronts.items():
             channel = channels.get(front)
             if channel is None or not (wire or (front == FIRST and due)):

@@ -178,7 +178,7 @@ class Server:
         config = self.config
         self.watchdog = asyncio.create_task(self.writes.run())
         if config.log_stats_interval:
-            stats_log = StatsLog(self.metrics, self.engine.stats, config.log_stats_interval)
+            stats_log = StatsLog(self.metrics, self.engine.stats, config.log_stats_interval, config.front_end)
             self.stats_task = asyncio.create_task(stats_log.run())
         if config.metrics_port is not None:
             try:

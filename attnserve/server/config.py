@@ -362,6 +362,7 @@ class ServerConfig:
     )
     drain_timeout: float = field(default=30.0, metadata=flag("seconds in-flight requests get to finish after SIGTERM"))
     warmup: bool = True  # one short generation before health says SERVING; no flag, for code embedding a Server
+    front_end: int = 0  # which of --api-server-count's front ends this is (0: the first, the core's); no flag
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:

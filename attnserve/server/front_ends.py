@@ -48,7 +48,7 @@ def their_config(config: ServerConfig, index: int, port: int, http_port: int | N
     metrics = config.metrics_port
     if metrics:
         metrics += index
-    return replace(config, port=port, http_port=http_port, metrics_port=metrics)
+    return replace(config, port=port, http_port=http_port, metrics_port=metrics, front_end=index)
 
 
 class FrontEnds:

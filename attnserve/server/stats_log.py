@@ -3,6 +3,9 @@
 Every interval with traffic (tokens generated, or requests running or waiting), one INFO line:
 generated tokens/s (counted per engine step), prompt tokens/s (of the requests that ended in the
 interval), requests running and queued, and finishes by reason. An idle server writes nothing.
+With --api-server-count, the engine's steps are counted by the first front end alone: each other's
+line starts with its number and tells its own requests only (prompt tokens/s, running and queued,
+finishes).
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ log = logging.getLogger(__name__)
 class StatsLog:
     """Reads the server's metrics every `interval` seconds and logs what changed."""
 
-    def __init__(self, metrics: Metrics, stats: Callable[[], dict[str, int]], interval: float):
-        self.metrics, self.stats, self.interval = metrics, stats, interval
+    def __init__(self, metrics: Metrics, stats: Callable[[], dict[str, int]], interval: float, front_end: int = 0):
+        """`front_end`: which of --api-server-count's this server is (0: the first, which sees the steps)."""
+        self.metrics, self.stats, self.interval, self.front_end = metrics, stats, interval, front_end
         self.last = self.totals()
         self.since = time.monotonic()
 
@@ -43,10 +47,11 @@ class StatsLog:
         if not any(change.values()) and not stats["active"] and not stats["queued"]:
             return None
         finishes = ", ".join(f"{int(change[r.value])} {r.value}" for r in FinishReason if change[r.value])
+        steps = f"generated {change['generated'] / seconds:,.1f} tokens/s, " if not self.front_end else ""
         return (
-            f"generated {change['generated'] / seconds:,.1f} tokens/s, prompt {change['prompt'] / seconds:,.1f} "
-            f"tokens/s (of requests ended); running {stats['active']}, queued {stats['queued']}; "
-            f"ended in {seconds:.1f} s: {finishes or 'none'}"
+            f"{f'front end {self.front_end}: ' if self.front_end else ''}{steps}prompt "
+            f"{change['prompt'] / seconds:,.1f} tokens/s (of requests ended); running {stats['active']}, queued "
+            f"{stats['queued']}; ended in {seconds:.1f} s: {finishes or 'none'}"
         )
 
     async def run(self) -> None:
