@@ -161,7 +161,7 @@ def test_a_front_end_that_dies_ends_the_server_for_its_supervisor(tiny_model_dir
         ),
         (
             ("--api-server-count", "4", "--metrics-port", "65533"),
-            "--metrics-port must be 0 to 65535, less --api-server-count - 1 (front end i serves on it + i), got 65533",
+            "--metrics-port must be 0 to 65532 (with --api-server-count 4, front end i serves on it + i), got 65533",
         ),
     ],
 )

@@ -95,9 +95,6 @@ class AttachedCore:
 
     exitcode = None
 
-    def __init__(self, pid: int = 0):
-        self.pid = pid
-
     def is_alive(self) -> bool:
         return True
 
@@ -153,7 +150,7 @@ class EngineClient:
             self._shut()
             raise
         self.capacity = self.ready.capacity
-        self.pid: int = self.ready.pid if attach is not None else self.process.pid  # type: ignore[assignment]
+        self.pid: int = self.ready.pid  # the core says it: a front end more did not start it
         # Naps between looks for the core's messages, or sleeps in poll until each comes (naps.py).
         self.napping = naps_pay(self.ready.provider == CPU, self.ready.threads, usable_cores())
         log.info(

@@ -83,15 +83,16 @@ class Server:
         observers: Sequence[Callable[[EngineObserver], EngineObserver]] = (),
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         attach: str | None = None,
+        front_end: int = 0,
     ):
         """Start the engine core and build the parts over it (assembly.py); raises ModelDirError,
         ProviderError or StartupError. `observers` wrap the server's metrics as the engine's observer,
         innermost first (Ray Serve's step clock, a test's pacer): `observer` is the outermost;
         `interceptors` join the gRPC chain inside the boundary and the token check (a test's leak);
         `attach`: a running core's socket for front ends more, which this server joins instead of
-        starting one (front_ends.py: --api-server-count's other front ends)."""
+        starting one, as front end number `front_end` (front_ends.py: --api-server-count's others)."""
         self.config = config
-        self.attached = attach is not None
+        self.attached, self.front_end = attach is not None, front_end
         self.token = read_token(config.auth_token_file) if config.auth_token_file else None
         self.metrics = Metrics()
         self.tracing = start_tracing(config.traces(), self.metrics)
@@ -178,7 +179,7 @@ class Server:
         config = self.config
         self.watchdog = asyncio.create_task(self.writes.run())
         if config.log_stats_interval:
-            stats_log = StatsLog(self.metrics, self.engine.stats, config.log_stats_interval, config.front_end)
+            stats_log = StatsLog(self.metrics, self.engine.stats, config.log_stats_interval, self.front_end)
             self.stats_task = asyncio.create_task(stats_log.run())
         if config.metrics_port is not None:
             try:

@@ -362,7 +362,6 @@ class ServerConfig:
     )
     drain_timeout: float = field(default=30.0, metadata=flag("seconds in-flight requests get to finish after SIGTERM"))
     warmup: bool = True  # one short generation before health says SERVING; no flag, for code embedding a Server
-    front_end: int = 0  # which of --api-server-count's front ends this is (0: the first, the core's); no flag
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -451,12 +450,15 @@ class ServerConfig:
             "stream_buffer_events",
             "max_concurrent_streams",
         )
+        more = max(0, self.api_server_count - 1)  # front ends beside the first, each on its own metrics port
+        last_metrics_port = MAX_PORT - more
         ranges: list[tuple[str, bool, str]] = [
             ("port", 0 <= self.port <= MAX_PORT, f"0 to {MAX_PORT}"),
             (
                 "metrics_port",
-                self.metrics_port is None or 0 <= self.metrics_port <= MAX_PORT - max(0, self.api_server_count - 1),
-                f"0 to {MAX_PORT}, less --api-server-count - 1 (front end i serves on it + i)",
+                self.metrics_port is None or 0 <= self.metrics_port <= last_metrics_port,
+                f"0 to {last_metrics_port}"
+                + (f" (with --api-server-count {self.api_server_count}, front end i serves on it + i)" if more else ""),
             ),
             ("http_port", self.http_port is None or 0 <= self.http_port <= MAX_PORT, f"0 to {MAX_PORT}"),
             ("threads", self.threads >= 0, "0 or more (0: chosen by the model's size)"),

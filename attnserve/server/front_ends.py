@@ -48,7 +48,7 @@ def their_config(config: ServerConfig, index: int, port: int, http_port: int | N
     metrics = config.metrics_port
     if metrics:
         metrics += index
-    return replace(config, port=port, http_port=http_port, metrics_port=metrics, front_end=index)
+    return replace(config, port=port, http_port=http_port, metrics_port=metrics)
 
 
 class FrontEnds:
@@ -64,7 +64,7 @@ class FrontEnds:
             theirs, ours = spawn.Pipe(duplex=False)
             process = spawn.Process(
                 target=run_front_end,
-                args=(their_config(config, index, port, http_port), fronts_socket, ours),
+                args=(their_config(config, index, port, http_port), fronts_socket, index, ours),
                 name=f"attnserve-front-end-{index}",
                 daemon=True,
             )
@@ -146,19 +146,23 @@ def wait_ready(index: int, process: Any, pipe: multiprocessing.connection.Connec
     raise StartupError(f"front end {index} exited during start-up (exit code {process.exitcode})")
 
 
-def run_front_end(config: ServerConfig, fronts_socket: str, pipe: multiprocessing.connection.Connection) -> None:
-    """A front end more's main: serve until SIGTERM or SIGINT, then drain, as `attnserve serve` does."""
+def run_front_end(
+    config: ServerConfig, fronts_socket: str, index: int, pipe: multiprocessing.connection.Connection
+) -> None:
+    """Front end `index`'s main: serve until SIGTERM or SIGINT, then drain, as `attnserve serve` does."""
     configure_logging(config.log_format)
-    sys.exit(asyncio.run(serve_beside(config, fronts_socket, pipe)))
+    sys.exit(asyncio.run(serve_beside(config, fronts_socket, index, pipe)))
 
 
-async def serve_beside(config: ServerConfig, fronts_socket: str, pipe: multiprocessing.connection.Connection) -> int:
+async def serve_beside(
+    config: ServerConfig, fronts_socket: str, index: int, pipe: multiprocessing.connection.Connection
+) -> int:
     """Start a Server over the running core, say so on `pipe` (its metrics port, or why it failed), serve."""
     from .app import Server  # app.py starts these: imported here, in the front end's own process
 
     server = None
     try:
-        server = Server(config, attach=fronts_socket)
+        server = Server(config, attach=fronts_socket, front_end=index)
         await server.start()
     except (ModelDirError, ProviderError, StartupError) as e:
         if server is not None:
