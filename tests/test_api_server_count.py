@@ -17,6 +17,7 @@ import pytest
 from fixtures_server import ServeProcess, request, wait_until
 from test_server_lifecycle import collect, refused
 
+from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE
 from attnserve.v1 import generation_pb2 as pb
 from attnserve.v1 import generation_pb2_grpc as pb_grpc
 
@@ -133,6 +134,41 @@ def test_sigterm_drains_every_front_end_and_the_core_stops_after_them(tiny_model
         assert messages[-1].usage.completion_tokens == 100
     with pytest.raises(ProcessLookupError):
         os.kill(other, 0)
+
+
+def test_a_drain_that_times_out_cancels_what_each_front_end_had_in_flight_and_exits_zero(tiny_model_dir, monkeypatch):
+    """Each front end's drain times out on its own and its abort ends its requests in the core: every
+    stream, whichever front end took it, ends CANCELLED with its usage, none cut or left hanging."""
+    monkeypatch.setenv(TEST_STEP_DELAY_VARIABLE, "20")  # 100 tokens take 2 s a batch: the drain's 0.3 s pass first
+    server = serve(tiny_model_dir, "--api-server-count", "2", "--max-batch", "4", "--drain-timeout", "0.3")
+    try:
+        channels = [
+            grpc.insecure_channel(f"127.0.0.1:{server.port}", options=OWN_CONNECTION) for _ in range(CONNECTIONS // 2)
+        ]
+        streams = [
+            pb_grpc.TextGenerationStub(channel).GenerateStream(
+                request(f"in flight {i}", max_new_tokens=100, ignore_eos=True), timeout=TIMEOUT
+            )
+            for i, channel in enumerate(channels)
+        ]
+        for stream in streams:
+            assert dict(stream.initial_metadata())["x-request-id"]
+        server.proc.send_signal(signal.SIGTERM)
+        results: list[list] = [[] for _ in streams]
+        readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join(TIMEOUT)
+        code, output = server.wait(TIMEOUT)
+    finally:
+        server.kill()
+    assert code == 0, output
+    assert output.count("drain timeout") == 2, output  # each front end's own
+    for messages in results:
+        assert not any(isinstance(m, grpc.RpcError) for m in messages), messages[-1]
+        assert messages[-1].finish_reason == pb.FINISH_REASON_CANCELLED
+        assert messages[-1].usage.completion_tokens < 100
 
 
 def test_a_front_end_that_dies_ends_the_server_for_its_supervisor(tiny_model_dir):
