@@ -188,11 +188,22 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> GenerationResult
     params = params_from_args(args)
     # n completions (or a beam search's hypotheses) are printed whole, one after the other
     whole = args.no_stream or (params.n or 1) > 1 or (params.num_beams or 1) > 1
-    with client_from_args(args) as client:
+    client = client_from_args(args)
+    try:
         if whole:
             result = client.generate(prompt, params, request_id=args.request_id)
         else:
             result = stream_to(None if args.json else out, client, prompt, params, args.request_id)
+    except KeyboardInterrupt:
+        # The call is cancelled (the stream's exit, or _wait's) and the process exits next: the channel is
+        # left to that. Closed now, before grpc's own thread has taken the cancelled call's last events
+        # (a busy CPU delays it), that thread takes the closing queue's event instead and prints a TypeError
+        # (grpc 1.85's _run_channel_spin_thread).
+        raise
+    except BaseException:
+        client.close()
+        raise
+    client.close()
     if args.json:
         out.write(json.dumps(result.to_dict()) + "\n")
     elif (params.num_beams or 1) > 1:  # each hypothesis with its score, best first
