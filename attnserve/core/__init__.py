@@ -10,5 +10,5 @@ messages; observations.py, the engine's reports in them) over channel.py (one Un
 client.py (the front end's EngineClient: the engine's calls, answered by the core's process; its
 receiver naps by naps.py). traced_outbox.py is the engine's outbox with tracing on (the core's spans
 of each request that ended); log_lines.py writes both processes' log lines (text or JSON).
-slow_steps.py is a test's brake; heap.py keeps glibc's heap pages for the host's large temporaries.
+slow_steps.py is a test's brake.
 """

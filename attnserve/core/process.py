@@ -30,7 +30,6 @@ from ..runtime.contract import ModelDirError
 from ..runtime.model_sessions import ProviderError, one_line
 from .channel import Channel, ChannelClosed, connect, fronts_path, listen, readable
 from .config import MAX_NICE, CoreConfig
-from .heap import keep_heap
 from .loading import LoadedModel, StartupError, load_model
 from .log_lines import configure_logging
 from .observations import Recorder, SpansDropped
@@ -120,7 +119,6 @@ def run_core(config: CoreConfig, path: str) -> None:
         channel.send(Failed("StartupError", f"the engine core failed to start: {one_line(e)}"))
         channel.close()
         return
-    keep_heap()  # the host's picks reuse their pages (heap.py)
     writer = StepWriter(channel, Recorder())
     outbox, end_tracing = traced(writer, config, loaded)
     engine = core_engine(loaded, writer, delay, outbox, config.speculation, config.run_ahead, config.max_waiting_steps)

@@ -23,7 +23,6 @@ from ..tokenizer import Tokenizer
 from .channel import fronts_path
 from .client import EngineClient
 from .config import CoreConfig
-from .heap import keep_heap
 from .loading import load_model, load_tokenizer
 from .slow_steps import slowed, step_delay_ms
 from .traced_outbox import TracedOutbox
@@ -82,7 +81,6 @@ def start_core(
         )
     delay = step_delay_ms()
     loaded = load_model(config)
-    keep_heap()  # the host's picks reuse their pages (heap.py)
     limits = EngineLimits(
         loaded.capacity, config.max_queue, max_buffered, config.speculation, config.run_ahead, config.max_waiting_steps
     )
