@@ -59,19 +59,19 @@ class FrontEnds:
         self.stopping = False
         self.processes: list[Any] = []
         self.metrics_ports: list[int] = []
-        pipes = []
+        pipes = []  # each one's word that it serves, or why it cannot
         for index in range(1, config.api_server_count):
-            theirs, ours = spawn.Pipe(duplex=False)
+            hearing, telling = spawn.Pipe(duplex=False)
             process = spawn.Process(
                 target=run_front_end,
-                args=(their_config(config, index, port, http_port), fronts_socket, index, ours),
+                args=(their_config(config, index, port, http_port), fronts_socket, index, telling),
                 name=f"attnserve-front-end-{index}",
                 daemon=True,
             )
             process.start()
-            ours.close()
+            telling.close()  # its copy is the child's: the pipe ends (EOFError) when the child does
             self.processes.append(process)
-            pipes.append(theirs)
+            pipes.append(hearing)
         try:
             for index, (process, pipe) in enumerate(zip(self.processes, pipes), start=1):
                 self.metrics_ports.append(wait_ready(index, process, pipe))
