@@ -126,6 +126,7 @@ def test_sigterm_drains_every_front_end_and_the_core_stops_after_them(tiny_model
         server.kill()
     assert code == 0, output
     assert output.count("draining: ") == 2, output  # the first front end's line and the other's
+    assert "attnserve.server.app (front end 1): draining: " in output, output  # the other's says its number
     assert "front end 1 left the engine core" in output and "drained, exiting" in output
     assert output.index("front end 1 left the engine core") < output.index("drained, exiting")
     for messages in results:

@@ -238,3 +238,14 @@ def test_the_server_and_its_engine_core_log_json_lines_and_each_request_once(tin
         served["message"],
     ), served
     assert [line for line in logged if line["message"].startswith("SIGTERM")]
+
+
+def test_a_front_end_more_says_its_number_in_each_line_and_the_first_says_none():
+    """--api-server-count: the lines of front end 2 name it, text and JSON; the first's and the core's
+    lines are as ever."""
+    text = formatter("text", 2).format(record("draining"))
+    assert text.endswith(" WARNING attnserve.test (front end 2): draining"), text
+    assert "front end" not in formatter("text").format(record("draining"))
+    line = json.loads(formatter("json", 2).format(record("draining")))
+    assert line["front_end"] == 2 and line["message"] == "draining"
+    assert "front_end" not in json.loads(formatter("json").format(record("draining")))

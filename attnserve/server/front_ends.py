@@ -150,7 +150,7 @@ def run_front_end(
     config: ServerConfig, fronts_socket: str, index: int, pipe: multiprocessing.connection.Connection
 ) -> None:
     """Front end `index`'s main: serve until SIGTERM or SIGINT, then drain, as `attnserve serve` does."""
-    configure_logging(config.log_format)
+    configure_logging(config.log_format, index)
     sys.exit(asyncio.run(serve_beside(config, fronts_socket, index, pipe)))
 
 
