@@ -9,13 +9,12 @@ import json
 import os
 import re
 import signal
-import threading
 import urllib.request
 
 import grpc
 import pytest
 from fixtures_server import ServeProcess, request, wait_until
-from test_server_lifecycle import collect, refused
+from test_server_lifecycle import refused, sigterm_and_read
 
 from attnserve.server.test_switches import TEST_STEP_DELAY_VARIABLE
 from attnserve.v1 import generation_pb2 as pb
@@ -62,6 +61,19 @@ def sample(port: int, name: str, **labels: str) -> float:
     return 0.0
 
 
+def streams_on_their_own_connections(server: ServeProcess) -> list:
+    """CONNECTIONS // 2 streams of 100 tokens, each on a connection of its own (so on either front end)."""
+    channels = [
+        grpc.insecure_channel(f"127.0.0.1:{server.port}", options=OWN_CONNECTION) for _ in range(CONNECTIONS // 2)
+    ]
+    return [
+        pb_grpc.TextGenerationStub(channel).GenerateStream(
+            request(f"in flight {i}", max_new_tokens=100, ignore_eos=True), timeout=TIMEOUT
+        )
+        for i, channel in enumerate(channels)
+    ]
+
+
 def test_every_front_end_serves_the_same_port_and_decodes_through_the_one_core(tiny_model_dir):
     server = serve(tiny_model_dir, "--api-server-count", "2", "--metrics-port", "0", "--http-port", "0")
     try:
@@ -103,25 +115,7 @@ def test_sigterm_drains_every_front_end_and_the_core_stops_after_them(tiny_model
     server = serve(tiny_model_dir, "--api-server-count", "2", "--max-batch", "2")
     try:
         (other,) = front_end_pids(server)
-        channels = [
-            grpc.insecure_channel(f"127.0.0.1:{server.port}", options=OWN_CONNECTION) for _ in range(CONNECTIONS // 2)
-        ]
-        streams = [
-            pb_grpc.TextGenerationStub(channel).GenerateStream(
-                request(f"in flight {i}", max_new_tokens=100, ignore_eos=True), timeout=TIMEOUT
-            )
-            for i, channel in enumerate(channels)
-        ]
-        for stream in streams:
-            assert dict(stream.initial_metadata())["x-request-id"]  # accepted: decoding or queued
-        server.proc.send_signal(signal.SIGTERM)
-        results: list[list] = [[] for _ in streams]
-        readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join(TIMEOUT)
-        code, output = server.wait(TIMEOUT)
+        code, output, results = sigterm_and_read(server, streams_on_their_own_connections(server))
     finally:
         server.kill()
     assert code == 0, output
@@ -143,25 +137,7 @@ def test_a_drain_that_times_out_cancels_what_each_front_end_had_in_flight_and_ex
     monkeypatch.setenv(TEST_STEP_DELAY_VARIABLE, "20")  # 100 tokens take 2 s a batch: the drain's 0.3 s pass first
     server = serve(tiny_model_dir, "--api-server-count", "2", "--max-batch", "4", "--drain-timeout", "0.3")
     try:
-        channels = [
-            grpc.insecure_channel(f"127.0.0.1:{server.port}", options=OWN_CONNECTION) for _ in range(CONNECTIONS // 2)
-        ]
-        streams = [
-            pb_grpc.TextGenerationStub(channel).GenerateStream(
-                request(f"in flight {i}", max_new_tokens=100, ignore_eos=True), timeout=TIMEOUT
-            )
-            for i, channel in enumerate(channels)
-        ]
-        for stream in streams:
-            assert dict(stream.initial_metadata())["x-request-id"]
-        server.proc.send_signal(signal.SIGTERM)
-        results: list[list] = [[] for _ in streams]
-        readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join(TIMEOUT)
-        code, output = server.wait(TIMEOUT)
+        code, output, results = sigterm_and_read(server, streams_on_their_own_connections(server))
     finally:
         server.kill()
     assert code == 0, output

@@ -91,6 +91,23 @@ def test_drain_timeout_ends_in_flight_requests_as_cancelled(tiny_model_dir):
     assert messages[-1].usage.completion_tokens < 100
 
 
+def sigterm_and_read(server: ServeProcess, streams: list) -> tuple[int, str, list[list]]:
+    """SIGTERM to `server` with `streams` in flight (each accepted first: decoding or queued), then every
+    stream read to its end on a thread of its own (an RpcError ends its list): the exit code, the output,
+    each stream's messages."""
+    for stream in streams:
+        assert dict(stream.initial_metadata())["x-request-id"]
+    server.proc.send_signal(signal.SIGTERM)
+    results: list[list] = [[] for _ in streams]
+    readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(TIMEOUT)
+    code, output = server.wait(TIMEOUT)
+    return code, output, results
+
+
 def test_sigterm_drains_in_flight_streams_and_exits_zero(tiny_model_dir):
     server = ServeProcess("--model", str(tiny_model_dir), "--port", "0", "--max-batch", "2", "--threads", "1")
     try:
@@ -98,16 +115,7 @@ def test_sigterm_drains_in_flight_streams_and_exits_zero(tiny_model_dir):
         streams = [
             stub.GenerateStream(request(f"in flight {i}", max_new_tokens=110), timeout=TIMEOUT) for i in range(8)
         ]
-        for stream in streams:
-            assert dict(stream.initial_metadata())["x-request-id"]  # accepted: decoding or queued
-        server.proc.send_signal(signal.SIGTERM)
-        results = [[] for _ in streams]
-        readers = [threading.Thread(target=collect, args=(s, r)) for s, r in zip(streams, results)]
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join(TIMEOUT)
-        code, output = server.wait(TIMEOUT)
+        code, output, results = sigterm_and_read(server, streams)
     finally:
         server.kill()
     assert code == 0, output
