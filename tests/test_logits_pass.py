@@ -16,7 +16,8 @@ from fixtures_server import idle, request, start_server, wait_until
 
 from attnserve.engine.beam_search import BeamSearch, row_candidates, top_candidates
 from attnserve.engine.domain import BeamParams
-from attnserve.engine.sampling import counter_uniform, kept, log_softmax, pick_row, processed_row
+from attnserve.engine.host_draw import kept
+from attnserve.engine.sampling import counter_uniform, log_softmax, pick_row, processed_row
 from attnserve.engine.seam import PassRow
 from attnserve.engine.sequence import Sequence
 from attnserve.export import logits_pass_graph

@@ -1,6 +1,6 @@
-"""The host's top-p (engine/sampling.py's top_p_crossing, which sorts one bucket of a row, not the row)
-against its definition by a full sort, on rows peaked, flat, tied and degenerate; and the host's draw
-under top-p against the distribution it leaves."""
+"""The host's draw (engine/host_draw.py, which sorts one bucket of a row, not the row, and sums by blocks)
+against its definition by a full sort and a running sum, on rows peaked, flat, tied and degenerate; and
+the host's draw under top-p against the distribution it leaves."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from test_logits_pass import chi_square_p
 
 from attnserve.engine.domain import SamplingParams
-from attnserve.engine.sampling import BUCKETS, Sampler, kept, top_p_crossing
+from attnserve.engine.host_draw import BUCKETS, draw, kept
+from attnserve.engine.sampling import Sampler
 
 
 def by_sort(values: np.ndarray, top_p: float) -> tuple[int, float]:
@@ -18,6 +19,29 @@ def by_sort(values: np.ndarray, top_p: float) -> tuple[int, float]:
     weights = np.exp(ordered)
     count = int(np.count_nonzero(np.cumsum(weights) - weights < top_p * weights.sum()))
     return count, float(ordered[count - 1])
+
+
+def crossing(values: np.ndarray, top_p: float) -> tuple[int, float]:
+    """How many ids the host's top-p keeps of `values` and the last one's value."""
+    keep, shifted = kept(values, 0.0, 0, top_p)
+    return int(keep.sum()), float(shifted[keep].min())
+
+
+def by_definition(scaled: np.ndarray, min_p: float, top_k: int, top_p: float, uniform: float) -> int:
+    """The draw's definition: the ids kept (a stable sort of the row for top-p), in id order, the first whose
+    running float64 sum of weights passes `uniform` times their total."""
+    shifted = scaled - scaled.max()
+    edge = np.log(min_p) if min_p > 0.0 else -np.inf
+    if 0 < top_k < shifted.size:
+        edge = max(edge, np.sort(shifted)[-top_k])
+    keep = (shifted >= edge) & (shifted > -np.inf)
+    if top_p < 1.0:
+        order = np.argsort(-np.where(keep, shifted, -np.inf), kind="stable")[: int(keep.sum())]
+        weights = np.exp(shifted[order])
+        keep[order[np.cumsum(weights) - weights >= top_p * weights.sum()]] = False
+    ids = np.flatnonzero(keep)
+    cumulative = np.cumsum(np.exp(shifted[ids]))
+    return int(ids[min(np.searchsorted(cumulative, uniform * cumulative[-1], side="right"), ids.size - 1)])
 
 
 def shapes(rng: np.random.Generator) -> list[np.ndarray]:
@@ -30,10 +54,10 @@ def shapes(rng: np.random.Generator) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.95, 0.999])
-def test_top_p_crossing_is_the_sorted_prefix(top_p):
+def test_top_p_keeps_the_sorted_prefix(top_p):
     """How many ids top-p keeps and the last one's value: the full sort's, on every shape."""
     for values in shapes(np.random.default_rng(int(top_p * 1000))):
-        assert top_p_crossing(values, top_p) == by_sort(values, top_p), (values.size, top_p)
+        assert crossing(values, top_p) == by_sort(values, top_p), (values.size, top_p)
 
 
 def test_a_bucket_holds_every_value_and_the_answer_holds():
@@ -43,7 +67,25 @@ def test_a_bucket_holds_every_value_and_the_answer_holds():
     many = -rng.random(20 * BUCKETS) * 3
     for values in (few - few.max(), many - many.max()):
         for top_p in (0.3, 0.8, 0.97):
-            assert top_p_crossing(values, top_p) == by_sort(values, top_p)
+            assert crossing(values, top_p) == by_sort(values, top_p)
+
+
+@pytest.mark.parametrize("size", [7, 64, 3001, 50257])
+def test_the_draw_is_its_definitions(size):
+    """Each filter alone and together, on rows flat, peaked, tied and with -inf ids (bans), at uniform
+    numbers across [0, 1) and at its ends: the very id the definition's sort and running sum give."""
+    rng = np.random.default_rng(size)
+    settings = [(0.0, 0, 0.95), (0.0, 0, 1.0), (0.05, 0, 1.0), (0.0, 5, 1.0), (0.02, 50, 0.9), (0.0, 0, 0.3)]
+    for trial in range(24):
+        row = rng.normal(0, [0.05, 1.0, 4.0][trial % 3], size)
+        if trial % 4 == 1:
+            row = np.round(row, 1)
+        if trial % 4 == 2:
+            row[rng.integers(0, size, size // 3)] = -np.inf
+        for min_p, top_k, top_p in settings:
+            for uniform in (*rng.random(6), 0.0, 1 - 2**-24):
+                expected = by_definition(row, min_p, top_k, top_p, uniform)
+                assert draw(row, min_p, top_k, top_p, uniform) == expected, (trial, min_p, top_k, top_p, uniform)
 
 
 def test_ties_at_the_crossing_keep_the_lower_ids():

@@ -5,12 +5,8 @@ import pytest
 import torch
 
 from attnserve.engine.domain import SamplingParams
-from attnserve.engine.sampling import (
-    Sampler,
-    apply_occurrence_penalties,
-    apply_repetition_penalty,
-    kept,
-)
+from attnserve.engine.host_draw import kept
+from attnserve.engine.sampling import Sampler, apply_occurrence_penalties, apply_repetition_penalty
 from attnserve.model.generate import next_token
 
 V = 259

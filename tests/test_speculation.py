@@ -13,7 +13,7 @@ import pytest
 from test_engine import COPY_PERIOD, EOS_AT, SPEC, WAIT_S, FakeRunner, alone, ask, next_id, running, served
 
 from attnserve.engine.domain import BeamParams, Delta, Final, FinishReason, GenerationRequest, SamplingParams
-from attnserve.engine.sampling import kept
+from attnserve.engine.host_draw import kept
 from attnserve.engine.speculation import FIRST_PAUSE, MISSES, Lookup, Speculation, parse_speculation
 from attnserve.engine.step_costs import PROBE_EVERY, SMOOTHING, StepCosts
 

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .domain import SamplingParams, TokenLogprob
+from .host_draw import SCRATCH, draw
 from .seam import PassRow, Pick
 
 MASK64 = (1 << 64) - 1
-BUCKETS = 4096  # top_p_crossing's buckets of value
 MIN_PASSED_PENALTY = 1e-20  # a smaller repetition penalty could take a logit past float32's range in the pass
 
 
@@ -112,64 +112,17 @@ def allows_beyond(bits: np.ndarray, ids: tuple[int, ...]) -> bool:
     return total > among
 
 
-def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> np.ndarray:
-    """A float64 copy of `logits` with each (id, bias) added and the banned ids at -inf."""
-    out = logits.astype(np.float64)  # a copy: `logits` may be the runner's buffer
+def bias_and_ban(
+    logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...], out: np.ndarray | None = None
+) -> np.ndarray:
+    """A float64 copy of `logits` (into `out` where given) with each (id, bias) added and the banned ids at
+    -inf."""
+    out = np.empty(logits.shape) if out is None else out  # a copy: `logits` may be the runner's buffer
+    np.copyto(out, logits)
     for token, value in bias:
         out[token] += value
     out[list(banned)] = -np.inf
     return out
-
-
-def kept(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
-    """Which ids min-p, top-k and top-p keep of a temperature-scaled row (a bool each), and the row less
-    its largest logit. In the order of the ids by logit, descending, lower id first on ties, each keeps a
-    prefix: min-p the ids at least min_p times as likely as the likeliest (vLLM's and transformers'),
-    top-k those at least as likely as the k-th (ties kept), top-p the shortest whose probability reaches
-    p (the crossing id kept; of ids tied at its logit, the lower ones). A -inf id is never kept. Nothing
-    sorts the row (top_p_crossing)."""
-    shifted = scaled - np.max(scaled)
-    edge = np.log(min_p) if min_p > 0.0 else -np.inf
-    if 0 < top_k < shifted.size:
-        edge = max(edge, np.partition(shifted, -top_k)[-top_k])
-    keep = (shifted >= edge) & (shifted > -np.inf)
-    if top_p < 1.0:
-        values = shifted[keep]
-        count, last = top_p_crossing(values, top_p)
-        keep &= shifted >= last
-        at_last = np.flatnonzero(keep & (shifted == last))
-        keep[at_last[count - int(np.count_nonzero(values > last)) :]] = False
-    return keep, shifted
-
-
-def top_p_crossing(values: np.ndarray, top_p: float) -> tuple[int, float]:
-    """How many of `values` (finite log-weights, the largest 0) top-p keeps, in descending order: the
-    shortest prefix whose weight reaches top_p times the total (the mass before its last is below it);
-    and the last one's value. Without sorting them all: the values go into BUCKETS buckets by value
-    (equal values share one), the buckets' weights add up, and only the bucket where the prefix
-    crosses is sorted (a flat 50,257-id row's full sort cost 2 ms, this 0.3)."""
-    weights = np.exp(values)
-    low = float(values.min())
-    scale = BUCKETS / low if low < 0.0 else 0.0  # all values 0: one bucket
-    bucket = np.minimum((values * scale).astype(np.int64), BUCKETS - 1)  # 0 for the largest: descending
-    mass = np.bincount(bucket, weights, BUCKETS)
-    target = top_p * mass.sum()
-    before = np.cumsum(mass) - mass  # the weight of the buckets above each
-    crossing = int(np.count_nonzero(before < target)) - 1  # never an empty bucket: the next one's before is higher
-    inside = np.sort(values[bucket == crossing])[::-1]
-    inside_weights = np.exp(inside)
-    taken = int(np.count_nonzero(before[crossing] + np.cumsum(inside_weights) - inside_weights < target))
-    return int(np.count_nonzero(bucket < crossing)) + taken, float(inside[taken - 1])
-
-
-def draw(scaled: np.ndarray, min_p: float, top_k: int, top_p: float, uniform: float) -> int:
-    """One id of a temperature-scaled row: of the ids `kept` keeps, in id order, the first whose cumulative
-    weight passes `uniform` times their total (numpy's searchsorted, right)."""
-    keep, shifted = kept(scaled, min_p, top_k, top_p)
-    ids = np.flatnonzero(keep)
-    cumulative = np.cumsum(np.exp(shifted[ids]))
-    rank = np.searchsorted(cumulative, uniform * cumulative[-1], side="right")
-    return int(ids[min(rank, ids.size - 1)])
 
 
 def best(logprobs: np.ndarray, top: int) -> tuple[tuple[int, float], ...]:
@@ -200,25 +153,25 @@ def prompt_logprobs(rows: np.ndarray, prompt: tuple[int, ...], top: int) -> tupl
     )
 
 
-def processed_row(logits: np.ndarray, row: PassRow) -> np.ndarray:
-    """A row (V,) as `row` has it before its filters, in float64: its grammar's mask (the ids it does not
-    allow at -inf), its penalties, its bias and bans (a ban is its id's -inf bias), then its temperature
-    (a greedy row's: none). A masked id stays -inf through the penalties and the bias, so the mask may
-    come first here and last on a Sampler's host side."""
+def processed_row(logits: np.ndarray, row: PassRow, out: np.ndarray | None = None) -> np.ndarray:
+    """A row (V,) as `row` has it before its filters, in float64 (into `out` where given): its grammar's mask
+    (the ids it does not allow at -inf), its penalties, its bias and bans (a ban is its id's -inf bias), then
+    its temperature (a greedy row's: none). A masked id stays -inf through the penalties and the bias, so the
+    mask may come first here and last on a Sampler's host side."""
     if row.allowed is not None:
         logits = np.where(unpacked(row.allowed, logits.size), logits, -np.inf)
     if row.repetition != 1.0:
         logits = apply_repetition_penalty(logits, row.seen, row.repetition)
     if row.presence != 0.0 or row.frequency != 0.0:
         logits = apply_occurrence_penalties(logits, row.occurred, row.counts, row.presence, row.frequency)
-    biased = bias_and_ban(logits, row.bias, ())
-    return biased / row.temperature if row.temperature > 0 else biased
+    biased = bias_and_ban(logits, row.bias, (), out)
+    return np.divide(biased, row.temperature, out=biased) if row.temperature > 0 else biased
 
 
 def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
     """The batched pass's pick of one row (V,) in float64: what a Sampler picks, and the pass's oracle;
     not `scored`, the token alone (its log-probability 0.0, no top ids: a request that asks for neither)."""
-    scaled = processed_row(logits, row)
+    scaled = processed_row(logits, row, SCRATCH.row(logits.size))
     greedy = row.temperature == 0
     token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
     if not scored:

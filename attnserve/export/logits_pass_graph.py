@@ -422,10 +422,10 @@ def draw(b: Builder) -> None:
 
 def nucleus(b: Builder) -> None:
     """`nucleus_weights` (R, V padded): the weights (below the row's best) of the ids min-p and top-p keep
-    of the whole row, found without sorting it, and `nucleus_exact` (R,): they are sampling.kept's.
+    of the whole row, found without sorting it, and `nucleus_exact` (R,): they are host_draw.kept's.
     Min-p keeps the ids at least min_p times as likely as the best, and no id is kept more than DEEPEST
     below it (e^-64 of the best: a weight float32's exp makes a denormal, and no draw could reach it).
-    Top-p, as sampling.top_p_crossing: the kept ids' weights add up into buckets by value (BUCKETS, or
+    Top-p, as host_draw.top_p_edge: the kept ids' weights add up into buckets by value (BUCKETS, or
     one an id for fewer ids; of equal widths from the lowest kept value to the best), the buckets' sums
     find the bucket where the mass crosses p times the total, and only that bucket's ids are sorted (its
     CROSSING likeliest; a row whose crossing is past them is not exact). Its last taken id's value is
