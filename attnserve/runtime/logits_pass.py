@@ -29,12 +29,20 @@ from .arena import Device
 from .ort_session import create_session
 
 HERE = Path(__file__).resolve().parent
-# What picking a row costs, measured on the project's 2-core AMD EPYC, one thread
-# (docs/design/decisions/logits-pass.md): on the host, by the work per id its PassRow asks; in the pass,
-# a run's fixed cost, then a cost per row and per id. On the CPU provider a row is passed only where
-# that saves time; on CUDA every row is (a row picked on the host is a row across the bus).
-HOST_NS_PER_ID = {"argmax": 0.4, "logprobs": 15.0, "draw": 50.0, "penalty": 0.6}
-PASS_RUN_US = 90.0
+# What picking a row costs, measured in place (docs/design/decisions/logits-pass.md: after a model step, whose
+# weights have swept the caches; the project's 2-vCPU Xeon, one thread): on the host, a cost a row and one an
+# id by the work its PassRow asks; in the pass, a run's fixed cost, then a cost per row and per id. On the CPU
+# provider a row is passed only where that saves time; on CUDA every row is (a row picked on the host is a
+# row across the bus).
+HOST_COST = {  # work: (us a row, ns an id)
+    "argmax": (10.0, 0.7),  # a greedy row with bans or a bias: a copy and an argmax
+    "logprobs": (35.0, 3.9),  # a log-softmax and the top ids
+    "draw": (31.0, 3.2),  # sampling: a whole-row draw, or the few ids top-k or min-p keep
+    "top_p": (71.0, 7.1),  # sampling under top-p alone: its edge found over the whole row
+    "beam": (0.0, 15.0),  # a beam's row: the search's log-softmax and its best continuations
+    "penalty": (7.0, 0.25),  # the repetition, presence and frequency penalties: one more copy of the row
+}
+PASS_RUN_US = 500.0
 PASS_ROW_US = 43.0
 PASS_NS_PER_ID = 1.8
 OUTPUTS = ("token", "logprob", "top_ids", "top_logprobs", "exact", "widen")
@@ -95,11 +103,15 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
 
 
 def host_us(row: PassRow, vocab: int) -> float:
-    """Microseconds to pick `row` on the host: a draw sorts, logprobs take a log-softmax and a partition,
-    a greedy row with bans or a bias only copies and takes its argmax; penalties copy the row once more."""
-    work = "draw" if row.temperature > 0 else "logprobs" if row.top else "argmax"
-    penalized = row.repetition != 1.0 or row.presence != 0.0 or row.frequency != 0.0
-    return (HOST_NS_PER_ID[work] + penalized * HOST_NS_PER_ID["penalty"]) * vocab / 1000
+    """Microseconds to pick `row` on the host (HOST_COST): a draw (top-p alone finds its edge over the whole
+    row), logprobs (a log-softmax and a partition), a beam's candidates, or a greedy row with bans or a bias
+    (a copy and an argmax); penalties copy the row once more."""
+    if row.temperature > 0:
+        work = "top_p" if row.top_p < 1.0 and row.min_p <= 0.0 and not 0 < row.top_k < vocab else "draw"
+    else:
+        work = "beam" if row.alone else "logprobs" if row.top else "argmax"
+    works = [work, "penalty"] if row.repetition != 1.0 or row.presence != 0.0 or row.frequency != 0.0 else [work]
+    return sum(HOST_COST[w][0] + HOST_COST[w][1] * vocab / 1000 for w in works)
 
 
 def draws_whole(row: PassRow, vocab: int) -> bool:
