@@ -160,7 +160,8 @@ class ServerConfig:
             "where a decode step's sampled, logprobs and banned-id rows are picked: on, in one batched pass on "
             "the model's device (a small ONNX graph over the step's logits, where they are); off, each row on "
             "the host in numpy; auto: on CUDA every row in the pass, on the CPU the rows whose host work costs "
-            "more (a large vocabulary's sampling and logprobs), a row the pass could not pick on the host for "
+            "more, where together they pay for a run (a large vocabulary's sampling and logprobs rows, a few at once), "
+            "a row the pass could not pick on the host for "
             "the next 16 steps",
             choices=LOGITS_PASS,
         ),
