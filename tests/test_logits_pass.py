@@ -429,8 +429,9 @@ def test_every_dtypes_graph_picks_what_float32_picks_of_the_same_values(pass_cpu
 def test_auto_passes_the_rows_whose_host_work_costs_more():
     """On the CPU, auto passes sampled and logprobs rows when enough of them share the step to pay for a
     run (a few of a large vocabulary, more of a small one), a beam's row of a large vocabulary by itself,
-    and never a greedy row that only bans ids (a copy and an argmax on the host) nor a whole-row draw (its
-    host pick costs less than a run); on CUDA every row; on and off are what they say."""
+    and never a greedy row that only bans ids (a copy and an argmax on the host), a top-k draw with no
+    logprobs (its likeliest ids alone) nor a whole-row draw (its host pick costs less than a run); on CUDA
+    every row; on and off are what they say."""
     sample, logprobs, ban = (
         PassRow(0.8, 0, 0.95, 0.0, 0.5),
         PassRow(0.0, 0, 1.0, 0.0, 0.5, top=5),
@@ -440,7 +441,10 @@ def test_auto_passes_the_rows_whose_host_work_costs_more():
     assert worth_passing([sample, logprobs, ban], 50257, cpu) == [False, False, False]  # one run costs more
     assert worth_passing([sample, sample, logprobs, ban], 50257, cpu) == [True, True, True, False]
     assert worth_passing([logprobs] * 4, 50257, cpu) == [False] * 4
-    assert worth_passing([logprobs] * 8, 50257, cpu) == [True] * 8
+    assert worth_passing([logprobs] * 9, 50257, cpu) == [True] * 9
+    top_k = PassRow(1.0, 50, 1.0, 0.0, 0.5)  # its likeliest ids alone on the host: less than a row's share
+    assert worth_passing([top_k] * 16, 50257, cpu) == [False] * 16
+    assert worth_passing([replace(top_k, top=5)] * 16, 50257, cpu) == [True] * 16  # with logprobs: the row
     assert worth_passing([sample], 2048, cpu) == [False]
     assert worth_passing([sample] * 16, 2048, cpu) == [True] * 16
     assert worth_passing([ban] * 64, 50257, cpu) == [False] * 64

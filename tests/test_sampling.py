@@ -10,7 +10,8 @@ from test_logits_pass import chi_square_p
 
 from attnserve.engine.domain import SamplingParams
 from attnserve.engine.host_draw import BUCKETS, draw, kept
-from attnserve.engine.sampling import Sampler
+from attnserve.engine.sampling import Sampler, pick_from_few, pick_whole_row
+from attnserve.engine.seam import PassRow
 
 
 def by_sort(values: np.ndarray, top_p: float) -> tuple[int, float]:
@@ -124,3 +125,52 @@ def test_a_samplers_transforms_are_those_its_parameters_make_active(params, acti
     sampler = Sampler(params, 100)
     assert sampler.active == active
     assert sampler.plain_greedy == (not active)
+
+
+def few_pick_rows(rng: np.random.Generator, size: int) -> list[np.ndarray]:
+    """float32 rows as a model gives them: flat, peaked, tied (rounded), and float16's few levels."""
+    peaked = rng.normal(0, 2, size)
+    peaked[rng.integers(0, size, 30)] += 10
+    rows = [rng.normal(0, 1, size), peaked, np.round(rng.normal(0, 2, size), 1)]
+    rows.append(rng.normal(0, 3, size).astype(np.float16).astype(np.float64))
+    return [row.astype(np.float32) for row in rows]
+
+
+@pytest.mark.parametrize("size", [1000, 50257])
+def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size):
+    """pick_from_few against pick_whole_row (the definition): top-k draws with min-p, top-p, a bias that
+    bans and one that lifts an id into the top-k, and the three penalties on the likeliest ids; greedy rows'
+    log-probabilities and top ids. The same pick, bitwise; and the few ids do decide most of these rows."""
+    rng = np.random.default_rng(size)
+    decided = 0
+    for logits in few_pick_rows(rng, size):
+        likely = np.argsort(-logits, kind="stable")[:40].astype(np.int64)
+        for uniform in (0.0, 0.31, 0.77, 1 - 2**-24):
+            rows = [
+                PassRow(1.0, 50, 1.0, 0.0, uniform),
+                PassRow(0.7, 5, 0.9, 0.05, uniform),
+                PassRow(1.3, 40, 0.5, 0.0, uniform, ((int(likely[0]), -np.inf), (int(likely[45 % 40]), 3.0))),
+                PassRow(0.8, 20, 1.0, 0.0, uniform, ((int(np.argmin(logits)), 50.0),)),
+                PassRow(1.0, 10, 1.0, 0.0, uniform, repetition=1.3, seen=likely[::3]),
+                PassRow(
+                    0.9,
+                    30,
+                    0.95,
+                    0.0,
+                    uniform,
+                    presence=0.5,
+                    frequency=1.5,
+                    occurred=likely[:6],
+                    counts=np.arange(1, 7),
+                ),
+            ]
+            for row in rows:
+                few = pick_from_few(logits, row, scored=False)
+                decided += few is not None
+                assert few in (None, pick_whole_row(logits, row, scored=False)), (size, row)
+        for top in (0, 1, 5, 20):
+            row = PassRow(0.0, 0, 1.0, 0.0, 0.0, top=top)
+            few = pick_from_few(logits, row, scored=True)
+            decided += few is not None
+            assert few in (None, pick_whole_row(logits, row, scored=True)), (size, top)
+    assert decided >= 0.9 * 4 * (6 * 4 + 4)

@@ -149,6 +149,19 @@ def draw(scaled: np.ndarray, min_p: float, top_k: int, top_p: float, uniform: fl
     return inverse_cdf(weights, uniform) if ids is None else int(ids[running_pick(weights, uniform)])
 
 
+def draw_among(scaled: np.ndarray, size: int, min_p: float, top_k: int, top_p: float, uniform: float) -> int | None:
+    """draw's pick, from some of a row's ids that hold its largest logit and every id top-k keeps (`scaled`:
+    theirs, in id order, at least top_k of them; the row has `size` ids, more than top_k): its index among
+    them, the very id draw picks over the whole row; None where draw would not work on the kept few alone
+    (more than size // FEW of them)."""
+    shifted = scaled - np.max(scaled)
+    edge = max(np.log(min_p) if min_p > 0.0 else -np.inf, float(np.partition(shifted, -top_k)[-top_k]))
+    few = np.flatnonzero(shifted >= edge)
+    if few.size > size // FEW:
+        return None
+    return int(few[running_pick(kept_among(shifted[few], top_p), uniform)])
+
+
 def kept(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
     """Which ids kept_weights keeps (a bool each) and the row less its largest logit: new arrays."""
     ids, weights = kept_weights(scaled, min_p, top_k, top_p)

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from .domain import SamplingParams, TokenLogprob
-from .host_draw import SCRATCH, draw
+from .host_draw import SCRATCH, draw, draw_among
+from .likeliest import candidates
 from .seam import PassRow, Pick
 
 MASK64 = (1 << 64) - 1
@@ -131,8 +132,8 @@ def best(logprobs: np.ndarray, top: int) -> tuple[tuple[int, float], ...]:
     if top <= 0:
         return ()
     top = min(top, logprobs.size)
-    candidates = np.flatnonzero(logprobs >= np.partition(logprobs, -top)[-top])
-    ids = candidates[np.argsort(-logprobs[candidates], kind="stable")][:top]
+    likely = np.flatnonzero(logprobs >= np.partition(logprobs, -top)[-top])
+    ids = likely[np.argsort(-logprobs[likely], kind="stable")][:top]
     return tuple((int(i), float(logprobs[i])) for i in ids)
 
 
@@ -170,7 +171,15 @@ def processed_row(logits: np.ndarray, row: PassRow, out: np.ndarray | None = Non
 
 def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
     """The batched pass's pick of one row (V,) in float64: what a Sampler picks, and the pass's oracle;
-    not `scored`, the token alone (its log-probability 0.0, no top ids: a request that asks for neither)."""
+    not `scored`, the token alone (its log-probability 0.0, no top ids: a request that asks for neither).
+    From the few ids that decide it where it can (pick_from_few)."""
+    if row.allowed is None and (few := pick_from_few(logits, row, scored)) is not None:
+        return few
+    return pick_whole_row(logits, row, scored)
+
+
+def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
+    """pick_row's pick by every id of the row: its definition."""
     scaled = processed_row(logits, row, SCRATCH.row(logits.size))
     greedy = row.temperature == 0
     token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
@@ -178,6 +187,54 @@ def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
         return Pick(token, 0.0)
     logprobs = log_softmax(scaled)
     return Pick(token, float(logprobs[token]), best(logprobs, row.top))
+
+
+def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None:
+    """pick_row's very pick from the few ids that decide it (likeliest.candidates), where it has one: a top-k
+    draw that asks for no log-probability (the ids its penalties and bias touch among the few), or a greedy
+    row with no penalty or bias (its log-probabilities' sum over the whole row in one float64 pass, as
+    log_softmax adds it); else None."""
+    if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
+        touched = touched_ids(row)
+        ids = candidates(logits, row.top_k + touched.size)
+        if ids is None:
+            return None
+        ids = np.union1d(ids, touched) if touched.size else ids
+        index = draw_among(
+            processed_row(logits[ids], on_ids(row, ids)), logits.size, row.min_p, row.top_k, row.top_p, row.uniform
+        )
+        return None if index is None else Pick(int(ids[index]), 0.0)
+    if row.temperature == 0 and scored and not row.bias and not touched_ids(row).size:
+        ids = candidates(logits, max(row.top, 1))
+        if ids is None:
+            return None
+        largest = np.float64(logits.max())
+        shifted = np.subtract(logits, largest, out=SCRATCH.row(logits.size))  # (V,) float64
+        total = np.log(np.exp(shifted, out=shifted).sum(axis=-1, keepdims=True))  # as log_softmax takes it
+        logprobs = (logits[ids].astype(np.float64) - largest) - total
+        token = int(np.argmax(logits))
+        top = tuple((int(ids[i]), value) for i, value in best(logprobs, row.top))
+        return Pick(token, float(logprobs[np.searchsorted(ids, token)]), top)
+    return None
+
+
+def touched_ids(row: PassRow) -> np.ndarray:
+    """The ids a row's bias and penalties change, each once, ascending."""
+    parts = [np.array([token for token, _ in row.bias], np.int64)] if row.bias else []
+    if row.repetition != 1.0:
+        parts.append(row.seen)
+    if row.presence != 0.0 or row.frequency != 0.0:
+        parts.append(row.occurred)
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+
+
+def on_ids(row: PassRow, ids: np.ndarray) -> PassRow:
+    """`row` for the logits of `ids` alone (ascending, every id its bias and penalties touch among them): those
+    ids as their places in `ids`."""
+    places = np.searchsorted(ids, np.array([token for token, _ in row.bias], np.int64)).tolist()
+    bias = tuple((int(place), value) for place, (_, value) in zip(places, row.bias))
+    seen, occurred = (np.searchsorted(ids, touched).astype(np.int64) for touched in (row.seen, row.occurred))
+    return replace(row, bias=bias, seen=seen, occurred=occurred)
 
 
 @dataclass(frozen=True)

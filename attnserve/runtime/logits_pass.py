@@ -36,8 +36,9 @@ HERE = Path(__file__).resolve().parent
 # row across the bus).
 HOST_COST = {  # work: (us a row, ns an id)
     "argmax": (10.0, 0.7),  # a greedy row with bans or a bias: a copy and an argmax
-    "logprobs": (35.0, 3.9),  # a log-softmax and the top ids
-    "draw": (31.0, 3.2),  # sampling: a whole-row draw, or the few ids top-k or min-p keep
+    "logprobs": (35.0, 3.2),  # the sum of the weights over the row, then the likeliest ids' alone
+    "top_k": (60.0, 0.7),  # a top-k draw, no log-probability: the likeliest ids' alone (engine/likeliest.py)
+    "draw": (31.0, 3.2),  # sampling: a whole-row draw, or the few ids min-p keeps
     "top_p": (71.0, 7.1),  # sampling under top-p alone: its edge found over the whole row
     "beam": (0.0, 15.0),  # a beam's row: the search's log-softmax and its best continuations
     "penalty": (7.0, 0.25),  # the repetition, presence and frequency penalties: one more copy of the row
@@ -103,11 +104,13 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
 
 
 def host_us(row: PassRow, vocab: int) -> float:
-    """Microseconds to pick `row` on the host (HOST_COST): a draw (top-p alone finds its edge over the whole
-    row), logprobs (a log-softmax and a partition), a beam's candidates, or a greedy row with bans or a bias
-    (a copy and an argmax); penalties copy the row once more."""
-    if row.temperature > 0:
-        work = "top_p" if row.top_p < 1.0 and row.min_p <= 0.0 and not 0 < row.top_k < vocab else "draw"
+    """Microseconds to pick `row` on the host (HOST_COST): a draw (top-k's from its likeliest ids where it asks
+    for no log-probability, top-p alone's edge found over the whole row), logprobs, a beam's candidates, or
+    a greedy row with bans or a bias (a copy and an argmax); penalties copy the row once more."""
+    if row.temperature > 0 and 0 < row.top_k < vocab:
+        work = "draw" if row.top else "top_k"
+    elif row.temperature > 0:
+        work = "top_p" if row.top_p < 1.0 and row.min_p <= 0.0 else "draw"
     else:
         work = "beam" if row.alone else "logprobs" if row.top else "argmax"
     works = [work, "penalty"] if row.repetition != 1.0 or row.presence != 0.0 or row.frequency != 0.0 else [work]

@@ -1,0 +1,28 @@
+"""The few ids of a row of logits among which its likeliest lie, found without a pass over it in float64:
+the maxima of its groups of GROUP ids (GROUP slices of the float32 row, the elementwise maximum of them:
+each group's ids are V / GROUP apart, which vectorizes where groups of neighbours do not), then every id
+at least as likely as the count-th largest of those maxima. A top-k draw or a greedy row's top log-
+probabilities need only those ids (sampling.pick_row's few picks). Knows nothing of requests or seeds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GROUP = 16  # ids a group: the row's maxima by groups, one a group
+FEWEST = 8  # the candidates are worth it where at most 1/FEWEST of the row
+
+
+def candidates(logits: np.ndarray, count: int) -> np.ndarray | None:
+    """The ids (ascending) of a row (V,) at least as likely as the count-th largest of its groups' maxima:
+    at least `count` ids (each of those groups' best), and every id at least as likely as the row's
+    count-th likeliest (which is no less than that maximum). None where they would be more than 1/FEWEST
+    of the row, or the row has no more groups than `count`."""
+    whole = logits.size // GROUP * GROUP
+    maxima = logits[:whole].reshape(GROUP, -1).max(axis=0)  # (V / GROUP,): a group is ids V / GROUP apart
+    if whole < logits.size:
+        maxima = np.concatenate([maxima, logits[whole:]])  # the last ids, a group each
+    if count >= maxima.size:
+        return None
+    ids = np.flatnonzero(logits >= np.partition(maxima, -count)[-count])
+    return ids if ids.size <= logits.size // FEWEST else None
