@@ -1,15 +1,16 @@
 """The engine: continuous batching over a slot runner. Requests, slots, token ids, logits,
 sampling and detokenizing; numpy and the tokenizer only, no ONNX Runtime, gRPC or protobuf.
 
-engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and
-mailbox) -> sampling.py (one request's sampler, masked by grammar.py's structured output; host_draw.py
-its draw over a row: which ids min-p, top-k and top-p keep, and the pick; likeliest.py the few ids a top-k
-draw or a greedy row's top log-probabilities need) and detokenizer.py (its text, with stop strings).
-step_plan.py: the scheduler's decision for a step's decoding, a value (one step, a burst, or a verification). burst.py: greedy decode steps run back to
-back, and when each request takes its tokens; ahead_rule.py: when a burst runs ahead (its next step computed
-while the engine takes the last one's tokens). speculation.py: --speculative-config, prompt lookup's
-proposals and a request's pauses; drafting.py: a draft model's proposals, from its own runner;
-step_costs.py: whether a verification gave more tokens a second than plain steps.
+engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and mailbox) ->
+sampling.py (one request's sampler, masked by grammar.py's structured output; host_draw.py its draw over
+a row: which ids min-p, top-k and top-p keep, and the pick; likeliest.py the few ids a top-k draw or a
+greedy row's top log-probabilities need) and detokenizer.py (its text, with stop strings). step_plan.py:
+the scheduler's decision for a step's decoding, a value (one step, a burst, or a verification). burst.py:
+greedy decode steps run back to back, and when each request takes its tokens; ahead_rule.py: when a burst
+runs ahead (its next step computed while the engine takes the last one's tokens). speculation.py:
+--speculative-config, prompt lookup's proposals and a request's pauses; drafting.py: a draft model's
+proposals, from its own runner; step_costs.py: whether a verification gave more tokens a second than
+plain steps.
 beam_group.py: a beam search request's k slots, whose beams beam_search.py picks (pure numpy, as
 transformers' beam search; export's beam gate runs it too).
 search.py is the one interface the engine hands a step's rows to: a completion (its own search) or a
