@@ -136,7 +136,7 @@ def few_pick_rows(rng: np.random.Generator, size: int) -> list[np.ndarray]:
     return [row.astype(np.float32) for row in rows]
 
 
-@pytest.mark.parametrize("size", [1000, 50257])
+@pytest.mark.parametrize("size", [8192, 50257])
 def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size):
     """pick_from_few against pick_whole_row (the definition): top-k draws with min-p, top-p, a bias that
     bans and one that lifts an id into the top-k, and the three penalties on the likeliest ids; greedy rows'

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .seam import FEW_IDS_FROM
+
 GROUP = 16  # ids a group: the row's maxima by groups, one a group
 FEWEST = 8  # the candidates are worth it where at most 1/FEWEST of the row
 
@@ -17,7 +19,9 @@ def candidates(logits: np.ndarray, count: int) -> np.ndarray | None:
     """The ids (ascending) of a row (V,) at least as likely as the count-th largest of its groups' maxima:
     at least `count` ids (each of those groups' best), and every id at least as likely as the row's
     count-th likeliest (which is no less than that maximum). None where they would be more than 1/FEWEST
-    of the row, or the row has no more groups than `count`."""
+    of the row, where the row has no more groups than `count`, or fewer than FEW_IDS_FROM ids."""
+    if logits.size < FEW_IDS_FROM:
+        return None
     whole = logits.size // GROUP * GROUP
     maxima = logits[:whole].reshape(GROUP, -1).max(axis=0)  # (V / GROUP,): a group is ids V / GROUP apart
     if whole < logits.size:

@@ -47,6 +47,9 @@ def no_ids() -> np.ndarray:
 
 
 PASS_TOP = 20  # the most top ids a batched logits pass brings back for a row (PassRow.top)
+# from this many ids up, the host picks a top-k draw or a greedy row's top ids from the few ids that decide it
+# (likeliest.py; below, a pick over the whole row costs less): what the host's pick costs a runner's pass prices
+FEW_IDS_FROM = 8192
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..engine.seam import PassRow, Pick
+from ..engine.seam import FEW_IDS_FROM, PassRow, Pick
 from .arena import Device
 from .ort_session import create_session
 
@@ -108,7 +108,7 @@ def host_us(row: PassRow, vocab: int) -> float:
     for no log-probability, top-p alone's edge found over the whole row), logprobs, a beam's candidates, or
     a greedy row with bans or a bias (a copy and an argmax); penalties copy the row once more."""
     if row.temperature > 0 and 0 < row.top_k < vocab:
-        work = "draw" if row.top else "top_k"
+        work = "draw" if row.top or vocab < FEW_IDS_FROM else "top_k"
     elif row.temperature > 0:
         work = "top_p" if row.top_p < 1.0 and row.min_p <= 0.0 else "draw"
     else:
