@@ -73,9 +73,10 @@ def kept_weights(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> 
 
 
 def filters_edge(shifted: np.ndarray, min_p: float, top_k: int) -> float:
-    """The lowest value min-p and top-k keep of a row less its largest logit (-inf: every id)."""
+    """The lowest value min-p and top-k keep of some of a row's values less its largest logit (-inf: every
+    one), `shifted` holding every value top-k keeps."""
     edge = np.log(min_p) if min_p > 0.0 else -np.inf
-    if 0 < top_k < shifted.size:
+    if 0 < top_k <= shifted.size:
         edge = max(edge, float(np.partition(shifted, -top_k)[-top_k]))
     return edge
 
@@ -153,11 +154,11 @@ def draw_among(scaled: np.ndarray, size: int, min_p: float, top_k: int, top_p: f
     """draw's pick, from some of a row's ids that hold its largest logit and every id top-k keeps (`scaled`:
     theirs, in id order, at least top_k of them; the row has `size` ids, more than top_k): its index among
     them, the very id draw picks over the whole row; None where draw would not work on the kept few alone
-    (more than size // FEW of them)."""
+    (more than size // FEW of them, or fewer than top_k likelier than -inf)."""
     shifted = scaled - np.max(scaled)
-    edge = max(np.log(min_p) if min_p > 0.0 else -np.inf, float(np.partition(shifted, -top_k)[-top_k]))
+    edge = filters_edge(shifted, min_p, top_k)
     few = np.flatnonzero(shifted >= edge)
-    if few.size > size // FEW:
+    if edge == -np.inf or few.size > size // FEW:  # where kept_weights would not take the few alone either
         return None
     return int(few[running_pick(kept_among(shifted[few], top_p), uniform)])
 

@@ -204,15 +204,15 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
             processed_row(logits[ids], on_ids(row, ids)), logits.size, row.min_p, row.top_k, row.top_p, row.uniform
         )
         return None if index is None else Pick(int(ids[index]), 0.0)
-    if row.temperature == 0 and scored and not row.bias and not touched_ids(row).size:
+    if row.temperature == 0 and scored and not row.bias and not row.penalized:
         ids = candidates(logits, max(row.top, 1))
         if ids is None:
             return None
-        largest = np.float64(logits.max())
+        token = int(np.argmax(logits))
+        largest = np.float64(logits[token])
         shifted = np.subtract(logits, largest, out=SCRATCH.row(logits.size))  # (V,) float64
         total = np.log(np.exp(shifted, out=shifted).sum(axis=-1, keepdims=True))  # as log_softmax takes it
         logprobs = (logits[ids].astype(np.float64) - largest) - total
-        token = int(np.argmax(logits))
         top = tuple((int(ids[i]), value) for i, value in best(logprobs, row.top))
         return Pick(token, float(logprobs[np.searchsorted(ids, token)]), top)
     return None

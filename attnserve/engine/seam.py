@@ -81,6 +81,11 @@ class PassRow:
     alone: bool = False
     allowed: np.ndarray | None = field(default=None, compare=False)  # a grammar's mask, packed
 
+    @property
+    def penalized(self) -> bool:
+        """Any of the repetition, presence and frequency penalties applies."""
+        return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
     def at_step(self, uniform: float, **penalized: np.ndarray) -> PassRow:
         """This row with another uniform number, and the `seen`, `occurred` and `counts` given (a burst's
         later step): its fields copied as they are, not through __init__ (0.4 us against

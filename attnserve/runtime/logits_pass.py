@@ -113,7 +113,7 @@ def host_us(row: PassRow, vocab: int) -> float:
         work = "top_p" if row.top_p < 1.0 and row.min_p <= 0.0 else "draw"
     else:
         work = "beam" if row.alone else "logprobs" if row.top else "argmax"
-    works = [work, "penalty"] if row.repetition != 1.0 or row.presence != 0.0 or row.frequency != 0.0 else [work]
+    works = [work, "penalty"] if row.penalized else [work]
     return sum(HOST_COST[w][0] + HOST_COST[w][1] * vocab / 1000 for w in works)
 
 
