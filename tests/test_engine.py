@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from attnserve.engine import engine as engine_module
+from attnserve.engine import host_picks
 from attnserve.engine.beam_search import BeamSearch, log_softmax, row_candidates, top
 from attnserve.engine.domain import (
     BeamParams,
@@ -805,7 +806,7 @@ def test_drawn_rows_run_in_bursts_and_take_what_one_step_at_a_time_gives():
     """Rows whose PassRow changes from step to step by its uniform number and its penalties' ids alone
     (seeded sampling with top-k or top-p, logprobs, a bias, the repetition, presence and frequency
     penalties, ignore_eos while sampling) run in bursts, the runner picking each step's draw (here the
-    host's Draws.pick: the fake has no pass); each takes the tokens and log-probabilities it takes one
+    host's Draws.pick_on_host: the fake has no pass); each takes the tokens and log-probabilities it takes one
     step at a time, beside a row whose bans change (min_tokens) that keeps the batch stepping."""
     bursting, together = drawn_outcomes(DRAWN)
     least = GenerationRequest("m", tuple(b"min"), 14, SamplingParams(temperature=0.7, seed=9), min_new_tokens=14)
@@ -975,6 +976,38 @@ def test_a_negative_length_penalty_over_many_steps_keeps_its_hypotheses_and_fail
     assert all(len(tokens) == 40 and score < -1e9 for tokens, score, _ in found)  # below transformers' -1e9
     for asked, (tokens, final) in zip(others, served_others):
         assert isinstance(final, Final) and tokens == alone(asked.prompt_ids, 45)
+
+
+def test_where_the_picks_together_raise_each_row_is_picked_alone_and_only_its_own_failure_ends_it(monkeypatch):
+    """A burst's drawn rows left to the host are picked together (host_picks); where that raises, each is
+    picked alone, so that the request whose own draw raises ends with its error and every other gets the
+    very tokens it gets when nothing fails."""
+    asks = [
+        replace(ask(f"sampled {i}", 12), sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=i))
+        for i in range(host_picks.TOGETHER_FROM + 1)
+    ]
+    real, calls = host_picks.picked, itertools.count(1)
+    together: list[int] = []
+
+    def counted(*args):
+        together.append(len(args[0]))
+        return real(*args)
+
+    monkeypatch.setattr(host_picks, "picked", counted)
+    expected = served(FakeRunner(capacity=len(asks)), asks)
+    assert together and max(together) == len(asks)  # the rows went together
+
+    def failing(*args):
+        if next(calls) >= 3:
+            raise ValueError("injected into the picks together")
+        return real(*args)
+
+    monkeypatch.setattr(host_picks, "picked", failing)
+    fail_one(monkeypatch, Sequence, "draw", "sampled 0")
+    (_, victim_end), *rest = served(FakeRunner(capacity=len(asks)), asks)
+    assert isinstance(victim_end, ValueError) and str(victim_end) == "injected into draw"
+    assert all(isinstance(final, Final) for _, final in rest)
+    assert [tokens for tokens, _ in rest] == [tokens for tokens, _ in expected[1:]]
 
 
 def fail_one(monkeypatch, cls, method: str, prompt: str, after: int = 3):

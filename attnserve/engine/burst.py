@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from .host_picks import pick_together
 from .seam import PassRow, Pick
 from .sequence import Event, Sequence
 
@@ -49,8 +50,22 @@ class BurstDraws:
     def rows(self, step: int) -> dict[int, PassRow]:
         return {key: self._row(key, step) for key in self.first} if step else dict(self.first)
 
+    def pick_on_host(self, step: int, logits: Mapping[int, np.ndarray], rows: Mapping[int, PassRow]) -> dict[int, Pick]:
+        """Their picks on the host: together where host_picks takes them (each its Sequence.draw's), the others
+        alone (pick). Where the picks together raise, each is picked alone, so that only the request whose own
+        work raised ends."""
+        keys = list(logits)
+        scored = [self.sequences[key].request.logprobs is not None for key in keys]
+        try:
+            got = pick_together([logits[key] for key in keys], [rows[key] for key in keys], scored)
+        except Exception:  # noqa: BLE001 -- some request's own work: each alone finds whose
+            got = [None] * len(keys)
+        return {
+            key: self.pick(key, logits[key], rows[key], step) if pick is None else pick for key, pick in zip(keys, got)
+        }
+
     def pick(self, key: int, logits: np.ndarray, row: PassRow, step: int) -> Pick:
-        """Its pick on the host (Sequence.draw). Where that raises (the request's own work), its row's
+        """Its pick on the host alone (Sequence.draw). Where that raises (the request's own work), its row's
         argmax stands in, fed to the steps after, and the request ends with the error when it takes it."""
         try:
             return self.sequences[key].draw(logits, row)

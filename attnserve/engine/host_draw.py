@@ -17,7 +17,7 @@ import threading
 
 import numpy as np
 
-BUCKETS = 4096  # top-p's buckets of value: the edge's bucket alone is sorted
+BUCKETS = 4096  # top-p's buckets of value (for a row of 32,768 ids or more): the edge's bucket alone is sorted
 BLOCK = 64  # the draw's first level: the kept weights' sums by blocks of this many ids
 FEW = 8  # min-p and top-k keeping at most 1/FEW of a row: the kept ids alone are worked on, top-p by a sort
 
@@ -92,23 +92,30 @@ def kept_among(values: np.ndarray, top_p: float) -> np.ndarray:
     return weights
 
 
+def buckets(size: int) -> int:
+    """How many buckets of value top-p's edge is found by over a row of `size` ids: about 8 ids a bucket, 16
+    to BUCKETS (a bucket costs a step of the running sum over them)."""
+    return min(BUCKETS, max(16, size // 8))
+
+
 def top_p_edge(
     shifted: np.ndarray, weights: np.ndarray, top_p: float, bucket: np.ndarray, product: np.ndarray
 ) -> tuple[float, np.ndarray]:
     """Top-p's edge over the ids of nonzero weight: the last kept id's value (every id above it kept), and the
-    ids tied at it that the crossing does not take (the higher ones). The ids go into BUCKETS buckets by
+    ids tied at it that the crossing does not take (the higher ones). The ids go into buckets(V) buckets by
     value (the largest in bucket 0, so that the buckets descend), their weights add up, and only the
     bucket where p times the total is crossed is sorted: a flat 50,257-id row's full sort cost 2 ms."""
+    count = buckets(shifted.size)
     lowest = float(np.min(shifted))
     low = max(lowest, -64.0)  # below e^-64 of the largest: the last bucket, with any -inf ids
-    scale = (BUCKETS - 1) / low if low < 0.0 else 0.0  # the lowest value's bucket: BUCKETS - 1
+    scale = (count - 1) / low if low < 0.0 else 0.0  # the lowest value's bucket: count - 1
     if lowest == low:  # every value in range: one pass
         np.multiply(shifted, scale, out=bucket, casting="unsafe")
     else:
         np.multiply(shifted, scale, out=product)  # -inf ids: +inf (or NaN where all others are 0), which fmin clamps
-        np.fmin(product, BUCKETS - 1, out=product)
+        np.fmin(product, count - 1, out=product)
         np.copyto(bucket, product, casting="unsafe")
-    mass = np.bincount(bucket, weights, BUCKETS)
+    mass = np.bincount(bucket, weights[: shifted.size], count)
     target = top_p * mass.sum()
     before = np.cumsum(mass) - mass  # the weight of the buckets above each
     crossing = int(np.count_nonzero(before < target)) - 1  # never an empty bucket: the next one's before is higher

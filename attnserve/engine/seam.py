@@ -159,9 +159,9 @@ class Draws(Protocol):
         """Key -> its PassRow at the burst's `step` (0: its first)."""
         ...
 
-    def pick(self, key: int, logits: np.ndarray, row: PassRow, step: int) -> Pick:
-        """Key's pick at `step` by `row` (its PassRow there) from its row of logits (V,) float32, on the host
-        (a row the pass did not pick)."""
+    def pick_on_host(self, step: int, logits: Mapping[int, np.ndarray], rows: Mapping[int, PassRow]) -> dict[int, Pick]:
+        """Each key's pick at `step` by its PassRow there (`rows`) from its row of logits (V,) float32 (`logits`),
+        on the host, together (the rows the pass did not pick)."""
         ...
 
     def took(self, step: int, picks: dict[int, Pick]) -> None:
@@ -281,12 +281,14 @@ def chain_steps(
 
 def drawn(logits: Logits, rows: Mapping[int, PassRow], draws: Draws, step: int, tokens: np.ndarray) -> np.ndarray:
     """`tokens` (the step's argmax tokens, by row of `logits`) with each drawn key's (a key of `rows`, its
-    PassRows at `step`) its pick's: the runner's pass's, or on the host Draws.pick's from its row; the
-    picks handed to Draws.took."""
+    PassRows at `step`) its pick's: the runner's pass's, or on the host Draws.pick_on_host's from its row (those
+    rows together); the picks handed to Draws.took."""
+    host = {key: logits.rows[i] for i, key in enumerate(logits.keys) if key in rows and key not in logits.picks}
+    on_host = draws.pick_on_host(step, host, {key: rows[key] for key in host}) if host else {}
     picks: dict[int, Pick] = {}
     for index, key in enumerate(logits.keys):
         if key in rows:
-            pick = logits.picks.get(key) or draws.pick(key, logits.rows[index], rows[key], step)
+            pick = logits.picks[key] if key in logits.picks else on_host[key]
             tokens[index], picks[key] = pick.token, pick
     draws.took(step, picks)
     return tokens

@@ -263,7 +263,7 @@ class ArenaRunner:
         says so; the steps run. A greedy step takes the graph's NEXT_TOKEN (no logits leave the device); a
         key in `bans` whose argmax is one of its bans takes the best of the rest (its row read then); a key
         in `draws` takes its step's PassRow's pick (decode_passed: the batched pass where the logits are,
-        or Draws.pick on the host from its row). With `ahead`, where this runner runs ahead (`run_ahead`),
+        or Draws.pick_on_host from its row). With `ahead`, where this runner runs ahead (`run_ahead`),
         the steps run on its worker thread (run_ahead.py), one step ahead of `enough` (seam.SlotRunner's
         one-step lag)."""
         keys, banned = list(self.decoding), self._banned(bans)

@@ -1,0 +1,125 @@
+"""A step's host rows picked together (engine/host_picks.py, engine/batch_draw.py) are bitwise the picks each
+row gets alone (sampling.pick_row, host_draw.draw): on flat, peaked, tied, wide and banned rows, under every
+filter and their combinations, scored or not, whatever shares the batch."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from attnserve.engine import batch_draw, host_picks
+from attnserve.engine.host_draw import draw
+from attnserve.engine.sampling import pick_row
+from attnserve.engine.seam import PassRow
+
+KINDS = ("flat", "peaked", "tied", "few", "wide", "mixed")
+
+
+def random_rows(rng: np.random.Generator, n: int, size: int, kind: str) -> np.ndarray:
+    """Rows (n, V) float32 of a kind: flat (a random-weight model's), peaked, tied at a few levels, a few ids far
+    above the rest, wide (values far below e^-64 of the largest), or rows of each spread; some with banned ids."""
+    spread = {"flat": 1.0, "peaked": 4.0, "wide": 30.0, "few": 1.0, "tied": 1.0}.get(kind)
+    if kind == "tied":
+        rows = rng.integers(-3, 3, (n, size)).astype(np.float64)
+    elif kind == "mixed":
+        rows = rng.standard_normal((n, size)) * rng.choice([0.1, 1.0, 4.0, 30.0], (n, 1))
+    else:
+        rows = rng.standard_normal((n, size)) * spread
+    if kind == "few":
+        rows[:, :5] += 30.0
+    rows = rows.astype(np.float32)
+    if kind != "tied" and size > 20 and rng.random() < 0.3:
+        rows[:, rng.integers(0, size, 10)] = -np.inf
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_draws_together_are_each_rows_draw_alone(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        size, n = int(rng.choice([7, 64, 100, 1024, 5000])), int(rng.integers(1, 17))
+        scaled = random_rows(rng, n, size, str(rng.choice(KINDS))).astype(np.float64) / rng.choice(
+            [0.5, 1.0, 1.5], (n, 1)
+        )
+        min_p = np.where(rng.random(n) < 0.3, rng.choice([0.01, 0.05, 0.2], n), 0.0)
+        top_k = np.where(rng.random(n) < 0.3, rng.integers(1, size + 2, n), 0)
+        top_p = np.where(rng.random(n) < 0.7, rng.choice([0.5, 0.9, 0.95, 0.999], n), 1.0)
+        uniform = rng.integers(0, 1 << 24, n) / float(1 << 24) if rng.random() < 0.9 else np.zeros(n)
+        got = batch_draw.draws(scaled.copy(), min_p, top_k, top_p, uniform)
+        alone = [draw(scaled[i], float(min_p[i]), int(top_k[i]), float(top_p[i]), float(uniform[i])) for i in range(n)]
+        assert got.tolist() == alone, (size, n, np.flatnonzero(got != np.array(alone)))
+
+
+def random_pass_row(rng: np.random.Generator, size: int) -> PassRow:
+    """Greedy or a draw, with or without top-k, top-p, min-p, a bias and a ban, penalties, and top ids."""
+    temperature = float(rng.choice([0.0, 0.0, 0.7, 1.0, 1.3]))
+    bias = tuple(zip(rng.integers(0, size, 2).tolist(), [5.0, -np.inf])) if rng.random() < 0.2 else ()
+    row = PassRow(
+        temperature,
+        int(rng.integers(1, size + 1)) if rng.random() < 0.3 else 0,
+        float(rng.choice([0.5, 0.9, 0.95])) if rng.random() < 0.6 else 1.0,
+        float(rng.choice([0.01, 0.1])) if rng.random() < 0.2 else 0.0,
+        int(rng.integers(0, 1 << 24)) / float(1 << 24),
+        bias,
+        int(rng.integers(0, 6)),
+    )
+    if rng.random() < 0.15:
+        seen = np.unique(rng.integers(0, size, 5)).astype(np.int64)
+        row = replace(
+            row,
+            repetition=1.3,
+            presence=0.5,
+            frequency=0.2,
+            seen=seen,
+            occurred=seen,
+            counts=np.ones(seen.size, np.int64),
+        )
+    return row
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_picks_together_are_each_rows_pick_alone(seed):
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(40):
+        size = int(rng.choice([7, 1000, host_picks.TOGETHER_UP_TO]))
+        n = int(rng.integers(host_picks.TOGETHER_FROM, 3 * host_picks.TOGETHER_FROM))
+        logits = list(random_rows(rng, n, size, str(rng.choice(KINDS))) * rng.choice([0.5, 2.0]))
+        rows = [random_pass_row(rng, size) for _ in range(n)]
+        scored = (rng.random(n) < 0.4).tolist()
+        picks = host_picks.pick_together(logits, rows, scored)
+        assert all(pick is not None for pick in picks)  # none has a grammar's mask: all together
+        assert picks == [pick_row(logits[i], rows[i], scored[i]) for i in range(n)]
+
+
+def test_a_rows_pick_is_the_same_whatever_it_is_picked_with():
+    """One row (top-p, scored), picked beside different rows at different places, and alone: the same pick."""
+    rng = np.random.default_rng(7)
+    size = 1024
+    mine, row = random_rows(rng, 1, size, "flat")[0], PassRow(0.8, 0, 0.95, 0.0, 0.37, (), 5)
+    picks = {pick_row(mine, row, True)}
+    for place in (0, 5, host_picks.TOGETHER_FROM):
+        others = random_rows(rng, host_picks.TOGETHER_FROM, size, "peaked")
+        logits = [*others[:place], mine, *others[place:]]
+        rows = [random_pass_row(rng, size) for _ in range(len(logits))]
+        rows[place] = row
+        picks.add(host_picks.pick_together(logits, rows, [True] * len(logits))[place])
+    assert len(picks) == 1
+
+
+def test_few_rows_a_large_vocabulary_or_a_grammars_mask_are_left_to_be_picked_alone():
+    rng = np.random.default_rng(3)
+    row = PassRow(0.8, 0, 0.95, 0.0, 0.5, (), 0)
+    few = host_picks.TOGETHER_FROM - 1
+    assert (
+        host_picks.pick_together(list(random_rows(rng, few, 100, "flat")), [row] * few, [False] * few) == [None] * few
+    )
+    many = host_picks.TOGETHER_FROM
+    large = list(random_rows(rng, many, host_picks.TOGETHER_UP_TO + 1, "flat"))
+    assert host_picks.pick_together(large, [row] * many, [False] * many) == [None] * many
+    masked = replace(row, allowed=np.full(4, -1, np.int32))
+    picks = host_picks.pick_together(
+        list(random_rows(rng, many + 1, 100, "flat")), [masked, *[row] * many], [False] * (many + 1)
+    )
+    assert picks[0] is None and all(pick is not None for pick in picks[1:])
