@@ -2,12 +2,11 @@
 Pick, bitwise sampling.pick_row's of it alone, in one set of numpy calls for the rows together where that
 costs less. Knows nothing of requests, seeds or the pass.
 
-Over a small vocabulary a row's pick is mostly numpy's own cost a call: 16 rows of 1,024 ids drawn under
-top-p cost ~0.9 ms one by one, ~0.35 ms together (batch_draw.py). Over a large one the work is in the
-passes over each row, which stay in the cache one row at a time, so rows are picked one by one there
-(from TOGETHER_UP_TO ids), as they are where few rows are left to the host (below TOGETHER_FROM). Together
-are greedy rows and draws without top-k or a grammar's mask: top-k's edge is each row's own partition,
-and a grammar's mask its own copy, as on its own.
+Over a small vocabulary a row's pick is mostly numpy's own cost a call: 16 rows of 1,024 ids cost 1.6-2.3x
+less together than one by one (batch_draw.py their draws). Over a large one the work is in the passes over
+each row, which stay in the cache one row at a time, so rows are picked one by one there (above
+TOGETHER_UP_TO ids), as they are where few rows are left to the host (below TOGETHER_FROM). A grammar's row
+is picked alone: its mask is its own copy of the row.
 """
 
 from __future__ import annotations
