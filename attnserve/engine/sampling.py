@@ -195,14 +195,13 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
     row with no penalty or bias (its log-probabilities' sum over the whole row in one float64 pass, as
     log_softmax adds it); else None."""
     if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
-        touched = touched_ids(row)
-        ids = candidates(logits, row.top_k + touched.size)
+        touched = touched_ids(row) if row.bias or row.penalized else None
+        ids = candidates(logits, row.top_k + (0 if touched is None else touched.size))
         if ids is None:
             return None
-        ids = np.union1d(ids, touched) if touched.size else ids
-        index = draw_among(
-            processed_row(logits[ids], on_ids(row, ids)), logits.size, row.min_p, row.top_k, row.top_p, row.uniform
-        )
+        ids = np.union1d(ids, touched) if touched is not None and touched.size else ids
+        scaled = few_scaled(logits, ids, row)
+        index = draw_among(scaled, logits.size, row.min_p, row.top_k, row.top_p, row.uniform)
         return None if index is None else Pick(int(ids[index]), 0.0)
     if row.temperature == 0 and scored and not row.bias and not row.penalized:
         ids = candidates(logits, max(row.top, 1))
@@ -218,8 +217,22 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
     return None
 
 
+def few_scaled(logits: np.ndarray, ids: np.ndarray, row: PassRow) -> np.ndarray:
+    """processed_row of a sampling row's logits at `ids` alone (ascending, every id its bias and penalties
+    touch among them), bitwise: a row with no penalty takes its bias and temperature here, without a
+    PassRow of the few ids' places (on_ids)."""
+    if row.penalized:
+        return processed_row(logits[ids], on_ids(row, ids))
+    scaled = logits[ids].astype(np.float64)
+    for token, value in row.bias:  # as bias_and_ban adds them, in order
+        scaled[np.searchsorted(ids, token)] += value
+    return np.divide(scaled, row.temperature, out=scaled)
+
+
 def touched_ids(row: PassRow) -> np.ndarray:
     """The ids a row's bias and penalties change, each once, ascending."""
+    if not row.penalized:  # a few biased ids: sorted here rather than by np.unique
+        return np.array(sorted({token for token, _ in row.bias}), np.int64)
     parts = [np.array([token for token, _ in row.bias], np.int64)] if row.bias else []
     if row.repetition != 1.0:
         parts.append(row.seen)
