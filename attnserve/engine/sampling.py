@@ -158,15 +158,21 @@ def processed_row(logits: np.ndarray, row: PassRow, out: np.ndarray | None = Non
     """A row (V,) as `row` has it before its filters, in float64 (into `out` where given): its grammar's mask
     (the ids it does not allow at -inf), its penalties, its bias and bans (a ban is its id's -inf bias), then
     its temperature (a greedy row's: none). A masked id stays -inf through the penalties and the bias, so the
-    mask may come first here and last on a Sampler's host side."""
+    mask may come first here and last on a Sampler's host side. The penalties and the bias change the copy
+    in place (apply_repetition_penalty's and apply_occurrence_penalties' arithmetic): one copy of the row,
+    not one a step."""
     if row.allowed is not None:
         logits = np.where(unpacked(row.allowed, logits.size), logits, -np.inf)
+    out = np.empty(logits.shape) if out is None else out
+    np.copyto(out, logits)  # a copy: `logits` may be the runner's buffer
     if row.repetition != 1.0:
-        logits = apply_repetition_penalty(logits, row.seen, row.repetition)
+        seen = out[row.seen]
+        out[row.seen] = np.where(seen > 0, seen / row.repetition, seen * row.repetition)
     if row.presence != 0.0 or row.frequency != 0.0:
-        logits = apply_occurrence_penalties(logits, row.occurred, row.counts, row.presence, row.frequency)
-    biased = bias_and_ban(logits, row.bias, (), out)
-    return np.divide(biased, row.temperature, out=biased) if row.temperature > 0 else biased
+        out[row.occurred] -= row.frequency * row.counts + row.presence
+    for token, value in row.bias:
+        out[token] += value
+    return np.divide(out, row.temperature, out=out) if row.temperature > 0 else out
 
 
 def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
