@@ -140,7 +140,8 @@ def few_pick_rows(rng: np.random.Generator, size: int) -> list[np.ndarray]:
 def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size):
     """pick_from_few against pick_whole_row (the definition): top-k draws with min-p, top-p, a bias that
     bans and one that lifts an id into the top-k, and the three penalties on the likeliest ids; greedy rows'
-    log-probabilities and top ids. The same pick, bitwise; and the few ids do decide most of these rows."""
+    log-probabilities and top ids, with and without bans (the likeliest id among them). The same pick, bitwise;
+    and the few ids do decide most of these rows."""
     rng = np.random.default_rng(size)
     decided = 0
     for logits in few_pick_rows(rng, size):
@@ -168,9 +169,14 @@ def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size):
                 few = pick_from_few(logits, row, scored=False)
                 decided += few is not None
                 assert few in (None, pick_whole_row(logits, row, scored=False)), (size, row)
+        bans = (
+            ((int(likely[0]), -np.inf),),
+            ((size - 1, -np.inf), (int(likely[3]), -np.inf), (int(likely[0]), -np.inf)),
+        )
         for top in (0, 1, 5, 20):
-            row = PassRow(0.0, 0, 1.0, 0.0, 0.0, top=top)
-            few = pick_from_few(logits, row, scored=True)
-            decided += few is not None
-            assert few in (None, pick_whole_row(logits, row, scored=True)), (size, top)
-    assert decided >= 0.9 * 4 * (6 * 4 + 4)
+            for bias in ((), *bans):  # greedy with logprobs, alone or with bans (ignore_eos, min_tokens)
+                row = PassRow(0.0, 0, 1.0, 0.0, 0.0, bias, top=top)
+                few = pick_from_few(logits, row, scored=True)
+                decided += few is not None
+                assert few in (None, pick_whole_row(logits, row, scored=True)), (size, top, bias)
+    assert decided >= 0.9 * 4 * (6 * 4 + 4 * 3)

@@ -198,8 +198,8 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
 def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None:
     """pick_row's very pick from the few ids that decide it (likeliest.candidates), where it has one: a top-k
     draw that asks for no log-probability (the ids its penalties and bias touch among the few), or a greedy
-    row with no penalty or bias (its log-probabilities' sum over the whole row in one float64 pass, as
-    log_softmax adds it); else None."""
+    row with no penalty and no bias but bans (its log-probabilities' sum over the whole row in one float64
+    pass, as log_softmax adds it); else None."""
     if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
         touched = touched_ids(row) if row.bias or row.penalized else None
         ids = candidates(logits, row.top_k + (0 if touched is None else touched.size))
@@ -209,17 +209,21 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
         scaled = few_scaled(logits, ids, row)
         index = draw_among(scaled, logits.size, row.min_p, row.top_k, row.top_p, row.uniform)
         return None if index is None else Pick(int(ids[index]), 0.0)
-    if row.temperature == 0 and scored and not row.bias and not row.penalized:
-        ids = candidates(logits, max(row.top, 1))
+    if row.temperature == 0 and scored and not row.penalized and all(value == -np.inf for _, value in row.bias):
+        banned = np.array(sorted({token for token, _ in row.bias}), np.int64)  # ignore_eos, min_tokens
+        ids = candidates(logits, max(row.top, 1) + banned.size)
         if ids is None:
             return None
-        token = int(np.argmax(logits))
-        largest = np.float64(logits[token])
+        processed = logits[ids].astype(np.float64)
+        processed[np.isin(ids, banned)] = -np.inf
+        place = int(np.argmax(processed))  # the row's first largest: every id as likely is among the few
+        largest = processed[place]
         shifted = np.subtract(logits, largest, out=SCRATCH.row(logits.size))  # (V,) float64
+        shifted[banned] = -np.inf
         total = np.log(np.exp(shifted, out=shifted).sum(axis=-1, keepdims=True))  # as log_softmax takes it
-        logprobs = (logits[ids].astype(np.float64) - largest) - total
+        logprobs = (processed - largest) - total
         top = tuple((int(ids[i]), value) for i, value in best(logprobs, row.top))
-        return Pick(token, float(logprobs[np.searchsorted(ids, token)]), top)
+        return Pick(int(ids[place]), float(logprobs[place]), top)
     return None
 
 
