@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .host_draw import BLOCK, FEW, buckets, draw
+from .host_draw import BLOCK, FEW, buckets, draw, min_p_edge
 
 
 class Buffers(threading.local):
@@ -44,11 +44,6 @@ def buffers(rows: int, size: int) -> tuple[np.ndarray, ...]:
     """This thread's buffers for `rows` rows of `size` ids: scaled, shifted, weights (V rounded up to BLOCK),
     bucket, product and mask, (n, V) each; draws leaves scaled alone."""
     return BUFFERS.get(rows, size)
-
-
-def scaled_rows(rows: int, size: int) -> np.ndarray:
-    """This thread's buffer for `rows` scaled rows (n, V) float64, for draws to read."""
-    return BUFFERS.get(rows, size)[0]
 
 
 def draws(
@@ -100,8 +95,8 @@ def whole_draws(m: int, size: int, min_p: np.ndarray, top_p: np.ndarray, uniform
     """host_draw.draw's ids of m rows with no top-k over their whole rows, their values less their largest in
     this thread's buffers' first m rows: min-p's and top-p's kept weights, then the inverse CDF; -1 where that
     draw would take min-p's few ids, or rounding left the pick past the last block."""
-    _, shifted, weights, bucket, product, mask = (b[:m] for b in BUFFERS.get(m, size))
-    edges = np.array([np.log(p) if p > 0.0 else -np.inf for p in min_p.tolist()])  # host_draw.filters_edge's
+    _, shifted, weights, bucket, product, mask = BUFFERS.get(m, size)
+    edges = np.array([min_p_edge(p) for p in min_p.tolist()])
     few = np.zeros(m, bool)
     bounded = np.flatnonzero(edges > -np.inf)
     if bounded.size:  # min-p keeping at most 1/FEW of a row: those ids alone

@@ -72,10 +72,15 @@ def kept_weights(scaled: np.ndarray, min_p: float, top_k: int, top_p: float) -> 
     return None, weights
 
 
+def min_p_edge(min_p: float) -> float:
+    """The lowest value less the row's largest logit that min-p keeps (-inf: every one)."""
+    return np.log(min_p) if min_p > 0.0 else -np.inf
+
+
 def filters_edge(shifted: np.ndarray, min_p: float, top_k: int) -> float:
     """The lowest value min-p and top-k keep of some of a row's values less its largest logit (-inf: every
     one), `shifted` holding every value top-k keeps."""
-    edge = np.log(min_p) if min_p > 0.0 else -np.inf
+    edge = min_p_edge(min_p)
     if 0 < top_k <= shifted.size:
         edge = max(edge, float(np.partition(shifted, -top_k)[-top_k]))
     return edge
@@ -115,7 +120,7 @@ def top_p_edge(
         np.multiply(shifted, scale, out=product)  # -inf ids: +inf (or NaN where all others are 0), which fmin clamps
         np.fmin(product, count - 1, out=product)
         np.copyto(bucket, product, casting="unsafe")
-    mass = np.bincount(bucket, weights[: shifted.size], count)
+    mass = np.bincount(bucket, weights, count)
     target = top_p * mass.sum()
     before = np.cumsum(mass) - mass  # the weight of the buckets above each
     crossing = int(np.count_nonzero(before < target)) - 1  # never an empty bucket: the next one's before is higher

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .batch_draw import buffers, draws, scaled_rows
+from .batch_draw import buffers, draws
 from .sampling import processed_row
 from .seam import PassRow, Pick
 
@@ -78,7 +78,7 @@ def log_softmax_rows(scaled: np.ndarray) -> np.ndarray:
     of a batch's size would cost their pages)."""
     m, size = scaled.shape
     _, shifted, weights, *_ = buffers(m, size)
-    shifted, weights = shifted[:m], weights[:m, :size]
+    weights = weights[:, :size]
     np.subtract(scaled, np.max(scaled, axis=-1, keepdims=True), out=shifted)
     total = np.exp(shifted, out=weights).sum(axis=-1, keepdims=True)
     return np.subtract(shifted, np.log(total), out=shifted)
@@ -106,7 +106,7 @@ def best_rows(logprobs: np.ndarray, tops: list[int]) -> list[tuple[tuple[int, fl
 def processed_rows(logits: Sequence[np.ndarray], rows: Sequence[PassRow]) -> np.ndarray:
     """Each row processed (sampling.processed_row), (n, V) float64 in this thread's buffer: the rows with
     only a temperature (or none) at once, each other one by itself."""
-    scaled = scaled_rows(len(rows), logits[0].size)
+    scaled = buffers(len(rows), logits[0].size)[0]
     plain = [i for i, row in enumerate(rows) if not row.bias and not row.penalized]
     if len(plain) < len(rows):
         for i, (values, row) in enumerate(zip(logits, rows)):

@@ -14,7 +14,7 @@ pass where the logits are (seam.py); this module is that pass's oracle and its h
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -113,15 +113,16 @@ def allows_beyond(bits: np.ndarray, ids: tuple[int, ...]) -> bool:
     return total > among
 
 
-def bias_and_ban(
-    logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...], out: np.ndarray | None = None
-) -> np.ndarray:
-    """A float64 copy of `logits` (into `out` where given) with each (id, bias) added and the banned ids at
-    -inf."""
-    out = np.empty(logits.shape) if out is None else out  # a copy: `logits` may be the runner's buffer
-    np.copyto(out, logits)
+def add_bias(values: np.ndarray, bias: Iterable[tuple[int, float]]) -> np.ndarray:
+    """`values` (float64) with each (id, bias) added in place, in order (a ban's bias is -inf)."""
     for token, value in bias:
-        out[token] += value
+        values[token] += value
+    return values
+
+
+def bias_and_ban(logits: np.ndarray, bias: tuple[tuple[int, float], ...], banned: tuple[int, ...]) -> np.ndarray:
+    """A float64 copy of `logits` with each (id, bias) added and the banned ids at -inf."""
+    out = add_bias(logits.astype(np.float64), bias)  # a copy: `logits` may be the runner's buffer
     out[list(banned)] = -np.inf
     return out
 
@@ -170,8 +171,7 @@ def processed_row(logits: np.ndarray, row: PassRow, out: np.ndarray | None = Non
         out[row.seen] = np.where(seen > 0, seen / row.repetition, seen * row.repetition)
     if row.presence != 0.0 or row.frequency != 0.0:
         out[row.occurred] -= row.frequency * row.counts + row.presence
-    for token, value in row.bias:
-        out[token] += value
+    add_bias(out, row.bias)
     return np.divide(out, row.temperature, out=out) if row.temperature > 0 else out
 
 
@@ -233,9 +233,8 @@ def few_scaled(logits: np.ndarray, ids: np.ndarray, row: PassRow) -> np.ndarray:
     PassRow of the few ids' places (on_ids)."""
     if row.penalized:
         return processed_row(logits[ids], on_ids(row, ids))
-    scaled = logits[ids].astype(np.float64)
-    for token, value in row.bias:  # as bias_and_ban adds them, in order
-        scaled[np.searchsorted(ids, token)] += value
+    places = [(int(np.searchsorted(ids, token)), value) for token, value in row.bias]
+    scaled = add_bias(logits[ids].astype(np.float64), places)
     return np.divide(scaled, row.temperature, out=scaled)
 
 
