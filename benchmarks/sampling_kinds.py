@@ -5,13 +5,15 @@ One `attnserve serve` per side on 127.0.0.1 (b: this checkout with --b's flags; 
 --a, also side a: that checkout, or this one, with --a's flags, on the same model), each driven by
 `attnserve bench` from a process of its own: S streams at once, each --prompt-tokens prompt ids and
 up to --new-tokens tokens, every stream of one kind. Each round runs every side and every kind once,
-sides and kinds in turn forwards and backwards. Reports, per stream count and side, each kind's
+sides and kinds in turn forwards and backwards; with two sides the servers are started --launches times,
+a first and then b first (a server started after another can run faster all its life), the rounds spread
+over the launches. Reports, per stream count and side, each kind's
 median output tokens/s with min and max, its ratio to greedy on the same server in the same round,
 and (with side a) each kind's b/a ratio, round by round; then one JSON object last (--out also writes its
 Markdown report, --plot a PNG). Torch-free.
 
     python -m benchmarks.sampling_kinds --model models/NAME [--tree-a DIR] [--a FLAGS] [--b FLAGS] [--streams 1,16]
-        [--prompt-tokens 16] [--new-tokens 64] [--repeats 5] [--kinds greedy,ignore_eos,...]
+        [--prompt-tokens 16] [--new-tokens 64] [--repeats 6] [--launches 2] [--kinds greedy,ignore_eos,...]
         [--threads N] [--out F.json] [--plot F.png]
 
 A before/after: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`; two settings of
@@ -25,7 +27,7 @@ import shlex
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import alternating, report, spread
+from benchmarks.serving import alternating, launches, report, spread
 from benchmarks.size_ladder import Served
 
 TITLE = "Request kinds against greedy through gRPC, alternating"
@@ -52,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream, at most (EOS may end one)")
-    p.add_argument("--repeats", type=int, default=5, help="rounds, sides and kinds alternating; medians reported")
+    p.add_argument("--repeats", type=int, default=6, help="rounds, sides and kinds alternating; medians reported")
+    p.add_argument(
+        "--launches",
+        type=int,
+        default=2,
+        help="with two sides: times both servers are started, in turn a first and b first (the rounds spread over)",
+    )
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
     p.add_argument("--threads", type=int, default=0, help="the servers' --threads (0: their default)")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
@@ -67,38 +75,40 @@ def main(argv: list[str] | None = None) -> int:
     trees = {"a": args.tree_a, "b": None} if args.tree_a or args.a else {"b": None}
     flags = {"a": shlex.split(args.a), "b": shlex.split(args.b)}
     stamp = Stamp.start(provider="cpu")
-    servers = {
-        side: Served(args.model, args.threads, max(streams), args.new_tokens, *flags[side], tree=tree)
-        for side, tree in trees.items()
-    }
-    runs = [(side, kind) for side in servers for kind in kinds]
-    rows = []
-    try:
+    sides = list(trees)
+
+    def start(side: str) -> Served:
+        return Served(args.model, args.threads, max(streams), args.new_tokens, *flags[side], tree=trees[side])
+
+    runs = [(side, kind) for side in sides for kind in kinds]
+    count_of_launches = args.launches if len(sides) == 2 else 1
+    rounds = -(-args.repeats // count_of_launches)  # each launch's
+    measured: dict[int, dict[tuple[str, str], list[float]]] = {count: {run: [] for run in runs} for count in streams}
+    for servers in launches(start, Served.close, sides, count_of_launches):
         for count in streams:
             prompts = [[0] * args.prompt_tokens] * count  # bench draws the ids; only the shape counts
             for server in servers.values():
                 server.measure(prompts[: min(count, 4)], 4, [])  # warm-up
-            measured: dict[tuple[str, str], list[float]] = {run: [] for run in runs}
-            for run in alternating(runs, args.repeats, f"{count} streams"):
+            for run in alternating(runs, rounds, f"{count} streams"):
                 side, kind = run
-                measured[run].append(servers[side].measure(prompts, args.new_tokens, KINDS[kind])["tokens_per_s"])
-            rows.append(summary(count, measured, servers, kinds))
-    finally:
-        for server in servers.values():
-            server.close()
+                measured[count][run].append(
+                    servers[side].measure(prompts, args.new_tokens, KINDS[kind])["tokens_per_s"]
+                )
+    rows = [summary(count, measured[count], sides, kinds) for count in streams]
     settings = {"model": str(args.model), "tree_a": args.tree_a, "a": args.a, "b": args.b, "threads": args.threads}
     settings["kinds"] = kinds
-    settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
+    settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=rounds * count_of_launches)
+    settings["launches"] = count_of_launches
     settings["flags"] = {kind: " ".join(KINDS[kind]) for kind in kinds}
     report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
 
 
-def summary(count: int, measured: dict[tuple[str, str], list[float]], servers: dict, kinds: list[str]) -> dict:
+def summary(count: int, measured: dict[tuple[str, str], list[float]], sides: list[str], kinds: list[str]) -> dict:
     """One stream count's figures: per side and kind, tokens/s and the ratio to greedy (round by round,
     same server); per kind, b over a (round by round) when there are two sides."""
     row: dict = {"streams": count, "sides": {}}
-    for side in servers:
+    for side in sides:
         base = measured[side, BASELINE]
         row["sides"][side] = {
             kind: {
@@ -107,7 +117,7 @@ def summary(count: int, measured: dict[tuple[str, str], list[float]], servers: d
             }
             for kind in kinds
         }
-    if "a" in servers:
+    if "a" in sides:
         row["b_over_a"] = {
             kind: spread([b / a for a, b in zip(measured["a", kind], measured["b", kind])]) for kind in kinds
         }

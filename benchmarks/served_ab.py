@@ -3,14 +3,16 @@ that chooses a serving default at a given size (threads, prefill chunk, KV memor
 
 Both servers run at once on 127.0.0.1 (idle while the other is measured); each round drives one,
 then the other (the order flips every round), with `attnserve bench` from a process of its own: S
-streams at once, each --prompt-tokens prompt ids and exactly --new-tokens tokens (--ignore-eos).
+streams at once, each --prompt-tokens prompt ids and exactly --new-tokens tokens (--ignore-eos). The
+servers are started --launches times, a first and then b first (a server started after another can
+run faster all its life), the rounds spread over the launches.
 Reports, per stream count, each side's median output tokens/s and time to first token (p50) with
 min and max, b/a per round, and each server's resident memory (its processes together) after the
 rounds; then one JSON object last. Torch-free.
 
     python -m benchmarks.served_ab --model models/NAME --a "--threads 1" --b "--threads 2"
         [--model-b models/OTHER] [--tree-a DIR] [--tree-b DIR] [--streams 1,16] [--prompt-tokens 16]
-        [--new-tokens 64] [--repeats 3] [--connections 1] [--provider cpu] [--out F.json] [--plot F.png]
+        [--new-tokens 64] [--repeats 4] [--launches 2] [--connections 1] [--provider cpu] [--out F.json] [--plot F.png]
 
 Front ends in parallel (--api-server-count) need the streams on several connections (the kernel
 spreads connections over the front ends): `--connections 8` gives both sides the same eight.
@@ -25,7 +27,7 @@ import shlex
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import alternating, report, spread
+from benchmarks.serving import alternating, launches, report, spread
 from benchmarks.size_ladder import Served
 
 SIDES = ("a", "b")
@@ -45,7 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
-    p.add_argument("--repeats", type=int, default=3, help="rounds, the sides alternating; medians reported")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=4,
+        help="rounds, the sides alternating, spread over the launches; medians reported",
+    )
+    p.add_argument(
+        "--launches",
+        type=int,
+        default=2,
+        help="times both servers are started, in turn a first and b first (the one started second can run faster)",
+    )
     p.add_argument("--connections", type=int, default=1, help="gRPC connections the streams take in turn (both sides)")
     p.add_argument("--provider", default="cpu", choices=("cpu", "cuda"), help="both servers' --provider")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
@@ -55,47 +68,41 @@ def main(argv: list[str] | None = None) -> int:
     models = {"a": args.model, "b": args.model_b or args.model}
     trees = {"a": args.tree_a, "b": args.tree_b}
     stamp = Stamp.start(provider=args.provider)
-    # --threads is a flag of the side's own; Served's default of 0 is the server's default.
-    servers = {
-        side: Served(
-            models[side],
-            0,
-            max(streams),
-            args.new_tokens,
-            *shlex.split(getattr(args, side)),
-            tree=trees[side],
-            provider=args.provider,
-        )
-        for side in SIDES
-    }
+
+    def start(side: str) -> Served:  # --threads is a flag of the side's own; Served's 0 is the server's default
+        flags = shlex.split(getattr(args, side))
+        return Served(models[side], 0, max(streams), args.new_tokens, *flags, tree=trees[side], provider=args.provider)
+
     kind = ("--ignore-eos", "--connections", str(args.connections))  # fixed lengths, as Served's default
-    rows = []
-    try:
+    rounds = -(-args.repeats // args.launches)  # each launch's
+    runs: dict[int, dict[str, list[dict]]] = {count: {side: [] for side in SIDES} for count in streams}
+    for servers in launches(start, Served.close, SIDES, args.launches):
         for count in streams:
             prompts = [[0] * args.prompt_tokens] * count  # bench draws the ids; only the shape counts
             for server in servers.values():
                 server.measure(prompts[: min(count, 4)], 4, kind)  # warm-up
-            runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-            for side in alternating(SIDES, args.repeats, f"{count} streams"):
-                runs[side].append(servers[side].measure(prompts, args.new_tokens, kind))
-            row: dict = {"streams": count}
-            for side in SIDES:
-                row[side] = {
-                    "tokens_per_s": spread([r["tokens_per_s"] for r in runs[side]]),
-                    "ttft_ms": spread([r["ttft_ms"] for r in runs[side]]),
-                    "rss_mib": round(max(r["rss_bytes"] for r in runs[side]) / 2**20),
-                }
-            row["b_over_a"] = spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["a"], runs["b"])])
-            row["ttft_b_over_a"] = spread([b["ttft_ms"] / a["ttft_ms"] for a, b in zip(runs["a"], runs["b"])])
-            rows.append(row)
-    finally:
-        for server in servers.values():
-            server.close()
+            for side in alternating(SIDES, rounds, f"{count} streams"):
+                runs[count][side].append(servers[side].measure(prompts, args.new_tokens, kind))
+    rows = [row_of(count, runs[count]) for count in streams]
     settings = {"a": args.a, "b": args.b, "model": str(args.model), "model_b": str(models["b"]), "trees": trees}
-    settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=args.repeats)
-    settings.update(connections=args.connections)
+    settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=rounds * args.launches)
+    settings.update(launches=args.launches, connections=args.connections)
     report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)
     return 0
+
+
+def row_of(count: int, runs: dict[str, list[dict]]) -> dict:
+    """One stream count's figures: each side's tokens/s and time to first token, b/a round by round."""
+    row: dict = {"streams": count}
+    for side in SIDES:
+        row[side] = {
+            "tokens_per_s": spread([r["tokens_per_s"] for r in runs[side]]),
+            "ttft_ms": spread([r["ttft_ms"] for r in runs[side]]),
+            "rss_mib": round(max(r["rss_bytes"] for r in runs[side]) / 2**20),
+        }
+    row["b_over_a"] = spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["a"], runs["b"])])
+    row["ttft_b_over_a"] = spread([b["ttft_ms"] / a["ttft_ms"] for a, b in zip(runs["a"], runs["b"])])
+    return row
 
 
 def print_table(result: dict) -> None:

@@ -329,6 +329,30 @@ def alternating(sides: Sequence[T], repeats: int, label: str) -> Iterator[T]:
         yield from (sides if r % 2 == 0 else list(reversed(sides)))
 
 
+S = TypeVar("S")
+
+
+def launches(
+    start: Callable[[str], S], close: Callable[[S], None], sides: Sequence[str], count: int
+) -> Iterator[dict[str, S]]:
+    """Each side's server, started `count` times: in the sides' order, then in reverse, and so on, each launch
+    closed before the next. A server's speed can differ from another's of the same flags for its whole life:
+    on the 2-core Xeon, GPT-2 124M int8 at one stream, the one started second served 1.11-1.17x the other's
+    tokens/s in three runs (docs/reports/start-order.md); so each side starts first as often as second, and
+    its rounds span its launches."""
+    for launch in range(count):
+        progress(f"launch {launch + 1}/{count}")
+        order = sides if launch % 2 == 0 else list(reversed(sides))
+        servers: dict[str, S] = {}
+        try:
+            for side in order:
+                servers[side] = start(side)
+            yield {side: servers[side] for side in sides}
+        finally:
+            for server in servers.values():
+                close(server)
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """The median of alternating rounds with their min and max: how the benchmarks report a figure."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
