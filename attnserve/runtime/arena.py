@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,12 +71,33 @@ class Device:
             return host_available()
         return cuda_runtime().free_memory()
 
+    def filled_as_used(self, address: int, nbytes: int) -> None:
+        """A buffer written a little at a time while serving (the prefix cache's pool): on the host, kept out of
+        transparent huge pages. Where the kernel gives large mappings huge pages (THP always) or malloc asks
+        for them, each first write would fault in and zero 2 MiB while a request waits (GPT-2 124M int8, 16
+        streams: time to first token 1.0 s against 0.33 in the first round) and grow the resident set by whole
+        huge pages (+0.9 GiB)."""
+        if self.kind == "cpu":
+            small_pages(address, nbytes)
+
     def zero(self, address: int, nbytes: int) -> None:
         """Fill `nbytes` at `address` with zeros (once, at allocation: no buffer ever holds garbage)."""
         if self.kind == "cpu":
             ctypes.memset(address, 0, nbytes)
         else:
             cuda_runtime().zero(address, nbytes)
+
+
+MADV_NOHUGEPAGE = 15  # Linux's madvise advice: no transparent huge pages in this range
+HUGE_PAGE = 2 << 20
+
+
+def small_pages(address: int, nbytes: int) -> None:
+    """Keep the host memory at `address` out of transparent huge pages (Linux; elsewhere nothing): the whole
+    huge pages inside it, which is all THP could make of it."""
+    start, end = -(-address // HUGE_PAGE) * HUGE_PAGE, (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    if sys.platform.startswith("linux") and end > start:
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_NOHUGEPAGE)
 
 
 def host_available() -> int:

@@ -42,6 +42,10 @@ class PrefixCache:
         self.positions = self.index.capacity * BLOCK  # the pool's positions per head
         shape = (arena.n_heads, self.positions, arena.head_dim)  # (H, capacity * BLOCK, D)
         self.pool = [arena.device.allocate(shape, arena.dtype) for _ in arena.buffers]
+        for buffer in self.pool:
+            arena.device.filled_as_used(
+                buffer.data_ptr(), arena.n_heads * self.positions * arena.head_dim * arena.itemsize
+            )
 
     @property
     def nbytes(self) -> int:
