@@ -59,13 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         "--launches",
         type=int,
         default=2,
-        help="with two sides: times both servers are started, in turn a first and b first (the rounds spread over)",
+        help="with two sides: how often both servers are started, a first and b first in turn; rounds spread over them",
     )
     p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
     p.add_argument("--threads", type=int, default=0, help="the servers' --threads (0: their default)")
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of each kind's ratio to greedy here")
     args = p.parse_args(argv)
+    if args.launches < 1:
+        p.error(f"--launches must be at least 1, got {args.launches}")
     kinds = [k.strip() for k in args.kinds.split(",")]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of b/a (tokens/s and time to first token) per stream count here")
     args = p.parse_args(argv)
+    if args.launches < 1:
+        p.error(f"--launches must be at least 1, got {args.launches}")
     streams = [int(s) for s in args.streams.split(",")]
     models = {"a": args.model, "b": args.model_b or args.model}
     trees = {"a": args.tree_a, "b": args.tree_b}
