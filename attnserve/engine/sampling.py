@@ -45,10 +45,14 @@ def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: floa
     """CTRL's penalty (as in Hugging Face): seen tokens' positive logits / penalty, negative * penalty
     (`seen`: their ids, or a bool per id). In float64: a penalty near the smallest allowed would
     overflow float32 logits to inf (then NaN)."""
-    out = logits.astype(np.float64)
-    picked = out[seen]
-    out[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
-    return out
+    return penalize_repetition(logits.astype(np.float64), seen, penalty)
+
+
+def penalize_repetition(values: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
+    """apply_repetition_penalty in place, on float64 `values`."""
+    picked = values[seen]
+    values[seen] = np.where(picked > 0, picked / penalty, picked * penalty)
+    return values
 
 
 def apply_occurrence_penalties(
@@ -57,9 +61,15 @@ def apply_occurrence_penalties(
     """OpenAI's presence and frequency penalties (as vLLM applies them): each id's logit less
     `frequency` times its count in the completion and `presence` once if it occurs there at all
     (`ids` each once, with their `counts`). The prompt's ids do not count. In float64, a copy."""
-    out = logits.astype(np.float64)
-    out[ids] -= frequency * counts + presence
-    return out
+    return penalize_occurrences(logits.astype(np.float64), ids, counts, presence, frequency)
+
+
+def penalize_occurrences(
+    values: np.ndarray, ids: np.ndarray, counts: np.ndarray, presence: float, frequency: float
+) -> np.ndarray:
+    """apply_occurrence_penalties in place, on float64 `values`."""
+    values[ids] -= frequency * counts + presence
+    return values
 
 
 class Occurrences:
@@ -160,17 +170,15 @@ def processed_row(logits: np.ndarray, row: PassRow, out: np.ndarray | None = Non
     (the ids it does not allow at -inf), its penalties, its bias and bans (a ban is its id's -inf bias), then
     its temperature (a greedy row's: none). A masked id stays -inf through the penalties and the bias, so the
     mask may come first here and last on a Sampler's host side. The penalties and the bias change the copy
-    in place (apply_repetition_penalty's and apply_occurrence_penalties' arithmetic): one copy of the row,
-    not one a step."""
+    in place: one copy of the row, not one a step."""
     if row.allowed is not None:
         logits = np.where(unpacked(row.allowed, logits.size), logits, -np.inf)
     out = np.empty(logits.shape) if out is None else out
     np.copyto(out, logits)  # a copy: `logits` may be the runner's buffer
     if row.repetition != 1.0:
-        seen = out[row.seen]
-        out[row.seen] = np.where(seen > 0, seen / row.repetition, seen * row.repetition)
+        penalize_repetition(out, row.seen, row.repetition)
     if row.presence != 0.0 or row.frequency != 0.0:
-        out[row.occurred] -= row.frequency * row.counts + row.presence
+        penalize_occurrences(out, row.occurred, row.counts, row.presence, row.frequency)
     add_bias(out, row.bias)
     return np.divide(out, row.temperature, out=out) if row.temperature > 0 else out
 

@@ -17,6 +17,8 @@ Knows nothing of requests or scheduling; arena_runner.py decides when to load an
 
 from __future__ import annotations
 
+import math
+
 from .arena import KVArena
 from .arena_decoder import SHORTEST_PROMPT_RUN
 from .prefix_blocks import BLOCK, PrefixBlocks
@@ -43,9 +45,7 @@ class PrefixCache:
         shape = (arena.n_heads, self.positions, arena.head_dim)  # (H, capacity * BLOCK, D)
         self.pool = [arena.device.allocate(shape, arena.dtype) for _ in arena.buffers]
         for buffer in self.pool:
-            arena.device.filled_as_used(
-                buffer.data_ptr(), arena.n_heads * self.positions * arena.head_dim * arena.itemsize
-            )
+            arena.device.filled_as_used(buffer.data_ptr(), math.prod(shape) * arena.itemsize)
 
     @property
     def nbytes(self) -> int:
