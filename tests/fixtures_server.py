@@ -58,6 +58,7 @@ class Pacer(ForwardingObserver):
         self.held = threading.Event()
         self.when: Callable[[], bool] | None = None
         self.steps, self.submitted, self.finals = 0, 0, []
+        self.batch_sizes = []  # each step's, from the start-up warm-up's on
         self.requests = []  # the GenerationRequests accepted, in order
 
     def reset(self) -> None:
@@ -89,6 +90,7 @@ class Pacer(ForwardingObserver):
         if not batch_size:
             return
         self.steps += 1
+        self.batch_sizes.append(batch_size)
         if self.when is not None and self.when():
             self.when = None
             self.open.clear()

@@ -329,6 +329,25 @@ def test_a_full_queue_refuses_and_the_queued_requests_are_served():
     assert len([entry for entry in runner.log if entry[0] == "start"]) == 2
 
 
+def test_requests_submitted_together_are_queued_all_or_none():
+    """submit_together: more than the queue takes is refused whole; those it takes are all admitted at one
+    step boundary (the start-up warm-up's whole batch)."""
+    runner = FakeRunner(capacity=3)
+
+    async def main():
+        with running(runner, max_queue=3) as engine:
+            engine.submit(ask("first", 2))
+            with pytest.raises(QueueFull, match="--max-queue"):
+                engine.submit_together([ask(f"t{i}", 2) for i in range(3)])  # 1 + 3 > 3
+            assert engine.stats() == {"active": 0, "queued": 1}
+            handles = engine.submit_together([ask(f"t{i}", 2) for i in range(2)])
+            engine.start()
+            return [await outcome(h) for h in handles]
+
+    assert [tokens for tokens, _ in asyncio.run(main())] == [alone(tuple(b"t0"), 2), alone(tuple(b"t1"), 2)]
+    assert max(len(entry[1]) for entry in runner.log if entry[0] == "decode") == 3  # one step decoded all three
+
+
 def test_cancel_frees_the_slot_at_the_next_step_for_the_queued_request():
     runner = FakeRunner(capacity=1)
     runner.gate.clear()

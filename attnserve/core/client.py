@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -36,7 +37,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from ..engine.domain import Draining, EngineUnavailable, Final, GenerationRequest, ends_request
@@ -56,10 +57,12 @@ from .protocol import (
     Abort,
     Cancel,
     Failed,
+    Inbound,
     Ready,
     Step,
     Stop,
     Submit,
+    SubmitTogether,
     from_wire,
 )
 
@@ -190,31 +193,38 @@ class EngineClient:
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Send a validated request to the core; raises EngineUnavailable, Draining or QueueFull."""
-        key = next(self._keys)
-        handle = RemoteHandle(
-            request,
-            loop or asyncio.get_running_loop(),
-            self.max_buffered,
-            lambda: self._send(Cancel(key)),
-        )
+        return self.submit_together((request,), loop)[0]
+
+    def submit_together(
+        self, requests: Collection[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None
+    ) -> list[Handle]:
+        """Send validated requests to the core in one message, all or none (EngineCalls.submit_together)."""
+        loop = loop or asyncio.get_running_loop()
+        submits: list[Submit] = []
+        handles: list[Handle] = []
+        for request in requests:
+            key = next(self._keys)
+            handles.append(RemoteHandle(request, loop, self.max_buffered, functools.partial(self._send, Cancel(key))))
+            submits.append(Submit(key, request))
         with self._lock:
-            self._check_room()
-            self.handles[key] = handle
-            self._channel_send(Submit(key, request))
-        self.observer.on_submit(request)
-        return handle
+            self._check_room(len(submits))
+            self.handles.update((submit.key, handle) for submit, handle in zip(submits, handles))
+            self._channel_send(submits[0] if len(submits) == 1 else SubmitTogether(submits))
+        for request in requests:
+            self.observer.on_submit(request)
+        return handles
 
     def check_room(self) -> None:
         """Raise EngineUnavailable, Draining or QueueFull if no request could be sent now."""
         with self._lock:
             self._check_room()
 
-    def _check_room(self) -> None:
+    def _check_room(self, count: int = 1) -> None:
         if self.died is not None:
             raise EngineUnavailable(self.died)
         if not self._accepting:
             raise Draining(DRAINING)
-        if len(self.handles) >= self.capacity + self.config.max_queue:
+        if len(self.handles) + count > self.capacity + self.config.max_queue:
             raise queue_full(self.config.max_queue)
 
     def release(self, handle: Handle) -> None:
@@ -261,11 +271,11 @@ class EngineClient:
         receiver = getattr(self, "_receiver", None)
         return receiver is not None and receiver.ident is not None and receiver is not threading.current_thread()
 
-    def _send(self, message: Submit | Cancel | Abort | Stop) -> None:
+    def _send(self, message: Inbound) -> None:
         with self._lock:
             self._channel_send(message)
 
-    def _channel_send(self, message: Submit | Cancel | Abort | Stop) -> None:
+    def _channel_send(self, message: Inbound) -> None:
         """Send to the core (hold the lock); a core that is gone is the receiver's news, not the sender's."""
         assert self._channel is not None, "the core connected before Ready"
         with contextlib.suppress(OSError):

@@ -33,7 +33,7 @@ from .config import MAX_NICE, CoreConfig
 from .loading import LoadedModel, StartupError, load_model
 from .log_lines import configure_logging
 from .observations import Recorder, SpansDropped
-from .protocol import INBOUND_DECODER, Abort, Cancel, Failed, Ready, Stop, Submit
+from .protocol import INBOUND_DECODER, Abort, Cancel, Failed, Ready, Stop, Submit, SubmitTogether
 from .slow_steps import slowed, step_delay_ms
 from .step_writer import FIRST, StepWriter
 from .traced_outbox import TracedOutbox
@@ -232,12 +232,14 @@ def serve_messages(engine: Engine, writer: StepWriter, channel: Channel, fronts:
 def take_messages(engine: Engine, writer: StepWriter, front: int, messages: list) -> bool:
     """A front end's messages, in order; True at the first front end's Stop."""
     for message in messages:
-        if isinstance(message, Submit):
-            caller = writer.caller(message.key, message.request, front)
+        if isinstance(message, Submit | SubmitTogether):
+            submits = message.submits if isinstance(message, SubmitTogether) else [message]
+            callers = [writer.caller(submit.key, submit.request, front) for submit in submits]
             try:
-                engine.enqueue(caller)
+                engine.enqueue(*callers)
             except Draining as e:  # the core stops
-                engine.refuse(caller, e)
+                for caller in callers:
+                    engine.refuse(caller, e)
         elif isinstance(message, Cancel):
             running = writer.callers.get((front, message.key))
             if running is not None:  # else already finished

@@ -35,6 +35,12 @@ class Submit(msgspec.Struct, tag=True):
     request: GenerationRequest
 
 
+class SubmitTogether(msgspec.Struct, tag=True):
+    """Requests the engine queues at once (Engine.submit_together): one step boundary admits them all."""
+
+    submits: list[Submit]
+
+
 class Cancel(msgspec.Struct, tag=True):
     key: int
 
@@ -47,7 +53,7 @@ class Stop(msgspec.Struct, tag=True):
     pass
 
 
-Inbound = Submit | Cancel | Abort | Stop
+Inbound = Submit | SubmitTogether | Cancel | Abort | Stop
 
 
 class Ready(msgspec.Struct, tag=True):

@@ -41,7 +41,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol, cast
 
@@ -159,6 +159,12 @@ class EngineCalls(Protocol):
 
     def start(self) -> None: ...
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle: ...
+    def submit_together(
+        self, requests: Collection[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None
+    ) -> list[Handle]:
+        """Queue requests at once, all or none: one step boundary admits them together where the batch
+        has room (the start-up warm-up's whole batch). Raises what submit does."""
+
     def check_room(self) -> None:
         """Raise what submit would (Draining, QueueFull, EngineUnavailable) if no request could join now:
         a door asks before it reads a request, so that a refusal under overload costs no parsing."""
@@ -220,27 +226,38 @@ class Engine:
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None) -> Handle:
         """Queue a validated request; raises QueueFull or Draining (checked first as well, so that a
         refusal under overload costs no sampler or detokenizer)."""
+        return self.submit_together((request,), loop)[0]
+
+    def submit_together(
+        self, requests: Collection[GenerationRequest], loop: asyncio.AbstractEventLoop | None = None
+    ) -> list[Handle]:
+        """Queue validated requests at once, all or none (EngineCalls.submit_together)."""
         with self._cond:
-            self._check_room()
-        handle = Handle(request, loop or asyncio.get_running_loop(), self.limits.max_buffered)
-        self.enqueue(handle)
-        self.observer.on_submit(request)
-        return handle
+            self._check_room(len(requests))
+        loop = loop or asyncio.get_running_loop()
+        handles = [Handle(request, loop, self.limits.max_buffered) for request in requests]
+        self.enqueue(*handles)
+        for request in requests:
+            self.observer.on_submit(request)
+        return handles
 
     def check_room(self) -> None:
         """Raise Draining or QueueFull if no request could be queued now (what a door asks first)."""
         with self._cond:
             self._check_room()
 
-    def enqueue(self, caller: Caller) -> None:
-        """Queue `caller.request`; its events go to `caller` through the outbox. Raises QueueFull or
-        Draining. The request was validated: its prompt leaves room in the context (the front end's
+    def enqueue(self, *callers: Caller) -> None:
+        """Queue each `caller.request`, all under one hold of the lock (the next step boundary sees them
+        all); their events go to the callers through the outbox. Raises QueueFull or Draining, queueing
+        none. The requests were validated: each prompt leaves room in the context (the front end's
         validation is the one check of that; here it is an invariant)."""
-        assert fits(caller.request, self.spec), "validation lets no request through that the context cannot hold"
-        sequence = Sequence(caller.request, caller, self.tokenizer, self.spec)
+        for caller in callers:
+            assert fits(caller.request, self.spec), "validation lets no request through that the context cannot hold"
+        sequences = [Sequence(caller.request, caller, self.tokenizer, self.spec) for caller in callers]
         with self._cond:
-            self._check_room()
-            self._queue_up(sequence)
+            self._check_room(len(sequences))
+            for sequence in sequences:
+                self._queue_up(sequence)
             self._cond.notify()
 
     def _queue_up(self, sequence: Sequence) -> None:
@@ -251,11 +268,11 @@ class Engine:
         self._queue.insert(place, sequence)
         sequence.queued_step = self._steps
 
-    def _check_room(self) -> None:
-        """Raise Draining or QueueFull unless a request may join the queue now (hold the lock)."""
+    def _check_room(self, count: int = 1) -> None:
+        """Raise Draining or QueueFull unless `count` requests may join the queue now (hold the lock)."""
         if not self._accepting:
             raise Draining(DRAINING)
-        if self.limits.max_queue is not None and len(self._queue) >= self.limits.max_queue:
+        if self.limits.max_queue is not None and len(self._queue) + count > self.limits.max_queue:
             raise queue_full(self.limits.max_queue)
 
     def release(self, caller: Caller) -> None:
