@@ -1,9 +1,10 @@
 """What the first requests after start-up get: two trees (or flag sets) of `attnserve serve`, each started
---launches times, a first and b first in turn, and measured from the moment it says SERVING: its time to
-start, then --rounds rounds of S streams through gRPC, each round fresh prompts (bench's --seed is the
-round's number, so no round finds another's blocks in the prefix cache), after only the one request
-`attnserve bench` sends before each round. Round 1 is what the first users of a new replica get; the later
-rounds are the server warmed by traffic.
+--launches times, a first and b first in turn, one server up at a time (what one does after its start-up,
+the prefix pool's backing, must not slow the other's rounds), and measured from the moment it says
+SERVING: its time to start, then --rounds rounds of S streams through gRPC, each round fresh prompts
+(bench's --seed is the round's number, so no round finds another's blocks in the prefix cache), after
+only the one request `attnserve bench` sends before each round. Round 1 is what the first users of a new
+replica get; the later rounds are the server warmed by traffic.
 
 Reports, per round, each side's median output tokens/s and time to first token (p50) over its launches with
 min and max, b/a launch by launch, and each side's start-up seconds; then one JSON object last. Torch-free.
@@ -23,11 +24,11 @@ import time
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import launches, report, spread
+from benchmarks.serving import progress, report, spread
 from benchmarks.size_ladder import Served
 
 SIDES = ("a", "b")
-TITLE = "The first requests after start-up, two servers started in turn"
+TITLE = "The first requests after start-up, two servers started in turn, one at a time"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
     p.add_argument("--rounds", type=int, default=3, help="rounds after each start-up, the first one first")
-    p.add_argument("--launches", type=int, default=4, help="times each side is started, a first and b first in turn")
+    p.add_argument(
+        "--launches",
+        type=int,
+        default=4,
+        help="times each side is started, a first and b first in turn, one up at a time",
+    )
     p.add_argument("--out", help="write the JSON result (and its Markdown report) here")
     p.add_argument("--plot", help="write a PNG of each round's time to first token, side by side, here")
     args = p.parse_args(argv)
@@ -61,11 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         return server
 
     prompts = [[0] * args.prompt_tokens] * args.streams  # bench draws the ids; only the shape counts
+    kinds = [("--ignore-eos", "--seed", str(r)) for r in range(args.rounds)]
     runs: dict[str, list[list[dict]]] = {side: [] for side in SIDES}  # side -> launch -> round
-    for launch, servers in enumerate(launches(start, Served.close, SIDES, args.launches)):
-        for side in SIDES if launch % 2 == 0 else tuple(reversed(SIDES)):
-            kinds = [("--ignore-eos", "--seed", str(r)) for r in range(args.rounds)]
-            runs[side].append([servers[side].measure(prompts, args.new_tokens, kind) for kind in kinds])
+    for launch in range(args.launches):
+        progress(f"launch {launch + 1}/{args.launches}")
+        for side in SIDES if launch % 2 == 0 else tuple(reversed(SIDES)):  # one server up at a time
+            server = start(side)
+            try:
+                runs[side].append([server.measure(prompts, args.new_tokens, kind) for kind in kinds])
+            finally:
+                server.close()
     rows = [row_of(r, {side: [launch[r] for launch in runs[side]] for side in SIDES}) for r in range(args.rounds)]
     settings = {"a": args.a, "b": args.b, "model": str(args.model), "trees": trees, "streams": args.streams}
     settings.update(max_batch=args.max_batch, prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens)
