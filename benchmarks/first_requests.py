@@ -1,10 +1,10 @@
 """What the first requests after start-up get: two trees (or flag sets) of `attnserve serve`, each started
---launches times, a first and b first in turn, one server up at a time (what one does after its start-up,
-the prefix pool's backing, must not slow the other's rounds), and measured from the moment it says
-SERVING: its time to start, then --rounds rounds of S streams through gRPC, each round fresh prompts
-(bench's --seed is the round's number, so no round finds another's blocks in the prefix cache), after
-only the one request `attnserve bench` sends before each round. Round 1 is what the first users of a new
-replica get; the later rounds are the server warmed by traffic.
+--launches times, a first and b first in turn, one server up at a time (work a server does after its
+start-up must not slow the other's rounds), and measured from the moment it says SERVING: its time to
+start, then --rounds rounds of S streams through gRPC, each round fresh prompts (bench's --seed is the
+round's number, so no round finds another's blocks in the prefix cache), after only the one request
+`attnserve bench` sends before each round. Round 1 is what the first users of a new replica get; the later
+rounds are the server warmed by traffic.
 
 Reports, per round, each side's median output tokens/s and time to first token (p50) over its launches with
 min and max, b/a launch by launch, and each side's start-up seconds; then one JSON object last. Torch-free.
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import progress, report, spread
+from benchmarks.serving import progress, report, served_ratios, spread
 from benchmarks.size_ladder import Served
 
 SIDES = ("a", "b")
@@ -90,9 +90,7 @@ def row_of(number: int, runs: dict[str, list[dict]]) -> dict:
     row: dict = {"round": number + 1}
     for side in SIDES:
         row[side] = {key: spread([r[key] for r in runs[side]]) for key in ("tokens_per_s", "ttft_ms")}
-    row["b_over_a"] = spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["a"], runs["b"])])
-    row["ttft_b_over_a"] = spread([b["ttft_ms"] / a["ttft_ms"] for a, b in zip(runs["a"], runs["b"])])
-    return row
+    return {**row, **served_ratios(runs)}
 
 
 def print_table(result: dict) -> None:

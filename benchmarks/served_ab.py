@@ -27,7 +27,7 @@ import shlex
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import alternating, launches, report, spread
+from benchmarks.serving import alternating, launches, report, served_ratios, spread
 from benchmarks.size_ladder import Served
 
 SIDES = ("a", "b")
@@ -102,9 +102,7 @@ def row_of(count: int, runs: dict[str, list[dict]]) -> dict:
             "ttft_ms": spread([r["ttft_ms"] for r in runs[side]]),
             "rss_mib": round(max(r["rss_bytes"] for r in runs[side]) / 2**20),
         }
-    row["b_over_a"] = spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(runs["a"], runs["b"])])
-    row["ttft_b_over_a"] = spread([b["ttft_ms"] / a["ttft_ms"] for a, b in zip(runs["a"], runs["b"])])
-    return row
+    return {**row, **served_ratios(runs)}
 
 
 def print_table(result: dict) -> None:

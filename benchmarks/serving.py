@@ -358,6 +358,16 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def served_ratios(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Two served sides' b/a, pair by pair (a round's or a launch's), as spreads: tokens/s ("b_over_a") and
+    time to first token ("ttft_b_over_a")."""
+    pairs = list(zip(runs["a"], runs["b"]))
+    return {
+        "b_over_a": spread([b["tokens_per_s"] / a["tokens_per_s"] for a, b in pairs]),
+        "ttft_b_over_a": spread([b["ttft_ms"] / a["ttft_ms"] for a, b in pairs]),
+    }
+
+
 def report(
     result: dict,
     stamp: Stamp,
