@@ -136,6 +136,31 @@ def test_a_stalled_stream_frees_its_slot_then_ends_after_the_write_timeout(paced
     assert 0 < sum(len(m.token_ids) for m in received) < 120
 
 
+def test_a_client_that_hangs_up_while_its_write_is_held_ends_cancelled_not_internal(paced, caplog):
+    """The write fails under the server (grpc.aio raises ExecuteBatchError before it cancels the call's
+    task): the call is counted CANCELLED, nothing is logged as an internal error, and its slot is freed,
+    for a client that cancels its call and for one that only closes its channel."""
+    paced.pacer.delay = STALLED_STEP
+    cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "GenerateStream")
+    internal = {"method": "GenerateStream", "code": "INTERNAL"}
+    before = gauge(paced, "attnserve_requests_total", internal)
+    for hang_up in ("cancel", "close"):
+        channel = grpc.insecure_channel(paced.target, options=STALLED)
+        stream = pb_grpc.TextGenerationStub(channel).GenerateStream(
+            request("The ", max_new_tokens=120, request_id=LONG_ID), timeout=TIMEOUT
+        )
+        # The window is full and the server's write waits (well before the buffer cap's second).
+        wait_until(lambda: len(paced.server.writes.writing) == 1, TIMEOUT, "a held write")
+        if hang_up == "cancel":
+            stream.cancel()
+        channel.close()
+    wait_until(lambda: cancelled_calls(paced, "GenerateStream") == calls + 2, TIMEOUT, "both calls to end")
+    wait_until(lambda: finished(paced, "cancelled") == cancelled + 2, TIMEOUT, "both requests to be cancelled")
+    assert gauge(paced, "attnserve_requests_total", internal) == before
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]
+    assert idle(paced.engine) and gauge(paced, "attnserve_requests_in_flight") == 0
+
+
 def test_a_stalled_protocol_stream_is_cut_the_same_way(paced):
     paced.pacer.delay = STALLED_STEP
     model = paced.server.info.model_name

@@ -32,7 +32,7 @@ def test_a_short_soak_passes(tiny_model_dir, tmp_path):
         "nothing_left_in_flight": True,
         "rss_growth_within_limit": True,
         "drained_and_exited_0": True,
-    }, report["rss_mb"]
+    }, (report["rss_mb"], report["server_unexpected"], report.get("server_log_tail"))
     assert code == 0 and report["passed"]
     assert report["workers_killed"] == 2
     behaviors = report["statuses_by_behavior"]

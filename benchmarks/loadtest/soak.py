@@ -13,8 +13,8 @@ in the queue; the server's RSS grew by at most --rss-growth-limit-mb from the en
 (the first --warmup-fraction of the run; medians of up to 10 samples on each side) to the end; and the
 server drained and exited 0. It proves it can fail: --test-leak-bytes starts the server with a
 test-only leak passed in (attnserve/server/test_switches.py's LeakInterceptor), and the RSS verdict
-catches it. The JSON report is the
-last line on stdout (in --out with its Markdown report); exit code 0 on pass, 1 on fail.
+catches it. A failed run's report carries the server's last 60 log lines (server_log_tail). The
+JSON report is the last line on stdout (in --out with its Markdown report); exit code 0 on pass, 1 on fail.
 """
 
 from __future__ import annotations
@@ -149,7 +149,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         stop.set()
         exit_code = server.stop()
-    return summarize(args, workers, rss, gauges, left, server_codes, exit_code)
+    report = summarize(args, workers, rss, gauges, left, server_codes, exit_code)
+    if not report["passed"]:
+        report["server_log_tail"] = server.lines[-60:]  # what the server said, for a failure's cause
+    return report
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,7 +2,8 @@
 
 BoundaryInterceptor wraps every method: domain errors (ServeError subclasses) map to their
 status codes, anything unexpected becomes INTERNAL with a request id (the detail is logged,
-never sent), and every call is counted by status; calls of attnserve.v1 and the inference
+never sent), and every call is counted by status (a write that fails because its client hung up
+counts CANCELLED); calls of attnserve.v1 and the inference
 protocol are also counted in flight, and new ones get UNAVAILABLE while the server starts or drains; the
 responses of streaming calls are written through a WriteWatch (--write-timeout).
 The status of each error is statuses.py's; auth.py checks the bearer token.
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from contextlib import aclosing
 
 import grpc
+from grpc._cython.cygrpc import ExecuteBatchError  # what grpc.aio's own server takes for a call its client closed
 
 from ...engine.domain import Draining, ServeError
 from ...tracing.current import NO_TRACE, Trace, Traces, opened
@@ -164,7 +166,9 @@ class _Boundary:
         """The call's status, and the message to abort with (None: the call already has its status)."""
         if error is None:
             return grpc.StatusCode.OK, None
-        if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+        if isinstance(error, (asyncio.CancelledError, GeneratorExit, ExecuteBatchError)):
+            # ExecuteBatchError: a write (context.write, under --write-timeout) failed because the call
+            # ended under it (the client cancelled or hung up) before grpc.aio cancelled the call's task
             remaining = self.context.time_remaining()
             expired = remaining is not None and remaining <= 0
             return (grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED), None
