@@ -332,3 +332,21 @@ def test_bad_sampling_flags_are_refused_before_connecting(capsys, flags, message
     status, out, err = bench(capsys, "--target", "127.0.0.1:1", "--timeout", "0.5", *flags)
     assert (status, out) == (2, "")
     assert err.startswith(f"attnserve bench: error: {message}") and len(err.strip().splitlines()) == 1, err
+
+
+def test_no_pass_of_a_run_repeats_another_passs_prompts(live, capsys):
+    """The warm-up and each level draw prompts of their own, and another --seed draws others again: with the
+    prefix cache on, no level of either run is served a cached block (prompts of 37 tokens, blocks of 16).
+    The same command run again sends the same prompts, and its levels are then served from the cache."""
+    flags = ["--target", live.target, "--concurrency", "1,2", "--rate", "50", "--requests", "3"]
+    flags += ["--max-new-tokens", "4", "--prompt-tokens", "37", "--warmup", "2"]
+    runs = []
+    for seed in ("9137", "9138", "9137"):
+        status, out, err = bench(capsys, *flags, "--seed", seed)
+        assert status == 0, err
+        runs.append(json.loads(out.splitlines()[-1])["levels"])
+    for levels in runs[:2]:
+        assert [level["cached_prompt_tokens"] for level in levels] == [0, 0, 0]
+        for level in levels:
+            check_level(level, requests=3, max_new_tokens=4, prompt_tokens=37)
+    assert [level["cached_prompt_tokens"] for level in runs[2]] == [3 * 32] * 3  # two blocks of each prompt

@@ -63,6 +63,24 @@ def test_completions_levels_agree_with_the_servers_counts(live, capsys):
     assert counter(live, PROMPT_TOKENS) - prompts == 13 * 24
 
 
+def test_the_servers_cached_tokens_are_reported(live, capsys):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens, per level: none in a first run, every full
+    block of each prompt when the same command runs again (text prompts of 40 tokens, blocks of 16),
+    as much as the server counted as saved."""
+    saved = "attnserve_prefix_cache_saved_tokens_total"
+    flags = ["--target", url(live), "--concurrency", "2", "--requests", "3", "--max-new-tokens", "3"]
+    flags += ["--prompt-tokens", "40", "--warmup", "0", "--seed", "4242"]
+    cached = []
+    for _ in range(2):
+        before = counter(live, saved)
+        status, out, err = bench(capsys, *flags)
+        assert status == 0, err
+        (level,) = json.loads(out.splitlines()[-1])["levels"]
+        cached.append(level["cached_prompt_tokens"])
+        assert level["cached_prompt_tokens"] == counter(live, saved) - before
+    assert cached == [0, 3 * 32]
+
+
 def test_chat_with_the_production_mix_reaches_the_server(chat_model_dir, capsys):
     running = start_server(chat_model_dir, http_port=0)
     try:

@@ -107,7 +107,7 @@ class BenchConfig:
         default=False, metadata=flag("requests never generate EOS: each one produces --max-new-tokens tokens")
     )
     warmup: int = field(default=2, metadata=flag("warm-up requests before measuring", metavar="N"))
-    seed: int = field(default=0, metadata=flag("seed of the prompts and the arrival times"))
+    seed: int = field(default=0, metadata=flag("seed of the prompts (each level's its own) and the arrival times"))
     trace: bool = field(
         default=False,
         metadata=flag(
@@ -352,6 +352,7 @@ async def measure(client: AsyncClient, request: Request, traceparent: str = "") 
             result = await stream.result()
         record.reported_tokens = result.usage.completion_tokens if result.usage else None
         record.prompt_tokens = result.usage.prompt_tokens if result.usage else None
+        record.cached_tokens = result.usage.cached_tokens if result.usage else None
         record.finish_reason = result.finish_reason
         record.output_bytes = len(result.text.encode("utf-8"))
     except AttnserveError as error:
@@ -414,8 +415,7 @@ async def run_bench(
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     async with backend_of(config, tls, token) as backend:
         model = await backend.describe()
-        requests = config.requests_of(backend.prompts(config.requests, config.seed), config.seed)
-        warm = config.requests_of(backend.prompts(config.warmup, config.seed + 1), config.seed + 1)
+        warm = requests_for(config, backend, config.warmup, "warm-up")
         if warm:
             progress.start("warm-up", len(warm))
             say_failure(
@@ -423,11 +423,13 @@ async def run_bench(
             )
         levels = []
         for c in config.concurrency:
+            requests = requests_for(config, backend, config.requests, f"concurrency {c}")
             progress.start(f"concurrency {c}", len(requests))
             records = await closed_loop(backend, requests, c, progress, config.trace)
             say_failure(f"concurrency {c}", records)
             levels.append(summarize_level(records, mode="closed", concurrency=c))
         for rate in config.rates:
+            requests = requests_for(config, backend, config.requests, f"rate {rate:g}/s")
             progress.start(f"rate {rate:g}/s", len(requests))
             records = await open_loop(backend, requests, rate, progress, config.seed, config.trace)
             say_failure(f"rate {rate:g}/s", records)
@@ -438,10 +440,23 @@ async def run_bench(
         "started_at": started_at,
         "config": asdict(config),
         "prompts": backend.prompt_note(),
-        "kinds": summary(config.kinds(), [request.kind for request in requests]),
+        "kinds": summary(config.kinds(), [request.kind for request in requests]),  # every level's are alike
         "model": model,
         "levels": levels,
     }
+
+
+def requests_for(config: BenchConfig, backend: Backend, count: int, label: str) -> list[Request]:
+    """The requests of one pass (the warm-up, a level): prompts and kinds drawn from a seed of their own,
+    derived from --seed and the pass's label, so that no pass repeats another's prompts (of this run,
+    or of a run with another --seed): a prompt sent twice would be served from the prefix cache."""
+    seed = pass_seed(config.seed, label)
+    return config.requests_of(backend.prompts(count, seed), seed)
+
+
+def pass_seed(seed: int, label: str) -> int:
+    """A seed for one pass of a run: the same for the same --seed and label, on every machine."""
+    return random.Random(f"{seed}/{label}").getrandbits(63)
 
 
 def say_failure(label: str, records: Sequence[RequestRecord]) -> None:

@@ -152,6 +152,8 @@ class OpenAIBackend:
             if isinstance(usage, dict):
                 record.reported_tokens = usage.get("completion_tokens")
                 record.prompt_tokens = usage.get("prompt_tokens")
+                details = usage.get("prompt_tokens_details")  # OpenAI's, and vLLM's with prefix caching
+                record.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
             for choice in event.get("choices") or ():
                 text, carries = self._content(choice)
                 record.finish_reason = choice.get("finish_reason") or record.finish_reason

@@ -29,6 +29,7 @@ class RequestRecord:
     output_bytes: int = 0  # UTF-8 bytes of the text: compare across tokenizers
     reported_tokens: int | None = None  # usage.completion_tokens of the final message
     prompt_tokens: int | None = None  # usage.prompt_tokens, the server's count
+    cached_tokens: int | None = None  # of those, the ones its prefix cache served (usage.cached_tokens)
     finish_reason: str = ""
     status: str = "OK"  # gRPC status name of a failed request ("HTTP 400" over HTTP)
     error: str = ""  # a failed request's message
@@ -92,6 +93,7 @@ def summarize_level(
         "reported_completion_tokens": sum(r.reported_tokens or 0 for r in done),
         "token_count_mismatches": sum(r.tokens != r.reported_tokens for r in done),
         "prompt_tokens": sum(r.prompt_tokens or 0 for r in done),
+        "cached_prompt_tokens": sum(r.cached_tokens or 0 for r in done),
         "finish_reasons": dict(Counter(r.finish_reason for r in done)),
         "ttft_ms": distribution_ms([r.first_token - r.start for r in done if r.first_token is not None]),
         "itl_ms": distribution_ms([gap for r in done for gap in r.itl]),
