@@ -3,9 +3,9 @@
 BoundaryInterceptor wraps every method: domain errors (ServeError subclasses) map to their
 status codes, anything unexpected becomes INTERNAL with a request id (the detail is logged,
 never sent), and every call is counted by status (a write that fails because its client hung up
-counts CANCELLED); calls of attnserve.v1 and the inference
-protocol are also counted in flight, and new ones get UNAVAILABLE while the server starts or drains; the
-responses of streaming calls are written through a WriteWatch (--write-timeout).
+counts CANCELLED); calls of attnserve.v1 and the inference protocol are also counted in flight,
+and new ones get UNAVAILABLE while the server starts or drains; the responses of streaming calls
+are written through a WriteWatch (--write-timeout).
 The status of each error is statuses.py's; auth.py checks the bearer token.
 """
 
