@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import progress, report, served_ratios, spread
+from benchmarks.serving import add_sides, error_bars, launch_orders, report, served_ratios, spread
 from benchmarks.size_ladder import Served
 
 SIDES = ("a", "b")
@@ -33,15 +33,9 @@ TITLE = "The first requests after start-up, two servers started in turn, one at 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
-    p.add_argument("--tree-a", help="a checkout side a's server runs from (a git worktree of the commit before)")
-    p.add_argument("--tree-b", help="side b's checkout (default: this one)")
-    p.add_argument("--a", default="", help='side a\'s `attnserve serve` flags, one string (e.g. "--prefix-cache off")')
-    p.add_argument("--b", default="", help="side b's flags")
+    add_sides(p, example="--prefix-cache off")
     p.add_argument("--streams", type=int, default=16, help="streams at once in each round")
     p.add_argument("--max-batch", type=int, default=64, help="both servers' --max-batch")
-    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
     p.add_argument("--rounds", type=int, default=3, help="rounds after each start-up, the first one first")
     p.add_argument(
         "--launches",
@@ -69,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [[0] * args.prompt_tokens] * args.streams  # bench draws the ids; only the shape counts
     kinds = [("--ignore-eos", "--seed", str(r)) for r in range(args.rounds)]
     runs: dict[str, list[list[dict]]] = {side: [] for side in SIDES}  # side -> launch -> round
-    for launch in range(args.launches):
-        progress(f"launch {launch + 1}/{args.launches}")
-        for side in SIDES if launch % 2 == 0 else tuple(reversed(SIDES)):  # one server up at a time
+    for order in launch_orders(SIDES, args.launches):
+        for side in order:  # one server up at a time
             server = start(side)
             try:
                 runs[side].append([server.measure(prompts, args.new_tokens, kind) for kind in kinds])
@@ -120,9 +113,7 @@ def write_plot(result: dict, path: str) -> None:
     rows = result["rows"]
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 4))
     for i, side in enumerate(SIDES):
-        spreads = [row[side]["ttft_ms"] for row in rows]
-        medians = [s["median"] for s in spreads]
-        errors = [[m - s["min"] for m, s in zip(medians, spreads)], [s["max"] - m for m, s in zip(medians, spreads)]]
+        medians, errors = error_bars([row[side]["ttft_ms"] for row in rows])
         label = f"{side}: {result[side] or result['trees'][side] or 'this tree'}"
         ax.bar([k + i * 0.4 for k in range(len(rows))], medians, 0.4, yerr=errors, label=label, color=f"C{i}")
     ax.set_xticks([k + 0.2 for k in range(len(rows))])

@@ -27,7 +27,7 @@ import shlex
 from pathlib import Path
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import alternating, launches, report, served_ratios, spread
+from benchmarks.serving import add_sides, alternating, error_bars, launches, report, served_ratios, spread
 from benchmarks.size_ladder import Served
 
 SIDES = ("a", "b")
@@ -36,17 +36,9 @@ TITLE = "Two serving settings through gRPC, alternating"
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
+    add_sides(p, example="--threads 1")
     p.add_argument("--model-b", type=Path, help="side b's model directory (default: --model)")
-    p.add_argument(
-        "--tree-a", help="a checkout side a's server runs from, e.g. a git worktree of the commit before a change"
-    )
-    p.add_argument("--tree-b", help="side b's checkout (default: this one)")
-    p.add_argument("--a", default="", help='side a\'s `attnserve serve` flags, one string (e.g. "--threads 1")')
-    p.add_argument("--b", default="", help="side b's flags")
     p.add_argument("--streams", default="1,16", help="comma-separated streams at once")
-    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
-    p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
     p.add_argument(
         "--repeats",
         type=int,
@@ -129,9 +121,7 @@ def write_plot(result: dict, path: str) -> None:
     rows = result["rows"]
     fig, ax = plt.subplots(figsize=(2 + 1.6 * len(rows), 4))
     for i, (key, label) in enumerate([("b_over_a", "tokens/s, b/a"), ("ttft_b_over_a", "time to first token, b/a")]):
-        spreads = [row[key] for row in rows]
-        medians = [s["median"] for s in spreads]
-        errors = [[m - s["min"] for m, s in zip(medians, spreads)], [s["max"] - m for m, s in zip(medians, spreads)]]
+        medians, errors = error_bars([row[key] for row in rows])
         ax.bar([k + i * 0.4 for k in range(len(rows))], medians, 0.4, yerr=errors, label=label, color=f"C{i}")
     ax.axhline(1.0, color="grey", linewidth=0.8)
     ax.set_xticks([k + 0.2 for k in range(len(rows))])

@@ -332,6 +332,14 @@ def alternating(sides: Sequence[T], repeats: int, label: str) -> Iterator[T]:
 S = TypeVar("S")
 
 
+def launch_orders(sides: Sequence[T], count: int) -> Iterator[Sequence[T]]:
+    """The order the sides start in, launch after launch: as given, then reversed, and so on, with a
+    progress line per launch."""
+    for launch in range(count):
+        progress(f"launch {launch + 1}/{count}")
+        yield sides if launch % 2 == 0 else list(reversed(sides))
+
+
 def launches(
     start: Callable[[str], S], close: Callable[[S], None], sides: Sequence[str], count: int
 ) -> Iterator[dict[str, S]]:
@@ -340,9 +348,7 @@ def launches(
     on the 2-core Xeon, GPT-2 124M int8 at one stream, the one started second served 1.11-1.17x the other's
     tokens/s in three runs (docs/reports/start-order.md); so each side starts first as often as second, and
     its rounds span its launches."""
-    for launch in range(count):
-        progress(f"launch {launch + 1}/{count}")
-        order = sides if launch % 2 == 0 else list(reversed(sides))
+    for order in launch_orders(sides, count):
         servers: dict[str, S] = {}
         try:
             for side in order:
@@ -356,6 +362,26 @@ def launches(
 def spread(values: list[float]) -> dict[str, float]:
     """The median of alternating rounds with their min and max: how the benchmarks report a figure."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def error_bars(spreads: list[dict[str, float]]) -> tuple[list[float], list[list[float]]]:
+    """The medians of spreads, and matplotlib's yerr for them: the distances down to each min and up to each max."""
+    medians = [s["median"] for s in spreads]
+    return medians, [[m - s["min"] for m, s in zip(medians, spreads)], [s["max"] - m for m, s in zip(medians, spreads)]]
+
+
+def add_sides(p: argparse.ArgumentParser, example: str) -> None:
+    """The flags of a served A/B's two sides (each a checkout and `attnserve serve` flags, on one model
+    directory) and of the streams they serve; `example`: side a's flags in the help."""
+    p.add_argument("--model", required=True, type=Path, help="model directory written by `attnserve export`")
+    p.add_argument(
+        "--tree-a", help="a checkout side a's server runs from, e.g. a git worktree of the commit before a change"
+    )
+    p.add_argument("--tree-b", help="side b's checkout (default: this one)")
+    p.add_argument("--a", default="", help=f'side a\'s `attnserve serve` flags, one string (e.g. "{example}")')
+    p.add_argument("--b", default="", help="side b's flags")
+    p.add_argument("--prompt-tokens", type=int, default=16, help="prompt ids per stream")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream")
 
 
 def served_ratios(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
