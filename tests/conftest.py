@@ -70,3 +70,17 @@ def _alone_or_beside(request, tmp_path_factory):
             if alone:
                 intent.unlink(missing_ok=True)
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def whole_draw_kind(request, monkeypatch):
+    """Each test of the host's draw once with the compiled whole-row draw (engine/whole_draw.c; skipped where
+    it is not built, which tests/test_whole_draw.py does not allow where a C compiler is) and once with
+    numpy's alone."""
+    from attnserve.engine import whole_draw
+
+    if request.param == "numpy":
+        monkeypatch.setattr(whole_draw, "LIBRARY", None)
+    elif not whole_draw.available():
+        pytest.skip("the compiled whole-row draw is not built here")
+    return request.param

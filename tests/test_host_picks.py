@@ -36,7 +36,7 @@ def random_rows(rng: np.random.Generator, n: int, size: int, kind: str) -> np.nd
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_draws_together_are_each_rows_draw_alone(seed):
+def test_draws_together_are_each_rows_draw_alone(seed, whole_draw_kind):
     rng = np.random.default_rng(seed)
     for _ in range(60):
         size, n = int(rng.choice([7, 64, 100, 1024, 5000])), int(rng.integers(1, 17))
@@ -80,7 +80,7 @@ def random_pass_row(rng: np.random.Generator, size: int) -> PassRow:
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_picks_together_are_each_rows_pick_alone(seed):
+def test_picks_together_are_each_rows_pick_alone(seed, whole_draw_kind):
     rng = np.random.default_rng(100 + seed)
     for _ in range(40):
         size = int(rng.choice([7, 1000, host_picks.TOGETHER_UP_TO]))

@@ -72,7 +72,7 @@ def test_a_bucket_holds_every_value_and_the_answer_holds():
 
 
 @pytest.mark.parametrize("size", [7, 64, 3001, 50257])
-def test_the_draw_is_its_definitions(size):
+def test_the_draw_is_its_definitions(size, whole_draw_kind):
     """Each filter alone and together, on rows flat, peaked, tied and with -inf ids (bans), at uniform
     numbers across [0, 1) and at its ends: the very id the definition's sort and running sum give."""
     rng = np.random.default_rng(size)
@@ -96,7 +96,7 @@ def test_ties_at_the_crossing_keep_the_lower_ids():
     assert np.flatnonzero(keep).tolist() == [0, 1, 2, 3]
 
 
-def test_the_hosts_top_p_draws_follow_the_distribution():
+def test_the_hosts_top_p_draws_follow_the_distribution(whole_draw_kind):
     """100,000 seeded positions of one Sampler under temperature 1 and top-p 0.8 over fixed logits: the
     counts pass a chi-square test against the distribution top-p leaves, and no dropped id comes."""
     p = np.array([0.3, 0.2, 0.15, 0.12, 0.1, 0.08, 0.05])

@@ -16,6 +16,7 @@ import threading
 
 import numpy as np
 
+from . import whole_draw
 from .host_draw import BLOCK, FEW, buckets, draw, min_p_edge
 
 
@@ -54,18 +55,33 @@ def draws(
     (top_k_draws), the others over the whole row (whole_draws); a row neither takes, alone."""
     n, size = scaled.shape
     ids = np.full(n, -1, np.int64)
+    by_top_k = (top_k > 0) & (top_k <= size)  # host_draw.filters_edge's
+    if whole_draw.available():  # the rows with no top-k: compiled, as host_draw.draw takes them first
+        whole = np.flatnonzero(~by_top_k)
+        if whole.size:
+            ids[whole] = whole_draw.draws(
+                scaled[whole] if whole.size < n else scaled, min_p[whole], top_p[whole], uniform[whole]
+            )
+        if not by_top_k.any():
+            return finish(ids, scaled, min_p, top_k, top_p, uniform)
     _, shifted, *_ = BUFFERS.get(n, size)
     np.subtract(scaled, scaled.max(axis=1, keepdims=True), out=shifted)
-    by_top_k = (top_k > 0) & (top_k <= size)  # host_draw.filters_edge's
     few = by_top_k & (top_p >= 1.0) & (min_p <= 0.0)
     for k in sorted(set(top_k[few].tolist())):
         group = np.flatnonzero(few & (top_k == k))
         ids[group] = top_k_draws(shifted[group], k, uniform[group])
-    whole = np.flatnonzero(~by_top_k)
-    if whole.size:
+    whole = np.flatnonzero(~by_top_k & (ids < 0))
+    if whole.size and not whole_draw.available():
         if whole.size < n:
             shifted[: whole.size] = shifted[whole]
         ids[whole] = whole_draws(whole.size, size, min_p[whole], top_p[whole], uniform[whole])
+    return finish(ids, scaled, min_p, top_k, top_p, uniform)
+
+
+def finish(
+    ids: np.ndarray, scaled: np.ndarray, min_p: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, uniform: np.ndarray
+) -> np.ndarray:
+    """ids with each row still at -1 drawn alone (host_draw.draw)."""
     for i in np.flatnonzero(ids < 0).tolist():
         ids[i] = draw(scaled[i], min_p[i], top_k[i], top_p[i], uniform[i])
     return ids

@@ -17,6 +17,8 @@ import threading
 
 import numpy as np
 
+from . import whole_draw
+
 BUCKETS = 4096  # top-p's buckets of value (for a row of 32,768 ids or more): the edge's bucket alone is sorted
 BLOCK = 64  # the draw's first level: the kept weights' sums by blocks of this many ids
 FEW = 8  # min-p and top-k keeping at most 1/FEW of a row: the kept ids alone are worked on, top-p by a sort
@@ -157,7 +159,10 @@ def running_pick(weights: np.ndarray, uniform: float) -> int:
 
 def draw(scaled: np.ndarray, min_p: float, top_k: int, top_p: float, uniform: float) -> int:
     """One id of a temperature-scaled row (V,): of the ids kept_weights keeps, in id order, the first whose
-    cumulative weight passes `uniform` times their total."""
+    cumulative weight passes `uniform` times their total. A row with no top-k goes to the compiled draw
+    first (whole_draw.py), where it runs."""
+    if not 0 < top_k <= scaled.size and (picked := whole_draw.draw(scaled, min_p, top_p, uniform)) is not None:
+        return picked
     ids, weights = kept_weights(scaled, min_p, top_k, top_p)
     return inverse_cdf(weights, uniform) if ids is None else int(ids[running_pick(weights, uniform)])
 

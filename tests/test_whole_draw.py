@@ -1,0 +1,70 @@
+"""The compiled whole-row draw (engine/whole_draw.c through engine/whole_draw.py): built wherever a C compiler
+is, its picks the definition's (tests/test_sampling.py's by_definition: a full sort and a running sum) at the
+edges numpy's draw was not asked about: rows of every length modulo its four lanes, ties at top-p's
+crossing, one finite id, every id banned, rows read out of a wider buffer; and the rows it leaves to numpy."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+
+import numpy as np
+import pytest
+from test_sampling import by_definition
+
+from attnserve.engine import whole_draw
+from attnserve.engine.host_draw import FEW, draw
+
+COMPILER = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
+pytestmark = pytest.mark.skipif(not whole_draw.available() and COMPILER is None, reason="no C compiler here")
+
+
+def test_it_is_built_and_runs_wherever_a_c_compiler_is():
+    """`pip install -e .` (make's .venv) builds it; a skipped build would leave numpy drawing unnoticed."""
+    assert whole_draw.available(), f"attnserve.engine._whole_draw not built or not loadable (compiler {COMPILER})"
+
+
+@pytest.mark.parametrize("size", range(1, 13))
+def test_rows_of_every_length_are_drawn_as_defined(size):
+    """Lengths across the four lanes' tails, each filter, uniform numbers across [0, 1) and at its ends."""
+    rng = np.random.default_rng(size)
+    for trial in range(20):
+        row = rng.normal(0, [0.1, 1.0, 5.0][trial % 3], size)
+        if trial % 5 == 4 and size > 1:
+            row[rng.integers(0, size)] = -np.inf
+        for min_p, top_p in ((0.0, 1.0), (0.0, 0.9), (0.0, 0.3), (0.05, 1.0), (0.1, 0.8)):
+            for uniform in (*rng.random(5), 0.0, 1 - 2**-24):
+                assert draw(row, min_p, 0, top_p, uniform) == by_definition(row, min_p, 0, top_p, uniform)
+
+
+def test_ties_at_the_crossing_keep_the_lower_ids():
+    """Four ids tied at the crossing, top-p needing two of them: only ids 0 to 3 are ever drawn, each as often
+    as the definition's running sum says (a grid of 10,000 uniform numbers, each the definition's id)."""
+    row = np.log(np.array([0.1, 0.3, 0.1, 0.3, 0.1, 0.1]))
+    grid = np.arange(10_000) / 10_000
+    got = [whole_draw.draw(row, 0.0, 0.75, float(u)) for u in grid]
+    assert got == [by_definition(row, 0.0, 0, 0.75, float(u)) for u in grid]
+    assert set(got) == {0, 1, 2, 3}
+
+
+def test_what_it_leaves_to_numpy():
+    """Every id banned, and min-p keeping at most 1/FEW of the row (numpy's few-ids path): None, and
+    host_draw.draw still answers as defined."""
+    assert whole_draw.draw(np.full(10, -np.inf), 0.0, 0.9, 0.5) is None
+    row = np.zeros(64 * FEW)
+    row[:3] = 10.0  # min-p 0.5 keeps 3 ids
+    assert whole_draw.draw(row, 0.5, 1.0, 0.5) is None
+    assert draw(row, 0.5, 0, 1.0, 0.5) == by_definition(row, 0.5, 0, 1.0, 0.5)
+    lone = np.full(9, -np.inf)
+    lone[6] = -3.0
+    assert whole_draw.draw(lone, 0.0, 0.5, 0.99) == 6
+
+
+def test_rows_read_from_a_wider_buffer_are_those_rows_draws():
+    """Rows (n, V) that are a slice of a wider (n, W) buffer, as a batch's are: each row's id alone."""
+    rng = np.random.default_rng(3)
+    wide = rng.normal(0, 1, (5, 3000))
+    rows = wide[:, :2990]
+    min_p, top_p, uniform = np.zeros(5), np.array([0.9, 1.0, 0.5, 0.95, 0.2]), rng.random(5)
+    got = whole_draw.draws(rows, min_p, top_p, uniform)
+    assert got.tolist() == [by_definition(rows[i], 0.0, 0, top_p[i], uniform[i]) for i in range(5)]
