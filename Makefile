@@ -12,7 +12,7 @@ PB7_STAMP := $(PB7_VENV)/.installed-stamp
 
 .PHONY: test test-fast import-sizes sizes lint format demo docs docs-reference protos bench kv-bench perf gpu-check gpu-ladder speculative tokenizer-table genai-check soak overload clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml attnserve/engine/whole_draw.c  # the C file: its library is built at install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[cpu,train,dev]'

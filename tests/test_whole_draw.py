@@ -5,6 +5,7 @@ crossing, one finite id, every id banned, rows read out of a wider buffer; and t
 
 from __future__ import annotations
 
+import os
 import shutil
 import sysconfig
 
@@ -14,9 +15,15 @@ from test_sampling import by_definition
 
 from attnserve.engine import whole_draw
 from attnserve.engine.host_draw import FEW, draw
+from attnserve.engine.sampling import pick_whole_row
+from attnserve.engine.seam import PassRow
 
 COMPILER = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
-pytestmark = pytest.mark.skipif(not whole_draw.available() and COMPILER is None, reason="no C compiler here")
+NUMPY_ASKED = os.environ.get(whole_draw.ENV, "").lower() == "numpy"
+pytestmark = pytest.mark.skipif(
+    NUMPY_ASKED or (not whole_draw.available() and COMPILER is None),
+    reason=f"{whole_draw.ENV}=numpy, or no C compiler here",
+)
 
 
 def test_it_is_built_and_runs_wherever_a_c_compiler_is():
@@ -68,3 +75,25 @@ def test_rows_read_from_a_wider_buffer_are_those_rows_draws():
     min_p, top_p, uniform = np.zeros(5), np.array([0.9, 1.0, 0.5, 0.95, 0.2]), rng.random(5)
     got = whole_draw.draws(rows, min_p, top_p, uniform)
     assert got.tolist() == [by_definition(rows[i], 0.0, 0, top_p[i], uniform[i]) for i in range(5)]
+
+
+@pytest.mark.parametrize("size", [5, 64, 1001, 50257])
+def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
+    """whole_draws_logits (float32 logits, divided as read) against whole_draws of the rows as
+    sampling.processed_row divides them, and an unscored pick (which takes the logits straight) against a
+    scored one (which takes the divided copy): bitwise the same ids, on flat, peaked and banned rows."""
+    rng = np.random.default_rng(size)
+    for trial in range(12):
+        logits = (rng.standard_normal((4, size)) * [0.3, 1.0, 4.0][trial % 3]).astype(np.float32)
+        if trial % 4 == 3:
+            logits[:, rng.integers(0, size, max(1, size // 5))] = -np.inf
+        temperature = rng.choice([0.3, 0.7, 1.0, 1.3], 4)
+        min_p = np.where(rng.random(4) < 0.3, 0.02, 0.0)
+        top_p = rng.choice([0.5, 0.9, 0.95, 1.0], 4)
+        uniform = rng.random(4)
+        divided = logits.astype(np.float64) / temperature[:, None]
+        expected = whole_draw.draws(divided, min_p, top_p, uniform)
+        assert whole_draw.draws_logits(logits, temperature, min_p, top_p, uniform).tolist() == expected.tolist()
+        for i in range(4):
+            row = PassRow(float(temperature[i]), 0, float(top_p[i]), float(min_p[i]), float(uniform[i]))
+            assert pick_whole_row(logits[i], row, scored=False).token == pick_whole_row(logits[i], row).token

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import whole_draw
 from .domain import SamplingParams, TokenLogprob
 from .host_draw import SCRATCH, draw, draw_among
 from .likeliest import candidates
@@ -193,7 +194,13 @@ def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
 
 
 def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
-    """pick_row's pick by every id of the row: its definition."""
+    """pick_row's pick by every id of the row: its definition. A draw that needs no log-probability and changes
+    nothing of the row but its temperature goes straight from the logits to the compiled draw, where it runs
+    (whole_draw.draw_logits: the same division, read as the row is, with no copy)."""
+    if not scored and plain_draw(row, logits.size):
+        picked = whole_draw.draw_logits(logits, row.temperature, row.min_p, row.top_p, row.uniform)
+        if picked is not None:
+            return Pick(picked, 0.0)
     scaled = processed_row(logits, row, SCRATCH.row(logits.size))
     greedy = row.temperature == 0
     token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
@@ -201,6 +208,13 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
         return Pick(token, 0.0)
     logprobs = log_softmax(scaled)
     return Pick(token, float(logprobs[token]), best(logprobs, row.top))
+
+
+def plain_draw(row: PassRow, vocab: int) -> bool:
+    """The row samples with no top-k, and nothing but its temperature changes its logits (no grammar's mask,
+    penalty, bias or ban)."""
+    plain = row.allowed is None and not row.penalized and not row.bias
+    return plain and row.temperature > 0 and not 0 < row.top_k <= vocab
 
 
 def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None:

@@ -1,14 +1,17 @@
 /* host_draw.draw's draw over whole rows, compiled: each row's min-p and top-p kept ids and the inverse-CDF
- * pick among them, in a few passes over the row, where numpy makes about a dozen over memory (whole_draw.py
- * loads this file's library with ctypes and says which rows it takes).
+ * pick among them, in three passes over the row where numpy makes about a dozen (whole_draw.py loads this
+ * file's library with ctypes and says which rows it takes).
  *
- * A row is temperature-scaled float64 logits (V,). Per row: (1) its largest and lowest values; (2) each id's
- * weight, exp of its value less the largest (0 under min-p's edge or at -inf), into the caller's buffer;
- * (3) under top-p, the weights' sums by buckets of value, as host_draw.top_p_edge's, and only the crossing
- * bucket's ids sorted (value descending, lower id first); (4) the kept weights' sums by blocks of BLOCK ids,
- * then one block's running sum for the pick. Sums run in id order, as the definition's running sum does;
- * a pick may differ from the definition's only where the uniform number falls within about 1e-15 of an
- * id's edge. exp is this file's own (exp_neg): the same bits on every machine and in every vector width.
+ * A row is float64 values already divided by their temperature (whole_draws), or float32 logits divided by
+ * it as they are read, the same float64 division (whole_draws_logits: no copy of the row). Per row: (1) its
+ * largest and lowest values; (2) each id's weight, exp of its value less the largest (0 under min-p's edge
+ * or at -inf), into the caller's buffer, and under top-p each id's bucket of value and the weights' sums by
+ * bucket, as host_draw.top_p_edge's; then only the crossing bucket's ids are sorted (value descending,
+ * lower id first) and those top-p does not take set to weigh 0; (3) the kept weights' sums by blocks of
+ * BLOCK ids up to the block where the pick falls, then that block's running sum. Sums run in id order (by
+ * four lanes within a block), as the definition's running sum does: a pick may differ from the
+ * definition's only where the uniform number falls within about 1e-15 of an id's edge. exp is this file's
+ * own (exp_neg): the same bits on every machine and in every vector width.
  *
  * No allocation but the crossing bucket's sort buffer, and no state: callers may run it from several
  * threads at once, each with buffers of its own.
@@ -85,7 +88,8 @@ static inline lanes exp_neg(lanes x) {
     const double log2e = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01;
     const double ln2_lo = 1.90821492927058770002e-10, shifter = 6755399441055744.0; /* 1.5 * 2^52 */
     masks inside = x > -708.0;
-    lanes clamped = (lanes)(((masks)x & inside) | ((masks)(x * 0.0 - 708.0) & ~inside));
+    const lanes least = {-708.0, -708.0, -708.0, -708.0};
+    lanes clamped = (lanes)(((masks)x & inside) | ((masks)least & ~inside));
     lanes shifted = clamped * log2e + shifter; /* round to nearest: k in the low bits */
     lanes k = shifted - shifter;
     lanes r = (clamped - k * ln2_hi) - k * ln2_lo;
@@ -106,6 +110,89 @@ static inline lanes exp_neg(lanes x) {
     return only(inside, p * scale);
 }
 
+typedef int32_t quads __attribute__((vector_size(16)));
+typedef float floats __attribute__((vector_size(16)));
+
+/* A row: float32 logits, each divided by the temperature as it is read (numpy's float64 division of
+ * sampling.processed_row, so the very values), or float64 values taken as they are. */
+typedef struct {
+    const float *f32;
+    const double *f64;
+    double temperature;
+    int64_t size;
+} Row;
+
+/* Four of the row's values from `at` as read, before the temperature (-inf past its end). */
+static inline lanes raw_at(const Row *row, int64_t at) {
+    if (!row->f32) return load_upto(row->f64, at, row->size, -INFINITY);
+    if (at + 4 <= row->size) {
+        floats v;
+        memcpy(&v, row->f32 + at, sizeof v);
+        return __builtin_convertvector(v, lanes);
+    }
+    lanes v = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    for (int64_t j = 0; at + j < row->size; j++) v[j] = row->f32[at + j];
+    return v;
+}
+
+static inline lanes values_at(const Row *row, int64_t at) {
+    return row->f32 ? raw_at(row, at) / row->temperature : raw_at(row, at);
+}
+
+static inline double value_at(const Row *row, int64_t i) {
+    return row->f32 ? (double)row->f32[i] / row->temperature : row->f64[i];
+}
+
+typedef float octets __attribute__((vector_size(32)));
+typedef int32_t octet_masks __attribute__((vector_size(32)));
+
+/* The row's largest and smallest values as read (before the temperature): eight lanes of float32, or two
+ * sets of four of float64, so that no lane waits on the one before it. */
+static void extremes(const Row *row, double *largest, double *lowest) {
+    int64_t size = row->size, i = 0;
+    double high = -INFINITY, low = INFINITY;
+    if (row->f32) {
+        octets top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        octets bottom = -top, top2 = top, bottom2 = bottom;
+        for (; i + 16 <= size; i += 16) {
+            octets v, w;
+            memcpy(&v, row->f32 + i, sizeof v);
+            memcpy(&w, row->f32 + i + 8, sizeof w);
+            top = (octets)(((octet_masks)v & (v > top)) | ((octet_masks)top & ~(v > top)));
+            bottom = (octets)(((octet_masks)v & (v < bottom)) | ((octet_masks)bottom & ~(v < bottom)));
+            top2 = (octets)(((octet_masks)w & (w > top2)) | ((octet_masks)top2 & ~(w > top2)));
+            bottom2 = (octets)(((octet_masks)w & (w < bottom2)) | ((octet_masks)bottom2 & ~(w < bottom2)));
+        }
+        for (int j = 0; j < 8; j++) {
+            high = fmax(high, fmax(top[j], top2[j]));
+            low = fmin(low, fmin(bottom[j], bottom2[j]));
+        }
+        for (; i < size; i++) {
+            high = row->f32[i] > high ? row->f32[i] : high;
+            low = row->f32[i] < low ? row->f32[i] : low;
+        }
+    } else {
+        lanes top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, bottom = -top, top2 = top, bottom2 = bottom;
+        for (; i + 8 <= size; i += 8) {
+            lanes v = load(row->f64 + i), w = load(row->f64 + i + 4);
+            top = (lanes)(((masks)v & (v > top)) | ((masks)top & ~(v > top)));
+            bottom = (lanes)(((masks)v & (v < bottom)) | ((masks)bottom & ~(v < bottom)));
+            top2 = (lanes)(((masks)w & (w > top2)) | ((masks)top2 & ~(w > top2)));
+            bottom2 = (lanes)(((masks)w & (w < bottom2)) | ((masks)bottom2 & ~(w < bottom2)));
+        }
+        for (int j = 0; j < 4; j++) {
+            high = fmax(high, fmax(top[j], top2[j]));
+            low = fmin(low, fmin(bottom[j], bottom2[j]));
+        }
+        for (; i < size; i++) {
+            high = row->f64[i] > high ? row->f64[i] : high;
+            low = row->f64[i] < low ? row->f64[i] : low;
+        }
+    }
+    *largest = high;
+    *lowest = low;
+}
+
 typedef struct {
     double value;
     int64_t id;
@@ -123,142 +210,161 @@ static int64_t bucket_count(int64_t size) {
     return count < 16 ? 16 : (count > BUCKETS ? BUCKETS : count);
 }
 
-/* host_draw.top_p_edge over one row's weights, each id's bucket of value in `buckets` (overwritten): the
- * last kept id's value; the ids tied at it that the crossing does not take set to weigh 0. -2 where the
- * sort buffer could not be had, -1 where the crossing bucket weighs nothing (host_draw's to draw). */
-static int top_p_edge(const double *restrict row, double largest, int64_t size, double top_p, double *restrict weights,
-                      int32_t *restrict buckets, int64_t count, double *edge) {
-    double mass[BUCKETS];
-    memset(mass, 0, sizeof(double) * count);
-    for (int64_t i = 0; i < size; i++) mass[buckets[i]] += weights[i];
-    double total = 0.0;
+/* host_draw.top_p_edge's crossing, from the weights' sums by bucket (mass, `count` of them): the bucket where
+ * top_p of the total is crossed, and the weight of the buckets above it. */
+static int32_t crossing_bucket(const double *mass, int64_t count, double top_p, double *before, double *target) {
+    double total = 0.0, above = 0.0;
     for (int64_t b = 0; b < count; b++) total += mass[b];
-    double target = top_p * total, before = 0.0;
+    *target = top_p * total;
     int32_t crossing = 0;
-    for (int64_t b = 0; b < count; b++) { /* the last bucket with less than target above it */
-        if (before < target) crossing = (int32_t)b;
-        before += mass[b];
+    for (int64_t b = 0; b < count; b++) { /* the last bucket with less than the target above it */
+        if (above < *target) crossing = (int32_t)b;
+        above += mass[b];
     }
-    before = 0.0;
-    for (int64_t b = 0; b < crossing; b++) before += mass[b];
-    int64_t members = 0;
-    for (int64_t i = 0; i < size; i++) { /* the crossing bucket's ids, in place at the buffer's start */
-        int32_t bucket = buckets[i];
-        buckets[members] = (int32_t)i;
-        members += bucket == crossing && weights[i] > 0.0;
-    }
-    Member *inside = malloc(sizeof(Member) * (members ? members : 1));
-    if (!inside) return -2;
-    for (int64_t j = 0; j < members; j++) inside[j] = (Member){row[buckets[j]] - largest, buckets[j]};
-    if (!members) { /* not met: the crossing bucket holds weight, or a later one would be the crossing */
-        free(inside);
-        return -1;
-    }
-    qsort(inside, members, sizeof(Member), descending);
+    *before = 0.0;
+    for (int64_t b = 0; b < crossing; b++) *before += mass[b];
+    return crossing;
+}
+
+/* The crossing bucket's ids of nonzero weight, by value descending, lower id first: those top-p takes keep
+ * their weight, the rest (lower, or tied at the last taken one's value and above it in id) weigh 0 from now
+ * on. Returns the kept ids' total weight; -1 where the bucket weighs nothing (host_draw's to draw), -2 where
+ * the sort buffer could not be had. */
+static double take_crossing(const Row *row, double largest, int32_t crossing, double before, double target,
+                            double *restrict weights, const int32_t *restrict buckets, int32_t *restrict members) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < row->size; i++)
+        if (buckets[i] == crossing && weights[i] > 0.0) members[count++] = (int32_t)i;
+    if (!count) return -1.0; /* not met: the crossing bucket holds weight, or a later one would be the crossing */
+    Member *inside = malloc(sizeof(Member) * count);
+    if (!inside) return -2.0;
+    for (int64_t j = 0; j < count; j++) inside[j] = (Member){value_at(row, members[j]) - largest, members[j]};
+    qsort(inside, count, sizeof(Member), descending);
     int64_t taken = 0;
-    double running = before;
-    for (int64_t j = 0; j < members; j++) {
+    double running = before, kept = before;
+    for (int64_t j = 0; j < count; j++) {
         taken += running < target;
         running += weights[inside[j].id];
     }
-    double last = inside[taken - 1].value;
-    for (int64_t j = taken; j < members; j++)
-        if (inside[j].value == last) weights[inside[j].id] = 0.0;
+    for (int64_t j = 0; j < count; j++) {
+        if (j < taken)
+            kept += weights[inside[j].id];
+        else
+            weights[inside[j].id] = 0.0;
+    }
     free(inside);
-    *edge = last;
-    return 0;
+    return kept;
 }
 
-/* The inverse CDF over a row's kept weights (weights at ids valued under `edge` taken as 0): of the ids of
- * nonzero weight, in id order, the first whose cumulative weight passes `uniform` times their total; the
- * last of them where rounding leaves none. */
-static int64_t pick(const double *row, double largest, double edge, int64_t size, double *weights,
+/* Which of the four ids from `at` are kept: every one, or those of a bucket at or above the crossing. */
+static inline masks kept_at(const int32_t *buckets, int64_t at, int64_t size, int32_t crossing) {
+    if (!buckets) return (masks){-1, -1, -1, -1};
+    quads b = {crossing + 1, crossing + 1, crossing + 1, crossing + 1};
+    if (at + 4 <= size)
+        memcpy(&b, buckets + at, sizeof b);
+    else
+        for (int64_t j = 0; at + j < size; j++) b[j] = buckets[at + j];
+    return __builtin_convertvector(b <= crossing, masks);
+}
+
+/* The inverse CDF over the kept weights (all, or those kept_at keeps), whose total is `total`: of the ids of
+ * nonzero weight, in id order, the first whose cumulative weight passes `uniform` times the total, found
+ * block by block of BLOCK ids; the last of them where rounding leaves none. */
+static int64_t pick(const double *weights, const int32_t *buckets, int32_t crossing, int64_t size, double total,
                     double uniform) {
-    int64_t blocks = (size + BLOCK - 1) / BLOCK;
-    double sums[(size + BLOCK - 1) / BLOCK];
-    double total = 0.0;
-    for (int64_t b = 0; b < blocks; b++) { /* four running sums a block, added in one order */
-        int64_t start = b * BLOCK, end = start + BLOCK < size ? start + BLOCK : size;
-        lanes sum = {0.0, 0.0, 0.0, 0.0};
-        for (int64_t i = start; i < end; i += 4) {
-            lanes w = only(load_upto(row, i, end, -INFINITY) - largest >= edge, load_upto(weights, i, end, 0.0));
-            store_upto(weights, i, end, w);
-            sum += w;
-        }
-        sums[b] = (sum[0] + sum[1]) + (sum[2] + sum[3]);
-        total += sums[b];
-    }
     double target = uniform * total, running = 0.0;
-    for (int64_t b = 0; b < blocks; b++) {
-        if (running + sums[b] > target) { /* the block where the running sum passes the target */
-            int64_t start = b * BLOCK, end = start + BLOCK < size ? start + BLOCK : size, found = -1;
+    for (int64_t start = 0; start < size; start += BLOCK) {
+        int64_t end = start + BLOCK < size ? start + BLOCK : size;
+        lanes sum = {0.0, 0.0, 0.0, 0.0};
+        for (int64_t i = start; i < end; i += 4) sum += only(kept_at(buckets, i, end, crossing), load_upto(weights, i, end, 0.0));
+        double block = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+        if (running + block > target) {
+            int64_t found = -1;
             for (int64_t i = start; i < end; i++) {
-                running += weights[i];
+                double w = !buckets || buckets[i] <= crossing ? weights[i] : 0.0;
+                running += w;
                 if (running > target) return i;
-                found = weights[i] > 0.0 ? i : found;
+                found = w > 0.0 ? i : found;
             }
             return found; /* rounding: the block's own sum passed it, its running sum not */
         }
-        running += sums[b];
+        running += block;
     }
     for (int64_t i = size - 1; i >= 0; i--)
-        if (weights[i] > 0.0) return i;
+        if (weights[i] > 0.0 && (!buckets || buckets[i] <= crossing)) return i;
     return -1;
 }
 
 /* One row's id, or -1 where host_draw would take min-p's few ids (at most size / FEW kept) or every id is
- * -inf; -2 where memory ran out. */
-static int64_t draw_row(const double *restrict row, int64_t size, double min_p, double top_p, double uniform,
-                        double *restrict weights, int32_t *restrict buckets) {
-    lanes high = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, low = {INFINITY, INFINITY, INFINITY, INFINITY};
-    for (int64_t i = 0; i + 4 <= size; i += 4) {
-        lanes v = load(row + i);
-        high = (lanes)(((masks)v & (v > high)) | ((masks)high & ~(v > high)));
-        low = (lanes)(((masks)v & (v < low)) | ((masks)low & ~(v < low)));
-    }
-    double largest = -INFINITY, lowest = INFINITY;
-    for (int64_t j = 0; j < 4; j++) {
-        largest = high[j] > largest ? high[j] : largest;
-        lowest = low[j] < lowest ? low[j] : lowest;
-    }
-    for (int64_t i = size - size % 4; i < size; i++) {
-        largest = row[i] > largest ? row[i] : largest;
-        lowest = row[i] < lowest ? row[i] : lowest;
+ * -inf; -2 where memory ran out. Three passes over the row: its largest and lowest values; each id's weight
+ * (and, under top-p, its bucket of value and the buckets' sums); the pick's, which stops at its block. */
+static int64_t draw_row(const Row *row, double min_p, double top_p, double uniform, double *restrict weights,
+                        int32_t *restrict buckets, int32_t *restrict members) {
+    int64_t size = row->size;
+    double largest, lowest;
+    extremes(row, &largest, &lowest);
+    if (row->f32) { /* the division keeps the order: the largest and lowest of the divided values */
+        largest /= row->temperature;
+        lowest /= row->temperature;
     }
     if (largest == -INFINITY) return -1;
     double edge = min_p > 0.0 ? log(min_p) : -INFINITY;
+    int64_t count = bucket_count(size);
+    double low_edge = lowest - largest > -64.0 ? lowest - largest : -64.0; /* lower: the last bucket */
+    double scale = low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, top = (double)(count - 1);
+    double mass[BUCKETS];
+    memset(mass, 0, sizeof(double) * count);
+    lanes sum = {0.0, 0.0, 0.0, 0.0}, tops = {top, top, top, top};
+    masks kept_lanes = {0, 0, 0, 0}; /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
     for (int64_t i = 0; i < size; i += 4) {
-        lanes shifted = load_upto(row, i, size, -INFINITY) - largest;
-        store_upto(weights, i, size, only(shifted >= edge, exp_neg(shifted)));
-    }
-    if (edge > -INFINITY) {
-        int64_t kept = 0;
-        for (int64_t i = 0; i < size; i++) kept += row[i] - largest >= edge;
-        if (kept <= size / FEW) return -1;
-    }
-    if (top_p < 1.0) { /* each id's bucket of value, as host_draw.top_p_edge's: the largest in bucket 0 */
-        int64_t count = bucket_count(size);
-        double low = lowest - largest > -64.0 ? lowest - largest : -64.0; /* lower: the last bucket */
-        double scale = low < 0.0 ? (double)(count - 1) / low : 0.0, top = (double)(count - 1);
-        for (int64_t i = 0; i < size; i++) {
-            double product = (row[i] - largest) * scale; /* -inf ids: +inf */
-            buckets[i] = (int32_t)(product < top ? product : top);
+        lanes shifted = values_at(row, i) - largest;
+        masks keep = shifted >= edge;
+        lanes w = only(keep, exp_neg(shifted));
+        store_upto(weights, i, size, w);
+        sum += w;
+        kept_lanes += keep;
+        if (top_p < 1.0) { /* host_draw.top_p_edge's buckets: the largest in bucket 0, -inf ids in the last */
+            lanes product = shifted * scale;
+            masks under = product < top;
+            quads bucket = __builtin_convertvector((lanes)(((masks)product & under) | ((masks)tops & ~under)), quads);
+            for (int64_t j = 0; j < 4 && i + j < size; j++) {
+                buckets[i + j] = bucket[j];
+                mass[bucket[j]] += w[j];
+            }
         }
-        double last;
-        int failed = top_p_edge(row, largest, size, top_p, weights, buckets, count, &last);
-        if (failed) return failed;
-        edge = last > edge ? last : edge;
     }
-    return pick(row, largest, edge, size, weights, uniform);
+    int64_t kept = -((kept_lanes[0] + kept_lanes[1]) + (kept_lanes[2] + kept_lanes[3]));
+    if (edge > -INFINITY && kept <= size / FEW) return -1;
+    double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+    if (top_p >= 1.0) return pick(weights, NULL, 0, size, total, uniform);
+    double before, target;
+    int32_t crossing = crossing_bucket(mass, count, top_p, &before, &target);
+    total = take_crossing(row, largest, crossing, before, target, weights, buckets, members);
+    if (total < 0.0) return (int64_t)total;
+    return pick(weights, buckets, crossing, size, total, uniform);
 }
 
 /* Each of n rows' id (ids, n int64): rows of `size` float64 values `stride` apart, each with its min-p,
- * top-p and uniform number; `weights` and `buckets` buffers of `size` float64 and int32. -1 for a row
- * host_draw draws otherwise; -2 where memory ran out. */
+ * top-p and uniform number; `weights` a buffer of `size` float64, `buckets` and `members` of `size` int32.
+ * -1 for a row host_draw draws otherwise; -2 where memory ran out. */
 void whole_draws(const double *rows, int64_t n, int64_t size, int64_t stride, const double *min_p,
-                 const double *top_p, const double *uniform, double *weights, int32_t *buckets, int64_t *ids) {
-    for (int64_t r = 0; r < n; r++)
-        ids[r] = draw_row(rows + r * stride, size, min_p[r], top_p[r], uniform[r], weights, buckets);
+                 const double *top_p, const double *uniform, double *weights, int32_t *buckets, int32_t *members,
+                 int64_t *ids) {
+    for (int64_t r = 0; r < n; r++) {
+        Row row = {NULL, rows + r * stride, 1.0, size};
+        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, buckets, members);
+    }
+}
+
+/* The same of float32 logits, each row's divided by its temperature (> 0) as it is read: the ids whole_draws
+ * gives those rows once sampling.processed_row has divided them (float64 values of the same division). */
+void whole_draws_logits(const float *rows, int64_t n, int64_t size, int64_t stride, const double *temperature,
+                        const double *min_p, const double *top_p, const double *uniform, double *weights,
+                        int32_t *buckets, int32_t *members, int64_t *ids) {
+    for (int64_t r = 0; r < n; r++) {
+        Row row = {rows + r * stride, NULL, temperature[r], size};
+        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, buckets, members);
+    }
 }
 
 #if defined(__x86_64__) && defined(__clang__)

@@ -15,6 +15,7 @@ import ctypes
 import importlib.util
 import os
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -32,8 +33,9 @@ def load() -> ctypes.CDLL | None:
     if not library.whole_draw_supported():
         return None
     pointer, count = ctypes.c_void_p, ctypes.c_int64
-    library.whole_draws.argtypes = [pointer, count, count, count, pointer, pointer, pointer, pointer, pointer, pointer]
-    library.whole_draws.restype = None
+    library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 7)
+    library.whole_draws_logits.argtypes = (pointer, count, count, count, *[pointer] * 8)
+    library.whole_draws.restype = library.whole_draws_logits.restype = None
     return library
 
 
@@ -46,14 +48,16 @@ def available() -> bool:
 
 
 class Buffers(threading.local):
-    """Each thread's buffers for rows of one size (V,): the weights (float64) and buckets of value (int32)."""
+    """Each thread's buffers for rows of one size (V,): the weights (float64), each id's bucket of value and
+    the crossing bucket's ids (int32 each)."""
 
     size = -1
 
-    def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+    def get(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if size != self.size:
-            self.size, self.weights, self.buckets = size, np.empty(size), np.empty(size, np.int32)
-        return self.weights, self.buckets
+            self.size, self.weights = size, np.empty(size)
+            self.buckets, self.members = np.empty(size, np.int32), np.empty(size, np.int32)
+        return self.weights, self.buckets, self.members
 
 
 BUFFERS = Buffers()
@@ -63,21 +67,38 @@ def draws(scaled: np.ndarray, min_p: np.ndarray, top_p: np.ndarray, uniform: np.
     """Each temperature-scaled row's id (n,) int64 of rows (n, V) float64 (rows contiguous), with no top-k,
     by its min-p, top-p and uniform number (n,) each: host_draw.draw's; -1 for a row left to numpy's draw
     (min-p keeping at most V / FEW ids, every id -inf, or memory short)."""
-    n, size = scaled.shape
     assert LIBRARY is not None and scaled.dtype == np.float64 and scaled.strides[1] == 8
-    weights, buckets = BUFFERS.get(size)
+    return call(LIBRARY.whole_draws, scaled, (), min_p, top_p, uniform)
+
+
+def draws_logits(
+    logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_p: np.ndarray, uniform: np.ndarray
+) -> np.ndarray:
+    """draws' ids of float32 logits (n, V) divided by their temperatures (n,) > 0: those of the rows as
+    sampling.processed_row divides them (in float64), without the copy: each row is read as it is."""
+    assert LIBRARY is not None and logits.dtype == np.float32 and logits.strides[1] == 4
+    return call(LIBRARY.whole_draws_logits, logits, (temperature,), min_p, top_p, uniform)
+
+
+def call(
+    function: Callable[..., None], rows: np.ndarray, before: tuple[np.ndarray, ...], *per_row: np.ndarray
+) -> np.ndarray:
+    """One of the library's draws over rows (n, V): its per-row float64 arguments, this thread's buffers, and
+    the ids it writes (-1 for a row it leaves to numpy)."""
+    n, size = rows.shape
+    weights, buckets, members = BUFFERS.get(size)
     ids = np.empty(n, np.int64)
-    min_p, top_p, uniform = (np.ascontiguousarray(a, np.float64) for a in (min_p, top_p, uniform))
-    LIBRARY.whole_draws(
-        scaled.ctypes.data,
+    arguments = [np.ascontiguousarray(a, np.float64) for a in (*before, *per_row)]
+    stride = rows.strides[0] // rows.itemsize if n > 1 else size
+    function(
+        rows.ctypes.data,
         n,
         size,
-        scaled.strides[0] // 8,
-        min_p.ctypes.data,
-        top_p.ctypes.data,
-        uniform.ctypes.data,
+        stride,
+        *(a.ctypes.data for a in arguments),
         weights.ctypes.data,
         buckets.ctypes.data,
+        members.ctypes.data,
         ids.ctypes.data,
     )
     return np.where(ids < 0, -1, ids)
@@ -89,4 +110,14 @@ def draw(scaled: np.ndarray, min_p: float, top_p: float, uniform: float) -> int 
         return None
     row = scaled if scaled.dtype == np.float64 and scaled.strides[0] == 8 else np.ascontiguousarray(scaled, np.float64)
     picked = int(draws(row[None], np.array([min_p]), np.array([top_p]), np.array([uniform]))[0])
+    return None if picked < 0 else picked
+
+
+def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: float, uniform: float) -> int | None:
+    """One float32 row's (V,) id as draws_logits gives it; None where the library is not here or leaves the row
+    to numpy, or the row is not contiguous float32."""
+    if LIBRARY is None or logits.dtype != np.float32 or logits.strides[0] != 4:
+        return None
+    values = (np.array([v]) for v in (temperature, min_p, top_p, uniform))
+    picked = int(draws_logits(logits[None], *values)[0])
     return None if picked < 0 else picked
