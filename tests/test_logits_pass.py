@@ -426,36 +426,40 @@ def test_every_dtypes_graph_picks_what_float32_picks_of_the_same_values(pass_cpu
     assert LogitsPass("bfloat16", Device(), 1).run(bound, list(range(32)), plan) == expected
 
 
-def test_auto_passes_the_rows_whose_host_work_costs_more():
+def test_auto_passes_the_rows_whose_host_work_costs_more(whole_draw_kind):
     """On the CPU, auto passes sampled and logprobs rows when enough of them share the step to pay for a
-    run (a few of a large vocabulary, more of a small one), a beam's row of a large vocabulary by itself,
-    and never a greedy row that only bans ids (a copy and an argmax on the host), a top-k draw with no
-    logprobs (its likeliest ids alone) nor a whole-row draw (its host pick costs less than a run); on CUDA
-    every row; on and off are what they say."""
+    run (a few of a large vocabulary, more of a small one; with the compiled draw more sampled rows, and
+    none of a small vocabulary, whose host pick costs less than its share), a beam's row of a large
+    vocabulary by itself, and never a greedy row that only bans ids (a copy and an argmax on the host), a
+    top-k draw with no logprobs (its likeliest ids alone) nor a whole-row draw (its host pick costs less
+    than a run); on CUDA every row; on and off are what they say."""
     sample, logprobs, ban = (
         PassRow(0.8, 0, 0.95, 0.0, 0.5),
         PassRow(0.0, 0, 1.0, 0.0, 0.5, top=5),
         PassRow(0.0, 0, 1.0, 0.0, 0.5, ((0, -np.inf),)),
     )
     cpu, cuda = Device(), Device("cuda", 0, 1)
+    compiled = whole_draw_kind == "compiled"
     assert worth_passing([sample, logprobs, ban], 50257, cpu) == [False, False, False]  # one run costs more
-    assert worth_passing([sample, sample, logprobs, ban], 50257, cpu) == [True, True, True, False]
+    two = worth_passing([sample, sample, logprobs, ban], 50257, cpu)
+    assert two == ([False] * 4 if compiled else [True, True, True, False])
+    assert worth_passing([sample] * 5 + [logprobs, ban], 50257, cpu) == [True] * 6 + [False]
     assert worth_passing([logprobs] * 4, 50257, cpu) == [False] * 4
     assert worth_passing([logprobs] * 9, 50257, cpu) == [True] * 9
     top_k = PassRow(1.0, 50, 1.0, 0.0, 0.5)  # its likeliest ids alone on the host: less than a row's share
     assert worth_passing([top_k] * 16, 50257, cpu) == [False] * 16
     assert worth_passing([replace(top_k, top=5)] * 16, 50257, cpu) == [True] * 16  # with logprobs: the row
     assert worth_passing([sample], 2048, cpu) == [False]
-    assert worth_passing([sample] * 16, 2048, cpu) == [True] * 16
+    assert worth_passing([sample] * 16, 2048, cpu) == [not compiled] * 16
     assert worth_passing([ban] * 64, 50257, cpu) == [False] * 64
     assert worth_passing([sample, ban], 2048, cuda) == [True, True]
     whole = PassRow(1.0, 0, 1.0, 0.0, 0.5)  # a draw over every id: passed where that saves time alone
     assert worth_passing([whole] * 16, 50257, cpu) == [False] * 16
     assert worth_passing([whole], 50257, cuda) == [True]
-    assert worth_passing([whole] * 16 + [sample] * 16, 2048, cpu) == [False] * 16 + [True] * 16
+    assert worth_passing([whole] * 16 + [sample] * 16, 2048, cpu) == [False] * 16 + [not compiled] * 16
     beam = PassRow(0.0, 0, 1.0, 0.0, 0.0, top=9, alone=True)  # a beam's candidates: its side by its own cost
     assert worth_passing([beam], 58101, cpu) == [True]
-    assert worth_passing([beam] * 16 + [sample] * 16, 8000, cpu) == [False] * 16 + [True] * 16
+    assert worth_passing([beam] * 16 + [sample] * 16, 8000, cpu) == [False] * 16 + [not compiled] * 16
     assert worth_passing([ban], 50257, cpu, "on") == [True]
     assert worth_passing([sample] * 16, 50257, cpu, "off") == [False] * 16
 

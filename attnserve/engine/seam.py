@@ -16,6 +16,8 @@ from typing import Protocol
 
 import numpy as np
 
+from . import whole_draw
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -50,6 +52,12 @@ PASS_TOP = 20  # the most top ids a batched logits pass brings back for a row (P
 # from this many ids up, the host picks a top-k draw or a greedy row's top ids from the few ids that decide it
 # (likeliest.py; below, a pick over the whole row costs less): what the host's pick costs a runner's pass prices
 FEW_IDS_FROM = 8192
+
+
+def compiled_draw() -> bool:
+    """Whether the host draws a sampled row with no top-k by the compiled draw (whole_draw.py), which costs less
+    than numpy's: a runner's pass prices the host's picks by it."""
+    return whole_draw.available()
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..engine.seam import FEW_IDS_FROM, PassRow, Pick
+from ..engine.seam import FEW_IDS_FROM, PassRow, Pick, compiled_draw
 from .arena import Device
 from .ort_session import create_session
 
@@ -43,6 +43,10 @@ HOST_COST = {  # work: (us a row, ns an id)
     "beam": (0.0, 15.0),  # a beam's row: the search's log-softmax and its best continuations
     "penalty": (7.0, 0.25),  # the repetition, presence and frequency penalties: one more copy of the row
 }
+# the draws of rows with no top-k and no top ids where the compiled whole-row draw runs (engine/whole_draw.c;
+# numpy's above otherwise): in place against numpy's in the same rounds, 0.86x and 0.73x at 2,048 and 50,257
+# ids for a whole-row draw, 0.50x and 0.56x under top-p, applied to the figures above
+COMPILED_DRAW_COST = {"draw": (28.0, 2.2), "top_p": (34.0, 4.1)}
 PASS_RUN_US = 500.0
 PASS_ROW_US = 43.0
 PASS_NS_PER_ID = 1.8
@@ -104,9 +108,10 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
 
 
 def host_us(row: PassRow, vocab: int) -> float:
-    """Microseconds to pick `row` on the host (HOST_COST): a draw (top-k's from its likeliest ids where it asks
-    for no log-probability, top-p alone's edge found over the whole row), logprobs, a beam's candidates, or
-    a greedy row with bans or a bias (a copy and an argmax); penalties copy the row once more."""
+    """Microseconds to pick `row` on the host (HOST_COST; COMPILED_DRAW_COST's draws where those run): a draw
+    (top-k's from its likeliest ids where it asks for no log-probability, top-p alone's edge found over the
+    whole row), logprobs, a beam's candidates, or a greedy row with bans or a bias (a copy and an argmax);
+    penalties copy the row once more."""
     if row.temperature > 0 and 0 < row.top_k < vocab:
         work = "draw" if row.top or vocab < FEW_IDS_FROM else "top_k"
     elif row.temperature > 0:
@@ -114,7 +119,9 @@ def host_us(row: PassRow, vocab: int) -> float:
     else:
         work = "beam" if row.alone else "logprobs" if row.top else "argmax"
     works = [work, "penalty"] if row.penalized else [work]
-    return sum(HOST_COST[w][0] + HOST_COST[w][1] * vocab / 1000 for w in works)
+    compiled = compiled_draw() and not row.top and not 0 < row.top_k < vocab  # the compiled draw's rows
+    costs = HOST_COST | COMPILED_DRAW_COST if compiled else HOST_COST
+    return sum(costs[w][0] + costs[w][1] * vocab / 1000 for w in works)
 
 
 def draws_whole(row: PassRow, vocab: int) -> bool:
