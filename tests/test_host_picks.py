@@ -117,9 +117,38 @@ def test_few_rows_a_large_vocabulary_or_a_grammars_mask_are_left_to_be_picked_al
     )
     many = host_picks.TOGETHER_FROM
     large = list(random_rows(rng, many, host_picks.TOGETHER_UP_TO + 1, "flat"))
-    assert host_picks.pick_together(large, [row] * many, [False] * many) == [None] * many
+    assert host_picks.pick_together(large, [row] * many, [True] * many) == [None] * many  # scored
+    biased, top_k = replace(row, bias=((3, 1.0),)), replace(row, top_k=50)
+    assert host_picks.pick_together(large, [biased, top_k] * (many // 2), [False] * many) == [None] * many
     masked = replace(row, allowed=np.full(4, -1, np.int32))
     picks = host_picks.pick_together(
         list(random_rows(rng, many + 1, 100, "flat")), [masked, *[row] * many], [False] * (many + 1)
     )
     assert picks[0] is None and all(pick is not None for pick in picks[1:])
+
+
+def test_a_large_vocabularys_plain_draws_are_drawn_together_as_each_alone(whole_draw_kind):
+    """Over a large vocabulary, the draws that ask for no log-probability and change their rows by the
+    temperature alone go to the compiled draw together (shared out between its threads): each pick is
+    pick_row's of that row alone; with numpy drawing, every row is left to be picked alone."""
+    rng = np.random.default_rng(5)
+    size = host_picks.TOGETHER_UP_TO + 3001
+    for trial in range(6):
+        n = int(rng.integers(2, 17))
+        logits = list(random_rows(rng, n, size, str(rng.choice(["flat", "peaked", "mixed", "wide"]))))
+        rows = [
+            PassRow(
+                float(rng.choice([0.5, 0.8, 1.2])), 0, float(rng.choice([0.9, 0.95, 1.0])), 0.0, float(rng.random())
+            )
+            for _ in range(n)
+        ]
+        rows[0] = replace(rows[0], min_p=0.05)
+        scored = [bool(rng.random() < 0.2) for _ in range(n)]
+        picks = host_picks.pick_together(logits, rows, scored)
+        for i in range(n):
+            if whole_draw_kind == "numpy" or scored[i]:
+                assert picks[i] is None
+            elif picks[i] is not None:
+                assert picks[i] == pick_row(logits[i], rows[i], scored=False), (trial, i)
+        if whole_draw_kind == "compiled":
+            assert sum(pick is not None for pick in picks) >= sum(not s for s in scored[1:])

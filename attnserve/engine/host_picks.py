@@ -5,8 +5,10 @@ costs less. Knows nothing of requests, seeds or the pass.
 Over a small vocabulary a row's pick is mostly numpy's own cost a call: 16 rows of 1,024 ids cost 1.6-2.3x
 less together than one by one (batch_draw.py their draws). Over a large one the work is in the passes over
 each row, which stay in the cache one row at a time, so rows are picked one by one there (above
-TOGETHER_UP_TO ids), as they are where few rows are left to the host (below TOGETHER_FROM). A grammar's row
-is picked alone: its mask is its own copy of the row.
+TOGETHER_UP_TO ids), as they are where few rows are left to the host (below TOGETHER_FROM); but for the
+draws the compiled draw takes as they are (whole_draw.py: a temperature and no top-k, no log-probability),
+which go to it together, shared out between its threads. A grammar's row is picked alone: its mask is its
+own copy of the row.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import whole_draw
 from .batch_draw import buffers, draws
-from .sampling import processed_row
+from .sampling import plain_draw, processed_row
 from .seam import PassRow, Pick
 
 # measured standalone on the project's 2-vCPU Xeon, together over one by one: 1,024 ids, 8 rows 1.3-1.8x by
@@ -38,12 +41,40 @@ def pick_together(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored:
     size = logits[0].size if len(logits) else 0
     joined = [i for i, row in enumerate(rows) if together(row)]
     picks: list[Pick | None] = [None] * len(rows)
-    if size > TOGETHER_UP_TO or len(joined) < TOGETHER_FROM:
+    if size > TOGETHER_UP_TO:
+        return compiled_draws(logits, rows, scored)
+    if len(joined) < TOGETHER_FROM:
         return picks
     got = picked([logits[i] for i in joined], [rows[i] for i in joined], [scored[i] for i in joined])
     for i, pick in zip(joined, got):
         picks[i] = pick
     return picks
+
+
+def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick | None]:
+    """Over a large vocabulary, the picks of the draws that ask for no log-probability and change nothing of
+    their rows but the temperature (sampling.plain_draw), together in the compiled draw where it runs
+    (whole_draw.draws_logits: its threads share them out), each pick_row's of that row alone; None for
+    every other row, and for a row the compiled draw leaves to numpy."""
+    picks: list[Pick | None] = [None] * len(rows)
+    if not whole_draw.available():
+        return picks
+    size = logits[0].size
+    plain = [i for i, row in enumerate(rows) if not scored[i] and plain_draw(row, size) and contiguous(logits[i])]
+    if len(plain) < 2:
+        return picks
+    column = lambda name: np.array([getattr(rows[i], name) for i in plain], np.float64)
+    ids = whole_draw.draws_logits(
+        [logits[i] for i in plain], column("temperature"), column("min_p"), column("top_p"), column("uniform")
+    )
+    for i, token in zip(plain, ids.tolist()):
+        picks[i] = Pick(token, 0.0) if token >= 0 else None
+    return picks
+
+
+def contiguous(row: np.ndarray) -> bool:
+    """A float32 row of ids one after another, as the compiled draw reads it."""
+    return row.dtype == np.float32 and row.strides[0] == 4
 
 
 def picked(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick]:

@@ -356,13 +356,14 @@ void whole_draws(const double *rows, int64_t n, int64_t size, int64_t stride, co
     }
 }
 
-/* The same of float32 logits, each row's divided by its temperature (> 0) as it is read: the ids whole_draws
- * gives those rows once sampling.processed_row has divided them (float64 values of the same division). */
-void whole_draws_logits(const float *rows, int64_t n, int64_t size, int64_t stride, const double *temperature,
+/* The same of float32 logits (each of the n rows where its pointer says), each row divided by its
+ * temperature (> 0) as it is read: the ids whole_draws gives those rows once sampling.processed_row has
+ * divided them (float64 values of the same division). */
+void whole_draws_logits(const float *const *rows, int64_t n, int64_t size, const double *temperature,
                         const double *min_p, const double *top_p, const double *uniform, double *weights,
                         int32_t *buckets, int32_t *members, int64_t *ids) {
     for (int64_t r = 0; r < n; r++) {
-        Row row = {rows + r * stride, NULL, temperature[r], size};
+        Row row = {rows[r], NULL, temperature[r], size};
         ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, buckets, members);
     }
 }

@@ -15,11 +15,15 @@ import ctypes
 import importlib.util
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 ENV = "ATTNSERVE_WHOLE_DRAW"  # "numpy": leave every row to host_draw's numpy draw
+DRAW_THREADS = min(2, os.cpu_count() or 1)  # threads a batch of rows is shared out between
+SHARE_FROM = 4  # rows: fewer are drawn in the caller's thread alone
+POOL = ThreadPoolExecutor(1, thread_name_prefix="whole-draw")  # the second thread's (started at its first use)
 
 
 def load() -> ctypes.CDLL | None:
@@ -34,7 +38,7 @@ def load() -> ctypes.CDLL | None:
         return None
     pointer, count = ctypes.c_void_p, ctypes.c_int64
     library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 7)
-    library.whole_draws_logits.argtypes = (pointer, count, count, count, *[pointer] * 8)
+    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 8)
     library.whole_draws.restype = library.whole_draws_logits.restype = None
     return library
 
@@ -68,33 +72,42 @@ def draws(scaled: np.ndarray, min_p: np.ndarray, top_p: np.ndarray, uniform: np.
     by its min-p, top-p and uniform number (n,) each: host_draw.draw's; -1 for a row left to numpy's draw
     (min-p keeping at most V / FEW ids, every id -inf, or memory short)."""
     assert LIBRARY is not None and scaled.dtype == np.float64 and scaled.strides[1] == 8
-    return call(LIBRARY.whole_draws, scaled, (), min_p, top_p, uniform)
+    n, size = scaled.shape
+    stride = scaled.strides[0] // 8 if n > 1 else size
+    return call(LIBRARY.whole_draws, size, (scaled.ctypes.data, n, size, stride), min_p, top_p, uniform)
 
 
 def draws_logits(
-    logits: np.ndarray, temperature: np.ndarray, min_p: np.ndarray, top_p: np.ndarray, uniform: np.ndarray
+    logits: Sequence[np.ndarray], temperature: np.ndarray, min_p: np.ndarray, top_p: np.ndarray, uniform: np.ndarray
 ) -> np.ndarray:
-    """draws' ids of float32 logits (n, V) divided by their temperatures (n,) > 0: those of the rows as
-    sampling.processed_row divides them (in float64), without the copy: each row is read as it is."""
-    assert LIBRARY is not None and logits.dtype == np.float32 and logits.strides[1] == 4
-    return call(LIBRARY.whole_draws_logits, logits, (temperature,), min_p, top_p, uniform)
+    """draws' ids of n rows of float32 logits (V,) each (contiguous, anywhere) divided by their temperatures
+    (n,) > 0: those of the rows as sampling.processed_row divides them (in float64), without the copy: each
+    row is read as it is. With more than one row and DRAW_THREADS > 1, the rows are shared out between
+    this thread and the pool's (the library runs without the GIL): each row's id is the same either way."""
+    assert LIBRARY is not None and all(row.dtype == np.float32 and row.strides[0] == 4 for row in logits)
+    n, size = len(logits), logits[0].size
+    pointers = np.array([row.ctypes.data for row in logits], np.uintp)
+    per_row = [np.ascontiguousarray(a, np.float64) for a in (temperature, min_p, top_p, uniform)]
+
+    def part(start: int, end: int) -> np.ndarray:
+        head = (pointers[start:end].ctypes.data, end - start, size)
+        return call(LIBRARY.whole_draws_logits, size, head, *(a[start:end] for a in per_row))
+
+    if n < SHARE_FROM or DRAW_THREADS < 2:
+        return part(0, n)
+    half = (n + 1) // 2
+    other = POOL.submit(part, half, n)
+    return np.concatenate([part(0, half), other.result()])
 
 
-def call(
-    function: Callable[..., None], rows: np.ndarray, before: tuple[np.ndarray, ...], *per_row: np.ndarray
-) -> np.ndarray:
-    """One of the library's draws over rows (n, V): its per-row float64 arguments, this thread's buffers, and
-    the ids it writes (-1 for a row it leaves to numpy)."""
-    n, size = rows.shape
+def call(function: Callable[..., None], size: int, head: tuple[int, ...], *per_row: np.ndarray) -> np.ndarray:
+    """One of the library's draws: its leading arguments (the rows), the rows' float64 arguments, this
+    thread's buffers for rows of `size` ids, and the ids it writes (-1 for a row it leaves to numpy)."""
     weights, buckets, members = BUFFERS.get(size)
-    ids = np.empty(n, np.int64)
-    arguments = [np.ascontiguousarray(a, np.float64) for a in (*before, *per_row)]
-    stride = rows.strides[0] // rows.itemsize if n > 1 else size
+    arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
+    ids = np.empty(arguments[0].size, np.int64)
     function(
-        rows.ctypes.data,
-        n,
-        size,
-        stride,
+        *head,
         *(a.ctypes.data for a in arguments),
         weights.ctypes.data,
         buckets.ctypes.data,
@@ -119,5 +132,5 @@ def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: flo
     if LIBRARY is None or logits.dtype != np.float32 or logits.strides[0] != 4:
         return None
     values = (np.array([v]) for v in (temperature, min_p, top_p, uniform))
-    picked = int(draws_logits(logits[None], *values)[0])
+    picked = int(draws_logits([logits], *values)[0])
     return None if picked < 0 else picked
