@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sysconfig
 
 import numpy as np
@@ -97,3 +98,26 @@ def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
         for i in range(4):
             row = PassRow(float(temperature[i]), 0, float(top_p[i]), float(min_p[i]), float(uniform[i]))
             assert pick_whole_row(logits[i], row, scored=False).token == pick_whole_row(logits[i], row).token
+
+
+def test_a_forked_child_draws_rows_shared_out_between_threads():
+    """After the parent's pool has run, a forked child (as an engine core may be started) shares its rows out
+    with a pool of its own instead of waiting on its parent's thread, which fork did not copy."""
+    rng = np.random.default_rng(11)
+    logits = list(rng.standard_normal((8, 3000)).astype(np.float32))
+    values = (np.full(8, 0.8), np.zeros(8), np.full(8, 0.9), rng.random(8))
+    expected = whole_draw.draws_logits(logits, *values)  # the parent's pool thread now runs
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover -- the child reports through the pipe
+        os.close(read)
+        signal.alarm(20)  # a child left waiting dies, and the parent reads nothing
+        os.write(write, whole_draw.draws_logits(logits, *values).tobytes())
+        os._exit(0)
+    os.close(write)
+    got = b""
+    while chunk := os.read(read, 1 << 16):
+        got += chunk
+    os.close(read)
+    os.waitpid(child, 0)
+    assert np.frombuffer(got, np.int64).tolist() == expected.tolist()
