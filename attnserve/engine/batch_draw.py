@@ -70,8 +70,8 @@ def draws(
     for k in sorted(set(top_k[few].tolist())):
         group = np.flatnonzero(few & (top_k == k))
         ids[group] = top_k_draws(shifted[group], k, uniform[group])
-    whole = np.flatnonzero(~by_top_k & (ids < 0))
-    if whole.size and not whole_draw.available():
+    whole = np.flatnonzero(~by_top_k)
+    if whole.size and not whole_draw.available():  # where it runs, the compiled draw took them above
         if whole.size < n:
             shifted[: whole.size] = shifted[whole]
         ids[whole] = whole_draws(whole.size, size, min_p[whole], top_p[whole], uniform[whole])

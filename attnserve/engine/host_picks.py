@@ -60,7 +60,9 @@ def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
     if not whole_draw.available():
         return picks
     size = logits[0].size
-    plain = [i for i, row in enumerate(rows) if not scored[i] and plain_draw(row, size) and contiguous(logits[i])]
+    plain = [
+        i for i, row in enumerate(rows) if not scored[i] and plain_draw(row, size) and whole_draw.readable(logits[i])
+    ]
     if len(plain) < 2:
         return picks
     column = lambda name: np.array([getattr(rows[i], name) for i in plain], np.float64)
@@ -70,11 +72,6 @@ def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
     for i, token in zip(plain, ids.tolist()):
         picks[i] = Pick(token, 0.0) if token >= 0 else None
     return picks
-
-
-def contiguous(row: np.ndarray) -> bool:
-    """A float32 row of ids one after another, as the compiled draw reads it."""
-    return row.dtype == np.float32 and row.strides[0] == 4
 
 
 def picked(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick]:

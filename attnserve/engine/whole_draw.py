@@ -94,7 +94,7 @@ def draws_logits(
     (n,) > 0: those of the rows as sampling.processed_row divides them (in float64), without the copy: each
     row is read as it is. With more than one row and DRAW_THREADS > 1, the rows are shared out between
     this thread and the pool's (the library runs without the GIL): each row's id is the same either way."""
-    assert LIBRARY is not None and all(row.dtype == np.float32 and row.strides[0] == 4 for row in logits)
+    assert LIBRARY is not None and all(readable(row) for row in logits)
     n, size = len(logits), logits[0].size
     pointers = np.array([row.ctypes.data for row in logits], np.uintp)
     per_row = [np.ascontiguousarray(a, np.float64) for a in (temperature, min_p, top_p, uniform)]
@@ -108,6 +108,11 @@ def draws_logits(
     half = (n + 1) // 2
     other = POOL.submit(part, half, n)
     return np.concatenate([part(0, half), other.result()])
+
+
+def readable(logits: np.ndarray) -> bool:
+    """A row draws_logits reads as it is: float32, its ids one after another."""
+    return logits.dtype == np.float32 and logits.strides[0] == 4
 
 
 def call(function: Callable[..., None], size: int, head: tuple[int, ...], *per_row: np.ndarray) -> np.ndarray:
@@ -139,7 +144,7 @@ def draw(scaled: np.ndarray, min_p: float, top_p: float, uniform: float) -> int 
 def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: float, uniform: float) -> int | None:
     """One float32 row's (V,) id as draws_logits gives it; None where the library is not here or leaves the row
     to numpy, or the row is not contiguous float32."""
-    if LIBRARY is None or logits.dtype != np.float32 or logits.strides[0] != 4:
+    if LIBRARY is None or not readable(logits):
         return None
     values = (np.array([v]) for v in (temperature, min_p, top_p, uniform))
     picked = int(draws_logits([logits], *values)[0])
