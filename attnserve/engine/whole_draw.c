@@ -26,6 +26,8 @@
 #define BLOCK 64
 #define FEW 8
 #define BUCKETS 4096
+#define BLOCK_OF_BUCKETS 32
+#define CHAINS 4 /* exps computed side by side in the weights pass */
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_whole_draw", "The host's compiled whole-row draw: loaded by whole_draw.py with ctypes.", -1,
@@ -83,31 +85,41 @@ static inline lanes only(masks keep, lanes v) { return (lanes)((masks)v & keep);
 
 /* e^x for x <= 0 (0 below -708, at -inf and at NaN), within about 1 ulp: 2^k e^r with k = round(x / ln 2)
  * and |r| <= ln 2 / 2 by Cody and Waite's split of ln 2, e^r by its Taylor series to r^13 (the rest under
- * 1e-17). */
-static inline lanes exp_neg(lanes x) {
+ * 1e-17). Of `n` sets of four at once, each step of the series taken for every set before the next: the
+ * sets' chains of multiply-adds interleave, so none waits on the one before it (the same bits either way). */
+static inline void exps_neg(int n, const lanes *x, lanes *out) {
     const double log2e = 1.4426950408889634, ln2_hi = 6.93147180369123816490e-01;
     const double ln2_lo = 1.90821492927058770002e-10, shifter = 6755399441055744.0; /* 1.5 * 2^52 */
-    masks inside = x > -708.0;
+    static const double series[] = {1.0 / 479001600.0, 1.0 / 39916800.0, 1.0 / 3628800.0, 1.0 / 362880.0,
+                                    1.0 / 40320.0,     1.0 / 5040.0,     1.0 / 720.0,      1.0 / 120.0,
+                                    1.0 / 24.0,        1.0 / 6.0,        0.5,              1.0,
+                                    1.0};
     const lanes least = {-708.0, -708.0, -708.0, -708.0};
-    lanes clamped = (lanes)(((masks)x & inside) | ((masks)least & ~inside));
-    lanes shifted = clamped * log2e + shifter; /* round to nearest: k in the low bits */
-    lanes k = shifted - shifter;
-    lanes r = (clamped - k * ln2_hi) - k * ln2_lo;
-    lanes p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;
-    p = p * r + 1.0 / 39916800.0;
-    p = p * r + 1.0 / 3628800.0;
-    p = p * r + 1.0 / 362880.0;
-    p = p * r + 1.0 / 40320.0;
-    p = p * r + 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    lanes scale = (lanes)(((masks)shifted + 1023) << 52); /* 2^k: k's two's complement sits in the low bits */
-    return only(inside, p * scale);
+    masks inside[CHAINS];
+    lanes shifted[CHAINS], r[CHAINS], p[CHAINS];
+#pragma GCC unroll 4
+    for (int s = 0; s < n; s++) {
+        inside[s] = x[s] > -708.0;
+        lanes clamped = (lanes)(((masks)x[s] & inside[s]) | ((masks)least & ~inside[s]));
+        shifted[s] = clamped * log2e + shifter; /* round to nearest: k in the low bits */
+        lanes k = shifted[s] - shifter;
+        r[s] = (clamped - k * ln2_hi) - k * ln2_lo;
+        p[s] = r[s] * (1.0 / 6227020800.0) + series[0];
+    }
+    for (int term = 1; term < (int)(sizeof series / sizeof *series); term++)
+#pragma GCC unroll 4
+        for (int s = 0; s < n; s++) p[s] = p[s] * r[s] + series[term];
+#pragma GCC unroll 4
+    for (int s = 0; s < n; s++) {
+        lanes scale = (lanes)(((masks)shifted[s] + 1023) << 52); /* 2^k: k's two's complement in the low bits */
+        out[s] = only(inside[s], p[s] * scale);
+    }
+}
+
+static inline lanes exp_neg(lanes x) {
+    lanes out;
+    exps_neg(1, &x, &out);
+    return out;
 }
 
 typedef int32_t quads __attribute__((vector_size(16)));
@@ -210,20 +222,33 @@ static int64_t bucket_count(int64_t size) {
     return count < 16 ? 16 : (count > BUCKETS ? BUCKETS : count);
 }
 
-/* host_draw.top_p_edge's crossing, from the weights' sums by bucket (mass, `count` of them): the bucket where
- * top_p of the total is crossed, and the weight of the buckets above it. */
+/* host_draw.top_p_edge's crossing, from the weights' sums by bucket (mass, `count` of them): the last bucket with
+ * less than top_p of the total above it, and the weight of the buckets above it. The total by four lanes; the
+ * walk down the buckets by blocks of BLOCK_OF_BUCKETS, each block's sum by four lanes, id by id only within
+ * the block where the target is passed (no chain of count additions, one waiting on the next). */
 static int32_t crossing_bucket(const double *mass, int64_t count, double top_p, double *before, double *target) {
-    double total = 0.0, above = 0.0;
-    for (int64_t b = 0; b < count; b++) total += mass[b];
-    *target = top_p * total;
-    int32_t crossing = 0;
-    for (int64_t b = 0; b < count; b++) { /* the last bucket with less than the target above it */
-        if (above < *target) crossing = (int32_t)b;
-        above += mass[b];
+    lanes lane_sums = {0.0, 0.0, 0.0, 0.0};
+    for (int64_t b = 0; b < count; b += 4) lane_sums += load_upto(mass, b, count, 0.0);
+    *target = top_p * ((lane_sums[0] + lane_sums[1]) + (lane_sums[2] + lane_sums[3]));
+    double running = 0.0; /* the weight above bucket b, less than the target */
+    for (int64_t start = 0; start < count; start += BLOCK_OF_BUCKETS) {
+        int64_t end = start + BLOCK_OF_BUCKETS < count ? start + BLOCK_OF_BUCKETS : count;
+        lanes sums = {0.0, 0.0, 0.0, 0.0};
+        for (int64_t b = start; b < end; b += 4) sums += load_upto(mass, b, end, 0.0);
+        if (end < count && running + ((sums[0] + sums[1]) + (sums[2] + sums[3])) < *target) {
+            running += (sums[0] + sums[1]) + (sums[2] + sums[3]);
+            continue;
+        }
+        for (int64_t b = start; b < end; b++) {
+            if (running + mass[b] >= *target || b == count - 1) {
+                *before = running;
+                return (int32_t)b;
+            }
+            running += mass[b];
+        }
     }
-    *before = 0.0;
-    for (int64_t b = 0; b < crossing; b++) *before += mass[b];
-    return crossing;
+    *before = 0.0; /* not reached: the last bucket returns */
+    return (int32_t)(count - 1);
 }
 
 /* The crossing bucket's ids of nonzero weight, by value descending, lower id first: those top-p takes keep
@@ -232,8 +257,17 @@ static int32_t crossing_bucket(const double *mass, int64_t count, double top_p, 
  * the sort buffer could not be had. */
 static double take_crossing(const Row *row, double largest, int32_t crossing, double before, double target,
                             double *restrict weights, const int32_t *restrict buckets, int32_t *restrict members) {
-    int64_t count = 0;
-    for (int64_t i = 0; i < row->size; i++)
+    int64_t count = 0, i = 0;
+    const octet_masks wanted = {crossing, crossing, crossing, crossing, crossing, crossing, crossing, crossing};
+    for (; i + 8 <= row->size; i += 8) { /* eight buckets at a time: most hold none of the crossing's ids */
+        octet_masks at;
+        memcpy(&at, buckets + i, sizeof at);
+        masks hit = (masks)(at == wanted);
+        if (!(hit[0] | hit[1] | hit[2] | hit[3])) continue;
+        for (int64_t j = i; j < i + 8; j++)
+            if (buckets[j] == crossing && weights[j] > 0.0) members[count++] = (int32_t)j;
+    }
+    for (; i < row->size; i++)
         if (buckets[i] == crossing && weights[i] > 0.0) members[count++] = (int32_t)i;
     if (!count) return -1.0; /* not met: the crossing bucket holds weight, or a later one would be the crossing */
     Member *inside = malloc(sizeof(Member) * count);
@@ -295,6 +329,35 @@ static int64_t pick(const double *weights, const int32_t *buckets, int32_t cross
     return -1;
 }
 
+/* The weights pass's bookkeeping of four ids from `at`: their weights stored, summed and counted where kept, and
+ * under top-p (buckets not NULL) each id's bucket of value, host_draw.top_p_edge's (the largest in bucket 0,
+ * -inf ids in the last), with the buckets' sums. Called in id order, so every sum runs as it would one id
+ * after another by four lanes. */
+typedef struct {
+    double *weights;
+    int32_t *buckets;
+    double *mass;
+    int64_t size;
+    double scale, top;
+    lanes sum;
+    masks kept; /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
+} Weighing;
+
+static inline void weigh(Weighing *at_row, int64_t at, lanes shifted, masks keep, lanes w) {
+    store_upto(at_row->weights, at, at_row->size, w);
+    at_row->sum += w;
+    at_row->kept += keep;
+    if (!at_row->buckets) return;
+    const lanes tops = {at_row->top, at_row->top, at_row->top, at_row->top};
+    lanes product = shifted * at_row->scale;
+    masks under = product < tops;
+    quads bucket = __builtin_convertvector((lanes)(((masks)product & under) | ((masks)tops & ~under)), quads);
+    for (int64_t j = 0; j < 4 && at + j < at_row->size; j++) {
+        at_row->buckets[at + j] = bucket[j];
+        at_row->mass[bucket[j]] += w[j];
+    }
+}
+
 /* One row's id, or -1 where host_draw would take min-p's few ids (at most size / FEW kept) or every id is
  * -inf; -2 where memory ran out. Three passes over the row: its largest and lowest values; each id's weight
  * (and, under top-p, its bucket of value and the buckets' sums); the pick's, which stops at its block. */
@@ -314,25 +377,26 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
     double scale = low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, top = (double)(count - 1);
     double mass[BUCKETS];
     memset(mass, 0, sizeof(double) * count);
-    lanes sum = {0.0, 0.0, 0.0, 0.0}, tops = {top, top, top, top};
-    masks kept_lanes = {0, 0, 0, 0}; /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
-    for (int64_t i = 0; i < size; i += 4) {
-        lanes shifted = values_at(row, i) - largest;
-        masks keep = shifted >= edge;
-        lanes w = only(keep, exp_neg(shifted));
-        store_upto(weights, i, size, w);
-        sum += w;
-        kept_lanes += keep;
-        if (top_p < 1.0) { /* host_draw.top_p_edge's buckets: the largest in bucket 0, -inf ids in the last */
-            lanes product = shifted * scale;
-            masks under = product < top;
-            quads bucket = __builtin_convertvector((lanes)(((masks)product & under) | ((masks)tops & ~under)), quads);
-            for (int64_t j = 0; j < 4 && i + j < size; j++) {
-                buckets[i + j] = bucket[j];
-                mass[bucket[j]] += w[j];
-            }
+    Weighing weighing = {weights, top_p < 1.0 ? buckets : NULL, mass, size, scale, top, {0.0}, {0}};
+    int64_t i = 0;
+    for (; i + 4 * CHAINS <= size; i += 4 * CHAINS) { /* CHAINS exps side by side: none waits on another */
+        lanes shifted[CHAINS], w[CHAINS];
+#pragma GCC unroll 4
+        for (int k = 0; k < CHAINS; k++) shifted[k] = values_at(row, i + 4 * k) - largest;
+        exps_neg(CHAINS, shifted, w);
+#pragma GCC unroll 4
+        for (int k = 0; k < CHAINS; k++) {
+            masks keep = shifted[k] >= edge;
+            weigh(&weighing, i + 4 * k, shifted[k], keep, only(keep, w[k]));
         }
     }
+    for (; i < size; i += 4) {
+        lanes shifted = values_at(row, i) - largest;
+        masks keep = shifted >= edge;
+        weigh(&weighing, i, shifted, keep, only(keep, exp_neg(shifted)));
+    }
+    lanes sum = weighing.sum;
+    masks kept_lanes = weighing.kept;
     int64_t kept = -((kept_lanes[0] + kept_lanes[1]) + (kept_lanes[2] + kept_lanes[3]));
     if (edge > -INFINITY && kept <= size / FEW) return -1;
     double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);

@@ -1,0 +1,131 @@
+"""The host's compiled draw (attnserve/engine/whole_draw.c) of two checkouts against each other, in one
+process: each side's C file compiled here as setuptools builds it (the interpreter's CC and CFLAGS, -O3,
+-shared), both libraries loaded with ctypes and called through this checkout's whole_draw.draws_logits
+(one thread), the sides alternating call by call. Per kind, R rows of V float32 logits: `top_p_flat`
+(temperature 0.8, top-p 0.95 over values with no likely ids, as a model with random weights gives),
+`top_p` (the same over a few likely ids and a long tail) and `whole` (temperature 0.7, every id). Before
+each call a sweep of 128 MB evicts the rows from the caches (--warm: no sweep), as a decode step does.
+Reports each side's microseconds a row, median (min-max) over the rounds, b/a, and whether the two
+sides picked the same ids every time; then one JSON object last.
+
+    git worktree add /tmp/before COMMIT
+    python -m benchmarks.whole_draw_ab --tree-a /tmp/before [--tree-b .] [--vocab 50257] [--rows 16] \\
+        [--rounds 40] [--kinds top_p_flat,top_p,whole] [--warm] [--out F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import shlex
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from attnserve.engine import whole_draw
+from attnserve.report_stamp import Stamp
+from benchmarks.serving import spread
+
+HERE = Path(__file__).resolve().parent.parent
+SOURCE = Path("attnserve/engine/whole_draw.c")
+KINDS = {"top_p_flat": (0.8, 0.95), "top_p": (0.8, 0.95), "whole": (0.7, 1.0)}  # temperature, top-p
+SWEEP = 16 << 20  # float64s: 128 MB
+
+
+def build(tree: Path, out: Path) -> ctypes.CDLL:
+    """`tree`'s whole_draw.c compiled as setuptools compiles the extension, loaded with whole_draw.load's
+    signatures."""
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    flags = shlex.split(sysconfig.get_config_var("CFLAGS") or "") + shlex.split(
+        sysconfig.get_config_var("CCSHARED") or ""
+    )
+    include = sysconfig.get_paths()["include"]
+    subprocess.run(
+        [*compiler, *flags, "-O3", "-shared", f"-I{include}", str(tree / SOURCE), "-o", str(out)], check=True
+    )
+    library = ctypes.CDLL(str(out))
+    pointer, count = ctypes.c_void_p, ctypes.c_int64
+    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 8)
+    library.whole_draws_logits.restype = None
+    return library
+
+
+def rows_of(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> list[np.ndarray]:
+    logits = rng.normal(0, 1, (rows, vocab)).astype(np.float32)
+    if kind == "top_p":
+        for row in logits:
+            row[rng.integers(0, vocab, 20)] += rng.uniform(6, 12)
+    return list(logits)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree-a", required=True, help="side a's checkout (e.g. a git worktree of the commit before)")
+    p.add_argument("--tree-b", default=str(HERE), help="side b's checkout (default: this one)")
+    p.add_argument("--vocab", type=int, default=50257, help="ids a row (default: GPT-2's 50,257)")
+    p.add_argument("--rows", type=int, default=16, help="rows a call (default: 16)")
+    p.add_argument("--rounds", type=int, default=40, help="calls of each side per kind, alternating (default: 40)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    p.add_argument("--warm", action="store_true", help="no cache sweep before a call")
+    p.add_argument("--out", help="write the JSON result here")
+    args = p.parse_args(argv)
+    stamp = Stamp.start(provider="cpu")
+    whole_draw.DRAW_THREADS = 1
+    sides = {}
+    with tempfile.TemporaryDirectory() as work:
+        for side, tree in (("a", args.tree_a), ("b", args.tree_b)):
+            sides[side] = build(Path(tree), Path(work) / f"{side}.so")
+    rng = np.random.default_rng(0)
+    sweep = np.ones(SWEEP)
+    results = []
+    for kind in args.kinds.split(","):
+        temperature, top_p = KINDS[kind]
+        logits = rows_of(kind, args.rows, args.vocab, rng)
+        per_row: dict[str, list[float]] = {"a": [], "b": []}
+        same = True
+        for round_ in range(args.rounds + 2):  # the first two: warm-up
+            uniform = rng.random(args.rows)
+            picked = {}
+            for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
+                whole_draw.LIBRARY = sides[side]
+                if not args.warm:
+                    sweep += 1.0
+                start = time.perf_counter()
+                picked[side] = whole_draw.draws_logits(
+                    logits, np.full(args.rows, temperature), np.zeros(args.rows), np.full(args.rows, top_p), uniform
+                )
+                if round_ >= 2:
+                    per_row[side].append((time.perf_counter() - start) * 1e6 / args.rows)
+            same &= bool((picked["a"] == picked["b"]).all())
+        ratio = [b / a for a, b in zip(per_row["a"], per_row["b"])]
+        row = {"kind": kind, "us_per_row": {s: spread(v) for s, v in per_row.items()}, "b_over_a": spread(ratio)}
+        row["same_ids"] = same
+        results.append(row)
+        a, b = row["us_per_row"]["a"], row["us_per_row"]["b"]
+        print(
+            f"{kind:11} a {a['median']:7.1f} us/row ({a['min']:.1f}-{a['max']:.1f})  b {b['median']:7.1f} "
+            f"({b['min']:.1f}-{b['max']:.1f})  b/a {row['b_over_a']['median']:.2f}  same ids: {same}"
+        )
+    report = {
+        "trees": {"a": args.tree_a, "b": args.tree_b},
+        "vocab": args.vocab,
+        "rows": args.rows,
+        "rounds": args.rounds,
+        "warm": args.warm,
+        "kinds": results,
+        "stamp": stamp.finish(),
+    }
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
