@@ -29,18 +29,25 @@ class ProviderError(Exception):
     """The requested execution provider cannot run this model here."""
 
 
+SPINNING = "session.intra_op.allow_spinning"  # idle intra-op threads spin (1) or sleep (0)
+SPINNING_STOP = "session.force_spinning_stop"  # 1: they stop spinning when a run returns
+
+
 def session_options(
     threads: int = 0,
     optimization: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     spinning: bool = False,
 ) -> ort.SessionOptions:
     """`threads` 0 lets ONNX Runtime choose. Idle intra-op threads sleep unless `spinning`: a sleeping
-    thread costs a wake-up at every parallel node, a spinning one burns a core the process may share
+    thread costs a wake-up at every parallel node, a spinning one burns a core the process may share.
+    Spinning threads spin within a run and sleep once it returns (ONNX Runtime's force_spinning_stop),
+    leaving the cores between runs to the host's work: the draws, the front end
     (docs/design/decisions/intra-op-spinning.md)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.graph_optimization_level = optimization
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    options.add_session_config_entry(SPINNING, "1" if spinning else "0")
+    options.add_session_config_entry(SPINNING_STOP, "1")
     options.log_severity_level = 3
     return options
 

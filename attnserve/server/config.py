@@ -141,9 +141,9 @@ class ServerConfig:
     intra_op_spinning: str = field(
         default="auto",
         metadata=flag(
-            "on: ONNX Runtime's idle intra-op threads spin between parallel nodes instead of sleeping "
-            "(faster steps with 2 threads or more, cores kept busy); off: they sleep; auto: on for a model "
-            "of 32 MiB or more",
+            "on: ONNX Runtime's idle intra-op threads spin between a run's parallel nodes instead of sleeping "
+            "(faster steps with 2 threads or more, cores kept busy while a step runs), and sleep once it returns; "
+            "off: they sleep; auto: on for a model of 32 MiB or more",
             choices=SPINNING,
         ),
     )
