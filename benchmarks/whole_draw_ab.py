@@ -39,7 +39,7 @@ SWEEP = 16 << 20  # float64s: 128 MB
 
 
 def build(tree: Path, out: Path) -> ctypes.CDLL:
-    """`tree`'s whole_draw.c compiled as setuptools compiles the extension, loaded with whole_draw.load's
+    """`tree`'s whole_draw.c compiled as setuptools compiles the extension, loaded with whole_draw's
     signatures."""
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
     flags = shlex.split(sysconfig.get_config_var("CFLAGS") or "") + shlex.split(
@@ -49,11 +49,7 @@ def build(tree: Path, out: Path) -> ctypes.CDLL:
     subprocess.run(
         [*compiler, *flags, "-O3", "-shared", f"-I{include}", str(tree / SOURCE), "-o", str(out)], check=True
     )
-    library = ctypes.CDLL(str(out))
-    pointer, count = ctypes.c_void_p, ctypes.c_int64
-    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 8)
-    library.whole_draws_logits.restype = None
-    return library
+    return whole_draw.typed(ctypes.CDLL(str(out)))
 
 
 def rows_of(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> list[np.ndarray]:

@@ -257,18 +257,19 @@ static int32_t crossing_bucket(const double *mass, int64_t count, double top_p, 
  * the sort buffer could not be had. */
 static double take_crossing(const Row *row, double largest, int32_t crossing, double before, double target,
                             double *restrict weights, const int32_t *restrict buckets, int32_t *restrict members) {
-    int64_t count = 0, i = 0;
+    int64_t count = 0;
     const octet_masks wanted = {crossing, crossing, crossing, crossing, crossing, crossing, crossing, crossing};
-    for (; i + 8 <= row->size; i += 8) { /* eight buckets at a time: most hold none of the crossing's ids */
-        octet_masks at;
-        memcpy(&at, buckets + i, sizeof at);
-        masks hit = (masks)(at == wanted);
-        if (!(hit[0] | hit[1] | hit[2] | hit[3])) continue;
-        for (int64_t j = i; j < i + 8; j++)
+    for (int64_t i = 0; i < row->size; i += 8) { /* eight buckets at a time: most hold none of the crossing's ids */
+        int64_t end = i + 8 < row->size ? i + 8 : row->size;
+        if (end == i + 8) {
+            octet_masks at;
+            memcpy(&at, buckets + i, sizeof at);
+            masks hit = (masks)(at == wanted);
+            if (!(hit[0] | hit[1] | hit[2] | hit[3])) continue;
+        }
+        for (int64_t j = i; j < end; j++)
             if (buckets[j] == crossing && weights[j] > 0.0) members[count++] = (int32_t)j;
     }
-    for (; i < row->size; i++)
-        if (buckets[i] == crossing && weights[i] > 0.0) members[count++] = (int32_t)i;
     if (!count) return -1.0; /* not met: the crossing bucket holds weight, or a later one would be the crossing */
     Member *inside = malloc(sizeof(Member) * count);
     if (!inside) return -2.0;
@@ -329,32 +330,35 @@ static int64_t pick(const double *weights, const int32_t *buckets, int32_t cross
     return -1;
 }
 
-/* The weights pass's bookkeeping of four ids from `at`: their weights stored, summed and counted where kept, and
- * under top-p (buckets not NULL) each id's bucket of value, host_draw.top_p_edge's (the largest in bucket 0,
- * -inf ids in the last), with the buckets' sums. Called in id order, so every sum runs as it would one id
- * after another by four lanes. */
+/* The weights pass's bookkeeping of four ids from `at`, their values less the largest (`shifted`) and the exps
+ * of those: the ids min-p keeps (at or above `edge`) weigh their exp, the others 0; the weights stored, summed
+ * and the kept ones counted, and under top-p (buckets not NULL) each id's bucket of value, host_draw.
+ * top_p_edge's (the largest in bucket 0, -inf ids in the last), with the buckets' sums. Called in id order,
+ * so every sum runs as it would one id after another by four lanes. */
 typedef struct {
     double *weights;
     int32_t *buckets;
     double *mass;
     int64_t size;
-    double scale, top;
+    double edge, scale, top;
     lanes sum;
     masks kept; /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
 } Weighing;
 
-static inline void weigh(Weighing *at_row, int64_t at, lanes shifted, masks keep, lanes w) {
-    store_upto(at_row->weights, at, at_row->size, w);
-    at_row->sum += w;
-    at_row->kept += keep;
-    if (!at_row->buckets) return;
-    const lanes tops = {at_row->top, at_row->top, at_row->top, at_row->top};
-    lanes product = shifted * at_row->scale;
+static inline void weigh(Weighing *weighing, int64_t at, lanes shifted, lanes exps) {
+    masks keep = shifted >= weighing->edge;
+    lanes w = only(keep, exps);
+    store_upto(weighing->weights, at, weighing->size, w);
+    weighing->sum += w;
+    weighing->kept += keep;
+    if (!weighing->buckets) return;
+    const lanes tops = {weighing->top, weighing->top, weighing->top, weighing->top};
+    lanes product = shifted * weighing->scale;
     masks under = product < tops;
     quads bucket = __builtin_convertvector((lanes)(((masks)product & under) | ((masks)tops & ~under)), quads);
-    for (int64_t j = 0; j < 4 && at + j < at_row->size; j++) {
-        at_row->buckets[at + j] = bucket[j];
-        at_row->mass[bucket[j]] += w[j];
+    for (int64_t j = 0; j < 4 && at + j < weighing->size; j++) {
+        weighing->buckets[at + j] = bucket[j];
+        weighing->mass[bucket[j]] += w[j];
     }
 }
 
@@ -377,28 +381,24 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
     double scale = low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, top = (double)(count - 1);
     double mass[BUCKETS];
     memset(mass, 0, sizeof(double) * count);
-    Weighing weighing = {weights, top_p < 1.0 ? buckets : NULL, mass, size, scale, top, {0.0}, {0}};
+    Weighing weighing = {weights, top_p < 1.0 ? buckets : NULL, mass, size, edge, scale, top, {0.0}, {0}};
     int64_t i = 0;
     for (; i + 4 * CHAINS <= size; i += 4 * CHAINS) { /* CHAINS exps side by side: none waits on another */
-        lanes shifted[CHAINS], w[CHAINS];
+        lanes shifted[CHAINS], exps[CHAINS];
 #pragma GCC unroll 4
         for (int k = 0; k < CHAINS; k++) shifted[k] = values_at(row, i + 4 * k) - largest;
-        exps_neg(CHAINS, shifted, w);
+        exps_neg(CHAINS, shifted, exps);
 #pragma GCC unroll 4
-        for (int k = 0; k < CHAINS; k++) {
-            masks keep = shifted[k] >= edge;
-            weigh(&weighing, i + 4 * k, shifted[k], keep, only(keep, w[k]));
-        }
+        for (int k = 0; k < CHAINS; k++) weigh(&weighing, i + 4 * k, shifted[k], exps[k]);
     }
     for (; i < size; i += 4) {
         lanes shifted = values_at(row, i) - largest;
-        masks keep = shifted >= edge;
-        weigh(&weighing, i, shifted, keep, only(keep, exp_neg(shifted)));
+        weigh(&weighing, i, shifted, exp_neg(shifted));
     }
-    lanes sum = weighing.sum;
     masks kept_lanes = weighing.kept;
     int64_t kept = -((kept_lanes[0] + kept_lanes[1]) + (kept_lanes[2] + kept_lanes[3]));
     if (edge > -INFINITY && kept <= size / FEW) return -1;
+    lanes sum = weighing.sum;
     double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
     if (top_p >= 1.0) return pick(weights, NULL, 0, size, total, uniform);
     double before, target;

@@ -46,6 +46,11 @@ def load() -> ctypes.CDLL | None:
     library = ctypes.CDLL(spec.origin)
     if not library.whole_draw_supported():
         return None
+    return typed(library)
+
+
+def typed(library: ctypes.CDLL) -> ctypes.CDLL:
+    """The library with its draws' signatures set, as the calls below pass their arguments."""
     pointer, count = ctypes.c_void_p, ctypes.c_int64
     library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 7)
     library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 8)
