@@ -144,7 +144,7 @@ def test_a_client_that_hangs_up_while_its_write_is_held_ends_cancelled_not_inter
     cancelled, calls = finished(paced, "cancelled"), cancelled_calls(paced, "GenerateStream")
     internal = {"method": "GenerateStream", "code": "INTERNAL"}
     before = gauge(paced, "attnserve_requests_total", internal)
-    for hang_up in ("cancel", "close"):
+    for ended, hang_up in enumerate(("cancel", "close"), start=1):
         channel = grpc.insecure_channel(paced.target, options=STALLED)
         stream = pb_grpc.TextGenerationStub(channel).GenerateStream(
             request("The ", max_new_tokens=120, request_id=LONG_ID), timeout=TIMEOUT
@@ -154,7 +154,11 @@ def test_a_client_that_hangs_up_while_its_write_is_held_ends_cancelled_not_inter
         if hang_up == "cancel":
             stream.cancel()
         channel.close()
-    wait_until(lambda: cancelled_calls(paced, "GenerateStream") == calls + 2, TIMEOUT, "both calls to end")
+        # This call ends before the next starts: a busy server still holding this one's write would
+        # otherwise pass the next call's wait at once, and its channel close before the call was sent.
+        wait_until(
+            lambda n=calls + ended: cancelled_calls(paced, "GenerateStream") == n, TIMEOUT, f"the {hang_up} to end"
+        )
     wait_until(lambda: finished(paced, "cancelled") == cancelled + 2, TIMEOUT, "both requests to be cancelled")
     assert gauge(paced, "attnserve_requests_total", internal) == before
     assert not [r for r in caplog.records if "internal error" in r.getMessage()]
