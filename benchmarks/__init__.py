@@ -15,6 +15,7 @@ them out; nothing under attnserve/ imports them). Run from the checkout's root, 
     python -m benchmarks.batch_invariance  a request's tokens alone, batched and from the prefix cache
     python -m benchmarks.pass_speed  the batched logits pass alone, two checkouts alternating
     python -m benchmarks.whole_draw_ab  the host's compiled draw of two checkouts, call by call
+    python -m benchmarks.cross_width  an encoder-decoder's decode step by the width its source is bound with
     python -m benchmarks.cuda_graphs  decode steps as CUDA graphs vs launched node by node (CUDA)
     python -m benchmarks.step_profile  where a decode step's time goes, per kind of node, against the bandwidth
     python -m benchmarks.kernel_nbits  the quantized MatMul kernels alone at batch 1, by bits, block and accuracy

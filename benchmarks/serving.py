@@ -359,6 +359,14 @@ def launches(
                 close(server)
 
 
+def emit(report: dict, out: str | None) -> int:
+    """A benchmark's end: `report` written as JSON to `out` (where given) and printed as the last line; 0."""
+    if out:
+        Path(out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report))
+    return 0
+
+
 def spread(values: list[float]) -> dict[str, float]:
     """The median of alternating rounds with their min and max: how the benchmarks report a figure."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}

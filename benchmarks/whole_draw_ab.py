@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import shlex
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import numpy as np
 
 from attnserve.engine import whole_draw
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import spread
+from benchmarks.serving import emit, spread
 
 HERE = Path(__file__).resolve().parent.parent
 SOURCE = Path("attnserve/engine/whole_draw.c")
@@ -117,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "kinds": results,
         "stamp": stamp.finish(),
     }
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps(report))
-    return 0
+    return emit(report, args.out)
 
 
 if __name__ == "__main__":

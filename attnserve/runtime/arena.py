@@ -144,7 +144,9 @@ class KVArena:
         self.buffers = [device.allocate(self.shape, self.dtype) for _ in range(2 * n_layers)]
         self.lengths = np.zeros(capacity, np.int64)  # positions held per slot
         self.itemsize = np.dtype(HOST_DTYPES[dtype]).itemsize
-        self.slot_bytes = n_heads * context * head_dim * self.itemsize  # one slot of one buffer
+        self.width = context  # positions a head's row is laid out and bound with (refit: fewer)
+        self.slot_bytes = n_heads * context * head_dim * self.itemsize  # one slot of one buffer, at `width`
+        self.scratch: ort.OrtValue | None = None  # one buffer's room, where refit moves a buffer through
         for buffer in self.buffers:  # attention masks rows it must not see; they must be finite
             device.zero(buffer.data_ptr(), capacity * self.slot_bytes)
 
@@ -155,11 +157,43 @@ class KVArena:
 
     @property
     def nbytes(self) -> int:
-        return len(self.buffers) * self.capacity * self.slot_bytes
+        return self.bytes_needed(
+            self.n_layers, self.n_heads, self.head_dim, self.context, self.capacity, self.dtype_name
+        )
+
+    @property
+    def head_bytes(self) -> int:
+        """The bytes between one head's row of positions and the next (a slot's H rows, then the next slot's)."""
+        return self.width * self.head_dim * self.itemsize
+
+    def refit(self, width: int) -> None:
+        """Lay every slot out with `width` positions a head (at most the context, at least the longest slot
+        holds): the slots' used positions move, the buffer stays. A graph that reads every position it is
+        bound with (an encoder-decoder's cross-attention) then reads `width` of them, not the context's
+        (docs/design/decisions/cross-arena-width.md). Each buffer goes through `scratch` (one dense copy
+        out, one strided copy back), so no copy reads what another has written, on any device. The
+        bindings made before must be made again (the shapes and the slots' addresses change)."""
+        assert int(self.lengths.max(initial=0)) <= width <= self.context, "a refit keeps every slot's positions"
+        if width == self.width:
+            return
+        used = np.flatnonzero(self.lengths)
+        slots = int(used[-1]) + 1 if len(used) else 0
+        rows, old_pitch, kept = slots * self.n_heads, self.head_bytes, min(width, self.width)
+        self.width = width
+        self.slot_bytes = self.n_heads * self.head_bytes
+        if not rows:
+            return
+        if self.scratch is None:
+            self.scratch = self.device.allocate(self.shape, self.dtype)
+        room, span = self.scratch.data_ptr(), rows * old_pitch
+        for buffer in self.buffers:
+            base = buffer.data_ptr()
+            self.device.copy_rows(room, span, base, span, span, 1)  # a pitch below the width: CUDA refuses it
+            self.device.copy_rows(base, self.head_bytes, room, old_pitch, kept * self.head_dim * self.itemsize, rows)
 
     def bind(self, binding: ort.IOBinding, first: int, count: int) -> None:
         """Bind slots [first, first + count) as both past and present of every layer."""
-        shape = [count, self.n_heads, self.context, self.head_dim]
+        shape = [count, self.n_heads, self.width, self.head_dim]
         for i, buffer in enumerate(self.buffers):
             address = buffer.data_ptr() + first * self.slot_bytes
             binding.bind_input(self.inputs[i], self.device.kind, self.device.id, self.dtype, shape, address)
@@ -169,7 +203,8 @@ class KVArena:
     def write(self, slot: int, rows: list[ort.OrtValue], row: int, length: int) -> None:
         """Row `row` of graph outputs (b, H, S, D) on this device, its first `length` positions, into
         `slot`: one strided copy per buffer (a head's positions are contiguous in both)."""
-        head = self.context * self.head_dim * self.itemsize
+        assert length <= self.width, "refit the arena first: a row longer than its width"
+        head = self.head_bytes
         for buffer, value in zip(self.buffers, rows):
             s = value.shape()[2]
             src = value.data_ptr() + row * self.n_heads * s * self.head_dim * self.itemsize
@@ -187,7 +222,7 @@ class KVArena:
         """Slot `src`'s keys and values into slot `dst`, its used positions only, one strided copy per
         buffer (n_heads rows of the used bytes); src keeps them (n completions of one prefilled prompt)."""
         used = int(self.lengths[src]) * self.head_dim * self.itemsize  # bytes per head
-        head = self.context * self.head_dim * self.itemsize
+        head = self.head_bytes
         if used:
             for buffer in self.buffers:
                 base = buffer.data_ptr()
@@ -204,5 +239,5 @@ class KVArena:
             raw = self.device.read(
                 buffer.data_ptr() + slot * self.slot_bytes, np.empty(self.slot_bytes, np.uint8)
             ).view(host)
-            out.append(to_float32(raw.reshape(self.n_heads, self.context, self.head_dim)[:, :n], self.dtype_name))
+            out.append(to_float32(raw.reshape(self.n_heads, self.width, self.head_dim)[:, :n], self.dtype_name))
         return out

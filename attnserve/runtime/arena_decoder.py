@@ -27,6 +27,11 @@ from .step_inputs import StepInputs
 # zeros past the longest change nothing, and a step's binding keeps its mask for up to 32 steps.
 MASK_COLUMNS = 32
 
+# An encoder-decoder's cross arena is laid out as wide as its longest source rounded up to a multiple
+# of this (ArenaSeq2SeqDecoder.fit_sources): the masked positions past a row's source add exact zeros
+# to its sums, and a run at 48 positions cost about what one at 64 did (OPUS-MT's shape, 64 rows).
+SOURCE_COLUMNS = 32
+
 # The fewest prompt tokens one run computes after a slot's earlier positions (a chunk, or the rest of
 # a prompt after a cached prefix). ONNX Runtime's CPU GroupQueryAttention takes another path for a
 # single query, whose sums differ from a longer run's in the last bits at nearly every length, and a
@@ -385,11 +390,26 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
 
     def bind_inputs(self, binding: ort.IOBinding, first: int, count: int) -> None:
         held = self.cross.lengths[first : first + count]
-        source_mask = (np.arange(self.context)[None, :] < held[:, None]).astype(np.int64)  # (B, L)
+        source_mask = (np.arange(self.cross.width)[None, :] < held[:, None]).astype(np.int64)  # (B, S)
         self.inputs.bind(binding, contract.ENCODER_ATTENTION_MASK, source_mask)
+
+    def fit_sources(self, arriving: int = 0) -> None:
+        """The cross arena laid out as wide as the longest source it holds (or `arriving`, about to be
+        written), rounded up to SOURCE_COLUMNS: the decoder's cross-attention reads every position it is
+        bound with, so a step over sources of 3 to 80 ids reads 96 a row, not the context's. Wider at
+        once when a longer source arrives; narrower only once half the width would do, so that sources
+        coming and going do not lay it out again every step."""
+        cross = self.cross
+        longest = max(int(cross.lengths.max(initial=0)), arriving, 1)
+        fitted = min(-(-longest // SOURCE_COLUMNS) * SOURCE_COLUMNS, self.context)
+        if fitted > cross.width or fitted <= cross.width // 2:
+            cross.refit(fitted)
+            self._bindings.clear()  # they bound the cross arena's old shape
+            self._mask_widths.clear()
 
     def encode(self, first: int, sources: list[list[int]]) -> None:
         """Run the encoder once and write each source's cross keys/values into its slot."""
+        self.fit_sources(max(len(source) for source in sources))
         ids, mask = right_pad(sources, self.pad_id)
         binding = self.encoder.io_binding()
         for name, value in zip(contract.seq2seq_encoder_inputs(), (ids, mask)):
@@ -420,10 +440,12 @@ class ArenaSeq2SeqDecoder(ArenaDecoder):
 
     def clear(self, slot: int) -> None:
         self.arena.lengths[slot] = self.cross.lengths[slot] = 0
+        self.fit_sources()
 
     def move(self, src: int, dst: int) -> None:
         self.arena.move(src, dst)
         self.cross.move(src, dst)
+        self.fit_sources()
 
     def copy(self, src: int, dst: int) -> None:
         self.arena.copy(src, dst)

@@ -81,7 +81,7 @@ class PrefixCache:
     def _copy(self, slot: int, number: int, block: int, count: int, to_pool: bool) -> None:
         """Blocks [number, number + count) of a slot <-> pool blocks [block, block + count), every buffer."""
         arena, step = self.arena, BLOCK * self.arena.head_dim * self.arena.itemsize  # bytes of a block's head
-        slot_pitch, pool_pitch = arena.context * arena.head_dim * arena.itemsize, self.positions * step // BLOCK
+        slot_pitch, pool_pitch = arena.head_bytes, self.positions * step // BLOCK
         for buffer, pool in zip(arena.buffers, self.pool):
             at_slot = buffer.data_ptr() + slot * arena.slot_bytes + number * step
             at_pool = pool.data_ptr() + block * step
