@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from attnserve.engine import batch_draw, host_picks
+from attnserve.engine import batch_draw, host_picks, sampling
 from attnserve.engine.host_draw import draw
 from attnserve.engine.sampling import pick_row
 from attnserve.engine.seam import PassRow
@@ -152,3 +152,35 @@ def test_a_large_vocabularys_plain_draws_are_drawn_together_as_each_alone(whole_
                 assert picks[i] == pick_row(logits[i], rows[i], scored=False), (trial, i)
         if whole_draw_kind == "compiled":
             assert sum(pick is not None for pick in picks) >= sum(not s for s in scored[1:])
+
+
+def test_a_draw_that_only_bans_ids_is_drawn_from_a_copy_with_them_at_minus_inf(whole_draw_kind):
+    """A sampled row whose only change besides its temperature is bans (ignore_eos, min_tokens, suppressed ids)
+    is a plain draw: alone and together, the compiled draw reads a float32 copy with the banned ids at -inf, and
+    each pick is the definition's, the draw of processed_row's float64 row; the runner's row is left as it was."""
+    rng = np.random.default_rng(9)
+    size = host_picks.TOGETHER_UP_TO + 3001
+    for trial in range(6):
+        n = int(rng.integers(2, 9))
+        logits = random_rows(rng, n, size, str(rng.choice(["flat", "peaked", "mixed", "wide"])))
+        before = logits.copy()
+        rows = []
+        for i in range(n):
+            banned = {int(logits[i].argmax()), *map(int, rng.integers(0, size, int(rng.integers(1, 4))))}
+            rows.append(
+                PassRow(float(rng.choice([0.5, 0.8])), 0, float(rng.choice([0.9, 1.0])), 0.0, float(rng.random()))
+            )
+            rows[i] = replace(rows[i], bias=tuple((token, -np.inf) for token in sorted(banned)))
+        defined = [
+            draw(sampling.processed_row(row_logits, row), 0.0, 0, row.top_p, row.uniform)
+            for row_logits, row in zip(logits, rows)
+        ]
+        together = host_picks.pick_together(list(logits), rows, [False] * n)
+        alone = [pick_row(row_logits, row, scored=False) for row_logits, row in zip(logits, rows)]
+        assert [pick.token for pick in alone] == defined, trial
+        for i, pick in enumerate(together):
+            if whole_draw_kind == "compiled":
+                assert pick is not None and pick.token == defined[i], (trial, i)
+            else:
+                assert pick is None
+        np.testing.assert_array_equal(logits, before)

@@ -13,13 +13,14 @@ own copy of the row.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from . import whole_draw
 from .batch_draw import buffers, draws
-from .sampling import plain_draw, processed_row
+from .sampling import banned_copy, plain_draw, processed_row
 from .seam import PassRow, Pick
 
 # measured standalone on the project's 2-vCPU Xeon, together over one by one: 1,024 ids, 8 rows 1.3-1.8x by
@@ -27,6 +28,22 @@ from .seam import PassRow, Pick
 # 16 rows 1.0-1.3x, 64 0.8-1.5x; 4 rows of any 0.8-1.3x
 TOGETHER_FROM = 8  # rows: below, picked one by one
 TOGETHER_UP_TO = 2048  # ids: above, one by one
+
+
+class BannedRows(threading.local):
+    """This thread's float32 rows for the copies of the banning draws the compiled draw takes together
+    (sampling.banned_copy), kept from step to step: no new pages a step."""
+
+    held = np.empty((0, 0), np.float32)
+
+    def rows(self, n: int, size: int) -> np.ndarray:
+        """n rows (n, V) float32."""
+        if self.held.shape[0] < n or self.held.shape[1] != size:
+            self.held = np.empty((n, size), np.float32)
+        return self.held[:n]
+
+
+BANNED = BannedRows()
 
 
 def together(row: PassRow) -> bool:
@@ -66,9 +83,10 @@ def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
     if len(plain) < 2:
         return picks
     column = lambda name: np.array([getattr(rows[i], name) for i in plain], np.float64)
-    ids = whole_draw.draws_logits(
-        [logits[i] for i in plain], column("temperature"), column("min_p"), column("top_p"), column("uniform")
-    )
+    copies = BANNED.rows(sum(1 for i in plain if rows[i].bias), size)
+    banned = iter(copies)
+    read = [banned_copy(logits[i], rows[i], next(banned)) if rows[i].bias else logits[i] for i in plain]
+    ids = whole_draw.draws_logits(read, column("temperature"), column("min_p"), column("top_p"), column("uniform"))
     for i, token in zip(plain, ids.tolist()):
         picks[i] = Pick(token, 0.0) if token >= 0 else None
     return picks

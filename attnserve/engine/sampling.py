@@ -198,7 +198,8 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
     nothing of the row but its temperature goes straight from the logits to the compiled draw, where it runs
     (whole_draw.draw_logits: the same division, read as the row is, with no copy)."""
     if not scored and plain_draw(row, logits.size):
-        picked = whole_draw.draw_logits(logits, row.temperature, row.min_p, row.top_p, row.uniform)
+        read = banned_copy(logits, row, SCRATCH.row(logits.size).view(np.float32)[: logits.size])
+        picked = whole_draw.draw_logits(read, row.temperature, row.min_p, row.top_p, row.uniform)
         if picked is not None:
             return Pick(picked, 0.0)
     scaled = processed_row(logits, row, SCRATCH.row(logits.size))
@@ -211,10 +212,21 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
 
 
 def plain_draw(row: PassRow, vocab: int) -> bool:
-    """The row samples with no top-k, and nothing but its temperature changes its logits (no grammar's mask,
-    penalty, bias or ban)."""
-    plain = row.allowed is None and not row.penalized and not row.bias
+    """The row samples with no top-k, and nothing but its temperature and bans changes its logits (no
+    grammar's mask, penalty, or bias but a ban's -inf: ignore_eos, min_tokens, suppressed ids)."""
+    plain = row.allowed is None and not row.penalized and all(value == -np.inf for _, value in row.bias)
     return plain and row.temperature > 0 and not 0 < row.top_k <= vocab
+
+
+def banned_copy(logits: np.ndarray, row: PassRow, out: np.ndarray) -> np.ndarray:
+    """A plain draw's row (V,) as the compiled draw reads it: `logits` itself where it bans no id, else a copy
+    into `out` (V,) of their dtype with its banned ids at -inf, as processed_row's bias leaves them before
+    the same division (a copy: `logits` may be the runner's buffer)."""
+    if not row.bias:
+        return logits
+    np.copyto(out, logits)
+    out[[token for token, _ in row.bias]] = -np.inf
+    return out
 
 
 def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None:
