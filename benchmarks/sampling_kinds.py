@@ -36,6 +36,7 @@ KINDS = {
     "greedy": [],
     "ignore_eos": ["--ignore-eos"],
     "top_p": ["--temperature", "0.8", "--top-p", "0.95"],
+    "top_p_fixed": ["--ignore-eos", "--temperature", "0.8", "--top-p", "0.95"],  # sampled to a fixed length
     "top_k": ["--temperature", "1", "--top-k", "50"],
     "logprobs": ["--logprobs", "5"],
     "repetition": ["--temperature", "0.7", "--repetition-penalty", "1.1"],

@@ -6,7 +6,7 @@ Over a small vocabulary a row's pick is mostly numpy's own cost a call: 16 rows 
 less together than one by one (batch_draw.py their draws). Over a large one the work is in the passes over
 each row, which stay in the cache one row at a time, so rows are picked one by one there (above
 TOGETHER_UP_TO ids), as they are where few rows are left to the host (below TOGETHER_FROM); but for the
-draws the compiled draw takes as they are (whole_draw.py: a temperature and no top-k, no log-probability),
+draws the compiled draw takes as they are (whole_draw.py: a temperature, bans and no top-k, no log-probability),
 which go to it together, shared out between its threads. A grammar's row is picked alone: its mask is its
 own copy of the row.
 """
@@ -70,9 +70,9 @@ def pick_together(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored:
 
 def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick | None]:
     """Over a large vocabulary, the picks of the draws that ask for no log-probability and change nothing of
-    their rows but the temperature (sampling.plain_draw), together in the compiled draw where it runs
-    (whole_draw.draws_logits: its threads share them out), each pick_row's of that row alone; None for
-    every other row, and for a row the compiled draw leaves to numpy."""
+    their rows but the temperature and bans (sampling.plain_draw; a banning row read from its banned_copy),
+    together in the compiled draw where it runs (whole_draw.draws_logits: its threads share them out), each
+    pick_row's of that row alone; None for every other row, and for a row the compiled draw leaves to numpy."""
     picks: list[Pick | None] = [None] * len(rows)
     if not whole_draw.available():
         return picks
