@@ -194,10 +194,11 @@ def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
 
 
 def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
-    """pick_row's pick by every id of the row: its definition. A draw that needs no log-probability and changes
-    nothing of the row but its temperature goes straight from the logits to the compiled draw, where it runs
-    (whole_draw.draw_logits: the same division, read as the row is, with no copy)."""
-    if not scored and plain_draw(row, logits.size):
+    """pick_row's pick by every id of the row: its definition. A draw of float32 logits that needs no
+    log-probability and changes nothing of the row but its temperature and bans goes straight from the logits
+    to the compiled draw, where it runs (whole_draw.draw_logits: the same division, read as the row is, with
+    no copy; a banning row from its banned_copy)."""
+    if not scored and plain_draw(row, logits.size) and whole_draw.readable(logits):
         read = banned_copy(logits, row, SCRATCH.row(logits.size).view(np.float32)[: logits.size])
         picked = whole_draw.draw_logits(read, row.temperature, row.min_p, row.top_p, row.uniform)
         if picked is not None:
