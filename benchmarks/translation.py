@@ -90,7 +90,10 @@ class Served:
         from attnserve.v1 import generation_pb2_grpc
         from benchmarks.loadtest.server_process import ServerProcess
 
-        self.server = ServerProcess(str(model), "--threads", str(threads), "--max-batch", "64", cwd=tree)
+        # an absolute path: another checkout's server runs in that checkout
+        self.server = ServerProcess(
+            str(Path(model).resolve()), "--threads", str(threads), "--max-batch", "64", cwd=tree
+        )
         self.channel = grpc.insecure_channel(self.server.target)
         self.stub = generation_pb2_grpc.TextGenerationStub(self.channel)
 
@@ -178,14 +181,13 @@ def compare(args: argparse.Namespace, hf: Path, model: Path, ct2: Path) -> list[
     from transformers import MarianTokenizer
 
     texts = sentences(MarianTokenizer.from_pretrained(hf), args.sentences)
-    sides: dict[str, Served | Ct2] = {
-        "attnserve": Served(model, args.threads),
-        "ctranslate2": Ct2(ct2, hf, args.threads),
-    }
-    if args.tree_a:
-        sides["before"] = Served(args.model_a or model, args.threads, str(args.tree_a))
+    sides: dict[str, Served | Ct2] = {}
     runs: dict[tuple, list] = {}
-    try:
+    try:  # a side that fails to start closes those started before it
+        sides["attnserve"] = Served(model, args.threads)
+        sides["ctranslate2"] = Ct2(ct2, hf, args.threads)
+        if args.tree_a:
+            sides["before"] = Served(args.model_a or model, args.threads, str(args.tree_a))
         for side in sides.values():  # warm-up: one pass of the smallest case
             side.translate(texts[:4], 1, 1, 8)
         for round_ in range(args.rounds):
