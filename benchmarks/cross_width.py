@@ -29,12 +29,13 @@ LONGEST_SOURCE = 48  # sources are 3 to LONGEST_SOURCE - 1 ids: every width here
 
 
 def binding(
-    session: ort.InferenceSession, manifest: contract.Manifest, rows: int, width: int, held: list
+    session: ort.InferenceSession, manifest: contract.Manifest, sources: np.ndarray, width: int, held: list
 ) -> ort.IOBinding:
-    """A step's binding with the cross keys and values `width` positions wide; `held` keeps its arrays alive."""
+    """A step's binding of rows with `sources` source ids each (rows,), their cross keys and values `width`
+    positions wide; `held` keeps its arrays alive."""
     rng = np.random.default_rng(width)
     heads, dim, context, layers = manifest.n_kv_heads, manifest.head_dim, manifest.context_length, manifest.n_layers
-    sources = rng.integers(3, LONGEST_SOURCE, rows)
+    rows = sources.size
     bound = session.io_binding()
     bound.bind_cpu_input(contract.INPUT_IDS, np.full((rows, 1), 5, np.int64))
     bound.bind_cpu_input(contract.ATTENTION_MASK, np.ones((rows, PAST + 1), np.int64))
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--widths: each from {LONGEST_SOURCE} to the context's {manifest.context_length}")
     session = create_session(model / contract.DECODER_FILE, "cpu", args.threads)
     held: list[np.ndarray] = []
-    bindings = {w: binding(session, manifest, args.rows, w, held) for w in widths}
+    sources = np.random.default_rng(0).integers(3, LONGEST_SOURCE, args.rows)  # every width the same rows
+    bindings = {w: binding(session, manifest, sources, w, held) for w in widths}
     times: dict[int, list[float]] = {w: [] for w in widths}
     for round_ in range(args.rounds + 2):  # the first two: warm-up
         for width in widths if round_ % 2 == 0 else widths[::-1]:

@@ -26,9 +26,17 @@ FEW = 8  # min-p and top-k keeping at most 1/FEW of a row: the kept ids alone ar
 
 class Scratch(threading.local):
     """Each thread's buffers for rows of one size (V,): the scaled row (sampling.pick_row's), and draw's:
-    shifted values, weights (padded with zeros to whole blocks), bucket numbers, a product and a mask."""
+    shifted values, weights (padded with zeros to whole blocks), bucket numbers, a product and a mask; and
+    float32 rows for the compiled draw's copies of banning rows (sampling.banned_copy)."""
 
     size = -1
+    banned = np.empty((0, 0), np.float32)
+
+    def banned_rows(self, n: int, size: int) -> np.ndarray:
+        """n float32 rows (n, V), kept from call to call: no new pages a step."""
+        if self.banned.shape[0] < n or self.banned.shape[1] != size:
+            self.banned = np.empty((n, size), np.float32)
+        return self.banned[:n]
 
     def row(self, size: int) -> np.ndarray:
         """The scaled row's buffer, (V,) float64."""

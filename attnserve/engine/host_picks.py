@@ -13,13 +13,13 @@ own copy of the row.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 from . import whole_draw
 from .batch_draw import buffers, draws
+from .host_draw import SCRATCH
 from .sampling import banned_copy, plain_draw, processed_row
 from .seam import PassRow, Pick
 
@@ -28,22 +28,6 @@ from .seam import PassRow, Pick
 # 16 rows 1.0-1.3x, 64 0.8-1.5x; 4 rows of any 0.8-1.3x
 TOGETHER_FROM = 8  # rows: below, picked one by one
 TOGETHER_UP_TO = 2048  # ids: above, one by one
-
-
-class BannedRows(threading.local):
-    """This thread's float32 rows for the copies of the banning draws the compiled draw takes together
-    (sampling.banned_copy), kept from step to step: no new pages a step."""
-
-    held = np.empty((0, 0), np.float32)
-
-    def rows(self, n: int, size: int) -> np.ndarray:
-        """n rows (n, V) float32."""
-        if self.held.shape[0] < n or self.held.shape[1] != size:
-            self.held = np.empty((n, size), np.float32)
-        return self.held[:n]
-
-
-BANNED = BannedRows()
 
 
 def together(row: PassRow) -> bool:
@@ -70,9 +54,10 @@ def pick_together(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored:
 
 def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick | None]:
     """Over a large vocabulary, the picks of the draws that ask for no log-probability and change nothing of
-    their rows but the temperature and bans (sampling.plain_draw; a banning row read from its banned_copy),
-    together in the compiled draw where it runs (whole_draw.draws_logits: its threads share them out), each
-    pick_row's of that row alone; None for every other row, and for a row the compiled draw leaves to numpy."""
+    their rows but the temperature and bans (sampling.plain_draw; a banning row read from its banned_copy in
+    this thread's SCRATCH), together in the compiled draw where it runs (whole_draw.draws_logits: its threads
+    share them out), each pick_row's of that row alone; None for every other row, and for a row the compiled
+    draw leaves to numpy."""
     picks: list[Pick | None] = [None] * len(rows)
     if not whole_draw.available():
         return picks
@@ -83,9 +68,7 @@ def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
     if len(plain) < 2:
         return picks
     column = lambda name: np.array([getattr(rows[i], name) for i in plain], np.float64)
-    copies = BANNED.rows(sum(1 for i in plain if rows[i].bias), size)
-    banned = iter(copies)
-    read = [banned_copy(logits[i], rows[i], next(banned)) if rows[i].bias else logits[i] for i in plain]
+    read = [banned_copy(logits[i], rows[i], room) for i, room in zip(plain, SCRATCH.banned_rows(len(plain), size))]
     ids = whole_draw.draws_logits(read, column("temperature"), column("min_p"), column("top_p"), column("uniform"))
     for i, token in zip(plain, ids.tolist()):
         picks[i] = Pick(token, 0.0) if token >= 0 else None

@@ -199,7 +199,7 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
     to the compiled draw, where it runs (whole_draw.draw_logits: the same division, read as the row is, with
     no copy; a banning row from its banned_copy)."""
     if not scored and plain_draw(row, logits.size) and whole_draw.readable(logits):
-        read = banned_copy(logits, row, SCRATCH.row(logits.size).view(np.float32)[: logits.size])
+        read = banned_copy(logits, row, SCRATCH.banned_rows(1, logits.size)[0])
         picked = whole_draw.draw_logits(read, row.temperature, row.min_p, row.top_p, row.uniform)
         if picked is not None:
             return Pick(picked, 0.0)

@@ -145,7 +145,6 @@ class KVArena:
         self.lengths = np.zeros(capacity, np.int64)  # positions held per slot
         self.itemsize = np.dtype(HOST_DTYPES[dtype]).itemsize
         self.width = context  # positions a head's row is laid out and bound with (refit: fewer)
-        self.slot_bytes = n_heads * context * head_dim * self.itemsize  # one slot of one buffer, at `width`
         self.scratch: ort.OrtValue | None = None  # one buffer's room, where refit moves a buffer through
         for buffer in self.buffers:  # attention masks rows it must not see; they must be finite
             device.zero(buffer.data_ptr(), capacity * self.slot_bytes)
@@ -166,6 +165,11 @@ class KVArena:
         """The bytes between one head's row of positions and the next (a slot's H rows, then the next slot's)."""
         return self.width * self.head_dim * self.itemsize
 
+    @property
+    def slot_bytes(self) -> int:
+        """One slot of one buffer, at `width`."""
+        return self.n_heads * self.head_bytes
+
     def refit(self, width: int) -> None:
         """Lay every slot out with `width` positions a head (at most the context, at least the longest slot
         holds): the slots' used positions move, the buffer stays. A graph that reads every position it is
@@ -180,7 +184,6 @@ class KVArena:
         slots = int(used[-1]) + 1 if len(used) else 0
         rows, old_pitch, kept = slots * self.n_heads, self.head_bytes, min(width, self.width)
         self.width = width
-        self.slot_bytes = self.n_heads * self.head_bytes
         if not rows:
             return
         if self.scratch is None:
