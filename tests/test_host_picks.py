@@ -154,6 +154,28 @@ def test_a_large_vocabularys_plain_draws_are_drawn_together_as_each_alone(whole_
             assert sum(pick is not None for pick in picks) >= sum(not s for s in scored[1:])
 
 
+def test_a_large_vocabularys_greedy_rows_with_logprobs_are_scored_together_as_each_alone(whole_draw_kind):
+    """Over a large vocabulary, greedy rows that ask for log-probabilities (some with bans: ignore_eos,
+    min_tokens) go to the compiled scores together (shared out between its threads): each pick is pick_row's
+    of that row alone, bitwise; a beam's row (judged alone) and a row with a bias are left to be picked alone,
+    as every row is with numpy drawing."""
+    rng = np.random.default_rng(9)
+    size = host_picks.TOGETHER_UP_TO + 3001
+    for trial in range(6):
+        n = int(rng.integers(2, 17))
+        logits = list(random_rows(rng, n, size, str(rng.choice(["flat", "peaked", "tied", "wide"]))))
+        bans = lambda: tuple((int(i), -np.inf) for i in rng.integers(0, size, int(rng.integers(0, 3))))
+        rows = [PassRow(0.0, 0, 1.0, 0.0, 0.0, bans(), top=int(rng.integers(0, 21))) for _ in range(n)]
+        rows[0] = replace(rows[0], alone=True)
+        rows[-1] = replace(rows[-1], bias=((5, 2.0),)) if n > 2 else rows[-1]
+        picks = host_picks.pick_together(logits, rows, [True] * n)
+        for i in range(n):
+            if whole_draw_kind == "numpy" or i == 0 or rows[i].bias == ((5, 2.0),):
+                assert picks[i] is None, (trial, i)
+            else:
+                assert picks[i] == pick_row(logits[i], rows[i], scored=True), (trial, i)
+
+
 def test_a_draw_that_only_bans_ids_is_drawn_from_a_copy_with_them_at_minus_inf(whole_draw_kind):
     """A sampled row whose only change besides its temperature is bans (ignore_eos, min_tokens, suppressed ids)
     is a plain draw: alone and together, the compiled draw reads a float32 copy with the banned ids at -inf, and

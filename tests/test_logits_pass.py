@@ -428,8 +428,9 @@ def test_every_dtypes_graph_picks_what_float32_picks_of_the_same_values(pass_cpu
 
 def test_auto_passes_the_rows_whose_host_work_costs_more(whole_draw_kind):
     """On the CPU, auto passes sampled and logprobs rows when enough of them share the step to pay for a
-    run (a few of a large vocabulary, more of a small one; with the compiled draw more sampled rows, and
-    none of a small vocabulary, whose host pick costs less than its share), a beam's row of a large
+    run (a few of a large vocabulary, more of a small one; with the compiled draw more sampled rows, none of
+    a small vocabulary, whose host pick costs less than its share, and no greedy logprobs row, which the
+    compiled scores pick for less than its share), a beam's row of a large
     vocabulary by itself, and never a greedy row that only bans ids (a copy and an argmax on the host), a
     top-k draw with no logprobs (its likeliest ids alone) nor a whole-row draw (its host pick costs less
     than a run); on CUDA every row; on and off are what they say."""
@@ -443,9 +444,10 @@ def test_auto_passes_the_rows_whose_host_work_costs_more(whole_draw_kind):
     assert worth_passing([sample, logprobs, ban], 50257, cpu) == [False, False, False]  # one run costs more
     two = worth_passing([sample, sample, logprobs, ban], 50257, cpu)
     assert two == ([False] * 4 if compiled else [True, True, True, False])
-    assert worth_passing([sample] * 5 + [logprobs, ban], 50257, cpu) == [True] * 6 + [False]
+    assert worth_passing([sample] * 5 + [logprobs, ban], 50257, cpu) == [True] * 5 + [not compiled, False]
     assert worth_passing([logprobs] * 4, 50257, cpu) == [False] * 4
-    assert worth_passing([logprobs] * 9, 50257, cpu) == [True] * 9
+    assert worth_passing([logprobs] * 9, 50257, cpu) == [not compiled] * 9
+    assert worth_passing([replace(logprobs, alone=True)] * 16, 50257, cpu) == [True] * 16  # a beam's: numpy
     top_k = PassRow(1.0, 50, 1.0, 0.0, 0.5)  # its likeliest ids alone on the host: less than a row's share
     assert worth_passing([top_k] * 16, 50257, cpu) == [False] * 16
     assert worth_passing([replace(top_k, top=5)] * 16, 50257, cpu) == [True] * 16  # with logprobs: the row

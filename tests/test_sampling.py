@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_logits_pass import chi_square_p
 
+from attnserve.engine import whole_draw
 from attnserve.engine.domain import SamplingParams
 from attnserve.engine.host_draw import BUCKETS, draw, kept
 from attnserve.engine.sampling import Sampler, pick_from_few, pick_whole_row
@@ -137,11 +138,13 @@ def few_pick_rows(rng: np.random.Generator, size: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("size", [8192, 50257])
-def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size):
+def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size, monkeypatch):
     """pick_from_few against pick_whole_row (the definition): top-k draws with min-p, top-p, a bias that
     bans and one that lifts an id into the top-k, and the three penalties on the likeliest ids; greedy rows'
-    log-probabilities and top ids, with and without bans (the likeliest id among them). The same pick, bitwise;
-    and the few ids do decide most of these rows."""
+    log-probabilities and top ids, with and without bans (the likeliest id among them), by numpy (the compiled
+    scores turned off here; test_greedy_rows_scored_compiled_are_the_definitions has them). The same pick,
+    bitwise; and the few ids do decide most of these rows."""
+    monkeypatch.setattr(whole_draw, "scores", lambda *_: None)
     rng = np.random.default_rng(size)
     decided = 0
     for logits in few_pick_rows(rng, size):
@@ -169,14 +172,35 @@ def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size):
                 few = pick_from_few(logits, row, scored=False)
                 decided += few is not None
                 assert few in (None, pick_whole_row(logits, row, scored=False)), (size, row)
-        bans = (
-            ((int(likely[0]), -np.inf),),
-            ((size - 1, -np.inf), (int(likely[3]), -np.inf), (int(likely[0]), -np.inf)),
-        )
-        for top in (0, 1, 5, 20):
-            for bias in ((), *bans):  # greedy with logprobs, alone or with bans (ignore_eos, min_tokens)
-                row = PassRow(0.0, 0, 1.0, 0.0, 0.0, bias, top=top)
-                few = pick_from_few(logits, row, scored=True)
-                decided += few is not None
-                assert few in (None, pick_whole_row(logits, row, scored=True)), (size, top, bias)
+        for row in greedy_scored_rows(size, likely):
+            few = pick_from_few(logits, row, scored=True)
+            decided += few is not None
+            assert few in (None, pick_whole_row(logits, row, scored=True)), (size, row.top, row.bias)
     assert decided >= 0.9 * 4 * (6 * 4 + 4 * 3)
+
+
+def greedy_scored_rows(size: int, likely: np.ndarray) -> list[PassRow]:
+    """Greedy rows asking for 0, 1, 5 and 20 top log-probabilities, alone or with bans (ignore_eos,
+    min_tokens): the likeliest id, and the last id, the fourth likeliest and the likeliest at once."""
+    bans = (
+        ((int(likely[0]), -np.inf),),
+        ((size - 1, -np.inf), (int(likely[3]), -np.inf), (int(likely[0]), -np.inf)),
+    )
+    return [PassRow(0.0, 0, 1.0, 0.0, 0.0, bias, top=top) for top in (0, 1, 5, 20) for bias in ((), *bans)]
+
+
+@pytest.mark.skipif(not whole_draw.available(), reason="the compiled draw is not built here")
+@pytest.mark.parametrize("size", [100, 8192, 50257])
+def test_greedy_rows_scored_compiled_are_the_definitions(size):
+    """A greedy row with logprobs (and bans) scored by the compiled pass (whole_draw.scores, every row of any
+    size) against pick_whole_row: the same token and top ids in the same order, ties included (rounded
+    rows); log-probabilities within 1e-12 of the definition's (its sum of exps is added in another order)."""
+    rng = np.random.default_rng(size)
+    for logits in few_pick_rows(rng, size):
+        likely = np.argsort(-logits, kind="stable")[:40].astype(np.int64)
+        for row in greedy_scored_rows(size, likely):
+            got, want = pick_from_few(logits, row, scored=True), pick_whole_row(logits, row, scored=True)
+            assert (got.token, [i for i, _ in got.top]) == (want.token, [i for i, _ in want.top]), (size, row)
+            values = [got.logprob, *(value for _, value in got.top)]
+            wanted = [want.logprob, *(value for _, value in want.top)]
+            assert np.allclose(values, wanted, rtol=0, atol=1e-12), (size, row.top, row.bias)

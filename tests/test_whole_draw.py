@@ -1,7 +1,8 @@
 """The compiled whole-row draw (engine/whole_draw.c through engine/whole_draw.py): built wherever a C compiler
 is, its picks the definition's (tests/test_sampling.py's by_definition: a full sort and a running sum) at the
 edges numpy's draw was not asked about: rows of every length modulo its four lanes, ties at top-p's
-crossing, one finite id, every id banned, rows read out of a wider buffer; and the rows it leaves to numpy."""
+crossing, one finite id, every id banned, rows read out of a wider buffer; and the rows it leaves to numpy.
+And its greedy rows' scores (whole_draw.scores: the likeliest ids and the sum of exps) against theirs."""
 
 from __future__ import annotations
 
@@ -98,6 +99,51 @@ def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
         for i in range(4):
             row = PassRow(float(temperature[i]), 0, float(top_p[i]), float(min_p[i]), float(uniform[i]))
             assert pick_whole_row(logits[i], row, scored=False).token == pick_whole_row(logits[i], row).token
+
+
+def scored_by_definition(logits: np.ndarray, count: int, banned: list[int]) -> tuple[list[int], float]:
+    """The `count` likeliest ids but `banned` (a stable sort: the lower id first on ties), and the float64 sum
+    over the ids not banned of e^(logit - the likeliest's)."""
+    values = logits.astype(np.float64)
+    values[banned] = -np.inf
+    order = np.argsort(-values, kind="stable")[:count]
+    return order.tolist(), float(np.exp(values - values[order[0]]).sum())
+
+
+@pytest.mark.parametrize("size", [*range(1, 21), 50257])
+def test_greedy_scores_are_the_definitions_at_every_length(size):
+    """whole_draw.scores on rows of every length across its eight-value and sixteen-value steps' tails: flat,
+    peaked and rounded (ties) rows, some ids -inf, bans at the row's ends and on its likeliest id; the ids
+    exactly, their logits, and the sum within 1e-13 of the definition's (relative)."""
+    rng = np.random.default_rng(size)
+    for trial in range(24):
+        logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0][trial % 3]).astype(np.float32)
+        if trial % 4 == 1:
+            logits = np.round(logits, 1)
+        if trial % 4 == 2 and size > 2:
+            logits[rng.integers(0, size, size // 3)] = -np.inf
+            logits[0] = 0.5
+        banned = sorted({0, size - 1, int(np.argmax(logits))}) if trial % 3 == 2 and size > 3 else []
+        count = min([1, 3, 6, 21][trial % 4], size - len(banned))
+        if count < 1 or np.isinf(np.delete(logits, banned)).sum() > size - len(banned) - count:
+            continue
+        got = whole_draw.scores(logits, count, np.array(banned, np.int64))
+        ids, total = scored_by_definition(logits, count, banned)
+        assert got is not None and got[0].tolist() == ids, (size, trial)
+        assert got[1].tolist() == logits[ids].tolist()
+        assert got[2] == pytest.approx(total, rel=1e-13, abs=0)
+
+
+def test_greedy_scores_it_leaves_to_numpy():
+    """Fewer ids than asked for that are neither banned nor -inf, and a row that is not contiguous float32: None."""
+    row = np.full(12, -np.inf, np.float32)
+    row[[2, 7]] = [1.0, 3.0]
+    assert whole_draw.scores(row, 2, np.array([], np.int64))[0].tolist() == [7, 2]
+    assert whole_draw.scores(row, 2, np.array([7], np.int64)) is None
+    assert whole_draw.scores(row, 3, np.array([], np.int64)) is None
+    wide = np.zeros((2, 16), np.float32)
+    assert whole_draw.scores(wide[:, 0], 1, np.array([], np.int64)) is None
+    assert whole_draw.scores(row.astype(np.float64), 1, np.array([], np.int64)) is None
 
 
 def test_a_forked_child_draws_rows_shared_out_between_threads():

@@ -4,8 +4,8 @@ sampling and detokenizing; numpy and the tokenizer only, no ONNX Runtime, gRPC o
 engine.py (the scheduler and its thread) -> sequence.py (one request's tokens, events and mailbox) ->
 sampling.py (one request's sampler, masked by grammar.py's structured output; host_draw.py its draw over
 a row: which ids min-p, top-k and top-p keep, and the pick, whole_draw.py the same draw compiled from
-whole_draw.c for rows with no top-k; likeliest.py the few ids a top-k draw or a
-greedy row's top log-probabilities need; host_picks.py a step's host rows picked together, batch_draw.py
+whole_draw.c for rows with no top-k, and a greedy row's log-probabilities; likeliest.py the few ids a
+top-k draw needs (and, without the compiled library, a greedy row's top log-probabilities); host_picks.py a step's host rows picked together, batch_draw.py
 their draws) and detokenizer.py (its text, with stop strings). step_plan.py:
 the scheduler's decision for a step's decoding, a value (one step, a burst, or a verification). burst.py:
 greedy decode steps run back to back, and when each request takes its tokens; ahead_rule.py: when a burst

@@ -20,7 +20,15 @@ import numpy as np
 from . import whole_draw
 from .batch_draw import buffers, draws
 from .host_draw import SCRATCH
-from .sampling import banned_copy, plain_draw, processed_row
+from .sampling import (
+    banned_copy,
+    banned_ids,
+    compiled_greedy,
+    greedy_scored,
+    plain_draw,
+    processed_row,
+    scores_compiled,
+)
 from .seam import PassRow, Pick
 
 # measured standalone on the project's 2-vCPU Xeon, together over one by one: 1,024 ids, 8 rows 1.3-1.8x by
@@ -43,7 +51,7 @@ def pick_together(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored:
     joined = [i for i, row in enumerate(rows) if together(row)]
     picks: list[Pick | None] = [None] * len(rows)
     if size > TOGETHER_UP_TO:
-        return compiled_draws(logits, rows, scored)
+        return compiled_picks(logits, rows, scored)
     if len(joined) < TOGETHER_FROM:
         return picks
     got = picked([logits[i] for i in joined], [rows[i] for i in joined], [scored[i] for i in joined])
@@ -52,26 +60,31 @@ def pick_together(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored:
     return picks
 
 
-def compiled_draws(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick | None]:
-    """Over a large vocabulary, the picks of the draws that ask for no log-probability and change nothing of
-    their rows but the temperature and bans (sampling.plain_draw; a banning row read from its banned_copy in
-    this thread's SCRATCH), together in the compiled draw where it runs (whole_draw.draws_logits: its threads
-    share them out), each pick_row's of that row alone; None for every other row, and for a row the compiled
-    draw leaves to numpy."""
+def compiled_picks(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick | None]:
+    """Over a large vocabulary, the picks the compiled library makes where it runs, each pick_row's of that row
+    alone: the draws that ask for no log-probability and change nothing of their rows but the temperature and
+    bans (sampling.plain_draw; a banning row read from its banned_copy in this thread's SCRATCH), together
+    in the compiled draw (whole_draw.draws_logits), and the greedy rows that ask for log-probabilities
+    (sampling.scores_compiled) by whole_draw.scores_rows; each set shared out between its threads. None for
+    every other row, and for a row the library leaves to numpy."""
     picks: list[Pick | None] = [None] * len(rows)
     if not whole_draw.available():
         return picks
     size = logits[0].size
-    plain = [
-        i for i, row in enumerate(rows) if not scored[i] and plain_draw(row, size) and whole_draw.readable(logits[i])
-    ]
-    if len(plain) < 2:
-        return picks
-    column = lambda name: np.array([getattr(rows[i], name) for i in plain], np.float64)
-    read = [banned_copy(logits[i], rows[i], room) for i, room in zip(plain, SCRATCH.banned_rows(len(plain), size))]
-    ids = whole_draw.draws_logits(read, column("temperature"), column("min_p"), column("top_p"), column("uniform"))
-    for i, token in zip(plain, ids.tolist()):
-        picks[i] = Pick(token, 0.0) if token >= 0 else None
+    readable = [whole_draw.readable(row) for row in logits]
+    plain = [i for i, row in enumerate(rows) if not scored[i] and plain_draw(row, size) and readable[i]]
+    if len(plain) >= 2:
+        column = lambda name: np.array([getattr(rows[i], name) for i in plain], np.float64)
+        read = [banned_copy(logits[i], rows[i], room) for i, room in zip(plain, SCRATCH.banned_rows(len(plain), size))]
+        ids = whole_draw.draws_logits(read, column("temperature"), column("min_p"), column("top_p"), column("uniform"))
+        for i, token in zip(plain, ids.tolist()):
+            picks[i] = Pick(token, 0.0) if token >= 0 else None
+    greedy = [i for i, row in enumerate(rows) if scored[i] and scores_compiled(row) and readable[i]]
+    if len(greedy) >= 2:
+        counts = [max(rows[i].top, 1) for i in greedy]
+        got = whole_draw.scores_rows([logits[i] for i in greedy], counts, [banned_ids(rows[i]) for i in greedy])
+        for i, compiled in zip(greedy, got):
+            picks[i] = None if compiled is None else greedy_scored(rows[i], *compiled)
     return picks
 
 
@@ -92,7 +105,11 @@ def picked(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequen
             column([row.uniform for row in rows]),
         )
     picks = [Pick(int(token), 0.0) for token in tokens.tolist()]
-    places = np.flatnonzero(scored)
+    asked = np.flatnonzero(scored).tolist()
+    compiled = {i: pick for i in asked if (pick := compiled_greedy(logits[i], rows[i])) is not None}  # as alone
+    for i, pick in compiled.items():
+        picks[i] = pick
+    places = np.array([i for i in asked if i not in compiled], np.int64)
     if places.size:  # after the draws: their buffers hold the log-probabilities
         logprobs = log_softmax_rows(scaled[places])
         values = logprobs[np.arange(places.size), tokens[places]].tolist()

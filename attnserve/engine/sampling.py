@@ -23,7 +23,7 @@ from . import whole_draw
 from .domain import SamplingParams, TokenLogprob
 from .host_draw import SCRATCH, draw, draw_among
 from .likeliest import candidates
-from .seam import PassRow, Pick
+from .seam import PassRow, Pick, scores_compiled
 
 MASK64 = (1 << 64) - 1
 MIN_PASSED_PENALTY = 1e-20  # a smaller repetition penalty could take a logit past float32's range in the pass
@@ -233,8 +233,8 @@ def banned_copy(logits: np.ndarray, row: PassRow, out: np.ndarray) -> np.ndarray
 def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None:
     """pick_row's very pick from the few ids that decide it (likeliest.candidates), where it has one: a top-k
     draw that asks for no log-probability (the ids its penalties and bias touch among the few), or a greedy
-    row with no penalty and no bias but bans (its log-probabilities' sum over the whole row in one float64
-    pass, as log_softmax adds it); else None."""
+    row with no penalty and no bias but bans (compiled where it runs: greedy_scored; else its log-probabilities'
+    sum over the whole row in one float64 pass, as log_softmax adds it); else None."""
     if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
         touched = touched_ids(row) if row.bias or row.penalized else None
         ids = candidates(logits, row.top_k + (0 if touched is None else touched.size))
@@ -245,7 +245,9 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
         index = draw_among(scaled, logits.size, row.min_p, row.top_k, row.top_p, row.uniform)
         return None if index is None else Pick(int(ids[index]), 0.0)
     if row.temperature == 0 and scored and not row.penalized and all(value == -np.inf for _, value in row.bias):
-        banned = np.array(sorted({token for token, _ in row.bias}), np.int64)  # ignore_eos, min_tokens
+        if (compiled := compiled_greedy(logits, row)) is not None:
+            return compiled
+        banned = banned_ids(row)
         ids = candidates(logits, max(row.top, 1) + banned.size)
         if ids is None:
             return None
@@ -260,6 +262,28 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
         top = tuple((int(ids[i]), value) for i, value in best(logprobs, row.top))
         return Pick(int(ids[place]), float(logprobs[place]), top)
     return None
+
+
+def compiled_greedy(logits: np.ndarray, row: PassRow) -> Pick | None:
+    """A scored greedy row's pick by whole_draw.scores (greedy_scored), where it takes the row
+    (scores_compiled) and runs; else None."""
+    if not scores_compiled(row) or (compiled := whole_draw.scores(logits, max(row.top, 1), banned_ids(row))) is None:
+        return None
+    return greedy_scored(row, *compiled)
+
+
+def banned_ids(row: PassRow) -> np.ndarray:
+    """The ids a row bans (ignore_eos, min_tokens, suppressed ids: their -inf bias), ascending, each once."""
+    return np.array(sorted({token for token, value in row.bias if value == -np.inf}), np.int64)
+
+
+def greedy_scored(row: PassRow, ids: np.ndarray, values: np.ndarray, total: float) -> Pick:
+    """A greedy row's pick from whole_draw.scores: its likeliest ids but the banned (descending), their
+    logits, and the sum of e^(logit - the first's) over the ids not banned; log-probabilities as log_softmax
+    takes them, but for that sum's order of additions (a beam's row, judged `alone`, never comes here)."""
+    logprobs = (values.astype(np.float64) - float(values[0])) - np.log(total)
+    top = tuple(zip(ids[: row.top].tolist(), logprobs[: row.top].tolist()))
+    return Pick(int(ids[0]), float(logprobs[0]), top)
 
 
 def few_scaled(logits: np.ndarray, ids: np.ndarray, row: PassRow) -> np.ndarray:

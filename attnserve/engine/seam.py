@@ -60,6 +60,14 @@ def compiled_draw() -> bool:
     return whole_draw.available()
 
 
+def scores_compiled(row: PassRow) -> bool:
+    """Whether the host scores `row` by the compiled library (whole_draw.scores: sampling.compiled_greedy) where
+    it runs: a greedy row with no grammar's mask, no penalty, no bias but bans, and not a beam's (judged `alone`:
+    its log-probabilities must be log_softmax's)."""
+    plain = row.allowed is None and not row.penalized and all(value == -np.inf for _, value in row.bias)
+    return plain and row.temperature == 0 and not row.alone
+
+
 @dataclass(frozen=True)
 class PassRow:
     """What the batched logits pass does to one row (a Sampler's pick with no grammar's mask): divide the

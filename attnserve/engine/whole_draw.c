@@ -13,6 +13,9 @@
  * definition's only where the uniform number falls within about 1e-15 of an id's edge. exp is this file's
  * own (exp_neg): the same bits on every machine and in every vector width.
  *
+ * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
+ * its exps, in two passes over the float32 logits.
+ *
  * No allocation but the crossing bucket's sort buffer, and no state: callers may run it from several
  * threads at once, each with buffers of its own.
  */
@@ -430,6 +433,85 @@ void whole_draws_logits(const float *const *rows, int64_t n, int64_t size, const
         Row row = {rows[r], NULL, temperature[r], size};
         ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, buckets, members);
     }
+}
+
+/* Keeps the `count` largest values met so far (ids ascending as met), descending, the lower id first on
+ * ties: a value joins only above the last kept one, after those equal to it. Returns how many are kept. */
+static int64_t keep_largest(int64_t kept, int64_t count, int64_t id, float value, int64_t *ids, float *values) {
+    int64_t at = kept < count ? kept : count - 1;
+    while (at > 0 && values[at - 1] < value) {
+        if (at < count) {
+            ids[at] = ids[at - 1];
+            values[at] = values[at - 1];
+        }
+        at--;
+    }
+    ids[at] = id;
+    values[at] = value;
+    return kept < count ? kept + 1 : count;
+}
+
+static int is_banned(int64_t id, const int64_t *banned, int64_t banned_count) {
+    for (int64_t j = 0; j < banned_count; j++)
+        if (banned[j] == id) return 1;
+    return 0;
+}
+
+/* The sum of e^(value - largest) over float32 values [start, end) of `row`: CHAINS sets of four lanes side
+ * by side, added into `sums` (the caller adds the lanes up in one order). */
+static void add_exps(const float *row, int64_t start, int64_t end, double largest, lanes *sums) {
+    Row read = {row, NULL, 1.0, end};
+    int64_t i = start;
+    for (; i + 4 * CHAINS <= end; i += 4 * CHAINS) {
+        lanes shifted[CHAINS], exps[CHAINS];
+#pragma GCC unroll 4
+        for (int k = 0; k < CHAINS; k++) shifted[k] = raw_at(&read, i + 4 * k) - largest;
+        exps_neg(CHAINS, shifted, exps);
+#pragma GCC unroll 4
+        for (int k = 0; k < CHAINS; k++) sums[k] += exps[k];
+    }
+    for (; i < end; i += 4) sums[0] += exp_neg(raw_at(&read, i) - largest); /* past `end`: -inf, weighs 0 */
+}
+
+/* A greedy row's log-probabilities, compiled (sampling.greedy_scored): of float32 logits (size,), the
+ * `count` largest values' ids (descending, the lower id first on ties) and values into `ids` and `values`,
+ * none of `banned` (banned_count ids, ascending) among them, and the sum over every id not banned of
+ * e^(value - largest), largest the first of them, as log_softmax's float64 sum (the order of its additions
+ * aside); kept_count is how many were kept (0: every id banned or -inf, and the sum 0). Two passes over the
+ * row: eight values at once against the least kept, then the exps. */
+double whole_draw_scores(const float *row, int64_t size, const int64_t *banned, int64_t banned_count,
+                         int64_t count, int64_t *ids, float *values, int64_t *kept_count) {
+    int64_t kept = 0, i = 0;
+    float least = -INFINITY;
+    for (; i + 8 <= size; i += 8) {
+        octets v;
+        memcpy(&v, row + i, sizeof v);
+        octet_masks above = v > least;
+        if (!(above[0] | above[1] | above[2] | above[3] | above[4] | above[5] | above[6] | above[7])) continue;
+        for (int j = 0; j < 8; j++)
+            if (v[j] > least && !is_banned(i + j, banned, banned_count)) {
+                kept = keep_largest(kept, count, i + j, v[j], ids, values);
+                least = kept == count ? values[count - 1] : -INFINITY;
+            }
+    }
+    for (; i < size; i++)
+        if (row[i] > least && !is_banned(i, banned, banned_count)) {
+            kept = keep_largest(kept, count, i, row[i], ids, values);
+            least = kept == count ? values[count - 1] : -INFINITY;
+        }
+    *kept_count = kept;
+    if (!kept) return 0.0;
+    double largest = values[0];
+    lanes sums[CHAINS] = {{0.0}};
+    int64_t start = 0;
+    for (int64_t j = 0; j <= banned_count; j++) { /* the stretches between banned ids */
+        int64_t end = j < banned_count ? banned[j] : size;
+        if (end > start) add_exps(row, start, end, largest, sums);
+        start = end + 1;
+    }
+    lanes sum = sums[0];
+    for (int k = 1; k < CHAINS; k++) sum += sums[k];
+    return (sum[0] + sum[1]) + (sum[2] + sum[3]);
 }
 
 #if defined(__x86_64__) && defined(__clang__)

@@ -6,6 +6,11 @@ the definition's (tests/test_sampling.py), as numpy's are; the two may part only
 falls within about 1e-15 of an id's edge, so wherever the library loads every row it takes is drawn by it,
 alone or in a batch (host_draw.draw and batch_draw.draws both ask it first).
 
+The same library scores a greedy row that asks for log-probabilities (`scores`: its likeliest ids and the
+float64 sum of exps over the row, in two passes over the float32 logits, where numpy makes a float64 copy
+and three more): sampling.compiled_greedy takes it for every such row but a beam's, alone or together
+(scores_rows); their log-probabilities are within about 1e-13 of log_softmax's, their ids the same.
+
 Where the library is not built (no C compiler at install) or the CPU lacks what it was built for (AVX2
 and FMA on x86-64), or ATTNSERVE_WHOLE_DRAW=numpy is set, `available()` is False and numpy draws.
 """
@@ -55,6 +60,8 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 7)
     library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 8)
     library.whole_draws.restype = library.whole_draws_logits.restype = None
+    library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
+    library.whole_draw_scores.restype = ctypes.c_double
     return library
 
 
@@ -154,3 +161,32 @@ def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: flo
     values = (np.array([v]) for v in (temperature, min_p, top_p, uniform))
     picked = int(draws_logits([logits], *values)[0])
     return None if picked < 0 else picked
+
+
+def scores(logits: np.ndarray, count: int, banned: np.ndarray) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """A greedy row's log-probabilities from float32 logits (V,), compiled: the `count` likeliest ids (count,)
+    int64 but `banned` (ascending int64), descending, the lower id first on ties, their logits (count,) float32,
+    and the sum over every id not banned of e^(logit - the first's), in float64 (log_softmax's, added in
+    another order: within about 1e-13 of it). None where the library is not here, the row is not contiguous
+    float32, or it has fewer than `count` such ids (every other -inf or NaN)."""
+    if LIBRARY is None or not readable(logits):
+        return None
+    banned = np.ascontiguousarray(banned, np.int64)
+    ids, values, kept = np.empty(count, np.int64), np.empty(count, np.float32), ctypes.c_int64()
+    head = (logits.ctypes.data, logits.size, banned.ctypes.data, banned.size, count)
+    total = LIBRARY.whole_draw_scores(*head, ids.ctypes.data, values.ctypes.data, ctypes.byref(kept))
+    return (ids, values, total) if kept.value == count else None
+
+
+def scores_rows(
+    logits: Sequence[np.ndarray], counts: Sequence[int], banned: Sequence[np.ndarray]
+) -> list[tuple[np.ndarray, np.ndarray, float] | None]:
+    """scores of several rows, each by its count and bans; with more than one row and DRAW_THREADS > 1,
+    shared out between this thread and the pool's, as draws_logits shares its rows (each row's the same)."""
+    part = lambda start, end: [scores(logits[i], counts[i], banned[i]) for i in range(start, end)]
+    n = len(logits)
+    if n < SHARE_FROM or DRAW_THREADS < 2:
+        return part(0, n)
+    half = (n + 1) // 2
+    other = POOL.submit(part, half, n)
+    return part(0, half) + other.result()

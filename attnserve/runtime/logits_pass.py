@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from ..engine.seam import FEW_IDS_FROM, PassRow, Pick, compiled_draw
+from ..engine.seam import FEW_IDS_FROM, PassRow, Pick, compiled_draw, scores_compiled
 from .arena import Device
 from .ort_session import create_session
 
@@ -47,6 +47,10 @@ HOST_COST = {  # work: (us a row, ns an id)
 # numpy's above otherwise): in place against numpy's in the same rounds, 0.86x and 0.73x at 2,048 and 50,257
 # ids for a whole-row draw, 0.50x and 0.56x under top-p, applied to the figures above
 COMPILED_DRAW_COST = {"draw": (28.0, 2.2), "top_p": (34.0, 4.1)}
+# a greedy row's log-probabilities where the compiled scores run (sampling.compiled_greedy; seam.scores_compiled's
+# rows): in place against numpy's in the same rounds (GPT-2 124M int8, 2 threads, logprobs 5), 163 us a row
+# against 392 at one row and 80 against 182 at 16 (shared out between two threads): 0.43x, applied to the above
+COMPILED_SCORES_COST = {"logprobs": (15.0, 1.4)}
 PASS_RUN_US = 500.0
 PASS_ROW_US = 43.0
 PASS_NS_PER_ID = 1.8
@@ -108,10 +112,10 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
 
 
 def host_us(row: PassRow, vocab: int) -> float:
-    """Microseconds to pick `row` on the host (HOST_COST; COMPILED_DRAW_COST's draws where those run): a draw
-    (top-k's from its likeliest ids where it asks for no log-probability, top-p alone's edge found over the
-    whole row), logprobs, a beam's candidates, or a greedy row with bans or a bias (a copy and an argmax);
-    penalties copy the row once more."""
+    """Microseconds to pick `row` on the host (HOST_COST; COMPILED_DRAW_COST's draws and COMPILED_SCORES_COST's
+    greedy log-probabilities where those run): a draw (top-k's from its likeliest ids where it asks for no
+    log-probability, top-p alone's edge found over the whole row), logprobs, a beam's candidates, or a greedy
+    row with bans or a bias (a copy and an argmax); penalties copy the row once more."""
     if row.temperature > 0 and 0 < row.top_k < vocab:
         work = "draw" if row.top or vocab < FEW_IDS_FROM else "top_k"
     elif row.temperature > 0:
@@ -119,8 +123,11 @@ def host_us(row: PassRow, vocab: int) -> float:
     else:
         work = "beam" if row.alone else "logprobs" if row.top else "argmax"
     works = [work, "penalty"] if row.penalized else [work]
-    compiled = compiled_draw() and not row.top and not 0 < row.top_k < vocab  # the compiled draw's rows
-    costs = HOST_COST | COMPILED_DRAW_COST if compiled else HOST_COST
+    costs = HOST_COST
+    if compiled_draw() and not row.top and not 0 < row.top_k < vocab:  # the compiled draw's rows
+        costs = costs | COMPILED_DRAW_COST
+    elif compiled_draw() and scores_compiled(row):  # the compiled scores' rows
+        costs = costs | COMPILED_SCORES_COST
     return sum(costs[w][0] + costs[w][1] * vocab / 1000 for w in works)
 
 
