@@ -42,7 +42,12 @@ def check_level(level: dict, requests: int, max_new_tokens: int, prompt_tokens: 
     assert level["output_tokens_per_s"] == pytest.approx(level["output_tokens"] / level["duration_s"], rel=1e-2)
     for key in LATENCIES:
         stats = level[key]
-        assert 0 <= stats["p50"] <= stats["p90"] <= stats["p99"], (key, stats)
+        if stats["p50"] is None and key == "itl_ms":  # no request's tokens came in a second message: on a busy
+            assert level["messages_per_request"] == 1, level  # machine a short one's may come in one
+        elif stats["p50"] is None and key == "tpot_ms":  # no request had a second token
+            assert level["output_tokens"] == level["completed"], level
+        else:
+            assert 0 <= stats["p50"] <= stats["p90"] <= stats["p99"], (key, stats)
     assert level["ttft_ms"]["p50"] <= level["e2e_ms"]["p50"]
     assert level["e2e_ms"]["p99"] <= 1000 * level["duration_s"]
 
