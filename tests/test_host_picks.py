@@ -162,12 +162,12 @@ def test_a_large_vocabularys_greedy_rows_with_logprobs_are_scored_together_as_ea
     rng = np.random.default_rng(9)
     size = host_picks.TOGETHER_UP_TO + 3001
     for trial in range(6):
-        n = int(rng.integers(2, 17))
+        n = int(rng.integers(4, 17))  # at least two rows to score together besides the beam's and the biased
         logits = list(random_rows(rng, n, size, str(rng.choice(["flat", "peaked", "tied", "wide"]))))
         bans = lambda: tuple((int(i), -np.inf) for i in rng.integers(0, size, int(rng.integers(0, 3))))
         rows = [PassRow(0.0, 0, 1.0, 0.0, 0.0, bans(), top=int(rng.integers(0, 21))) for _ in range(n)]
         rows[0] = replace(rows[0], alone=True)
-        rows[-1] = replace(rows[-1], bias=((5, 2.0),)) if n > 2 else rows[-1]
+        rows[-1] = replace(rows[-1], bias=((5, 2.0),))
         picks = host_picks.pick_together(logits, rows, [True] * n)
         for i in range(n):
             if whole_draw_kind == "numpy" or i == 0 or rows[i].bias == ((5, 2.0),):
