@@ -215,8 +215,7 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
 def plain_draw(row: PassRow, vocab: int) -> bool:
     """The row samples with no top-k, and nothing but its temperature and bans changes its logits (no
     grammar's mask, penalty, or bias but a ban's -inf: ignore_eos, min_tokens, suppressed ids)."""
-    plain = row.allowed is None and not row.penalized and all(value == -np.inf for _, value in row.bias)
-    return plain and row.temperature > 0 and not 0 < row.top_k <= vocab
+    return row.bans_only and row.temperature > 0 and not 0 < row.top_k <= vocab
 
 
 def banned_copy(logits: np.ndarray, row: PassRow, out: np.ndarray) -> np.ndarray:
@@ -244,7 +243,7 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
         scaled = few_scaled(logits, ids, row)
         index = draw_among(scaled, logits.size, row.min_p, row.top_k, row.top_p, row.uniform)
         return None if index is None else Pick(int(ids[index]), 0.0)
-    if row.temperature == 0 and scored and not row.penalized and all(value == -np.inf for _, value in row.bias):
+    if row.temperature == 0 and scored and row.bans_only:
         if (compiled := compiled_greedy(logits, row)) is not None:
             return compiled
         banned = banned_ids(row)

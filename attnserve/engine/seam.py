@@ -64,8 +64,7 @@ def scores_compiled(row: PassRow) -> bool:
     """Whether the host scores `row` by the compiled library (whole_draw.scores: sampling.compiled_greedy) where
     it runs: a greedy row with no grammar's mask, no penalty, no bias but bans, and not a beam's (judged `alone`:
     its log-probabilities must be log_softmax's)."""
-    plain = row.allowed is None and not row.penalized and all(value == -np.inf for _, value in row.bias)
-    return plain and row.temperature == 0 and not row.alone
+    return row.bans_only and row.temperature == 0 and not row.alone
 
 
 @dataclass(frozen=True)
@@ -101,6 +100,13 @@ class PassRow:
     def penalized(self) -> bool:
         """Any of the repetition, presence and frequency penalties applies."""
         return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+    @property
+    def bans_only(self) -> bool:
+        """Nothing changes the row's logits but bans: no grammar's mask, no penalty, and no bias but a ban's
+        -inf (ignore_eos, min_tokens, suppressed ids)."""
+        plain = self.allowed is None and not self.penalized
+        return plain and all(value == -np.inf for _, value in self.bias)
 
     def at_step(self, uniform: float, **penalized: np.ndarray) -> PassRow:
         """This row with another uniform number, and the `seen`, `occurred` and `counts` given (a burst's
