@@ -101,6 +101,35 @@ def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
             assert pick_whole_row(logits[i], row, scored=False).token == pick_whole_row(logits[i], row).token
 
 
+def test_values_on_the_buckets_edges_are_drawn_as_defined():
+    """Top-p finds the crossing bucket's ids by value (the lowest value of a bucket, by halves): rows whose
+    lowest value but -inf (-63.984375, 4,095/64 below the largest) makes the scale of their 4,096 buckets
+    exactly -64, so that -k/64 is the highest value of bucket k, with values on such edges and a step either
+    side of them: float64 steps read as float64, float32 steps read as float32 (at temperatures that keep
+    them exact) and as float64. The definition's ids at top-p's crossings in several buckets."""
+    rng = np.random.default_rng(17)
+    size = 50257  # whole_draw's BUCKETS: 4,096 buckets
+    levels = -rng.integers(0, 400, size) / 64
+    step = rng.integers(0, 3, size)  # on the edge, a step above it, a step below it
+
+    def stepped(edges: np.ndarray) -> np.ndarray:
+        row = np.where(step == 1, np.nextafter(edges, edges.dtype.type(1)), edges)
+        row = np.where(step == 2, np.nextafter(edges, edges.dtype.type(-np.inf)), row)
+        row[:3] = [0.0, -63.984375, -np.inf]
+        return row
+
+    row32, row64 = stepped(levels.astype(np.float32)), stepped(levels)
+    for top_p in (0.2, 0.7, 0.95, 0.999):
+        for uniform in (*rng.random(4), 0.0, 1 - 2**-24):
+            expected = by_definition(row64, 0.0, 0, top_p, uniform)
+            assert whole_draw.draw(row64, 0.0, top_p, uniform) == expected, (top_p, uniform)
+            for temperature in (1.0, 0.5):
+                scaled = row32.astype(np.float64) / temperature
+                expected = by_definition(scaled, 0.0, 0, top_p, uniform)
+                assert whole_draw.draw(scaled, 0.0, top_p, uniform) == expected, (temperature, top_p, uniform)
+                assert whole_draw.draw_logits(row32, temperature, 0.0, top_p, uniform) == expected
+
+
 def scored_by_definition(logits: np.ndarray, count: int, banned: list[int]) -> tuple[list[int], float]:
     """The `count` likeliest ids but `banned` (a stable sort: the lower id first on ties), and the float64 sum
     over the ids not banned of e^(logit - the likeliest's)."""

@@ -4,14 +4,16 @@
  *
  * A row is float64 values already divided by their temperature (whole_draws), or float32 logits divided by
  * it as they are read, the same float64 division (whole_draws_logits: no copy of the row). Per row: (1) its
- * largest and lowest values; (2) each id's weight, exp of its value less the largest (0 under min-p's edge
- * or at -inf), into the caller's buffer, and under top-p each id's bucket of value and the weights' sums by
- * bucket, as host_draw.top_p_edge's; then only the crossing bucket's ids are sorted (value descending,
- * lower id first) and those top-p does not take set to weigh 0; (3) the kept weights' sums by blocks of
- * BLOCK ids up to the block where the pick falls, then that block's running sum. Sums run in id order (by
- * four lanes within a block), as the definition's running sum does: a pick may differ from the
- * definition's only where the uniform number falls within about 1e-15 of an id's edge. exp is this file's
- * own (exp_neg): the same bits on every machine and in every vector width.
+ * largest value and its lowest but -inf; (2) each id's weight, exp of its value less the largest (0 under
+ * min-p's edge or at -inf), into the caller's buffer, and under top-p the weights' sums by bucket of value
+ * (as many as host_draw.top_p_edge's, spanning the values but -inf where its span takes -inf's in too); then
+ * the values that bound the crossing bucket, found by halves (an id's bucket falls as its value rises, so a
+ * bucket is a range of values), and only the ids between them are sorted (value descending, lower id
+ * first), those top-p does not take set to weigh 0; (3) the kept weights' sums (ids at or above the
+ * crossing bucket's lowest value) by blocks of BLOCK ids up to the block where the pick falls, then that
+ * block's running sum. Sums run in id order (by four lanes within a block), as the definition's running sum
+ * does: a pick may differ from the definition's only where the uniform number falls within about 1e-15 of
+ * an id's edge. exp is this file's own (exp_neg): the same bits on every machine and in every vector width.
  *
  * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
  * its exps, in two passes over the float32 logits.
@@ -161,8 +163,8 @@ static inline double value_at(const Row *row, int64_t i) {
 typedef float octets __attribute__((vector_size(32)));
 typedef int32_t octet_masks __attribute__((vector_size(32)));
 
-/* The row's largest and smallest values as read (before the temperature): eight lanes of float32, or two
- * sets of four of float64, so that no lane waits on the one before it. */
+/* The row's largest value and its smallest but -inf as read (before the temperature; -inf where every value
+ * is): eight lanes of float32, or two sets of four of float64, so that no lane waits on the one before it. */
 static void extremes(const Row *row, double *largest, double *lowest) {
     int64_t size = row->size, i = 0;
     double high = -INFINITY, low = INFINITY;
@@ -173,10 +175,11 @@ static void extremes(const Row *row, double *largest, double *lowest) {
             octets v, w;
             memcpy(&v, row->f32 + i, sizeof v);
             memcpy(&w, row->f32 + i + 8, sizeof w);
+            octet_masks low_v = (v < bottom) & (v > -INFINITY), low_w = (w < bottom2) & (w > -INFINITY);
             top = (octets)(((octet_masks)v & (v > top)) | ((octet_masks)top & ~(v > top)));
-            bottom = (octets)(((octet_masks)v & (v < bottom)) | ((octet_masks)bottom & ~(v < bottom)));
+            bottom = (octets)(((octet_masks)v & low_v) | ((octet_masks)bottom & ~low_v));
             top2 = (octets)(((octet_masks)w & (w > top2)) | ((octet_masks)top2 & ~(w > top2)));
-            bottom2 = (octets)(((octet_masks)w & (w < bottom2)) | ((octet_masks)bottom2 & ~(w < bottom2)));
+            bottom2 = (octets)(((octet_masks)w & low_w) | ((octet_masks)bottom2 & ~low_w));
         }
         for (int j = 0; j < 8; j++) {
             high = fmax(high, fmax(top[j], top2[j]));
@@ -184,16 +187,17 @@ static void extremes(const Row *row, double *largest, double *lowest) {
         }
         for (; i < size; i++) {
             high = row->f32[i] > high ? row->f32[i] : high;
-            low = row->f32[i] < low ? row->f32[i] : low;
+            low = row->f32[i] < low && row->f32[i] > -INFINITY ? row->f32[i] : low;
         }
     } else {
         lanes top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, bottom = -top, top2 = top, bottom2 = bottom;
         for (; i + 8 <= size; i += 8) {
             lanes v = load(row->f64 + i), w = load(row->f64 + i + 4);
+            masks low_v = (v < bottom) & (v > -INFINITY), low_w = (w < bottom2) & (w > -INFINITY);
             top = (lanes)(((masks)v & (v > top)) | ((masks)top & ~(v > top)));
-            bottom = (lanes)(((masks)v & (v < bottom)) | ((masks)bottom & ~(v < bottom)));
+            bottom = (lanes)(((masks)v & low_v) | ((masks)bottom & ~low_v));
             top2 = (lanes)(((masks)w & (w > top2)) | ((masks)top2 & ~(w > top2)));
-            bottom2 = (lanes)(((masks)w & (w < bottom2)) | ((masks)bottom2 & ~(w < bottom2)));
+            bottom2 = (lanes)(((masks)w & low_w) | ((masks)bottom2 & ~low_w));
         }
         for (int j = 0; j < 4; j++) {
             high = fmax(high, fmax(top[j], top2[j]));
@@ -201,11 +205,11 @@ static void extremes(const Row *row, double *largest, double *lowest) {
         }
         for (; i < size; i++) {
             high = row->f64[i] > high ? row->f64[i] : high;
-            low = row->f64[i] < low ? row->f64[i] : low;
+            low = row->f64[i] < low && row->f64[i] > -INFINITY ? row->f64[i] : low;
         }
     }
     *largest = high;
-    *lowest = low;
+    *lowest = low == INFINITY ? -INFINITY : low;
 }
 
 typedef struct {
@@ -254,29 +258,107 @@ static int32_t crossing_bucket(const double *mass, int64_t count, double top_p, 
     return (int32_t)(count - 1);
 }
 
+/* Top-p's buckets of value: an id's is its value less the largest, times `scale` (<= 0), cut to a whole
+ * number, `top` (the last) where that is not below it (-inf values, and those more than 64 below the
+ * largest). */
+typedef struct {
+    double largest, scale, top;
+} Bucketing;
+
+/* The bucket of a value as read (before the temperature): the weights pass's arithmetic, one value at a time. */
+static int32_t bucket_of(const Row *row, const Bucketing *by, double raw) {
+    double product = ((row->f32 ? raw / row->temperature : raw) - by->largest) * by->scale;
+    return product < by->top ? (int32_t)product : (int32_t)by->top;
+}
+
+/* Doubles as 64-bit integers in the same order (-0 and +0 as one), and back. */
+static int64_t ordered(double x) {
+    int64_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    return bits >= 0 ? bits : INT64_MIN - bits;
+}
+
+static double from_ordered(int64_t key) {
+    int64_t bits = key >= 0 ? key : INT64_MIN - key;
+    double x;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+/* The lowest value as read whose bucket is `bucket` or above it (a lower number): the ids at or above it are
+ * those buckets' ids, and none below it is. -inf where the row's lowest value but -inf (`low`) is one; else
+ * by halves of the doubles between `low` and the largest value as read (`high`, bucket 0), at most 64. */
+static double lowest_at_most(const Row *row, const Bucketing *by, double low, double high, int32_t bucket) {
+    if (bucket_of(row, by, low) <= bucket) return -INFINITY;
+    int64_t below = ordered(low), at = ordered(high); /* below's bucket is past `bucket`, at's is not */
+    while ((uint64_t)at - (uint64_t)below > 1) {
+        int64_t middle = (int64_t)((uint64_t)below + ((uint64_t)at - (uint64_t)below) / 2);
+        if (bucket_of(row, by, from_ordered(middle)) <= bucket)
+            at = middle;
+        else
+            below = middle;
+    }
+    return from_ordered(at);
+}
+
+/* The smallest float32 at or above x: a float32 is at or above it exactly when it is at or above x. */
+static float float_at_or_above(double x) {
+    float f = (float)x;
+    return (double)f < x ? nextafterf(f, INFINITY) : f;
+}
+
+/* The row's value `i` as read. */
+static inline double raw_value(const Row *row, int64_t i) { return row->f32 ? (double)row->f32[i] : row->f64[i]; }
+
+/* Whether any of the 8 * `sets` float32 values from `at` is in [low, high). */
+static inline int any_between(const float *at, int sets, octets low, octets high) {
+    octet_masks hit = {0};
+    for (int k = 0; k < sets; k++) {
+        octets v;
+        memcpy(&v, at + 8 * k, sizeof v);
+        hit |= (v >= low) & (v < high);
+    }
+    masks pairs = (masks)hit; /* the eight as four: one test of them */
+    return ((pairs[0] | pairs[1]) | (pairs[2] | pairs[3])) != 0;
+}
+
+/* Into `members`, in id order, the ids of nonzero weight whose values as read are in [low, high): the
+ * crossing bucket's. Of float32, 32 values tested at a time (most hold none of them). */
+static int64_t members_between(const Row *row, double low, double high, const double *restrict weights,
+                               int32_t *restrict members) {
+    int64_t count = 0, i = 0, size = row->size;
+    if (row->f32) {
+        float low32 = float_at_or_above(low), high32 = float_at_or_above(high);
+        const octets lows = {low32, low32, low32, low32, low32, low32, low32, low32};
+        const octets highs = {high32, high32, high32, high32, high32, high32, high32, high32};
+        for (; i + 32 <= size; i += 32) {
+            if (!any_between(row->f32 + i, 4, lows, highs)) continue;
+            for (int64_t j = i; j < i + 32; j++)
+                if (row->f32[j] >= low32 && row->f32[j] < high32 && weights[j] > 0.0) members[count++] = (int32_t)j;
+        }
+    }
+    for (; i < size; i++) {
+        double v = raw_value(row, i);
+        if (v >= low && v < high && weights[i] > 0.0) members[count++] = (int32_t)i;
+    }
+    return count;
+}
+
 /* The crossing bucket's ids of nonzero weight, by value descending, lower id first: those top-p takes keep
  * their weight, the rest (lower, or tied at the last taken one's value and above it in id) weigh 0 from now
  * on. Returns the kept ids' total weight; -1 where the bucket weighs nothing (host_draw's to draw), -2 where
- * the sort buffer could not be had. */
-static double take_crossing(const Row *row, double largest, int32_t crossing, double before, double target,
-                            double *restrict weights, const int32_t *restrict buckets, int32_t *restrict members) {
-    int64_t count = 0;
-    const octet_masks wanted = {crossing, crossing, crossing, crossing, crossing, crossing, crossing, crossing};
-    for (int64_t i = 0; i < row->size; i += 8) { /* eight buckets at a time: most hold none of the crossing's ids */
-        int64_t end = i + 8 < row->size ? i + 8 : row->size;
-        if (end == i + 8) {
-            octet_masks at;
-            memcpy(&at, buckets + i, sizeof at);
-            masks hit = (masks)(at == wanted);
-            if (!(hit[0] | hit[1] | hit[2] | hit[3])) continue;
-        }
-        for (int64_t j = i; j < end; j++)
-            if (buckets[j] == crossing && weights[j] > 0.0) members[count++] = (int32_t)j;
-    }
+ * the sort buffer could not be had. `edge`: the crossing bucket's lowest value as read (ids below it are
+ * not kept). */
+static double take_crossing(const Row *row, const Bucketing *by, double low, double high, int32_t crossing,
+                            double before, double target, double *restrict weights, int32_t *restrict members,
+                            double *edge) {
+    *edge = lowest_at_most(row, by, low, high, crossing);
+    double above = crossing > 0 ? lowest_at_most(row, by, low, high, crossing - 1) : INFINITY;
+    int64_t count = members_between(row, *edge, above, weights, members);
     if (!count) return -1.0; /* not met: the crossing bucket holds weight, or a later one would be the crossing */
     Member *inside = malloc(sizeof(Member) * count);
     if (!inside) return -2.0;
-    for (int64_t j = 0; j < count; j++) inside[j] = (Member){value_at(row, members[j]) - largest, members[j]};
+    for (int64_t j = 0; j < count; j++) inside[j] = (Member){value_at(row, members[j]) - by->largest, members[j]};
     qsort(inside, count, sizeof(Member), descending);
     int64_t taken = 0;
     double running = before, kept = before;
@@ -294,32 +376,40 @@ static double take_crossing(const Row *row, double largest, int32_t crossing, do
     return kept;
 }
 
-/* Which of the four ids from `at` are kept: every one, or those of a bucket at or above the crossing. */
-static inline masks kept_at(const int32_t *buckets, int64_t at, int64_t size, int32_t crossing) {
-    if (!buckets) return (masks){-1, -1, -1, -1};
-    quads b = {crossing + 1, crossing + 1, crossing + 1, crossing + 1};
-    if (at + 4 <= size)
-        memcpy(&b, buckets + at, sizeof b);
-    else
-        for (int64_t j = 0; at + j < size; j++) b[j] = buckets[at + j];
-    return __builtin_convertvector(b <= crossing, masks);
+/* Where ids are kept from: a row's values as read at or above `edge` (of float32 values: those at or above
+ * `edge32`, the same ones), or every id (no row). */
+typedef struct {
+    const Row *row;
+    double edge;
+    float edge32;
+} Kept;
+
+/* Which of the four ids from `at` are kept (past the row's end: none). */
+static inline masks kept_at(const Kept *kept, int64_t at) {
+    if (!kept->row) return (masks){-1, -1, -1, -1};
+    if (!kept->row->f32 || at + 4 > kept->row->size) return raw_at(kept->row, at) >= kept->edge;
+    floats v;
+    memcpy(&v, kept->row->f32 + at, sizeof v);
+    const floats edges = {kept->edge32, kept->edge32, kept->edge32, kept->edge32};
+    return __builtin_convertvector(v >= edges, masks);
 }
+
+static inline int kept_id(const Kept *kept, int64_t i) { return !kept->row || raw_value(kept->row, i) >= kept->edge; }
 
 /* The inverse CDF over the kept weights (all, or those kept_at keeps), whose total is `total`: of the ids of
  * nonzero weight, in id order, the first whose cumulative weight passes `uniform` times the total, found
  * block by block of BLOCK ids; the last of them where rounding leaves none. */
-static int64_t pick(const double *weights, const int32_t *buckets, int32_t crossing, int64_t size, double total,
-                    double uniform) {
+static int64_t pick(const double *weights, const Kept *kept, int64_t size, double total, double uniform) {
     double target = uniform * total, running = 0.0;
     for (int64_t start = 0; start < size; start += BLOCK) {
         int64_t end = start + BLOCK < size ? start + BLOCK : size;
         lanes sum = {0.0, 0.0, 0.0, 0.0};
-        for (int64_t i = start; i < end; i += 4) sum += only(kept_at(buckets, i, end, crossing), load_upto(weights, i, end, 0.0));
+        for (int64_t i = start; i < end; i += 4) sum += only(kept_at(kept, i), load_upto(weights, i, end, 0.0));
         double block = (sum[0] + sum[1]) + (sum[2] + sum[3]);
         if (running + block > target) {
             int64_t found = -1;
             for (int64_t i = start; i < end; i++) {
-                double w = !buckets || buckets[i] <= crossing ? weights[i] : 0.0;
+                double w = kept_id(kept, i) ? weights[i] : 0.0;
                 running += w;
                 if (running > target) return i;
                 found = w > 0.0 ? i : found;
@@ -329,21 +419,21 @@ static int64_t pick(const double *weights, const int32_t *buckets, int32_t cross
         running += block;
     }
     for (int64_t i = size - 1; i >= 0; i--)
-        if (weights[i] > 0.0 && (!buckets || buckets[i] <= crossing)) return i;
+        if (weights[i] > 0.0 && kept_id(kept, i)) return i;
     return -1;
 }
 
 /* The weights pass's bookkeeping of four ids from `at`, their values less the largest (`shifted`) and the exps
  * of those: the ids min-p keeps (at or above `edge`) weigh their exp, the others 0; the weights stored, summed
- * and the kept ones counted, and under top-p (buckets not NULL) each id's bucket of value, host_draw.
- * top_p_edge's (the largest in bucket 0, -inf ids in the last), with the buckets' sums. Called in id order,
- * so every sum runs as it would one id after another by four lanes. */
+ * and the kept ones counted, and under top-p (mass not NULL) the weights added to their buckets' sums (those
+ * past the row's end weigh 0, in the last bucket). Called in id order, so every sum runs as it would one id
+ * after another by four lanes. */
 typedef struct {
     double *weights;
-    int32_t *buckets;
     double *mass;
     int64_t size;
-    double edge, scale, top;
+    double edge;
+    Bucketing by;
     lanes sum;
     masks kept; /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
 } Weighing;
@@ -354,37 +444,34 @@ static inline void weigh(Weighing *weighing, int64_t at, lanes shifted, lanes ex
     store_upto(weighing->weights, at, weighing->size, w);
     weighing->sum += w;
     weighing->kept += keep;
-    if (!weighing->buckets) return;
-    const lanes tops = {weighing->top, weighing->top, weighing->top, weighing->top};
-    lanes product = shifted * weighing->scale;
+    if (!weighing->mass) return;
+    const double top = weighing->by.top;
+    const lanes tops = {top, top, top, top};
+    lanes product = shifted * weighing->by.scale; /* bucket_of's */
     masks under = product < tops;
     quads bucket = __builtin_convertvector((lanes)(((masks)product & under) | ((masks)tops & ~under)), quads);
-    for (int64_t j = 0; j < 4 && at + j < weighing->size; j++) {
-        weighing->buckets[at + j] = bucket[j];
-        weighing->mass[bucket[j]] += w[j];
-    }
+    for (int j = 0; j < 4; j++) weighing->mass[bucket[j]] += w[j];
 }
 
 /* One row's id, or -1 where host_draw would take min-p's few ids (at most size / FEW kept) or every id is
  * -inf; -2 where memory ran out. Three passes over the row: its largest and lowest values; each id's weight
- * (and, under top-p, its bucket of value and the buckets' sums); the pick's, which stops at its block. */
+ * (and, under top-p, the buckets' sums); the pick's, which stops at its block. Under top-p, between the
+ * second and the third, the crossing bucket's ids (a pass that compares values and sorts the few it finds). */
 static int64_t draw_row(const Row *row, double min_p, double top_p, double uniform, double *restrict weights,
-                        int32_t *restrict buckets, int32_t *restrict members) {
+                        int32_t *restrict members) {
     int64_t size = row->size;
-    double largest, lowest;
-    extremes(row, &largest, &lowest);
-    if (row->f32) { /* the division keeps the order: the largest and lowest of the divided values */
-        largest /= row->temperature;
-        lowest /= row->temperature;
-    }
+    double high, low; /* as read */
+    extremes(row, &high, &low);
+    /* the division keeps the order: the largest and lowest of the divided values */
+    double largest = row->f32 ? high / row->temperature : high, lowest = row->f32 ? low / row->temperature : low;
     if (largest == -INFINITY) return -1;
     double edge = min_p > 0.0 ? log(min_p) : -INFINITY;
     int64_t count = bucket_count(size);
     double low_edge = lowest - largest > -64.0 ? lowest - largest : -64.0; /* lower: the last bucket */
-    double scale = low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, top = (double)(count - 1);
+    Bucketing by = {largest, low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, (double)(count - 1)};
     double mass[BUCKETS];
     memset(mass, 0, sizeof(double) * count);
-    Weighing weighing = {weights, top_p < 1.0 ? buckets : NULL, mass, size, edge, scale, top, {0.0}, {0}};
+    Weighing weighing = {weights, top_p < 1.0 ? mass : NULL, size, edge, by, {0.0}, {0}};
     int64_t i = 0;
     for (; i + 4 * CHAINS <= size; i += 4 * CHAINS) { /* CHAINS exps side by side: none waits on another */
         lanes shifted[CHAINS], exps[CHAINS];
@@ -403,23 +490,22 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
     if (edge > -INFINITY && kept <= size / FEW) return -1;
     lanes sum = weighing.sum;
     double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
-    if (top_p >= 1.0) return pick(weights, NULL, 0, size, total, uniform);
-    double before, target;
+    if (top_p >= 1.0) return pick(weights, &(Kept){NULL, 0.0, 0.0f}, size, total, uniform);
+    double before, target, kept_from;
     int32_t crossing = crossing_bucket(mass, count, top_p, &before, &target);
-    total = take_crossing(row, largest, crossing, before, target, weights, buckets, members);
+    total = take_crossing(row, &by, low, high, crossing, before, target, weights, members, &kept_from);
     if (total < 0.0) return (int64_t)total;
-    return pick(weights, buckets, crossing, size, total, uniform);
+    return pick(weights, &(Kept){row, kept_from, float_at_or_above(kept_from)}, size, total, uniform);
 }
 
 /* Each of n rows' id (ids, n int64): rows of `size` float64 values `stride` apart, each with its min-p,
- * top-p and uniform number; `weights` a buffer of `size` float64, `buckets` and `members` of `size` int32.
+ * top-p and uniform number; `weights` a buffer of `size` float64, `members` of `size` int32.
  * -1 for a row host_draw draws otherwise; -2 where memory ran out. */
 void whole_draws(const double *rows, int64_t n, int64_t size, int64_t stride, const double *min_p,
-                 const double *top_p, const double *uniform, double *weights, int32_t *buckets, int32_t *members,
-                 int64_t *ids) {
+                 const double *top_p, const double *uniform, double *weights, int32_t *members, int64_t *ids) {
     for (int64_t r = 0; r < n; r++) {
         Row row = {NULL, rows + r * stride, 1.0, size};
-        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, buckets, members);
+        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, members);
     }
 }
 
@@ -428,10 +514,10 @@ void whole_draws(const double *rows, int64_t n, int64_t size, int64_t stride, co
  * divided them (float64 values of the same division). */
 void whole_draws_logits(const float *const *rows, int64_t n, int64_t size, const double *temperature,
                         const double *min_p, const double *top_p, const double *uniform, double *weights,
-                        int32_t *buckets, int32_t *members, int64_t *ids) {
+                        int32_t *members, int64_t *ids) {
     for (int64_t r = 0; r < n; r++) {
         Row row = {rows[r], NULL, temperature[r], size};
-        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, buckets, members);
+        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, members);
     }
 }
 

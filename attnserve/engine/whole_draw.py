@@ -57,8 +57,8 @@ def load() -> ctypes.CDLL | None:
 def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     """The library with its draws' signatures set, as the calls below pass their arguments."""
     pointer, count = ctypes.c_void_p, ctypes.c_int64
-    library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 7)
-    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 8)
+    library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 6)
+    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 7)
     library.whole_draws.restype = library.whole_draws_logits.restype = None
     library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
     library.whole_draw_scores.restype = ctypes.c_double
@@ -74,16 +74,15 @@ def available() -> bool:
 
 
 class Buffers(threading.local):
-    """Each thread's buffers for rows of one size (V,): the weights (float64), each id's bucket of value and
-    the crossing bucket's ids (int32 each)."""
+    """Each thread's buffers for rows of one size (V,): the weights (float64) and top-p's crossing bucket's
+    ids (int32)."""
 
     size = -1
 
-    def get(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         if size != self.size:
-            self.size, self.weights = size, np.empty(size)
-            self.buckets, self.members = np.empty(size, np.int32), np.empty(size, np.int32)
-        return self.weights, self.buckets, self.members
+            self.size, self.weights, self.members = size, np.empty(size), np.empty(size, np.int32)
+        return self.weights, self.members
 
 
 BUFFERS = Buffers()
@@ -130,14 +129,13 @@ def readable(logits: np.ndarray) -> bool:
 def call(function: Callable[..., None], size: int, head: tuple[int, ...], *per_row: np.ndarray) -> np.ndarray:
     """One of the library's draws: its leading arguments (the rows), the rows' float64 arguments, this
     thread's buffers for rows of `size` ids, and the ids it writes (-1 for a row it leaves to numpy)."""
-    weights, buckets, members = BUFFERS.get(size)
+    weights, members = BUFFERS.get(size)
     arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
     ids = np.empty(arguments[0].size, np.int64)
     function(
         *head,
         *(a.ctypes.data for a in arguments),
         weights.ctypes.data,
-        buckets.ctypes.data,
         members.ctypes.data,
         ids.ctypes.data,
     )
