@@ -310,10 +310,10 @@ static float float_at_or_above(double x) {
 /* The row's value `i` as read. */
 static inline double raw_value(const Row *row, int64_t i) { return row->f32 ? (double)row->f32[i] : row->f64[i]; }
 
-/* Whether any of the 8 * `sets` float32 values from `at` is in [low, high). */
-static inline int any_between(const float *at, int sets, octets low, octets high) {
+/* Whether any of the 32 values from `at` (float32, or float64) is in [low, high). */
+static inline int any_between32(const float *at, octets low, octets high) {
     octet_masks hit = {0};
-    for (int k = 0; k < sets; k++) {
+    for (int k = 0; k < 4; k++) {
         octets v;
         memcpy(&v, at + 8 * k, sizeof v);
         hit |= (v >= low) & (v < high);
@@ -322,19 +322,27 @@ static inline int any_between(const float *at, int sets, octets low, octets high
     return ((pairs[0] | pairs[1]) | (pairs[2] | pairs[3])) != 0;
 }
 
+static inline int any_between64(const double *at, lanes low, lanes high) {
+    masks hit = {0};
+    for (int k = 0; k < 8; k++) hit |= (load(at + 4 * k) >= low) & (load(at + 4 * k) < high);
+    return ((hit[0] | hit[1]) | (hit[2] | hit[3])) != 0;
+}
+
 /* Into `members`, in id order, the ids of nonzero weight whose values as read are in [low, high): the
- * crossing bucket's. Of float32, 32 values tested at a time (most hold none of them). */
+ * crossing bucket's. 32 values tested at a time (most hold none of them), then one by one. */
 static int64_t members_between(const Row *row, double low, double high, const double *restrict weights,
                                int32_t *restrict members) {
     int64_t count = 0, i = 0, size = row->size;
-    if (row->f32) {
-        float low32 = float_at_or_above(low), high32 = float_at_or_above(high);
-        const octets lows = {low32, low32, low32, low32, low32, low32, low32, low32};
-        const octets highs = {high32, high32, high32, high32, high32, high32, high32, high32};
-        for (; i + 32 <= size; i += 32) {
-            if (!any_between(row->f32 + i, 4, lows, highs)) continue;
-            for (int64_t j = i; j < i + 32; j++)
-                if (row->f32[j] >= low32 && row->f32[j] < high32 && weights[j] > 0.0) members[count++] = (int32_t)j;
+    float low32 = float_at_or_above(low), high32 = float_at_or_above(high);
+    const octets lows32 = {low32, low32, low32, low32, low32, low32, low32, low32};
+    const octets highs32 = {high32, high32, high32, high32, high32, high32, high32, high32};
+    const lanes lows = {low, low, low, low}, highs = {high, high, high, high};
+    for (; i + 32 <= size; i += 32) {
+        if (row->f32 ? !any_between32(row->f32 + i, lows32, highs32) : !any_between64(row->f64 + i, lows, highs))
+            continue;
+        for (int64_t j = i; j < i + 32; j++) {
+            double v = raw_value(row, j);
+            if (v >= low && v < high && weights[j] > 0.0) members[count++] = (int32_t)j;
         }
     }
     for (; i < size; i++) {
