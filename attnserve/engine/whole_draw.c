@@ -529,6 +529,21 @@ void whole_draws_logits(const float *const *rows, int64_t n, int64_t size, const
     }
 }
 
+/* One row's id as whole_draws_logits gives it (of float32 logits, divided by `temperature` as read), its
+ * arguments as they are: a single row's call costs its caller no arrays. */
+int64_t whole_draw_logits(const float *logits, int64_t size, double temperature, double min_p, double top_p,
+                          double uniform, double *weights, int32_t *members) {
+    Row row = {logits, NULL, temperature, size};
+    return draw_row(&row, min_p, top_p, uniform, weights, members);
+}
+
+/* The same of float64 values (already divided), as whole_draws gives it. */
+int64_t whole_draw_values(const double *values, int64_t size, double min_p, double top_p, double uniform,
+                          double *weights, int32_t *members) {
+    Row row = {NULL, values, 1.0, size};
+    return draw_row(&row, min_p, top_p, uniform, weights, members);
+}
+
 /* Keeps the `count` largest values met so far (ids ascending as met), descending, the lower id first on
  * ties: a value joins only above the last kept one, after those equal to it. Returns how many are kept. */
 static int64_t keep_largest(int64_t kept, int64_t count, int64_t id, float value, int64_t *ids, float *values) {

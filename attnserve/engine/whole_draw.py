@@ -60,6 +60,10 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 6)
     library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 7)
     library.whole_draws.restype = library.whole_draws_logits.restype = None
+    real = ctypes.c_double
+    library.whole_draw_logits.argtypes = (pointer, count, real, real, real, real, pointer, pointer)
+    library.whole_draw_values.argtypes = (pointer, count, real, real, real, pointer, pointer)
+    library.whole_draw_logits.restype = library.whole_draw_values.restype = count
     library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
     library.whole_draw_scores.restype = ctypes.c_double
     return library
@@ -82,7 +86,13 @@ class Buffers(threading.local):
     def get(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         if size != self.size:
             self.size, self.weights, self.members = size, np.empty(size), np.empty(size, np.int32)
+            self.addresses = (self.weights.ctypes.data, self.members.ctypes.data)
         return self.weights, self.members
+
+    def at(self, size: int) -> tuple[int, int]:
+        """get's buffers' addresses (a single row's call passes them as they are)."""
+        self.get(size)
+        return self.addresses
 
 
 BUFFERS = Buffers()
@@ -147,7 +157,7 @@ def draw(scaled: np.ndarray, min_p: float, top_p: float, uniform: float) -> int 
     if LIBRARY is None:
         return None
     row = scaled if scaled.dtype == np.float64 and scaled.strides[0] == 8 else np.ascontiguousarray(scaled, np.float64)
-    picked = int(draws(row[None], np.array([min_p]), np.array([top_p]), np.array([uniform]))[0])
+    picked = LIBRARY.whole_draw_values(row.ctypes.data, row.size, min_p, top_p, uniform, *BUFFERS.at(row.size))
     return None if picked < 0 else picked
 
 
@@ -156,8 +166,8 @@ def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: flo
     to numpy, or the row is not contiguous float32."""
     if LIBRARY is None or not readable(logits):
         return None
-    values = (np.array([v]) for v in (temperature, min_p, top_p, uniform))
-    picked = int(draws_logits([logits], *values)[0])
+    head = (logits.ctypes.data, logits.size, temperature, min_p, top_p, uniform)
+    picked = LIBRARY.whole_draw_logits(*head, *BUFFERS.at(logits.size))
     return None if picked < 0 else picked
 
 
