@@ -138,12 +138,13 @@ def few_pick_rows(rng: np.random.Generator, size: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("size", [8192, 50257])
-def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size, monkeypatch):
+def test_a_pick_from_the_few_ids_that_decide_it_is_the_whole_rows(size, monkeypatch, whole_draw_kind):
     """pick_from_few against pick_whole_row (the definition): top-k draws with min-p, top-p, a bias that
     bans and one that lifts an id into the top-k, and the three penalties on the likeliest ids; greedy rows'
     log-probabilities and top ids, with and without bans (the likeliest id among them), by numpy (the compiled
-    scores turned off here; test_greedy_rows_scored_compiled_are_the_definitions has them). The same pick,
-    bitwise; and the few ids do decide most of these rows."""
+    scores turned off here; test_greedy_rows_scored_compiled_are_the_definitions has them). The few ids
+    found compiled (whole_draw.likeliest) and by numpy's group maxima. The same pick, bitwise; and the few
+    ids do decide most of these rows."""
     monkeypatch.setattr(whole_draw, "scores", lambda *_: None)
     rng = np.random.default_rng(size)
     decided = 0

@@ -163,6 +163,29 @@ def test_greedy_scores_are_the_definitions_at_every_length(size):
         assert got[2] == pytest.approx(total, rel=1e-13, abs=0)
 
 
+@pytest.mark.parametrize("size", [*range(1, 21), 8192, 50257])
+def test_the_likeliest_ids_are_every_id_at_least_the_count_th_largest(size):
+    """whole_draw.likeliest (likeliest.candidates' compiled ids) on flat, peaked and rounded (ties at the
+    count-th) rows, some ids -inf: every id at least as large as the count-th largest value, ascending;
+    None where more than `room` are, or fewer than `count` are above -inf."""
+    rng = np.random.default_rng(size + 7)
+    for trial in range(24):
+        logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0][trial % 3]).astype(np.float32)
+        if trial % 4 == 1:
+            logits = np.round(logits, 1)
+        if trial % 4 == 2:
+            logits[rng.integers(0, size, size // 3 + 1)] = -np.inf
+        count = min([1, 3, 6, 50][trial % 4], size)
+        finite = np.sort(logits[np.isfinite(logits)])
+        room = [size, max(1, size // 8)][trial % 2]
+        got = whole_draw.likeliest(logits, count, room)
+        if finite.size < count:
+            assert got is None, (size, trial)
+            continue
+        expected = np.flatnonzero(logits >= finite[-count])
+        assert (got.tolist() if got is not None else None) == (expected.tolist() if expected.size <= room else None)
+
+
 def test_greedy_scores_it_leaves_to_numpy():
     """Fewer ids than asked for that are neither banned nor -inf, and a row that is not contiguous float32: None."""
     row = np.full(12, -np.inf, np.float32)

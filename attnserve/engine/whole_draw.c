@@ -27,6 +27,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define BLOCK 64
 #define FEW 8
@@ -162,6 +165,16 @@ static inline double value_at(const Row *row, int64_t i) {
 
 typedef float octets __attribute__((vector_size(32)));
 typedef int32_t octet_masks __attribute__((vector_size(32)));
+
+/* Whether any of eight lanes is set: one movemask on x86-64, else the eight as four 64-bit lanes. */
+static inline int any_set(octet_masks m) {
+#if defined(__x86_64__)
+    return _mm256_movemask_ps((__m256)m) != 0;
+#else
+    masks pairs = (masks)m;
+    return ((pairs[0] | pairs[1]) | (pairs[2] | pairs[3])) != 0;
+#endif
+}
 
 /* The row's largest value and its smallest but -inf as read (before the temperature; -inf where every value
  * is): eight lanes of float32, or two sets of four of float64, so that no lane waits on the one before it. */
@@ -318,8 +331,7 @@ static inline int any_between32(const float *at, octets low, octets high) {
         memcpy(&v, at + 8 * k, sizeof v);
         hit |= (v >= low) & (v < high);
     }
-    masks pairs = (masks)hit; /* the eight as four: one test of them */
-    return ((pairs[0] | pairs[1]) | (pairs[2] | pairs[3])) != 0;
+    return any_set(hit);
 }
 
 static inline int any_between64(const double *at, lanes low, lanes high) {
@@ -566,6 +578,59 @@ static int is_banned(int64_t id, const int64_t *banned, int64_t banned_count) {
     return 0;
 }
 
+/* The `count` largest values of float32 logits (size,) but those of `banned` (banned_count ids) and -inf,
+ * descending, the lower id first on ties, into `values` with their ids into `ids`: eight values at once
+ * against the least kept. Returns how many are kept (fewer than `count` where fewer are above -inf). */
+static int64_t largest_values(const float *row, int64_t size, const int64_t *banned, int64_t banned_count,
+                              int64_t count, int64_t *ids, float *values) {
+    int64_t kept = 0, i = 0;
+    float least = -INFINITY;
+    for (; i + 8 <= size; i += 8) {
+        octets v;
+        memcpy(&v, row + i, sizeof v);
+        if (!any_set(v > least)) continue;
+        for (int j = 0; j < 8; j++)
+            if (v[j] > least && !is_banned(i + j, banned, banned_count)) {
+                kept = keep_largest(kept, count, i + j, v[j], ids, values);
+                least = kept == count ? values[count - 1] : -INFINITY;
+            }
+    }
+    for (; i < size; i++)
+        if (row[i] > least && !is_banned(i, banned, banned_count)) {
+            kept = keep_largest(kept, count, i, row[i], ids, values);
+            least = kept == count ? values[count - 1] : -INFINITY;
+        }
+    return kept;
+}
+
+/* The ids (ascending) of float32 logits (size,) at least as large as their `count`-th largest value, ties
+ * kept, into `ids` (room for `room`): how many, or -1 where more than `room` are or fewer than `count` values
+ * are above -inf. Two passes: the `count` largest values (largest_values, into `values` and `order`, `count`
+ * each), then every id at or above the last of them. */
+int64_t whole_draw_likeliest(const float *row, int64_t size, int64_t count, int64_t room, int64_t *ids,
+                             float *values, int64_t *order) {
+    if (largest_values(row, size, NULL, 0, count, order, values) < count) return -1;
+    float least = values[count - 1];
+    int64_t found = 0, i = 0;
+    const octets edges = {least, least, least, least, least, least, least, least};
+    for (; i + 8 <= size; i += 8) {
+        octets v;
+        memcpy(&v, row + i, sizeof v);
+        if (!any_set(v >= edges)) continue;
+        for (int j = 0; j < 8; j++)
+            if (v[j] >= least) {
+                if (found == room) return -1;
+                ids[found++] = i + j;
+            }
+    }
+    for (; i < size; i++)
+        if (row[i] >= least) {
+            if (found == room) return -1;
+            ids[found++] = i;
+        }
+    return found;
+}
+
 /* The sum of e^(value - largest) over float32 values [start, end) of `row`: CHAINS sets of four lanes side
  * by side, added into `sums` (the caller adds the lanes up in one order). */
 static void add_exps(const float *row, int64_t start, int64_t end, double largest, lanes *sums) {
@@ -587,27 +652,10 @@ static void add_exps(const float *row, int64_t start, int64_t end, double larges
  * none of `banned` (banned_count ids, ascending) among them, and the sum over every id not banned of
  * e^(value - largest), largest the first of them, as log_softmax's float64 sum (the order of its additions
  * aside); kept_count is how many were kept (0: every id banned or -inf, and the sum 0). Two passes over the
- * row: eight values at once against the least kept, then the exps. */
+ * row: largest_values's, then the exps. */
 double whole_draw_scores(const float *row, int64_t size, const int64_t *banned, int64_t banned_count,
                          int64_t count, int64_t *ids, float *values, int64_t *kept_count) {
-    int64_t kept = 0, i = 0;
-    float least = -INFINITY;
-    for (; i + 8 <= size; i += 8) {
-        octets v;
-        memcpy(&v, row + i, sizeof v);
-        octet_masks above = v > least;
-        if (!(above[0] | above[1] | above[2] | above[3] | above[4] | above[5] | above[6] | above[7])) continue;
-        for (int j = 0; j < 8; j++)
-            if (v[j] > least && !is_banned(i + j, banned, banned_count)) {
-                kept = keep_largest(kept, count, i + j, v[j], ids, values);
-                least = kept == count ? values[count - 1] : -INFINITY;
-            }
-    }
-    for (; i < size; i++)
-        if (row[i] > least && !is_banned(i, banned, banned_count)) {
-            kept = keep_largest(kept, count, i, row[i], ids, values);
-            least = kept == count ? values[count - 1] : -INFINITY;
-        }
+    int64_t kept = largest_values(row, size, banned, banned_count, count, ids, values);
     *kept_count = kept;
     if (!kept) return 0.0;
     double largest = values[0];

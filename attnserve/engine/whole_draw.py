@@ -9,7 +9,9 @@ alone or in a batch (host_draw.draw and batch_draw.draws both ask it first).
 The same library scores a greedy row that asks for log-probabilities (`scores`: its likeliest ids and the
 float64 sum of exps over the row, in two passes over the float32 logits, where numpy makes a float64 copy
 and three more): sampling.compiled_greedy takes it for every such row but a beam's, alone or together
-(scores_rows); their log-probabilities are within about 1e-13 of log_softmax's, their ids the same.
+(scores_rows); their log-probabilities are within about 1e-13 of log_softmax's, their ids the same. And it
+finds the few ids a top-k draw is decided by (`likeliest`: every id at least as large as the count-th
+largest, for likeliest.candidates).
 
 Where the library is not built (no C compiler at install) or the CPU lacks what it was built for (AVX2
 and FMA on x86-64), or ATTNSERVE_WHOLE_DRAW=numpy is set, `available()` is False and numpy draws.
@@ -66,6 +68,8 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     library.whole_draw_logits.restype = library.whole_draw_values.restype = count
     library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
     library.whole_draw_scores.restype = ctypes.c_double
+    library.whole_draw_likeliest.argtypes = (pointer, count, count, count, pointer, pointer, pointer)
+    library.whole_draw_likeliest.restype = count
     return library
 
 
@@ -184,6 +188,19 @@ def scores(logits: np.ndarray, count: int, banned: np.ndarray) -> tuple[np.ndarr
     head = (logits.ctypes.data, logits.size, banned.ctypes.data, banned.size, count)
     total = LIBRARY.whole_draw_scores(*head, ids.ctypes.data, values.ctypes.data, ctypes.byref(kept))
     return (ids, values, total) if kept.value == count else None
+
+
+def likeliest(logits: np.ndarray, count: int, room: int) -> np.ndarray | None:
+    """The ids (ascending, int64) of float32 logits (V,) at least as large as their `count`-th largest, ties
+    kept, compiled (two passes over the row); None where the library is not here, the row is not contiguous
+    float32, more than `room` ids are that large, or fewer than `count` are above -inf."""
+    if LIBRARY is None or not readable(logits):
+        return None
+    ids, values, order = np.empty(room, np.int64), np.empty(count, np.float32), np.empty(count, np.int64)
+    found = LIBRARY.whole_draw_likeliest(
+        logits.ctypes.data, logits.size, count, room, ids.ctypes.data, values.ctypes.data, order.ctypes.data
+    )
+    return None if found < 0 else ids[:found]
 
 
 def scores_rows(
