@@ -1,9 +1,11 @@
 """The host's compiled draw (attnserve/engine/whole_draw.c) of two checkouts against each other, in one
 process: each side's C file compiled here as setuptools builds it (the interpreter's CC and CFLAGS, -O3,
--shared), both libraries loaded with ctypes and called through this checkout's whole_draw.draws_logits
-(one thread), the sides alternating call by call. Per kind, R rows of V float32 logits: `top_p_flat`
+-shared), both libraries loaded with ctypes and their batch draw (whole_draws_logits) called with each
+one's own arguments (one thread; a tree whose C file takes a bucket buffer, before d6897ae, is passed one),
+the sides alternating call by call. Per kind, R rows of V float32 logits: `top_p_flat`
 (temperature 0.8, top-p 0.95 over values with no likely ids, as a model with random weights gives),
-`top_p` (the same over a few likely ids and a long tail) and `whole` (temperature 0.7, every id). Before
+`top_p_banned` (the same with one id banned, at -inf, as ignore_eos or min_tokens leave EOS), `top_p` (top-p
+over a few likely ids and a long tail) and `whole` (temperature 0.7, every id). Before
 each call a sweep of 128 MB evicts the rows from the caches (--warm: no sweep), as a decode step does.
 Reports each side's microseconds a row, median (min-max) over the rounds, b/a, and whether the two
 sides picked the same ids every time; then one JSON object last.
@@ -27,19 +29,19 @@ from pathlib import Path
 
 import numpy as np
 
-from attnserve.engine import whole_draw
 from attnserve.report_stamp import Stamp
 from benchmarks.serving import emit, spread
 
 HERE = Path(__file__).resolve().parent.parent
 SOURCE = Path("attnserve/engine/whole_draw.c")
-KINDS = {"top_p_flat": (0.8, 0.95), "top_p": (0.8, 0.95), "whole": (0.7, 1.0)}  # temperature, top-p
+# each kind's temperature and top-p
+KINDS = {"top_p_flat": (0.8, 0.95), "top_p_banned": (0.8, 0.95), "top_p": (0.8, 0.95), "whole": (0.7, 1.0)}
 SWEEP = 16 << 20  # float64s: 128 MB
 
 
-def build(tree: Path, out: Path) -> ctypes.CDLL:
-    """`tree`'s whole_draw.c compiled as setuptools compiles the extension, loaded with whole_draw's
-    signatures."""
+def build(tree: Path, out: Path) -> tuple[ctypes.CDLL, bool]:
+    """`tree`'s whole_draw.c compiled as setuptools compiles the extension, loaded (draws_of calls it), and
+    whether its draws take a bucket buffer (an int32 per id, before the members')."""
     compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
     flags = shlex.split(sysconfig.get_config_var("CFLAGS") or "") + shlex.split(
         sysconfig.get_config_var("CCSHARED") or ""
@@ -48,7 +50,26 @@ def build(tree: Path, out: Path) -> ctypes.CDLL:
     subprocess.run(
         [*compiler, *flags, "-O3", "-shared", f"-I{include}", str(tree / SOURCE), "-o", str(out)], check=True
     )
-    return whole_draw.typed(ctypes.CDLL(str(out)))
+    return ctypes.CDLL(str(out)), "int32_t *buckets" in (tree / SOURCE).read_text()
+
+
+def draws_of(side: tuple[ctypes.CDLL, bool], logits: list[np.ndarray], *per_row: np.ndarray) -> np.ndarray:
+    """whole_draws_logits of a side's library over float32 rows (V,) each, by their temperature, min-p, top-p
+    and uniform number (n,) each: its ids (n,), -1 where it leaves a row to numpy."""
+    library, buckets = side
+    size, n = logits[0].size, len(logits)
+    pointers = np.array([row.ctypes.data for row in logits], np.uintp)
+    weights, members, ids = np.empty(size), np.empty(size, np.int32), np.empty(n, np.int64)
+    buffers = [weights, np.empty(size, np.int32), members] if buckets else [weights, members]
+    arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
+    library.whole_draws_logits.restype = None
+    library.whole_draws_logits(
+        ctypes.c_void_p(pointers.ctypes.data),
+        ctypes.c_int64(n),
+        ctypes.c_int64(size),
+        *(ctypes.c_void_p(a.ctypes.data) for a in [*arguments, *buffers, ids]),
+    )
+    return np.where(ids < 0, -1, ids)
 
 
 def rows_of(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -56,6 +77,8 @@ def rows_of(kind: str, rows: int, vocab: int, rng: np.random.Generator) -> list[
     if kind == "top_p":
         for row in logits:
             row[rng.integers(0, vocab, 20)] += rng.uniform(6, 12)
+    if kind == "top_p_banned":
+        logits[:, 0] = -np.inf
     return list(logits)
 
 
@@ -71,7 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the JSON result here")
     args = p.parse_args(argv)
     stamp = Stamp.start(provider="cpu")
-    whole_draw.DRAW_THREADS = 1
     sides = {}
     with tempfile.TemporaryDirectory() as work:
         for side, tree in (("a", args.tree_a), ("b", args.tree_b)):
@@ -88,12 +110,16 @@ def main(argv: list[str] | None = None) -> int:
             uniform = rng.random(args.rows)
             picked = {}
             for side in ("a", "b") if round_ % 2 == 0 else ("b", "a"):
-                whole_draw.LIBRARY = sides[side]
                 if not args.warm:
                     sweep += 1.0
                 start = time.perf_counter()
-                picked[side] = whole_draw.draws_logits(
-                    logits, np.full(args.rows, temperature), np.zeros(args.rows), np.full(args.rows, top_p), uniform
+                picked[side] = draws_of(
+                    sides[side],
+                    logits,
+                    np.full(args.rows, temperature),
+                    np.zeros(args.rows),
+                    np.full(args.rows, top_p),
+                    uniform,
                 )
                 if round_ >= 2:
                     per_row[side].append((time.perf_counter() - start) * 1e6 / args.rows)
