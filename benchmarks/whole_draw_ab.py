@@ -60,7 +60,7 @@ def draws_of(side: tuple[ctypes.CDLL, bool], logits: list[np.ndarray], *per_row:
     size, n = logits[0].size, len(logits)
     pointers = np.array([row.ctypes.data for row in logits], np.uintp)
     weights, members, ids = np.empty(size), np.empty(size, np.int32), np.empty(n, np.int64)
-    buffers = [weights, np.empty(size, np.int32), members] if buckets else [weights, members]
+    buffers: list[np.ndarray] = [weights, np.empty(size, np.int32), members] if buckets else [weights, members]
     arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
     library.whole_draws_logits.restype = None
     library.whole_draws_logits(
