@@ -314,7 +314,8 @@ static double lowest_at_most(const Row *row, const Bucketing *by, double low, do
     return from_ordered(at);
 }
 
-/* The smallest float32 at or above x: a float32 is at or above it exactly when it is at or above x. */
+/* The smallest float32 at or above x (within float32's range, or infinite): a float32 is at or above it
+ * exactly when it is at or above x. */
 static float float_at_or_above(double x) {
     float f = (float)x;
     return (double)f < x ? nextafterf(f, INFINITY) : f;
@@ -345,7 +346,7 @@ static inline int any_between64(const double *at, lanes low, lanes high) {
 static int64_t members_between(const Row *row, double low, double high, const double *restrict weights,
                                int32_t *restrict members) {
     int64_t count = 0, i = 0, size = row->size;
-    float low32 = float_at_or_above(low), high32 = float_at_or_above(high);
+    float low32 = row->f32 ? float_at_or_above(low) : 0.0f, high32 = row->f32 ? float_at_or_above(high) : 0.0f;
     const octets lows32 = {low32, low32, low32, low32, low32, low32, low32, low32};
     const octets highs32 = {high32, high32, high32, high32, high32, high32, high32, high32};
     const lanes lows = {low, low, low, low}, highs = {high, high, high, high};
@@ -515,7 +516,8 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
     int32_t crossing = crossing_bucket(mass, count, top_p, &before, &target);
     total = take_crossing(row, &by, low, high, crossing, before, target, weights, members, &kept_from);
     if (total < 0.0) return (int64_t)total;
-    return pick(weights, &(Kept){row, kept_from, float_at_or_above(kept_from)}, size, total, uniform);
+    float kept_from32 = row->f32 ? float_at_or_above(kept_from) : 0.0f; /* a float32 row's values bound it */
+    return pick(weights, &(Kept){row, kept_from, kept_from32}, size, total, uniform);
 }
 
 /* Each of n rows' id (ids, n int64): rows of `size` float64 values `stride` apart, each with its min-p,
