@@ -50,23 +50,36 @@ def build(tree: Path, out: Path) -> tuple[ctypes.CDLL, bool]:
     subprocess.run(
         [*compiler, *flags, "-O3", "-shared", f"-I{include}", str(tree / SOURCE), "-o", str(out)], check=True
     )
-    return ctypes.CDLL(str(out)), "int32_t *buckets" in (tree / SOURCE).read_text()
-
-
-def draws_of(side: tuple[ctypes.CDLL, bool], logits: list[np.ndarray], *per_row: np.ndarray) -> np.ndarray:
-    """whole_draws_logits of a side's library over float32 rows (V,) each, by their temperature, min-p, top-p
-    and uniform number (n,) each: its ids (n,), -1 where it leaves a row to numpy."""
-    library, buckets = side
-    size, n = logits[0].size, len(logits)
-    pointers = np.array([row.ctypes.data for row in logits], np.uintp)
-    weights, members, ids = np.empty(size), np.empty(size, np.int32), np.empty(n, np.int64)
-    buffers: list[np.ndarray] = [weights, np.empty(size, np.int32), members] if buckets else [weights, members]
-    arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
+    library = ctypes.CDLL(str(out))
     library.whole_draws_logits.restype = None
+    return library, "int32_t *buckets" in (tree / SOURCE).read_text()
+
+
+def buffers_for(vocab: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The draws' buffers for rows of `vocab` ids, made once and shared by the sides (as whole_draw.BUFFERS
+    keeps a thread's): the weights (float64), a bucket per id and the crossing's ids (int32 each)."""
+    return np.empty(vocab), np.empty(vocab, np.int32), np.empty(vocab, np.int32)
+
+
+def draws_of(
+    side: tuple[ctypes.CDLL, bool],
+    scratch: tuple[np.ndarray, np.ndarray, np.ndarray],
+    logits: list[np.ndarray],
+    *per_row: np.ndarray,
+) -> np.ndarray:
+    """whole_draws_logits of a side's library over float32 rows (V,) each, by their temperature, min-p, top-p
+    and uniform number (n,) each, in `scratch` (buffers_for): its ids (n,), -1 where it leaves a row to
+    numpy."""
+    library, takes_buckets = side
+    n, (weights, buckets, members) = len(logits), scratch
+    pointers = np.array([row.ctypes.data for row in logits], np.uintp)
+    ids = np.empty(n, np.int64)
+    buffers = [weights, buckets, members] if takes_buckets else [weights, members]
+    arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
     library.whole_draws_logits(
         ctypes.c_void_p(pointers.ctypes.data),
         ctypes.c_int64(n),
-        ctypes.c_int64(size),
+        ctypes.c_int64(logits[0].size),
         *(ctypes.c_void_p(a.ctypes.data) for a in [*arguments, *buffers, ids]),
     )
     return np.where(ids < 0, -1, ids)
@@ -99,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         for side, tree in (("a", args.tree_a), ("b", args.tree_b)):
             sides[side] = build(Path(tree), Path(work) / f"{side}.so")
     rng = np.random.default_rng(0)
-    sweep = np.ones(SWEEP)
+    sweep, scratch = np.ones(SWEEP), buffers_for(args.vocab)
     results = []
     for kind in args.kinds.split(","):
         temperature, top_p = KINDS[kind]
@@ -115,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 picked[side] = draws_of(
                     sides[side],
+                    scratch,
                     logits,
                     np.full(args.rows, temperature),
                     np.zeros(args.rows),

@@ -338,7 +338,7 @@ static inline int any_between32(const float *at, octets low, octets high) {
 static inline int any_between64(const double *at, lanes low, lanes high) {
     masks hit = {0};
     for (int k = 0; k < 8; k++) hit |= (load(at + 4 * k) >= low) & (load(at + 4 * k) < high);
-    return ((hit[0] | hit[1]) | (hit[2] | hit[3])) != 0;
+    return any_set((octet_masks)hit); /* a lane of four set: both its halves set */
 }
 
 /* Into `members`, in id order, the ids of nonzero weight whose values as read are in [low, high): the
