@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sysconfig
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from test_sampling import by_definition
 
 from attnserve.engine import whole_draw
 from attnserve.engine.host_draw import FEW, draw
-from attnserve.engine.sampling import pick_whole_row
+from attnserve.engine.sampling import pick_whole_row, processed_row
 from attnserve.engine.seam import PassRow
 
 COMPILER = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
@@ -99,6 +100,64 @@ def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
         for i in range(4):
             row = PassRow(float(temperature[i]), 0, float(top_p[i]), float(min_p[i]), float(uniform[i]))
             assert pick_whole_row(logits[i], row, scored=False).token == pick_whole_row(logits[i], row).token
+
+
+@pytest.mark.parametrize("size", [*range(1, 20), 63, 64, 65, 1001, 50257])
+def test_a_penalized_row_draws_the_ids_of_its_processed_row(size):
+    """whole_draw.draw_repeated (float32 logits, the seen ids penalized and the banned at -inf as read) against
+    whole_draw.draw of the row as sampling.processed_row makes it (a float64 copy, penalized, banned, divided):
+    bitwise the same ids. Seen ids in any order: none, one, the first and last, runs of neighbours across the
+    lanes of four and the blocks of 64, the largest logit's; bans of an id also seen and of the largest logit's;
+    penalties above and below 1, negative logits, -inf, min-p; and an unscored pick (which takes this draw)
+    against a scored one (which takes processed_row's copy)."""
+    rng = np.random.default_rng(size + 100)
+    for trial in range(16):
+        logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0, 9.0][trial % 4]).astype(np.float32)
+        if trial % 5 == 4:
+            logits[rng.integers(0, size, max(1, size // 5))] = -np.inf
+        count = [0, 1, size // 3, size // 2][trial % 4]
+        seen = rng.choice(size, count, replace=False)
+        if trial % 3 == 0:
+            run = np.arange(rng.integers(0, size), size)[:70]  # neighbours, past a block's edge where it can
+            seen = np.union1d(seen, np.concatenate([run, [0, size - 1, int(np.argmax(logits))]]))
+            seen = rng.permutation(seen)
+        # no ban, one (EOS under ignore_eos), one that is also seen, the largest logit's
+        bans = [[], [size - 1], [int(seen[0])] if seen.size else [], [int(np.argmax(logits)), 0]][trial % 4]
+        banned = np.array(sorted(set(bans)), np.int64)
+        for penalty in (1.3, 0.7):
+            for temperature, min_p in ((0.7, 0.0), (1.0, 0.0), (1.4, 0.05)):
+                bias = tuple((token, -np.inf) for token in banned.tolist())
+                row = PassRow(temperature, 0, 1.0, min_p, 0.0, bias, repetition=penalty, seen=seen.astype(np.int64))
+                scaled = processed_row(logits, row)
+                for uniform in (*rng.random(3), 0.0, 1 - 2**-24):
+                    expected = whole_draw.draw(scaled, min_p, 1.0, uniform)
+                    got = whole_draw.draw_repeated(logits, row.seen, penalty, banned, temperature, min_p, uniform)
+                    crowded = seen.size + banned.size > size or np.union1d(seen, banned).size > size - (size // 64 + 1)
+                    if crowded:  # no room for the ids, or for their values beside the blocks' sums: numpy's
+                        assert got is None
+                        continue
+                    assert got == expected, (trial, penalty, temperature, min_p, uniform)
+                    if expected is not None:
+                        assert expected == by_definition(scaled, min_p, 0, 1.0, uniform)
+                        drawn = replace(row, uniform=uniform)
+                        assert pick_whole_row(logits, drawn, scored=False).token == pick_whole_row(logits, drawn).token
+
+
+def test_a_penalized_row_it_leaves_to_numpy():
+    """Nearly every id seen (the penalized logits have no room beside the blocks' sums), a seen id outside the
+    row: None, and the pick still the processed row's."""
+    logits = np.linspace(-2, 2, 100, dtype=np.float32)
+    everything = np.arange(100, dtype=np.int64)
+    none = np.empty(0, np.int64)
+    assert whole_draw.draw_repeated(logits, everything, 1.2, none, 1.0, 0.0, 0.5) is None
+    assert whole_draw.draw_repeated(logits, np.array([3, 100], np.int64), 1.2, none, 1.0, 0.0, 0.5) is None
+    assert (
+        whole_draw.draw_repeated(logits, np.array([3], np.int64), 1.2, np.array([-1], np.int64), 1.0, 0.0, 0.5) is None
+    )
+    row = PassRow(1.0, 0, 1.0, 0.0, 0.5, repetition=1.2, seen=everything)
+    assert pick_whole_row(logits, row, scored=False).token == by_definition(
+        processed_row(logits, row), 0.0, 0, 1.0, 0.5
+    )
 
 
 def test_values_on_the_buckets_edges_are_drawn_as_defined():

@@ -11,9 +11,14 @@
  * bucket is a range of values), and only the ids between them are sorted (value descending, lower id
  * first), those top-p does not take set to weigh 0; (3) the kept weights' sums (ids at or above the
  * crossing bucket's lowest value) by blocks of BLOCK ids up to the block where the pick falls, then that
- * block's running sum. Sums run in id order (by four lanes within a block), as the definition's running sum
- * does: a pick may differ from the definition's only where the uniform number falls within about 1e-15 of
- * an id's edge. exp is this file's own (exp_neg): the same bits on every machine and in every vector width.
+ * block's running sum. Without top-p the weights are not stored: the weights pass keeps each block's sum, and
+ * the pick weighs the block where it falls again (the same bits). Sums run in id order (by four lanes within
+ * a block), as the definition's running sum does: a pick may differ from the definition's only where the
+ * uniform number falls within about 1e-15 of an id's edge. exp is this file's own (exp_neg): the same bits on
+ * every machine and in every vector width.
+ *
+ * A float32 row under the repetition penalty is drawn from its logits too (whole_draw_repeated): the seen
+ * ids' penalized values are patched into their lanes as the row is read, instead of a float64 copy of it.
  *
  * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
  * its exps, in two passes over the float32 logits.
@@ -134,12 +139,17 @@ typedef int32_t quads __attribute__((vector_size(16)));
 typedef float floats __attribute__((vector_size(16)));
 
 /* A row: float32 logits, each divided by the temperature as it is read (numpy's float64 division of
- * sampling.processed_row, so the very values), or float64 values taken as they are. */
+ * sampling.processed_row, so the very values), or float64 values taken as they are. A float32 row may have
+ * some of its ids' values given instead (`patched`, ascending, each once; `patches`, float64 as read, before
+ * the temperature: a penalized id's, as processed_row leaves it before its division). */
 typedef struct {
     const float *f32;
     const double *f64;
     double temperature;
     int64_t size;
+    const int32_t *patched;
+    const double *patches;
+    int64_t patch_count;
 } Row;
 
 /* Four of the row's values from `at` as read, before the temperature (-inf past its end). */
@@ -176,15 +186,15 @@ static inline int any_set(octet_masks m) {
 #endif
 }
 
-/* The row's largest value and its smallest but -inf as read (before the temperature; -inf where every value
- * is): eight lanes of float32, or two sets of four of float64, so that no lane waits on the one before it. */
-static void extremes(const Row *row, double *largest, double *lowest) {
-    int64_t size = row->size, i = 0;
-    double high = -INFINITY, low = INFINITY;
+/* The largest value and the smallest but -inf as read of the row's ids [start, end), taken into `high` and `low`
+ * (patches aside): eight lanes of float32, or two sets of four of float64, so that no lane waits on the one
+ * before it. */
+static void extremes_between(const Row *row, int64_t start, int64_t end, double *high, double *low) {
+    int64_t i = start;
     if (row->f32) {
         octets top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
         octets bottom = -top, top2 = top, bottom2 = bottom;
-        for (; i + 16 <= size; i += 16) {
+        for (; i + 16 <= end; i += 16) {
             octets v, w;
             memcpy(&v, row->f32 + i, sizeof v);
             memcpy(&w, row->f32 + i + 8, sizeof w);
@@ -195,16 +205,16 @@ static void extremes(const Row *row, double *largest, double *lowest) {
             bottom2 = (octets)(((octet_masks)w & low_w) | ((octet_masks)bottom2 & ~low_w));
         }
         for (int j = 0; j < 8; j++) {
-            high = fmax(high, fmax(top[j], top2[j]));
-            low = fmin(low, fmin(bottom[j], bottom2[j]));
+            *high = fmax(*high, fmax(top[j], top2[j]));
+            *low = fmin(*low, fmin(bottom[j], bottom2[j]));
         }
-        for (; i < size; i++) {
-            high = row->f32[i] > high ? row->f32[i] : high;
-            low = row->f32[i] < low && row->f32[i] > -INFINITY ? row->f32[i] : low;
+        for (; i < end; i++) {
+            *high = row->f32[i] > *high ? row->f32[i] : *high;
+            *low = row->f32[i] < *low && row->f32[i] > -INFINITY ? row->f32[i] : *low;
         }
     } else {
         lanes top = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, bottom = -top, top2 = top, bottom2 = bottom;
-        for (; i + 8 <= size; i += 8) {
+        for (; i + 8 <= end; i += 8) {
             lanes v = load(row->f64 + i), w = load(row->f64 + i + 4);
             masks low_v = (v < bottom) & (v > -INFINITY), low_w = (w < bottom2) & (w > -INFINITY);
             top = (lanes)(((masks)v & (v > top)) | ((masks)top & ~(v > top)));
@@ -213,14 +223,29 @@ static void extremes(const Row *row, double *largest, double *lowest) {
             bottom2 = (lanes)(((masks)w & low_w) | ((masks)bottom2 & ~low_w));
         }
         for (int j = 0; j < 4; j++) {
-            high = fmax(high, fmax(top[j], top2[j]));
-            low = fmin(low, fmin(bottom[j], bottom2[j]));
+            *high = fmax(*high, fmax(top[j], top2[j]));
+            *low = fmin(*low, fmin(bottom[j], bottom2[j]));
         }
-        for (; i < size; i++) {
-            high = row->f64[i] > high ? row->f64[i] : high;
-            low = row->f64[i] < low && row->f64[i] > -INFINITY ? row->f64[i] : low;
+        for (; i < end; i++) {
+            *high = row->f64[i] > *high ? row->f64[i] : *high;
+            *low = row->f64[i] < *low && row->f64[i] > -INFINITY ? row->f64[i] : *low;
         }
     }
+}
+
+/* The row's largest value and its smallest but -inf as read (-inf where every value is): the ids between
+ * patches from the row, the patched ones from their patches. */
+static void extremes(const Row *row, double *largest, double *lowest) {
+    double high = -INFINITY, low = INFINITY;
+    int64_t start = 0;
+    for (int64_t p = 0; p < row->patch_count; p++) {
+        extremes_between(row, start, row->patched[p], &high, &low);
+        double v = row->patches[p];
+        high = v > high ? v : high;
+        low = v < low && v > -INFINITY ? v : low;
+        start = row->patched[p] + 1;
+    }
+    extremes_between(row, start, row->size, &high, &low);
     *largest = high;
     *lowest = low == INFINITY ? -INFINITY : low;
 }
@@ -445,24 +470,35 @@ static int64_t pick(const double *weights, const Kept *kept, int64_t size, doubl
 }
 
 /* The weights pass's bookkeeping of four ids from `at`, their values less the largest (`shifted`) and the exps
- * of those: the ids min-p keeps (at or above `edge`) weigh their exp, the others 0; the weights stored, summed
- * and the kept ones counted, and under top-p (mass not NULL) the weights added to their buckets' sums (those
- * past the row's end weigh 0, in the last bucket). Called in id order, so every sum runs as it would one id
- * after another by four lanes. */
+ * of those: the ids min-p keeps (at or above `edge`) weigh their exp, the others 0; the weights stored (or,
+ * where every id is kept but min-p's, only each block's sum: pick_blocks), summed and the kept ones counted,
+ * and under top-p (mass not NULL) the weights added to their buckets' sums (those past the row's end weigh 0,
+ * in the last bucket). Called in id order, so every sum runs as it would one id after another by four lanes. */
 typedef struct {
-    double *weights;
+    double *weights; /* NULL: the weights are not kept, each block's sum is (blocks) */
+    double *blocks;
     double *mass;
     int64_t size;
     double edge;
     Bucketing by;
     lanes sum;
-    masks kept; /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
+    lanes block; /* the sums by lane of the block's ids so far */
+    masks kept;  /* -1 for each id kept (past the end: -inf, never kept by a min-p) */
 } Weighing;
 
 static inline void weigh(Weighing *weighing, int64_t at, lanes shifted, lanes exps) {
     masks keep = shifted >= weighing->edge;
     lanes w = only(keep, exps);
-    store_upto(weighing->weights, at, weighing->size, w);
+    if (weighing->weights) {
+        store_upto(weighing->weights, at, weighing->size, w);
+    } else {
+        weighing->block += w; /* pick's sum of the block, lane by lane in id order */
+        if ((at + 4) % BLOCK == 0 || at + 4 >= weighing->size) {
+            lanes b = weighing->block;
+            weighing->blocks[at / BLOCK] = (b[0] + b[1]) + (b[2] + b[3]);
+            weighing->block = (lanes){0.0, 0.0, 0.0, 0.0};
+        }
+    }
     weighing->sum += w;
     weighing->kept += keep;
     if (!weighing->mass) return;
@@ -472,6 +508,88 @@ static inline void weigh(Weighing *weighing, int64_t at, lanes shifted, lanes ex
     masks under = product < tops;
     quads bucket = __builtin_convertvector((lanes)(((masks)product & under) | ((masks)tops & ~under)), quads);
     for (int j = 0; j < 4; j++) weighing->mass[bucket[j]] += w[j];
+}
+
+/* The patched ids among the `count` sets of four from `at`: their values less the largest in `shifted`, from
+ * their patches; `patch`, the first patch not yet passed, moved past them and `next` to its id (INT64_MAX
+ * past the last). Apart from the loops: most sets hold no patched id. */
+__attribute__((noinline)) static void patch_lanes(const Row *row, int64_t at, int count, double largest,
+                                                  int64_t *patch, int64_t *next, lanes *shifted) {
+    for (; *patch < row->patch_count && row->patched[*patch] < at + 4 * count; ++*patch) {
+        int64_t k = row->patched[*patch] - at;
+        shifted[k / 4][k % 4] = row->patches[*patch] / row->temperature - largest;
+    }
+    *next = *patch < row->patch_count ? row->patched[*patch] : INT64_MAX;
+}
+
+/* The `count` sets of four ids' values from `at` less the largest, as the draw weighs them (the patched ones'
+ * from their patches: patch_lanes), and their exps side by side (none waits on another). */
+static inline void chunk_exps(const Row *row, int64_t at, int count, double largest, int64_t *patch,
+                              int64_t *next, lanes *shifted, lanes *exps) {
+#pragma GCC unroll 4
+    for (int k = 0; k < count; k++) shifted[k] = values_at(row, at + 4 * k) - largest;
+    if (*next < at + 4 * count) patch_lanes(row, at, count, largest, patch, next, shifted);
+    exps_neg(count, shifted, exps);
+}
+
+/* The first of the row's patches at or past id `start`, and its id (INT64_MAX where none is). */
+static int64_t first_patch(const Row *row, int64_t start, int64_t *next) {
+    int64_t low = 0, high = row->patch_count;
+    while (low < high) {
+        int64_t middle = low + (high - low) / 2;
+        if (row->patched[middle] < start)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    *next = low < row->patch_count ? row->patched[low] : INT64_MAX;
+    return low;
+}
+
+/* The weights of the ids of the block from `start` (a multiple of BLOCK) into `out`, computed again as the
+ * weights pass computed them (the same sets of four, the same exps: the same bits). */
+static void block_weights(const Row *row, int64_t start, double largest, double edge, double *out) {
+    int64_t size = row->size, end = start + BLOCK < size ? start + BLOCK : size, next, i = start;
+    int64_t patch = first_patch(row, start, &next);
+    for (; i < end && i + 4 * CHAINS <= size; i += 4 * CHAINS) {
+        lanes shifted[CHAINS], exps[CHAINS];
+        chunk_exps(row, i, CHAINS, largest, &patch, &next, shifted, exps);
+        for (int k = 0; k < CHAINS; k++)
+            store_upto(out, i + 4 * k - start, end - start, only(shifted[k] >= edge, exps[k]));
+    }
+    for (; i < end; i += 4) {
+        lanes shifted, exps;
+        chunk_exps(row, i, 1, largest, &patch, &next, &shifted, &exps);
+        store_upto(out, i - start, end - start, only(shifted >= edge, exps));
+    }
+}
+
+/* pick over every id's weight (none kept out but by min-p) from the sums of its blocks (`blocks`, the weights
+ * pass's), the block where the pick falls weighed again: the same running sums, so the same id. */
+static int64_t pick_blocks(const Row *row, const double *blocks, double largest, double edge, double total,
+                           double uniform) {
+    int64_t size = row->size, count = (size + BLOCK - 1) / BLOCK;
+    double target = uniform * total, running = 0.0, w[BLOCK];
+    for (int64_t b = 0; b < count; b++) {
+        if (running + blocks[b] > target) {
+            block_weights(row, b * BLOCK, largest, edge, w);
+            int64_t found = -1;
+            for (int64_t i = b * BLOCK; i < size && i < (b + 1) * BLOCK; i++) {
+                running += w[i - b * BLOCK];
+                if (running > target) return i;
+                found = w[i - b * BLOCK] > 0.0 ? i : found;
+            }
+            return found; /* rounding: the block's own sum passed it, its running sum not */
+        }
+        running += blocks[b];
+    }
+    for (int64_t b = count - 1; b >= 0; b--) {
+        if (blocks[b] <= 0.0) continue;
+        block_weights(row, b * BLOCK, largest, edge, w);
+        for (int64_t i = (b + 1) * BLOCK < size ? (b + 1) * BLOCK - 1 : size - 1; i >= b * BLOCK; i--)
+            if (w[i - b * BLOCK] > 0.0) return i;
+    }
+    return -1;
 }
 
 /* One row's id, or -1 where host_draw would take min-p's few ids (at most size / FEW kept) or every id is
@@ -492,26 +610,26 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
     Bucketing by = {largest, low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, (double)(count - 1)};
     double mass[BUCKETS];
     memset(mass, 0, sizeof(double) * count);
-    Weighing weighing = {weights, top_p < 1.0 ? mass : NULL, size, edge, by, {0.0}, {0}};
-    int64_t i = 0;
-    for (; i + 4 * CHAINS <= size; i += 4 * CHAINS) { /* CHAINS exps side by side: none waits on another */
+    int nucleus = top_p < 1.0; /* else the weights are not kept: their blocks' sums are (in `weights`) */
+    Weighing weighing = {nucleus ? weights : NULL, weights, nucleus ? mass : NULL, size, edge, by, {0.0}, {0.0}, {0}};
+    int64_t i = 0, next, patch = first_patch(row, 0, &next);
+    for (; i + 4 * CHAINS <= size; i += 4 * CHAINS) {
         lanes shifted[CHAINS], exps[CHAINS];
-#pragma GCC unroll 4
-        for (int k = 0; k < CHAINS; k++) shifted[k] = values_at(row, i + 4 * k) - largest;
-        exps_neg(CHAINS, shifted, exps);
+        chunk_exps(row, i, CHAINS, largest, &patch, &next, shifted, exps);
 #pragma GCC unroll 4
         for (int k = 0; k < CHAINS; k++) weigh(&weighing, i + 4 * k, shifted[k], exps[k]);
     }
     for (; i < size; i += 4) {
-        lanes shifted = values_at(row, i) - largest;
-        weigh(&weighing, i, shifted, exp_neg(shifted));
+        lanes shifted, exps;
+        chunk_exps(row, i, 1, largest, &patch, &next, &shifted, &exps);
+        weigh(&weighing, i, shifted, exps);
     }
     masks kept_lanes = weighing.kept;
     int64_t kept = -((kept_lanes[0] + kept_lanes[1]) + (kept_lanes[2] + kept_lanes[3]));
     if (edge > -INFINITY && kept <= size / FEW) return -1;
     lanes sum = weighing.sum;
     double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
-    if (top_p >= 1.0) return pick(weights, &(Kept){NULL, 0.0, 0.0f}, size, total, uniform);
+    if (!nucleus) return pick_blocks(row, weights, largest, edge, total, uniform);
     double before, target, kept_from;
     int32_t crossing = crossing_bucket(mass, count, top_p, &before, &target);
     total = take_crossing(row, &by, low, high, crossing, before, target, weights, members, &kept_from);
@@ -560,6 +678,42 @@ int64_t whole_draw_values(const double *values, int64_t size, double min_p, doub
 
 /* Keeps the `count` largest values met so far (ids ascending as met), descending, the lower id first on
  * ties: a value joins only above the last kept one, after those equal to it. Returns how many are kept. */
+static int ascending(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* One float32 row's id as whole_draw_logits gives it with top-p 1 (every id kept but by min-p), after the
+ * repetition penalty on the `count` ids `seen` and with the `banned_count` ids `banned` at -inf (each list's
+ * ids once, in the row, in any order): the id whole_draw_values gives the row as sampling.processed_row makes
+ * it (in float64, each seen id's logit divided by `penalty` where positive, else multiplied, the bans' -inf
+ * bias added, then every value divided by the temperature), without its float64 copy: the ids sorted into
+ * `members` and their values in `weights` past the blocks' sums. -1 also where they do not fit there
+ * (nearly every id seen) or an id is outside the row. */
+int64_t whole_draw_repeated(const float *logits, int64_t size, double temperature, double min_p, double uniform,
+                            const int64_t *seen, int64_t count, double penalty, const int64_t *banned,
+                            int64_t banned_count, double *weights, int32_t *members) {
+    int64_t first = size / BLOCK + 1, total = count + banned_count, kept = 0; /* the blocks' sums come first */
+    if (total > size) return -1;
+    for (int64_t j = 0; j < total; j++) {
+        int64_t id = j < count ? seen[j] : banned[j - count];
+        if (id < 0 || id >= size) return -1;
+        members[j] = (int32_t)id;
+    }
+    qsort(members, total, sizeof(int32_t), ascending);
+    for (int64_t j = 0; j < total; j++) /* each id once */
+        if (!kept || members[kept - 1] != members[j]) members[kept++] = members[j];
+    if (kept > size - first) return -1;
+    double *patches = weights + first;
+    for (int64_t j = 0; j < kept; j++) {
+        double x = logits[members[j]];
+        patches[j] = x > 0 ? x / penalty : x * penalty; /* penalize_repetition's */
+        for (int64_t b = 0; b < banned_count; b++) patches[j] = banned[b] == members[j] ? -INFINITY : patches[j];
+    }
+    Row row = {logits, NULL, temperature, size, members, patches, kept};
+    return draw_row(&row, min_p, 1.0, uniform, weights, members);
+}
+
 static int64_t keep_largest(int64_t kept, int64_t count, int64_t id, float value, int64_t *ids, float *values) {
     int64_t at = kept < count ? kept : count - 1;
     while (at > 0 && values[at - 1] < value) {
