@@ -676,8 +676,7 @@ int64_t whole_draw_values(const double *values, int64_t size, double min_p, doub
     return draw_row(&row, min_p, top_p, uniform, weights, members);
 }
 
-/* Keeps the `count` largest values met so far (ids ascending as met), descending, the lower id first on
- * ties: a value joins only above the last kept one, after those equal to it. Returns how many are kept. */
+/* qsort's order of int32 ids. */
 static int ascending(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -714,6 +713,8 @@ int64_t whole_draw_repeated(const float *logits, int64_t size, double temperatur
     return draw_row(&row, min_p, 1.0, uniform, weights, members);
 }
 
+/* Keeps the `count` largest values met so far (ids ascending as met), descending, the lower id first on
+ * ties: a value joins only above the last kept one, after those equal to it. Returns how many are kept. */
 static int64_t keep_largest(int64_t kept, int64_t count, int64_t id, float value, int64_t *ids, float *values) {
     int64_t at = kept < count ? kept : count - 1;
     while (at > 0 && values[at - 1] < value) {
