@@ -1,7 +1,8 @@
 """The compiled whole-row draw (engine/whole_draw.c through engine/whole_draw.py): built wherever a C compiler
 is, its picks the definition's (tests/test_sampling.py's by_definition: a full sort and a running sum) at the
 edges numpy's draw was not asked about: rows of every length modulo its four lanes, ties at top-p's
-crossing, one finite id, every id banned, rows read out of a wider buffer; and the rows it leaves to numpy.
+crossing, one finite id, every id banned, rows read out of a wider buffer, a repetition-penalized row read from
+its logits; and the rows it leaves to numpy.
 And its greedy rows' scores (whole_draw.scores: the likeliest ids and the sum of exps) against theirs."""
 
 from __future__ import annotations
@@ -106,10 +107,10 @@ def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
 def test_a_penalized_row_draws_the_ids_of_its_processed_row(size):
     """whole_draw.draw_repeated (float32 logits, the seen ids penalized and the banned at -inf as read) against
     whole_draw.draw of the row as sampling.processed_row makes it (a float64 copy, penalized, banned, divided):
-    bitwise the same ids. Seen ids in any order: none, one, the first and last, runs of neighbours across the
-    lanes of four and the blocks of 64, the largest logit's; bans of an id also seen and of the largest logit's;
-    penalties above and below 1, negative logits, -inf, min-p; and an unscored pick (which takes this draw)
-    against a scored one (which takes processed_row's copy)."""
+    bitwise the same ids, with and without top-p. Seen ids in any order: none, one, the first and last, runs of
+    neighbours across the lanes of four and the blocks of 64, the largest logit's; bans of an id also seen and
+    of the largest logit's; penalties above and below 1, negative logits, -inf, min-p; and an unscored pick
+    (which takes this draw) against a scored one (which takes processed_row's copy)."""
     rng = np.random.default_rng(size + 100)
     for trial in range(16):
         logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0, 9.0][trial % 4]).astype(np.float32)
@@ -125,39 +126,33 @@ def test_a_penalized_row_draws_the_ids_of_its_processed_row(size):
         bans = [[], [size - 1], [int(seen[0])] if seen.size else [], [int(np.argmax(logits)), 0]][trial % 4]
         banned = np.array(sorted(set(bans)), np.int64)
         for penalty in (1.3, 0.7):
-            for temperature, min_p in ((0.7, 0.0), (1.0, 0.0), (1.4, 0.05)):
+            for temperature, min_p, top_p in ((0.7, 0.0, 1.0), (1.0, 0.0, 0.9), (1.4, 0.05, 1.0), (0.8, 0.0, 0.5)):
                 bias = tuple((token, -np.inf) for token in banned.tolist())
-                row = PassRow(temperature, 0, 1.0, min_p, 0.0, bias, repetition=penalty, seen=seen.astype(np.int64))
+                row = PassRow(temperature, 0, top_p, min_p, 0.0, bias, repetition=penalty, seen=seen.astype(np.int64))
                 scaled = processed_row(logits, row)
                 for uniform in (*rng.random(3), 0.0, 1 - 2**-24):
-                    expected = whole_draw.draw(scaled, min_p, 1.0, uniform)
-                    got = whole_draw.draw_repeated(logits, row.seen, penalty, banned, temperature, min_p, uniform)
-                    crowded = seen.size + banned.size > size or np.union1d(seen, banned).size > size - (size // 64 + 1)
-                    if crowded:  # no room for the ids, or for their values beside the blocks' sums: numpy's
-                        assert got is None
-                        continue
-                    assert got == expected, (trial, penalty, temperature, min_p, uniform)
+                    expected = whole_draw.draw(scaled, min_p, top_p, uniform)
+                    drawn = (temperature, min_p, top_p, uniform)
+                    got = whole_draw.draw_repeated(logits, row.seen, penalty, banned, *drawn)
+                    assert got == expected, (trial, penalty, drawn)
                     if expected is not None:
-                        assert expected == by_definition(scaled, min_p, 0, 1.0, uniform)
-                        drawn = replace(row, uniform=uniform)
-                        assert pick_whole_row(logits, drawn, scored=False).token == pick_whole_row(logits, drawn).token
+                        assert expected == by_definition(scaled, min_p, 0, top_p, uniform)
+                        picked = replace(row, uniform=uniform)
+                        assert (
+                            pick_whole_row(logits, picked, scored=False).token == pick_whole_row(logits, picked).token
+                        )
 
 
 def test_a_penalized_row_it_leaves_to_numpy():
-    """Nearly every id seen (the penalized logits have no room beside the blocks' sums), a seen id outside the
-    row: None, and the pick still the processed row's."""
+    """A seen or banned id outside the row: None (numpy's processed_row then says what is wrong). Every id seen
+    is drawn as processed."""
     logits = np.linspace(-2, 2, 100, dtype=np.float32)
-    everything = np.arange(100, dtype=np.int64)
-    none = np.empty(0, np.int64)
-    assert whole_draw.draw_repeated(logits, everything, 1.2, none, 1.0, 0.0, 0.5) is None
-    assert whole_draw.draw_repeated(logits, np.array([3, 100], np.int64), 1.2, none, 1.0, 0.0, 0.5) is None
-    assert (
-        whole_draw.draw_repeated(logits, np.array([3], np.int64), 1.2, np.array([-1], np.int64), 1.0, 0.0, 0.5) is None
-    )
-    row = PassRow(1.0, 0, 1.0, 0.0, 0.5, repetition=1.2, seen=everything)
-    assert pick_whole_row(logits, row, scored=False).token == by_definition(
-        processed_row(logits, row), 0.0, 0, 1.0, 0.5
-    )
+    everything, none = np.arange(100, dtype=np.int64), np.empty(0, np.int64)
+    assert whole_draw.draw_repeated(logits, np.array([3, 100], np.int64), 1.2, none, 1.0, 0.0, 1.0, 0.5) is None
+    assert whole_draw.draw_repeated(logits, np.array([3], np.int64), 1.2, np.array([-1]), 1.0, 0.0, 1.0, 0.5) is None
+    row = PassRow(1.0, 0, 0.9, 0.0, 0.5, repetition=1.2, seen=everything)
+    expected = by_definition(processed_row(logits, row), 0.0, 0, 0.9, 0.5)
+    assert whole_draw.draw_repeated(logits, everything, 1.2, none, 1.0, 0.0, 0.9, 0.5) == expected
 
 
 def test_values_on_the_buckets_edges_are_drawn_as_defined():

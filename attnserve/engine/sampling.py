@@ -198,7 +198,7 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
     log-probability and changes nothing of the row but its temperature and bans goes straight from the logits
     to the compiled draw, where it runs (whole_draw.draw_logits: the same division, read as the row is, with
     no copy; a banning row from its banned_copy); so does one whose only other change is the repetition
-    penalty, under no top-p (whole_draw.draw_repeated: the seen ids penalized as processed_row does it)."""
+    penalty (whole_draw.draw_repeated: the seen ids penalized as processed_row does it, as the row is read)."""
     if not scored and plain_draw(row, logits.size) and whole_draw.readable(logits):
         read = banned_copy(logits, row, SCRATCH.banned_rows(1, logits.size)[0])
         picked = whole_draw.draw_logits(read, row.temperature, row.min_p, row.top_p, row.uniform)
@@ -206,7 +206,8 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
             return Pick(picked, 0.0)
     if not scored and repeated_draw(row, logits.size):
         seen, banned = np.ascontiguousarray(row.seen, np.int64), banned_ids(row)
-        picked = whole_draw.draw_repeated(logits, seen, row.repetition, banned, row.temperature, row.min_p, row.uniform)
+        drawn = (row.temperature, row.min_p, row.top_p, row.uniform)
+        picked = whole_draw.draw_repeated(logits, seen, row.repetition, banned, *drawn)
         if picked is not None:
             return Pick(picked, 0.0)
     scaled = processed_row(logits, row, SCRATCH.row(logits.size))
@@ -225,11 +226,11 @@ def plain_draw(row: PassRow, vocab: int) -> bool:
 
 
 def repeated_draw(row: PassRow, vocab: int) -> bool:
-    """The row samples with no top-k and no top-p, and nothing but its temperature, the repetition penalty and
-    bans changes its logits (no grammar's mask, no bias but a ban's -inf, no presence or frequency penalty)."""
+    """The row samples with no top-k, and nothing but its temperature, the repetition penalty and bans changes
+    its logits (no grammar's mask, no bias but a ban's -inf, no presence or frequency penalty)."""
     bans_only = all(value == -np.inf for _, value in row.bias)
     plain = row.allowed is None and bans_only and row.presence == 0.0 and row.frequency == 0.0
-    return plain and row.repetition != 1.0 and row.temperature > 0 and not 0 < row.top_k <= vocab and row.top_p >= 1.0
+    return plain and row.repetition != 1.0 and row.temperature > 0 and not 0 < row.top_k <= vocab
 
 
 def banned_copy(logits: np.ndarray, row: PassRow, out: np.ndarray) -> np.ndarray:

@@ -18,12 +18,13 @@
  * every machine and in every vector width.
  *
  * A float32 row under the repetition penalty is drawn from its logits too (whole_draw_repeated): the seen
- * ids' penalized values are patched into their lanes as the row is read, instead of a float64 copy of it.
+ * ids' penalized values are patched in as the row is read (their lanes in the weights pass, their values
+ * where the extremes, top-p's crossing and the pick's kept ids are found), instead of a float64 copy of it.
  *
  * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
  * its exps, in two passes over the float32 logits.
  *
- * No allocation but the crossing bucket's sort buffer, and no state: callers may run it from several
+ * No allocation but the crossing bucket's sort buffer and a penalized row's patches, and no state: callers may run it from several
  * threads at once, each with buffers of its own.
  */
 #define PY_SSIZE_T_CLEAN
@@ -349,6 +350,32 @@ static float float_at_or_above(double x) {
 /* The row's value `i` as read. */
 static inline double raw_value(const Row *row, int64_t i) { return row->f32 ? (double)row->f32[i] : row->f64[i]; }
 
+/* The first of the row's patches at or past id `start`, and its id (INT64_MAX where none is). */
+static int64_t first_patch(const Row *row, int64_t start, int64_t *next) {
+    int64_t low = 0, high = row->patch_count;
+    while (low < high) {
+        int64_t middle = low + (high - low) / 2;
+        if (row->patched[middle] < start)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    *next = low < row->patch_count ? row->patched[low] : INT64_MAX;
+    return low;
+}
+
+/* Where id `i` is among the row's patched ids, or -1. */
+static int64_t patch_of(const Row *row, int64_t i) {
+    int64_t next, p = first_patch(row, i, &next);
+    return next == i ? p : -1;
+}
+
+/* raw_value, a patched id's from its patch. */
+static inline double read_value(const Row *row, int64_t i) {
+    int64_t p = row->patch_count ? patch_of(row, i) : -1;
+    return p < 0 ? raw_value(row, i) : row->patches[p];
+}
+
 /* Whether any of the 32 values from `at` (float32, or float64) is in [low, high). */
 static inline int any_between32(const float *at, octets low, octets high) {
     octet_masks hit = {0};
@@ -366,8 +393,9 @@ static inline int any_between64(const double *at, lanes low, lanes high) {
     return any_set((octet_masks)hit); /* a lane of four set: both its halves set */
 }
 
-/* Into `members`, in id order, the ids of nonzero weight whose values as read are in [low, high): the
- * crossing bucket's. 32 values tested at a time (most hold none of them), then one by one. */
+/* Into `members` the ids of nonzero weight whose values as read are in [low, high): the crossing bucket's. 32
+ * values tested at a time (most hold none of them), then one by one, in id order; the patched ids apart,
+ * after the others, by their patches. */
 static int64_t members_between(const Row *row, double low, double high, const double *restrict weights,
                                int32_t *restrict members) {
     int64_t count = 0, i = 0, size = row->size;
@@ -380,12 +408,18 @@ static int64_t members_between(const Row *row, double low, double high, const do
             continue;
         for (int64_t j = i; j < i + 32; j++) {
             double v = raw_value(row, j);
-            if (v >= low && v < high && weights[j] > 0.0) members[count++] = (int32_t)j;
+            if (v >= low && v < high && weights[j] > 0.0 && (!row->patch_count || patch_of(row, j) < 0))
+                members[count++] = (int32_t)j;
         }
     }
     for (; i < size; i++) {
         double v = raw_value(row, i);
-        if (v >= low && v < high && weights[i] > 0.0) members[count++] = (int32_t)i;
+        if (v >= low && v < high && weights[i] > 0.0 && (!row->patch_count || patch_of(row, i) < 0))
+            members[count++] = (int32_t)i;
+    }
+    for (int64_t p = 0; p < row->patch_count; p++) {
+        double v = row->patches[p];
+        if (v >= low && v < high && weights[row->patched[p]] > 0.0) members[count++] = row->patched[p];
     }
     return count;
 }
@@ -404,7 +438,10 @@ static double take_crossing(const Row *row, const Bucketing *by, double low, dou
     if (!count) return -1.0; /* not met: the crossing bucket holds weight, or a later one would be the crossing */
     Member *inside = malloc(sizeof(Member) * count);
     if (!inside) return -2.0;
-    for (int64_t j = 0; j < count; j++) inside[j] = (Member){value_at(row, members[j]) - by->largest, members[j]};
+    for (int64_t j = 0; j < count; j++) {
+        double v = row->f32 ? read_value(row, members[j]) / row->temperature : read_value(row, members[j]);
+        inside[j] = (Member){v - by->largest, members[j]};
+    }
     qsort(inside, count, sizeof(Member), descending);
     int64_t taken = 0;
     double running = before, kept = before;
@@ -423,16 +460,15 @@ static double take_crossing(const Row *row, const Bucketing *by, double low, dou
 }
 
 /* Where ids are kept from: a row's values as read at or above `edge` (of float32 values: those at or above
- * `edge32`, the same ones), or every id (no row). */
+ * `edge32`, the same ones). */
 typedef struct {
     const Row *row;
     double edge;
     float edge32;
 } Kept;
 
-/* Which of the four ids from `at` are kept (past the row's end: none). */
+/* Which of the four ids from `at` are kept (past the row's end: none), patches aside. */
 static inline masks kept_at(const Kept *kept, int64_t at) {
-    if (!kept->row) return (masks){-1, -1, -1, -1};
     if (!kept->row->f32 || at + 4 > kept->row->size) return raw_at(kept->row, at) >= kept->edge;
     floats v;
     memcpy(&v, kept->row->f32 + at, sizeof v);
@@ -440,17 +476,36 @@ static inline masks kept_at(const Kept *kept, int64_t at) {
     return __builtin_convertvector(v >= edges, masks);
 }
 
-static inline int kept_id(const Kept *kept, int64_t i) { return !kept->row || raw_value(kept->row, i) >= kept->edge; }
+/* kept_at's lanes for the patched ids among the four from `at`, by their patches; `patch` and `next` as
+ * patch_lanes moves them. */
+__attribute__((noinline)) static masks kept_patched(const Kept *kept, int64_t at, masks keep, int64_t *patch,
+                                                   int64_t *next) {
+    const Row *row = kept->row;
+    for (; *patch < row->patch_count && row->patched[*patch] < at + 4; ++*patch)
+        keep[row->patched[*patch] - at] = row->patches[*patch] >= kept->edge ? -1 : 0;
+    *next = *patch < row->patch_count ? row->patched[*patch] : INT64_MAX;
+    return keep;
+}
 
-/* The inverse CDF over the kept weights (all, or those kept_at keeps), whose total is `total`: of the ids of
- * nonzero weight, in id order, the first whose cumulative weight passes `uniform` times the total, found
- * block by block of BLOCK ids; the last of them where rounding leaves none. */
-static int64_t pick(const double *weights, const Kept *kept, int64_t size, double total, double uniform) {
+static inline int kept_id(const Kept *kept, int64_t i) { return read_value(kept->row, i) >= kept->edge; }
+
+/* The inverse CDF over the weights kept_at keeps, whose total is `total`: of the ids of nonzero weight, in id
+ * order, the first whose cumulative weight passes `uniform` times the total, found block by block of BLOCK
+ * ids; the last of them where rounding leaves none. `patched`: whether the row has patches (a constant where
+ * it is inlined, so that a row without them tests none). */
+static inline __attribute__((always_inline)) int64_t pick_kept(const double *weights, const Kept *kept,
+                                                               int64_t size, double total, double uniform,
+                                                               const int patched) {
     double target = uniform * total, running = 0.0;
+    int64_t next = INT64_MAX, patch = patched ? first_patch(kept->row, 0, &next) : 0;
     for (int64_t start = 0; start < size; start += BLOCK) {
         int64_t end = start + BLOCK < size ? start + BLOCK : size;
         lanes sum = {0.0, 0.0, 0.0, 0.0};
-        for (int64_t i = start; i < end; i += 4) sum += only(kept_at(kept, i), load_upto(weights, i, end, 0.0));
+        for (int64_t i = start; i < end; i += 4) {
+            masks keep = kept_at(kept, i);
+            if (patched && next < i + 4) keep = kept_patched(kept, i, keep, &patch, &next);
+            sum += only(keep, load_upto(weights, i, end, 0.0));
+        }
         double block = (sum[0] + sum[1]) + (sum[2] + sum[3]);
         if (running + block > target) {
             int64_t found = -1;
@@ -467,6 +522,11 @@ static int64_t pick(const double *weights, const Kept *kept, int64_t size, doubl
     for (int64_t i = size - 1; i >= 0; i--)
         if (weights[i] > 0.0 && kept_id(kept, i)) return i;
     return -1;
+}
+
+static int64_t pick(const double *weights, const Kept *kept, int64_t size, double total, double uniform) {
+    if (kept->row->patch_count) return pick_kept(weights, kept, size, total, uniform, 1);
+    return pick_kept(weights, kept, size, total, uniform, 0);
 }
 
 /* The weights pass's bookkeeping of four ids from `at`, their values less the largest (`shifted`) and the exps
@@ -530,20 +590,6 @@ static inline void chunk_exps(const Row *row, int64_t at, int count, double larg
     for (int k = 0; k < count; k++) shifted[k] = values_at(row, at + 4 * k) - largest;
     if (*next < at + 4 * count) patch_lanes(row, at, count, largest, patch, next, shifted);
     exps_neg(count, shifted, exps);
-}
-
-/* The first of the row's patches at or past id `start`, and its id (INT64_MAX where none is). */
-static int64_t first_patch(const Row *row, int64_t start, int64_t *next) {
-    int64_t low = 0, high = row->patch_count;
-    while (low < high) {
-        int64_t middle = low + (high - low) / 2;
-        if (row->patched[middle] < start)
-            low = middle + 1;
-        else
-            high = middle;
-    }
-    *next = low < row->patch_count ? row->patched[low] : INT64_MAX;
-    return low;
 }
 
 /* The weights of the ids of the block from `start` (a multiple of BLOCK) into `out`, computed again as the
@@ -682,35 +728,40 @@ static int ascending(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One float32 row's id as whole_draw_logits gives it with top-p 1 (every id kept but by min-p), after the
- * repetition penalty on the `count` ids `seen` and with the `banned_count` ids `banned` at -inf (each list's
- * ids once, in the row, in any order): the id whole_draw_values gives the row as sampling.processed_row makes
- * it (in float64, each seen id's logit divided by `penalty` where positive, else multiplied, the bans' -inf
- * bias added, then every value divided by the temperature), without its float64 copy: the ids sorted into
- * `members` and their values in `weights` past the blocks' sums. -1 also where they do not fit there
- * (nearly every id seen) or an id is outside the row. */
-int64_t whole_draw_repeated(const float *logits, int64_t size, double temperature, double min_p, double uniform,
-                            const int64_t *seen, int64_t count, double penalty, const int64_t *banned,
-                            int64_t banned_count, double *weights, int32_t *members) {
-    int64_t first = size / BLOCK + 1, total = count + banned_count, kept = 0; /* the blocks' sums come first */
-    if (total > size) return -1;
+/* One float32 row's id as whole_draw_logits gives it, after the repetition penalty on the `count` ids `seen`
+ * and with the `banned_count` ids `banned` at -inf (each list's ids once, in the row, in any order): the id
+ * whole_draw_values gives the row as sampling.processed_row makes it (in float64, each seen id's logit divided
+ * by `penalty` where positive, else multiplied, the bans' -inf bias added, then every value divided by the
+ * temperature), without its float64 copy: those ids' values patched in as the row is read. -1 also where an
+ * id is outside the row; -2 where memory ran out. */
+int64_t whole_draw_repeated(const float *logits, int64_t size, double temperature, double min_p, double top_p,
+                            double uniform, const int64_t *seen, int64_t count, double penalty,
+                            const int64_t *banned, int64_t banned_count, double *weights, int32_t *members) {
+    int64_t total = count + banned_count, kept = 0;
+    char *room = malloc((sizeof(int32_t) + sizeof(double)) * (total ? total : 1));
+    if (!room) return -2;
+    double *patches = (double *)room;
+    int32_t *patched = (int32_t *)(patches + total);
     for (int64_t j = 0; j < total; j++) {
         int64_t id = j < count ? seen[j] : banned[j - count];
-        if (id < 0 || id >= size) return -1;
-        members[j] = (int32_t)id;
+        if (id < 0 || id >= size) {
+            free(room);
+            return -1;
+        }
+        patched[j] = (int32_t)id;
     }
-    qsort(members, total, sizeof(int32_t), ascending);
+    qsort(patched, total, sizeof(int32_t), ascending);
     for (int64_t j = 0; j < total; j++) /* each id once */
-        if (!kept || members[kept - 1] != members[j]) members[kept++] = members[j];
-    if (kept > size - first) return -1;
-    double *patches = weights + first;
+        if (!kept || patched[kept - 1] != patched[j]) patched[kept++] = patched[j];
     for (int64_t j = 0; j < kept; j++) {
-        double x = logits[members[j]];
+        double x = logits[patched[j]];
         patches[j] = x > 0 ? x / penalty : x * penalty; /* penalize_repetition's */
-        for (int64_t b = 0; b < banned_count; b++) patches[j] = banned[b] == members[j] ? -INFINITY : patches[j];
+        for (int64_t b = 0; b < banned_count; b++) patches[j] = banned[b] == patched[j] ? -INFINITY : patches[j];
     }
-    Row row = {logits, NULL, temperature, size, members, patches, kept};
-    return draw_row(&row, min_p, 1.0, uniform, weights, members);
+    Row row = {logits, NULL, temperature, size, patched, patches, kept};
+    int64_t id = draw_row(&row, min_p, top_p, uniform, weights, members);
+    free(room);
+    return id;
 }
 
 /* Keeps the `count` largest values met so far (ids ascending as met), descending, the lower id first on

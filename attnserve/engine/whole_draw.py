@@ -5,7 +5,7 @@ logits, divided as read: 3.6 ms in one thread, 2.9 ms shared out between two). I
 the definition's (tests/test_sampling.py), as numpy's are; the two may part only where a uniform number
 falls within about 1e-15 of an id's edge, so wherever the library loads every row it takes is drawn by it,
 alone or in a batch (host_draw.draw and batch_draw.draws both ask it first). A row under the repetition
-penalty and no top-p (and no other change but bans) is drawn from its float32 logits too (`draw_repeated`:
+penalty (and no other change but bans) is drawn from its float32 logits too (`draw_repeated`:
 the seen ids penalized and the banned at -inf as they are read, as sampling.processed_row changes its float64
 copy): sampling.pick_whole_row takes it.
 
@@ -68,7 +68,7 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     real = ctypes.c_double
     library.whole_draw_logits.argtypes = (pointer, count, real, real, real, real, pointer, pointer)
     library.whole_draw_values.argtypes = (pointer, count, real, real, real, pointer, pointer)
-    repeated = (pointer, count, real, real, real, pointer, count, real, pointer, count, pointer, pointer)
+    repeated = (pointer, count, real, real, real, real, pointer, count, real, pointer, count, pointer, pointer)
     library.whole_draw_repeated.argtypes = repeated
     library.whole_draw_logits.restype = library.whole_draw_values.restype = library.whole_draw_repeated.restype = count
     library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
@@ -187,18 +187,18 @@ def draw_repeated(
     banned: np.ndarray,
     temperature: float,
     min_p: float,
+    top_p: float,
     uniform: float,
 ) -> int | None:
-    """draw_logits' id of a float32 row (V,) with top-p 1, after the repetition penalty on the ids `seen` and with
-    the ids `banned` at -inf (int64 each, each id once, any order): the id draw gives the row as
-    sampling.processed_row makes it (float64, penalized, banned, divided by the temperature), without that
-    copy. None where the library is not here or leaves the row to numpy, or the row is not contiguous
-    float32."""
+    """draw_logits' id of a float32 row (V,) after the repetition penalty on the ids `seen` and with the ids
+    `banned` at -inf (int64 each, each id once, any order): the id draw gives the row as sampling.processed_row
+    makes it (float64, penalized, banned, divided by the temperature), without that copy. None where the
+    library is not here or leaves the row to numpy, or the row is not contiguous float32."""
     if LIBRARY is None or not readable(logits):
         return None
     assert seen.dtype == banned.dtype == np.int64 and seen.flags.c_contiguous and banned.flags.c_contiguous
-    head = (logits.ctypes.data, logits.size, temperature, min_p, uniform, seen.ctypes.data, seen.size, penalty)
-    picked = LIBRARY.whole_draw_repeated(*head, banned.ctypes.data, banned.size, *BUFFERS.at(logits.size))
+    head = (logits.ctypes.data, logits.size, temperature, min_p, top_p, uniform, seen.ctypes.data, seen.size)
+    picked = LIBRARY.whole_draw_repeated(*head, penalty, banned.ctypes.data, banned.size, *BUFFERS.at(logits.size))
     return None if picked < 0 else picked
 
 
