@@ -24,8 +24,8 @@
  * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
  * its exps, in two passes over the float32 logits.
  *
- * No allocation but the crossing bucket's sort buffer and a penalized row's patches, and no state: callers may run it from several
- * threads at once, each with buffers of its own.
+ * No allocation but the crossing bucket's sort buffer and a penalized row's patches, and no state: callers
+ * may run it from several threads at once, each with buffers of its own.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* first, as Python asks: only for the module's PyInit, which ctypes never calls */
@@ -168,10 +168,6 @@ static inline lanes raw_at(const Row *row, int64_t at) {
 
 static inline lanes values_at(const Row *row, int64_t at) {
     return row->f32 ? raw_at(row, at) / row->temperature : raw_at(row, at);
-}
-
-static inline double value_at(const Row *row, int64_t i) {
-    return row->f32 ? (double)row->f32[i] / row->temperature : row->f64[i];
 }
 
 typedef float octets __attribute__((vector_size(32)));
