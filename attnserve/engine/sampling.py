@@ -222,15 +222,19 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
 def plain_draw(row: PassRow, vocab: int) -> bool:
     """The row samples with no top-k, and nothing but its temperature and bans changes its logits (no
     grammar's mask, penalty, or bias but a ban's -inf: ignore_eos, min_tokens, suppressed ids)."""
-    return row.bans_only and row.temperature > 0 and not 0 < row.top_k <= vocab
+    return row.bans_only and samples_whole(row, vocab)
 
 
 def repeated_draw(row: PassRow, vocab: int) -> bool:
     """The row samples with no top-k, and nothing but its temperature, the repetition penalty and bans changes
     its logits (no grammar's mask, no bias but a ban's -inf, no presence or frequency penalty)."""
-    bans_only = all(value == -np.inf for _, value in row.bias)
-    plain = row.allowed is None and bans_only and row.presence == 0.0 and row.frequency == 0.0
-    return plain and row.repetition != 1.0 and row.temperature > 0 and not 0 < row.top_k <= vocab
+    repetition_only = row.repetition != 1.0 and row.presence == 0.0 and row.frequency == 0.0
+    return row.allowed is None and row.bias_bans and repetition_only and samples_whole(row, vocab)
+
+
+def samples_whole(row: PassRow, vocab: int) -> bool:
+    """The row samples (a temperature above 0) with no top-k: its draw weighs every id of the row."""
+    return row.temperature > 0 and not 0 < row.top_k <= vocab
 
 
 def banned_copy(logits: np.ndarray, row: PassRow, out: np.ndarray) -> np.ndarray:

@@ -346,6 +346,9 @@ static float float_at_or_above(double x) {
 /* The row's value `i` as read. */
 static inline double raw_value(const Row *row, int64_t i) { return row->f32 ? (double)row->f32[i] : row->f64[i]; }
 
+/* The id of the row's patch `p`, INT64_MAX past the last. */
+static inline int64_t patch_id(const Row *row, int64_t p) { return p < row->patch_count ? row->patched[p] : INT64_MAX; }
+
 /* The first of the row's patches at or past id `start`, and its id (INT64_MAX where none is). */
 static int64_t first_patch(const Row *row, int64_t start, int64_t *next) {
     int64_t low = 0, high = row->patch_count;
@@ -356,7 +359,7 @@ static int64_t first_patch(const Row *row, int64_t start, int64_t *next) {
         else
             high = middle;
     }
-    *next = low < row->patch_count ? row->patched[low] : INT64_MAX;
+    *next = patch_id(row, low);
     return low;
 }
 
@@ -477,13 +480,26 @@ static inline masks kept_at(const Kept *kept, int64_t at) {
 __attribute__((noinline)) static masks kept_patched(const Kept *kept, int64_t at, masks keep, int64_t *patch,
                                                    int64_t *next) {
     const Row *row = kept->row;
-    for (; *patch < row->patch_count && row->patched[*patch] < at + 4; ++*patch)
+    for (; patch_id(row, *patch) < at + 4; ++*patch)
         keep[row->patched[*patch] - at] = row->patches[*patch] >= kept->edge ? -1 : 0;
-    *next = *patch < row->patch_count ? row->patched[*patch] : INT64_MAX;
+    *next = patch_id(row, *patch);
     return keep;
 }
 
 static inline int kept_id(const Kept *kept, int64_t i) { return read_value(kept->row, i) >= kept->edge; }
+
+/* Within the block of ids [start, end) whose weights are `w` (from its first), after `running` of weight
+ * before it: the first id whose running sum passes `target`; the last of nonzero weight where none does
+ * (rounding: the block's own sum passed it, its running sum not). */
+static int64_t walk_block(const double *w, int64_t start, int64_t end, double running, double target) {
+    int64_t found = -1;
+    for (int64_t i = start; i < end; i++) {
+        running += w[i - start];
+        if (running > target) return i;
+        found = w[i - start] > 0.0 ? i : found;
+    }
+    return found;
+}
 
 /* The inverse CDF over the weights kept_at keeps, whose total is `total`: of the ids of nonzero weight, in id
  * order, the first whose cumulative weight passes `uniform` times the total, found block by block of BLOCK
@@ -504,14 +520,9 @@ static inline __attribute__((always_inline)) int64_t pick_kept(const double *wei
         }
         double block = (sum[0] + sum[1]) + (sum[2] + sum[3]);
         if (running + block > target) {
-            int64_t found = -1;
-            for (int64_t i = start; i < end; i++) {
-                double w = kept_id(kept, i) ? weights[i] : 0.0;
-                running += w;
-                if (running > target) return i;
-                found = w > 0.0 ? i : found;
-            }
-            return found; /* rounding: the block's own sum passed it, its running sum not */
+            double w[BLOCK];
+            for (int64_t i = start; i < end; i++) w[i - start] = kept_id(kept, i) ? weights[i] : 0.0;
+            return walk_block(w, start, end, running, target);
         }
         running += block;
     }
@@ -571,11 +582,11 @@ static inline void weigh(Weighing *weighing, int64_t at, lanes shifted, lanes ex
  * past the last). Apart from the loops: most sets hold no patched id. */
 __attribute__((noinline)) static void patch_lanes(const Row *row, int64_t at, int count, double largest,
                                                   int64_t *patch, int64_t *next, lanes *shifted) {
-    for (; *patch < row->patch_count && row->patched[*patch] < at + 4 * count; ++*patch) {
+    for (; patch_id(row, *patch) < at + 4 * count; ++*patch) {
         int64_t k = row->patched[*patch] - at;
         shifted[k / 4][k % 4] = row->patches[*patch] / row->temperature - largest;
     }
-    *next = *patch < row->patch_count ? row->patched[*patch] : INT64_MAX;
+    *next = patch_id(row, *patch);
 }
 
 /* The `count` sets of four ids' values from `at` less the largest, as the draw weighs them (the patched ones'
@@ -615,13 +626,7 @@ static int64_t pick_blocks(const Row *row, const double *blocks, double largest,
     for (int64_t b = 0; b < count; b++) {
         if (running + blocks[b] > target) {
             block_weights(row, b * BLOCK, largest, edge, w);
-            int64_t found = -1;
-            for (int64_t i = b * BLOCK; i < size && i < (b + 1) * BLOCK; i++) {
-                running += w[i - b * BLOCK];
-                if (running > target) return i;
-                found = w[i - b * BLOCK] > 0.0 ? i : found;
-            }
-            return found; /* rounding: the block's own sum passed it, its running sum not */
+            return walk_block(w, b * BLOCK, (b + 1) * BLOCK < size ? (b + 1) * BLOCK : size, running, target);
         }
         running += blocks[b];
     }
