@@ -155,6 +155,31 @@ def test_a_penalized_row_it_leaves_to_numpy():
     assert whole_draw.draw_repeated(logits, everything, 1.2, none, 1.0, 0.0, 0.9, 0.5) == expected
 
 
+@pytest.mark.parametrize("size", [8192, 50257])
+def test_a_uniform_number_the_block_sums_fall_short_of_draws_the_last_kept_id(size):
+    """Id 0 of weight 1 and every other of 1e-18: each block's 64 tiny weights vanish when added to the running
+    sum (under half its last bit), while the four lanes' sums over the row keep theirs, so the largest uniform
+    number below 1 times the total passes every running sum. The draw walks back from the last block to its
+    last kept id (the nearest to where the exact sum crosses), past the ids banned at the row's end (-inf, or
+    below min-p), penalized or not. (The definition's one running sum, in id order, loses every tiny weight
+    and gives id 0.)"""
+    uniform = float(np.nextafter(1.0, 0.0))
+    for tail in (1, 3, 64, 70):
+        logits = np.full(size, np.log(1e-18), np.float32)
+        logits[0] = 0.0
+        last = size - tail - 1
+        banned = np.arange(last + 1, size, dtype=np.int64)
+        cut = logits.copy()
+        cut[banned] = -np.inf
+        assert whole_draw.draw(cut.astype(np.float64), 0.0, 1.0, uniform) == last
+        assert whole_draw.draw_logits(cut, 1.0, 0.0, 1.0, uniform) == last
+        below = logits.copy()
+        below[banned] = -50.0  # under min-p's 1e-20 of the largest, and -41.4 above it
+        assert whole_draw.draw_logits(below, 1.0, 1e-20, 1.0, uniform) == last
+        seen = np.array([0, 5], np.int64)
+        assert whole_draw.draw_repeated(logits, seen, 1.0, banned, 1.0, 0.0, 1.0, uniform) == last
+
+
 def test_values_on_the_buckets_edges_are_drawn_as_defined():
     """Top-p finds the crossing bucket's ids by value (the lowest value of a bucket, by halves): rows whose
     lowest value but -inf (-63.984375, 4,095/64 below the largest) makes the scale of their 4,096 buckets
