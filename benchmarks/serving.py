@@ -31,7 +31,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -370,6 +370,19 @@ def emit(report: dict, out: str | None) -> int:
 def spread(values: list[float]) -> dict[str, float]:
     """The median of alternating rounds with their min and max: how the benchmarks report a figure."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def ab_kind(kind: str, per_row: dict[str, list[float]], same: bool) -> dict[str, Any]:
+    """An in-process A/B's figures for one kind: each side's microseconds a row (`per_row`, a figure a round)
+    as a spread, b/a round by round, and whether the sides picked the same ids; printed as one line."""
+    ratio = [b / a for a, b in zip(per_row["a"], per_row["b"])]
+    a, b = spread(per_row["a"]), spread(per_row["b"])
+    ratios = spread(ratio)
+    print(
+        f"{kind:11} a {a['median']:7.1f} us/row ({a['min']:.1f}-{a['max']:.1f})  b {b['median']:7.1f} "
+        f"({b['min']:.1f}-{b['max']:.1f})  b/a {ratios['median']:.2f}  same ids: {same}"
+    )
+    return {"kind": kind, "us_per_row": {"a": a, "b": b}, "b_over_a": ratios, "same_ids": same}
 
 
 def error_bars(spreads: list[dict[str, float]]) -> tuple[list[float], list[list[float]]]:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from attnserve.report_stamp import Stamp
-from benchmarks.serving import emit, spread
+from benchmarks.serving import ab_kind, emit
 
 HERE = Path(__file__).resolve().parent.parent
 SOURCE = Path("attnserve/engine/whole_draw.c")
@@ -138,15 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 if round_ >= 2:
                     per_row[side].append((time.perf_counter() - start) * 1e6 / args.rows)
             same &= bool((picked["a"] == picked["b"]).all())
-        ratio = [b / a for a, b in zip(per_row["a"], per_row["b"])]
-        row = {"kind": kind, "us_per_row": {s: spread(v) for s, v in per_row.items()}, "b_over_a": spread(ratio)}
-        row["same_ids"] = same
-        results.append(row)
-        a, b = row["us_per_row"]["a"], row["us_per_row"]["b"]
-        print(
-            f"{kind:11} a {a['median']:7.1f} us/row ({a['min']:.1f}-{a['max']:.1f})  b {b['median']:7.1f} "
-            f"({b['min']:.1f}-{b['max']:.1f})  b/a {row['b_over_a']['median']:.2f}  same ids: {same}"
-        )
+        results.append(ab_kind(kind, per_row, same))
     report = {
         "trees": {"a": args.tree_a, "b": args.tree_b},
         "vocab": args.vocab,

@@ -24,7 +24,7 @@ from attnserve.export import logits_pass_graph
 from attnserve.export.logits_pass_graph import ROW_ALIGN
 from attnserve.runtime import logits_pass
 from attnserve.runtime.arena import Device
-from attnserve.runtime.logits_pass import LogitsPass, draws_whole, graph_file, worth_passing
+from attnserve.runtime.logits_pass import LogitsPass, draws_whole, graph_file, host_us, worth_passing
 from attnserve.runtime.ort_session import BFLOAT16
 from attnserve.tokenizer.utf8 import encode
 from attnserve.v1 import generation_pb2 as pb
@@ -464,6 +464,10 @@ def test_auto_passes_the_rows_whose_host_work_costs_more(whole_draw_kind):
     assert worth_passing([beam] * 16 + [sample] * 16, 8000, cpu) == [False] * 16 + [not compiled] * 16
     assert worth_passing([ban], 50257, cpu, "on") == [True]
     assert worth_passing([sample] * 16, 50257, cpu, "off") == [False] * 16
+    # penalties copy the row once more on the host, but where the compiled draw patches them in as it reads
+    penalized = replace(sample, repetition=1.1, presence=0.5)
+    assert (host_us(penalized, 50257) > host_us(sample, 50257)) is not compiled
+    assert host_us(replace(logprobs, repetition=1.1), 50257) > host_us(logprobs, 50257)
 
 
 @pytest.mark.parametrize("vocab", [V, 20_011], ids=["row pass", "narrow and wide passes"])

@@ -19,7 +19,7 @@ from test_sampling import by_definition
 
 from attnserve.engine import whole_draw
 from attnserve.engine.host_draw import FEW, draw
-from attnserve.engine.sampling import pick_whole_row, processed_row
+from attnserve.engine.sampling import changes, pick_whole_row, processed_row
 from attnserve.engine.seam import PassRow
 
 COMPILER = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
@@ -103,14 +103,38 @@ def test_logits_read_as_they_are_give_the_ids_of_the_divided_rows(size):
             assert pick_whole_row(logits[i], row, scored=False).token == pick_whole_row(logits[i], row).token
 
 
+CHANGES = ("repetition", "occurrences", "bias", "all")
+
+
+def changed_row(rng, logits, seen, banned, change, trial, drawn) -> PassRow:
+    """A row that samples as `drawn` (temperature, min_p, top_p) with the repetition penalty on `seen`, OpenAI's
+    penalties on some of them (counts of 1 to 5), or a bias (the bans, finite biases, an id biased twice), or
+    all three (`change`)."""
+    temperature, min_p, top_p = drawn
+    given: dict = {}
+    if change in ("repetition", "all"):
+        given.update(repetition=[1.3, 0.7][trial % 2], seen=seen.astype(np.int64))
+    if change in ("occurrences", "all"):
+        occurred = seen[: max(1, seen.size // 2)] if seen.size else np.array([logits.size - 1])
+        counts = rng.integers(1, 6, occurred.size)
+        presence, frequency = [(0.5, 0.2), (0.0, 1.1), (-0.3, 0.0), (0.1, 0.7)][trial % 4]
+        given.update(presence=presence, frequency=frequency, occurred=occurred.astype(np.int64), counts=counts)
+    bias = tuple((token, -np.inf) for token in banned.tolist())
+    if change in ("bias", "all"):
+        ids = rng.integers(0, logits.size, 3).tolist() + [int(np.argmax(logits))]
+        bias += tuple(zip(ids + ids[:1], [2.5, -1.25, 0.3, -4.0, 1.0]))
+    return PassRow(temperature, 0, top_p, min_p, 0.0, bias, **given)
+
+
 @pytest.mark.parametrize("size", [*range(1, 20), 63, 64, 65, 1001, 50257])
-def test_a_penalized_row_draws_the_ids_of_its_processed_row(size):
-    """whole_draw.draw_repeated (float32 logits, the seen ids penalized and the banned at -inf as read) against
-    whole_draw.draw of the row as sampling.processed_row makes it (a float64 copy, penalized, banned, divided):
-    bitwise the same ids, with and without top-p. Seen ids in any order: none, one, the first and last, runs of
-    neighbours across the lanes of four and the blocks of 64, the largest logit's; bans of an id also seen and
-    of the largest logit's; penalties above and below 1, negative logits, -inf, min-p; and an unscored pick
-    (which takes this draw) against a scored one (which takes processed_row's copy)."""
+def test_a_penalized_or_biased_row_draws_the_ids_of_its_processed_row(size):
+    """whole_draw.draw_processed (float32 logits, the ids its penalties and bias change patched in as read)
+    against whole_draw.draw of the row as sampling.processed_row makes it (a float64 copy, changed, divided):
+    bitwise the same ids, with and without top-p. The repetition penalty, OpenAI's, a bias, or all three. Seen
+    ids in any order: none, one, the first and last, runs of neighbours across the lanes of four and the blocks
+    of 64, the largest logit's; bans of an id also seen and of the largest logit's; penalties above and below 1,
+    negative logits, -inf, min-p; and an unscored pick (which takes this draw) against a scored one (which
+    takes processed_row's copy)."""
     rng = np.random.default_rng(size + 100)
     for trial in range(8 if size > 5000 else 16):  # a whole vocabulary's rows: every pattern below, fewer times
         logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0, 9.0][trial % 4]).astype(np.float32)
@@ -125,34 +149,51 @@ def test_a_penalized_row_draws_the_ids_of_its_processed_row(size):
         # no ban, one (EOS under ignore_eos), one that is also seen, the largest logit's
         bans = [[], [size - 1], [int(seen[0])] if seen.size else [], [int(np.argmax(logits)), 0]][trial % 4]
         banned = np.array(sorted(set(bans)), np.int64)
-        for penalty in (1.3, 0.7):
-            for temperature, min_p, top_p in ((0.7, 0.0, 1.0), (1.0, 0.0, 0.9), (1.4, 0.05, 1.0), (0.8, 0.0, 0.5)):
-                bias = tuple((token, -np.inf) for token in banned.tolist())
-                row = PassRow(temperature, 0, top_p, min_p, 0.0, bias, repetition=penalty, seen=seen.astype(np.int64))
+        for change in CHANGES:
+            for drawn in ((0.7, 0.0, 1.0), (1.0, 0.0, 0.9), (1.4, 0.05, 1.0), (0.8, 0.0, 0.5)):
+                row = changed_row(rng, logits, seen, banned, change, trial, drawn)
                 scaled = processed_row(logits, row)
-                for uniform in (*rng.random(3), 0.0, 1 - 2**-24):
-                    expected = whole_draw.draw(scaled, min_p, top_p, uniform)
-                    drawn = (temperature, min_p, top_p, uniform)
-                    got = whole_draw.draw_repeated(logits, row.seen, penalty, banned, *drawn)
-                    assert got == expected, (trial, penalty, drawn)
+                for uniform in (*rng.random(2), 0.0, 1 - 2**-24):
+                    expected = whole_draw.draw(scaled, row.min_p, row.top_p, uniform)
+                    got = whole_draw.draw_processed(logits, *drawn, uniform, **changes(row))
+                    assert got == expected, (trial, change, drawn)
                     if expected is not None:
-                        assert expected == by_definition(scaled, min_p, 0, top_p, uniform)
+                        assert expected == by_definition(scaled, row.min_p, 0, row.top_p, uniform)
                         picked = replace(row, uniform=uniform)
                         assert (
                             pick_whole_row(logits, picked, scored=False).token == pick_whole_row(logits, picked).token
                         )
 
 
-def test_a_penalized_row_it_leaves_to_numpy():
-    """A seen or banned id outside the row: None (numpy's processed_row then says what is wrong). Every id seen
-    is drawn as processed."""
+def test_the_occurrence_penalties_round_their_product_as_numpy_does():
+    """frequency * count rounded before presence is added, numpy's two roundings: 0.1 * 5 + 0.2 is 0.7 so, and
+    0.7000000000000001 in one fused multiply-add. Id 5 penalized so ties id 6 biased by -0.7 (the row's only
+    finite ids, logits 0): top-p 0.5 keeps the lower id of a tie, 5; a fused penalty would leave 6 above."""
+    assert 0.1 * 5 + 0.2 == 0.7
+    logits = np.full(64, -np.inf, np.float32)
+    logits[[5, 6]] = 0.0
+    row = PassRow(1.0, 0, 0.5, 0.0, 0.0, ((6, -0.7),), presence=0.2, frequency=0.1)
+    row = replace(row, occurred=np.array([5], np.int64), counts=np.array([5], np.int64))
+    assert processed_row(logits, row)[5] == processed_row(logits, row)[6]
+    for uniform in (0.0, 0.5, 0.99):
+        assert by_definition(processed_row(logits, row), 0.0, 0, 0.5, uniform) == 5
+        assert whole_draw.draw_processed(logits, 1.0, 0.0, 0.5, uniform, **changes(row)) == 5
+
+
+def test_a_changed_row_it_leaves_to_numpy():
+    """A seen, occurred or biased id outside the row: None (numpy's processed_row then says what is wrong).
+    Every id seen is drawn as processed."""
     logits = np.linspace(-2, 2, 100, dtype=np.float32)
-    everything, none = np.arange(100, dtype=np.int64), np.empty(0, np.int64)
-    assert whole_draw.draw_repeated(logits, np.array([3, 100], np.int64), 1.2, none, 1.0, 0.0, 1.0, 0.5) is None
-    assert whole_draw.draw_repeated(logits, np.array([3], np.int64), 1.2, np.array([-1]), 1.0, 0.0, 1.0, 0.5) is None
+    everything = np.arange(100, dtype=np.int64)
+    drawn = (1.0, 0.0, 1.0, 0.5)
+    assert whole_draw.draw_processed(logits, *drawn, seen=np.array([3, 100], np.int64), penalty=1.2) is None
+    outside = {"occurred": np.array([-1], np.int64), "counts": np.array([2], np.int64), "frequency": 0.5}
+    assert whole_draw.draw_processed(logits, *drawn, **outside) is None
+    biased = {"bias_ids": np.array([7, 100], np.int64), "bias_values": np.array([1.0, -np.inf])}
+    assert whole_draw.draw_processed(logits, *drawn, **biased) is None
     row = PassRow(1.0, 0, 0.9, 0.0, 0.5, repetition=1.2, seen=everything)
     expected = by_definition(processed_row(logits, row), 0.0, 0, 0.9, 0.5)
-    assert whole_draw.draw_repeated(logits, everything, 1.2, none, 1.0, 0.0, 0.9, 0.5) == expected
+    assert whole_draw.draw_processed(logits, 1.0, 0.0, 0.9, 0.5, seen=everything, penalty=1.2) == expected
 
 
 @pytest.mark.parametrize("size", [8192, 50257])
@@ -176,8 +217,9 @@ def test_a_uniform_number_the_block_sums_fall_short_of_draws_the_last_kept_id(si
         below = logits.copy()
         below[banned] = -50.0  # under min-p's 1e-20 of the largest, and -41.4 above it
         assert whole_draw.draw_logits(below, 1.0, 1e-20, 1.0, uniform) == last
+        bans = {"bias_ids": banned, "bias_values": np.full(banned.size, -np.inf)}
         seen = np.array([0, 5], np.int64)
-        assert whole_draw.draw_repeated(logits, seen, 1.0, banned, 1.0, 0.0, 1.0, uniform) == last
+        assert whole_draw.draw_processed(logits, 1.0, 0.0, 1.0, uniform, seen=seen, penalty=1.0, **bans) == last
 
 
 def test_values_on_the_buckets_edges_are_drawn_as_defined():

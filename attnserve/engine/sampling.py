@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -197,17 +198,16 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
     """pick_row's pick by every id of the row: its definition. A draw of float32 logits that needs no
     log-probability and changes nothing of the row but its temperature and bans goes straight from the logits
     to the compiled draw, where it runs (whole_draw.draw_logits: the same division, read as the row is, with
-    no copy; a banning row from its banned_copy); so does one whose only other change is the repetition
-    penalty (whole_draw.draw_repeated: the seen ids penalized as processed_row does it, as the row is read)."""
+    no copy; a banning row from its banned_copy); so does one with penalties or another bias
+    (whole_draw.draw_processed: the ids they change patched in as processed_row changes them, as the row is
+    read)."""
     if not scored and plain_draw(row, logits.size) and whole_draw.readable(logits):
         read = banned_copy(logits, row, SCRATCH.banned_rows(1, logits.size)[0])
         picked = whole_draw.draw_logits(read, row.temperature, row.min_p, row.top_p, row.uniform)
         if picked is not None:
             return Pick(picked, 0.0)
-    if not scored and repeated_draw(row, logits.size):
-        seen, banned = np.ascontiguousarray(row.seen, np.int64), banned_ids(row)
-        drawn = (row.temperature, row.min_p, row.top_p, row.uniform)
-        picked = whole_draw.draw_repeated(logits, seen, row.repetition, banned, *drawn)
+    elif not scored and processed_draw(row, logits.size):
+        picked = whole_draw.draw_processed(logits, row.temperature, row.min_p, row.top_p, row.uniform, **changes(row))
         if picked is not None:
             return Pick(picked, 0.0)
     scaled = processed_row(logits, row, SCRATCH.row(logits.size))
@@ -225,11 +225,24 @@ def plain_draw(row: PassRow, vocab: int) -> bool:
     return row.bans_only and samples_whole(row, vocab)
 
 
-def repeated_draw(row: PassRow, vocab: int) -> bool:
-    """The row samples with no top-k, and nothing but its temperature, the repetition penalty and bans changes
-    its logits (no grammar's mask, no bias but a ban's -inf, no presence or frequency penalty)."""
-    repetition_only = row.repetition != 1.0 and row.presence == 0.0 and row.frequency == 0.0
-    return row.allowed is None and row.bias_bans and repetition_only and samples_whole(row, vocab)
+def processed_draw(row: PassRow, vocab: int) -> bool:
+    """The row samples with no top-k and no grammar's mask: whatever its penalties and bias change,
+    whole_draw.draw_processed patches in."""
+    return row.allowed is None and samples_whole(row, vocab)
+
+
+def changes(row: PassRow) -> dict[str, Any]:
+    """whole_draw.draw_processed's keywords (arrays and numbers) for what `row` changes in its logits."""
+    given: dict[str, Any] = {}
+    if row.repetition != 1.0:
+        given.update(seen=np.ascontiguousarray(row.seen, np.int64), penalty=row.repetition)
+    if row.presence != 0.0 or row.frequency != 0.0:
+        occurred, counts = np.ascontiguousarray(row.occurred, np.int64), np.ascontiguousarray(row.counts, np.int64)
+        given.update(occurred=occurred, counts=counts, presence=row.presence, frequency=row.frequency)
+    if row.bias:
+        ids = np.fromiter((token for token, _ in row.bias), np.int64, len(row.bias))
+        given.update(bias_ids=ids, bias_values=np.fromiter((value for _, value in row.bias), np.float64, len(ids)))
+    return given
 
 
 def samples_whole(row: PassRow, vocab: int) -> bool:

@@ -17,8 +17,8 @@
  * uniform number falls within about 1e-15 of an id's edge. exp is this file's own (exp_neg): the same bits on
  * every machine and in every vector width.
  *
- * A float32 row under the repetition penalty is drawn from its logits too (whole_draw_repeated): the seen
- * ids' penalized values are patched in as the row is read (their lanes in the weights pass, their values
+ * A float32 row under penalties or a bias is drawn from its logits too (whole_draw_processed): the changed
+ * ids' values are patched in as the row is read (their lanes in the weights pass, their values
  * where the extremes, top-p's crossing and the pick's kept ids are found), instead of a float64 copy of it.
  *
  * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
@@ -729,36 +729,66 @@ static int ascending(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* One float32 row's id as whole_draw_logits gives it, after the repetition penalty on the `count` ids `seen`
- * and with the `banned_count` ids `banned` at -inf (each list's ids once, in the row, in any order): the id
- * whole_draw_values gives the row as sampling.processed_row makes it (in float64, each seen id's logit divided
- * by `penalty` where positive, else multiplied, the bans' -inf bias added, then every value divided by the
- * temperature), without its float64 copy: those ids' values patched in as the row is read. -1 also where an
- * id is outside the row; -2 where memory ran out. */
-int64_t whole_draw_repeated(const float *logits, int64_t size, double temperature, double min_p, double top_p,
-                            double uniform, const int64_t *seen, int64_t count, double penalty,
-                            const int64_t *banned, int64_t banned_count, double *weights, int32_t *members) {
-    int64_t total = count + banned_count, kept = 0;
+/* The index of `id` among the `count` ascending ids `patched` (where it is one of them). */
+static int64_t patch_index(const int32_t *patched, int64_t count, int64_t id) {
+    int64_t low = 0, high = count - 1;
+    while (low < high) {
+        int64_t middle = low + (high - low) / 2;
+        if (patched[middle] < id)
+            low = middle + 1;
+        else
+            high = middle;
+    }
+    return low;
+}
+
+/* Copies the `count` ids at `ids` into `patched` from `at`: the next place, or -1 where one is outside the row. */
+static int64_t gather_ids(int32_t *patched, int64_t at, const int64_t *ids, int64_t count, int64_t size) {
+    for (int64_t j = 0; j < count; j++) {
+        if (ids[j] < 0 || ids[j] >= size) return -1;
+        patched[at++] = (int32_t)ids[j];
+    }
+    return at;
+}
+
+/* One float32 row's id as whole_draw_logits gives it, after what sampling.processed_row changes in its float64
+ * copy, in its order: the repetition `penalty` on the `seen_count` ids `seen` (each logit divided by it where
+ * positive, else multiplied), OpenAI's penalties on the `occurred_count` ids `occurred` (each less `frequency`
+ * times its count in `counts`, rounded, plus `presence`), then each of the `bias_count` biases added in turn
+ * (`bias_values` to `bias_ids`; a ban's is -inf), every value divided by the temperature. The id
+ * whole_draw_values gives that copy, without it: the changed ids' values are patched in as the row is read.
+ * seen and occurred hold each id once; a bias may repeat an id. -1 also where an id is outside the row; -2
+ * where memory ran out. */
+int64_t whole_draw_processed(const float *logits, int64_t size, double temperature, double min_p, double top_p,
+                             double uniform, const int64_t *seen, int64_t seen_count, double penalty,
+                             const int64_t *occurred, const int64_t *counts, int64_t occurred_count,
+                             double presence, double frequency, const int64_t *bias_ids, const double *bias_values,
+                             int64_t bias_count, double *weights, int32_t *members) {
+    int64_t total = seen_count + occurred_count + bias_count, kept = 0;
     char *room = malloc((sizeof(int32_t) + sizeof(double)) * (total ? total : 1));
     if (!room) return -2;
     double *patches = (double *)room;
     int32_t *patched = (int32_t *)(patches + total);
-    for (int64_t j = 0; j < total; j++) {
-        int64_t id = j < count ? seen[j] : banned[j - count];
-        if (id < 0 || id >= size) {
-            free(room);
-            return -1;
-        }
-        patched[j] = (int32_t)id;
+    int64_t at = gather_ids(patched, 0, seen, seen_count, size);
+    at = at < 0 ? at : gather_ids(patched, at, occurred, occurred_count, size);
+    at = at < 0 ? at : gather_ids(patched, at, bias_ids, bias_count, size);
+    if (at < 0) {
+        free(room);
+        return -1;
     }
     qsort(patched, total, sizeof(int32_t), ascending);
     for (int64_t j = 0; j < total; j++) /* each id once */
         if (!kept || patched[kept - 1] != patched[j]) patched[kept++] = patched[j];
-    for (int64_t j = 0; j < kept; j++) {
-        double x = logits[patched[j]];
-        patches[j] = x > 0 ? x / penalty : x * penalty; /* penalize_repetition's */
-        for (int64_t b = 0; b < banned_count; b++) patches[j] = banned[b] == patched[j] ? -INFINITY : patches[j];
+    for (int64_t j = 0; j < kept; j++) patches[j] = logits[patched[j]];
+    for (int64_t j = 0; j < seen_count; j++) { /* penalize_repetition's */
+        double *x = &patches[patch_index(patched, kept, seen[j])];
+        *x = *x > 0 ? *x / penalty : *x * penalty;
     }
+    for (int64_t j = 0; j < occurred_count; j++) { /* penalize_occurrences': the product rounded, as numpy's */
+        volatile double product = frequency * (double)counts[j];
+        patches[patch_index(patched, kept, occurred[j])] -= product + presence;
+    }
+    for (int64_t j = 0; j < bias_count; j++) patches[patch_index(patched, kept, bias_ids[j])] += bias_values[j];
     Row row = {logits, NULL, temperature, size, patched, patches, kept};
     int64_t id = draw_row(&row, min_p, top_p, uniform, weights, members);
     free(room);

@@ -4,10 +4,9 @@ over each row instead of numpy's dozen (16 flat rows of 50,257 ids: about 3 ms a
 logits, divided as read: 3.6 ms in one thread, 2.9 ms shared out between two). Its picks are
 the definition's (tests/test_sampling.py), as numpy's are; the two may part only where a uniform number
 falls within about 1e-15 of an id's edge, so wherever the library loads every row it takes is drawn by it,
-alone or in a batch (host_draw.draw and batch_draw.draws both ask it first). A row under the repetition
-penalty (and no other change but bans) is drawn from its float32 logits too (`draw_repeated`:
-the seen ids penalized and the banned at -inf as they are read, as sampling.processed_row changes its float64
-copy): sampling.pick_whole_row takes it.
+alone or in a batch (host_draw.draw and batch_draw.draws both ask it first). A row under penalties or a
+bias is drawn from its float32 logits too (`draw_processed`: the ids they change patched in as the row is
+read, as sampling.processed_row changes its float64 copy): sampling.pick_whole_row takes it.
 
 The same library scores a greedy row that asks for log-probabilities (`scores`: its likeliest ids and the
 float64 sum of exps over the row, in two passes over the float32 logits, where numpy makes a float64 copy
@@ -68,9 +67,10 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     real = ctypes.c_double
     library.whole_draw_logits.argtypes = (pointer, count, real, real, real, real, pointer, pointer)
     library.whole_draw_values.argtypes = (pointer, count, real, real, real, pointer, pointer)
-    repeated = (pointer, count, real, real, real, real, pointer, count, real, pointer, count, pointer, pointer)
-    library.whole_draw_repeated.argtypes = repeated
-    library.whole_draw_logits.restype = library.whole_draw_values.restype = library.whole_draw_repeated.restype = count
+    head = (pointer, count, real, real, real, real, pointer, count, real)
+    changes = (pointer, pointer, count, real, real, pointer, pointer, count, pointer, pointer)
+    library.whole_draw_processed.argtypes = (*head, *changes)
+    library.whole_draw_logits.restype = library.whole_draw_values.restype = library.whole_draw_processed.restype = count
     library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
     library.whole_draw_scores.restype = ctypes.c_double
     library.whole_draw_likeliest.argtypes = (pointer, count, count, count, pointer, pointer, pointer)
@@ -180,25 +180,42 @@ def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: flo
     return None if picked < 0 else picked
 
 
-def draw_repeated(
+NO_IDS, NO_VALUES = np.empty(0, np.int64), np.empty(0, np.float64)
+
+
+def draw_processed(
     logits: np.ndarray,
-    seen: np.ndarray,
-    penalty: float,
-    banned: np.ndarray,
     temperature: float,
     min_p: float,
     top_p: float,
     uniform: float,
+    *,
+    seen: np.ndarray = NO_IDS,
+    penalty: float = 1.0,
+    occurred: np.ndarray = NO_IDS,
+    counts: np.ndarray = NO_IDS,
+    presence: float = 0.0,
+    frequency: float = 0.0,
+    bias_ids: np.ndarray = NO_IDS,
+    bias_values: np.ndarray = NO_VALUES,
 ) -> int | None:
-    """draw_logits' id of a float32 row (V,) after the repetition penalty on the ids `seen` and with the ids
-    `banned` at -inf (int64 each, each id once, any order): the id draw gives the row as sampling.processed_row
-    makes it (float64, penalized, banned, divided by the temperature), without that copy. None where the
-    library is not here or leaves the row to numpy, or the row is not contiguous float32."""
+    """draw_logits' id of a float32 row (V,) after what sampling.processed_row changes, in its order: the
+    repetition `penalty` on the ids `seen`, the `presence` and `frequency` penalties on the ids `occurred` (with
+    their `counts`), then each bias in turn (`bias_values` added to `bias_ids`; a ban's is -inf). The id draw
+    gives the row as processed_row makes it (float64, changed, divided by the temperature), without that copy.
+    The ids int64 (seen and occurred each id once, any order), the bias values float64, each contiguous. None
+    where the library is not here or leaves the row to numpy (an id outside the row), or the row is not
+    contiguous float32."""
     if LIBRARY is None or not readable(logits):
         return None
-    assert seen.dtype == banned.dtype == np.int64 and seen.flags.c_contiguous and banned.flags.c_contiguous
-    head = (logits.ctypes.data, logits.size, temperature, min_p, top_p, uniform, seen.ctypes.data, seen.size)
-    picked = LIBRARY.whole_draw_repeated(*head, penalty, banned.ctypes.data, banned.size, *BUFFERS.at(logits.size))
+    arrays = (seen, occurred, counts, bias_ids, bias_values)
+    assert all(a.flags.c_contiguous for a in arrays) and bias_values.dtype == np.float64
+    assert seen.dtype == occurred.dtype == counts.dtype == bias_ids.dtype == np.int64
+    assert occurred.size == counts.size and bias_ids.size == bias_values.size
+    head = (logits.ctypes.data, logits.size, temperature, min_p, top_p, uniform, seen.ctypes.data, seen.size, penalty)
+    occurring = (occurred.ctypes.data, counts.ctypes.data, occurred.size, presence, frequency)
+    bias = (bias_ids.ctypes.data, bias_values.ctypes.data, bias_ids.size)
+    picked = LIBRARY.whole_draw_processed(*head, *occurring, *bias, *BUFFERS.at(logits.size))
     return None if picked < 0 else picked
 
 

@@ -115,16 +115,19 @@ def host_us(row: PassRow, vocab: int) -> float:
     """Microseconds to pick `row` on the host (HOST_COST; COMPILED_DRAW_COST's draws and COMPILED_SCORES_COST's
     greedy log-probabilities where those run): a draw (top-k's from its likeliest ids where it asks for no
     log-probability, top-p alone's edge found over the whole row), logprobs, a beam's candidates, or a greedy
-    row with bans or a bias (a copy and an argmax); penalties copy the row once more."""
+    row with bans or a bias (a copy and an argmax); penalties copy the row once more, but in a compiled draw
+    with no grammar's mask (sampling.processed_draw: the ids they change patched in as the row is read)."""
     if row.temperature > 0 and 0 < row.top_k < vocab:
         work = "draw" if row.top or vocab < FEW_IDS_FROM else "top_k"
     elif row.temperature > 0:
         work = "top_p" if row.top_p < 1.0 and row.min_p <= 0.0 else "draw"
     else:
         work = "beam" if row.alone else "logprobs" if row.top else "argmax"
-    works = [work, "penalty"] if row.penalized else [work]
+    compiled = compiled_draw() and not row.top and not 0 < row.top_k < vocab  # the compiled draw's rows
+    patched = compiled and row.temperature > 0 and row.allowed is None
+    works = [work, "penalty"] if row.penalized and not patched else [work]
     costs = HOST_COST
-    if compiled_draw() and not row.top and not 0 < row.top_k < vocab:  # the compiled draw's rows
+    if compiled:
         costs = costs | COMPILED_DRAW_COST
     elif compiled_draw() and scores_compiled(row):  # the compiled scores' rows
         costs = costs | COMPILED_SCORES_COST
