@@ -1,12 +1,12 @@
 """The host's pick of sampled rows whose penalties or bias change their logits (sampling.pick_whole_row, no
 log-probabilities asked), two checkouts against each other: each side a process of its own running this
 file's `--side` over its tree's attnserve, the sides alternating round by round. Per kind, a row of V float32
-logits (temperature 0.7, top-p 0.9 unless said): `repetition` (a penalty of 1.1 on 80 seen ids), `occurrences`
-(presence 0.5 and frequency 0.3 on 40 ids, counts 1 to 3), `bias` (EOS banned, two ids biased), `all` (the
-three) and `all_whole` (the three, every id drawn). Before each call a sweep of 128 MB evicts the row from
-the caches, as a decode step does. Reports each side's microseconds a row, median (min-max) over the rounds
-(each round's figure the median of --calls calls), b/a, and whether the sides picked the same ids; then one
-JSON object last.
+logits (temperature 0.7, top-p 0.9 unless said): `ban` (EOS banned, as ignore_eos), `repetition` (that and a
+penalty of 1.1 on 80 seen ids), `occurrences` (presence 0.5 and frequency 0.3 on 40 ids, counts 1 to 3, no
+ban), `bias` (EOS banned, two ids biased), `all` (the three) and `all_whole` (the three, every id drawn).
+Before each call a sweep of 128 MB evicts the row from the caches, as a decode step does. Reports each side's
+microseconds a row, median (min-max) over the rounds (each round's figure the median of --calls calls), b/a,
+and whether the sides picked the same ids; then one JSON object last.
 
     git worktree add /tmp/before COMMIT
     python -m benchmarks.changed_rows_ab --tree-a /tmp/before [--tree-b .] [--vocab 50257] [--rounds 8] \\
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent.parent
-KINDS = ("repetition", "occurrences", "bias", "all", "all_whole")
+KINDS = ("ban", "repetition", "occurrences", "bias", "all", "all_whole")
 SWEEP = 16 << 20  # float64s: 128 MB
 
 
@@ -41,9 +41,11 @@ def rows_of(kind: str, vocab: int):
         given.update(repetition=1.1, seen=seen)
     if kind in ("occurrences", "all", "all_whole"):
         given.update(presence=0.5, frequency=0.3, occurred=seen[-40:], counts=rng.integers(1, 4, 40))
-    bias = ((vocab - 1, -np.inf),) + (((5, 2.0), (77, -3.0)) if kind != "repetition" else ())
+    bias = {"ban": ((vocab - 1, -np.inf),), "bias": ((vocab - 1, -np.inf), (5, 2.0), (77, -3.0))}
+    bias["repetition"] = bias["ban"]
+    bias["all"] = bias["all_whole"] = bias["bias"]
     top_p = 1.0 if kind == "all_whole" else 0.9
-    return PassRow(0.7, 0, top_p, 0.0, 0.0, bias if kind != "occurrences" else (), **given)
+    return PassRow(0.7, 0, top_p, 0.0, 0.0, bias.get(kind, ()), **given)
 
 
 def side(vocab: int, calls: int, seed: int) -> dict:

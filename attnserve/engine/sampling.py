@@ -196,20 +196,19 @@ def pick_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
 
 def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pick:
     """pick_row's pick by every id of the row: its definition. A draw of float32 logits that needs no
-    log-probability and changes nothing of the row but its temperature and bans goes straight from the logits
-    to the compiled draw, where it runs (whole_draw.draw_logits: the same division, read as the row is, with
-    no copy; a banning row from its banned_copy); so does one with penalties or another bias
-    (whole_draw.draw_processed: the ids they change patched in as processed_row changes them, as the row is
-    read)."""
-    if not scored and plain_draw(row, logits.size) and whole_draw.readable(logits):
-        read = banned_copy(logits, row, SCRATCH.banned_rows(1, logits.size)[0])
-        picked = whole_draw.draw_logits(read, row.temperature, row.min_p, row.top_p, row.uniform)
-        if picked is not None:
-            return Pick(picked, 0.0)
-    elif not scored and processed_draw(row, logits.size):
-        picked = whole_draw.draw_processed(logits, row.temperature, row.min_p, row.top_p, row.uniform, **changes(row))
-        if picked is not None:
-            return Pick(picked, 0.0)
+    log-probability and has no top-k nor grammar's mask goes straight from the logits to the compiled draw,
+    where it runs: whole_draw.draw_logits (the same division, read as the row is, with no copy) where nothing
+    but the temperature changes the row, else whole_draw.draw_processed (the ids its bans, bias and penalties
+    change patched in as processed_row changes them, as the row is read)."""
+    if not scored and processed_draw(row, logits.size):
+        if row.bias or row.penalized:
+            drawn = whole_draw.draw_processed(
+                logits, row.temperature, row.min_p, row.top_p, row.uniform, **changes(row)
+            )
+        else:
+            drawn = whole_draw.draw_logits(logits, row.temperature, row.min_p, row.top_p, row.uniform)
+        if drawn is not None:
+            return Pick(drawn, 0.0)
     scaled = processed_row(logits, row, SCRATCH.row(logits.size))
     greedy = row.temperature == 0
     token = int(np.argmax(scaled)) if greedy else draw(scaled, row.min_p, row.top_k, row.top_p, row.uniform)
