@@ -23,18 +23,20 @@ SHORTEST, LONGEST = 150, 600  # a passage's bytes, drawn uniformly
 SIZE = 16_000_000  # bytes: more than a 15-minute training reads, so that no drawn passage comes twice
 
 
-def copy_corpus(size: int = SIZE, seed: int = 0) -> str:
-    """About `size` bytes: passages of SHORTEST to LONGEST bytes from random places in the text, one in
-    three as it is, two in three with their words shuffled and followed by a blank line and themselves
+def copy_corpus(
+    size: int = SIZE, seed: int = 0, shortest: int = SHORTEST, longest: int = LONGEST, plain_every: int = 3
+) -> str:
+    """About `size` bytes: passages of `shortest` to `longest` bytes from random places in the text, one in
+    `plain_every` as it is, the others with their words shuffled and followed by a blank line and themselves
     again."""
     text, rng = corpus_parts()[0], random.Random(seed)
     out: list[str] = []
     total = 0
     while total < size:
-        length = rng.randint(SHORTEST, LONGEST)
+        length = rng.randint(shortest, longest)
         start = rng.randrange(len(text) - length)
         passage = text[start : start + length]
-        if len(out) % 3:
+        if len(out) % plain_every:
             words = passage.split(" ")
             rng.shuffle(words)
             passage = " ".join(words)
@@ -49,8 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="the text file to write")
     p.add_argument("--bytes", type=int, default=SIZE, help="the corpus's size, about")
     p.add_argument("--seed", type=int, default=0, help="seed of the passages")
+    p.add_argument("--shortest", type=int, default=SHORTEST, help=f"a passage's fewest bytes (default: {SHORTEST})")
+    p.add_argument("--longest", type=int, default=LONGEST, help=f"a passage's most bytes (default: {LONGEST})")
+    p.add_argument("--plain-every", type=int, default=3, help="one passage in this many as it is (default: 3)")
     args = p.parse_args(argv)
-    args.out.write_text(copy_corpus(args.bytes, args.seed))
+    if not 0 < args.shortest <= args.longest or args.plain_every < 1:
+        p.error("--shortest must be 1 to --longest, and --plain-every at least 1")
+    args.out.write_text(copy_corpus(args.bytes, args.seed, args.shortest, args.longest, args.plain_every))
     print(f"wrote {args.out} ({args.out.stat().st_size:,} bytes)")
     return 0
 
