@@ -65,15 +65,6 @@ class Device:
             cuda_runtime().download(out.ctypes.data, address, out.nbytes, self.stream)
         return out
 
-    def host_view(self, value: ort.OrtValue, dtype: np.dtype) -> np.ndarray | None:
-        """A host buffer's elements as a flat numpy array over its memory (no copy: it reads what the next run
-        writes there, and lives while `value` does); None on CUDA, whose buffers the host cannot read."""
-        if self.kind != "cpu":
-            return None
-        count = int(np.prod(value.shape()))
-        memory = (ctypes.c_byte * (count * np.dtype(dtype).itemsize)).from_address(value.data_ptr())
-        return np.frombuffer(memory, dtype, count)
-
     def free_bytes(self) -> int:
         """Memory that can still be allocated here: the host's MemAvailable, or the GPU's free bytes."""
         if self.kind == "cpu":

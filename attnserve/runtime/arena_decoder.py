@@ -97,9 +97,6 @@ class ArenaDecoder:
         self._verified_logits: ort.OrtValue | None = None  # a verification's logits (verified_logits)
         # the sampling rows of a picked step as float32 (a float32 graph's host buffer is that already)
         self.picked_rows = np.empty((capacity, self.vocab_size), np.float32) if self.dtype != "float32" else None
-        # a float32 graph's step logits on the host, read where the run wrote them (read_rows): no copy a row
-        view = self.device.host_view(self.step_logits, np.float32) if self.dtype == "float32" else None
-        self.step_view = view.reshape(capacity, self.vocab_size) if view is not None else None
         widest = max(self.max_tokens, capacity * self.context)  # a decode step's mask is (B, longest + 1)
         sizes = {contract.INPUT_IDS: self.max_tokens, contract.POSITION_IDS: self.max_tokens}
         self.inputs = StepInputs(self.device, {**sizes, contract.ATTENTION_MASK: widest, **self.extra_inputs(capacity)})
@@ -299,10 +296,7 @@ class ArenaDecoder:
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
         """Rows `rows` (None: all, in one copy) of (b, V) logits on the device at `address` into the
         host buffer; (b, V) float32, of which only `rows` are converted (a step of greedy requests
-        converts nothing). A float32 graph's step logits on the CPU are not copied: the rows are read where
-        the step wrote them (step_view), as a decode step's logits are, until the next run."""
-        if self.step_view is not None and address == self.step_logits.data_ptr():
-            return self.step_view[:b]
+        converts nothing)."""
         host = self.logits[: b * self.vocab_size].reshape(b, self.vocab_size)
         if rows is None:
             self.device.read(address, host)
