@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help="write the JSON result here")
+    p.add_argument("--plot", help="write a PNG of b/a per kind here")
     args = p.parse_args(argv)
     if args.side:
         print(json.dumps(side(args.vocab, args.calls, args.seed)))
@@ -119,7 +120,33 @@ def main(argv: list[str] | None = None) -> int:
         "kinds": results,
         "stamp": stamp.finish(),
     }
+    if args.plot:
+        write_plot(report, args.plot)
     return emit(report, args.out)
+
+
+def write_plot(report: dict, path: str) -> None:
+    """b/a per kind, a bar each, with the rounds' spread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.serving import error_bars
+
+    kinds = report["kinds"]
+    medians, errors = error_bars([kind["b_over_a"] for kind in kinds])
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.bar(range(len(kinds)), medians, yerr=errors, capsize=3, color="C0")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(range(len(kinds)))
+    ax.set_xticklabels([kind["kind"] for kind in kinds], fontsize=8)
+    ax.set_ylabel("b's time a row over a's (lower: b faster)", fontsize=8)
+    ax.set_title(
+        f"a sampled row's pick, {report['vocab']:,} ids: {report['trees']['b']} over {report['trees']['a']}", fontsize=8
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":

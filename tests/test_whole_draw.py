@@ -155,7 +155,7 @@ def test_a_penalized_or_biased_row_draws_the_ids_of_its_processed_row(size):
                 scaled = processed_row(logits, row)
                 for uniform in (*rng.random(2), 0.0, 1 - 2**-24):
                     expected = whole_draw.draw(scaled, row.min_p, row.top_p, uniform)
-                    got = whole_draw.draw_processed(logits, *drawn, uniform, **changes(row))
+                    got = whole_draw.draw_processed(logits, *drawn, uniform, *changes(row))
                     assert got == expected, (trial, change, drawn)
                     if expected is not None:
                         assert expected == by_definition(scaled, row.min_p, 0, row.top_p, uniform)
@@ -177,7 +177,7 @@ def test_the_occurrence_penalties_round_their_product_as_numpy_does():
     assert processed_row(logits, row)[5] == processed_row(logits, row)[6]
     for uniform in (0.0, 0.5, 0.99):
         assert by_definition(processed_row(logits, row), 0.0, 0, 0.5, uniform) == 5
-        assert whole_draw.draw_processed(logits, 1.0, 0.0, 0.5, uniform, **changes(row)) == 5
+        assert whole_draw.draw_processed(logits, 1.0, 0.0, 0.5, uniform, *changes(row)) == 5
 
 
 def test_a_changed_row_it_leaves_to_numpy():

@@ -202,9 +202,7 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
     change patched in as processed_row changes them, as the row is read)."""
     if not scored and processed_draw(row, logits.size):
         if row.bias or row.penalized:
-            drawn = whole_draw.draw_processed(
-                logits, row.temperature, row.min_p, row.top_p, row.uniform, **changes(row)
-            )
+            drawn = whole_draw.draw_processed(logits, row.temperature, row.min_p, row.top_p, row.uniform, *changes(row))
         else:
             drawn = whole_draw.draw_logits(logits, row.temperature, row.min_p, row.top_p, row.uniform)
         if drawn is not None:
@@ -230,18 +228,19 @@ def processed_draw(row: PassRow, vocab: int) -> bool:
     return row.allowed is None and samples_whole(row, vocab)
 
 
-def changes(row: PassRow) -> dict[str, Any]:
-    """whole_draw.draw_processed's keywords (arrays and numbers) for what `row` changes in its logits."""
-    given: dict[str, Any] = {}
+def changes(row: PassRow) -> tuple[Any, ...]:
+    """whole_draw.draw_processed's arguments after the row's draw (seen, penalty, occurred, counts, presence,
+    frequency, bias ids, bias values) for what `row` changes in its logits; None for an array of what it does
+    not change."""
+    seen = occurred = counts = bias_ids = bias_values = None
     if row.repetition != 1.0:
-        given.update(seen=np.ascontiguousarray(row.seen, np.int64), penalty=row.repetition)
+        seen = np.ascontiguousarray(row.seen, np.int64)
     if row.presence != 0.0 or row.frequency != 0.0:
         occurred, counts = np.ascontiguousarray(row.occurred, np.int64), np.ascontiguousarray(row.counts, np.int64)
-        given.update(occurred=occurred, counts=counts, presence=row.presence, frequency=row.frequency)
     if row.bias:
-        ids = np.fromiter((token for token, _ in row.bias), np.int64, len(row.bias))
-        given.update(bias_ids=ids, bias_values=np.fromiter((value for _, value in row.bias), np.float64, len(ids)))
-    return given
+        bias_ids = np.fromiter((token for token, _ in row.bias), np.int64, len(row.bias))
+        bias_values = np.fromiter((value for _, value in row.bias), np.float64, len(row.bias))
+    return seen, row.repetition, occurred, counts, row.presence, row.frequency, bias_ids, bias_values
 
 
 def samples_whole(row: PassRow, vocab: int) -> bool:

@@ -180,42 +180,39 @@ def draw_logits(logits: np.ndarray, temperature: float, min_p: float, top_p: flo
     return None if picked < 0 else picked
 
 
-NO_IDS, NO_VALUES = np.empty(0, np.int64), np.empty(0, np.float64)
-
-
 def draw_processed(
     logits: np.ndarray,
     temperature: float,
     min_p: float,
     top_p: float,
     uniform: float,
-    *,
-    seen: np.ndarray = NO_IDS,
+    seen: np.ndarray | None = None,
     penalty: float = 1.0,
-    occurred: np.ndarray = NO_IDS,
-    counts: np.ndarray = NO_IDS,
+    occurred: np.ndarray | None = None,
+    counts: np.ndarray | None = None,
     presence: float = 0.0,
     frequency: float = 0.0,
-    bias_ids: np.ndarray = NO_IDS,
-    bias_values: np.ndarray = NO_VALUES,
+    bias_ids: np.ndarray | None = None,
+    bias_values: np.ndarray | None = None,
 ) -> int | None:
     """draw_logits' id of a float32 row (V,) after what sampling.processed_row changes, in its order: the
     repetition `penalty` on the ids `seen`, the `presence` and `frequency` penalties on the ids `occurred` (with
     their `counts`), then each bias in turn (`bias_values` added to `bias_ids`; a ban's is -inf). The id draw
     gives the row as processed_row makes it (float64, changed, divided by the temperature), without that copy.
-    The ids int64 (seen and occurred each id once, any order), the bias values float64, each contiguous. None
-    where the library is not here or leaves the row to numpy (an id outside the row), or the row is not
-    contiguous float32."""
+    The ids contiguous int64 (seen and occurred each id once, any order), the bias values contiguous float64
+    (sampling.changes makes them so); None: no such change. None where the library is not here or leaves the
+    row to numpy (an id outside the row), or the row is not contiguous float32."""
     if LIBRARY is None or not readable(logits):
         return None
-    arrays = (seen, occurred, counts, bias_ids, bias_values)
-    assert all(a.flags.c_contiguous for a in arrays) and bias_values.dtype == np.float64
-    assert seen.dtype == occurred.dtype == counts.dtype == bias_ids.dtype == np.int64
-    assert occurred.size == counts.size and bias_ids.size == bias_values.size
-    head = (logits.ctypes.data, logits.size, temperature, min_p, top_p, uniform, seen.ctypes.data, seen.size, penalty)
-    occurring = (occurred.ctypes.data, counts.ctypes.data, occurred.size, presence, frequency)
-    bias = (bias_ids.ctypes.data, bias_values.ctypes.data, bias_ids.size)
-    picked = LIBRARY.whole_draw_processed(*head, *occurring, *bias, *BUFFERS.at(logits.size))
+    head = (logits.ctypes.data, logits.size, temperature, min_p, top_p, uniform)
+    repeated: tuple = (None, 0, 1.0) if seen is None else (seen.ctypes.data, seen.size, penalty)
+    occurring: tuple = (None, None, 0, 0.0, 0.0)
+    if occurred is not None and counts is not None:
+        occurring = (occurred.ctypes.data, counts.ctypes.data, occurred.size, presence, frequency)
+    biased: tuple = (None, None, 0)
+    if bias_ids is not None and bias_values is not None:
+        biased = (bias_ids.ctypes.data, bias_values.ctypes.data, bias_ids.size)
+    picked = LIBRARY.whole_draw_processed(*head, *repeated, *occurring, *biased, *BUFFERS.at(logits.size))
     return None if picked < 0 else picked
 
 
