@@ -115,7 +115,8 @@ sizes: $(STAMP) $(GENAI_STAMP)
 # Speculative decoding (issue 64): served with and without --speculative-config (prompt lookup) at 1, 4
 # and 16 streams, on a copy-heavy and a plain workload cut from the corpus's held-out tail. The target: a
 # small model trained 15 minutes on benchmarks/copy_corpus.py's corpus (the default corpus with shuffled
-# passages repeated, meant to teach copying; in 15 minutes on 2 cores it does not learn to), exported int8.
+# passages repeated, meant to teach copying; in 15 minutes on 2 cores it does not learn to, nor in 65:
+# docs/reports/speculative.md), exported int8.
 SPEC_CORPUS := runs/copy-corpus.txt
 SPEC_RUN    := runs/copy
 SPEC_MODEL  := models/copy-int8

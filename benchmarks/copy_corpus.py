@@ -5,10 +5,12 @@ after a blank line, the same again. A shuffled passage is new each time, so a mo
 by heart, only copy it (as an answer that quotes, edits or summarizes its context repeats it).
 Measured: a model of 2 million parameters trained on it for 15 minutes on 2 cores does not yet copy
 a passage it has never seen (nor one it was trained on), no more than one trained on the corpus as
-it is: its greedy output falls into loops instead (docs/reports/speculative.md). A longer training,
-or a GPU's, is what this corpus is for.
+it is: its greedy output falls into loops instead; nor after 65 minutes, the last 18 on a denser corpus
+(--shortest 80 --longest 300 --plain-every 4; benchmarks/copies.py measures it, docs/reports/speculative.md).
+A longer training, or a GPU's, is what this corpus is for.
 
-    python -m benchmarks.copy_corpus OUT.txt [--bytes 16000000] [--seed 0]
+    python -m benchmarks.copy_corpus OUT.txt [--bytes 16000000] [--seed 0] [--shortest 150] [--longest 600]
+        [--plain-every 3]
 """
 
 from __future__ import annotations
