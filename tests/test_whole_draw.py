@@ -1,8 +1,8 @@
 """The compiled whole-row draw (engine/whole_draw.c through engine/whole_draw.py): built wherever a C compiler
 is, its picks the definition's (tests/test_sampling.py's by_definition: a full sort and a running sum) at the
 edges numpy's draw was not asked about: rows of every length modulo its four lanes, ties at top-p's
-crossing, one finite id, every id banned, rows read out of a wider buffer, a repetition-penalized row read from
-its logits; and the rows it leaves to numpy.
+crossing, one finite id, every id banned, rows read out of a wider buffer, a penalized or biased row read from
+its logits, block sums that fall short of the uniform number; and the rows it leaves to numpy.
 And its greedy rows' scores (whole_draw.scores: the likeliest ids and the sum of exps) against theirs."""
 
 from __future__ import annotations
