@@ -1,9 +1,8 @@
 """Does a trained decoder continue text it has seen in its prompt? On COUNT passages of the default corpus's
 held-out tail (benchmarks/speculative.py's): the checkpoint's bits per token on each passage, and on the same
 passage again after a blank line (each but its first token; a model that copies knows the second far better
-than the first); and,
-greedy, how many of the passage's next tokens it reproduces after speculative.py's copy prompt (the passage, a
-blank line and its first third again, one word changed). PyTorch, CPU.
+than the first); and, greedy, how many of the passage's next tokens it reproduces after speculative.py's copy
+prompt (the passage, a blank line and its first third again, one word changed). PyTorch, CPU.
 
     python -m benchmarks.copies runs/copy/checkpoint.pt [--count 12] [--new-tokens 48] [--threads 2]
 """

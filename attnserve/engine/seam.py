@@ -102,15 +102,11 @@ class PassRow:
         return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
 
     @property
-    def bias_bans(self) -> bool:
-        """The row's bias is bans alone, each a -inf (ignore_eos, min_tokens, suppressed ids), or none."""
-        return all(value == -np.inf for _, value in self.bias)
-
-    @property
     def bans_only(self) -> bool:
         """Nothing changes the row's logits but bans: no grammar's mask, no penalty, and no bias but a ban's
-        -inf (bias_bans)."""
-        return self.allowed is None and not self.penalized and self.bias_bans
+        -inf (ignore_eos, min_tokens, suppressed ids)."""
+        plain = self.allowed is None and not self.penalized
+        return plain and all(value == -np.inf for _, value in self.bias)
 
     def at_step(self, uniform: float, **penalized: np.ndarray) -> PassRow:
         """This row with another uniform number, and the `seen`, `occurred` and `counts` given (a burst's

@@ -729,19 +729,6 @@ static int ascending(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The index of `id` among the `count` ascending ids `patched` (where it is one of them). */
-static int64_t patch_index(const int32_t *patched, int64_t count, int64_t id) {
-    int64_t low = 0, high = count - 1;
-    while (low < high) {
-        int64_t middle = low + (high - low) / 2;
-        if (patched[middle] < id)
-            low = middle + 1;
-        else
-            high = middle;
-    }
-    return low;
-}
-
 /* Copies the `count` ids at `ids` into `patched` from `at`: the next place, or -1 where one is outside the row. */
 static int64_t gather_ids(int32_t *patched, int64_t at, const int64_t *ids, int64_t count, int64_t size) {
     for (int64_t j = 0; j < count; j++) {
@@ -779,17 +766,17 @@ int64_t whole_draw_processed(const float *logits, int64_t size, double temperatu
     qsort(patched, total, sizeof(int32_t), ascending);
     for (int64_t j = 0; j < total; j++) /* each id once */
         if (!kept || patched[kept - 1] != patched[j]) patched[kept++] = patched[j];
+    Row row = {logits, NULL, temperature, size, patched, patches, kept};
     for (int64_t j = 0; j < kept; j++) patches[j] = logits[patched[j]];
     for (int64_t j = 0; j < seen_count; j++) { /* penalize_repetition's */
-        double *x = &patches[patch_index(patched, kept, seen[j])];
+        double *x = &patches[patch_of(&row, seen[j])];
         *x = *x > 0 ? *x / penalty : *x * penalty;
     }
     for (int64_t j = 0; j < occurred_count; j++) { /* penalize_occurrences': the product rounded, as numpy's */
         volatile double product = frequency * (double)counts[j];
-        patches[patch_index(patched, kept, occurred[j])] -= product + presence;
+        patches[patch_of(&row, occurred[j])] -= product + presence;
     }
-    for (int64_t j = 0; j < bias_count; j++) patches[patch_index(patched, kept, bias_ids[j])] += bias_values[j];
-    Row row = {logits, NULL, temperature, size, patched, patches, kept};
+    for (int64_t j = 0; j < bias_count; j++) patches[patch_of(&row, bias_ids[j])] += bias_values[j];
     int64_t id = draw_row(&row, min_p, top_p, uniform, weights, members);
     free(room);
     return id;
