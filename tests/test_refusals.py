@@ -102,6 +102,12 @@ TABLE: dict[str, list[tuple[str, list[str], str]]] = {
         ("--lr", ["--lr", "-1"], "--lr must be positive, got -1"),
         ("--eval-interval", ["--eval-interval", "0"], "--eval-interval must be at least 1, got 0"),
         ("--threads", ["--threads", "0"], "--threads must be at least 1, got 0"),
+        ("--positional", ["--positional", "alibi"], "invalid choice: 'alibi'"),
+        (
+            "--positional",
+            ["--preset", "tiny-seq2seq", "--positional", "rotary"],
+            "--positional rotary is for decoder-only models",
+        ),
         ("--context-length", ["--context-length", "4"], "--context-length must be at least 8, got 4"),
         ("--d-model", ["--d-model", "0"], "--d-model must be a positive integer, got 0"),
         ("--n-layers", ["--n-layers", "0"], "--n-layers must be a positive integer, got 0"),

@@ -289,3 +289,29 @@ def test_resume_names_the_model_flag_that_differs(tmp_path, capsys):
     )
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("attnserve train: error: --resume: ") and "--d-model was 64, not 32" in err, err
+
+
+def test_rotary_positions_train_export_and_pass_the_gates(tmp_path, capsys):
+    """--positional rotary (Llama's positions, on the lectures' model): the checkpoint's config says so, the
+    export turns q and k inside each GroupQueryAttention (the tiny model's head size, 16, lets it) and its
+    parity gate passes; a resume that asks for other positions is refused naming the flag."""
+    import json
+
+    import onnx
+
+    from attnserve.cli import main
+    from attnserve.runtime import contract
+
+    run, model = tmp_path / "run", tmp_path / "model"
+    tiny = ("--preset", "tiny", "--batch-size", "8", "--threads", "1", "--out", str(run))
+    code, err = train_cli(capsys, *tiny, "--positional", "rotary", "--max-steps", "2")
+    assert code == 0, err
+    config = torch.load(run / "checkpoint.pt", weights_only=True)["config"]
+    assert config == preset("tiny", positional="rotary", vocab_size=DEFAULT_BPE_VOCAB).to_dict()
+    assert main(["export", str(run / "checkpoint.pt"), "--out", str(model)]) == 0
+    assert json.loads((model / contract.MANIFEST_FILE).read_text())["parity"]["passed"]
+    nodes = onnx.load(str(model / contract.MODEL_FILE)).graph.node
+    turns = [{a.name: a.i for a in n.attribute}.get("do_rotary") for n in nodes if n.op_type == "GroupQueryAttention"]
+    assert turns == [1] * config["n_layers"]
+    code, err = train_cli(capsys, *tiny, "--resume", "--max-steps", "3")  # the preset's sinusoidal positions
+    assert code == 2 and "--positional was rotary, not sinusoidal" in err, err

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..tokenizer import KINDS as TOKENIZERS
 from . import distributed
-from .config import ENCODER_DECODER, PRESETS, ModelConfig, preset
+from .config import ENCODER_DECODER, POSITIONALS, PRESETS, ModelConfig, preset
 from .data import DataError
 from .distributed import DeviceError
 from .train import DEFAULT_BPE_VOCAB, DEFAULT_TOKENIZER, TrainConfig, train
@@ -126,6 +126,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"attention heads; d-model / n-heads must be a multiple of {HEAD_DIM_MULTIPLE}",
     )
     size.add_argument("--d-ff", type=int, default=None, metavar="N", help="hidden width of the feed-forward")
+    size.add_argument(
+        "--positional",
+        choices=POSITIONALS,
+        default=None,
+        help="token positions: sinusoidal (the lectures'), learned (GPT-2's) or rotary (Llama's; a model "
+        "learns to copy from its context sooner with these)",
+    )
 
 
 def model_overrides(args) -> dict:
@@ -154,10 +161,14 @@ def check_model_size(fields: dict) -> None:
 def model_config_from_args(args) -> ModelConfig:
     """The preset's config with the model-size flags given applied, checked before it is built."""
     overrides = model_overrides(args)
+    if getattr(args, "positional", None) is not None:
+        overrides["positional"] = args.positional
     try:
         base = preset(args.preset)
     except KeyError:
         raise TrainError(f"--preset must be one of {', '.join(sorted(PRESETS))}, not {args.preset!r}") from None
+    if base.arch == ENCODER_DECODER and overrides.get("positional") == "rotary":
+        raise TrainError("--positional rotary is for decoder-only models; an encoder-decoder adds its positions")
     if overrides:
         check_model_size({**base.to_dict(), **overrides})
     return replace(base, **overrides)

@@ -151,7 +151,7 @@ def setup(cfg: TrainerConfig) -> tuple[Ranks, torch.device, dict | None]:
 
 def flag_of(field: str) -> str:
     """The command-line flag that sets a ModelConfig field, or the field's own name if none does."""
-    dest = {f: d for d, f in MODEL_FLAGS.items()}.get(field)
+    dest = {f: d for d, f in MODEL_FLAGS.items()}.get(field, "positional" if field == "positional" else None)
     return f"--{dest.replace('_', '-')}" if dest else field
 
 
