@@ -1,8 +1,9 @@
 """Does a trained decoder continue text it has seen in its prompt? On COUNT passages of the default corpus's
 held-out tail (benchmarks/speculative.py's): the checkpoint's bits per token on each passage, and on the same
 passage again after a blank line (each but its first token; a model that copies knows the second far better
-than the first); and, greedy, how many of the passage's next tokens it reproduces after speculative.py's copy
-prompt (the passage, a blank line and its first third again, one word changed). PyTorch, CPU.
+than the first); and, greedy, how many of its tokens after speculative.py's copy prompt (the passage, a blank
+line and its first third again, one word changed) spell the rest of the passage, compared as text (the
+prompt's cut may split a word, which the model then finishes in its own tokens). PyTorch, CPU.
 
     python -m benchmarks.copies runs/copy/checkpoint.pt [--count 12] [--new-tokens 48] [--threads 2]
 """
@@ -38,9 +39,9 @@ def measure(checkpoint: str, count: int, new_tokens: int) -> dict:
             prompt = copy_prompt(passage)
             fed = tokenizer.encode(prompt)
             out = generate(model, [fed], new_tokens, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)[0]
-            rest = tokenizer.encode(prompt + passage[len(passage) // 3 :])[len(fed) :]
+            rest = passage[len(passage) // 3 :]  # what follows the prompt, as text: its cut may split a word
             same = 0
-            while same < min(len(out), len(rest)) and out[same] == rest[same]:
+            while same < len(out) and rest.startswith(tokenizer.decode(out[: same + 1])):
                 same += 1
             copied.append(same)
     per_token = {part: total / max(n, 1) for part, (total, n) in bits.items()}

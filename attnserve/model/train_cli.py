@@ -130,8 +130,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--positional",
         choices=POSITIONALS,
         default=None,
-        help="token positions: sinusoidal (the lectures', the presets'), learned (GPT-2's) or rotary (Llama's); "
-        "decoder-only presets",
+        help="token positions: sinusoidal (the lectures'), learned (GPT-2's) or rotary (Llama's); decoder-only "
+        "presets (default: sinusoidal, every preset's)",
     )
 
 
