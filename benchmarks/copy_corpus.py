@@ -7,7 +7,8 @@ Measured: a model of 2 million parameters trained on it for 15 minutes on 2 core
 a passage it has never seen (nor one it was trained on), no more than one trained on the corpus as
 it is: its greedy output falls into loops instead; nor after 65 minutes, the last 18 on a denser corpus
 (--shortest 80 --longest 300 --plain-every 4; benchmarks/copies.py measures it, docs/reports/speculative.md).
-A longer training, or a GPU's, is what this corpus is for.
+What teaches it: rotary positions, and first runs of random ids listed twice (--random-ids: random_runs),
+then this corpus.
 
     python -m benchmarks.copy_corpus OUT.txt [--bytes 16000000] [--seed 0] [--shortest 150] [--longest 600]
         [--plain-every 3]
@@ -53,7 +54,7 @@ def random_runs(checkpoint: str, size: int = SIZE, seed: int = 0, shortest: int 
     """About `size` bytes of runs of `shortest` to `longest` ids drawn uniformly from the tokenizer of
     `checkpoint` (those that are text by themselves and encode back to themselves), each run's text twice
     in a row: the second is predictable only by copying the first. A model with rotary positions learns to
-    copy on these within about 1,500 steps where on the copy corpus it does not in 3,500
+    copy on these within about 1,500 steps, where none here did on the copy corpus alone in 1,500 to 3,500
     (benchmarks/copy_probe.py, docs/reports/speculative.md); resumed on the copy corpus after, it copies
     text. Train on it with --resume from a checkpoint of that tokenizer (a one-step run on the copy corpus)."""
     from attnserve.model.checkpoint import load_state

@@ -39,6 +39,7 @@ MODEL_FLAGS = {
     "n_heads": "n_heads",
     "d_ff": "d_ff",
 }
+NAMED_FLAGS = ("positional",)  # ModelConfig fields set by a flag of their own name (train_cli's --positional)
 
 
 class TrainError(Exception):
@@ -151,7 +152,7 @@ def setup(cfg: TrainerConfig) -> tuple[Ranks, torch.device, dict | None]:
 
 def flag_of(field: str) -> str:
     """The command-line flag that sets a ModelConfig field, or the field's own name if none does."""
-    dest = {f: d for d, f in MODEL_FLAGS.items()}.get(field, "positional" if field == "positional" else None)
+    dest = {f: d for d, f in MODEL_FLAGS.items()}.get(field) or (field if field in NAMED_FLAGS else None)
     return f"--{dest.replace('_', '-')}" if dest else field
 
 
