@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     result = measure(args.checkpoint, args.count, args.new_tokens)
     bits = result["bits_per_token"]
     print(f"bits per token: the passage {bits['first']:.3f}, the same again {bits['second']:.3f}")
-    print(f"the passage's next tokens reproduced (of {args.new_tokens}): {result['copied_tokens']}")
+    print(f"greedy tokens spelling the passage's rest (of {args.new_tokens}): {result['copied_tokens']}")
     print(json.dumps(result))
     return 0
 
