@@ -7,6 +7,7 @@ Checked statically (every import statement of every file), and dynamically for t
 promises users rely on: a serving host needs no torch, a client host needs only grpcio.
 """
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -197,6 +198,18 @@ def test_the_engine_imports_no_runtime_and_no_grpc():
         "loaded = [m for m in ('onnxruntime', 'grpc', 'google.protobuf', 'torch') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
+
+
+def test_the_engine_routes_no_slot_by_its_type():
+    """engine.py asks what holds a slot for what it does (search.py's interface, a lookup or none), never
+    for its class: the next decoding mode lands beside the others, not inside Engine."""
+    tree = ast.parse((ROOT / "attnserve" / "engine" / "engine.py").read_text())
+    calls = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "isinstance"
+    ]
+    assert not calls, f"isinstance in engine.py at lines {calls}"
 
 
 def test_serving_imports_load_no_torch():

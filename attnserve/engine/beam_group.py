@@ -134,6 +134,7 @@ class BeamMember:
 
     plain_greedy = False  # its row of logits must come back every step
     argmax_bans = None  # never in a burst
+    lookup = None  # it proposes nothing (speculation.py): a beam takes no part in a verification, nor its batch
 
     def __init__(self, group: BeamGroup, key: int):
         self.group, self.key = group, key

@@ -482,8 +482,8 @@ class Engine:
 
     def _proposals(self) -> dict[int, tuple[int, ...]]:
         """Each completion's proposal (its lookup's, or the draft model's where it is not paused); none
-        while a beam decodes (a beam search takes no part in a verification)."""
-        if not all(isinstance(holder, Sequence) for holder in self._active.values()):
+        while a beam decodes (a beam search takes no part in a verification: its slots have no lookup)."""
+        if any(holder.lookup is None for holder in self._active.values()):
             return {}
         sequences = cast(dict[int, Sequence], self._active)
         if self.drafts is None:
@@ -501,7 +501,7 @@ class Engine:
         (a workload that repeats nothing pauses its lookups; greedy then runs in bursts as long as the
         shortest pause)."""
         holders = self._active.values()
-        lookups = [h.lookup for h in holders if isinstance(h, Sequence) and h.lookup is not None]
+        lookups = [h.lookup for h in holders if h.lookup is not None]
         for lookup in lookups:
             if not lookup.pause:
                 lookup.record(0, 0)
@@ -696,7 +696,7 @@ class Engine:
 
     def _free(self, key: int) -> None:
         holder = self._active.get(key)
-        if self.drafts is not None and isinstance(holder, Sequence) and holder.lookup is not None:
+        if self.drafts is not None and holder is not None and holder.lookup is not None:
             self.next_pause, self.pause_left = holder.lookup.next_pause, holder.lookup.pause  # of the draft
         self.slots.release(key)
         if self.drafts is not None:
