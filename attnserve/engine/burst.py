@@ -53,10 +53,8 @@ class BurstDraws:
     def pick_on_host(self, step: int, logits: Mapping[int, np.ndarray], rows: Mapping[int, PassRow]) -> dict[int, Pick]:
         """Their picks on the host: together where host_picks takes them (each its Sequence.draw's), the others
         alone (pick). Where the picks together raise, each is picked alone, so that only the request whose own
-        work raised ends. A row alone goes straight to pick (host_picks takes none of a single row)."""
+        work raised ends."""
         keys = list(logits)
-        if len(keys) == 1:
-            return {key: self.pick(key, logits[key], rows[key], step) for key in keys}
         scored = [self.sequences[key].request.logprobs is not None for key in keys]
         try:
             got = pick_together([logits[key] for key in keys], [rows[key] for key in keys], scored)

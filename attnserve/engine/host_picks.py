@@ -46,8 +46,11 @@ def together(row: PassRow) -> bool:
 def pick_together(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored: Sequence[bool]) -> list[Pick | None]:
     """The picks of the rows of `logits` (V,) float32 by their PassRows, scored or not, that are picked
     together (sampling.pick_row's, bitwise); None for each row left to be picked alone (all of them where
-    the vocabulary is large or few rows are together)."""
-    size = logits[0].size if len(logits) else 0
+    the vocabulary is large or few rows are together; a row alone is always left alone: none of the ways
+    below takes fewer than two)."""
+    if len(rows) < 2:
+        return [None] * len(rows)
+    size = logits[0].size
     joined = [i for i, row in enumerate(rows) if together(row)]
     picks: list[Pick | None] = [None] * len(rows)
     if size > TOGETHER_UP_TO:
