@@ -18,7 +18,7 @@ from .data import DataError
 from .distributed import DeviceError
 from .train import DEFAULT_BPE_VOCAB, DEFAULT_TOKENIZER, TrainConfig, train
 from .train_seq2seq import Seq2SeqTrainConfig, train_seq2seq
-from .trainer import MODEL_FLAGS, PRECISIONS, TrainerConfig, TrainError, flag_of
+from .trainer import MODEL_FLAGS, NAMED_FLAGS, PRECISIONS, TrainerConfig, TrainError, flag_of
 
 MIN_CONTEXT = 8  # BOS plus a few bytes per window
 HEAD_DIM_MULTIPLE = 8  # ONNX Runtime's GroupQueryAttention needs head_size % 8 == 0
@@ -161,8 +161,7 @@ def check_model_size(fields: dict) -> None:
 def model_config_from_args(args) -> ModelConfig:
     """The preset's config with the model-size flags given applied, checked before it is built."""
     overrides = model_overrides(args)
-    if getattr(args, "positional", None) is not None:
-        overrides["positional"] = args.positional
+    overrides.update({field: getattr(args, field) for field in NAMED_FLAGS if getattr(args, field, None) is not None})
     try:
         base = preset(args.preset)
     except KeyError:
