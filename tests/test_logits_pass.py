@@ -450,6 +450,7 @@ def test_auto_passes_the_rows_whose_host_work_costs_more(whole_draw_kind):
     assert worth_passing([replace(logprobs, alone=True)] * 16, 50257, cpu) == [True] * 16  # a beam's: numpy
     top_k = PassRow(1.0, 50, 1.0, 0.0, 0.5)  # its likeliest ids alone on the host: less than a row's share
     assert worth_passing([top_k] * 16, 50257, cpu) == [False] * 16
+    assert (host_us(top_k, 50257) < host_us(replace(top_k, repetition=1.1), 50257) / 2) is compiled  # whole_draw.top_k
     assert worth_passing([replace(top_k, top=5)] * 16, 50257, cpu) == [True] * 16  # with logprobs: the row
     assert worth_passing([sample], 2048, cpu) == [False]
     assert worth_passing([sample] * 16, 2048, cpu) == [not compiled] * 16

@@ -3,7 +3,8 @@ is, its picks the definition's (tests/test_sampling.py's by_definition: a full s
 edges numpy's draw was not asked about: rows of every length modulo its four lanes, ties at top-p's
 crossing, one finite id, every id banned, rows read out of a wider buffer, a penalized or biased row read from
 its logits, block sums that fall short of the uniform number; and the rows it leaves to numpy.
-And its greedy rows' scores (whole_draw.scores: the likeliest ids and the sum of exps) against theirs."""
+And its greedy rows' scores (whole_draw.scores: the likeliest ids and the sum of exps) against theirs, and its
+top-k draws (whole_draw.top_k) against the definition's."""
 
 from __future__ import annotations
 
@@ -284,6 +285,16 @@ def test_greedy_scores_are_the_definitions_at_every_length(size):
         assert got[2] == pytest.approx(total, rel=1e-13, abs=0)
 
 
+def trial_row(rng: np.random.Generator, size: int, trial: int) -> np.ndarray:
+    """Float32 logits (size,) of one of four kinds by `trial`: flat, peaked, rounded (ties), some ids -inf."""
+    logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0][trial % 3]).astype(np.float32)
+    if trial % 4 == 1:
+        logits = np.round(logits, 1)
+    if trial % 4 == 2:
+        logits[rng.integers(0, size, size // 3 + 1)] = -np.inf
+    return logits
+
+
 @pytest.mark.parametrize("size", [*range(1, 21), 8192, 50257])
 def test_the_likeliest_ids_are_every_id_at_least_the_count_th_largest(size):
     """whole_draw.likeliest (likeliest.candidates' compiled ids) on flat, peaked and rounded (ties at the
@@ -291,11 +302,7 @@ def test_the_likeliest_ids_are_every_id_at_least_the_count_th_largest(size):
     None where more than `room` are, or fewer than `count` are above -inf."""
     rng = np.random.default_rng(size + 7)
     for trial in range(24):
-        logits = (rng.standard_normal(size) * [0.3, 1.0, 4.0][trial % 3]).astype(np.float32)
-        if trial % 4 == 1:
-            logits = np.round(logits, 1)
-        if trial % 4 == 2:
-            logits[rng.integers(0, size, size // 3 + 1)] = -np.inf
+        logits = trial_row(rng, size, trial)
         count = min([1, 3, 6, 50][trial % 4], size)
         finite = np.sort(logits[np.isfinite(logits)])
         room = [size, max(1, size // 8)][trial % 2]
@@ -305,6 +312,52 @@ def test_the_likeliest_ids_are_every_id_at_least_the_count_th_largest(size):
             continue
         expected = np.flatnonzero(logits >= finite[-count])
         assert (got.tolist() if got is not None else None) == (expected.tolist() if expected.size <= room else None)
+
+
+@pytest.mark.parametrize("size", [8, 9, 15, 16, 17, 64, 1000, 50257])
+def test_top_k_draws_are_the_definitions(size):
+    """whole_draw.top_k (a top-k draw's few ids, compiled) on flat, peaked and rounded (ties at the k-th) rows,
+    some ids -inf, bans on the likeliest id and at the row's ends, under min-p and top-p, uniform numbers across
+    [0, 1) and at its ends: the definition's id of the row divided by its temperature, its bans at -inf; None
+    where more than an eighth of the ids are at least the k-th largest, or fewer than k are above -inf."""
+    rng = np.random.default_rng(size + 11)
+    room, drawn = size // 8, 0
+    for trial in range(36):
+        logits = trial_row(rng, size, trial)
+        banned = sorted({0, size - 1, int(np.argmax(logits))}) if trial % 3 == 2 else []
+        k = int(rng.integers(1, room + 1)) if room else 1
+        temperature, min_p, top_p = (
+            [0.7, 1.0, 1.5][trial % 3],
+            [0.0, 0.0, 0.05, 0.3][trial % 4],
+            [1.0, 0.9, 0.5][trial % 3],
+        )
+        scaled = logits.astype(np.float64) / temperature
+        scaled[banned] = -np.inf
+        finite = np.sort(scaled[np.isfinite(scaled)])
+        leaves = finite.size < k or np.count_nonzero(scaled >= finite[-k]) > room
+        for uniform in (*rng.random(4), 0.0, 1 - 2**-24):
+            got = whole_draw.top_k(logits, temperature, min_p, k, top_p, float(uniform), np.array(banned, np.int64))
+            expected = None if leaves else by_definition(scaled, min_p, k, top_p, float(uniform))
+            assert got == expected, (size, trial, k, min_p, top_p, uniform)
+            drawn += got is not None
+    assert drawn >= (0 if size < 16 else 100)
+
+
+def test_top_k_draws_it_leaves_to_numpy():
+    """A k over an eighth of the row, more ids tied at the k-th than that, fewer than k ids above -inf but the
+    banned, and a row that is not contiguous float32: None."""
+    row = np.zeros(64, np.float32)
+    row[:10] = np.arange(10, 0, -1)
+    none = np.array([], np.int64)
+    assert whole_draw.top_k(row, 1.0, 0.0, 8, 1.0, 0.5, none) in range(8)
+    assert whole_draw.top_k(row, 1.0, 0.0, 9, 1.0, 0.5, none) is None
+    assert whole_draw.top_k(row, 1.0, 0.0, 8, 1.0, 0.5, np.arange(3, dtype=np.int64)) is None  # 54 tied at 0 are kept
+    sparse = np.full(64, -np.inf, np.float32)
+    sparse[[5, 9, 30]] = 1.0
+    assert whole_draw.top_k(sparse, 1.0, 0.0, 3, 1.0, 0.5, none) in (5, 9, 30)
+    assert whole_draw.top_k(sparse, 1.0, 0.0, 3, 1.0, 0.5, np.array([9], np.int64)) is None
+    assert whole_draw.top_k(np.zeros((64, 2), np.float32)[:, 0], 1.0, 0.0, 1, 1.0, 0.5, none) is None
+    assert whole_draw.top_k(row.astype(np.float64), 1.0, 0.0, 1, 1.0, 0.5, none) is None
 
 
 def test_greedy_scores_it_leaves_to_numpy():

@@ -13,6 +13,7 @@ pass where the logits are (seam.py); this module is that pass's oracle and its h
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -24,7 +25,7 @@ from . import whole_draw
 from .domain import SamplingParams, TokenLogprob
 from .host_draw import SCRATCH, draw, draw_among
 from .likeliest import candidates
-from .seam import PassRow, Pick, scores_compiled
+from .seam import FEW_IDS_FROM, PassRow, Pick, scores_compiled
 
 MASK64 = (1 << 64) - 1
 MIN_PASSED_PENALTY = 1e-20  # a smaller repetition penalty could take a logit past float32's range in the pass
@@ -261,10 +262,16 @@ def banned_copy(logits: np.ndarray, row: PassRow, out: np.ndarray) -> np.ndarray
 
 def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None:
     """pick_row's very pick from the few ids that decide it (likeliest.candidates), where it has one: a top-k
-    draw that asks for no log-probability (the ids its penalties and bias touch among the few), or a greedy
+    draw that asks for no log-probability (compiled where it runs and the row has no penalty and no bias but
+    bans: whole_draw.top_k; else the ids its penalties and bias touch among the few, by numpy), or a greedy
     row with no penalty and no bias but bans (compiled where it runs: greedy_scored; else its log-probabilities'
     sum over the whole row in one float64 pass, as log_softmax adds it); else None."""
     if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
+        if row.bans_only and logits.size >= FEW_IDS_FROM:  # compiled where it runs, else by numpy below
+            head = (logits, row.temperature, row.min_p, row.top_k, row.top_p, row.uniform)
+            drawn = whole_draw.top_k(*head, banned_ids(row))
+            if drawn is not None:
+                return Pick(drawn, 0.0)
         touched = touched_ids(row) if row.bias or row.penalized else None
         ids = candidates(logits, row.top_k + (0 if touched is None else touched.size))
         if ids is None:
@@ -302,17 +309,19 @@ def compiled_greedy(logits: np.ndarray, row: PassRow) -> Pick | None:
 
 
 def banned_ids(row: PassRow) -> np.ndarray:
-    """The ids a row bans (ignore_eos, min_tokens, suppressed ids: their -inf bias), ascending, each once."""
-    return np.array(sorted({token for token, value in row.bias if value == -np.inf}), np.int64)
+    """The ids a row bans (ignore_eos, min_tokens, suppressed ids: their -inf bias), ascending, each once: its
+    PassRow's, found once (a burst's later steps' rows are copies of its first)."""
+    return row.banned
 
 
 def greedy_scored(row: PassRow, ids: np.ndarray, values: np.ndarray, total: float) -> Pick:
     """A greedy row's pick from whole_draw.scores: its likeliest ids but the banned (descending), their
     logits, and the sum of e^(logit - the first's) over the ids not banned; log-probabilities as log_softmax
-    takes them, but for that sum's order of additions (a beam's row, judged `alone`, never comes here)."""
-    logprobs = (values.astype(np.float64) - float(values[0])) - np.log(total)
-    top = tuple(zip(ids[: row.top].tolist(), logprobs[: row.top].tolist()))
-    return Pick(int(ids[0]), float(logprobs[0]), top)
+    takes them, but for that sum's order of additions (a beam's row, judged `alone`, never comes here). In
+    Python's floats, the same float64 arithmetic: a handful of values, where numpy's calls cost more."""
+    first, log_total = float(values[0]), math.log(total)
+    logprobs = [(value - first) - log_total for value in values[: row.top].tolist()] if row.top else [-log_total]
+    return Pick(int(ids[0]), logprobs[0], tuple(zip(ids[: row.top].tolist(), logprobs)))
 
 
 def few_scaled(logits: np.ndarray, ids: np.ndarray, row: PassRow) -> np.ndarray:

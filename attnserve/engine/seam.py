@@ -9,6 +9,7 @@ deterministic logits.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -100,6 +101,12 @@ class PassRow:
     def penalized(self) -> bool:
         """Any of the repetition, presence and frequency penalties applies."""
         return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+    @functools.cached_property
+    def banned(self) -> np.ndarray:
+        """The ids it bans (their -inf bias), ascending int64, each once; found at the first asking, and
+        carried by at_step's copies."""
+        return np.array(sorted({token for token, value in self.bias if value == -np.inf}), np.int64)
 
     @property
     def bans_only(self) -> bool:

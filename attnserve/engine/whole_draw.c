@@ -829,13 +829,14 @@ static int64_t largest_values(const float *row, int64_t size, const int64_t *ban
     return kept;
 }
 
-/* The ids (ascending) of float32 logits (size,) at least as large as their `count`-th largest value, ties
- * kept, into `ids` (room for `room`): how many, or -1 where more than `room` are or fewer than `count` values
- * are above -inf. Two passes: the `count` largest values (largest_values, into `values` and `order`, `count`
- * each), then every id at or above the last of them. */
-int64_t whole_draw_likeliest(const float *row, int64_t size, int64_t count, int64_t room, int64_t *ids,
-                             float *values, int64_t *order) {
-    if (largest_values(row, size, NULL, 0, count, order, values) < count) return -1;
+/* The ids (ascending) of float32 logits (size,) at least as large as their `count`-th largest value but those
+ * of `banned` (banned_count ids), ties kept, into `ids` (room for `room`): how many, or -1 where more than
+ * `room` are or fewer than `count` values but the banned are above -inf. Two passes: the `count` largest
+ * values (largest_values, into `values` and `order`, `count` each), then every id at or above the last of
+ * them. */
+static int64_t likeliest_but(const float *row, int64_t size, const int64_t *banned, int64_t banned_count,
+                             int64_t count, int64_t room, int64_t *ids, float *values, int64_t *order) {
+    if (largest_values(row, size, banned, banned_count, count, order, values) < count) return -1;
     float least = values[count - 1];
     int64_t found = 0, i = 0;
     const octets edges = {least, least, least, least, least, least, least, least};
@@ -844,17 +845,94 @@ int64_t whole_draw_likeliest(const float *row, int64_t size, int64_t count, int6
         memcpy(&v, row + i, sizeof v);
         if (!any_set(v >= edges)) continue;
         for (int j = 0; j < 8; j++)
-            if (v[j] >= least) {
+            if (v[j] >= least && !is_banned(i + j, banned, banned_count)) {
                 if (found == room) return -1;
                 ids[found++] = i + j;
             }
     }
     for (; i < size; i++)
-        if (row[i] >= least) {
+        if (row[i] >= least && !is_banned(i, banned, banned_count)) {
             if (found == room) return -1;
             ids[found++] = i;
         }
     return found;
+}
+
+/* likeliest_but, no id banned: the few ids likeliest.candidates takes. */
+int64_t whole_draw_likeliest(const float *row, int64_t size, int64_t count, int64_t room, int64_t *ids,
+                             float *values, int64_t *order) {
+    return likeliest_but(row, size, NULL, 0, count, room, ids, values, order);
+}
+
+/* numpy's float64 sum of `n` values, bit for bit: its pairwise summation (one running sum under 8 values, eight
+ * side by side to 128, and halves, each a multiple of 8, above). */
+static double numpy_sum(const double *a, int64_t n) {
+    if (n < 8) {
+        double sum = 0.0;
+        for (int64_t i = 0; i < n; i++) sum += a[i];
+        return sum;
+    }
+    if (n <= 128) {
+        double r[8];
+        memcpy(r, a, sizeof r);
+        int64_t i = 8;
+        for (; i < n - n % 8; i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) sum += a[i];
+        return sum;
+    }
+    int64_t half = n / 2;
+    half -= half % 8;
+    return numpy_sum(a, half) + numpy_sum(a + half, n - half);
+}
+
+/* A top-k draw of float32 logits (size,), each divided by `temperature` (> 0) as read, its `banned` ids
+ * (banned_count, ascending) at -inf, compiled: host_draw.draw's pick over the few ids that decide it
+ * (draw_among's: the same ids kept, in the same float64 arithmetic, numpy's pairwise sum and running sums,
+ * exp_neg for numpy's exp), in likeliest_but's two passes over the row and none more. The id, or -1 where
+ * draw_among would not pick from the few (more than `room` ids at least as large as the top_k-th largest, or
+ * fewer than top_k above -inf). `ids` room for `room`, `values` and `order` for top_k; `scratch` for 4 * room
+ * float64. */
+int64_t whole_draw_top_k(const float *row, int64_t size, double temperature, double min_p, int64_t top_k,
+                         double top_p, double uniform, const int64_t *banned, int64_t banned_count, int64_t room,
+                         int64_t *ids, float *values, int64_t *order, double *scratch) {
+    int64_t found = likeliest_but(row, size, banned, banned_count, top_k, room, ids, values, order);
+    if (found < 0) return -1;
+    double largest = (double)values[0] / temperature;
+    double edge = (double)values[top_k - 1] / temperature - largest; /* the top_k-th largest, less the largest */
+    if (min_p > 0.0 && log(min_p) > edge) edge = log(min_p);
+    double *shifted = scratch, *weights = scratch + room;
+    Member *ranked = (Member *)(scratch + 2 * room); /* 2 * room float64 */
+    int64_t few = 0;
+    for (int64_t j = 0; j < found; j++) { /* the kept ids, in id order, and their values less the largest */
+        double value = (double)row[ids[j]] / temperature - largest;
+        if (value >= edge) {
+            shifted[few] = value;
+            ids[few++] = ids[j];
+        }
+    }
+    for (int64_t j = 0; j < few; j += 4) store_upto(weights, j, few, exp_neg(load_upto(shifted, j, few, -INFINITY)));
+    if (top_p < 1.0) { /* kept_among: by value descending (the lower id first), those past p of the total weigh 0 */
+        double target = top_p * numpy_sum(weights, few), running = 0.0;
+        for (int64_t j = 0; j < few; j++) ranked[j] = (Member){shifted[j], j};
+        qsort(ranked, few, sizeof(Member), descending);
+        for (int64_t j = 0; j < few; j++) {
+            double weight = weights[ranked[j].id];
+            running += weight;
+            if (running - weight >= target) weights[ranked[j].id] = 0.0;
+        }
+    }
+    double total = 0.0; /* running_pick: the first id whose running sum passes uniform times the last */
+    for (int64_t j = 0; j < few; j++) total += weights[j];
+    double target = uniform * total, running = 0.0;
+    for (int64_t j = 0; j < few; j++) {
+        running += weights[j];
+        if (running > target) return ids[j];
+    }
+    for (int64_t j = few - 1; j >= 0; j--)
+        if (weights[j] > 0.0) return ids[j];
+    return -1;
 }
 
 /* The sum of e^(value - largest) over float32 values [start, end) of `row`: CHAINS sets of four lanes side

@@ -13,7 +13,8 @@ float64 sum of exps over the row, in two passes over the float32 logits, where n
 and three more): sampling.compiled_greedy takes it for every such row but a beam's, alone or together
 (scores_rows); their log-probabilities are within about 1e-13 of log_softmax's, their ids the same. And it
 finds the few ids a top-k draw is decided by (`likeliest`: every id at least as large as the count-th
-largest, for likeliest.candidates).
+largest, for likeliest.candidates), and draws a top-k row from them in the same call (`top_k`: host_draw's
+draw_among over those ids, for a row with no penalty and no bias but bans: sampling.pick_from_few takes it).
 
 Where the library is not built (no C compiler at install) or the CPU lacks what it was built for (AVX2
 and FMA on x86-64), or ATTNSERVE_WHOLE_DRAW=numpy is set, `available()` is False and numpy draws.
@@ -75,6 +76,20 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     library.whole_draw_scores.restype = ctypes.c_double
     library.whole_draw_likeliest.argtypes = (pointer, count, count, count, pointer, pointer, pointer)
     library.whole_draw_likeliest.restype = count
+    library.whole_draw_top_k.argtypes = (
+        pointer,
+        count,
+        real,
+        real,
+        count,
+        real,
+        real,
+        pointer,
+        count,
+        count,
+        *[pointer] * 4,
+    )
+    library.whole_draw_top_k.restype = count
     return library
 
 
@@ -88,7 +103,8 @@ def available() -> bool:
 
 class Buffers(threading.local):
     """Each thread's buffers for rows of one size (V,): the weights (float64) and top-p's crossing bucket's
-    ids (int32)."""
+    ids (int32); and a top-k draw's (top_k's): its few ids (int64), the likeliest values (float32) and their
+    ids (int64), and its float64 scratch, for few_room(V) ids each."""
 
     size = -1
 
@@ -96,6 +112,14 @@ class Buffers(threading.local):
         if size != self.size:
             self.size, self.weights, self.members = size, np.empty(size), np.empty(size, np.int32)
             self.addresses = (self.weights.ctypes.data, self.members.ctypes.data)
+            room = few_room(size)
+            self.few = (
+                np.empty(room, np.int64),
+                np.empty(room, np.float32),
+                np.empty(room, np.int64),
+                np.empty(4 * room),
+            )
+            self.few_addresses = tuple(buffer.ctypes.data for buffer in self.few)
         return self.weights, self.members
 
     def at(self, size: int) -> tuple[int, int]:
@@ -242,6 +266,30 @@ def likeliest(logits: np.ndarray, count: int, room: int) -> np.ndarray | None:
         logits.ctypes.data, logits.size, count, room, ids.ctypes.data, values.ctypes.data, order.ctypes.data
     )
     return None if found < 0 else ids[:found]
+
+
+def few_room(size: int) -> int:
+    """How many ids a top-k draw of a row of `size` ids works on at most: an eighth of them (likeliest.FEWEST,
+    host_draw.FEW); where more are kept, the draw goes over the whole row."""
+    return size // 8
+
+
+def top_k(
+    logits: np.ndarray, temperature: float, min_p: float, k: int, top_p: float, uniform: float, banned: np.ndarray
+) -> int | None:
+    """A top-k draw's id of float32 logits (V,) divided by `temperature` (> 0), the ids `banned` (ascending int64,
+    each once) at -inf, compiled: host_draw.draw_among's pick over the ids at least as large as the k-th largest
+    but the banned, the very id host_draw.draw picks over the whole row, in two passes over it and a few steps
+    over those ids. None where the library is not here, the row is not contiguous float32, or draw_among
+    would not pick from the few (more than few_room(V) of them, or fewer than k above -inf)."""
+    room = few_room(logits.size)
+    if LIBRARY is None or not readable(logits) or not 0 < k <= room:
+        return None
+    BUFFERS.get(logits.size)
+    bans = (banned.ctypes.data, banned.size)
+    head = (logits.ctypes.data, logits.size, temperature, min_p, k, top_p, uniform, *bans, room)
+    picked = LIBRARY.whole_draw_top_k(*head, *BUFFERS.few_addresses)
+    return None if picked < 0 else picked
 
 
 def scores_rows(

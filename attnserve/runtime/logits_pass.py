@@ -51,6 +51,10 @@ COMPILED_DRAW_COST = {"draw": (28.0, 2.2), "top_p": (34.0, 4.1)}
 # rows): in place against numpy's in the same rounds (GPT-2 124M int8, 2 threads, logprobs 5), 163 us a row
 # against 392 at one row and 80 against 182 at 16 (shared out between two threads): 0.43x, applied to the above
 COMPILED_SCORES_COST = {"logprobs": (15.0, 1.4)}
+# a top-k draw's few ids where the compiled top-k runs (sampling.pick_from_few's rows with no penalty and no bias
+# but bans: whole_draw.top_k): in place against numpy's (GPT-2 124M int8, 2 threads, top_k 50, one row), 96 us a
+# row against 250: 0.38x, applied to the above
+COMPILED_TOP_K_COST = {"top_k": (23.0, 0.27)}
 PASS_RUN_US = 500.0
 PASS_ROW_US = 43.0
 PASS_NS_PER_ID = 1.8
@@ -112,11 +116,12 @@ def pass_inputs(rows: Sequence[int], plan: Sequence[PassRow]) -> dict[str, np.nd
 
 
 def host_us(row: PassRow, vocab: int) -> float:
-    """Microseconds to pick `row` on the host (HOST_COST; COMPILED_DRAW_COST's draws and COMPILED_SCORES_COST's
-    greedy log-probabilities where those run): a draw (top-k's from its likeliest ids where it asks for no
-    log-probability, top-p alone's edge found over the whole row), logprobs, a beam's candidates, or a greedy
-    row with bans or a bias (a copy and an argmax); penalties copy the row once more, but in a compiled draw
-    with no grammar's mask (sampling.processed_draw: the ids they change patched in as the row is read)."""
+    """Microseconds to pick `row` on the host (HOST_COST; COMPILED_DRAW_COST's draws, COMPILED_SCORES_COST's
+    greedy log-probabilities and COMPILED_TOP_K_COST's top-k draws where those run): a draw (top-k's from its
+    likeliest ids where it asks for no log-probability, top-p alone's edge found over the whole row), logprobs,
+    a beam's candidates, or a greedy row with bans or a bias (a copy and an argmax); penalties copy the row once
+    more, but in a compiled draw with no grammar's mask (sampling.processed_draw: the ids they change patched in
+    as the row is read)."""
     if row.temperature > 0 and 0 < row.top_k < vocab:
         work = "draw" if row.top or vocab < FEW_IDS_FROM else "top_k"
     elif row.temperature > 0:
@@ -131,6 +136,8 @@ def host_us(row: PassRow, vocab: int) -> float:
         costs = costs | COMPILED_DRAW_COST
     elif compiled_draw() and scores_compiled(row):  # the compiled scores' rows
         costs = costs | COMPILED_SCORES_COST
+    elif compiled_draw() and work == "top_k" and row.bans_only:  # the compiled top-k's rows
+        costs = costs | COMPILED_TOP_K_COST
     return sum(costs[w][0] + costs[w][1] * vocab / 1000 for w in works)
 
 
