@@ -1,19 +1,19 @@
 """Each kind of request production sends against plain greedy, served through gRPC: what a request
 costs for asking more than argmax (issue 60's table), on one server, and before/after a change.
 
-One `attnserve serve` per side on 127.0.0.1 (b: this checkout with --b's flags; with --tree-a or
---a, also side a: that checkout, or this one, with --a's flags, on the same model), each driven by
-`attnserve bench` from a process of its own: S streams at once, each --prompt-tokens prompt ids and
-up to --new-tokens tokens, every stream of one kind. Each round runs every side and every kind once,
-sides and kinds in turn forwards and backwards; with two sides the servers are started --launches times,
-a first and then b first (a server started after another can run faster all its life), the rounds spread
-over the launches. Reports, per stream count and side, each kind's
-median output tokens/s with min and max, its ratio to greedy on the same server in the same round,
-and (with side a) each kind's b/a ratio, round by round; then one JSON object last (--out also writes its
-Markdown report, --plot a PNG). Torch-free.
+One `attnserve serve` per side on 127.0.0.1 (b: this checkout with --b's flags; with --tree-a or --a,
+also side a: that checkout, or this one, with --a's flags, on the same model), each driven by `attnserve
+bench` from a process of its own: S streams at once, each --prompt-tokens prompt ids and up to
+--new-tokens tokens (--waves requests a stream, one after another), every stream of one kind. Each round
+runs every side and every kind once, sides and kinds in turn forwards and backwards; with two sides the
+servers are started --launches times, a first and then b first (a server started after another can run
+faster all its life), the rounds spread over the launches. Reports, per stream count and side, each
+kind's median output tokens/s with min and max, its ratio to greedy on the same server in the same
+round, and (with side a) each kind's b/a ratio, round by round; then one JSON object last (--out also
+writes its Markdown report, --plot a PNG). Torch-free.
 
     python -m benchmarks.sampling_kinds --model models/NAME [--tree-a DIR] [--a FLAGS] [--b FLAGS] [--streams 1,16]
-        [--prompt-tokens 16] [--new-tokens 64] [--repeats 6] [--launches 2] [--kinds greedy,ignore_eos,...]
+        [--prompt-tokens 16] [--new-tokens 64] [--repeats 6] [--waves 1] [--launches 2] [--kinds greedy,ignore_eos,...]
         [--threads N] [--out F.json] [--plot F.png]
 
 A before/after: `git worktree add /tmp/before COMMIT`, then `--tree-a /tmp/before`; two settings of
@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens per stream, at most (EOS may end one)")
     p.add_argument("--repeats", type=int, default=6, help="rounds, sides and kinds alternating; medians reported")
     p.add_argument(
+        "--waves",
+        type=int,
+        default=1,
+        help="requests each stream sends a measurement, one after another (more tokens a measurement: a round's "
+        "ratio less moved by the machine's moments, at one stream)",
+    )
+    p.add_argument(
         "--launches",
         type=int,
         default=2,
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.launches < 1:
         p.error(f"--launches must be at least 1, got {args.launches}")
+    if args.waves < 1:
+        p.error(f"--waves must be at least 1, got {args.waves}")
     kinds = [k.strip() for k in args.kinds.split(",")]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
@@ -95,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             for run in alternating(runs, rounds, f"{count} streams"):
                 side, kind = run
                 measured[count][run].append(
-                    servers[side].measure(prompts, args.new_tokens, KINDS[kind])["tokens_per_s"]
+                    servers[side].measure(prompts, args.new_tokens, KINDS[kind], args.waves)["tokens_per_s"]
                 )
     rows = [summary(count, measured[count], sides, kinds) for count in streams]
     settings = {"model": str(args.model), "tree_a": args.tree_a, "a": args.a, "b": args.b, "threads": args.threads}
     settings["kinds"] = kinds
     settings.update(prompt_tokens=args.prompt_tokens, new_tokens=args.new_tokens, repeats=rounds * count_of_launches)
+    settings["waves"] = args.waves
     settings["launches"] = count_of_launches
     settings["flags"] = {kind: " ".join(KINDS[kind]) for kind in kinds}
     report({**settings, "rows": rows}, stamp, args.out, args.plot, print_table, write_plot, title=TITLE)

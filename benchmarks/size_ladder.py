@@ -200,11 +200,14 @@ class Served:
         fixed += ["--max-queue", str(4 * max_streams), "--max-new-tokens-cap", str(new_tokens)]
         self.server = ServerProcess(str(Path(model).resolve()), *fixed, *flags, cwd=tree)
 
-    def measure(self, prompts: list[list[int]], new_tokens: int, kind: Sequence[str] = ("--ignore-eos",)) -> dict:
+    def measure(
+        self, prompts: list[list[int]], new_tokens: int, kind: Sequence[str] = ("--ignore-eos",), waves: int = 1
+    ) -> dict:
         """`attnserve bench`: one stream per prompt (its length; bench draws its own ids), all at once,
-        each request of the `kind` bench's flags say (default: fixed length, greedy)."""
-        streams = str(len(prompts))
-        command = [*CLI, "bench", "--target", self.server.target, "--concurrency", streams, "--requests", streams]
+        each request of the `kind` bench's flags say (default: fixed length, greedy); each stream sends
+        `waves` requests, one after another."""
+        streams, requests = str(len(prompts)), str(len(prompts) * waves)
+        command = [*CLI, "bench", "--target", self.server.target, "--concurrency", streams, "--requests", requests]
         command += ["--prompt-tokens", str(len(prompts[0])), "--max-new-tokens", str(new_tokens), *kind]
         done = subprocess.run([*command, "--warmup", "1"], capture_output=True, text=True, timeout=1800, check=True)
         (level,) = json.loads(done.stdout.strip().splitlines()[-1])["levels"]
