@@ -76,19 +76,8 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     library.whole_draw_scores.restype = ctypes.c_double
     library.whole_draw_likeliest.argtypes = (pointer, count, count, count, pointer, pointer, pointer)
     library.whole_draw_likeliest.restype = count
-    library.whole_draw_top_k.argtypes = (
-        pointer,
-        count,
-        real,
-        real,
-        count,
-        real,
-        real,
-        pointer,
-        count,
-        count,
-        *[pointer] * 4,
-    )
+    drawn = (pointer, count, real, real, count, real, real)  # the row, its temperature, min-p, k, top-p, uniform
+    library.whole_draw_top_k.argtypes = (*drawn, pointer, count, count, *[pointer] * 4)  # bans, room, buffers
     library.whole_draw_top_k.restype = count
     return library
 
