@@ -925,14 +925,8 @@ int64_t whole_draw_top_k(const float *row, int64_t size, double temperature, dou
     }
     double total = 0.0; /* running_pick: the first id whose running sum passes uniform times the last */
     for (int64_t j = 0; j < few; j++) total += weights[j];
-    double target = uniform * total, running = 0.0;
-    for (int64_t j = 0; j < few; j++) {
-        running += weights[j];
-        if (running > target) return ids[j];
-    }
-    for (int64_t j = few - 1; j >= 0; j--)
-        if (weights[j] > 0.0) return ids[j];
-    return -1;
+    int64_t picked = walk_block(weights, 0, few, 0.0, uniform * total);
+    return picked < 0 ? -1 : ids[picked];
 }
 
 /* The sum of e^(value - largest) over float32 values [start, end) of `row`: CHAINS sets of four lanes side
