@@ -314,17 +314,22 @@ def test_an_all_greedy_step_brings_back_only_token_ids(tiny_model_dir, monkeypat
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("where", ["copied", "read in place"])
 def test_a_mixed_step_reads_only_the_sampling_rows_logits(
-    tiny_model_dir, tiny_float16_model_dir, monkeypatch, fixed, dtype
+    tiny_model_dir, tiny_float16_model_dir, monkeypatch, fixed, dtype, where
 ):
-    """decode_picked(rows=[1]): every row's greedy token, and row 1's logits (only it read back)
-    equal to what decode() gives from the same state."""
+    """decode_picked(rows=[1]): every row's greedy token, and row 1's logits equal to what decode() gives
+    from the same state: only that row read back where the step's buffer must be copied out (CUDA's way,
+    the decoder's view of it taken away here), none on the host, where a float32 graph's rows are a
+    read-only view of the step's own buffer."""
     runtime = OrtDecoder(tiny_model_dir if dtype == "float32" else tiny_float16_model_dir, threads=1)
     prompts = [encode(p) for p in ("def main(", "import os", "The quick")]
     a, b = (
         ArenaDecoder(runtime.session, runtime.manifest, 3, 64, graph_session=runtime.session if fixed else None)
         for _ in "ab"
     )
+    if where == "copied":
+        b.step_rows = None  # as on CUDA: Device.host_view has none
     tokens = a.prefill(0, prompts).argmax(-1)
     assert np.array_equal(b.prefill(0, prompts).argmax(-1), tokens)
     spy = LogitReads(monkeypatch)
@@ -332,8 +337,10 @@ def test_a_mixed_step_reads_only_the_sampling_rows_logits(
         full = a.decode(tokens).copy()
         reads = spy.rows
         picked, logits = b.decode_picked(tokens, [1])
-        assert spy.rows - reads == 1  # row 1 alone crossed
+        assert spy.rows - reads == (1 if where == "copied" else 0)  # row 1 alone crossed, or none
         assert np.array_equal(picked, full.argmax(-1)) and np.array_equal(logits[1], full[1])
+        in_place = logits.ctypes.data == b.step_logits.data_ptr()
+        assert in_place == (where != "copied" and dtype == "float32") and logits.flags.writeable == (not in_place)
         tokens = picked
 
 

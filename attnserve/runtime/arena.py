@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import onnxruntime as ort
 
 from . import contract
@@ -64,6 +65,20 @@ class Device:
         else:
             cuda_runtime().download(out.ctypes.data, address, out.nbytes, self.stream)
         return out
+
+    def host_view(self, value: ort.OrtValue, dtype: npt.DTypeLike) -> np.ndarray | None:
+        """A buffer of this device read where it is, as a read-only host array of `dtype` in its shape:
+        on the host, no copy (valid while the buffer lives; what a run writes there shows through); None on
+        CUDA, whose bytes must be read (read)."""
+        if self.kind != "cpu":
+            return None
+        shape = value.shape()
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        view = (
+            np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(value.data_ptr())).view(dtype).reshape(shape)
+        )
+        view.flags.writeable = False
+        return view
 
     def free_bytes(self) -> int:
         """Memory that can still be allocated here: the host's MemAvailable, or the GPU's free bytes."""

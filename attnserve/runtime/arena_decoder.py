@@ -94,6 +94,10 @@ class ArenaDecoder:
         self.greedy_outputs = contract.NEXT_TOKEN in [o.name for o in session.get_outputs()]
         self.next_ids = np.empty(self.max_tokens, np.int64)  # a picked step's NEXT_TOKEN output
         self.step_logits = self.device.allocate((capacity, 1, self.vocab_size), self.arena.dtype)  # ... and logits
+        self.step_address = self.step_logits.data_ptr()
+        # those logits read where they are, on the host (None on CUDA: read_rows copies them out)
+        view = self.device.host_view(self.step_logits, HOST_DTYPES[self.dtype])
+        self.step_rows = None if view is None else view.reshape(capacity, self.vocab_size)
         self._verified_logits: ort.OrtValue | None = None  # a verification's logits (verified_logits)
         # the sampling rows of a picked step as float32 (a float32 graph's host buffer is that already)
         self.picked_rows = np.empty((capacity, self.vocab_size), np.float32) if self.dtype != "float32" else None
@@ -255,7 +259,7 @@ class ArenaDecoder:
         if self.fixed is not None:
             return self.fixed.decode_picked(tokens, rows)
         picked = self.step(tokens, picked=True)
-        address = self.step_logits.data_ptr() if rows else 0  # no rows: nothing is read from it
+        address = self.step_address if rows else 0  # no rows: nothing is read from it
         return picked, self.read_rows(address, len(tokens), rows)
 
     def decode_passed(
@@ -275,7 +279,7 @@ class ArenaDecoder:
         for i, pick in zip(chosen, ran):
             picks[i] = pick
         host = rows + [row for row, pick in zip(passed, picks) if pick is None]
-        address = self.step_logits.data_ptr() if host else 0  # no rows: nothing is read from it
+        address = self.step_address if host else 0  # no rows: nothing is read from it
         return picked, self.read_rows(address, len(tokens), host), picks
 
     def decode_greedy(self, tokens: np.ndarray) -> np.ndarray:
@@ -288,7 +292,7 @@ class ArenaDecoder:
         """The greedy token of slot `row` after the last decode_greedy (over `b` slots), over every id but
         `banned` (its row of logits read from where that step left them: the device buffer, or the host's)."""
         if self.greedy_outputs:
-            logits = self.read_rows(self.step_logits.data_ptr(), b, [row])
+            logits = self.read_rows(self.step_address, b, [row])
         else:
             logits = to_float32(self.logits[: b * self.vocab_size].reshape(b, self.vocab_size), self.dtype)
         return argmax_without(logits[row], banned)
@@ -296,13 +300,19 @@ class ArenaDecoder:
     def read_rows(self, address: int, b: int, rows: list[int] | None) -> np.ndarray:
         """Rows `rows` (None: all, in one copy) of (b, V) logits on the device at `address` into the
         host buffer; (b, V) float32, of which only `rows` are converted (a step of greedy requests
-        converts nothing)."""
-        host = self.logits[: b * self.vocab_size].reshape(b, self.vocab_size)
+        converts nothing). On the host, a step's logits are not copied: a float32 graph's rows come back
+        as a read-only view of the step's buffer (valid until the next picked run writes it), another
+        dtype's are converted from there."""
+        if self.step_rows is not None and address == self.step_address:
+            host = self.step_rows[:b]
+        else:
+            host = self.logits[: b * self.vocab_size].reshape(b, self.vocab_size)
+            if rows is None:
+                self.device.read(address, host)
+            for row in rows or []:
+                self.device.read(address + row * host[row].nbytes, host[row])
         if rows is None:
-            self.device.read(address, host)
             return to_float32(host, self.dtype)
-        for row in rows:
-            self.device.read(address + row * host[row].nbytes, host[row])
         if self.picked_rows is None:
             return host
         if rows:
