@@ -22,7 +22,6 @@ from .batch_draw import buffers, draws
 from .host_draw import SCRATCH
 from .sampling import (
     banned_copy,
-    banned_ids,
     compiled_greedy,
     greedy_scored,
     plain_draw,
@@ -85,7 +84,7 @@ def compiled_picks(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
     greedy = [i for i, row in enumerate(rows) if scored[i] and scores_compiled(row) and readable[i]]
     if len(greedy) >= 2:
         counts = [max(rows[i].top, 1) for i in greedy]
-        got = whole_draw.scores_rows([logits[i] for i in greedy], counts, [banned_ids(rows[i]) for i in greedy])
+        got = whole_draw.scores_rows([logits[i] for i in greedy], counts, [rows[i].banned for i in greedy])
         for i, compiled in zip(greedy, got):
             picks[i] = None if compiled is None else greedy_scored(rows[i], *compiled)
     return picks

@@ -269,7 +269,7 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
     if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
         if row.bans_only and logits.size >= FEW_IDS_FROM:  # compiled where it runs, else by numpy below
             head = (logits, row.temperature, row.min_p, row.top_k, row.top_p, row.uniform)
-            drawn = whole_draw.top_k(*head, banned_ids(row))
+            drawn = whole_draw.top_k(*head, row.banned)
             if drawn is not None:
                 return Pick(drawn, 0.0)
         touched = touched_ids(row) if row.bias or row.penalized else None
@@ -283,7 +283,7 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
     if row.temperature == 0 and scored and row.bans_only:
         if (compiled := compiled_greedy(logits, row)) is not None:
             return compiled
-        banned = banned_ids(row)
+        banned = row.banned
         ids = candidates(logits, max(row.top, 1) + banned.size)
         if ids is None:
             return None
@@ -303,15 +303,9 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
 def compiled_greedy(logits: np.ndarray, row: PassRow) -> Pick | None:
     """A scored greedy row's pick by whole_draw.scores (greedy_scored), where it takes the row
     (scores_compiled) and runs; else None."""
-    if not scores_compiled(row) or (compiled := whole_draw.scores(logits, max(row.top, 1), banned_ids(row))) is None:
+    if not scores_compiled(row) or (compiled := whole_draw.scores(logits, max(row.top, 1), row.banned)) is None:
         return None
     return greedy_scored(row, *compiled)
-
-
-def banned_ids(row: PassRow) -> np.ndarray:
-    """The ids a row bans (ignore_eos, min_tokens, suppressed ids: their -inf bias), ascending, each once: its
-    PassRow's, found once (a burst's later steps' rows are copies of its first)."""
-    return row.banned
 
 
 def greedy_scored(row: PassRow, ids: np.ndarray, values: np.ndarray, total: float) -> Pick:
