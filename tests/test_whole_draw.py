@@ -8,11 +8,16 @@ top-k draws (whole_draw.top_k) against the definition's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import sysconfig
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +27,7 @@ from attnserve.engine import whole_draw
 from attnserve.engine.host_draw import FEW, draw
 from attnserve.engine.sampling import changes, pick_whole_row, processed_row
 from attnserve.engine.seam import PassRow
+from benchmarks import whole_draw_ab
 
 COMPILER = shutil.which((sysconfig.get_config_var("CC") or "cc").split()[0])
 NUMPY_ASKED = os.environ.get(whole_draw.ENV, "").lower() == "numpy"
@@ -379,17 +385,154 @@ def test_a_forked_child_draws_rows_shared_out_between_threads():
     logits = list(rng.standard_normal((8, 3000)).astype(np.float32))
     values = (np.full(8, 0.8), np.zeros(8), np.full(8, 0.9), rng.random(8))
     expected = whole_draw.draws_logits(logits, *values)  # the parent's pool thread now runs
+    assert in_a_forked_child(lambda: whole_draw.draws_logits(logits, *values).tolist()) == expected.tolist()
+
+
+def in_a_forked_child(work) -> list[int]:
+    """The ids work() gives in a forked child, reported through a pipe; [] where it fails, or waits on a
+    thread 20 s (it dies then)."""
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover -- the child reports through the pipe
-        os.close(read)
-        signal.alarm(20)  # a child left waiting dies, and the parent reads nothing
-        os.write(write, whole_draw.draws_logits(logits, *values).tobytes())
-        os._exit(0)
+        try:
+            os.close(read)
+            signal.alarm(20)
+            os.write(write, np.array(work(), np.int64).tobytes())
+        finally:
+            os._exit(0)
     os.close(write)
     got = b""
     while chunk := os.read(read, 1 << 16):
         got += chunk
     os.close(read)
     os.waitpid(child, 0)
-    assert np.frombuffer(got, np.int64).tolist() == expected.tolist()
+    return np.frombuffer(got, np.int64).tolist()
+
+
+# around whole_draw.c's SPLIT_FROM (8,192 ids): below it a row is read in one part, from it in two (the first
+# 4,096 ids, then the rest, its tail past the four lanes' too)
+SPLIT_EDGES = [8191, 8192, 8195, 8256]
+
+
+@contextmanager
+def helper(share: bool):
+    """The library's helper thread awake to take a long row's second part (share), or not, for the block."""
+    assert whole_draw.LIBRARY is not None
+    whole_draw.LIBRARY.whole_draw_share(int(share))
+    whole_draw.wake()
+    try:
+        yield
+    finally:
+        whole_draw.rest()
+        whole_draw.LIBRARY.whole_draw_share(int(whole_draw.DRAW_THREADS > 1))
+
+
+def helping(draw):
+    """draw() with the helper awake (woken afresh each time: it stays so 5 ms at most), again until the helper
+    has taken a part, as a step's draws find it; what draw() gave last. On a loaded machine the helper may
+    share the caller's core, and take a part only once the scheduler runs it in the middle of one: up to 20 s
+    of draws."""
+    before, end = whole_draw.helped(), time.monotonic() + 20
+    while time.monotonic() < end:
+        whole_draw.wake()
+        got = draw()
+        if whole_draw.helped() > before:
+            return got
+    raise AssertionError("the helper thread never took a part")
+
+
+def shared(draw, size: int):
+    """draw() with the helper awake; where a row of `size` ids is split, once the helper has taken a part."""
+    with helper(True):
+        return helping(draw) if whole_draw.splits(size) else draw()
+
+
+def alone(draw):
+    """draw() with no helper: the caller weighs both parts."""
+    with helper(False):
+        return draw()
+
+
+@pytest.mark.parametrize("size", SPLIT_EDGES)
+def test_a_long_rows_parts_give_the_definitions_ids_on_one_thread_or_two(size):
+    """A long row is weighed in two parts, the second on the library's helper thread where it is awake: the
+    same ids and sums with the helper as without it, and the definition's. Draws under top-p, min-p and
+    neither; a penalized row with seen ids on both sides of the parts' edge; greedy scores with bans there."""
+    rng = np.random.default_rng(size)
+    edge = whole_draw.LIBRARY.whole_draw_split_at(size) if whole_draw.splits(size) else size // 2
+    assert whole_draw.splits(size) == (size >= 8192)
+    for trial in range(8):
+        logits = trial_row(rng, size, trial)
+        for temperature, min_p, top_p in ((0.8, 0.0, 0.95), (1.0, 0.05, 1.0), (0.7, 0.0, 1.0), (1.2, 0.0, 0.5)):
+            for uniform in rng.random(2):
+                draw = lambda: whole_draw.draw_logits(logits, temperature, min_p, top_p, uniform)  # noqa: B023
+                got = shared(draw, size)
+                assert got == alone(draw)
+                if got is not None:
+                    divided = logits.astype(np.float64) / temperature
+                    assert got == by_definition(divided, min_p, 0, top_p, uniform), (trial, top_p)
+        seen = np.array([0, edge - 1, edge, edge + 3, size - 1, int(np.argmax(logits))], np.int64)
+        row = PassRow(0.9, 0, [0.9, 1.0][trial % 2], 0.0, float(rng.random()), repetition=1.3, seen=seen)
+        draw = lambda: whole_draw.draw_processed(logits, 0.9, 0.0, row.top_p, row.uniform, *changes(row))  # noqa: B023
+        got = shared(draw, size)
+        assert got == alone(draw) == whole_draw.draw(processed_row(logits, row), 0.0, row.top_p, row.uniform)
+        banned = np.array([edge - 1, edge] if trial % 2 else [], np.int64)
+        if np.isinf(np.delete(logits, banned)).sum() > size - banned.size - 5:
+            continue
+        scores = shared(lambda: whole_draw.scores(logits, 5, banned), size)  # noqa: B023
+        unshared = alone(lambda: whole_draw.scores(logits, 5, banned))  # noqa: B023
+        assert scores is not None and unshared is not None
+        assert scores[0].tolist() == unshared[0].tolist() and scores[2] == unshared[2]
+        ids, total = scored_by_definition(logits, 5, banned.tolist())
+        assert scores[0].tolist() == ids and scores[2] == pytest.approx(total, rel=1e-13, abs=0)
+
+
+def test_threads_drawing_at_once_share_the_helper_and_draw_each_row_as_alone():
+    """Three threads drawing long rows at once, each row by itself (the helper lent to one caller at a time,
+    the others weighing both parts themselves): every id and sum is the row's without the helper, and the
+    helper took parts."""
+    rng = np.random.default_rng(12)
+    rows = [trial_row(rng, 50257, trial) for trial in range(6)]
+    uniforms = rng.random(6)
+    none = np.array([], np.int64)
+
+    def drawn() -> list:
+        got = []
+        for row, u in zip(rows, uniforms):
+            whole_draw.wake()
+            got.append((whole_draw.draw_logits(row, 0.8, 0.0, 0.95, u), whole_draw.scores(row, 3, none)[2]))
+        return got
+
+    expected = alone(drawn)
+    before = whole_draw.helped()
+    with helper(True), ThreadPoolExecutor(3) as pool:
+        runs = [pool.submit(lambda: [drawn() for _ in range(8)]) for _ in range(3)]
+        for run in runs:
+            assert all(got == expected for got in run.result())
+    assert whole_draw.helped() > before
+
+
+def test_a_forked_child_lends_a_long_rows_part_to_a_helper_of_its_own():
+    """After the parent's helper thread has run, a forked child draws a long row with a helper of its own
+    (fork did not copy the parent's) that takes parts, instead of posting them to one that is not there."""
+    rng = np.random.default_rng(13)
+    logits = trial_row(rng, 50257, 0)
+    draw = lambda: whole_draw.draw_logits(logits, 0.8, 0.0, 0.95, 0.25)
+    expected = shared(draw, logits.size)  # the parent's helper has run
+
+    def work() -> list[int]:
+        assert whole_draw.helped() == 0  # counted afresh: the parent's helper did not come with it
+        return [shared(draw, logits.size) for _ in range(3)]
+
+    assert in_a_forked_child(work) == [expected] * 3
+
+
+def test_the_ab_benchmark_draws_the_same_ids_with_the_helper_on_one_side(tmp_path):
+    """benchmarks/whole_draw_ab.py with --helper b, this tree on both sides: side b's rows are weighed with its
+    helper thread, side a's by the caller alone, and every call picks the same ids on both."""
+    out = tmp_path / "ab.json"
+    tree = str(Path(__file__).resolve().parent.parent)
+    argv = ["--tree-a", tree, "--rows", "1", "--rounds", "2", "--vocab", "8192", "--kinds", "top_p_flat,whole"]
+    assert whole_draw_ab.main([*argv, "--warm", "--helper", "b", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["helper"] == "b" and [kind["same_ids"] for kind in report["kinds"]] == [True, True]

@@ -21,7 +21,9 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from . import whole_draw
 from .host_picks import pick_together
+from .sampling import drawn_whole
 from .seam import PassRow, Pick
 from .sequence import Event, Sequence
 
@@ -53,16 +55,24 @@ class BurstDraws:
     def pick_on_host(self, step: int, logits: Mapping[int, np.ndarray], rows: Mapping[int, PassRow]) -> dict[int, Pick]:
         """Their picks on the host: together where host_picks takes them (each its Sequence.draw's), the others
         alone (pick). Where the picks together raise, each is picked alone, so that only the request whose own
-        work raised ends."""
+        work raised ends. Where a long row (whole_draw.splits) goes to the compiled draw over its every id, the
+        draw's helper thread is woken for the step's rows and rests after them (whole_draw.wake)."""
         keys = list(logits)
         scored = [self.sequences[key].request.logprobs is not None for key in keys]
+        vocab = logits[keys[0]].size
+        woken = whole_draw.splits(vocab) and any(drawn_whole(rows[k], vocab, asked) for k, asked in zip(keys, scored))
+        if woken:  # no more than 5 ms, should a pick raise past self.pick
+            whole_draw.wake()
         try:
             got = pick_together([logits[key] for key in keys], [rows[key] for key in keys], scored)
         except Exception:  # noqa: BLE001 -- some request's own work: each alone finds whose
             got = [None] * len(keys)
-        return {
+        picks = {
             key: self.pick(key, logits[key], rows[key], step) if pick is None else pick for key, pick in zip(keys, got)
         }
+        if woken:
+            whole_draw.rest()
+        return picks
 
     def pick(self, key: int, logits: np.ndarray, row: PassRow, step: int) -> Pick:
         """Its pick on the host alone (Sequence.draw). Where that raises (the request's own work), its row's

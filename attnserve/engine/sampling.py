@@ -201,7 +201,7 @@ def pick_whole_row(logits: np.ndarray, row: PassRow, scored: bool = True) -> Pic
     where it runs: whole_draw.draw_logits (the same division, read as the row is, with no copy) where nothing
     but the temperature changes the row, else whole_draw.draw_processed (the ids its bans, bias and penalties
     change patched in as processed_row changes them, as the row is read)."""
-    if not scored and processed_draw(row, logits.size):
+    if drawn_whole(row, logits.size, scored):
         if row.bias or row.penalized:
             drawn = whole_draw.draw_processed(logits, row.temperature, row.min_p, row.top_p, row.uniform, *changes(row))
         else:
@@ -227,6 +227,12 @@ def processed_draw(row: PassRow, vocab: int) -> bool:
     """The row samples with no top-k and no grammar's mask: whatever its penalties and bias change,
     whole_draw.draw_processed patches in."""
     return row.allowed is None and samples_whole(row, vocab)
+
+
+def drawn_whole(row: PassRow, vocab: int, scored: bool) -> bool:
+    """pick_row takes the row (of `vocab` ids) to the compiled draw over every id, where that runs: a draw with
+    no top-k nor grammar's mask that asks for no log-probability (pick_whole_row's first way)."""
+    return not scored and processed_draw(row, vocab)
 
 
 def changes(row: PassRow) -> tuple[Any, ...]:

@@ -24,17 +24,30 @@
  * And a greedy row's log-probabilities (whole_draw_scores): its likeliest ids but its bans, and the sum of
  * its exps, in two passes over the float32 logits.
  *
- * No allocation but the crossing bucket's sort buffer and a penalized row's patches, and no state: callers
- * may run it from several threads at once, each with buffers of its own.
+ * A row of SPLIT_FROM ids or more is read in two parts (split_at: passes (1) and (2), and a greedy row's
+ * exps), each part's sums its own, added part by part: the same bits whichever thread reads a part. Between
+ * whole_draw_wake and whole_draw_rest, a single row's call lends the second part to a helper thread and reads
+ * the first itself (about 0.65x the time of a row of 50,257 ids on two cores).
+ *
+ * No allocation but the crossing bucket's sort buffer and a penalized row's patches, and no state but the
+ * helper's: callers may run it from several threads at once, each with buffers of its own (one at a time
+ * has the helper, the others read both parts themselves).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h> /* first, as Python asks: only for the module's PyInit, which ctypes never calls */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
+#endif
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#define HELPER 1 /* a row's second part may run on a helper thread */
 #endif
 
 #define BLOCK 64
@@ -42,6 +55,8 @@
 #define BUCKETS 4096
 #define BLOCK_OF_BUCKETS 32
 #define CHAINS 4 /* exps computed side by side in the weights pass */
+#define SPLIT_FROM 8192 /* ids: a row this long is read in two parts (split_at), the same bits on one thread or two */
+#define AWAKE_NS 5000000 /* ns: woken ahead of a step's rows (whole_draw_wake), the helper takes parts this long at most */
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_whole_draw", "The host's compiled whole-row draw: loaded by whole_draw.py with ctypes.", -1,
@@ -228,23 +243,6 @@ static void extremes_between(const Row *row, int64_t start, int64_t end, double 
             *low = row->f64[i] < *low && row->f64[i] > -INFINITY ? row->f64[i] : *low;
         }
     }
-}
-
-/* The row's largest value and its smallest but -inf as read (-inf where every value is): the ids between
- * patches from the row, the patched ones from their patches. */
-static void extremes(const Row *row, double *largest, double *lowest) {
-    double high = -INFINITY, low = INFINITY;
-    int64_t start = 0;
-    for (int64_t p = 0; p < row->patch_count; p++) {
-        extremes_between(row, start, row->patched[p], &high, &low);
-        double v = row->patches[p];
-        high = v > high ? v : high;
-        low = v < low && v > -INFINITY ? v : low;
-        start = row->patched[p] + 1;
-    }
-    extremes_between(row, start, row->size, &high, &low);
-    *largest = high;
-    *lowest = low == INFINITY ? -INFINITY : low;
 }
 
 typedef struct {
@@ -639,15 +637,252 @@ static int64_t pick_blocks(const Row *row, const double *blocks, double largest,
     return -1;
 }
 
+/* A row's parts: a row of SPLIT_FROM ids or more is read in two, [0, split) and [split, size), split at a
+ * block's edge near its middle; a shorter one in one. Each part's extremes and weights are its own, its sums
+ * by four lanes in id order, and the parts' are added part by part (add_parts): the same bits whichever
+ * thread runs a part. */
+static int64_t split_at(int64_t size) { return size < SPLIT_FROM ? size : size / 2 / BLOCK * BLOCK; }
+
+/* split_at, for whole_draw.py. */
+int64_t whole_draw_split_at(int64_t size) { return split_at(size); }
+
+/* A task on one part (0 or 1) of a row, its context as the caller keeps it. */
+typedef void (*PartTask)(void *context, int part);
+
+#if HELPER
+/* The helper: one thread, started by the first whole_draw_wake, that runs a row's second part while the calling
+ * thread runs the first, between whole_draw_wake and whole_draw_rest (AWAKE_NS at most): a thread's wake-up
+ * costs its waker some tens of microseconds on a virtual machine, so a caller wakes it once ahead of a step's
+ * rows, not at each part. While awake it waits for parts (yielding its core to any thread that wants it), then
+ * sleeps. A part is posted (its task and context, then state POSTED); whichever thread claims it first
+ * (POSTED -> CLAIMED) runs it, so that a caller never waits on a helper that is late: it takes the part back
+ * itself. One caller at a time holds the helper (`busy`); another runs both parts itself. A forked child
+ * starts its own. */
+enum { IDLE, POSTED, CLAIMED, DONE };
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    atomic_int busy, state, enabled;
+    atomic_llong until;  /* CLOCK_MONOTONIC, ns: the helper waits for parts until then */
+    atomic_llong helped; /* parts the helper has run */
+    PartTask task;
+    void *context;
+    int started, sleeping, away_from; /* away_from: the CPU the helper may not run on (the caller's), or -1 */
+    pthread_t thread;
+} helper = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, IDLE, 0, 0, 0, NULL, NULL, 0, 0, -1, 0};
+
+static inline void relax(void) {
+#if defined(__x86_64__)
+    _mm_pause();
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+static int awake(void) { return now_ns() < atomic_load(&helper.until); }
+
+static void *helper_main(void *unused) {
+    (void)unused;
+    for (;;) {
+        while (atomic_load_explicit(&helper.state, memory_order_acquire) != POSTED) {
+            if (awake()) {
+                sched_yield();
+                continue;
+            }
+            pthread_mutex_lock(&helper.lock);
+            helper.sleeping = 1;
+            while (!awake()) pthread_cond_wait(&helper.wake, &helper.lock);
+            helper.sleeping = 0;
+            pthread_mutex_unlock(&helper.lock);
+        }
+        int posted = POSTED;
+        if (atomic_compare_exchange_strong(&helper.state, &posted, CLAIMED)) {
+            helper.task(helper.context, 1);
+            atomic_fetch_add(&helper.helped, 1);
+            atomic_store_explicit(&helper.state, DONE, memory_order_release);
+        }
+    }
+    return NULL;
+}
+
+/* In a forked child: no helper thread came with it, and no caller holds one. */
+static void helper_forked(void) {
+    pthread_mutex_init(&helper.lock, NULL);
+    pthread_cond_init(&helper.wake, NULL);
+    helper.started = helper.sleeping = 0;
+    atomic_store(&helper.state, IDLE);
+    atomic_store(&helper.busy, 0);
+    atomic_store(&helper.until, 0);
+    atomic_store(&helper.helped, 0);
+}
+
+/* Under helper.lock. */
+static int helper_start(void) {
+    static int registered = 0;
+    if (!registered) registered = !pthread_atfork(NULL, NULL, helper_forked);
+    pthread_t thread;
+    pthread_attr_t attributes;
+    if (!registered || pthread_attr_init(&attributes)) return 0;
+    pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+    helper.started = !pthread_create(&thread, &attributes, helper_main, NULL);
+    pthread_attr_destroy(&attributes);
+    helper.thread = thread;
+    helper.away_from = -1;
+    return helper.started;
+}
+
+/* Under helper.lock: the helper may run on any CPU the caller may but the one the caller is on (where it has
+ * others), so that a scheduler never wakes it there to share the caller's core. */
+static void keep_away(void) {
+#if defined(__linux__)
+    int cpu = sched_getcpu();
+    cpu_set_t allowed;
+    if (cpu < 0 || cpu == helper.away_from || sched_getaffinity(0, sizeof allowed, &allowed)) return;
+    CPU_CLR(cpu, &allowed);
+    if (CPU_COUNT(&allowed) && !pthread_setaffinity_np(helper.thread, sizeof allowed, &allowed)) helper.away_from = cpu;
+#endif
+}
+
+/* Parts 0 and 1 of `task`, the second lent to the helper where it is awake and free; 0 where it is not (the
+ * caller runs both). */
+static int lend(PartTask task, void *context) {
+    if (!atomic_load(&helper.enabled) || !awake() || atomic_exchange(&helper.busy, 1)) return 0;
+    helper.task = task;
+    helper.context = context;
+    atomic_store_explicit(&helper.state, POSTED, memory_order_release);
+    task(context, 0);
+    int posted = POSTED;
+    if (atomic_compare_exchange_strong(&helper.state, &posted, CLAIMED))
+        task(context, 1); /* not claimed yet: taken back */
+    else
+        while (atomic_load_explicit(&helper.state, memory_order_acquire) != DONE) relax();
+    atomic_store(&helper.state, IDLE);
+    atomic_store_explicit(&helper.busy, 0, memory_order_release);
+    return 1;
+}
+#endif
+
+/* Wakes the helper thread (started at the first call) ahead of a step's long rows: it takes their second
+ * parts until whole_draw_rest, AWAKE_NS at most. */
+void whole_draw_wake(void) {
+#if HELPER
+    if (!atomic_load(&helper.enabled)) return;
+    pthread_mutex_lock(&helper.lock);
+    if (helper.started || helper_start()) {
+        keep_away();
+        atomic_store(&helper.until, now_ns() + AWAKE_NS);
+        if (helper.sleeping) pthread_cond_signal(&helper.wake);
+    }
+    pthread_mutex_unlock(&helper.lock);
+#endif
+}
+
+/* The helper takes no more parts and sleeps once the one it runs, if any, is done. */
+void whole_draw_rest(void) {
+#if HELPER
+    atomic_store(&helper.until, 0);
+#endif
+}
+
+/* How many parts the helper thread has run in this process. */
+int64_t whole_draw_helped(void) {
+#if HELPER
+    return atomic_load(&helper.helped);
+#else
+    return 0;
+#endif
+}
+
+/* Whether a row's second part may go to the helper thread (1) or not (0): whole_draw.py's DRAW_THREADS. */
+void whole_draw_share(int share) {
+#if HELPER
+    atomic_store(&helper.enabled, share);
+#else
+    (void)share;
+#endif
+}
+
+/* Runs `parts` (1 or 2) parts of `task`: the second on the helper where `share` and it can be had. */
+static void run_parts(PartTask task, void *context, int parts, int share) {
+#if HELPER
+    if (parts == 2 && share && lend(task, context)) return;
+#else
+    (void)share;
+#endif
+    for (int part = 0; part < parts; part++) task(context, part);
+}
+
+/* A row's parts as draw_row reads them: their bounds, each part's extremes as read, and each part's weighing
+ * (part 1 with buckets of its own, `mass`). */
+typedef struct {
+    const Row *row;
+    int64_t bounds[3];
+    double high[2], low[2];
+    Weighing weighing[2];
+    double largest;
+    double mass[BUCKETS];
+} Parts;
+
+/* extremes of a part: the ids between patches from the row, the patched ones from their patches. */
+static void part_extremes(void *context, int part) {
+    Parts *parts = context;
+    const Row *row = parts->row;
+    int64_t start = parts->bounds[part], end = parts->bounds[part + 1], next;
+    double high = -INFINITY, low = INFINITY;
+    for (int64_t p = first_patch(row, start, &next); p < row->patch_count && row->patched[p] < end; p++) {
+        extremes_between(row, start, row->patched[p], &high, &low);
+        double v = row->patches[p];
+        high = v > high ? v : high;
+        low = v < low && v > -INFINITY ? v : low;
+        start = row->patched[p] + 1;
+    }
+    extremes_between(row, start, end, &high, &low);
+    parts->high[part] = high;
+    parts->low[part] = low;
+}
+
+/* The weights pass over a part: its ids' weights (and block sums, and bucket sums) by its own Weighing. */
+static void part_weights(void *context, int part) {
+    Parts *parts = context;
+    const Row *row = parts->row;
+    Weighing weighing = parts->weighing[part]; /* a local copy: its sums stay in registers */
+    double largest = parts->largest;
+    int64_t i = parts->bounds[part], end = parts->bounds[part + 1], next, patch = first_patch(row, i, &next);
+    for (; i + 4 * CHAINS <= end; i += 4 * CHAINS) {
+        lanes shifted[CHAINS], exps[CHAINS];
+        chunk_exps(row, i, CHAINS, largest, &patch, &next, shifted, exps);
+#pragma GCC unroll 4
+        for (int k = 0; k < CHAINS; k++) weigh(&weighing, i + 4 * k, shifted[k], exps[k]);
+    }
+    for (; i < end; i += 4) {
+        lanes shifted, exps;
+        chunk_exps(row, i, 1, largest, &patch, &next, &shifted, &exps);
+        weigh(&weighing, i, shifted, exps);
+    }
+    parts->weighing[part] = weighing;
+}
+
 /* One row's id, or -1 where host_draw would take min-p's few ids (at most size / FEW kept) or every id is
  * -inf; -2 where memory ran out. Three passes over the row: its largest and lowest values; each id's weight
  * (and, under top-p, the buckets' sums); the pick's, which stops at its block. Under top-p, between the
- * second and the third, the crossing bucket's ids (a pass that compares values and sorts the few it finds). */
+ * second and the third, the crossing bucket's ids (a pass that compares values and sorts the few it finds).
+ * The first two by parts (split_at), the second part on the helper thread where `share`. */
 static int64_t draw_row(const Row *row, double min_p, double top_p, double uniform, double *restrict weights,
-                        int32_t *restrict members) {
-    int64_t size = row->size;
-    double high, low; /* as read */
-    extremes(row, &high, &low);
+                        int32_t *restrict members, int share) {
+    int64_t size = row->size, split = split_at(size);
+    Parts parts = {.row = row, .bounds = {0, split, size}};
+    int count_parts = split < size ? 2 : 1;
+    run_parts(part_extremes, &parts, count_parts, share);
+    double high = parts.high[0], low = parts.low[0]; /* as read */
+    if (count_parts == 2) {
+        high = fmax(high, parts.high[1]);
+        low = fmin(low, parts.low[1]);
+    }
+    low = low == INFINITY ? -INFINITY : low;
     /* the division keeps the order: the largest and lowest of the divided values */
     double largest = row->f32 ? high / row->temperature : high, lowest = row->f32 ? low / row->temperature : low;
     if (largest == -INFINITY) return -1;
@@ -656,25 +891,25 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
     double low_edge = lowest - largest > -64.0 ? lowest - largest : -64.0; /* lower: the last bucket */
     Bucketing by = {largest, low_edge < 0.0 ? (double)(count - 1) / low_edge : 0.0, (double)(count - 1)};
     double mass[BUCKETS];
-    memset(mass, 0, sizeof(double) * count);
     int nucleus = top_p < 1.0; /* else the weights are not kept: their blocks' sums are (in `weights`) */
-    Weighing weighing = {nucleus ? weights : NULL, weights, nucleus ? mass : NULL, size, edge, by, {0.0}, {0.0}, {0}};
-    int64_t i = 0, next, patch = first_patch(row, 0, &next);
-    for (; i + 4 * CHAINS <= size; i += 4 * CHAINS) {
-        lanes shifted[CHAINS], exps[CHAINS];
-        chunk_exps(row, i, CHAINS, largest, &patch, &next, shifted, exps);
-#pragma GCC unroll 4
-        for (int k = 0; k < CHAINS; k++) weigh(&weighing, i + 4 * k, shifted[k], exps[k]);
+    for (int part = 0; part < count_parts; part++) {
+        double *sums = part ? parts.mass : mass;
+        if (nucleus) memset(sums, 0, sizeof(double) * count);
+        parts.weighing[part] = (Weighing){nucleus ? weights : NULL, weights, nucleus ? sums : NULL, size, edge, by,
+                                          {0.0}, {0.0}, {0}};
     }
-    for (; i < size; i += 4) {
-        lanes shifted, exps;
-        chunk_exps(row, i, 1, largest, &patch, &next, &shifted, &exps);
-        weigh(&weighing, i, shifted, exps);
+    parts.largest = largest;
+    run_parts(part_weights, &parts, count_parts, share);
+    lanes sum = parts.weighing[0].sum;
+    masks kept_lanes = parts.weighing[0].kept;
+    if (count_parts == 2) { /* the second part's sums after the first's */
+        sum += parts.weighing[1].sum;
+        kept_lanes += parts.weighing[1].kept;
+        if (nucleus)
+            for (int64_t b = 0; b < count; b++) mass[b] += parts.mass[b];
     }
-    masks kept_lanes = weighing.kept;
     int64_t kept = -((kept_lanes[0] + kept_lanes[1]) + (kept_lanes[2] + kept_lanes[3]));
     if (edge > -INFINITY && kept <= size / FEW) return -1;
-    lanes sum = weighing.sum;
     double total = (sum[0] + sum[1]) + (sum[2] + sum[3]);
     if (!nucleus) return pick_blocks(row, weights, largest, edge, total, uniform);
     double before, target, kept_from;
@@ -686,13 +921,15 @@ static int64_t draw_row(const Row *row, double min_p, double top_p, double unifo
 }
 
 /* Each of n rows' id (ids, n int64): rows of `size` float64 values `stride` apart, each with its min-p,
- * top-p and uniform number; `weights` a buffer of `size` float64, `members` of `size` int32.
+ * top-p and uniform number; `weights` a buffer of `size` float64, `members` of `size` int32; `share`: whether
+ * a row's second part may go to the helper thread (not where the caller shares rows out between threads).
  * -1 for a row host_draw draws otherwise; -2 where memory ran out. */
 void whole_draws(const double *rows, int64_t n, int64_t size, int64_t stride, const double *min_p,
-                 const double *top_p, const double *uniform, double *weights, int32_t *members, int64_t *ids) {
+                 const double *top_p, const double *uniform, double *weights, int32_t *members, int64_t *ids,
+                 int share) {
     for (int64_t r = 0; r < n; r++) {
         Row row = {NULL, rows + r * stride, 1.0, size};
-        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, members);
+        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, members, share);
     }
 }
 
@@ -701,10 +938,10 @@ void whole_draws(const double *rows, int64_t n, int64_t size, int64_t stride, co
  * divided them (float64 values of the same division). */
 void whole_draws_logits(const float *const *rows, int64_t n, int64_t size, const double *temperature,
                         const double *min_p, const double *top_p, const double *uniform, double *weights,
-                        int32_t *members, int64_t *ids) {
+                        int32_t *members, int64_t *ids, int share) {
     for (int64_t r = 0; r < n; r++) {
         Row row = {rows[r], NULL, temperature[r], size};
-        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, members);
+        ids[r] = draw_row(&row, min_p[r], top_p[r], uniform[r], weights, members, share);
     }
 }
 
@@ -713,14 +950,14 @@ void whole_draws_logits(const float *const *rows, int64_t n, int64_t size, const
 int64_t whole_draw_logits(const float *logits, int64_t size, double temperature, double min_p, double top_p,
                           double uniform, double *weights, int32_t *members) {
     Row row = {logits, NULL, temperature, size};
-    return draw_row(&row, min_p, top_p, uniform, weights, members);
+    return draw_row(&row, min_p, top_p, uniform, weights, members, 1);
 }
 
 /* The same of float64 values (already divided), as whole_draws gives it. */
 int64_t whole_draw_values(const double *values, int64_t size, double min_p, double top_p, double uniform,
                           double *weights, int32_t *members) {
     Row row = {NULL, values, 1.0, size};
-    return draw_row(&row, min_p, top_p, uniform, weights, members);
+    return draw_row(&row, min_p, top_p, uniform, weights, members, 1);
 }
 
 /* qsort's order of int32 ids. */
@@ -777,7 +1014,7 @@ int64_t whole_draw_processed(const float *logits, int64_t size, double temperatu
         patches[patch_of(&row, occurred[j])] -= product + presence;
     }
     for (int64_t j = 0; j < bias_count; j++) patches[patch_of(&row, bias_ids[j])] += bias_values[j];
-    int64_t id = draw_row(&row, min_p, top_p, uniform, weights, members);
+    int64_t id = draw_row(&row, min_p, top_p, uniform, weights, members, 1);
     free(room);
     return id;
 }
@@ -945,27 +1182,47 @@ static void add_exps(const float *row, int64_t start, int64_t end, double larges
     for (; i < end; i += 4) sums[0] += exp_neg(raw_at(&read, i) - largest); /* past `end`: -inf, weighs 0 */
 }
 
+/* A greedy row's sum of exps by parts (split_at): each part's ids not banned, the stretches between banned
+ * ids, into its own sums. */
+typedef struct {
+    const float *row;
+    int64_t bounds[3];
+    const int64_t *banned;
+    int64_t banned_count;
+    double largest;
+    lanes sums[2][CHAINS];
+} Exps;
+
+static void part_exps(void *context, int part) {
+    Exps *exps = context;
+    int64_t low = exps->bounds[part], high = exps->bounds[part + 1], start = 0;
+    lanes sums[CHAINS] = {{0.0}};
+    for (int64_t j = 0; j <= exps->banned_count; j++) { /* the stretches between banned ids, within the part */
+        int64_t end = j < exps->banned_count ? exps->banned[j] : high;
+        int64_t from = start > low ? start : low, to = end < high ? end : high;
+        if (to > from) add_exps(exps->row, from, to, exps->largest, sums);
+        start = end + 1;
+    }
+    memcpy(exps->sums[part], sums, sizeof sums);
+}
+
 /* A greedy row's log-probabilities, compiled (sampling.greedy_scored): of float32 logits (size,), the
  * `count` largest values' ids (descending, the lower id first on ties) and values into `ids` and `values`,
  * none of `banned` (banned_count ids, ascending) among them, and the sum over every id not banned of
  * e^(value - largest), largest the first of them, as log_softmax's float64 sum (the order of its additions
  * aside); kept_count is how many were kept (0: every id banned or -inf, and the sum 0). Two passes over the
- * row: largest_values's, then the exps. */
+ * row: largest_values's, then the exps by parts (part_exps; the second on the helper thread where `share`). */
 double whole_draw_scores(const float *row, int64_t size, const int64_t *banned, int64_t banned_count,
-                         int64_t count, int64_t *ids, float *values, int64_t *kept_count) {
+                         int64_t count, int64_t *ids, float *values, int64_t *kept_count, int share) {
     int64_t kept = largest_values(row, size, banned, banned_count, count, ids, values);
     *kept_count = kept;
     if (!kept) return 0.0;
-    double largest = values[0];
-    lanes sums[CHAINS] = {{0.0}};
-    int64_t start = 0;
-    for (int64_t j = 0; j <= banned_count; j++) { /* the stretches between banned ids */
-        int64_t end = j < banned_count ? banned[j] : size;
-        if (end > start) add_exps(row, start, end, largest, sums);
-        start = end + 1;
-    }
-    lanes sum = sums[0];
-    for (int k = 1; k < CHAINS; k++) sum += sums[k];
+    int64_t split = split_at(size);
+    Exps exps = {row, {0, split, size}, banned, banned_count, values[0], {{{0.0}}}};
+    run_parts(part_exps, &exps, split < size ? 2 : 1, share);
+    lanes sum = exps.sums[0][0];
+    for (int part = 0; part < 2; part++)
+        for (int k = !part; k < CHAINS; k++) sum += exps.sums[part][k];
     return (sum[0] + sum[1]) + (sum[2] + sum[3]);
 }
 

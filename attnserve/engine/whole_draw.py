@@ -16,6 +16,12 @@ finds the few ids a top-k draw is decided by (`likeliest`: every id at least as 
 largest, for likeliest.candidates), and draws a top-k row from them in the same call (`top_k`: host_draw's
 draw_among over those ids, for a row with no penalty and no bias but bans: sampling.pick_from_few takes it).
 
+A row of 8,192 ids or more is read in two parts, each weighed by itself and their sums added part by part
+(the same ids whichever thread weighs a part). Between wake() and rest() the library's helper thread
+weighs the second part of a single row's draw (draw_logits, draw_processed, draw; scores' sum of exps) while
+the caller weighs the first: burst.BurstDraws wakes it for a step whose rows go to the draw over every id.
+A batch of rows shared out between this module's two threads lends it nothing.
+
 Where the library is not built (no C compiler at install) or the CPU lacks what it was built for (AVX2
 and FMA on x86-64), or ATTNSERVE_WHOLE_DRAW=numpy is set, `available()` is False and numpy draws.
 """
@@ -23,6 +29,7 @@ and FMA on x86-64), or ATTNSERVE_WHOLE_DRAW=numpy is set, `available()` is False
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import threading
@@ -32,7 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 ENV = "ATTNSERVE_WHOLE_DRAW"  # "numpy": leave every row to host_draw's numpy draw
-DRAW_THREADS = min(2, os.cpu_count() or 1)  # threads a batch of rows is shared out between
+# threads a batch of rows is shared out between, and a long row's parts (the CPUs this process may run on)
+DRAW_THREADS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 SHARE_FROM = 4  # rows: fewer are drawn in the caller's thread alone
 POOL = ThreadPoolExecutor(1, thread_name_prefix="whole-draw")  # the second thread's (started at its first use)
 
@@ -62,8 +70,9 @@ def load() -> ctypes.CDLL | None:
 def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     """The library with its draws' signatures set, as the calls below pass their arguments."""
     pointer, count = ctypes.c_void_p, ctypes.c_int64
-    library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 6)
-    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 7)
+    flag = ctypes.c_int
+    library.whole_draws.argtypes = (pointer, count, count, count, *[pointer] * 6, flag)
+    library.whole_draws_logits.argtypes = (pointer, count, count, *[pointer] * 7, flag)
     library.whole_draws.restype = library.whole_draws_logits.restype = None
     real = ctypes.c_double
     library.whole_draw_logits.argtypes = (pointer, count, real, real, real, real, pointer, pointer)
@@ -72,13 +81,19 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     changes = (pointer, pointer, count, real, real, pointer, pointer, count, pointer, pointer)
     library.whole_draw_processed.argtypes = (*head, *changes)
     library.whole_draw_logits.restype = library.whole_draw_values.restype = library.whole_draw_processed.restype = count
-    library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer)
+    library.whole_draw_scores.argtypes = (pointer, count, pointer, count, count, pointer, pointer, pointer, flag)
     library.whole_draw_scores.restype = ctypes.c_double
     library.whole_draw_likeliest.argtypes = (pointer, count, count, count, pointer, pointer, pointer)
     library.whole_draw_likeliest.restype = count
     drawn = (pointer, count, real, real, count, real, real)  # the row, its temperature, min-p, k, top-p, uniform
     library.whole_draw_top_k.argtypes = (*drawn, pointer, count, count, *[pointer] * 4)  # bans, room, buffers
     library.whole_draw_top_k.restype = count
+    library.whole_draw_share.argtypes, library.whole_draw_share.restype = (flag,), None
+    library.whole_draw_share(DRAW_THREADS > 1)
+    for name in ("whole_draw_wake", "whole_draw_rest"):
+        getattr(library, name).argtypes, getattr(library, name).restype = (), None
+    library.whole_draw_helped.argtypes, library.whole_draw_helped.restype = (), count
+    library.whole_draw_split_at.argtypes, library.whole_draw_split_at.restype = (count,), count
     return library
 
 
@@ -120,6 +135,32 @@ class Buffers(threading.local):
 BUFFERS = Buffers()
 
 
+def wake() -> None:
+    """Wakes the library's helper thread ahead of a step's rows: until rest() (5 ms at most), a single row's
+    draw of 8,192 ids or more weighs the second part of the row on it while the caller weighs the first
+    (whole_draw.c's split_at: the same ids either way). Its wake-up costs the caller some tens of microseconds
+    on a virtual machine, so a caller wakes it once, for rows whose draws take longer than that."""
+    if LIBRARY is not None:
+        LIBRARY.whole_draw_wake()
+
+
+def rest() -> None:
+    """The helper thread takes no more parts and sleeps (leaving its core to the model's next run)."""
+    if LIBRARY is not None:
+        LIBRARY.whole_draw_rest()
+
+
+@functools.cache
+def splits(size: int) -> bool:
+    """Whether a row of `size` ids is weighed in two parts (so that the helper thread may take one)."""
+    return LIBRARY is not None and LIBRARY.whole_draw_split_at(size) < size
+
+
+def helped() -> int:
+    """How many parts of rows the helper thread has weighed in this process."""
+    return 0 if LIBRARY is None else LIBRARY.whole_draw_helped()
+
+
 def draws(scaled: np.ndarray, min_p: np.ndarray, top_p: np.ndarray, uniform: np.ndarray) -> np.ndarray:
     """Each temperature-scaled row's id (n,) int64 of rows (n, V) float64 (rows contiguous), with no top-k,
     by its min-p, top-p and uniform number (n,) each: host_draw.draw's; -1 for a row left to numpy's draw
@@ -142,15 +183,15 @@ def draws_logits(
     pointers = np.array([row.ctypes.data for row in logits], np.uintp)
     per_row = [np.ascontiguousarray(a, np.float64) for a in (temperature, min_p, top_p, uniform)]
 
-    def part(start: int, end: int) -> np.ndarray:
+    def part(start: int, end: int, share: bool) -> np.ndarray:
         head = (pointers[start:end].ctypes.data, end - start, size)
-        return call(LIBRARY.whole_draws_logits, size, head, *(a[start:end] for a in per_row))
+        return call(LIBRARY.whole_draws_logits, size, head, *(a[start:end] for a in per_row), share=share)
 
     if n < SHARE_FROM or DRAW_THREADS < 2:
-        return part(0, n)
+        return part(0, n, True)
     half = (n + 1) // 2
-    other = POOL.submit(part, half, n)
-    return np.concatenate([part(0, half), other.result()])
+    other = POOL.submit(part, half, n, False)
+    return np.concatenate([part(0, half, False), other.result()])
 
 
 def readable(logits: np.ndarray) -> bool:
@@ -158,9 +199,13 @@ def readable(logits: np.ndarray) -> bool:
     return logits.dtype == np.float32 and logits.strides[0] == 4
 
 
-def call(function: Callable[..., None], size: int, head: tuple[int, ...], *per_row: np.ndarray) -> np.ndarray:
+def call(
+    function: Callable[..., None], size: int, head: tuple[int, ...], *per_row: np.ndarray, share: bool = True
+) -> np.ndarray:
     """One of the library's draws: its leading arguments (the rows), the rows' float64 arguments, this
-    thread's buffers for rows of `size` ids, and the ids it writes (-1 for a row it leaves to numpy)."""
+    thread's buffers for rows of `size` ids, and the ids it writes (-1 for a row it leaves to numpy); `share`:
+    whether each row's second part may go to the library's helper thread (not where this call's rows are a
+    share of a batch's, drawn beside another thread's)."""
     weights, members = BUFFERS.get(size)
     arguments = [np.ascontiguousarray(a, np.float64) for a in per_row]
     ids = np.empty(arguments[0].size, np.int64)
@@ -170,6 +215,7 @@ def call(function: Callable[..., None], size: int, head: tuple[int, ...], *per_r
         weights.ctypes.data,
         members.ctypes.data,
         ids.ctypes.data,
+        share,
     )
     return np.where(ids < 0, -1, ids)
 
@@ -229,18 +275,20 @@ def draw_processed(
     return None if picked < 0 else picked
 
 
-def scores(logits: np.ndarray, count: int, banned: np.ndarray) -> tuple[np.ndarray, np.ndarray, float] | None:
+def scores(
+    logits: np.ndarray, count: int, banned: np.ndarray, share: bool = True
+) -> tuple[np.ndarray, np.ndarray, float] | None:
     """A greedy row's log-probabilities from float32 logits (V,), compiled: the `count` likeliest ids (count,)
     int64 but `banned` (ascending int64), descending, the lower id first on ties, their logits (count,) float32,
     and the sum over every id not banned of e^(logit - the first's), in float64 (log_softmax's, added in
     another order: within about 1e-13 of it). None where the library is not here, the row is not contiguous
-    float32, or it has fewer than `count` such ids (every other -inf or NaN)."""
+    float32, or it has fewer than `count` such ids (every other -inf or NaN). `share`: as call's."""
     if LIBRARY is None or not readable(logits):
         return None
     banned = np.ascontiguousarray(banned, np.int64)
     ids, values, kept = np.empty(count, np.int64), np.empty(count, np.float32), ctypes.c_int64()
     head = (logits.ctypes.data, logits.size, banned.ctypes.data, banned.size, count)
-    total = LIBRARY.whole_draw_scores(*head, ids.ctypes.data, values.ctypes.data, ctypes.byref(kept))
+    total = LIBRARY.whole_draw_scores(*head, ids.ctypes.data, values.ctypes.data, ctypes.byref(kept), share)
     return (ids, values, total) if kept.value == count else None
 
 
@@ -286,10 +334,10 @@ def scores_rows(
 ) -> list[tuple[np.ndarray, np.ndarray, float] | None]:
     """scores of several rows, each by its count and bans; with more than one row and DRAW_THREADS > 1,
     shared out between this thread and the pool's, as draws_logits shares its rows (each row's the same)."""
-    part = lambda start, end: [scores(logits[i], counts[i], banned[i]) for i in range(start, end)]
+    part = lambda start, end, share: [scores(logits[i], counts[i], banned[i], share) for i in range(start, end)]
     n = len(logits)
     if n < SHARE_FROM or DRAW_THREADS < 2:
-        return part(0, n)
+        return part(0, n, True)
     half = (n + 1) // 2
-    other = POOL.submit(part, half, n)
-    return part(0, half) + other.result()
+    other = POOL.submit(part, half, n, False)
+    return part(0, half, False) + other.result()
