@@ -489,8 +489,8 @@ def test_a_long_rows_parts_give_the_definitions_ids_on_one_thread_or_two(size):
 
 def test_threads_drawing_at_once_share_the_helper_and_draw_each_row_as_alone():
     """Three threads drawing long rows at once, each row by itself (the helper lent to one caller at a time,
-    the others weighing both parts themselves): every id and sum is the row's without the helper, and the
-    helper took parts."""
+    the others weighing both parts themselves), until the helper has taken parts (20 s at most): every id and
+    sum is the row's without the helper."""
     rng = np.random.default_rng(12)
     rows = [trial_row(rng, 50257, trial) for trial in range(6)]
     uniforms = rng.random(6)
@@ -504,10 +504,16 @@ def test_threads_drawing_at_once_share_the_helper_and_draw_each_row_as_alone():
         return got
 
     expected = alone(drawn)
-    before = whole_draw.helped()
+    before, end = whole_draw.helped(), time.monotonic() + 20
+
+    def until_helped() -> list:
+        runs = [drawn() for _ in range(4)]
+        while whole_draw.helped() <= before and time.monotonic() < end:
+            runs.append(drawn())
+        return runs
+
     with helper(True), ThreadPoolExecutor(3) as pool:
-        runs = [pool.submit(lambda: [drawn() for _ in range(8)]) for _ in range(3)]
-        for run in runs:
+        for run in [pool.submit(until_helped) for _ in range(3)]:
             assert all(got == expected for got in run.result())
     assert whole_draw.helped() > before
 

@@ -656,8 +656,8 @@ typedef void (*PartTask)(void *context, int part);
  * rows, not at each part. While awake it waits for parts (yielding its core to any thread that wants it), then
  * sleeps. A part is posted (its task and context, then state POSTED); whichever thread claims it first
  * (POSTED -> CLAIMED) runs it, so that a caller never waits on a helper that is late: it takes the part back
- * itself. One caller at a time holds the helper (`busy`); another runs both parts itself. A forked child
- * starts its own. */
+ * itself. One caller at a time holds the helper (`busy`); another runs both parts itself. It runs off the
+ * CPU of the thread that last woke it (keep_away). A forked child starts its own. */
 enum { IDLE, POSTED, CLAIMED, DONE };
 static struct {
     pthread_mutex_t lock;
