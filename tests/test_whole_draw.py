@@ -424,7 +424,7 @@ def helper(share: bool):
         yield
     finally:
         whole_draw.rest()
-        whole_draw.LIBRARY.whole_draw_share(int(whole_draw.DRAW_THREADS > 1))
+        whole_draw.LIBRARY.whole_draw_share(int(whole_draw.SHARES))
 
 
 def helping(draw):

@@ -639,8 +639,8 @@ static int64_t pick_blocks(const Row *row, const double *blocks, double largest,
 
 /* A row's parts: a row of SPLIT_FROM ids or more is read in two, [0, split) and [split, size), split at a
  * block's edge near its middle; a shorter one in one. Each part's extremes and weights are its own, its sums
- * by four lanes in id order, and the parts' are added part by part (add_parts): the same bits whichever
- * thread runs a part. */
+ * by four lanes in id order, and the parts' are added part by part (draw_row, whole_draw_scores): the same
+ * bits whichever thread runs a part. */
 static int64_t split_at(int64_t size) { return size < SPLIT_FROM ? size : size / 2 / BLOCK * BLOCK; }
 
 /* split_at, for whole_draw.py. */

@@ -41,6 +41,7 @@ import numpy as np
 ENV = "ATTNSERVE_WHOLE_DRAW"  # "numpy": leave every row to host_draw's numpy draw
 # threads a batch of rows is shared out between, and a long row's parts (the CPUs this process may run on)
 DRAW_THREADS = min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+SHARES = DRAW_THREADS > 1  # whether a long row's second part may go to the library's helper thread
 SHARE_FROM = 4  # rows: fewer are drawn in the caller's thread alone
 POOL = ThreadPoolExecutor(1, thread_name_prefix="whole-draw")  # the second thread's (started at its first use)
 
@@ -89,7 +90,7 @@ def typed(library: ctypes.CDLL) -> ctypes.CDLL:
     library.whole_draw_top_k.argtypes = (*drawn, pointer, count, count, *[pointer] * 4)  # bans, room, buffers
     library.whole_draw_top_k.restype = count
     library.whole_draw_share.argtypes, library.whole_draw_share.restype = (flag,), None
-    library.whole_draw_share(DRAW_THREADS > 1)
+    library.whole_draw_share(SHARES)
     for name in ("whole_draw_wake", "whole_draw_rest"):
         getattr(library, name).argtypes, getattr(library, name).restype = (), None
     library.whole_draw_helped.argtypes, library.whole_draw_helped.restype = (), count
