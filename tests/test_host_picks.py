@@ -12,7 +12,7 @@ import pytest
 from attnserve.engine import batch_draw, host_picks, sampling
 from attnserve.engine.host_draw import draw
 from attnserve.engine.sampling import pick_row
-from attnserve.engine.seam import FEW_IDS_FROM, PassRow
+from attnserve.engine.seam import PassRow
 
 KINDS = ("flat", "peaked", "tied", "few", "wide", "mixed")
 
@@ -174,43 +174,6 @@ def test_a_large_vocabularys_greedy_rows_with_logprobs_are_scored_together_as_ea
                 assert picks[i] is None, (trial, i)
             else:
                 assert picks[i] == pick_row(logits[i], rows[i], scored=True), (trial, i)
-
-
-def test_a_large_vocabularys_top_k_draws_are_drawn_together_as_each_alone(whole_draw_kind):
-    """Over a vocabulary of FEW_IDS_FROM ids or more, top-k draws that ask for no log-probability and change
-    their rows by bans alone (some ban ids: ignore_eos, min_tokens) go to the compiled top-k draw together
-    (shared out between its threads): each pick is pick_row's of that row alone, bitwise; a penalized or biased
-    top-k row and a scored one are left to be picked alone, as every row is with numpy drawing, and a row whose
-    ties keep more ids than the compiled draw takes (a tied row's)."""
-    rng = np.random.default_rng(11)
-    size = FEW_IDS_FROM + 1001
-    for trial in range(6):
-        n = int(rng.integers(5, 17))  # at least two rows to draw together besides the three left alone
-        kind = str(rng.choice(["flat", "peaked", "tied", "few", "wide"]))
-        logits = list(random_rows(rng, n, size, kind))
-        bans = lambda: tuple((int(i), -np.inf) for i in rng.integers(0, size, int(rng.integers(0, 3))))
-        rows = [
-            PassRow(
-                float(rng.choice([0.5, 1.0])),
-                int(rng.choice([1, 5, 50, 200])),
-                float(rng.choice([0.9, 1.0])),
-                float(rng.choice([0.0, 0.05])),
-                float(rng.random()),
-                bans(),
-            )
-            for _ in range(n)
-        ]
-        rows[0] = replace(rows[0], repetition=1.2, seen=np.arange(3, 9))
-        rows[1] = replace(rows[1], bias=((5, 2.0),))
-        scored = [i == 2 for i in range(n)]
-        picks = host_picks.pick_together(logits, rows, scored)
-        for i in range(n):
-            if whole_draw_kind == "numpy" or i < 3:
-                assert picks[i] is None, (trial, i)
-            elif picks[i] is not None:
-                assert picks[i] == pick_row(logits[i], rows[i], scored=False), (trial, i)
-            else:
-                assert kind == "tied", (trial, i)
 
 
 def test_a_draw_that_only_bans_ids_is_drawn_from_a_copy_with_them_at_minus_inf(whole_draw_kind):

@@ -7,8 +7,8 @@ less together than one by one (batch_draw.py their draws). Over a large one the 
 each row, which stay in the cache one row at a time, so rows are picked one by one there (above
 TOGETHER_UP_TO ids), as they are where few rows are left to the host (below TOGETHER_FROM); but for the
 draws the compiled draw takes as they are (whole_draw.py: a temperature, bans and no top-k, no log-probability),
-which go to it together, and its top-k draws and greedy log-probabilities, each set shared out between its
-threads. A grammar's row is picked alone: its mask is its own copy of the row.
+which go to it together, shared out between its threads. A grammar's row is picked alone: its mask is its
+own copy of the row.
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ from .host_draw import SCRATCH
 from .sampling import (
     banned_copy,
     compiled_greedy,
-    compiled_top_k,
     greedy_scored,
     plain_draw,
     processed_row,
     scores_compiled,
-    top_k_arguments,
 )
 from .seam import PassRow, Pick
 
@@ -68,10 +66,9 @@ def compiled_picks(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
     """Over a large vocabulary, the picks the compiled library makes where it runs, each pick_row's of that row
     alone: the draws that ask for no log-probability and change nothing of their rows but the temperature and
     bans (sampling.plain_draw; a banning row read from its banned_copy in this thread's SCRATCH), together
-    in the compiled draw (whole_draw.draws_logits), the top-k draws it takes (sampling.compiled_top_k) by
-    whole_draw.top_k_rows, and the greedy rows that ask for log-probabilities (sampling.scores_compiled) by
-    whole_draw.scores_rows; each set shared out between its threads. None for every other row, and for a row
-    the library leaves to numpy."""
+    in the compiled draw (whole_draw.draws_logits), and the greedy rows that ask for log-probabilities
+    (sampling.scores_compiled) by whole_draw.scores_rows; each set shared out between its threads. None for
+    every other row, and for a row the library leaves to numpy."""
     picks: list[Pick | None] = [None] * len(rows)
     if not whole_draw.available():
         return picks
@@ -84,11 +81,6 @@ def compiled_picks(logits: Sequence[np.ndarray], rows: Sequence[PassRow], scored
         ids = whole_draw.draws_logits(read, column("temperature"), column("min_p"), column("top_p"), column("uniform"))
         for i, token in zip(plain, ids.tolist()):
             picks[i] = Pick(token, 0.0) if token >= 0 else None
-    few = [i for i, row in enumerate(rows) if compiled_top_k(row, size, scored[i]) and readable[i]]
-    if len(few) >= 2:
-        drawn = whole_draw.top_k_rows([logits[i] for i in few], [top_k_arguments(rows[i]) for i in few])
-        for i, token in zip(few, drawn):
-            picks[i] = None if token is None else Pick(token, 0.0)
     greedy = [i for i, row in enumerate(rows) if scored[i] and scores_compiled(row) and readable[i]]
     if len(greedy) >= 2:
         counts = [max(rows[i].top, 1) for i in greedy]

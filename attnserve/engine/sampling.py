@@ -273,8 +273,9 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
     row with no penalty and no bias but bans (compiled where it runs: greedy_scored; else its log-probabilities'
     sum over the whole row in one float64 pass, as log_softmax adds it); else None."""
     if row.temperature > 0 and not scored and 0 < row.top_k < logits.size:
-        if compiled_top_k(row, logits.size, scored):  # compiled where it runs, else by numpy below
-            drawn = whole_draw.top_k(logits, *top_k_arguments(row))
+        if row.bans_only and logits.size >= FEW_IDS_FROM:  # compiled where it runs, else by numpy below
+            head = (logits, row.temperature, row.min_p, row.top_k, row.top_p, row.uniform)
+            drawn = whole_draw.top_k(*head, row.banned)
             if drawn is not None:
                 return Pick(drawn, 0.0)
         touched = touched_ids(row) if row.bias or row.penalized else None
@@ -303,17 +304,6 @@ def pick_from_few(logits: np.ndarray, row: PassRow, scored: bool) -> Pick | None
         top = tuple((int(ids[i]), value) for i, value in best(logprobs, row.top))
         return Pick(int(ids[place]), float(logprobs[place]), top)
     return None
-
-
-def compiled_top_k(row: PassRow, vocab: int, scored: bool) -> bool:
-    """pick_from_few takes the row (of `vocab` ids) to the compiled top-k draw (whole_draw.top_k), where it runs:
-    a top-k draw that asks for no log-probability, with no penalty and no bias but bans, of a long row."""
-    return row.temperature > 0 and not scored and 0 < row.top_k < vocab and row.bans_only and vocab >= FEW_IDS_FROM
-
-
-def top_k_arguments(row: PassRow) -> tuple[float, float, int, float, float, np.ndarray]:
-    """whole_draw.top_k's arguments after the row's logits."""
-    return row.temperature, row.min_p, row.top_k, row.top_p, row.uniform, row.banned
 
 
 def compiled_greedy(logits: np.ndarray, row: PassRow) -> Pick | None:

@@ -333,25 +333,10 @@ def top_k(
 def scores_rows(
     logits: Sequence[np.ndarray], counts: Sequence[int], banned: Sequence[np.ndarray]
 ) -> list[tuple[np.ndarray, np.ndarray, float] | None]:
-    """scores of several rows, each by its count and bans; shared out between two threads (shared_rows)."""
-    return shared_rows(
-        lambda start, end, share: [scores(logits[i], counts[i], banned[i], share) for i in range(start, end)],
-        len(logits),
-    )
-
-
-def top_k_rows(
-    logits: Sequence[np.ndarray], draws: Sequence[tuple[float, float, int, float, float, np.ndarray]]
-) -> list[int | None]:
-    """top_k of several rows, each by its (temperature, min_p, k, top_p, uniform, banned); shared out between two
-    threads (shared_rows)."""
-    return shared_rows(lambda start, end, _: [top_k(logits[i], *draws[i]) for i in range(start, end)], len(logits))
-
-
-def shared_rows(part: Callable[[int, int, bool], list], n: int) -> list:
-    """`part`'s results for rows [0, n) (part(start, end, share) of rows [start, end), `share` as call's): with
-    SHARE_FROM rows or more and DRAW_THREADS > 1, the first half in this thread and the rest in the pool's (the
-    library runs without the GIL), as draws_logits shares its rows; each row's the same either way."""
+    """scores of several rows, each by its count and bans; with more than one row and DRAW_THREADS > 1,
+    shared out between this thread and the pool's, as draws_logits shares its rows (each row's the same)."""
+    part = lambda start, end, share: [scores(logits[i], counts[i], banned[i], share) for i in range(start, end)]
+    n = len(logits)
     if n < SHARE_FROM or DRAW_THREADS < 2:
         return part(0, n, True)
     half = (n + 1) // 2
