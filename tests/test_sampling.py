@@ -11,7 +11,7 @@ from test_logits_pass import chi_square_p
 from attnserve.engine import whole_draw
 from attnserve.engine.domain import SamplingParams
 from attnserve.engine.host_draw import BUCKETS, draw, kept
-from attnserve.engine.sampling import Sampler, pick_from_few, pick_whole_row
+from attnserve.engine.sampling import Sampler, counter_uniform, pick_from_few, pick_whole_row
 from attnserve.engine.seam import PassRow
 
 
@@ -108,6 +108,16 @@ def test_the_hosts_top_p_draws_follow_the_distribution(whole_draw_kind):
     expected = np.where(keep, p, 0) / p[keep].sum()
     assert not counts[~keep].any()
     assert chi_square_p(counts[keep], expected[keep] * 100_000) > 0.001
+
+
+def test_every_seeds_draws_are_uniform_seed_0_included():
+    """A draw's uniform number comes from (seed, position) alone: over seeds 0-19,999 the first position's
+    numbers spread as uniform ones do (chi-square over 20 bins), and none of seeds 0-999 at positions 0-63
+    is 0, where a draw takes the first kept id of any row (mix64(0) is 0: seed 0's first draw was, for every
+    prompt, until the seed was mixed from seed + GOLDEN)."""
+    first = np.array([counter_uniform(seed, 0) for seed in range(20_000)])
+    assert chi_square_p(np.histogram(first, 20, (0.0, 1.0))[0], np.full(20, 1_000.0)) > 0.001
+    assert all(counter_uniform(seed, position) > 0.0 for seed in range(1_000) for position in range(64))
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,7 @@ from .likeliest import candidates
 from .seam import FEW_IDS_FROM, PassRow, Pick, scores_compiled
 
 MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # splitmix64's increment: 2^64 over the golden ratio, odd
 MIN_PASSED_PENALTY = 1e-20  # a smaller repetition penalty could take a logit past float32's range in the pass
 
 
@@ -40,8 +41,11 @@ def mix64(x: int) -> int:
 
 def counter_uniform(seed: int, position: int) -> float:
     """A uniform number in [0, 1) from (seed, position) alone: counter-based, so a draw depends on
-    nothing else. 24 bits, exact in float32 (the batched pass's input)."""
-    return (mix64((mix64(seed & MASK64) + position) & MASK64) >> 40) / float(1 << 24)
+    nothing else. 24 bits, exact in float32 (the batched pass's input). The seed is mixed from seed +
+    GOLDEN, not from the seed itself: mix64(0) is 0, so seed 0 (a common choice) would start at 0 and
+    pick the first kept id of every row as its first token."""
+    state = mix64((seed + GOLDEN) & MASK64)
+    return (mix64((state + position) & MASK64) >> 40) / float(1 << 24)
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
