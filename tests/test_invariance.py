@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
-from attnserve.export.int8_rows import quantize_rows
+from attnserve.export.int8_rows import WEIGHT_MAX, quantize_rows
 from attnserve.export.invariance import CASES, invariance_failure, invariance_line, invariance_report
 from attnserve.runtime import contract
 from attnserve.runtime.arena_decoder import next_run
@@ -114,7 +114,7 @@ def test_row_int8_quantizes_every_weight_matmul_once_per_activation(tiny_int8_mo
     assert ops.count("QuantizeLinear") == 4 * n_layers + 1  # q/k/v share one: fusions.py packs them
     assert not any("DynamicQuantize" in op for op in ops)
     int8 = [numpy_helper.to_array(t) for t in graph.initializer if t.name.endswith(".int8")]
-    assert int8 and all(w.dtype == np.int8 and np.abs(w).max() == 127 for w in int8)
+    assert int8 and all(w.dtype == np.int8 and np.abs(w).max() == WEIGHT_MAX for w in int8)  # 7 bits, all used
 
 
 @pytest.mark.parametrize(
