@@ -224,7 +224,25 @@ def processed(b: Builder, dtype: str) -> None:
     b.op("Where", ["sampling", "temperature", "one_f"], "divisor")
     b.op("Unsqueeze", ["divisor", "axis1"], "divisor_col")
     b.op("Div", ["biased", "divisor_col"], "scaled")
-    b.op("LogSoftmax", ["scaled"], "logprobs", axis=1)
+    log_softmax(b, "scaled", "logprobs")
+
+
+def log_softmax(b: Builder, x: str, out: str) -> None:
+    """`out`: the log-softmax of `x` (R, V padded to groups of ROW_ALIGN) over its last axis, its sum of exps
+    added in float64. ONNX Runtime's float32 LogSoftmax adds a row's exps in float32 lanes (8 of them on a CPU
+    with AVX2 alone), and over 20,011 ids its log-probabilities were off by up to 1.05e-5 there (the float64
+    oracle's, at a row's likeliest ids); each group's ROW_ALIGN exps added in float32 and the groups' sums in
+    float64, they are off by a few float32 ulps (the float64 copy a sixteenth of the row)."""
+    b.op("ReduceMax", [x, "axis1"], f"{out}_best", keepdims=1)
+    b.op("Sub", [x, f"{out}_best"], f"{out}_shifted")
+    b.op("Exp", [f"{out}_shifted"], f"{out}_exps")
+    b.op("Reshape", [f"{out}_exps", "group_shape"], f"{out}_group_exps")  # (R, G, ROW_ALIGN)
+    b.op("ReduceSum", [f"{out}_group_exps", "axis2"], f"{out}_group_sums", keepdims=0)  # (R, G)
+    b.op("Cast", [f"{out}_group_sums"], f"{out}_group_sums64", to=TensorProto.DOUBLE)
+    b.op("ReduceSum", [f"{out}_group_sums64", "axis1"], f"{out}_total64", keepdims=1)
+    b.op("Cast", [f"{out}_total64"], f"{out}_total", to=TensorProto.FLOAT)
+    aligned_log(b, f"{out}_total", f"{out}_log_total")
+    b.op("Sub", [f"{out}_shifted", f"{out}_log_total"], out)
 
 
 def candidates(b: Builder, width: Width) -> None:
