@@ -86,6 +86,12 @@ async def read(
 ) -> int:
     """One request's stream, read as the servicer reads it; the number of tokens it produced."""
     request = GenerationRequest("bench", tuple(prompt), new_tokens, interval=interval, ignore_eos=ignore_eos)
+    return await read_request(engine, request)
+
+
+async def read_request(engine: EngineCalls, request: GenerationRequest) -> int:
+    """`request` submitted and its stream read to its end as the servicer reads it: the tokens it produced;
+    an error in its events raised."""
     handle = engine.submit(request)
     tokens = 0
     while True:

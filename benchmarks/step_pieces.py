@@ -28,11 +28,11 @@ from typing import Any
 from attnserve.core.config import CoreConfig
 from attnserve.core.loading import load_model
 from attnserve.engine import burst, sequence, whole_draw
-from attnserve.engine.domain import Final, GenerationRequest, SamplingParams
+from attnserve.engine.domain import GenerationRequest, SamplingParams
 from attnserve.engine.engine import Engine, EngineLimits
 from attnserve.report_stamp import Stamp, write_report
 from attnserve.runtime import arena_decoder, arena_runner
-from benchmarks.engine_cost import prompts
+from benchmarks.engine_cost import prompts, read_request
 
 # each kind's request, as benchmarks.sampling_kinds sends it (its seed: the stream's place)
 KINDS: dict[str, dict[str, Any]] = {
@@ -114,19 +114,8 @@ def request(kind: str, place: int, prompt: list[int], new_tokens: int) -> Genera
 async def run_streams(engine: Engine, kind: str, batch: list[list[int]], new_tokens: int) -> int:
     """A request of `kind` for each prompt of `batch`, at once, each read to its end: the tokens they got."""
 
-    async def one(place: int) -> int:
-        handle = engine.submit(request(kind, place, batch[place], new_tokens))
-        tokens = 0
-        while True:
-            events = await handle.next_events()
-            for event in events:
-                if isinstance(event, Exception):
-                    raise event
-                tokens += len(getattr(event, "token_ids", ()))
-            if isinstance(events[-1], Final):
-                return tokens
-
-    return sum(await asyncio.gather(*(one(place) for place in range(len(batch)))))
+    reads = (read_request(engine, request(kind, place, prompt, new_tokens)) for place, prompt in enumerate(batch))
+    return sum(await asyncio.gather(*reads))
 
 
 def measure(args: argparse.Namespace, streams: int) -> dict[str, Any]:
